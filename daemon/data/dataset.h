@@ -1,0 +1,61 @@
+/* data/dataset.h — labelled image datasets in memory, normalization,
+ * seeded shuffling and sharding.
+ *
+ * Images stay as bytes (47 MB for Fashion-MNIST's training set rather than
+ * 188 MB as floats); a batch is normalized while it is gathered.
+ *
+ *     Dataset *train;
+ *     r = dataset_load_dir("/usr/share/datasets/fashion-mnist", "train", 10, &train, &d);
+ *     dataset_set_normalization(train, 0.2860f, 0.3530f);
+ *     Sampler s;
+ *     sampler_init(&s, train->n, 0, 1, seed);       // shard 0 of 1: everything
+ *     sampler_shuffle(&s, epoch);
+ *     dataset_gather(train, x, y, s.order + step * B, B);
+ */
+#pragma once
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "util/diag.h"
+#include "util/macro.h"
+
+typedef struct Dataset {
+        size_t n;          /* samples */
+        int c, h, w;       /* per-sample shape */
+        int n_classes;
+        uint8_t *images;   /* (n, c, h, w) */
+        uint8_t *labels;   /* (n), each < n_classes */
+        float lut[256];    /* byte -> normalized float */
+} Dataset;
+
+/* Load an images file (idx3: n, h, w) and a labels file (idx1: n). Labels
+ * must be below n_classes and the counts must agree. */
+int dataset_load(const char *images_path, const char *labels_path, int n_classes, Dataset **ret,
+                 Diag *d);
+/* Load "<split>-images-idx3-ubyte[.gz]" and "<split>-labels-idx1-ubyte[.gz]"
+ * from dir; split is "train" or "t10k". */
+int dataset_load_dir(const char *dir, const char *split, int n_classes, Dataset **ret, Diag *d);
+Dataset *dataset_free(Dataset *ds);
+DEFINE_TRIVIAL_CLEANUP_FUNC(Dataset *, dataset_free);
+
+/* x = (byte / 255 - mean) / std. The default is mean 0, std 1. */
+void dataset_set_normalization(Dataset *ds, float mean, float std);
+
+/* x is (B, c, h, w), y is (B); idx holds B sample indices below ds->n. */
+void dataset_gather(const Dataset *ds, float *x, int32_t *y, const uint32_t *idx, int B);
+
+/* The order in which one shard of a dataset is visited.
+ * Shard i of n holds the samples whose index is i modulo n, so the shards are
+ * disjoint and together hold everything; each epoch reshuffles the shard with
+ * a generator seeded from (seed, epoch), the same on every node. */
+typedef struct Sampler {
+        size_t n;        /* samples in this shard */
+        uint32_t *base;  /* the shard's sample indices, ascending */
+        uint32_t *order; /* this epoch's permutation of base */
+        uint64_t seed;
+} Sampler;
+
+int sampler_init(Sampler *s, size_t n_total, int shard, int n_shards, uint64_t seed);
+void sampler_shuffle(Sampler *s, int epoch);
+void sampler_done(Sampler *s);

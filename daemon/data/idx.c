@@ -1,0 +1,109 @@
+/* data/idx.c — zlib's gz* functions read gzip and plain files alike. */
+#include "idx.h"
+
+#include <stdlib.h>
+#include <string.h>
+#include <zlib.h>
+
+static void gzclosep(gzFile *f) {
+        if (*f)
+                gzclose(*f);
+}
+
+/* Read exactly n bytes: 1 on success, 0 on a short read, -EIO on a corrupt
+ * stream. */
+static int gz_read_full(gzFile f, void *buf, size_t n) {
+        uint8_t *p = buf;
+        while (n > 0) {
+                unsigned chunk = n > (1u << 30) ? (1u << 30) : (unsigned)n;
+                int k = gzread(f, p, chunk);
+                if (k < 0)
+                        return -EIO;
+                if (k == 0) {
+                        int err;
+                        gzerror(f, &err);
+                        return err != Z_OK && err != Z_BUF_ERROR ? -EIO : 0;
+                }
+                p += k;
+                n -= (size_t)k;
+        }
+        return 1;
+}
+
+int idx_load(const char *path, int want_ndim, IdxArray **ret, Diag *d) {
+        _cleanup_(gzclosep) gzFile f = NULL;
+        _cleanup_(idx_freep) IdxArray *a = NULL;
+        uint8_t header[4], dimbuf[4 * IDX_MAX_DIMS];
+        int r;
+
+        f = gzopen(path, "rb");
+        if (!f) {
+                r = errno > 0 ? -errno : -ENOMEM;
+                return diag_set(d, r, "%s: cannot open: %s", path, strerror(-r));
+        }
+        gzbuffer(f, 1 << 17);
+
+        r = gz_read_full(f, header, sizeof header);
+        if (r < 0)
+                return diag_set(d, r, "%s: corrupt gzip stream in the header", path);
+        if (r == 0)
+                return diag_set(d, -ENODATA, "%s: truncated: shorter than the 4-byte IDX header", path);
+        if (header[0] != 0 || header[1] != 0 || header[2] != 0x08)
+                return diag_set(d, -EBADMSG,
+                                "%s: bad magic %02x%02x%02x%02x (want 000008xx: an IDX file of unsigned bytes)",
+                                path, header[0], header[1], header[2], header[3]);
+        if (header[3] != want_ndim || want_ndim < 1 || want_ndim > IDX_MAX_DIMS)
+                return diag_set(d, -EINVAL, "%s: has %u dimensions, expected %d", path, header[3],
+                                want_ndim);
+
+        a = calloc(1, sizeof *a);
+        if (!a)
+                return -ENOMEM;
+        a->ndim = want_ndim;
+
+        r = gz_read_full(f, dimbuf, 4 * (size_t)want_ndim);
+        if (r < 0)
+                return diag_set(d, r, "%s: corrupt gzip stream in the header", path);
+        if (r == 0)
+                return diag_set(d, -ENODATA, "%s: truncated inside the dimension list", path);
+
+        a->n = 1;
+        for (int i = 0; i < want_ndim; i++) {
+                const uint8_t *b = dimbuf + 4 * i;
+                a->dims[i] = (uint32_t)b[0] << 24 | (uint32_t)b[1] << 16 | (uint32_t)b[2] << 8 | b[3];
+                if (a->dims[i] == 0)
+                        return diag_set(d, -EINVAL, "%s: dimension %d is 0", path, i);
+                if (!size_mul(a->n, a->dims[i], &a->n) || a->n > IDX_MAX_ELEMENTS)
+                        return diag_set(d, -EINVAL, "%s: dimensions claim more than %zu elements",
+                                        path, IDX_MAX_ELEMENTS);
+        }
+
+        a->data = malloc(a->n);
+        if (!a->data)
+                return -ENOMEM;
+        r = gz_read_full(f, a->data, a->n);
+        if (r < 0)
+                return diag_set(d, r, "%s: corrupt gzip stream in the data", path);
+        if (r == 0)
+                return diag_set(d, -ENODATA, "%s: truncated: the header promises %zu data bytes", path,
+                                a->n);
+
+        /* Nothing may follow the data. */
+        uint8_t extra;
+        r = gz_read_full(f, &extra, 1);
+        if (r < 0)
+                return diag_set(d, r, "%s: corrupt gzip stream after the data", path);
+        if (r > 0)
+                return diag_set(d, -EFBIG, "%s: trailing bytes after the %zu data bytes", path, a->n);
+
+        *ret = TAKE_PTR(a);
+        return 0;
+}
+
+IdxArray *idx_free(IdxArray *a) {
+        if (!a)
+                return NULL;
+        free(a->data);
+        free(a);
+        return NULL;
+}

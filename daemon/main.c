@@ -1,0 +1,132 @@
+/* ravnestd — donate idle compute to training one neural network together.
+ *
+ * For now the daemon runs the degenerate case of the system: one cluster of
+ * one node that holds the whole model and trains the job alone. */
+#include <getopt.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sysexits.h>
+#include <unistd.h>
+
+#include "service/job.h"
+#include "service/local-run.h"
+#include "util/log.h"
+
+static volatile sig_atomic_t stop_requested;
+
+static void on_stop_signal(int sig) {
+        stop_requested = sig;
+}
+
+static void help(void) {
+        printf("Usage: ravnestd [OPTIONS]\n"
+               "\n"
+               "Train a neural network with the compute this machine donates.\n"
+               "\n"
+               "  -j, --job=FILE        job to train (default %s/fashion-mnist-mlp.job)\n"
+               "  -t, --threads=N       BLAS threads (default: online CPUs)\n"
+               "  -e, --epochs=N        override the job's number of epochs\n"
+               "  -d, --data-dir=DIR    override the job's dataset directory\n"
+               "      --check-job       check the job file, print it and exit\n"
+               "      --progress=MS     progress line interval in ms (0: epochs only; default 1000)\n"
+               "  -v, --verbose         log debug messages\n"
+               "  -h, --help            show this help\n"
+               "      --version         show the version\n",
+               JOBS_DIR);
+}
+
+int main(int argc, char *argv[]) {
+        enum { ARG_VERSION = 0x100, ARG_CHECK_JOB, ARG_PROGRESS };
+        static const struct option options[] = {
+                { "job", required_argument, NULL, 'j' },
+                { "threads", required_argument, NULL, 't' },
+                { "epochs", required_argument, NULL, 'e' },
+                { "data-dir", required_argument, NULL, 'd' },
+                { "check-job", no_argument, NULL, ARG_CHECK_JOB },
+                { "progress", required_argument, NULL, ARG_PROGRESS },
+                { "verbose", no_argument, NULL, 'v' },
+                { "help", no_argument, NULL, 'h' },
+                { "version", no_argument, NULL, ARG_VERSION },
+                {},
+        };
+        const char *job_path = JOBS_DIR "/fashion-mnist-mlp.job";
+        LocalRunOptions o = { .progress_interval_ms = 1000 };
+        bool check_only = false;
+        Job job;
+        Diag d = {};
+        int c, r;
+
+        o.threads = (int)MIN(sysconf(_SC_NPROCESSORS_ONLN), 64L);
+        while ((c = getopt_long(argc, argv, "j:t:e:d:vh", options, NULL)) >= 0) {
+                char *end;
+                long v;
+                switch (c) {
+                case 'j':
+                        job_path = optarg;
+                        break;
+                case 't':
+                case 'e':
+                case ARG_PROGRESS:
+                        errno = 0;
+                        v = strtol(optarg, &end, 10);
+                        if (errno || *end || v < (c == ARG_PROGRESS ? 0 : 1) || v > 1000000) {
+                                log_error("Invalid value for --%s: %s",
+                                          c == 't' ? "threads" : c == 'e' ? "epochs" : "progress", optarg);
+                                return EX_USAGE;
+                        }
+                        if (c == 't')
+                                o.threads = (int)v;
+                        else if (c == 'e')
+                                o.epochs = (int)v;
+                        else
+                                o.progress_interval_ms = (unsigned)v;
+                        break;
+                case 'd':
+                        o.data_dir = optarg;
+                        break;
+                case ARG_CHECK_JOB:
+                        check_only = true;
+                        break;
+                case 'v':
+                        log_set_max_level(LOG_DEBUG);
+                        break;
+                case 'h':
+                        help();
+                        return 0;
+                case ARG_VERSION:
+                        printf("ravnestd %s\n", RAVNEST_VERSION);
+                        return 0;
+                default:
+                        return EX_USAGE;
+                }
+        }
+        if (optind < argc) {
+                log_error("Unexpected argument: %s", argv[optind]);
+                return EX_USAGE;
+        }
+
+        r = job_load(job_path, &job, &d);
+        if (r < 0) {
+                log_error_errno(r, "Invalid job: %s", d.text);
+                return EX_CONFIG;
+        }
+        if (check_only) {
+                printf("%s: job \"%s\" OK: %d layers, %zu parameters\n", job_path, job.name,
+                       job.model.n_layers, model_spec_params(&job.model, 0, job.model.n_layers));
+                return 0;
+        }
+
+        struct sigaction sa = { .sa_handler = on_stop_signal };
+        sigemptyset(&sa.sa_mask);
+        sigaction(SIGINT, &sa, NULL);
+        sigaction(SIGTERM, &sa, NULL);
+
+        r = local_run(&job, &o, &stop_requested, NULL);
+        if (r == -ECANCELED) {
+                log_notice("Received %s, stopped cleanly", strsignal(stop_requested));
+                return 0;
+        }
+        return r < 0 ? EXIT_FAILURE : EXIT_SUCCESS;
+}

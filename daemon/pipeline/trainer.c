@@ -1,0 +1,153 @@
+/* pipeline/trainer.c */
+#include "trainer.h"
+
+#include <stdlib.h>
+
+#include "nn/loss.h"
+#include "util/time-util.h"
+
+int trainer_new(const ModelSpec *model, const OptimSpec *optim, const TrainSpec *spec,
+                const Dataset *train, const Dataset *test, const Ops *ops, Trainer **ret, Diag *d) {
+        _cleanup_(trainer_freep) Trainer *t = NULL;
+        int r;
+
+        if (spec->batch_size <= 0 || spec->epochs < 0)
+                return diag_set(d, -EINVAL, "batch size and epochs must be positive");
+        if (train->c != model->input.c || train->h != model->input.h || train->w != model->input.w)
+                return diag_set(d, -EINVAL, "the model takes (%d,%d,%d) but the dataset has (%d,%d,%d)",
+                                model->input.c, model->input.h, model->input.w, train->c, train->h,
+                                train->w);
+        if (train->n_classes != model->n_classes)
+                return diag_set(d, -EINVAL, "the model has %d classes but the dataset %d",
+                                model->n_classes, train->n_classes);
+
+        t = calloc(1, sizeof *t);
+        if (!t)
+                return -ENOMEM;
+        t->spec = *spec;
+        t->ops = ops;
+        t->train = train;
+        t->test = test;
+
+        r = stage_new(model, 0, model->n_layers, spec->seed, &t->stage, d);
+        if (r < 0)
+                return r;
+        Stage *s = t->stage;
+        float *state = arena_alloc_floats(s->arena, optim_state_floats(optim->kind, s->n_params));
+        if (!state)
+                return -ENOMEM;
+        r = optim_init(&t->optim, optim, s->n_params, state);
+        if (r < 0)
+                return diag_set(d, r, "unknown optimizer");
+        r = trace_new(s, spec->batch_size, &t->trace);
+        if (r < 0)
+                return r;
+        t->labels = arena_alloc(s->arena, sizeof(int32_t) * (size_t)spec->batch_size);
+        t->dlogits = arena_alloc_floats(s->arena, (size_t)spec->batch_size * (size_t)model->n_classes);
+        if (!t->labels || !t->dlogits)
+                return -ENOMEM;
+
+        r = sampler_init(&t->sampler, train->n, spec->shard, MAX(spec->n_shards, 1), spec->seed);
+        if (r < 0)
+                return diag_set(d, r, "cannot make shard %d of %d from %zu samples", spec->shard,
+                                spec->n_shards, train->n);
+
+        *ret = TAKE_PTR(t);
+        return 0;
+}
+
+Trainer *trainer_free(Trainer *t) {
+        if (!t)
+                return NULL;
+        sampler_done(&t->sampler);
+        stage_free(t->stage);
+        free(t);
+        return NULL;
+}
+
+float trainer_step(Trainer *t, int B, int *ret_correct) {
+        Stage *s = t->stage;
+        float loss;
+
+        stage_forward(s, t->ops, s->params, t->trace, B);
+        loss = softmax_xent(t->dlogits, ret_correct, trace_output(t->trace), t->labels, B,
+                            s->out.c);
+        /* The first layer's input gradient is nobody's business: skip it. */
+        stage_backward(s, t->ops, s->params, t->trace, t->dlogits, NULL, s->grads, B, false);
+        optim_step(&t->optim, s->params, s->grads);
+        return loss;
+}
+
+void trainer_evaluate(Trainer *t, const Dataset *ds, double *ret_acc, double *ret_loss) {
+        Stage *s = t->stage;
+        int B = t->spec.batch_size;
+        size_t correct = 0;
+        double loss = 0.0;
+        uint32_t *idx = malloc(sizeof(uint32_t) * (size_t)B);
+
+        if (!idx) {
+                *ret_acc = *ret_loss = -1.0;
+                return;
+        }
+        for (size_t start = 0; start < ds->n; start += (size_t)B) {
+                int n = (int)MIN((size_t)B, ds->n - start), c;
+                for (int i = 0; i < n; i++)
+                        idx[i] = (uint32_t)(start + (size_t)i);
+                dataset_gather(ds, trace_input(t->trace), t->labels, idx, n);
+                stage_forward(s, t->ops, s->params, t->trace, n);
+                loss += (double)softmax_xent(NULL, &c, trace_output(t->trace), t->labels, n, s->out.c) * n;
+                correct += (size_t)c;
+        }
+        free(idx);
+        *ret_acc = (double)correct / (double)ds->n;
+        *ret_loss = loss / (double)ds->n;
+}
+
+int trainer_run(Trainer *t, TrainProgressFn cb, void *userdata, const volatile sig_atomic_t *stop) {
+        size_t B = (size_t)t->spec.batch_size, n = t->sampler.n;
+        size_t steps = (n + B - 1) / B;
+        int r;
+
+        for (int epoch = 0; epoch < t->spec.epochs; epoch++) {
+                TrainProgress p = {
+                        .epoch = epoch + 1,
+                        .epochs = t->spec.epochs,
+                        .steps_per_epoch = steps,
+                        .test_acc = -1.0,
+                        .test_loss = -1.0,
+                };
+                double loss_sum = 0.0;
+                size_t correct = 0;
+                uint64_t busy = 0;
+
+                sampler_shuffle(&t->sampler, epoch);
+                for (size_t step = 0; step < steps; step++) {
+                        if (stop && *stop)
+                                return -ECANCELED;
+
+                        uint64_t t0 = now_ns();
+                        int b = (int)MIN(B, n - step * B), c;
+                        dataset_gather(t->train, trace_input(t->trace), t->labels,
+                                       t->sampler.order + step * B, b);
+                        float loss = trainer_step(t, b, &c);
+                        busy += now_ns() - t0;
+
+                        loss_sum += (double)loss * b;
+                        correct += (size_t)c;
+                        p.step = step + 1;
+                        p.samples += (uint64_t)b;
+                        p.loss = loss_sum / (double)p.samples;
+                        p.train_acc = (double)correct / (double)p.samples;
+                        p.samples_per_sec = (double)p.samples / ns_to_sec(busy);
+                        if (cb && (r = cb(&p, userdata)) < 0)
+                                return r;
+                }
+
+                if (t->test)
+                        trainer_evaluate(t, t->test, &p.test_acc, &p.test_loss);
+                p.epoch_done = true;
+                if (cb && (r = cb(&p, userdata)) < 0)
+                        return r;
+        }
+        return 0;
+}

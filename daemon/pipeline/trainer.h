@@ -1,0 +1,72 @@
+/* pipeline/trainer.h — the degenerate pipeline: one node holds every stage.
+ *
+ * This is what a cluster of one node runs: read a batch from the data shard,
+ * forward, loss, backward, optimizer step, and report. Later pipeline code
+ * splits the same loop across nodes; the pieces (Stage, Trace, Optim,
+ * Sampler) are the ones it uses.
+ *
+ *     Trainer *t;
+ *     r = trainer_new(&model, &optim, &spec, train, test, &ops_blas, &t, &d);
+ *     r = trainer_run(t, on_progress, userdata, &stop_flag);   // -ECANCELED if stopped
+ *     trainer_free(t);
+ */
+#pragma once
+
+#include <signal.h>
+#include <stdbool.h>
+
+#include "data/dataset.h"
+#include "nn/stage.h"
+
+typedef struct TrainSpec {
+        int batch_size;
+        int epochs;
+        uint64_t seed;
+        int shard, n_shards; /* which part of the training set this node reads */
+} TrainSpec;
+
+typedef struct TrainProgress {
+        int epoch;  /* 1-based */
+        int epochs;
+        size_t step; /* within the epoch, 1-based */
+        size_t steps_per_epoch;
+        uint64_t samples;       /* trained this epoch */
+        double loss;            /* mean training loss this epoch so far */
+        double train_acc;       /* fraction correct this epoch so far */
+        double samples_per_sec; /* this epoch, compute only (no evaluation) */
+        double test_acc;        /* at the end of an epoch, else negative */
+        double test_loss;
+        bool epoch_done;
+} TrainProgress;
+
+/* Called after every step and at the end of every epoch. A negative return
+ * stops training with that error. */
+typedef int (*TrainProgressFn)(const TrainProgress *p, void *userdata);
+
+typedef struct Trainer {
+        TrainSpec spec;
+        const Ops *ops;
+        Stage *stage;
+        Optim optim;
+        Trace *trace;
+        int32_t *labels; /* (batch) */
+        float *dlogits;  /* (batch, classes) */
+        const Dataset *train, *test;
+        Sampler sampler;
+} Trainer;
+
+int trainer_new(const ModelSpec *model, const OptimSpec *optim, const TrainSpec *spec,
+                const Dataset *train, const Dataset *test, const Ops *ops, Trainer **ret, Diag *d);
+Trainer *trainer_free(Trainer *t);
+DEFINE_TRIVIAL_CLEANUP_FUNC(Trainer *, trainer_free);
+
+/* One optimizer step on the B samples already in trace_input()/labels.
+ * Returns the batch's mean loss; *ret_correct gets the number right. */
+float trainer_step(Trainer *t, int B, int *ret_correct);
+
+/* Accuracy and mean loss over a whole dataset, forward passes only. */
+void trainer_evaluate(Trainer *t, const Dataset *ds, double *ret_acc, double *ret_loss);
+
+/* Train spec.epochs epochs. Checks *stop between steps; returns 0 when all
+ * epochs ran, -ECANCELED when stopped, or the callback's error. */
+int trainer_run(Trainer *t, TrainProgressFn cb, void *userdata, const volatile sig_atomic_t *stop);

@@ -1,0 +1,27 @@
+/* service/local-run.h — run a job on this node alone (a cluster of one node
+ * holding the whole model), logging progress the way an operator reads it.
+ *
+ *     LocalRunOptions o = { .threads = 2, .progress_interval_ms = 1000 };
+ *     r = local_run(&job, &o, &stop_flag);     // logs; returns 0, -ECANCELED, or -errno
+ */
+#pragma once
+
+#include <signal.h>
+
+#include "job.h"
+
+typedef struct LocalRunOptions {
+        int threads;              /* OpenBLAS threads; <= 0 leaves the default */
+        int epochs;               /* > 0 overrides the job */
+        unsigned progress_interval_ms;
+        const char *data_dir;     /* overrides the job's dataset path */
+} LocalRunOptions;
+
+typedef struct LocalRunResult {
+        double test_acc, test_loss;
+        double samples_per_sec;   /* median over epochs */
+        int epochs_done;
+} LocalRunResult;
+
+int local_run(const Job *job, const LocalRunOptions *o, const volatile sig_atomic_t *stop,
+              LocalRunResult *ret);

@@ -1,0 +1,33 @@
+/* tensor/ops.h — the math the engine runs on, behind one small interface.
+ *
+ * Two implementations: `ops_blas` (OpenBLAS cblas_sgemm and friends, what
+ * training uses) and `ops_naive` (plain loops in double precision accumulators,
+ * what tests hold the fast path against). Layers take a `const Ops *` and never
+ * call BLAS directly.
+ *
+ * All matrices are row-major. gemm computes
+ *     C(M,N) = alpha * op(A) * op(B) + beta * C
+ * with op(A) of shape (M,K) and op(B) of shape (K,N); ta/tb select transposes,
+ * lda/ldb/ldc are the row strides of A, B, C as stored.
+ *
+ *     ops->gemm(false, true, B, OC, IC, 1.0f, inp, IC, w, IC, 0.0f, out, OC);
+ */
+#pragma once
+
+#include <stdbool.h>
+#include <stddef.h>
+
+typedef struct Ops {
+        const char *name;
+        void (*gemm)(bool ta, bool tb, int M, int N, int K, float alpha, const float *A, int lda,
+                     const float *B, int ldb, float beta, float *C, int ldc);
+        /* y += alpha * x */
+        void (*axpy)(size_t n, float alpha, const float *x, float *y);
+} Ops;
+
+extern const Ops ops_blas;
+extern const Ops ops_naive;
+
+/* Threads OpenBLAS may use (<= 0: leave OpenBLAS's default). */
+void ops_blas_set_threads(int n);
+int ops_blas_get_threads(void);

@@ -1,0 +1,21 @@
+/* util/diag.h — say *why* something failed without logging.
+ *
+ * Library code returns -errno; when the caller needs the reason in words (a
+ * corrupt file, a bad setting), the function also fills an optional Diag:
+ *
+ *     Diag d = {};
+ *     r = idx_load(path, &a, &d);
+ *     if (r < 0)
+ *             log_error_errno(r, "%s", d.text);  // "train-images…: bad magic 0x…"
+ */
+#pragma once
+
+#include "macro.h"
+
+typedef struct Diag {
+        char text[512];
+} Diag;
+
+/* Format into d (when d is not NULL) and return r, so that
+ * `return diag_set(d, -EBADMSG, "%s: bad magic", path);` reads as one step. */
+int diag_set(Diag *d, int r, const char *fmt, ...) _printf_(3, 4);

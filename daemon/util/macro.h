@@ -1,0 +1,67 @@
+/* util/macro.h — ownership and small helpers used everywhere.
+ *
+ * Ownership is visible in the code: a pointer declared
+ *
+ *     _cleanup_(arena_freep) Arena *a = NULL;
+ *
+ * is released when it leaves scope, and TAKE_PTR(a) hands it on to the caller.
+ * Destructors accept NULL and return NULL, so `x = foo_free(x);` is safe.
+ */
+#pragma once
+
+#include <errno.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+#define _cleanup_(f) __attribute__((cleanup(f)))
+#define _unused_ __attribute__((unused))
+#define _printf_(a, b) __attribute__((format(printf, a, b)))
+#define _likely_(x) __builtin_expect(!!(x), 1)
+#define _unlikely_(x) __builtin_expect(!!(x), 0)
+#define _warn_unused_result_ __attribute__((warn_unused_result))
+
+#define ELEMENTSOF(x) (sizeof(x) / sizeof((x)[0]))
+#define MIN(a, b) ((a) < (b) ? (a) : (b))
+#define MAX(a, b) ((a) > (b) ? (a) : (b))
+#define ALIGN_TO(x, a) (((x) + (a) - 1) & ~((size_t)(a) - 1))
+
+/* Take ownership out of a variable, leaving NULL behind. */
+#define TAKE_PTR(p)                                                                                \
+        ({                                                                                         \
+                __typeof__(p) _p_ = (p);                                                           \
+                (p) = NULL;                                                                        \
+                _p_;                                                                               \
+        })
+
+/* Define a `name##p` helper for _cleanup_ from a destructor taking T *. */
+#define DEFINE_TRIVIAL_CLEANUP_FUNC(type, func)                                                    \
+        static inline void func##p(type *p) {                                                      \
+                if (*p)                                                                            \
+                        *p = func(*p);                                                             \
+        }
+
+static inline void *mfree(void *p) {
+        free(p);
+        return NULL;
+}
+static inline void freep(void *p) {
+        free(*(void **)p);
+}
+static inline void closep(int *fd) {
+        if (*fd >= 0) {
+                int saved = errno;
+                close(*fd);
+                errno = saved;
+        }
+}
+
+/* Checked size arithmetic: every length that comes from a file or a peer goes
+ * through these before it reaches an allocator. Return false on overflow. */
+static inline _warn_unused_result_ int size_mul(size_t a, size_t b, size_t *ret) {
+        return !__builtin_mul_overflow(a, b, ret);
+}
+static inline _warn_unused_result_ int size_add(size_t a, size_t b, size_t *ret) {
+        return !__builtin_add_overflow(a, b, ret);
+}

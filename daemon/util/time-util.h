@@ -1,0 +1,18 @@
+/* util/time-util.h — monotonic clock helpers. */
+#pragma once
+
+#include <stdint.h>
+#include <time.h>
+
+#define NSEC_PER_SEC 1000000000ULL
+#define USEC_PER_SEC 1000000ULL
+
+static inline uint64_t now_ns(void) {
+        struct timespec ts;
+        clock_gettime(CLOCK_MONOTONIC, &ts);
+        return (uint64_t)ts.tv_sec * NSEC_PER_SEC + (uint64_t)ts.tv_nsec;
+}
+
+static inline double ns_to_sec(uint64_t ns) {
+        return (double)ns / (double)NSEC_PER_SEC;
+}
