@@ -77,7 +77,7 @@ void dataset_set_normalization(Dataset *ds, float mean, float std) {
                 ds->lut[i] = ((float)i / 255.0f - mean) / std;
 }
 
-void dataset_gather(const Dataset *ds, float *x, int32_t *y, const uint32_t *idx, int B) {
+_simd_clones_ void dataset_gather(const Dataset *ds, float *x, int32_t *y, const uint32_t *idx, int B) {
         size_t per = (size_t)ds->c * ds->h * ds->w;
         for (int b = 0; b < B; b++) {
                 const uint8_t *src = ds->images + (size_t)idx[b] * per;

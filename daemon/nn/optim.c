@@ -6,6 +6,8 @@
 #include <math.h>
 #include <string.h>
 
+#include "util/macro.h"
+
 static const char *const kind_names[_OPTIM_KIND_MAX] = {
         [OPTIM_SGD] = "sgd",
         [OPTIM_ADAMW] = "adamw",
@@ -20,6 +22,31 @@ OptimKind optim_kind_from_string(const char *s) {
                 if (s && strcmp(s, kind_names[k]) == 0)
                         return (OptimKind)k;
         return _OPTIM_KIND_INVALID;
+}
+
+static const char *const schedule_names[_LR_SCHEDULE_MAX] = {
+        [LR_CONSTANT] = "constant",
+        [LR_COSINE] = "cosine",
+};
+
+const char *lr_schedule_to_string(LrSchedule s) {
+        return s >= 0 && s < _LR_SCHEDULE_MAX ? schedule_names[s] : NULL;
+}
+
+LrSchedule lr_schedule_from_string(const char *s) {
+        for (int k = 0; k < _LR_SCHEDULE_MAX; k++)
+                if (s && strcmp(s, schedule_names[k]) == 0)
+                        return (LrSchedule)k;
+        return _LR_SCHEDULE_INVALID;
+}
+
+/* Cosine annealing without restarts (Loshchilov and Hutter, 2017), to 0 at
+ * the end of the run, as PyTorch's CosineAnnealingLR(T_max=total) stepped
+ * once per batch. */
+float lr_schedule_at(const OptimSpec *s, uint64_t t, uint64_t total) {
+        if (s->schedule != LR_COSINE || total == 0)
+                return s->lr;
+        return (float)(0.5 * s->lr * (1.0 + cos(M_PI * (double)MIN(t, total) / (double)total)));
 }
 
 void optim_spec_defaults(OptimSpec *s, OptimKind kind) {
@@ -47,7 +74,7 @@ size_t optim_state_floats(OptimKind kind, size_t n) {
 int optim_init(Optim *o, const OptimSpec *spec, size_t n, float *state) {
         if (spec->kind < 0 || spec->kind >= _OPTIM_KIND_MAX)
                 return -EINVAL;
-        *o = (Optim){ .spec = *spec, .n = n, .state = state };
+        *o = (Optim){ .spec = *spec, .n = n, .state = state, .lr = spec->lr };
         return 0;
 }
 
@@ -56,10 +83,23 @@ int optim_init(Optim *o, const OptimSpec *spec, size_t n, float *state) {
  *   b <- mu b + g              (b starts at 0, so the first b is g)
  *   g <- g + mu b  (Nesterov)  or  g <- b
  *   w <- w - lr g                                                          */
-static void sgd_step(Optim *o, float *restrict w, const float *restrict g) {
-        const float lr = o->spec.lr, mu = o->spec.momentum, wd = o->spec.weight_decay;
-        float *restrict buf = o->state;
-        size_t n = o->n;
+/* Below this many parameters per thread a step is not worth splitting. */
+#define OPTIM_GRAIN 32768
+
+typedef struct StepArgs {
+        Optim *o;
+        float *w;
+        const float *g;
+        float c1, c2; /* AdamW bias corrections for this step */
+} StepArgs;
+
+_simd_clones_ static void sgd_step(void *ctx, size_t lo, size_t hi) {
+        const StepArgs *a = ctx;
+        const Optim *o = a->o;
+        const float lr = o->lr, mu = o->spec.momentum, wd = o->spec.weight_decay;
+        float *restrict w = a->w + lo, *restrict buf = o->state + lo;
+        const float *restrict g = a->g + lo;
+        size_t n = hi - lo;
 
         if (mu == 0.0f) {
                 for (size_t i = 0; i < n; i++)
@@ -85,15 +125,15 @@ static void sgd_step(Optim *o, float *restrict w, const float *restrict g) {
  *   m <- b1 m + (1 - b1) g
  *   v <- b2 v + (1 - b2) g^2
  *   w <- w - lr * (m / (1 - b1^t)) / (sqrt(v / (1 - b2^t)) + eps)          */
-static void adamw_step(Optim *o, float *restrict w, const float *restrict g) {
-        const float lr = o->spec.lr, wd = o->spec.weight_decay;
+_simd_clones_ static void adamw_step(void *ctx, size_t lo, size_t hi) {
+        const StepArgs *a = ctx;
+        const Optim *o = a->o;
+        const float lr = o->lr, wd = o->spec.weight_decay;
         const float b1 = o->spec.beta1, b2 = o->spec.beta2, eps = o->spec.eps;
-        float *restrict m = o->state, *restrict v = o->state + o->n;
-        size_t n = o->n;
-
-        double t = (double)o->t;
-        float c1 = (float)(1.0 - pow(b1, t)), c2 = (float)(1.0 - pow(b2, t));
-        float step = lr / c1, inv_sqrt_c2 = 1.0f / sqrtf(c2), decay = 1.0f - lr * wd;
+        float *restrict w = a->w + lo, *restrict m = o->state + lo, *restrict v = o->state + o->n + lo;
+        const float *restrict g = a->g + lo;
+        size_t n = hi - lo;
+        float step = lr / a->c1, inv_sqrt_c2 = 1.0f / sqrtf(a->c2), decay = 1.0f - lr * wd;
 
         for (size_t i = 0; i < n; i++) {
                 float gi = g[i];
@@ -103,14 +143,22 @@ static void adamw_step(Optim *o, float *restrict w, const float *restrict g) {
         }
 }
 
+void optim_set_pool(Optim *o, Pool *pool) {
+        o->pool = pool;
+}
+
 void optim_step(Optim *o, float *w, const float *g) {
+        StepArgs a = { .o = o, .w = w, .g = g };
+
         o->t++;
         switch (o->spec.kind) {
         case OPTIM_SGD:
-                sgd_step(o, w, g);
+                pool_for(o->pool, o->n, OPTIM_GRAIN, sgd_step, &a);
                 break;
         case OPTIM_ADAMW:
-                adamw_step(o, w, g);
+                a.c1 = (float)(1.0 - pow(o->spec.beta1, (double)o->t));
+                a.c2 = (float)(1.0 - pow(o->spec.beta2, (double)o->t));
+                pool_for(o->pool, o->n, OPTIM_GRAIN, adamw_step, &a);
                 break;
         default:
                 break;

@@ -17,6 +17,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "tensor/pool.h"
+
 typedef enum OptimKind {
         OPTIM_SGD,
         OPTIM_ADAMW,
@@ -24,9 +26,17 @@ typedef enum OptimKind {
         _OPTIM_KIND_INVALID = -1,
 } OptimKind;
 
+typedef enum LrSchedule {
+        LR_CONSTANT,
+        LR_COSINE, /* lr * (1 + cos(pi t / T)) / 2 over the T steps of the run */
+        _LR_SCHEDULE_MAX,
+        _LR_SCHEDULE_INVALID = -1,
+} LrSchedule;
+
 typedef struct OptimSpec {
         OptimKind kind;
-        float lr;
+        LrSchedule schedule;
+        float lr; /* the base learning rate */
         float weight_decay;
         /* SGD */
         float momentum;
@@ -40,10 +50,17 @@ typedef struct Optim {
         size_t n;
         float *state; /* SGD: momentum (n); AdamW: m (n) then v (n) */
         uint64_t t;   /* steps taken */
+        float lr;     /* the learning rate of the next step */
+        Pool *pool;   /* splits each step across threads; NULL: caller only */
 } Optim;
 
 const char *optim_kind_to_string(OptimKind k);
 OptimKind optim_kind_from_string(const char *s);
+const char *lr_schedule_to_string(LrSchedule s);
+LrSchedule lr_schedule_from_string(const char *s);
+
+/* The learning rate the schedule gives for step t (0-based) of total. */
+float lr_schedule_at(const OptimSpec *s, uint64_t t, uint64_t total);
 
 /* PyTorch's defaults: SGD lr 0.01, momentum 0; AdamW lr 1e-3, betas
  * (0.9, 0.999), eps 1e-8, weight decay 0.01. */
@@ -52,6 +69,13 @@ size_t optim_state_floats(OptimKind kind, size_t n);
 
 /* state must hold optim_state_floats() zeroed floats and outlive o. */
 int optim_init(Optim *o, const OptimSpec *spec, size_t n, float *state);
+
+static inline void optim_set_lr(Optim *o, float lr) {
+        o->lr = lr;
+}
+
+/* Run steps on the threads of pool (borrowed; may be NULL). */
+void optim_set_pool(Optim *o, Pool *pool);
 
 /* w is (n), g is (n): one update of w from the gradient g. */
 void optim_step(Optim *o, float *w, const float *g);

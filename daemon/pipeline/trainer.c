@@ -39,6 +39,8 @@ int trainer_new(const ModelSpec *model, const OptimSpec *optim, const TrainSpec 
         r = optim_init(&t->optim, optim, s->n_params, state);
         if (r < 0)
                 return diag_set(d, r, "unknown optimizer");
+        if (ops == &ops_blas)
+                optim_set_pool(&t->optim, ops_blas_pool());
         r = trace_new(s, spec->batch_size, &t->trace);
         if (r < 0)
                 return r;
@@ -124,6 +126,8 @@ int trainer_run(Trainer *t, TrainProgressFn cb, void *userdata, const volatile s
                 for (size_t step = 0; step < steps; step++) {
                         if (stop && *stop)
                                 return -ECANCELED;
+                        optim_set_lr(&t->optim, lr_schedule_at(&t->optim.spec, (uint64_t)epoch * steps + step,
+                                                               (uint64_t)t->spec.epochs * steps));
 
                         uint64_t t0 = now_ns();
                         int b = (int)MIN(B, n - step * B), c;

@@ -109,10 +109,10 @@ static int parse_model(const config_setting_t *root, ModelSpec *m, int classes, 
 }
 
 static int parse_optim(const config_setting_t *root, OptimSpec *o, Diag *d) {
-        static const char *const keys[] = { "type", "lr", "momentum", "nesterov", "weight_decay",
-                                            "beta1", "beta2", "eps", NULL };
+        static const char *const keys[] = { "type", "lr", "schedule", "momentum", "nesterov",
+                                            "weight_decay", "beta1", "beta2", "eps", NULL };
         config_setting_t *g;
-        char type[16];
+        char type[16], schedule[16];
         double lr, mom, wd, b1, b2, eps;
         bool nesterov;
         int r;
@@ -142,6 +142,12 @@ static int parse_optim(const config_setting_t *root, OptimSpec *o, Diag *d) {
             (r = conf_get_double(g, "beta2", false, 0.0, 0.999999, o->beta2, &b2, d)) < 0 ||
             (r = conf_get_double(g, "eps", false, 1e-12, 1.0, o->eps ? o->eps : 1e-8, &eps, d)) < 0)
                 return r;
+        if ((r = conf_get_string(g, "schedule", false, "constant", schedule, sizeof schedule, d)) < 0)
+                return r;
+        o->schedule = lr_schedule_from_string(schedule);
+        if (o->schedule == _LR_SCHEDULE_INVALID)
+                return conf_error(g, "schedule", -EINVAL, d,
+                                  "unknown schedule \"%s\" (known: constant, cosine)", schedule);
         if (nesterov && mom == 0.0)
                 return conf_error(g, "nesterov", -EINVAL, d, "nesterov needs a momentum above 0");
         o->lr = (float)lr;

@@ -55,7 +55,9 @@ int local_run(const Job *job, const LocalRunOptions *o, const volatile sig_atomi
         Diag d = {};
         int r;
 
-        ops_blas_set_threads(o->threads);
+        r = ops_blas_set_threads(o->threads);
+        if (r < 0)
+                return log_error_errno(r, "Failed to start %d compute threads: %m", o->threads);
         if (o->epochs > 0)
                 spec.epochs = o->epochs;
 

@@ -28,6 +28,12 @@ typedef struct Ops {
 extern const Ops ops_blas;
 extern const Ops ops_naive;
 
-/* Threads OpenBLAS may use (<= 0: leave OpenBLAS's default). */
-void ops_blas_set_threads(int n);
+typedef struct Pool Pool;
+
+/* Threads the BLAS path computes on (the process-wide compute pool; see
+ * pool.h). Call before training starts, not while ops_blas is in use. */
+int ops_blas_set_threads(int n);
 int ops_blas_get_threads(void);
+/* The pool, for the elementwise work that goes with the gemms (NULL when
+ * running on one thread). */
+Pool *ops_blas_pool(void);

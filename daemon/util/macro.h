@@ -22,6 +22,15 @@
 #define _unlikely_(x) __builtin_expect(!!(x), 0)
 #define _warn_unused_result_ __attribute__((warn_unused_result))
 
+/* Hot elementwise loops are compiled for AVX-512, AVX2 and the baseline,
+ * and the loader picks the best the CPU has (GCC function multiversioning),
+ * so packages built for generic x86-64 still run wide vectors. */
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define _simd_clones_ __attribute__((target_clones("avx512f", "avx2", "default")))
+#else
+#define _simd_clones_
+#endif
+
 #define ELEMENTSOF(x) (sizeof(x) / sizeof((x)[0]))
 #define MIN(a, b) ((a) < (b) ? (a) : (b))
 #define MAX(a, b) ((a) > (b) ? (a) : (b))

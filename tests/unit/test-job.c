@@ -1,0 +1,96 @@
+/* Job files: the shipped jobs parse; every kind of mistake names the file,
+ * the line and the setting. */
+#include <criterion/criterion.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "service/job.h"
+
+Test(job, shipped_jobs_parse) {
+        Job j;
+        Diag d = {};
+        cr_assert_eq(job_load(SOURCE_ROOT "/config/jobs/fashion-mnist-mlp.job", &j, &d), 0, "%s", d.text);
+        cr_assert_str_eq(j.name, "fashion-mnist-mlp");
+        cr_assert_eq(j.model.n_layers, 6);
+        cr_assert_eq(model_spec_params(&j.model, 0, 6), 784 * 1024 + 1024 + 1024 * 1024 + 1024 + 1024 * 10 + 10);
+        cr_assert_eq(j.optim.kind, OPTIM_SGD);
+        cr_assert_eq(j.train.batch_size, 128);
+        cr_assert_eq(j.train.epochs, 5);
+
+        cr_assert_eq(job_load(SOURCE_ROOT "/config/jobs/fashion-mnist-cnn.job", &j, &d), 0, "%s", d.text);
+        cr_assert_eq(j.model.layers[0].kind, LAYER_CONV2D);
+        cr_assert_eq(j.optim.kind, OPTIM_ADAMW);
+}
+
+static const char *base =
+        "name = \"t\";\n"                                              /* 1 */
+        "dataset = { name = \"fashion-mnist\"; classes = 10; };\n"     /* 2 */
+        "model = {\n"                                                  /* 3 */
+        "  input = [1, 28, 28];\n"                                     /* 4 */
+        "  layers = (\n"                                               /* 5 */
+        "    { type = \"flatten\"; },\n"                               /* 6 */
+        "    { type = \"linear\"; out = 10; }\n"                       /* 7 */
+        "  );\n"                                                       /* 8 */
+        "};\n"                                                         /* 9 */
+        "optimizer = { type = \"sgd\"; lr = 0.1; };\n"                 /* 10 */
+        "training = { batch_size = 32; epochs = 1; };\n";              /* 11 */
+
+/* Write base with one substitution and load it. */
+static int load_variant(const char *from, const char *to, Diag *d, char *path) {
+        char text[4096];
+        const char *at = strstr(base, from);
+        cr_assert_not_null(at, "variant anchor \"%s\" not in base", from);
+        snprintf(text, sizeof text, "%.*s%s%s", (int)(at - base), base, to, at + strlen(from));
+        strcpy(path, "/tmp/ravnest-test-job-XXXXXX");
+        int fd = mkstemp(path);
+        cr_assert(fd >= 0);
+        cr_assert_eq(write(fd, text, strlen(text)), (ssize_t)strlen(text));
+        close(fd);
+        Job j;
+        int r = job_load(path, &j, d);
+        unlink(path);
+        return r;
+}
+
+static void expect_error(const char *from, const char *to, const char *where) {
+        char path[64], want[256];
+        Diag d = {};
+        int r = load_variant(from, to, &d, path);
+        cr_expect_lt(r, 0, "variant \"%s\" loaded", to);
+        snprintf(want, sizeof want, "%s:%s", path, where);
+        cr_expect(strstr(d.text, want), "variant \"%s\": message \"%s\" lacks \"%s\"", to, d.text, want);
+}
+
+Test(job, base_is_valid) {
+        char path[64];
+        Diag d = {};
+        cr_assert_eq(load_variant("name", "name", &d, path), 0, "%s", d.text);
+}
+
+Test(job, errors_name_file_line_and_setting) {
+        expect_error("lr = 0.1", "lr = \"fast\"", "10: optimizer.lr: must be a number");
+        expect_error("lr = 0.1", "lr = -1.0", "10: optimizer.lr: must be a number in [0, 100], got -1");
+        expect_error("lr = 0.1", "lr = 0.1; momemtum = 0.9", "10: optimizer.momemtum: unknown setting");
+        expect_error("type = \"sgd\"", "type = \"rmsprop\"", "10: optimizer.type: unknown optimizer \"rmsprop\"");
+        expect_error("out = 10;", "out = 0;", "7: model.layers.[1].out: must be an integer in [1, 65536], got 0");
+        expect_error("type = \"linear\"", "type = \"dense\"", "7: model.layers.[1].type: unknown layer \"dense\"");
+        expect_error("out = 10;", "out = 12;", "5: model.layers: the last layer gives (12,1,1) but the dataset has 10 classes");
+        expect_error("{ type = \"flatten\"; },", "", "5: model.layers: layer 1 (linear): linear needs a flat input");
+        expect_error("batch_size = 32;", "", "11: training.batch_size: missing (required)");
+        expect_error("epochs = 1;", "epochs = 1; speed = 3;", "11: training.speed: unknown setting");
+        expect_error("input = [1, 28, 28];", "input = [1, 28];", "4: model.input: must be an array of three integers");
+        expect_error("name = \"fashion-mnist\";", "name = \"cifar\";", "2: dataset.name: unknown dataset \"cifar\"");
+        expect_error("{ type = \"flatten\"; }", "{ type = \"flatten\"; kernel = 2; }", "6: model.layers.[0]: flatten takes no kernel");
+        expect_error("training = {", "trainning = {", "11: trainning: unknown setting");
+        /* A syntax error: file and line from the parser. */
+        expect_error("lr = 0.1;", "lr = = 0.1;", "10: syntax error");
+}
+
+Test(job, missing_file) {
+        Job j;
+        Diag d = {};
+        cr_assert_eq(job_load("/nonexistent/x.job", &j, &d), -ENOENT);
+        cr_assert(strstr(d.text, "/nonexistent/x.job: cannot read"), "%s", d.text);
+}

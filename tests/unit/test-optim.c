@@ -1,0 +1,121 @@
+/* Optimizers: steps against values worked out by hand. */
+#include <criterion/criterion.h>
+#include <math.h>
+
+#include "nn/optim.h"
+
+Test(optim, sgd_plain) {
+        /* w - lr * (g + wd * w) = 1 - 0.1 * (0.5 + 0.1 * 1) = 0.94 */
+        OptimSpec s;
+        optim_spec_defaults(&s, OPTIM_SGD);
+        s.lr = 0.1f;
+        s.weight_decay = 0.1f;
+        float w[1] = { 1.0f }, g[1] = { 0.5f }, st[1] = { 0 };
+        Optim o;
+        cr_assert_eq(optim_init(&o, &s, 1, st), 0);
+        optim_step(&o, w, g);
+        cr_assert_float_eq(w[0], 0.94f, 1e-7f);
+}
+
+Test(optim, sgd_momentum_two_steps) {
+        /* mu 0.9, lr 0.1, g = 1 then 2, w0 = 0:
+         * b1 = 1,          w1 = -0.1
+         * b2 = 0.9 + 2,    w2 = -0.1 - 0.29 = -0.39 */
+        OptimSpec s;
+        optim_spec_defaults(&s, OPTIM_SGD);
+        s.lr = 0.1f;
+        s.momentum = 0.9f;
+        float w[2] = { 0, 0 }, g[2] = { 1, -1 }, st[2] = { 0 };
+        Optim o;
+        optim_init(&o, &s, 2, st);
+        optim_step(&o, w, g);
+        cr_assert_float_eq(w[0], -0.1f, 1e-7f);
+        cr_assert_float_eq(w[1], 0.1f, 1e-7f);
+        g[0] = 2;
+        g[1] = -2;
+        optim_step(&o, w, g);
+        cr_assert_float_eq(w[0], -0.39f, 1e-6f);
+        cr_assert_float_eq(w[1], 0.39f, 1e-6f);
+        cr_assert_float_eq(st[0], 2.9f, 1e-6f);
+}
+
+Test(optim, sgd_nesterov) {
+        /* b1 = g = 1; update g + mu b1 = 1.9; w = -0.19 */
+        OptimSpec s;
+        optim_spec_defaults(&s, OPTIM_SGD);
+        s.lr = 0.1f;
+        s.momentum = 0.9f;
+        s.nesterov = true;
+        float w[1] = { 0 }, g[1] = { 1 }, st[1] = { 0 };
+        Optim o;
+        optim_init(&o, &s, 1, st);
+        optim_step(&o, w, g);
+        cr_assert_float_eq(w[0], -0.19f, 1e-7f);
+}
+
+Test(optim, adamw_first_steps) {
+        /* Step 1: m = 0.1 g, v = 0.001 g^2; bias-corrected m/(sqrt v) = sign(g),
+         * so w = w (1 - lr wd) - lr g / (|g| + eps') ~ w(1 - lr wd) - lr sign(g).
+         * w0 = 1, g = 0.5, lr = 0.01, wd = 0.1:
+         *   w1 = 0.999 - 0.01 * 0.5 / (0.5 + 1e-8) = 0.98900000002 */
+        OptimSpec s;
+        optim_spec_defaults(&s, OPTIM_ADAMW);
+        s.lr = 0.01f;
+        s.weight_decay = 0.1f;
+        float w[1] = { 1.0f }, g[1] = { 0.5f }, st[2] = { 0 };
+        Optim o;
+        optim_init(&o, &s, 1, st);
+        optim_step(&o, w, g);
+        cr_assert_float_eq(w[0], 0.989f, 1e-6f);
+        cr_assert_float_eq(st[0], 0.05f, 1e-7f);   /* m */
+        cr_assert_float_eq(st[1], 0.00025f, 1e-7f); /* v = 0.001 * 0.25 */
+
+        /* Step 2 with g = -0.5: m = 0.9*0.05 - 0.05 = -0.005, v = 0.999*0.00025 + 0.00025
+         * mhat = -0.005 / 0.19 = -0.0263158, vhat = 0.00049975 / 0.001999 = 0.2500000
+         * w2 = 0.989 * 0.999 - 0.01 * (-0.0263158) / (0.5 + 1e-8) = 0.988537316 */
+        g[0] = -0.5f;
+        optim_step(&o, w, g);
+        double m = 0.9 * 0.05 - 0.1 * 0.5, v = 0.999 * 0.00025 + 0.001 * 0.25;
+        double mhat = m / (1 - 0.9 * 0.9), vhat = v / (1 - 0.999 * 0.999);
+        double want = 0.989 * (1 - 0.01 * 0.1) - 0.01 * mhat / (sqrt(vhat) + 1e-8);
+        cr_assert_float_eq(w[0], (float)want, 1e-6f, "w2 = %.9f, want %.9f", (double)w[0], want);
+}
+
+Test(optim, state_sizes_and_names) {
+        cr_assert_eq(optim_state_floats(OPTIM_SGD, 10), 10);
+        cr_assert_eq(optim_state_floats(OPTIM_ADAMW, 10), 20);
+        cr_assert_eq(optim_kind_from_string("adamw"), OPTIM_ADAMW);
+        cr_assert_eq(optim_kind_from_string("adam"), _OPTIM_KIND_INVALID);
+        cr_assert_str_eq(optim_kind_to_string(OPTIM_SGD), "sgd");
+}
+
+Test(optim, pooled_step_equals_serial_step) {
+        /* A slab big enough to be split across threads gives the same bits. */
+        enum { N = 200003 };
+        static float w1[N], w2[N], g[N], s1[2 * N], s2[2 * N];
+        Pool *p;
+        cr_assert_eq(pool_new(2, &p), 0);
+        for (int kind = 0; kind < _OPTIM_KIND_MAX; kind++) {
+                OptimSpec s;
+                optim_spec_defaults(&s, (OptimKind)kind);
+                s.momentum = kind == OPTIM_SGD ? 0.9f : 0.0f;
+                for (int i = 0; i < N; i++) {
+                        w1[i] = w2[i] = sinf((float)i);
+                        g[i] = cosf((float)i * 0.7f);
+                }
+                for (int i = 0; i < 2 * N; i++)
+                        s1[i] = s2[i] = 0;
+                Optim a, b;
+                optim_init(&a, &s, N, s1);
+                optim_init(&b, &s, N, s2);
+                optim_set_pool(&b, p);
+                for (int step = 0; step < 3; step++) {
+                        optim_step(&a, w1, g);
+                        optim_step(&b, w2, g);
+                }
+                for (int i = 0; i < N; i++)
+                        cr_assert_eq(w1[i], w2[i], "%s: w[%d] %.9g vs %.9g", optim_kind_to_string(kind), i,
+                                     (double)w1[i], (double)w2[i]);
+        }
+        pool_free(p);
+}
