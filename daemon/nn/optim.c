@@ -88,16 +88,16 @@ int optim_init(Optim *o, const OptimSpec *spec, size_t n, float *state) {
 
 typedef struct StepArgs {
         Optim *o;
-        float *w;
-        const float *g;
-        float c1, c2; /* AdamW bias corrections for this step */
+        float *w;       /* at offset */
+        const float *g; /* at offset */
+        size_t offset;  /* of the slice in the slab */
 } StepArgs;
 
 _simd_clones_ static void sgd_step(void *ctx, size_t lo, size_t hi) {
         const StepArgs *a = ctx;
         const Optim *o = a->o;
         const float lr = o->lr, mu = o->spec.momentum, wd = o->spec.weight_decay;
-        float *restrict w = a->w + lo, *restrict buf = o->state + lo;
+        float *restrict w = a->w + lo, *restrict buf = o->state + a->offset + lo;
         const float *restrict g = a->g + lo;
         size_t n = hi - lo;
 
@@ -130,10 +130,11 @@ _simd_clones_ static void adamw_step(void *ctx, size_t lo, size_t hi) {
         const Optim *o = a->o;
         const float lr = o->lr, wd = o->spec.weight_decay;
         const float b1 = o->spec.beta1, b2 = o->spec.beta2, eps = o->spec.eps;
-        float *restrict w = a->w + lo, *restrict m = o->state + lo, *restrict v = o->state + o->n + lo;
+        float *restrict w = a->w + lo, *restrict m = o->state + a->offset + lo;
+        float *restrict v = o->state + o->n + a->offset + lo;
         const float *restrict g = a->g + lo;
         size_t n = hi - lo;
-        float step = lr / a->c1, inv_sqrt_c2 = 1.0f / sqrtf(a->c2), decay = 1.0f - lr * wd;
+        float step = lr / o->c1, inv_sqrt_c2 = 1.0f / sqrtf(o->c2), decay = 1.0f - lr * wd;
 
         for (size_t i = 0; i < n; i++) {
                 float gi = g[i];
@@ -147,20 +148,30 @@ void optim_set_pool(Optim *o, Pool *pool) {
         o->pool = pool;
 }
 
-void optim_step(Optim *o, float *w, const float *g) {
-        StepArgs a = { .o = o, .w = w, .g = g };
-
+void optim_begin_step(Optim *o) {
         o->t++;
+        o->c1 = (float)(1.0 - pow(o->spec.beta1, (double)o->t));
+        o->c2 = (float)(1.0 - pow(o->spec.beta2, (double)o->t));
+}
+
+void optim_update(Optim *o, float *w, const float *g, size_t offset, size_t n) {
+        /* The step functions index from the slab's start; shift all three
+         * slabs (and Adam's second moment with them) by offset. */
+        StepArgs a = { .o = o, .w = w + offset, .g = g + offset, .offset = offset };
+
         switch (o->spec.kind) {
         case OPTIM_SGD:
-                pool_for(o->pool, o->n, OPTIM_GRAIN, sgd_step, &a);
+                pool_for(o->pool, n, OPTIM_GRAIN, sgd_step, &a);
                 break;
         case OPTIM_ADAMW:
-                a.c1 = (float)(1.0 - pow(o->spec.beta1, (double)o->t));
-                a.c2 = (float)(1.0 - pow(o->spec.beta2, (double)o->t));
-                pool_for(o->pool, o->n, OPTIM_GRAIN, adamw_step, &a);
+                pool_for(o->pool, n, OPTIM_GRAIN, adamw_step, &a);
                 break;
         default:
                 break;
         }
+}
+
+void optim_step(Optim *o, float *w, const float *g) {
+        optim_begin_step(o);
+        optim_update(o, w, g, 0, o->n);
 }

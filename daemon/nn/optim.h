@@ -51,6 +51,7 @@ typedef struct Optim {
         float *state; /* SGD: momentum (n); AdamW: m (n) then v (n) */
         uint64_t t;   /* steps taken */
         float lr;     /* the learning rate of the next step */
+        float c1, c2; /* AdamW's bias corrections 1 - beta^t for this step */
         Pool *pool;   /* splits each step across threads; NULL: caller only */
 } Optim;
 
@@ -79,3 +80,9 @@ void optim_set_pool(Optim *o, Pool *pool);
 
 /* w is (n), g is (n): one update of w from the gradient g. */
 void optim_step(Optim *o, float *w, const float *g);
+
+/* The same step in slices, for updating each layer as soon as its gradient
+ * is ready: optim_begin_step() once, then optim_update() over slices that
+ * together cover [0, n) exactly once. w and g are the whole slabs. */
+void optim_begin_step(Optim *o);
+void optim_update(Optim *o, float *w, const float *g, size_t offset, size_t n);

@@ -166,7 +166,8 @@ void stage_forward(const Stage *s, const Ops *ops, const float *w, Trace *t, int
 }
 
 void stage_backward(const Stage *s, const Ops *ops, const float *w, Trace *t, const float *dout,
-                    float *dinp, float *dw, int B, bool accumulate) {
+                    float *dinp, float *dw, int B, bool accumulate, StageGradFn on_grad,
+                    void *userdata) {
         const float *g = dout;
         for (int i = s->n_layers - 1; i >= 0; i--) {
                 const Layer *l = &s->layers[i];
@@ -175,6 +176,8 @@ void stage_backward(const Stage *s, const Ops *ops, const float *w, Trace *t, co
                 float *din = i == 0 ? dinp : t->dbuf[i & 1];
                 layer_backward(l, ops, din, dw + l->param_offset, g, t->acts[i], t->acts[i + 1],
                                w + l->param_offset, t->saved[i], t->scratch, B, accumulate);
+                if (on_grad && l->n_params)
+                        on_grad(userdata, l->param_offset, l->n_params);
                 g = din;
         }
 }

@@ -17,7 +17,7 @@
  *     trace_new(s, 128, &t);
  *     fill trace_input(t) with (B, in)
  *     stage_forward(s, &ops_blas, s->params, t, B);     // output: trace_output(t)
- *     stage_backward(s, &ops_blas, s->params, t, dout, NULL, s->grads, B, false);
+ *     stage_backward(s, &ops_blas, s->params, t, dout, NULL, s->grads, B, false, NULL, NULL);
  */
 #pragma once
 
@@ -86,9 +86,17 @@ size_t trace_bytes(const Stage *s, int max_batch);
  * (n_params); the output lands in trace_output(t) (B, out). */
 void stage_forward(const Stage *s, const Ops *ops, const float *w, Trace *t, int B);
 
+/* Called as soon as the gradient of a layer's parameters, dw[offset,
+ * offset + n), is complete, while the backward pass goes on to earlier
+ * layers. Updating those parameters right then is safe (no earlier layer
+ * reads them) and finds the gradient still in cache. */
+typedef void (*StageGradFn)(void *userdata, size_t offset, size_t n);
+
 /* Backward from dout (B, out) through the activations of t, with the same
  * parameter version w the forward pass used. Gradients go to dw (n_params),
  * overwriting it or, with accumulate, adding to it. dinp (B, in) receives the
- * gradient for the previous stage; NULL skips that work. */
+ * gradient for the previous stage; NULL skips that work. on_grad, when not
+ * NULL, hears of each layer's finished gradient. */
 void stage_backward(const Stage *s, const Ops *ops, const float *w, Trace *t, const float *dout,
-                    float *dinp, float *dw, int B, bool accumulate);
+                    float *dinp, float *dw, int B, bool accumulate, StageGradFn on_grad,
+                    void *userdata);

@@ -67,6 +67,11 @@ Trainer *trainer_free(Trainer *t) {
         return NULL;
 }
 
+static void update_layer(void *userdata, size_t offset, size_t n) {
+        Trainer *t = userdata;
+        optim_update(&t->optim, t->stage->params, t->stage->grads, offset, n);
+}
+
 float trainer_step(Trainer *t, int B, int *ret_correct) {
         Stage *s = t->stage;
         float loss;
@@ -74,9 +79,11 @@ float trainer_step(Trainer *t, int B, int *ret_correct) {
         stage_forward(s, t->ops, s->params, t->trace, B);
         loss = softmax_xent(t->dlogits, ret_correct, trace_output(t->trace), t->labels, B,
                             s->out.c);
-        /* The first layer's input gradient is nobody's business: skip it. */
-        stage_backward(s, t->ops, s->params, t->trace, t->dlogits, NULL, s->grads, B, false);
-        optim_step(&t->optim, s->params, s->grads);
+        /* The first layer's input gradient is nobody's business: skip it.
+         * Each layer is updated as soon as its gradient is complete. */
+        optim_begin_step(&t->optim);
+        stage_backward(s, t->ops, s->params, t->trace, t->dlogits, NULL, s->grads, B, false,
+                       update_layer, t);
         return loss;
 }
 

@@ -1,5 +1,5 @@
 /* service/job.h — a training job: model, optimizer, data and schedule, read
- * from a libconfig file (see ravnestd.conf(5), section JOB FILES).
+ * from a libconfig file (see ravnest-job(5)).
  *
  *     Job job;
  *     Diag d = {};

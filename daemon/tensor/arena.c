@@ -4,8 +4,10 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 
 #define ARENA_BLOCK (1u << 20)
+#define HUGE_PAGE (2u << 20)
 
 typedef struct Block {
         struct Block *next;
@@ -40,12 +42,23 @@ Arena *arena_free(Arena *a) {
 
 static Block *block_new(size_t size) {
         Block *b = calloc(1, sizeof *b);
+        size_t align = ARENA_ALIGN;
+
         if (!b)
                 return NULL;
-        if (posix_memalign((void **)&b->data, ARENA_ALIGN, size) != 0) {
+        /* Slabs of megabytes are streamed by every step: back them with
+         * transparent huge pages where the kernel offers them (madvise mode),
+         * which saves TLB misses in the gemms and the optimizer. */
+        if (size >= HUGE_PAGE) {
+                align = HUGE_PAGE;
+                size = ALIGN_TO(size, HUGE_PAGE);
+        }
+        if (posix_memalign((void **)&b->data, align, size) != 0) {
                 free(b);
                 return NULL;
         }
+        if (align == HUGE_PAGE)
+                (void)madvise(b->data, size, MADV_HUGEPAGE); /* a hint: failure changes nothing */
         b->size = size;
         return b;
 }
