@@ -4,16 +4,42 @@
 
 #include "layer.h"
 
+typedef struct Bias {
+        float *out;       /* forward: out (B,OC); backward: dbias (OC) */
+        const float *src; /* forward: bias (OC); backward: dout (B,OC) */
+        int B, OC;
+        bool accumulate;
+} Bias;
+
+/* Rows lo..hi of out start as the bias. */
+static void bias_fill(void *ctx, size_t lo, size_t hi) {
+        const Bias *a = ctx;
+        for (size_t b = lo; b < hi; b++)
+                memcpy(a->out + b * (size_t)a->OC, a->src, sizeof(float) * (size_t)a->OC);
+}
+
+/* Columns lo..hi of dbias: the sum over the batch of dout. */
+_simd_clones_ static void bias_grad(void *ctx, size_t lo, size_t hi) {
+        const Bias *a = ctx;
+        float *restrict db = a->out;
+        if (!a->accumulate)
+                memset(db + lo, 0, sizeof(float) * (hi - lo));
+        for (int b = 0; b < a->B; b++) {
+                const float *restrict row = a->src + (size_t)b * a->OC;
+                for (size_t o = lo; o < hi; o++)
+                        db[o] += row[o];
+        }
+}
+
 void linear_forward(const Layer *l, const Ops *ops, float *out, const float *inp, const float *w,
                     int B) {
         /* out is (B,OC), inp is (B,C), w is (OC,C) then (OC) */
         int C = l->in.c, OC = l->out.c;
-        const float *bias = w + (size_t)OC * C;
+        Bias a = { .out = out, .src = w + (size_t)OC * C, .B = B, .OC = OC };
 
         /* Start from the bias and let the gemm add x W^T (beta = 1): one pass
          * over `out` instead of two. */
-        for (int b = 0; b < B; b++)
-                memcpy(out + (size_t)b * OC, bias, sizeof(float) * (size_t)OC);
+        ops->parallel((size_t)B, 16, bias_fill, &a);
         ops->gemm(false, true, B, OC, C, 1.0f, inp, C, w, C, 1.0f, out, OC);
 }
 
@@ -21,18 +47,12 @@ void linear_backward(const Layer *l, const Ops *ops, float *dinp, float *dw, con
                      const float *inp, const float *w, int B, bool accumulate) {
         /* dinp is (B,C) or NULL, dw is (OC,C) then (OC), dout is (B,OC), inp is (B,C) */
         int C = l->in.c, OC = l->out.c;
-        float *dbias = dw + (size_t)OC * C;
+        Bias a = { .out = dw + (size_t)OC * C, .src = dout, .B = B, .OC = OC, .accumulate = accumulate };
 
         /* dW = dout^T inp */
         ops->gemm(true, false, OC, C, B, 1.0f, dout, OC, inp, C, accumulate ? 1.0f : 0.0f, dw, C);
         /* db = sum over the batch of dout */
-        if (!accumulate)
-                memset(dbias, 0, sizeof(float) * (size_t)OC);
-        for (int b = 0; b < B; b++) {
-                const float *row = dout + (size_t)b * OC;
-                for (int o = 0; o < OC; o++)
-                        dbias[o] += row[o];
-        }
+        ops->parallel((size_t)OC, 256, bias_grad, &a);
         /* dinp = dout W */
         if (dinp)
                 ops->gemm(false, false, B, C, OC, 1.0f, dout, OC, w, C, 0.0f, dinp, C);

@@ -119,10 +119,10 @@ void layer_forward(const Layer *l, const Ops *ops, float *out, const float *inp,
                 linear_forward(l, ops, out, inp, w, B);
                 break;
         case LAYER_RELU:
-                relu_forward(out, inp, n);
+                relu_forward(ops, out, inp, n);
                 break;
         case LAYER_GELU:
-                gelu_forward(out, inp, n);
+                gelu_forward(ops, out, inp, n);
                 break;
         case LAYER_FLATTEN:
                 memcpy(out, inp, n * sizeof(float));
@@ -149,11 +149,11 @@ void layer_backward(const Layer *l, const Ops *ops, float *dinp, float *dw, cons
                 break;
         case LAYER_RELU:
                 if (dinp)
-                        relu_backward(dinp, dout, out, n);
+                        relu_backward(ops, dinp, dout, out, n);
                 break;
         case LAYER_GELU:
                 if (dinp)
-                        gelu_backward(dinp, dout, inp, n);
+                        gelu_backward(ops, dinp, dout, inp, n);
                 break;
         case LAYER_FLATTEN:
                 if (dinp)

@@ -92,10 +92,10 @@ void linear_forward(const Layer *l, const Ops *ops, float *out, const float *inp
                     int B);
 void linear_backward(const Layer *l, const Ops *ops, float *dinp, float *dw, const float *dout,
                      const float *inp, const float *w, int B, bool accumulate);
-void relu_forward(float *out, const float *inp, size_t n);
-void relu_backward(float *dinp, const float *dout, const float *out, size_t n);
-void gelu_forward(float *out, const float *inp, size_t n);
-void gelu_backward(float *dinp, const float *dout, const float *inp, size_t n);
+void relu_forward(const Ops *ops, float *out, const float *inp, size_t n);
+void relu_backward(const Ops *ops, float *dinp, const float *dout, const float *out, size_t n);
+void gelu_forward(const Ops *ops, float *out, const float *inp, size_t n);
+void gelu_backward(const Ops *ops, float *dinp, const float *dout, const float *inp, size_t n);
 void conv2d_forward(const Layer *l, const Ops *ops, float *out, const float *inp, const float *w,
                     float *scratch, int B);
 void conv2d_backward(const Layer *l, const Ops *ops, float *dinp, float *dw, const float *dout,

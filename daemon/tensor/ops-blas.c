@@ -54,10 +54,15 @@ static void blas_axpy(size_t n, float alpha, const float *x, float *y) {
         cblas_saxpy((int)n, alpha, x, 1, y, 1);
 }
 
+static void blas_parallel(size_t n, size_t grain, PoolRangeFn fn, void *ctx) {
+        pool_for(compute_pool, n, grain, fn, ctx);
+}
+
 const Ops ops_blas = {
         .name = "openblas",
         .gemm = blas_gemm,
         .axpy = blas_axpy,
+        .parallel = blas_parallel,
 };
 
 int ops_blas_set_threads(int n) {

@@ -22,8 +22,15 @@ static void naive_axpy(size_t n, float alpha, const float *x, float *y) {
                 y[i] = (float)((double)y[i] + (double)alpha * x[i]);
 }
 
+static void naive_parallel(size_t n, size_t grain, void (*fn)(void *ctx, size_t lo, size_t hi),
+                           void *ctx) {
+        if (n)
+                fn(ctx, 0, n);
+}
+
 const Ops ops_naive = {
         .name = "naive",
         .gemm = naive_gemm,
         .axpy = naive_axpy,
+        .parallel = naive_parallel,
 };

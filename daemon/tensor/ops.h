@@ -23,6 +23,10 @@ typedef struct Ops {
                      const float *B, int ldb, float beta, float *C, int ldc);
         /* y += alpha * x */
         void (*axpy)(size_t n, float alpha, const float *x, float *y);
+        /* Run fn over [0, n) in ranges, on the compute threads when the
+         * work is worth it (at least grain per thread); see pool.h. */
+        void (*parallel)(size_t n, size_t grain, void (*fn)(void *ctx, size_t lo, size_t hi),
+                         void *ctx);
 } Ops;
 
 extern const Ops ops_blas;
