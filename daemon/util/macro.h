@@ -44,6 +44,8 @@
                 _p_;                                                                               \
         })
 
+#define TAKE_FD(fd) ({ int _fd_ = (fd); (fd) = -1; _fd_; })
+
 /* Define a `name##p` helper for _cleanup_ from a destructor taking T *. */
 #define DEFINE_TRIVIAL_CLEANUP_FUNC(type, func)                                                    \
         static inline void func##p(type *p) {                                                      \

@@ -1,0 +1,267 @@
+/* net/backend-uring.c — io_uring: one ring per Net (so per thread), at most
+ * one receive and one send in flight per link, submissions and completions
+ * handled in batches. Payloads are read with READ_FIXED straight into the
+ * registered receive region; frames at or above the zero-copy threshold go
+ * out with SEND_ZC, and the frame's buffer is not reused before the kernel's
+ * notification says it is done with it. */
+#include <liburing.h>
+#include <stdlib.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "net-internal.h"
+
+enum {
+        OP_ACCEPT = 1,
+        OP_RECV,
+        OP_SEND,
+        OP_SEND_ZC,
+};
+
+/* user_data: the op in the top byte, the link's slot below */
+#define UD(op, slot) ((uint64_t)(op) << 56 | (uint64_t)(slot))
+#define UD_OP(ud) ((int)((ud) >> 56))
+#define UD_SLOT(ud) ((unsigned)((ud) & 0xffffffffu))
+
+typedef struct UringData {
+        struct io_uring ring;
+        bool registered; /* the receive region is buffer 0 */
+        struct sockaddr_storage accept_addr;
+        socklen_t accept_len;
+        size_t zc_threshold;
+} UringData;
+
+static int ur_init(Net *n) {
+        UringData *u = calloc(1, sizeof *u);
+        int r;
+
+        if (!u)
+                return -ENOMEM;
+        r = io_uring_queue_init(512, &u->ring, 0);
+        if (r < 0) {
+                free(u);
+                return r;
+        }
+        if (n->pool && n->pool->size) {
+                struct iovec iov = { n->pool->base, n->pool->size };
+                /* Without it (a low RLIMIT_MEMLOCK, say) reads still land in
+                 * the region, just without the fixed-buffer shortcut. */
+                u->registered = io_uring_register_buffers(&u->ring, &iov, 1) == 0;
+        }
+        /* On loopback the kernel copies zero-copy sends anyway and plain SEND
+         * is faster (measured: see README), so auto means "not on loopback". */
+        u->zc_threshold = n->cfg.zc_threshold;
+        n->backend_data = u;
+        return 0;
+}
+
+static void ur_fini(Net *n) {
+        UringData *u = n->backend_data;
+        if (!u)
+                return;
+        io_uring_queue_exit(&u->ring);
+        free(u);
+        n->backend_data = NULL;
+}
+
+static struct io_uring_sqe *get_sqe(UringData *u) {
+        struct io_uring_sqe *sqe = io_uring_get_sqe(&u->ring);
+        if (!sqe) {
+                io_uring_submit(&u->ring);
+                sqe = io_uring_get_sqe(&u->ring);
+        }
+        return sqe;
+}
+
+static int submit_accept(Net *n) {
+        UringData *u = n->backend_data;
+        struct io_uring_sqe *sqe = get_sqe(u);
+        if (!sqe)
+                return -EBUSY;
+        u->accept_len = sizeof u->accept_addr;
+        io_uring_prep_accept(sqe, n->listen_fd, (struct sockaddr *)&u->accept_addr, &u->accept_len, SOCK_CLOEXEC);
+        io_uring_sqe_set_data64(sqe, UD(OP_ACCEPT, 0));
+        return 0;
+}
+
+static int ur_add_listener(Net *n, int fd) {
+        int saved = n->listen_fd, r;
+        n->listen_fd = fd; /* submit_accept reads it */
+        r = submit_accept(n);
+        n->listen_fd = saved;
+        return r;
+}
+
+static int submit_recv(Net *n, Link *l) {
+        UringData *u = n->backend_data;
+        struct io_uring_sqe *sqe = get_sqe(u);
+        uint8_t *p;
+        size_t want;
+
+        if (!sqe)
+                return -EBUSY;
+        link_rx_target(l, &p, &want);
+        if (u->registered && bufpool_owns(n->pool, p))
+                io_uring_prep_read_fixed(sqe, l->fd, p, (unsigned)MIN(want, (size_t)1 << 30), 0, 0);
+        else
+                io_uring_prep_recv(sqe, l->fd, p, want, 0);
+        io_uring_sqe_set_data64(sqe, UD(OP_RECV, l->slot));
+        l->inflight++;
+        return 0;
+}
+
+static void submit_send(Net *n, Link *l) {
+        UringData *u = n->backend_data;
+        struct io_uring_sqe *sqe;
+
+        if (l->tx_busy || l->state == LINK_CLOSING || !link_tx_prepare(l))
+                return;
+        sqe = get_sqe(u);
+        if (!sqe)
+                return; /* retried on the next completion */
+
+        size_t zc = u->zc_threshold == NET_ZC_AUTO ? (l->loopback ? 0 : (size_t)1 << 20) : u->zc_threshold;
+        if (l->iovcnt == 1 && zc && l->iov[0].iov_len >= zc) {
+                io_uring_prep_send_zc(sqe, l->fd, l->iov[0].iov_base, l->iov[0].iov_len, MSG_NOSIGNAL, 0);
+                io_uring_sqe_set_data64(sqe, UD(OP_SEND_ZC, l->slot));
+        } else if (l->iovcnt == 1) {
+                io_uring_prep_send(sqe, l->fd, l->iov[0].iov_base, l->iov[0].iov_len, MSG_NOSIGNAL);
+                io_uring_sqe_set_data64(sqe, UD(OP_SEND, l->slot));
+        } else {
+                static __thread struct msghdr m;
+                /* the msghdr must live until the kernel has read it: one
+                 * per link would be tidier, but SENDMSG copies it at
+                 * submission, which happens before this thread builds the
+                 * next one */
+                m = (struct msghdr){ .msg_iov = l->iov, .msg_iovlen = (size_t)l->iovcnt };
+                io_uring_prep_sendmsg(sqe, l->fd, &m, MSG_NOSIGNAL);
+                io_uring_sqe_set_data64(sqe, UD(OP_SEND, l->slot));
+                io_uring_submit(&u->ring);
+        }
+        l->tx_busy = true;
+        l->inflight++;
+}
+
+static int ur_add_link(Net *n, Link *l) {
+        int r = submit_recv(n, l);
+        if (r < 0)
+                return r;
+        submit_send(n, l);
+        return 0;
+}
+
+static void ur_kick_send(Net *n, Link *l) {
+        submit_send(n, l);
+}
+
+static void ur_close_link(Net *n, Link *l) {
+        /* Pending receives and sends complete (with 0 or an error) once the
+         * socket is shut down; the link is released when the last one is in. */
+        shutdown(l->fd, SHUT_RDWR);
+}
+
+static void handle_cqe(Net *n, struct io_uring_cqe *cqe) {
+        uint64_t ud = io_uring_cqe_get_data64(cqe);
+        int op = UD_OP(ud), res = cqe->res;
+
+        if (op == OP_ACCEPT) {
+                if (res >= 0) {
+                        UringData *u = n->backend_data;
+                        net_accept_fd(n, res, &u->accept_addr);
+                }
+                if (n->listen_fd >= 0)
+                        submit_accept(n);
+                return;
+        }
+
+        Link *l = UD_SLOT(ud) < n->cfg.max_links ? n->links[UD_SLOT(ud)] : NULL;
+        if (!l)
+                return;
+
+        switch (op) {
+        case OP_RECV:
+                l->inflight--;
+                if (l->state == LINK_CLOSING)
+                        break;
+                if (res < 0)
+                        net_link_close(l, res == -EINTR ? -ECONNRESET : res);
+                else {
+                        int r = link_rx_done(l, (size_t)res);
+                        if (r < 0)
+                                net_link_close(l, r);
+                        else if (l->state != LINK_CLOSING)
+                                submit_recv(n, l);
+                }
+                break;
+        case OP_SEND:
+        case OP_SEND_ZC:
+                if (op == OP_SEND_ZC && (cqe->flags & IORING_CQE_F_NOTIF)) {
+                        /* the kernel no longer needs the frame's buffer */
+                        l->tx_zc_wait = false;
+                        l->inflight--;
+                        break;
+                }
+                if (!(op == OP_SEND_ZC && (cqe->flags & IORING_CQE_F_MORE)))
+                        l->inflight--;
+                else
+                        l->tx_zc_wait = true; /* a notification follows */
+                l->tx_busy = false;
+                if (l->state == LINK_CLOSING)
+                        break;
+                if (res < 0)
+                        net_link_close(l, res);
+                else
+                        link_tx_done(l, (size_t)res);
+                break;
+        }
+        if (l->state == LINK_CLOSING) {
+                if (l->inflight == 0)
+                        net_link_released(l);
+        } else
+                submit_send(n, l);
+}
+
+static int ur_wait(Net *n, int timeout_ms) {
+        UringData *u = n->backend_data;
+        struct __kernel_timespec ts = { .tv_sec = timeout_ms / 1000, .tv_nsec = (timeout_ms % 1000) * 1000000L };
+        struct io_uring_cqe *cqe;
+        unsigned head, count = 0;
+        int r;
+
+        r = io_uring_submit_and_wait_timeout(&u->ring, &cqe, 1, timeout_ms >= 0 ? &ts : NULL, NULL);
+        if (r < 0 && r != -ETIME && r != -EINTR)
+                return r;
+        /* Drain in batches: handlers may queue more work and complete more. */
+        for (int batch = 0; batch < 8; batch++) {
+                unsigned seen = 0;
+                io_uring_for_each_cqe(&u->ring, head, cqe) {
+                        handle_cqe(n, cqe);
+                        seen++;
+                }
+                io_uring_cq_advance(&u->ring, seen);
+                count += seen;
+                if (!seen)
+                        break;
+                io_uring_submit(&u->ring);
+        }
+        /* Links closed from outside a completion (timers, the application)
+         * with nothing in flight. */
+        for (unsigned s = 0; s < n->cfg.max_links; s++) {
+                Link *l = n->links[s];
+                if (l && l->state == LINK_CLOSING && l->inflight == 0)
+                        net_link_released(l);
+        }
+        io_uring_submit(&u->ring);
+        return (int)count;
+}
+
+const NetBackend net_backend_uring = {
+        .name = "io_uring",
+        .init = ur_init,
+        .fini = ur_fini,
+        .add_listener = ur_add_listener,
+        .add_link = ur_add_link,
+        .kick_send = ur_kick_send,
+        .close_link = ur_close_link,
+        .wait = ur_wait,
+};

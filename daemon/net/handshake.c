@@ -1,0 +1,245 @@
+/* net/handshake.c */
+#include "handshake.h"
+
+#include <errno.h>
+#include <sodium.h>
+#include <string.h>
+
+#include "frame.h"
+
+static const char label_t1[] = "ravnest handshake v1";
+static const char label_keys[] = "ravnest link keys v1";
+
+int handshake_init(Handshake *hs, const HandshakeConfig *cfg, bool initiator) {
+        if (sodium_init() < 0)
+                return -EIO;
+        if (!cfg->identity || (!cfg->secret && cfg->n_allowed == 0) || cfg->ciphers == 0)
+                return -EINVAL;
+        memset(hs, 0, sizeof *hs);
+        hs->cfg = *cfg;
+        hs->initiator = initiator;
+        hs->state = initiator ? HS_SEND_HELLO : HS_WAIT_HELLO;
+        crypto_box_keypair(hs->eph_pk, hs->eph_sk); /* X25519 */
+        randombytes_buf(hs->nonce, sizeof hs->nonce);
+        return 0;
+}
+
+void handshake_clear(Handshake *hs) {
+        sodium_memzero(hs, sizeof *hs);
+}
+
+/* T1 = BLAKE2b(label || HELLO || cipher || eph || nonce || identity) */
+static void transcript_t1(Handshake *hs, const uint8_t reply_fields[4 + 32 + 32 + 32]) {
+        crypto_generichash_state st;
+        crypto_generichash_init(&st, NULL, 0, sizeof hs->t1);
+        crypto_generichash_update(&st, (const uint8_t *)label_t1, sizeof label_t1);
+        crypto_generichash_update(&st, hs->hello, sizeof hs->hello);
+        crypto_generichash_update(&st, reply_fields, 4 + 32 + 32 + 32);
+        crypto_generichash_final(&st, hs->t1, sizeof hs->t1);
+}
+
+/* T2 = BLAKE2b(T1 || initiator identity) */
+static void transcript_t2(Handshake *hs, const uint8_t initiator_id[IDENTITY_PK_SIZE]) {
+        crypto_generichash_state st;
+        crypto_generichash_init(&st, NULL, 0, sizeof hs->t2);
+        crypto_generichash_update(&st, hs->t1, sizeof hs->t1);
+        crypto_generichash_update(&st, initiator_id, IDENTITY_PK_SIZE);
+        crypto_generichash_final(&st, hs->t2, sizeof hs->t2);
+}
+
+/* What each side signs and MACs: its role, then the transcript. */
+static void role_message(uint8_t out[33], bool initiator, const uint8_t t[32]) {
+        out[0] = initiator ? 'I' : 'R';
+        memcpy(out + 1, t, 32);
+}
+
+static void make_mac(const Handshake *hs, uint8_t mac[32], bool initiator, const uint8_t t[32]) {
+        uint8_t m[33];
+        if (!hs->cfg.secret) {
+                memset(mac, 0, 32);
+                return;
+        }
+        role_message(m, initiator, t);
+        crypto_generichash(mac, 32, m, sizeof m, hs->cfg.secret, HANDSHAKE_SECRET_SIZE);
+}
+
+static void sign_transcript(const Handshake *hs, uint8_t sig[64], bool initiator, const uint8_t t[32]) {
+        uint8_t m[33];
+        role_message(m, initiator, t);
+        crypto_sign_detached(sig, NULL, m, sizeof m, hs->cfg.identity->sk);
+}
+
+/* The peer's identity, signature and MAC over transcript t. */
+static int verify_peer(Handshake *hs, const uint8_t *id, const uint8_t *sig, const uint8_t *mac,
+                       const uint8_t t[32]) {
+        uint8_t m[33], want[32];
+        bool peer_initiator = !hs->initiator;
+
+        role_message(m, peer_initiator, t);
+        if (crypto_sign_verify_detached(sig, m, sizeof m, id) != 0)
+                return -EBADMSG;
+        if (hs->cfg.secret) {
+                make_mac(hs, want, peer_initiator, t);
+                if (sodium_memcmp(want, mac, 32) != 0)
+                        return -EACCES;
+        }
+        if (hs->cfg.n_allowed) {
+                bool ok = false;
+                for (size_t i = 0; i < hs->cfg.n_allowed; i++)
+                        ok |= sodium_memcmp(hs->cfg.allowed[i], id, IDENTITY_PK_SIZE) == 0;
+                if (!ok)
+                        return -EACCES;
+        }
+        memcpy(hs->peer_id, id, IDENTITY_PK_SIZE);
+        return 0;
+}
+
+/* keys = BLAKE2b-512(key = network secret, label || X25519(eph, peer eph) || T2) */
+static int derive_keys(Handshake *hs) {
+        uint8_t shared[32];
+        crypto_generichash_state st;
+
+        if (crypto_scalarmult(shared, hs->eph_sk, hs->peer_eph) != 0)
+                return -EBADMSG; /* a low-order point: no shared secret */
+        crypto_generichash_init(&st, hs->cfg.secret, hs->cfg.secret ? HANDSHAKE_SECRET_SIZE : 0,
+                                sizeof hs->keys);
+        crypto_generichash_update(&st, (const uint8_t *)label_keys, sizeof label_keys);
+        crypto_generichash_update(&st, shared, sizeof shared);
+        crypto_generichash_update(&st, hs->t2, sizeof hs->t2);
+        crypto_generichash_final(&st, hs->keys, sizeof hs->keys);
+        sodium_memzero(shared, sizeof shared);
+        sodium_memzero(hs->eph_sk, sizeof hs->eph_sk);
+        return 0;
+}
+
+/* The strongest cipher both accept. */
+static Cipher choose_cipher(uint32_t both) {
+        if (both & CIPHER_BIT(CIPHER_AES256GCM))
+                return CIPHER_AES256GCM;
+        if (both & CIPHER_BIT(CIPHER_CHACHA20POLY1305))
+                return CIPHER_CHACHA20POLY1305;
+        if (both & CIPHER_BIT(CIPHER_NONE))
+                return CIPHER_NONE;
+        return _CIPHER_MAX;
+}
+
+static int fail(Handshake *hs, int r) {
+        hs->state = HS_FAILED;
+        sodium_memzero(hs->eph_sk, sizeof hs->eph_sk);
+        return r;
+}
+
+int handshake_next(Handshake *hs, uint8_t *ret_type, uint8_t *out, size_t cap) {
+        switch (hs->state) {
+        case HS_SEND_HELLO:
+                if (cap < HANDSHAKE_HELLO_SIZE)
+                        return -ENOBUFS;
+                put_le32(hs->hello, hs->cfg.ciphers);
+                memcpy(hs->hello + 4, hs->eph_pk, 32);
+                memcpy(hs->hello + 36, hs->nonce, HANDSHAKE_NONCE_SIZE);
+                memcpy(out, hs->hello, HANDSHAKE_HELLO_SIZE);
+                *ret_type = FRAME_HELLO;
+                hs->state = HS_WAIT_REPLY;
+                return HANDSHAKE_HELLO_SIZE;
+
+        case HS_SEND_REPLY: {
+                if (cap < HANDSHAKE_REPLY_SIZE)
+                        return -ENOBUFS;
+                uint8_t *p = out;
+                put_le32(p, (uint32_t)hs->cipher);
+                memcpy(p + 4, hs->eph_pk, 32);
+                memcpy(p + 36, hs->nonce, HANDSHAKE_NONCE_SIZE);
+                memcpy(p + 68, hs->cfg.identity->pk, IDENTITY_PK_SIZE);
+                transcript_t1(hs, p);
+                sign_transcript(hs, p + 100, false, hs->t1);
+                make_mac(hs, p + 164, false, hs->t1);
+                *ret_type = FRAME_HELLO_REPLY;
+                hs->state = HS_WAIT_AUTH;
+                return HANDSHAKE_REPLY_SIZE;
+        }
+
+        case HS_SEND_AUTH: {
+                if (cap < HANDSHAKE_AUTH_SIZE)
+                        return -ENOBUFS;
+                memcpy(out, hs->cfg.identity->pk, IDENTITY_PK_SIZE);
+                transcript_t2(hs, hs->cfg.identity->pk);
+                sign_transcript(hs, out + 32, true, hs->t2);
+                make_mac(hs, out + 96, true, hs->t2);
+                int r = derive_keys(hs);
+                if (r < 0)
+                        return fail(hs, r);
+                *ret_type = FRAME_AUTH;
+                hs->state = HS_DONE;
+                return HANDSHAKE_AUTH_SIZE;
+        }
+
+        default:
+                return 0;
+        }
+}
+
+int handshake_recv(Handshake *hs, uint8_t type, const uint8_t *in, size_t len) {
+        int r;
+
+        switch (hs->state) {
+        case HS_WAIT_HELLO:
+                if (type != FRAME_HELLO)
+                        return fail(hs, -EPROTO);
+                if (len != HANDSHAKE_HELLO_SIZE)
+                        return fail(hs, -EBADMSG);
+                memcpy(hs->hello, in, HANDSHAKE_HELLO_SIZE);
+                hs->offered = get_le32(in);
+                memcpy(hs->peer_eph, in + 4, 32);
+                hs->cipher = choose_cipher(hs->offered & hs->cfg.ciphers);
+                if (hs->cipher == _CIPHER_MAX)
+                        return fail(hs, -EOPNOTSUPP);
+                hs->state = HS_SEND_REPLY;
+                return 0;
+
+        case HS_WAIT_REPLY: {
+                if (type != FRAME_HELLO_REPLY)
+                        return fail(hs, -EPROTO);
+                if (len != HANDSHAKE_REPLY_SIZE)
+                        return fail(hs, -EBADMSG);
+                uint32_t c = get_le32(in);
+                /* The responder must pick one of ours, and the best we share. */
+                if (c >= _CIPHER_MAX || !(hs->cfg.ciphers & CIPHER_BIT(c)))
+                        return fail(hs, -EOPNOTSUPP);
+                hs->cipher = (Cipher)c;
+                memcpy(hs->peer_eph, in + 4, 32);
+                transcript_t1(hs, in);
+                r = verify_peer(hs, in + 68, in + 100, in + 164, hs->t1);
+                if (r < 0)
+                        return fail(hs, r);
+                hs->state = HS_SEND_AUTH;
+                return 0;
+        }
+
+        case HS_WAIT_AUTH:
+                if (type != FRAME_AUTH)
+                        return fail(hs, -EPROTO);
+                if (len != HANDSHAKE_AUTH_SIZE)
+                        return fail(hs, -EBADMSG);
+                transcript_t2(hs, in);
+                r = verify_peer(hs, in, in + 32, in + 96, hs->t2);
+                if (r < 0)
+                        return fail(hs, r);
+                r = derive_keys(hs);
+                if (r < 0)
+                        return fail(hs, r);
+                hs->state = HS_DONE;
+                return 0;
+
+        default:
+                return fail(hs, -EPROTO);
+        }
+}
+
+void handshake_result(const Handshake *hs, Cipher *ret_cipher, uint8_t tx[SEAL_KEY_SIZE],
+                      uint8_t rx[SEAL_KEY_SIZE], uint8_t peer[IDENTITY_PK_SIZE]) {
+        const uint8_t *i2r = hs->keys, *r2i = hs->keys + 32;
+        *ret_cipher = hs->cipher;
+        memcpy(tx, hs->initiator ? i2r : r2i, SEAL_KEY_SIZE);
+        memcpy(rx, hs->initiator ? r2i : i2r, SEAL_KEY_SIZE);
+        memcpy(peer, hs->peer_id, IDENTITY_PK_SIZE);
+}

@@ -1,0 +1,453 @@
+/* net/link.c — one link's protocol: the handshake, then protected frames;
+ * receiving into the right buffer piece by piece and sending the queue frame
+ * by frame. No I/O here: the backends move the bytes. */
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "net-internal.h"
+
+static void rx_expect(Link *l, RxPhase phase, uint8_t *dst, size_t want);
+
+int link_init(Link *l, Net *n, int fd, bool initiator, bool loopback) {
+        const NetConfig *c = &n->cfg;
+        HandshakeConfig hc = {
+                .identity = &n->identity,
+                .secret = c->secret ? n->secret : NULL,
+                .allowed = (const uint8_t(*)[IDENTITY_PK_SIZE])n->allowed,
+                .n_allowed = c->n_allowed,
+                .ciphers = cipher_available(),
+        };
+        int r;
+
+        memset(l, 0, sizeof *l);
+        l->net = n;
+        l->fd = fd;
+        l->initiator = initiator;
+        l->loopback = loopback;
+        l->state = LINK_HANDSHAKE;
+        /* Plaintext only where both ends asked for it and the link is local. */
+        if (c->plaintext && l->loopback)
+                hc.ciphers |= CIPHER_BIT(CIPHER_NONE);
+        r = handshake_init(&l->hs, &hc, initiator);
+        if (r < 0)
+                return r;
+        l->ctl = malloc(MAX((size_t)c->limits.max_control, (size_t)HANDSHAKE_MAX_SIZE));
+        l->stage_cap = FRAME_HEADER_SIZE + MAX((size_t)c->chunk, MAX((size_t)c->limits.max_control, (size_t)HANDSHAKE_MAX_SIZE)) + FRAME_TAG_SIZE;
+        l->stage = malloc(l->stage_cap);
+        if (!l->ctl || !l->stage)
+                return -ENOMEM;
+        rx_expect(l, RX_HEADER, l->hdr, FRAME_HEADER_SIZE);
+        l->last_frame_ns = l->last_bytes_ns = net_now_ns();
+        l->deadline_ns = l->last_frame_ns + (uint64_t)c->handshake_timeout_ms * 1000000ULL;
+        return 0;
+}
+
+static void rx_tensor_drop(Link *l) {
+        Net *n = l->net;
+        if (!l->rx_active)
+                return;
+        if (bufpool_owns(n->pool, l->rx.data))
+                bufpool_free(n->pool, l->rx.data, l->rx.desc.bytes);
+        else
+                free(l->rx.data);
+        l->rx_active = false;
+        l->rx.data = NULL;
+}
+
+void link_destroy(Link *l) {
+        Net *n = l->net;
+        rx_tensor_drop(l);
+        for (TxItem *i = l->tx_head, *next; i; i = next) {
+                next = i->next;
+                if (i->type == FRAME_TENSOR && n->cb.sent)
+                        n->cb.sent(n->userdata, l->id, i->cookie);
+                free(i);
+        }
+        l->tx_head = l->tx_tail = NULL;
+        handshake_clear(&l->hs);
+        seal_clear(&l->seal);
+        free(l->ctl);
+        free(l->stage);
+        if (l->fd >= 0)
+                close(l->fd);
+        l->fd = -1;
+}
+
+static void tx_push(Link *l, TxItem *i) {
+        i->next = NULL;
+        if (l->tx_tail)
+                l->tx_tail->next = i;
+        else
+                l->tx_head = i;
+        l->tx_tail = i;
+}
+
+int link_queue_control(Link *l, uint8_t type, const void *payload, size_t len) {
+        TxItem *i = malloc(sizeof *i + len);
+        if (!i)
+                return -ENOMEM;
+        memset(i, 0, sizeof *i);
+        i->type = type;
+        i->len = len;
+        if (len)
+                memcpy(i->payload, payload, len);
+        tx_push(l, i);
+        l->queued += len;
+        return 0;
+}
+
+/* Queue whatever the handshake has to say next. */
+static int handshake_flush(Link *l) {
+        uint8_t type, buf[HANDSHAKE_MAX_SIZE];
+        int n = handshake_next(&l->hs, &type, buf, sizeof buf);
+        if (n <= 0)
+                return n;
+        return link_queue_control(l, type, buf, (size_t)n);
+}
+
+int link_start(Link *l) {
+        return l->initiator ? handshake_flush(l) : 0;
+}
+
+/* The handshake is done: derive the link keys. */
+static int link_key(Link *l) {
+        Cipher c;
+        uint8_t tx[SEAL_KEY_SIZE], rx[SEAL_KEY_SIZE];
+        int r;
+
+        handshake_result(&l->hs, &c, tx, rx, l->peer_id);
+        /* The plaintext mode needs loopback at this end too, whatever the
+         * peer offered (handshake_init only offers it on loopback). */
+        if (c == CIPHER_NONE && !(l->net->cfg.plaintext && l->loopback))
+                return -EACCES;
+        r = seal_init(&l->seal, c, tx, rx);
+        sodium_memzero(tx, sizeof tx);
+        sodium_memzero(rx, sizeof rx);
+        if (r < 0)
+                return r;
+        l->keyed = true;
+        handshake_clear(&l->hs);
+        return 0;
+}
+
+static void connected(Link *l) {
+        Net *n = l->net;
+        l->state = LINK_OPEN;
+        if (n->cb.connected)
+                n->cb.connected(n->userdata, l->id, l->peer_id);
+}
+
+void link_rx_target(Link *l, uint8_t **ret_ptr, size_t *ret_len) {
+        switch (l->phase) {
+        case RX_HEADER:
+                *ret_ptr = l->hdr + l->rx_have;
+                break;
+        case RX_PAYLOAD:
+                *ret_ptr = l->rx_dst + l->rx_have;
+                break;
+        case RX_TAG:
+                *ret_ptr = l->tag + l->rx_have;
+                break;
+        }
+        *ret_len = l->rx_want - l->rx_have;
+}
+
+static void rx_expect(Link *l, RxPhase phase, uint8_t *dst, size_t want) {
+        l->phase = phase;
+        l->rx_dst = dst;
+        l->rx_want = want;
+        l->rx_have = 0;
+}
+
+/* A frame's header is in: check it and decide where its payload goes. */
+static int rx_header(Link *l) {
+        Net *n = l->net;
+        FrameHeader *h = &l->h;
+        int r;
+
+        r = frame_header_decode(l->hdr, &n->cfg.limits, h);
+        if (r == -EMSGSIZE)
+                return r;
+        if (r < 0)
+                return -EBADMSG;
+
+        if (l->state == LINK_HANDSHAKE) {
+                if (!frame_type_is_handshake(h->type) || h->seq != 0 || h->length > HANDSHAKE_MAX_SIZE)
+                        return -EBADMSG;
+                rx_expect(l, RX_PAYLOAD, l->ctl, h->length);
+                return 0;
+        }
+        if (frame_type_is_handshake(h->type) || seal_check_seq(&l->seal, h) < 0)
+                return -EBADMSG; /* replayed, reordered or dropped frames end here */
+        if (l->state == LINK_WAIT_WELCOME && h->type != FRAME_WELCOME)
+                return -EBADMSG;
+
+        if (h->type == FRAME_DATA) {
+                if (!l->rx_active || h->stream != l->rx.stream || h->offset != l->rx_got ||
+                    h->length > l->rx.desc.bytes - l->rx_got)
+                        return -EBADMSG;
+                /* Straight into the tensor's buffer: no copy on the way. */
+                rx_expect(l, RX_PAYLOAD, l->rx.data + h->offset, h->length);
+        } else {
+                if (h->type == FRAME_TENSOR && (l->rx_active || h->length > TENSOR_DESC_MAX_SIZE))
+                        return -EBADMSG;
+                rx_expect(l, RX_PAYLOAD, l->ctl, h->length);
+        }
+        return 0;
+}
+
+static int rx_tensor_begin(Link *l, const uint8_t *p, size_t len) {
+        Net *n = l->net;
+        TensorDesc d;
+        int r = tensor_desc_decode(p, len, n->cfg.limits.max_tensor_bytes, &d);
+        if (r < 0)
+                return r;
+        l->rx = (NetTensor){ .peer = l->id, .stream = l->h.stream, .desc = d };
+        l->rx.data = bufpool_alloc(n->pool, d.bytes);
+        if (!l->rx.data)
+                l->rx.data = malloc(MAX(d.bytes, (uint64_t)1));
+        if (!l->rx.data)
+                return -ENOMEM;
+        l->rx_active = true;
+        l->rx_got = 0;
+        return 0;
+}
+
+static void rx_tensor_deliver(Link *l) {
+        Net *n = l->net;
+        NetTensor *t = malloc(sizeof *t);
+        if (!t) {
+                rx_tensor_drop(l);
+                return;
+        }
+        *t = l->rx;
+        l->rx_active = false;
+        l->rx.data = NULL;
+        if (n->cb.tensor)
+                n->cb.tensor(n->userdata, t);
+        else
+                net_tensor_release(n, t);
+}
+
+/* A whole frame is in (and authenticated, once keyed). */
+static int rx_frame(Link *l) {
+        Net *n = l->net;
+        FrameHeader *h = &l->h;
+        int r;
+
+        n->stats.frames_received++;
+        l->last_frame_ns = net_now_ns();
+
+        if (l->state == LINK_HANDSHAKE) {
+                r = handshake_recv(&l->hs, h->type, l->ctl, h->length);
+                if (r < 0)
+                        return r;
+                r = handshake_flush(l);
+                if (r < 0)
+                        return r;
+                if (!handshake_done(&l->hs))
+                        return 0;
+                r = link_key(l);
+                if (r < 0)
+                        return r;
+                if (l->initiator) {
+                        l->state = LINK_WAIT_WELCOME;
+                        return 0;
+                }
+                /* Responder: confirm the keys with the first protected frame. */
+                r = link_queue_control(l, FRAME_WELCOME, NULL, 0);
+                if (r < 0)
+                        return r;
+                connected(l);
+                return 0;
+        }
+
+        switch (h->type) {
+        case FRAME_WELCOME:
+                if (l->state != LINK_WAIT_WELCOME || h->length != 0)
+                        return -EBADMSG;
+                connected(l);
+                return 0;
+        case FRAME_TENSOR:
+                r = rx_tensor_begin(l, l->ctl, h->length);
+                if (r < 0)
+                        return r == -EMSGSIZE ? r : -EBADMSG;
+                if (l->rx.desc.bytes == 0)
+                        rx_tensor_deliver(l);
+                return 0;
+        case FRAME_DATA:
+                l->rx_got += h->length;
+                if (l->rx_got == l->rx.desc.bytes) {
+                        if (!(h->flags & FRAME_FLAG_LAST))
+                                return -EBADMSG;
+                        rx_tensor_deliver(l);
+                } else if (h->flags & FRAME_FLAG_LAST)
+                        return -EBADMSG;
+                return 0;
+        case FRAME_HEARTBEAT:
+                return 0;
+        case FRAME_BYE:
+                return -ESHUTDOWN;
+        case FRAME_PLAN:
+        case FRAME_CONTROL:
+                if (n->cb.control)
+                        n->cb.control(n->userdata, l->id, h->type, l->ctl, h->length);
+                return 0;
+        default:
+                return -EBADMSG;
+        }
+}
+
+static int rx_piece_done(Link *l) {
+        int r;
+
+        switch (l->phase) {
+        case RX_HEADER:
+                r = rx_header(l);
+                if (r < 0)
+                        return r;
+                if (l->rx_want > 0)
+                        return 0;
+                /* an empty payload: on to the tag */
+                /* fall through */
+        case RX_PAYLOAD:
+                if (l->keyed && seal_tag_size(&l->seal)) {
+                        rx_expect(l, RX_TAG, l->tag, FRAME_TAG_SIZE);
+                        return 0;
+                }
+                /* fall through */
+        case RX_TAG:
+                if (l->keyed) {
+                        uint8_t *payload = l->h.type == FRAME_DATA ? l->rx.data + l->h.offset : l->ctl;
+                        if (seal_open(&l->seal, l->hdr, &l->h, payload, l->h.length, l->tag) < 0)
+                                return -EBADMSG;
+                }
+                rx_expect(l, RX_HEADER, l->hdr, FRAME_HEADER_SIZE);
+                return rx_frame(l);
+        }
+        return -EINVAL;
+}
+
+int link_rx_done(Link *l, size_t n) {
+        if (n == 0)
+                return -ECONNRESET;
+        l->net->stats.bytes_received += n;
+        l->last_bytes_ns = net_now_ns();
+        l->rx_have += n;
+        /* Pieces of zero bytes complete at once: loop until more input is needed. */
+        while (l->rx_have == l->rx_want) {
+                int r = rx_piece_done(l);
+                if (r < 0)
+                        return r;
+                if (l->state == LINK_CLOSING)
+                        return 0;
+                if (l->rx_want > 0)
+                        break;
+        }
+        return 0;
+}
+
+/* The frame at the head of the queue, into l->iov. */
+bool link_tx_prepare(Link *l) {
+        const NetConfig *c = &l->net->cfg;
+        TxItem *i = l->tx_head;
+        FrameHeader h = {};
+        uint8_t *hdr = l->stage, *body = l->stage + FRAME_HEADER_SIZE;
+        size_t len;
+
+        if (l->tx_ready)
+                return true;
+        if (!i || l->tx_zc_wait || l->state == LINK_CLOSING)
+                return false;
+        /* Before the handshake is done only handshake frames may go. */
+        if (!l->keyed && !frame_type_is_handshake(i->type))
+                return false;
+
+        h.type = i->type;
+        h.stream = i->stream;
+        l->iovcnt = 1;
+
+        if (i->type == FRAME_TENSOR && i->desc_sent) {
+                len = MIN((uint64_t)c->chunk, i->desc.bytes - i->offset);
+                h.type = FRAME_DATA;
+                h.offset = i->offset;
+                h.flags = i->offset + len == i->desc.bytes ? FRAME_FLAG_LAST : 0;
+                if (l->seal.cipher == CIPHER_NONE) {
+                        /* plaintext: the header from the stage, the data where it is */
+                        h.length = (uint32_t)len;
+                        h.seq = l->seal.tx_seq++;
+                        frame_header_encode(&h, hdr);
+                        l->iov[1] = (struct iovec){ (void *)(i->data + i->offset), len };
+                        l->iovcnt = len ? 2 : 1;
+                        l->iov[0] = (struct iovec){ hdr, FRAME_HEADER_SIZE };
+                        goto ready;
+                }
+                seal_frame_to(&l->seal, &h, hdr, body, i->data + i->offset, len, body + len);
+        } else {
+                const uint8_t *src = i->payload;
+                uint8_t desc[TENSOR_DESC_MAX_SIZE];
+                len = i->len;
+                if (i->type == FRAME_TENSOR) {
+                        len = tensor_desc_encode(&i->desc, desc);
+                        src = desc;
+                }
+                if (frame_type_is_handshake(i->type)) {
+                        /* handshake: in the clear, seq 0 (the initiator's AUTH
+                         * goes out after its keys exist) */
+                        h.length = (uint32_t)len;
+                        frame_header_encode(&h, hdr);
+                        memcpy(body, src, len);
+                } else
+                        seal_frame_to(&l->seal, &h, hdr, body, src, len, body + len);
+        }
+        l->iov[0] = (struct iovec){ l->stage, FRAME_HEADER_SIZE + len +
+                                                      (frame_type_is_handshake(i->type) ? 0 : seal_tag_size(&l->seal)) };
+ready:
+        l->tx_total = l->iov[0].iov_len + (l->iovcnt == 2 ? l->iov[1].iov_len : 0);
+        l->tx_done = 0;
+        l->tx_ready = true;
+        return true;
+}
+
+void link_tx_done(Link *l, size_t n) {
+        Net *net = l->net;
+        TxItem *i = l->tx_head;
+
+        net->stats.bytes_sent += n;
+        l->tx_done += n;
+        /* Move the iovecs past what went out. */
+        for (int k = 0; k < l->iovcnt && n; k++) {
+                size_t take = MIN(n, l->iov[k].iov_len);
+                l->iov[k].iov_base = (uint8_t *)l->iov[k].iov_base + take;
+                l->iov[k].iov_len -= take;
+                n -= take;
+        }
+        if (l->tx_done < l->tx_total)
+                return;
+
+        /* The frame is out. */
+        l->tx_ready = false;
+        net->stats.frames_sent++;
+        if (i->type == FRAME_TENSOR) {
+                if (!i->desc_sent)
+                        i->desc_sent = true;
+                else {
+                        uint64_t len = MIN((uint64_t)net->cfg.chunk, i->desc.bytes - i->offset);
+                        i->offset += len;
+                        l->queued -= len;
+                }
+                if (i->offset < i->desc.bytes)
+                        return;
+        } else
+                l->queued -= i->len;
+
+        l->tx_head = i->next;
+        if (!l->tx_head)
+                l->tx_tail = NULL;
+        if (i->type == FRAME_TENSOR && net->cb.sent)
+                net->cb.sent(net->userdata, l->id, i->cookie);
+        if (i->type == FRAME_BYE)
+                net_link_close(l, 0);
+        free(i);
+}

@@ -1,0 +1,135 @@
+/* net/net-internal.h — what the core, the links and the two backends share.
+ * Not for use outside net/. */
+#pragma once
+
+#include <sys/socket.h>
+#include <sys/uio.h>
+
+#include "bufpool.h"
+#include "handshake.h"
+#include "net.h"
+
+typedef enum LinkState {
+        LINK_HANDSHAKE,
+        LINK_WAIT_WELCOME, /* initiator: keys derived, the responder's confirmation due */
+        LINK_OPEN,
+        LINK_CLOSING,      /* I/O being cancelled; freed when nothing is in flight */
+} LinkState;
+
+typedef enum RxPhase {
+        RX_HEADER,
+        RX_PAYLOAD,
+        RX_TAG,
+} RxPhase;
+
+/* Something queued to send. */
+typedef struct TxItem {
+        struct TxItem *next;
+        uint8_t type;
+        uint32_t stream;
+        /* FRAME_TENSOR: the application's data, sent as one TENSOR frame and
+         * then DATA frames of at most config.chunk bytes */
+        TensorDesc desc;
+        const uint8_t *data;
+        uint64_t offset; /* of the next DATA chunk */
+        bool desc_sent;
+        uint64_t cookie;
+        /* everything else: the payload, copied */
+        size_t len;
+        uint8_t payload[];
+} TxItem;
+
+typedef struct Link {
+        Net *net;
+        uint32_t id;
+        int fd;
+        LinkState state;
+        bool initiator, loopback;
+        uint8_t addr[16]; /* the peer's IP (v4 mapped into v6), for per-address limits */
+        Handshake hs;
+        Seal seal;
+        bool keyed; /* seal is set up: frames from now on are protected */
+        uint8_t peer_id[IDENTITY_PK_SIZE];
+        int close_reason;
+
+        /* receiving */
+        RxPhase phase;
+        uint8_t hdr[FRAME_HEADER_SIZE];
+        FrameHeader h;
+        uint8_t *rx_dst; /* where the current piece goes */
+        size_t rx_want, rx_have;
+        uint8_t tag[FRAME_TAG_SIZE];
+        uint8_t *ctl;    /* payloads of non-DATA frames */
+        bool rx_active;  /* a tensor is being received */
+        NetTensor rx;
+        uint64_t rx_got;
+        uint64_t last_frame_ns, last_bytes_ns, deadline_ns;
+
+        /* sending */
+        TxItem *tx_head, *tx_tail;
+        uint64_t queued;
+        uint8_t *stage;  /* header, payload (when copied or encrypted), tag */
+        size_t stage_cap;
+        struct iovec iov[2];
+        int iovcnt;
+        size_t tx_total, tx_done;
+        bool tx_ready;   /* iov holds a frame not yet fully sent */
+        bool tx_busy;    /* a send is in flight in the backend */
+        bool tx_zc_wait; /* a zero-copy send's buffer is still the kernel's */
+
+        unsigned inflight; /* backend operations outstanding */
+        uint32_t slot;
+} Link;
+
+typedef struct NetBackend {
+        const char *name;
+        int (*init)(Net *n);
+        void (*fini)(Net *n);
+        int (*add_listener)(Net *n, int fd);
+        int (*add_link)(Net *n, Link *l);
+        void (*kick_send)(Net *n, Link *l);
+        /* Stop the link's I/O; net_link_released() once nothing is in flight. */
+        void (*close_link)(Net *n, Link *l);
+        int (*wait)(Net *n, int timeout_ms);
+} NetBackend;
+
+extern const NetBackend net_backend_uring;
+extern const NetBackend net_backend_epoll;
+
+struct Net {
+        NetConfig cfg;
+        Identity identity;
+        uint8_t secret[HANDSHAKE_SECRET_SIZE];
+        uint8_t (*allowed)[IDENTITY_PK_SIZE];
+        NetCallbacks cb;
+        void *userdata;
+        const NetBackend *backend;
+        void *backend_data;
+        BufPool *pool;
+        Link **links; /* cfg.max_links slots */
+        unsigned n_links;
+        uint32_t next_id;
+        int listen_fd;
+        NetStats stats;
+};
+
+/* core (net.c), called by the backends */
+void net_accept_fd(Net *n, int fd, const struct sockaddr_storage *sa);
+void net_link_close(Link *l, int reason);
+void net_link_released(Link *l);
+uint64_t net_now_ns(void);
+
+/* the protocol of one link (link.c) */
+int link_init(Link *l, Net *n, int fd, bool initiator, bool loopback);
+void link_destroy(Link *l);
+int link_start(Link *l);
+/* Where the next received bytes go, and how many are wanted. */
+void link_rx_target(Link *l, uint8_t **ret_ptr, size_t *ret_len);
+/* n bytes arrived at the target; < 0: close the link with that reason. */
+int link_rx_done(Link *l, size_t n);
+/* Build the next frame to send into l->iov, if there is one and none is
+ * pending. Returns true when l->iov holds bytes to send. */
+bool link_tx_prepare(Link *l);
+/* n bytes of the frame went out. */
+void link_tx_done(Link *l, size_t n);
+int link_queue_control(Link *l, uint8_t type, const void *payload, size_t len);

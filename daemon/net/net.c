@@ -1,0 +1,427 @@
+/* net/net.c — the endpoint: configuration, listener, admission of new
+ * connections, timers, and the application's calls. */
+#include <arpa/inet.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "net-internal.h"
+
+uint64_t net_now_ns(void) {
+        struct timespec ts;
+        clock_gettime(CLOCK_MONOTONIC, &ts);
+        return (uint64_t)ts.tv_sec * 1000000000ULL + (uint64_t)ts.tv_nsec;
+}
+
+void net_config_defaults(NetConfig *c) {
+        *c = (NetConfig){
+                .backend = NET_BACKEND_AUTO,
+                .zc_threshold = NET_ZC_AUTO,
+                .limits = {
+                        .max_payload = 1u << 20,
+                        .max_control = 64u << 10,
+                        .max_tensor_bytes = 256ull << 20,
+                },
+                .chunk = 1u << 20,
+                .max_queued = 256ull << 20,
+                .max_links = 256,
+                .max_links_per_addr = 64,
+                .handshake_timeout_ms = 5000,
+                .idle_timeout_ms = 120000,
+                .pool_bytes = 64u << 20,
+        };
+}
+
+static bool addr_is_loopback(const struct sockaddr_storage *sa) {
+        if (sa->ss_family == AF_INET)
+                return (ntohl(((const struct sockaddr_in *)sa)->sin_addr.s_addr) >> 24) == 127;
+        if (sa->ss_family == AF_INET6) {
+                const struct in6_addr *a = &((const struct sockaddr_in6 *)sa)->sin6_addr;
+                if (IN6_IS_ADDR_LOOPBACK(a))
+                        return true;
+                if (IN6_IS_ADDR_V4MAPPED(a))
+                        return a->s6_addr[12] == 127;
+        }
+        return false;
+}
+
+static void addr_key(const struct sockaddr_storage *sa, uint8_t out[16]) {
+        memset(out, 0, 16);
+        if (sa->ss_family == AF_INET) {
+                out[10] = out[11] = 0xff;
+                memcpy(out + 12, &((const struct sockaddr_in *)sa)->sin_addr, 4);
+        } else if (sa->ss_family == AF_INET6)
+                memcpy(out, &((const struct sockaddr_in6 *)sa)->sin6_addr, 16);
+}
+
+/* Both ends of fd on loopback? */
+static bool socket_is_loopback(int fd) {
+        struct sockaddr_storage a, b;
+        socklen_t la = sizeof a, lb = sizeof b;
+        if (getsockname(fd, (struct sockaddr *)&a, &la) < 0 || getpeername(fd, (struct sockaddr *)&b, &lb) < 0)
+                return false;
+        return addr_is_loopback(&a) && addr_is_loopback(&b);
+}
+
+int net_new(const NetConfig *c, const NetCallbacks *cb, void *userdata, Net **ret) {
+        _cleanup_(net_freep) Net *n = NULL;
+        int r;
+
+        if (!c->identity || (!c->secret && c->n_allowed == 0))
+                return -EINVAL; /* no admission rule: refuse to run open */
+        if (c->chunk == 0 || c->chunk > c->limits.max_payload || c->max_links == 0 ||
+            c->limits.max_control < TENSOR_DESC_MAX_SIZE)
+                return -EINVAL;
+
+        n = calloc(1, sizeof *n);
+        if (!n)
+                return -ENOMEM;
+        n->listen_fd = -1;
+        n->cfg = *c;
+        n->identity = *c->identity;
+        n->cfg.identity = &n->identity;
+        if (c->secret) {
+                memcpy(n->secret, c->secret, sizeof n->secret);
+                n->cfg.secret = n->secret;
+        }
+        if (c->n_allowed) {
+                n->allowed = malloc(c->n_allowed * IDENTITY_PK_SIZE);
+                if (!n->allowed)
+                        return -ENOMEM;
+                memcpy(n->allowed, c->allowed, c->n_allowed * IDENTITY_PK_SIZE);
+                n->cfg.allowed = (const uint8_t(*)[IDENTITY_PK_SIZE])n->allowed;
+        }
+        if (cb)
+                n->cb = *cb;
+        n->userdata = userdata;
+        n->next_id = 1;
+        n->links = calloc(c->max_links, sizeof *n->links);
+        if (!n->links)
+                return -ENOMEM;
+        r = bufpool_new(c->pool_bytes, &n->pool);
+        if (r < 0)
+                return r;
+
+        if (c->backend != NET_BACKEND_EPOLL) {
+                n->backend = &net_backend_uring;
+                r = n->backend->init(n);
+                if (r < 0) {
+                        n->backend = NULL;
+                        if (c->backend == NET_BACKEND_URING)
+                                return r;
+                        /* Container seccomp profiles and kernel.io_uring_disabled
+                         * end here; the caller logs stats.fallback once. */
+                        n->stats.fallback = true;
+                        n->stats.fallback_error = r;
+                }
+        }
+        if (!n->backend) {
+                n->backend = &net_backend_epoll;
+                r = n->backend->init(n);
+                if (r < 0) {
+                        n->backend = NULL;
+                        return r;
+                }
+        }
+        *ret = TAKE_PTR(n);
+        return 0;
+}
+
+Net *net_free(Net *n) {
+        if (!n)
+                return NULL;
+        for (unsigned i = 0; n->links && i < n->cfg.max_links; i++) {
+                Link *l = n->links[i];
+                if (!l)
+                        continue;
+                link_destroy(l);
+                free(l);
+                n->links[i] = NULL;
+        }
+        if (n->backend)
+                n->backend->fini(n);
+        if (n->listen_fd >= 0)
+                close(n->listen_fd);
+        bufpool_free_all(n->pool);
+        free(n->links);
+        free(n->allowed);
+        identity_clear(&n->identity);
+        sodium_memzero(n->secret, sizeof n->secret);
+        free(n);
+        return NULL;
+}
+
+const char *net_backend_name(const Net *n) {
+        return n->backend->name;
+}
+
+static Link *link_find(const Net *n, uint32_t id) {
+        for (unsigned i = 0; i < n->cfg.max_links; i++)
+                if (n->links[i] && n->links[i]->id == id)
+                        return n->links[i];
+        return NULL;
+}
+
+static void socket_tune(int fd) {
+        int one = 1;
+        setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+}
+
+/* A new link on fd (connected or accepted). */
+static int link_add(Net *n, int fd, bool initiator, const struct sockaddr_storage *sa, uint32_t *ret_id) {
+        unsigned slot = n->cfg.max_links, same = 0;
+        uint8_t key[16];
+        int r;
+
+        addr_key(sa, key);
+        for (unsigned i = 0; i < n->cfg.max_links; i++) {
+                if (!n->links[i]) {
+                        if (slot == n->cfg.max_links)
+                                slot = i;
+                } else if (memcmp(n->links[i]->addr, key, 16) == 0)
+                        same++;
+        }
+        if (slot == n->cfg.max_links || (!initiator && same >= n->cfg.max_links_per_addr)) {
+                n->stats.links_rejected++;
+                close(fd);
+                return -EMFILE;
+        }
+
+        Link *l = malloc(sizeof *l);
+        if (!l) {
+                close(fd);
+                return -ENOMEM;
+        }
+        r = link_init(l, n, fd, initiator, socket_is_loopback(fd));
+        if (r < 0) {
+                link_destroy(l);
+                free(l);
+                return r;
+        }
+        memcpy(l->addr, key, 16);
+        l->id = n->next_id++;
+        l->slot = slot;
+        n->links[slot] = l;
+        n->n_links++;
+        socket_tune(fd);
+
+        r = link_start(l);
+        if (r >= 0)
+                r = n->backend->add_link(n, l);
+        if (r < 0) {
+                n->links[slot] = NULL;
+                n->n_links--;
+                link_destroy(l);
+                free(l);
+                return r;
+        }
+        if (ret_id)
+                *ret_id = l->id;
+        return 0;
+}
+
+void net_accept_fd(Net *n, int fd, const struct sockaddr_storage *sa) {
+        if (link_add(n, fd, false, sa, NULL) >= 0)
+                n->stats.links_accepted++;
+}
+
+static int resolve(const char *host, uint16_t port, struct sockaddr_storage *ret, socklen_t *ret_len) {
+        struct addrinfo hints = { .ai_socktype = SOCK_STREAM, .ai_flags = AI_NUMERICSERV }, *res;
+        char service[8];
+        snprintf(service, sizeof service, "%u", port);
+        int r = getaddrinfo(host, service, &hints, &res);
+        if (r != 0)
+                return r == EAI_SYSTEM ? -errno : -EADDRNOTAVAIL;
+        memcpy(ret, res->ai_addr, res->ai_addrlen);
+        *ret_len = res->ai_addrlen;
+        freeaddrinfo(res);
+        return 0;
+}
+
+int net_listen(Net *n, const char *host, uint16_t port, uint16_t *ret_port) {
+        struct sockaddr_storage sa;
+        socklen_t len = 0;
+        int one = 1, r;
+
+        if (n->listen_fd >= 0)
+                return -EALREADY;
+        r = resolve(host, port, &sa, &len);
+        if (r < 0)
+                return r;
+        _cleanup_(closep) int fd = socket(sa.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+        if (fd < 0)
+                return -errno;
+        setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+        if (bind(fd, (struct sockaddr *)&sa, len) < 0 || listen(fd, 128) < 0)
+                return -errno;
+        if (ret_port) {
+                len = sizeof sa;
+                getsockname(fd, (struct sockaddr *)&sa, &len);
+                *ret_port = ntohs(sa.ss_family == AF_INET ? ((struct sockaddr_in *)&sa)->sin_port
+                                                          : ((struct sockaddr_in6 *)&sa)->sin6_port);
+        }
+        r = n->backend->add_listener(n, fd);
+        if (r < 0)
+                return r;
+        n->listen_fd = TAKE_FD(fd);
+        return 0;
+}
+
+int net_connect(Net *n, const char *host, uint16_t port, uint32_t *ret_peer) {
+        struct sockaddr_storage sa;
+        socklen_t len = 0;
+        int r = resolve(host, port, &sa, &len);
+        if (r < 0)
+                return r;
+        int fd = socket(sa.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+        if (fd < 0)
+                return -errno;
+        /* Connecting blocks briefly; the handshake then runs on the loop. */
+        if (connect(fd, (struct sockaddr *)&sa, len) < 0) {
+                r = -errno;
+                close(fd);
+                return r;
+        }
+        return link_add(n, fd, true, &sa, ret_peer);
+}
+
+int net_send_tensor(Net *n, uint32_t peer, uint32_t stream, const TensorDesc *desc, const void *data,
+                    uint64_t cookie) {
+        Link *l = link_find(n, peer);
+        if (!l || l->state != LINK_OPEN)
+                return -ENOTCONN;
+        if (desc->bytes > n->cfg.limits.max_tensor_bytes)
+                return -EMSGSIZE;
+        if (l->queued + desc->bytes > n->cfg.max_queued)
+                return -ENOBUFS;
+        TxItem *i = calloc(1, sizeof *i);
+        if (!i)
+                return -ENOMEM;
+        i->type = FRAME_TENSOR;
+        i->stream = stream;
+        i->desc = *desc;
+        i->data = data;
+        i->cookie = cookie;
+        if (l->tx_tail)
+                l->tx_tail->next = i;
+        else
+                l->tx_head = i;
+        l->tx_tail = i;
+        l->queued += desc->bytes;
+        n->backend->kick_send(n, l);
+        return 0;
+}
+
+int net_send_control(Net *n, uint32_t peer, uint8_t type, const void *payload, size_t len) {
+        Link *l = link_find(n, peer);
+        if (!l || l->state != LINK_OPEN)
+                return -ENOTCONN;
+        if (type != FRAME_PLAN && type != FRAME_CONTROL && type != FRAME_HEARTBEAT && type != FRAME_BYE)
+                return -EINVAL;
+        if (len > n->cfg.limits.max_control)
+                return -EMSGSIZE;
+        if (l->queued + len > n->cfg.max_queued)
+                return -ENOBUFS;
+        int r = link_queue_control(l, type, payload, len);
+        if (r < 0)
+                return r;
+        n->backend->kick_send(n, l);
+        return 0;
+}
+
+void net_tensor_release(Net *n, NetTensor *t) {
+        if (!t)
+                return;
+        if (bufpool_owns(n->pool, t->data))
+                bufpool_free(n->pool, t->data, t->desc.bytes);
+        else
+                free(t->data);
+        free(t);
+}
+
+void net_link_close(Link *l, int reason) {
+        Net *n = l->net;
+        if (l->state == LINK_CLOSING)
+                return;
+        switch (reason) {
+        case -EACCES:
+        case -EOPNOTSUPP:
+                n->stats.auth_failures++;
+                break;
+        case -EBADMSG:
+        case -EPROTO:
+                if (l->state == LINK_HANDSHAKE)
+                        n->stats.auth_failures++;
+                else
+                        n->stats.bad_frames++;
+                break;
+        case -EMSGSIZE:
+        case -ENOBUFS:
+                n->stats.limit_violations++;
+                break;
+        case -ETIMEDOUT:
+                n->stats.timeouts++;
+                break;
+        }
+        l->close_reason = reason == -ESHUTDOWN ? 0 : reason;
+        l->state = LINK_CLOSING;
+        n->backend->close_link(n, l);
+}
+
+void net_link_released(Link *l) {
+        Net *n = l->net;
+        uint8_t id[IDENTITY_PK_SIZE];
+        uint32_t peer = l->id;
+        int reason = l->close_reason;
+
+        memcpy(id, l->peer_id, sizeof id);
+        n->links[l->slot] = NULL;
+        n->n_links--;
+        link_destroy(l);
+        free(l);
+        if (n->cb.closed)
+                n->cb.closed(n->userdata, peer, reason, id);
+}
+
+int net_close_peer(Net *n, uint32_t peer) {
+        Link *l = link_find(n, peer);
+        if (!l)
+                return -ENOTCONN;
+        net_link_close(l, 0);
+        return 0;
+}
+
+/* Handshake deadlines, idle links and senders stuck mid-frame. */
+static void check_timers(Net *n) {
+        uint64_t now = net_now_ns(), idle = (uint64_t)n->cfg.idle_timeout_ms * 1000000ULL;
+        for (unsigned i = 0; i < n->cfg.max_links; i++) {
+                Link *l = n->links[i];
+                if (!l || l->state == LINK_CLOSING)
+                        continue;
+                bool mid_frame = l->phase != RX_HEADER || l->rx_have > 0;
+                if ((l->state != LINK_OPEN && now > l->deadline_ns) ||
+                    (idle && now - l->last_frame_ns > idle && (mid_frame || now - l->last_bytes_ns > idle)))
+                        net_link_close(l, -ETIMEDOUT);
+        }
+}
+
+int net_run(Net *n, int timeout_ms) {
+        int r = n->backend->wait(n, timeout_ms);
+        check_timers(n);
+        return r;
+}
+
+void net_get_stats(const Net *n, NetStats *ret) {
+        *ret = n->stats;
+        ret->links = n->n_links;
+        ret->pool_in_use = n->pool ? n->pool->in_use : 0;
+}
+
+int64_t net_queued(const Net *n, uint32_t peer) {
+        Link *l = link_find(n, peer);
+        return l ? (int64_t)l->queued : -ENOTCONN;
+}

@@ -1,0 +1,124 @@
+/* net/net.h — authenticated, encrypted tensor streams between nodes.
+ *
+ * A Net is one thread's endpoint: its listener, its links to peers, and its
+ * I/O backend (io_uring, or epoll where io_uring is unavailable or turned
+ * off). Every link runs the handshake of handshake.h, then carries frames
+ * protected by seal.h. Tensors are received straight into buffers of a
+ * registered pool and handed to the application, which releases them.
+ * Everything a peer controls is bounded (net_config_defaults() lists the
+ * limits); a peer that breaks a rule loses its link and nobody else notices.
+ *
+ *     NetConfig c;
+ *     net_config_defaults(&c);
+ *     c.identity = &id;  c.secret = secret;   // or c.allowed / c.n_allowed
+ *     Net *n;
+ *     r = net_new(&c, &callbacks, userdata, &n);
+ *     r = net_listen(n, "127.0.0.1", 0, &port);
+ *     r = net_connect(n, "127.0.0.1", port, &peer);
+ *     r = net_send_tensor(n, peer, stream, &desc, data, cookie);  // data lives until sent()
+ *     for (;;) net_run(n, 100);                                   // dispatches callbacks
+ */
+#pragma once
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "frame.h"
+#include "identity.h"
+#include "seal.h"
+#include "util/macro.h"
+
+typedef enum NetBackendKind {
+        NET_BACKEND_AUTO,  /* io_uring, else epoll with a warning in NetStats */
+        NET_BACKEND_URING,
+        NET_BACKEND_EPOLL,
+} NetBackendKind;
+
+#define NET_ZC_AUTO SIZE_MAX
+
+typedef struct NetConfig {
+        const Identity *identity;
+        const uint8_t *secret; /* HANDSHAKE_SECRET_SIZE bytes, or NULL */
+        const uint8_t (*allowed)[IDENTITY_PK_SIZE];
+        size_t n_allowed;
+        bool plaintext;        /* benchmarks only: refused unless both ends are on loopback */
+        NetBackendKind backend;
+        /* Frames of at least this many bytes go out with SEND_ZC (io_uring
+         * only). NET_ZC_AUTO: never on loopback, where the kernel copies
+         * anyway and plain SEND is faster; 1 MiB elsewhere. 0: never. */
+        size_t zc_threshold;
+        FrameLimits limits;
+        uint32_t chunk;            /* DATA payload per frame when sending */
+        uint64_t max_queued;       /* bytes queued to one peer before sends fail */
+        unsigned max_links;
+        unsigned max_links_per_addr;
+        unsigned handshake_timeout_ms;
+        unsigned idle_timeout_ms;  /* no complete frame for this long: drop */
+        size_t pool_bytes;         /* the registered receive region */
+} NetConfig;
+
+void net_config_defaults(NetConfig *c);
+
+typedef struct NetTensor {
+        uint32_t peer;
+        uint32_t stream;
+        TensorDesc desc;
+        uint8_t *data; /* desc.bytes bytes, owned by the Net until net_tensor_release() */
+} NetTensor;
+
+typedef struct NetCallbacks {
+        /* The handshake finished; id is the peer's identity. */
+        void (*connected)(void *userdata, uint32_t peer, const uint8_t id[IDENTITY_PK_SIZE]);
+        /* A whole tensor arrived and was authenticated. */
+        void (*tensor)(void *userdata, NetTensor *t);
+        /* A PLAN or CONTROL frame. */
+        void (*control)(void *userdata, uint32_t peer, uint8_t type, const uint8_t *payload, size_t len);
+        /* The data of a net_send_tensor() is no longer needed. */
+        void (*sent)(void *userdata, uint32_t peer, uint64_t cookie);
+        /* The link is gone: 0 for an orderly BYE, else why (-EBADMSG bad or
+         * forged frame, -EACCES not admitted, -EMSGSIZE over a limit,
+         * -ETIMEDOUT, -ECONNRESET, ...). id is all zero before the handshake. */
+        void (*closed)(void *userdata, uint32_t peer, int reason, const uint8_t id[IDENTITY_PK_SIZE]);
+} NetCallbacks;
+
+typedef struct NetStats {
+        uint64_t bytes_sent, bytes_received;
+        uint64_t frames_sent, frames_received;
+        uint64_t links_accepted, links_rejected; /* rejected: over a connection limit */
+        uint64_t auth_failures;                  /* handshake refused or failed */
+        uint64_t bad_frames;                     /* malformed, forged, replayed, reordered */
+        uint64_t limit_violations;               /* oversized, flooding, too slow */
+        uint64_t timeouts;
+        unsigned links;
+        size_t pool_in_use;
+        bool fallback; /* io_uring was asked for (auto) but is unavailable */
+        int fallback_error;
+} NetStats;
+
+typedef struct Net Net;
+
+int net_new(const NetConfig *c, const NetCallbacks *cb, void *userdata, Net **ret);
+Net *net_free(Net *n);
+DEFINE_TRIVIAL_CLEANUP_FUNC(Net *, net_free);
+const char *net_backend_name(const Net *n);
+
+int net_listen(Net *n, const char *host, uint16_t port, uint16_t *ret_port);
+int net_connect(Net *n, const char *host, uint16_t port, uint32_t *ret_peer);
+
+/* Queue a tensor; data must stay valid and unchanged until sent() reports
+ * cookie. -ENOBUFS when the peer's queue is full, -ENOTCONN before the
+ * handshake finished or after the link closed. */
+int net_send_tensor(Net *n, uint32_t peer, uint32_t stream, const TensorDesc *desc, const void *data,
+                    uint64_t cookie);
+/* A PLAN, CONTROL, HEARTBEAT or BYE frame (copied). */
+int net_send_control(Net *n, uint32_t peer, uint8_t type, const void *payload, size_t len);
+void net_tensor_release(Net *n, NetTensor *t);
+int net_close_peer(Net *n, uint32_t peer);
+
+/* Wait up to timeout_ms for I/O, then run every callback that is due.
+ * Returns the number of completions handled. */
+int net_run(Net *n, int timeout_ms);
+void net_get_stats(const Net *n, NetStats *ret);
+/* Bytes queued to peer and not yet sent (-ENOTCONN if unknown). */
+int64_t net_queued(const Net *n, uint32_t peer);
