@@ -118,7 +118,7 @@ static int link_key(Link *l) {
 
         handshake_result(&l->hs, &c, tx, rx, l->peer_id);
         /* The plaintext mode needs loopback at this end too, whatever the
-         * peer offered (handshake_init only offers it on loopback). */
+         * peer offered (link_init offers it only there). */
         if (c == CIPHER_NONE && !(l->net->cfg.plaintext && l->loopback))
                 return -EACCES;
         r = seal_init(&l->seal, c, tx, rx);

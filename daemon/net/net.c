@@ -32,6 +32,7 @@ void net_config_defaults(NetConfig *c) {
                 .max_links_per_addr = 64,
                 .handshake_timeout_ms = 5000,
                 .idle_timeout_ms = 120000,
+                .stall_timeout_ms = 10000,
                 .pool_bytes = 64u << 20,
         };
 }
@@ -74,7 +75,7 @@ int net_new(const NetConfig *c, const NetCallbacks *cb, void *userdata, Net **re
         if (!c->identity || (!c->secret && c->n_allowed == 0))
                 return -EINVAL; /* no admission rule: refuse to run open */
         if (c->chunk == 0 || c->chunk > c->limits.max_payload || c->max_links == 0 ||
-            c->limits.max_control < TENSOR_DESC_MAX_SIZE)
+            c->limits.max_control < HANDSHAKE_MAX_SIZE)
                 return -EINVAL;
 
         n = calloc(1, sizeof *n);
@@ -397,14 +398,16 @@ int net_close_peer(Net *n, uint32_t peer) {
 
 /* Handshake deadlines, idle links and senders stuck mid-frame. */
 static void check_timers(Net *n) {
-        uint64_t now = net_now_ns(), idle = (uint64_t)n->cfg.idle_timeout_ms * 1000000ULL;
+        uint64_t now = net_now_ns(), ms = 1000000ULL;
+        uint64_t idle = n->cfg.idle_timeout_ms * ms, stall = n->cfg.stall_timeout_ms * ms;
         for (unsigned i = 0; i < n->cfg.max_links; i++) {
                 Link *l = n->links[i];
                 if (!l || l->state == LINK_CLOSING)
                         continue;
                 bool mid_frame = l->phase != RX_HEADER || l->rx_have > 0;
                 if ((l->state != LINK_OPEN && now > l->deadline_ns) ||
-                    (idle && now - l->last_frame_ns > idle && (mid_frame || now - l->last_bytes_ns > idle)))
+                    (idle && now - l->last_frame_ns > idle) ||
+                    (stall && mid_frame && now - l->last_bytes_ns > stall))
                         net_link_close(l, -ETIMEDOUT);
         }
 }

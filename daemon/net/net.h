@@ -54,7 +54,8 @@ typedef struct NetConfig {
         unsigned max_links;
         unsigned max_links_per_addr;
         unsigned handshake_timeout_ms;
-        unsigned idle_timeout_ms;  /* no complete frame for this long: drop */
+        unsigned idle_timeout_ms;  /* no complete frame for this long: drop (peers heartbeat) */
+        unsigned stall_timeout_ms; /* stopped mid-frame for this long: drop */
         size_t pool_bytes;         /* the registered receive region */
 } NetConfig;
 
