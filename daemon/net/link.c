@@ -16,7 +16,7 @@ int link_init(Link *l, Net *n, int fd, bool initiator, bool loopback) {
                 .secret = c->secret ? n->secret : NULL,
                 .allowed = (const uint8_t(*)[IDENTITY_PK_SIZE])n->allowed,
                 .n_allowed = c->n_allowed,
-                .ciphers = cipher_available(),
+                .ciphers = cipher_available() & (c->ciphers ? c->ciphers : ~0u),
         };
         int r;
 

@@ -428,3 +428,8 @@ int64_t net_queued(const Net *n, uint32_t peer) {
         Link *l = link_find(n, peer);
         return l ? (int64_t)l->queued : -ENOTCONN;
 }
+
+int net_peer_cipher(const Net *n, uint32_t peer) {
+        Link *l = link_find(n, peer);
+        return l && l->keyed ? (int)l->seal.cipher : -ENOTCONN;
+}

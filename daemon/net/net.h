@@ -43,6 +43,7 @@ typedef struct NetConfig {
         const uint8_t (*allowed)[IDENTITY_PK_SIZE];
         size_t n_allowed;
         bool plaintext;        /* benchmarks only: refused unless both ends are on loopback */
+        uint32_t ciphers;      /* CIPHER_BIT()s to offer; 0: every one this machine has */
         NetBackendKind backend;
         /* Frames of at least this many bytes go out with SEND_ZC (io_uring
          * only). NET_ZC_AUTO: never on loopback, where the kernel copies
@@ -123,3 +124,5 @@ int net_run(Net *n, int timeout_ms);
 void net_get_stats(const Net *n, NetStats *ret);
 /* Bytes queued to peer and not yet sent (-ENOTCONN if unknown). */
 int64_t net_queued(const Net *n, uint32_t peer);
+/* The cipher of an open link, or -ENOTCONN. */
+int net_peer_cipher(const Net *n, uint32_t peer);

@@ -60,6 +60,8 @@ static void srv_control(void *ud, uint32_t peer, uint8_t type, const uint8_t *p,
                 s->quit = 1;
 }
 
+static bool server_plaintext;
+
 static pid_t server_start(NetBackendKind kind, const Identity *id, const uint8_t (*allowed)[32], size_t n_allowed,
                           const uint8_t *sec, uint16_t *ret_port) {
         int fds[2];
@@ -75,6 +77,7 @@ static pid_t server_start(NetBackendKind kind, const Identity *id, const uint8_t
                 c.allowed = allowed;
                 c.n_allowed = n_allowed;
                 c.backend = kind;
+                c.plaintext = server_plaintext;
                 c.stall_timeout_ms = 700;
                 c.handshake_timeout_ms = 700;
                 c.limits.max_tensor_bytes = 65ull << 20;
@@ -96,6 +99,13 @@ static pid_t server_start(NetBackendKind kind, const Identity *id, const uint8_t
         close(fds[1]);
         cr_assert_eq(read(fds[0], ret_port, sizeof *ret_port), (ssize_t)sizeof *ret_port, "server did not start");
         close(fds[0]);
+        return pid;
+}
+
+static pid_t server_start_plaintext(const Identity *id, uint16_t *ret_port) {
+        server_plaintext = true;
+        pid_t pid = server_start(NET_BACKEND_AUTO, id, NULL, 0, secret, ret_port);
+        server_plaintext = false;
         return pid;
 }
 
@@ -521,6 +531,31 @@ Test(transport, plaintext_needs_both_ends_and_loopback, .timeout = 60) {
         close(r.fd);
         Client c;
         client_start(&c, NET_BACKEND_AUTO, &b, NULL, 0, secret, port);
+        cr_assert_neq(net_peer_cipher(c.n, c.peer), CIPHER_NONE);
         round_trip(&c, 12345, 3);
+        server_stop(&c, pid);
+}
+
+Test(transport, plaintext_on_loopback_when_both_allow_it, .timeout = 60) {
+        Identity a, b;
+        identity_generate(&a);
+        identity_generate(&b);
+        uint16_t port;
+        pid_t pid = server_start_plaintext(&a, &port);
+        Client c;
+        NetConfig cfg;
+        net_config_defaults(&cfg);
+        cfg.identity = &b;
+        cfg.secret = secret;
+        cfg.plaintext = true;
+        NetCallbacks cb = { .connected = cl_connected, .tensor = cl_tensor, .control = cl_control, .closed = cl_closed };
+        memset(&c, 0, sizeof c);
+        cr_assert_eq(net_new(&cfg, &cb, &c, &c.n), 0);
+        cr_assert_eq(net_connect(c.n, "127.0.0.1", port, &c.peer), 0);
+        for (int i = 0; i < 500 && !c.connected && !c.closed; i++)
+                net_run(c.n, 10);
+        cr_assert(c.connected);
+        cr_assert_eq(net_peer_cipher(c.n, c.peer), CIPHER_NONE);
+        round_trip(&c, (3 << 20) + 5, 4);
         server_stop(&c, pid);
 }

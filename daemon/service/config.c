@@ -1,0 +1,396 @@
+/* service/config.c */
+#include "config.h"
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <sodium.h>
+#include <stdio.h>
+#include <string.h>
+#include <strings.h>
+#include <sys/stat.h>
+
+#include "conf.h"
+
+static const char *const admission_names[] = { "secret", "allowlist", "both", NULL };
+static const char *const backend_names[] = { "auto", "io_uring", "epoll", NULL }; /* NetBackendKind */
+
+void config_defaults(Config *c) {
+        *c = (Config){
+                .state_directory = "/var/lib/ravnest",
+                .job = JOBS_DIR "/fashion-mnist-mlp.job",
+                .admission = CONFIG_ADMISSION_SECRET,
+        };
+        net_config_defaults(&c->net);
+}
+
+void config_free(Config *c) {
+        if (!c)
+                return;
+        c->peers = mfree(c->peers);
+        c->allowed = mfree(c->allowed);
+        c->n_peers = c->n_allowed = 0;
+        sodium_memzero(c->secret, sizeof c->secret);
+        c->has_secret = false;
+}
+
+static config_setting_t *member(const config_setting_t *g, const char *name) {
+        return g ? config_setting_get_member(g, name) : NULL;
+}
+
+/* A string that, when set, must be an absolute path. */
+static int get_path(const config_setting_t *g, const char *name, char *buf, size_t len, Diag *d) {
+        int r;
+
+        if (!member(g, name)) /* keep the default in buf */
+                return 0;
+        if ((r = conf_get_string(g, name, true, NULL, buf, len, d)) < 0)
+                return r;
+        if (buf[0] != '/')
+                return conf_error(member(g, name), NULL, -EINVAL, d, "must be an absolute path, got \"%s\"", buf);
+        return 0;
+}
+
+/* A string from names (NULL-terminated); *ret is its index, and the default. */
+static int get_choice(const config_setting_t *g, const char *name, const char *const *names, int *ret, Diag *d) {
+        char v[64], known[128] = "";
+        int r = conf_get_string(g, name, false, names[*ret], v, sizeof v, d);
+        if (r < 0)
+                return r;
+        for (int i = 0; names[i]; i++) {
+                if (strcmp(v, names[i]) == 0) {
+                        *ret = i;
+                        return 0;
+                }
+                snprintf(known + strlen(known), sizeof known - strlen(known), "%s%s", i ? ", " : "", names[i]);
+        }
+        return conf_error(member(g, name), NULL, -EINVAL, d, "unknown value \"%s\" (known: %s)", v, known);
+}
+
+/* A list ( ... ) or array [ ... ] of at most max strings; *ret NULL when absent. */
+static int get_strings(const config_setting_t *g, const char *name, int max, config_setting_t **ret, Diag *d) {
+        config_setting_t *s = member(g, name);
+        *ret = s;
+        if (!s)
+                return 0;
+        if (!config_setting_is_array(s) && !config_setting_is_list(s))
+                return conf_error(s, NULL, -EINVAL, d, "must be a list of strings [ \"...\", ... ]");
+        if (config_setting_length(s) > max)
+                return conf_error(s, NULL, -E2BIG, d, "more than %d entries", max);
+        for (int i = 0; i < config_setting_length(s); i++) {
+                const config_setting_t *e = config_setting_get_elem(s, (unsigned)i);
+                if (config_setting_type(e) != CONFIG_TYPE_STRING)
+                        return conf_error(e, NULL, -EINVAL, d, "must be a string");
+        }
+        return 0;
+}
+
+/* "auto" or a number of bytes. */
+static int get_zerocopy(const config_setting_t *g, size_t *ret, Diag *d) {
+        const config_setting_t *s = member(g, "zerocopy_threshold");
+        long long v;
+        int r;
+
+        if (!s)
+                return 0;
+        if (config_setting_type(s) == CONFIG_TYPE_STRING && strcmp(config_setting_get_string(s), "auto") == 0) {
+                *ret = NET_ZC_AUTO;
+                return 0;
+        }
+        if (config_setting_type(s) != CONFIG_TYPE_INT && config_setting_type(s) != CONFIG_TYPE_INT64)
+                return conf_error(s, NULL, -EINVAL, d, "must be \"auto\" or an integer in [0, %d]", 1 << 30);
+        if ((r = conf_get_int(g, "zerocopy_threshold", false, 0, 1 << 30, 0, &v, d)) < 0)
+                return r;
+        *ret = (size_t)v;
+        return 0;
+}
+
+/* "host:port" or "[IPv6]:port"; NULL, or what is wrong with it. */
+static const char *parse_address(const char *text, ConfigAddress *ret) {
+        static const char host_chars[] = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789.-";
+        const char *colon = strrchr(text, ':'), *host = text, *port;
+        bool bracket = text[0] == '[';
+        ConfigAddress a = {};
+        struct in6_addr in6;
+        size_t len;
+
+        if (!colon)
+                return "must be \"host:port\"";
+        if (bracket && colon[-1] != ']')
+                return "must be \"[IPv6 address]:port\"";
+        if (bracket)
+                host++;
+        len = (size_t)(colon - host) - bracket;
+        if (len == 0)
+                return "must be \"host:port\"";
+        if (len >= sizeof a.host)
+                return "host name too long";
+        memcpy(a.host, host, len);
+        if (bracket && inet_pton(AF_INET6, a.host, &in6) != 1)
+                return "not an IPv6 address in brackets";
+        if (!bracket && strchr(a.host, ':'))
+                return "IPv6 addresses go in brackets: \"[::1]:7000\"";
+        if (!bracket && (strspn(a.host, host_chars) != len || a.host[0] == '-' || a.host[0] == '.'))
+                return "not a host name or address";
+
+        port = colon + 1;
+        len = strlen(port);
+        unsigned long p = len >= 1 && len <= 5 && strspn(port, "0123456789") == len ? strtoul(port, NULL, 10) : 0;
+        if (p < 1 || p > 65535)
+                return "port must be in [1, 65535]";
+        a.port = (uint16_t)p;
+        *ret = a;
+        return NULL;
+}
+
+static int get_address(const config_setting_t *s, ConfigAddress *ret, Diag *d) {
+        const char *text = config_setting_get_string(s), *why = parse_address(text, ret);
+        return why ? conf_error(s, NULL, -EINVAL, d, "%s, got \"%s\"", why, text) : 0;
+}
+
+/* Only what the address says: a name other than localhost may resolve to
+ * anything. (The transport checks the real address of every link too.) */
+static bool address_is_loopback(const ConfigAddress *a) {
+        struct in_addr in4;
+        struct in6_addr in6;
+
+        if (strcasecmp(a->host, "localhost") == 0)
+                return true;
+        if (inet_pton(AF_INET, a->host, &in4) == 1)
+                return (ntohl(in4.s_addr) >> 24) == 127;
+        if (inet_pton(AF_INET6, a->host, &in6) == 1)
+                return IN6_IS_ADDR_LOOPBACK(&in6) || (IN6_IS_ADDR_V4MAPPED(&in6) && in6.s6_addr[12] == 127);
+        return false;
+}
+
+/* 64 hex digits and an optional newline, in a file only its owner can read
+ * (the same rule as the identity key, net/identity.c). */
+static int load_secret(const config_setting_t *s, const char *path, uint8_t ret[HANDSHAKE_SECRET_SIZE], Diag *d) {
+        char text[2 * HANDSHAKE_SECRET_SIZE + 3] = {};
+        struct stat st;
+        size_t bin;
+        int r;
+
+        _cleanup_(closep) int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOCTTY);
+        if (fd < 0 || fstat(fd, &st) < 0) {
+                r = -errno;
+                return conf_error(s, NULL, r, d, "%s: cannot open: %s", path, strerror(-r));
+        }
+        if (!S_ISREG(st.st_mode))
+                return conf_error(s, NULL, -EINVAL, d, "%s: not a regular file", path);
+        if (st.st_mode & 077)
+                return conf_error(s, NULL, -EPERM, d, "%s: readable by others (mode %04o): chmod 600 it", path,
+                                  (unsigned)(st.st_mode & 07777));
+        ssize_t n = read(fd, text, sizeof text - 1);
+        if (n < 0) {
+                r = -errno;
+                return conf_error(s, NULL, r, d, "%s: cannot read: %s", path, strerror(-r));
+        }
+        if (n > 0 && text[n - 1] == '\n')
+                n--;
+        r = n == 2 * HANDSHAKE_SECRET_SIZE &&
+            sodium_hex2bin(ret, HANDSHAKE_SECRET_SIZE, text, (size_t)n, NULL, &bin, NULL) == 0 &&
+            bin == HANDSHAKE_SECRET_SIZE ? 0 : -EBADMSG;
+        sodium_memzero(text, sizeof text);
+        if (r < 0)
+                return conf_error(s, NULL, r, d,
+                                  "%s: must hold %d hex digits (make one with \"openssl rand -hex %d\")", path,
+                                  2 * HANDSHAKE_SECRET_SIZE, HANDSHAKE_SECRET_SIZE);
+        return 0;
+}
+
+static int parse_peers(const config_setting_t *list, Config *c, Diag *d) {
+        int n = list ? config_setting_length(list) : 0;
+        int r;
+
+        if (n == 0)
+                return 0;
+        c->peers = calloc((size_t)n, sizeof *c->peers);
+        if (!c->peers)
+                return -ENOMEM;
+        for (int i = 0; i < n; i++)
+                if ((r = get_address(config_setting_get_elem(list, (unsigned)i), &c->peers[i], d)) < 0)
+                        return r;
+        c->n_peers = (size_t)n;
+        return 0;
+}
+
+static int parse_allowed(const config_setting_t *list, Config *c, Diag *d) {
+        int n = list ? config_setting_length(list) : 0;
+
+        if (n == 0)
+                return 0;
+        c->allowed = calloc((size_t)n, sizeof *c->allowed);
+        if (!c->allowed)
+                return -ENOMEM;
+        for (int i = 0; i < n; i++) {
+                const config_setting_t *e = config_setting_get_elem(list, (unsigned)i);
+                if (identity_from_hex(config_setting_get_string(e), c->allowed[i]) < 0)
+                        return conf_error(e, NULL, -EINVAL, d,
+                                          "must be an Ed25519 public key in %d hex digits, got \"%s\"",
+                                          2 * IDENTITY_PK_SIZE, config_setting_get_string(e));
+        }
+        c->n_allowed = (size_t)n;
+        return 0;
+}
+
+/* Plaintext is for benchmarks on one machine: every end must be loopback. */
+static int check_plaintext(const config_setting_t *g, const Config *c, Diag *d) {
+        const char *what = "listen address", *host = NULL;
+
+        if (!c->net.plaintext)
+                return 0;
+        if (c->listen.port && !address_is_loopback(&c->listen))
+                host = c->listen.host;
+        for (size_t i = 0; !host && i < c->n_peers; i++)
+                if (!address_is_loopback(&c->peers[i])) {
+                        what = "peer";
+                        host = c->peers[i].host;
+                }
+        if (host)
+                return conf_error(member(g, "plaintext"), NULL, -EINVAL, d,
+                                  "refused: %s %s is not loopback (plaintext is for benchmarks on one machine)",
+                                  what, host);
+        return 0;
+}
+
+/* The secret file and the allowlist, as admission asks. A node that neither
+ * listens nor has peers needs neither, so the sample file parses as shipped. */
+static int check_admission(const config_setting_t *g, const config_setting_t *allowed, const Config *c, Diag *d) {
+        bool want_secret = c->admission != CONFIG_ADMISSION_ALLOWLIST;
+        bool want_list = c->admission != CONFIG_ADMISSION_SECRET;
+        bool networked = c->listen.port || c->n_peers;
+        const char *mode = admission_names[c->admission];
+
+        if (c->secret_file[0] && !want_secret)
+                return conf_error(member(g, "secret_file"), NULL, -EINVAL, d,
+                                  "only used with admission = \"secret\" or \"both\"");
+        if (allowed && !want_list)
+                return conf_error(allowed, NULL, -EINVAL, d, "only used with admission = \"allowlist\" or \"both\"");
+        if (networked && want_secret && !c->secret_file[0])
+                return conf_error(g, "secret_file", -EINVAL, d, "missing (required with admission = \"%s\")", mode);
+        if (networked && want_list && !allowed)
+                return conf_error(g, "allowed_peers", -EINVAL, d, "missing (required with admission = \"%s\")", mode);
+        if (networked && want_list && config_setting_length(allowed) == 0)
+                return conf_error(allowed, NULL, -EINVAL, d, "empty (admission = \"%s\" needs a key)", mode);
+        return 0;
+}
+
+static int parse_network(const config_setting_t *root, Config *c, Diag *d) {
+        static const char *const keys[] = {
+                "listen", "peers", "admission", "secret_file", "allowed_peers", "plaintext", "io_backend",
+                "zerocopy_threshold", "max_frame", "max_tensor", "max_queued", "max_links",
+                "max_links_per_address", "handshake_timeout", "idle_timeout", "stall_timeout", "receive_pool",
+                NULL,
+        };
+        NetConfig *n = &c->net;
+        config_setting_t *g, *s, *peers, *allowed;
+        long long frame, tensor, queued, links, per_addr, hs, idle, stall, pool;
+        const long long max_bytes = 1LL << 36;
+        int admission = c->admission, backend = n->backend, r;
+
+        if ((r = conf_get_group(root, "network", false, false, &g, d)) < 0 || !g)
+                return r;
+        if ((r = conf_check_keys(g, keys, d)) < 0 ||
+            (r = get_strings(g, "peers", CONFIG_MAX_PEERS, &peers, d)) < 0 ||
+            (r = get_choice(g, "admission", admission_names, &admission, d)) < 0 ||
+            (r = get_path(g, "secret_file", c->secret_file, sizeof c->secret_file, d)) < 0 ||
+            (r = get_strings(g, "allowed_peers", CONFIG_MAX_ALLOWED, &allowed, d)) < 0 ||
+            (r = conf_get_bool(g, "plaintext", n->plaintext, &n->plaintext, d)) < 0 ||
+            (r = get_choice(g, "io_backend", backend_names, &backend, d)) < 0 ||
+            (r = get_zerocopy(g, &n->zc_threshold, d)) < 0 ||
+            (r = conf_get_int(g, "max_frame", false, 4096, 64 << 20, n->limits.max_payload, &frame, d)) < 0 ||
+            (r = conf_get_int(g, "max_tensor", false, 1, max_bytes, n->limits.max_tensor_bytes, &tensor, d)) < 0 ||
+            (r = conf_get_int(g, "max_queued", false, 4096, max_bytes, n->max_queued, &queued, d)) < 0 ||
+            (r = conf_get_int(g, "max_links", false, 1, 65536, n->max_links, &links, d)) < 0 ||
+            (r = conf_get_int(g, "max_links_per_address", false, 1, 65536, n->max_links_per_addr, &per_addr,
+                              d)) < 0 ||
+            (r = conf_get_int(g, "handshake_timeout", false, 100, 600000, n->handshake_timeout_ms, &hs, d)) < 0 ||
+            (r = conf_get_int(g, "idle_timeout", false, 0, 86400000, n->idle_timeout_ms, &idle, d)) < 0 ||
+            (r = conf_get_int(g, "stall_timeout", false, 0, 3600000, n->stall_timeout_ms, &stall, d)) < 0 ||
+            (r = conf_get_int(g, "receive_pool", false, 0, 1 << 30, (long long)n->pool_bytes, &pool, d)) < 0)
+                return r;
+
+        s = member(g, "listen");
+        if (s && config_setting_type(s) != CONFIG_TYPE_STRING)
+                return conf_error(s, NULL, -EINVAL, d, "must be a string \"host:port\"");
+        if (s && config_setting_get_string(s)[0] && (r = get_address(s, &c->listen, d)) < 0)
+                return r;
+        if ((r = parse_peers(peers, c, d)) < 0)
+                return r;
+        c->admission = (ConfigAdmission)admission;
+        if ((r = check_plaintext(g, c, d)) < 0 ||
+            (r = check_admission(g, allowed, c, d)) < 0)
+                return r;
+        if (c->secret_file[0]) {
+                if ((r = load_secret(member(g, "secret_file"), c->secret_file, c->secret, d)) < 0)
+                        return r;
+                c->has_secret = true;
+        }
+        if ((r = parse_allowed(allowed, c, d)) < 0)
+                return r;
+
+        n->backend = (NetBackendKind)backend;
+        if (member(g, "max_frame")) /* else keep the transport's own chunk */
+                n->limits.max_payload = n->chunk = (uint32_t)frame;
+        n->limits.max_tensor_bytes = (uint64_t)tensor;
+        n->max_queued = (uint64_t)queued;
+        n->max_links = (unsigned)links;
+        n->max_links_per_addr = (unsigned)per_addr;
+        n->handshake_timeout_ms = (unsigned)hs;
+        n->idle_timeout_ms = (unsigned)idle;
+        n->stall_timeout_ms = (unsigned)stall;
+        n->pool_bytes = (size_t)pool;
+        return 0;
+}
+
+int config_load(const char *path, Config *ret, Diag *d) {
+        static const char *const keys[] = { "state_directory", "job", "threads", "network", NULL };
+        _cleanup_(config_free) Config c;
+        _cleanup_(config_destroy) config_t cf;
+        const config_setting_t *root;
+        long long threads;
+        int r;
+
+        config_init(&cf);
+        config_defaults(&c);
+        if (strlen(path) >= sizeof c.path)
+                return diag_set(d, -ENAMETOOLONG, "%s: path too long", path);
+        strcpy(c.path, path);
+
+        if ((r = conf_read_file(&cf, path, d)) < 0)
+                return r;
+        root = config_root_setting(&cf);
+        if ((r = conf_check_keys(root, keys, d)) < 0 ||
+            (r = get_path(root, "state_directory", c.state_directory, sizeof c.state_directory, d)) < 0 ||
+            (r = get_path(root, "job", c.job, sizeof c.job, d)) < 0 ||
+            (r = conf_get_int(root, "threads", false, 0, 256, 0, &threads, d)) < 0 ||
+            (r = parse_network(root, &c, d)) < 0)
+                return r;
+        c.threads = (unsigned)threads;
+
+        *ret = c;
+        c.peers = NULL; /* now ret's; the cleanup wipes this copy of the secret */
+        c.allowed = NULL;
+        return 0;
+}
+
+int config_net(const Config *c, const Identity *id, NetConfig *ret, Diag *d) {
+        bool secret = c->admission != CONFIG_ADMISSION_ALLOWLIST;
+        bool list = c->admission != CONFIG_ADMISSION_SECRET;
+        NetConfig n = c->net;
+
+        if (!id)
+                return -EINVAL;
+        if (secret && !c->has_secret)
+                return diag_set(d, -EINVAL, "%s: network.secret_file: missing (required with admission = \"%s\")",
+                                c->path, admission_names[c->admission]);
+        if (list && c->n_allowed == 0)
+                return diag_set(d, -EINVAL, "%s: network.allowed_peers: missing (required with admission = \"%s\")",
+                                c->path, admission_names[c->admission]);
+        n.identity = id;
+        n.secret = secret ? c->secret : NULL;
+        n.allowed = list ? (const uint8_t(*)[IDENTITY_PK_SIZE])c->allowed : NULL;
+        n.n_allowed = list ? c->n_allowed : 0;
+        *ret = n;
+        return 0;
+}

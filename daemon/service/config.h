@@ -1,0 +1,78 @@
+/* service/config.h — ravnestd.conf, the daemon's configuration file (see
+ * ravnestd.conf(5)): where its state lives, what it trains, and how it
+ * reaches its peers.
+ *
+ * config_load() checks everything a setting can be checked for on its own
+ * or against the others, and reads the files it names (the network secret),
+ * so a reload can keep the old Config when the new file has an error. Every
+ * error names the file, the line and the setting:
+ *
+ *     Config c;
+ *     Diag d = {};
+ *     r = config_load(CONFIG_PATH, &c, &d);
+ *     if (r < 0)
+ *             return log_error_errno(r, "%s", d.text);  // "ravnestd.conf:7: network.listen: ..."
+ *     NetConfig nc;
+ *     r = config_net(&c, &id, &nc, &d);     // points into c: keep c until net_new() returns
+ *     ...
+ *     config_free(&c);
+ */
+#pragma once
+
+#include <limits.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "net/handshake.h"
+#include "net/identity.h"
+#include "net/net.h"
+#include "util/diag.h"
+
+#define CONFIG_PATH SYSCONF_DIR "/ravnestd.conf"
+#define CONFIG_MAX_PEERS 1024
+#define CONFIG_MAX_ALLOWED 1024
+#define CONFIG_HOST_MAX 254 /* a DNS name has at most 253 characters */
+
+typedef enum ConfigAdmission {
+        CONFIG_ADMISSION_SECRET,
+        CONFIG_ADMISSION_ALLOWLIST,
+        CONFIG_ADMISSION_BOTH,
+} ConfigAdmission;
+
+/* "host:port" or "[IPv6]:port", split; the host without brackets. */
+typedef struct ConfigAddress {
+        char host[CONFIG_HOST_MAX];
+        uint16_t port;
+} ConfigAddress;
+
+typedef struct Config {
+        char path[PATH_MAX];            /* the file it was read from */
+        char state_directory[PATH_MAX]; /* the identity key is <state_directory>/identity */
+        char job[PATH_MAX];
+        unsigned threads;               /* 0: the number of online CPUs */
+
+        /* network */
+        ConfigAddress listen;           /* port 0: do not listen */
+        ConfigAddress *peers;
+        size_t n_peers;
+        ConfigAdmission admission;
+        char secret_file[PATH_MAX];     /* "" when not set */
+        bool has_secret;                /* secret holds the contents of secret_file */
+        uint8_t secret[HANDSHAKE_SECRET_SIZE];
+        uint8_t (*allowed)[IDENTITY_PK_SIZE];
+        size_t n_allowed;
+        /* The transport's settings; identity, secret and allowed stay unset
+         * here (config_net() fills them). */
+        NetConfig net;
+} Config;
+
+/* The documented defaults; the transport's are net_config_defaults(). */
+void config_defaults(Config *c);
+/* Read path; *ret is untouched on failure. */
+int config_load(const char *path, Config *ret, Diag *d);
+/* The NetConfig for identity id. It points into c (secret, allowlist);
+ * net_new() copies them. -EINVAL when c has no admission rule (a node that
+ * neither listens nor has peers need not set one). */
+int config_net(const Config *c, const Identity *id, NetConfig *ret, Diag *d);
+/* Free the lists and wipe the secret; c may be reused after config_defaults(). */
+void config_free(Config *c);

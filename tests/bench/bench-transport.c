@@ -1,0 +1,367 @@
+/* bench-transport — tensor throughput between two processes on loopback,
+ * beside iperf3's single TCP stream measured in the same run.
+ *
+ * For each frame size (1 MiB and 16 MiB tensors) and each configuration
+ * (plaintext / AES-256-GCM / ChaCha20-Poly1305, io_uring / epoll, SEND /
+ * SEND_ZC) a receiver process is forked, the sender keeps its queue full for
+ * --bytes bytes, and the receiver says when the last byte is in.
+ * Configurations are interleaved run by run; medians are printed with the
+ * ratio to iperf3. Then the peak RSS of a process holding 64 links with
+ * full send queues.
+ *
+ *     bench-transport [--runs N] [--bytes MiB] [--no-iperf]
+ */
+#include <getopt.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "net/net.h"
+
+#define MAX_RUNS 32
+static const uint8_t secret[32] = "bench network secret...........";
+
+typedef struct Mode {
+        const char *name;
+        Cipher cipher;
+        NetBackendKind backend;
+        size_t zc; /* 0: SEND; 1: SEND_ZC for every frame */
+} Mode;
+
+static const Mode modes[] = {
+        { "plaintext io_uring send", CIPHER_NONE, NET_BACKEND_URING, 0 },
+        { "plaintext io_uring send_zc", CIPHER_NONE, NET_BACKEND_URING, 1 },
+        { "plaintext epoll", CIPHER_NONE, NET_BACKEND_EPOLL, 0 },
+        { "aes256gcm io_uring send", CIPHER_AES256GCM, NET_BACKEND_URING, 0 },
+        { "aes256gcm io_uring send_zc", CIPHER_AES256GCM, NET_BACKEND_URING, 1 },
+        { "aes256gcm epoll", CIPHER_AES256GCM, NET_BACKEND_EPOLL, 0 },
+        { "chacha20poly1305 io_uring", CIPHER_CHACHA20POLY1305, NET_BACKEND_URING, 0 },
+};
+#define N_MODES (sizeof modes / sizeof modes[0])
+
+static double now_s(void) {
+        struct timespec ts;
+        clock_gettime(CLOCK_MONOTONIC, &ts);
+        return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static void config_for(NetConfig *c, const Identity *id, const Mode *m) {
+        net_config_defaults(c);
+        c->identity = id;
+        c->secret = secret;
+        c->backend = m->backend;
+        c->plaintext = m->cipher == CIPHER_NONE;
+        c->ciphers = m->cipher == CIPHER_NONE ? 0 : CIPHER_BIT(m->cipher);
+        c->zc_threshold = m->zc;
+        c->limits.max_tensor_bytes = 64u << 20;
+}
+
+/* ---- receiver ---- */
+typedef struct Rx {
+        Net *n;
+        uint64_t want, got;
+        uint32_t peer;
+        int done;
+} Rx;
+
+static void rx_tensor(void *ud, NetTensor *t) {
+        Rx *r = ud;
+        r->got += t->desc.bytes;
+        r->peer = t->peer;
+        net_tensor_release(r->n, t);
+        if (r->got >= r->want && !r->done) {
+                net_send_control(r->n, r->peer, FRAME_CONTROL, "done", 4);
+                r->done = 1;
+        }
+}
+
+static void rx_closed(void *ud, uint32_t peer, int reason, const uint8_t id[32]) {
+        ((Rx *)ud)->done = 2;
+}
+
+static pid_t receiver_start(const Mode *m, uint64_t want, uint16_t *ret_port) {
+        int fds[2];
+        if (pipe(fds) < 0)
+                exit(1);
+        pid_t pid = fork();
+        if (pid == 0) {
+                close(fds[0]);
+                Identity id;
+                identity_generate(&id);
+                NetConfig c;
+                config_for(&c, &id, m);
+                static Rx r;
+                r.want = want;
+                NetCallbacks cb = { .tensor = rx_tensor, .closed = rx_closed };
+                uint16_t port = 0;
+                if (net_new(&c, &cb, &r, &r.n) < 0 || net_listen(r.n, "127.0.0.1", 0, &port) < 0)
+                        _exit(2);
+                if (write(fds[1], &port, sizeof port) != sizeof port)
+                        _exit(3);
+                for (int i = 0; i < 100000 && r.done != 2; i++)
+                        net_run(r.n, 10);
+                net_free(r.n);
+                _exit(0);
+        }
+        close(fds[1]);
+        if (read(fds[0], ret_port, sizeof *ret_port) != sizeof *ret_port)
+                exit(1);
+        close(fds[0]);
+        return pid;
+}
+
+/* ---- sender ---- */
+typedef struct Tx {
+        Net *n;
+        uint32_t peer;
+        int connected, done, closed;
+} Tx;
+
+static void tx_connected(void *ud, uint32_t peer, const uint8_t id[32]) {
+        ((Tx *)ud)->connected = 1;
+}
+static void tx_control(void *ud, uint32_t peer, uint8_t type, const uint8_t *p, size_t len) {
+        ((Tx *)ud)->done = 1;
+}
+static void tx_closed(void *ud, uint32_t peer, int reason, const uint8_t id[32]) {
+        ((Tx *)ud)->closed = reason ? reason : 1;
+}
+
+/* Bytes per second, or negative on failure. */
+static double measure(const Mode *m, size_t frame, uint64_t total, const uint8_t *data, const char **ret_backend) {
+        uint64_t count = total / frame;
+        uint16_t port;
+        pid_t pid = receiver_start(m, count * frame, &port);
+        Identity id;
+        identity_generate(&id);
+        NetConfig c;
+        config_for(&c, &id, m);
+        Tx t = {};
+        NetCallbacks cb = { .connected = tx_connected, .control = tx_control, .closed = tx_closed };
+        double rate = -1;
+
+        if (net_new(&c, &cb, &t, &t.n) < 0 || net_connect(t.n, "127.0.0.1", port, &t.peer) < 0)
+                goto out;
+        *ret_backend = net_backend_name(t.n);
+        if (getenv("BENCH_TRACE")) fprintf(stderr, "connecting %s\n", m->name);
+        for (int i = 0; i < 1000 && !t.connected && !t.closed; i++)
+                net_run(t.n, 5);
+        if (getenv("BENCH_TRACE"))
+                fprintf(stderr, "connected %d closed %d cipher %d\n", t.connected, t.closed, net_peer_cipher(t.n, t.peer));
+        if (!t.connected || net_peer_cipher(t.n, t.peer) != (int)m->cipher)
+                goto out;
+
+        TensorDesc d;
+        tensor_desc_init(&d, DTYPE_U8, 1, (uint32_t[]){ (uint32_t)frame });
+        uint64_t sent = 0;
+        double t0 = now_s();
+        while (!t.done && !t.closed) {
+                /* keep about 32 MiB queued: the link never waits for us */
+                while (sent < count && net_queued(t.n, t.peer) < (int64_t)(32u << 20) &&
+                       net_send_tensor(t.n, t.peer, 1, &d, data, sent) == 0)
+                        sent++;
+                net_run(t.n, sent < count ? 0 : 10);
+                if (getenv("BENCH_TRACE") && now_s() - t0 > 2) {
+                        NetStats st;
+                        net_get_stats(t.n, &st);
+                        fprintf(stderr, "stalled: sent %llu of %llu, queued %lld, bytes out %llu, frames out %llu\n",
+                                (unsigned long long)sent, (unsigned long long)count, (long long)net_queued(t.n, t.peer),
+                                (unsigned long long)st.bytes_sent, (unsigned long long)st.frames_sent);
+                        break;
+                }
+        }
+        if (t.done)
+                rate = (double)(count * frame) / (now_s() - t0);
+out:
+        net_free(t.n);
+        kill(pid, SIGTERM);
+        waitpid(pid, NULL, 0);
+        return rate;
+}
+
+/* ---- iperf3 ---- */
+static double iperf3(int seconds) {
+        char cmd[256];
+        int port = 45000 + (int)(getpid() % 1000);
+        snprintf(cmd, sizeof cmd, "iperf3 -s -1 -p %d -B 127.0.0.1 >/dev/null 2>&1 & sleep 0.3; "
+                 "iperf3 -c 127.0.0.1 -p %d -t %d -J 2>/dev/null", port, port, seconds);
+        FILE *f = popen(cmd, "r");
+        if (!f)
+                return -1;
+        static char buf[1 << 17];
+        size_t n = fread(buf, 1, sizeof buf - 1, f);
+        buf[n] = 0;
+        pclose(f);
+        /* "sum_received": { ... "bits_per_second": X */
+        const char *p = strstr(buf, "\"sum_received\"");
+        p = p ? strstr(p, "\"bits_per_second\":") : NULL;
+        return p ? atof(p + 18) / 8.0 : -1;
+}
+
+static int cmp_double(const void *a, const void *b) {
+        double x = *(const double *)a, y = *(const double *)b;
+        return (x > y) - (x < y);
+}
+
+static double median(double *v, int n) {
+        double s[MAX_RUNS];
+        int k = 0;
+        for (int i = 0; i < n; i++)
+                if (v[i] > 0)
+                        s[k++] = v[i];
+        if (!k)
+                return -1;
+        qsort(s, (size_t)k, sizeof(double), cmp_double);
+        return k % 2 ? s[k / 2] : (s[k / 2 - 1] + s[k / 2]) / 2;
+}
+
+/* ---- memory: 64 links with full queues ---- */
+static void memory_figure(void) {
+        enum { LINKS = 64 };
+        const Mode *m = &modes[3]; /* aes256gcm io_uring */
+        int fds[2];
+        if (pipe(fds) < 0)
+                return;
+        pid_t pid = fork();
+        if (pid == 0) {
+                /* The measured process: accepts 64 links and fills each one's
+                 * send queue with 16 MiB tensors (one shared buffer) while
+                 * the peers send it 1 MiB tensors. */
+                close(fds[0]);
+                Identity id;
+                identity_generate(&id);
+                NetConfig c;
+                config_for(&c, &id, m);
+                static Rx r;
+                r.want = UINT64_MAX;
+                NetCallbacks cb = { .tensor = rx_tensor };
+                uint16_t port = 0;
+                if (net_new(&c, &cb, &r, &r.n) < 0 || net_listen(r.n, "127.0.0.1", 0, &port) < 0)
+                        _exit(2);
+                if (write(fds[1], &port, sizeof port) != sizeof port)
+                        _exit(3);
+                uint8_t *big = calloc(1, 16u << 20);
+                TensorDesc d;
+                tensor_desc_init(&d, DTYPE_U8, 1, (uint32_t[]){ 16u << 20 });
+                double end = now_s() + 4;
+                while (now_s() < end) {
+                        for (uint32_t p = 1; p <= LINKS + 1; p++)
+                                while (net_send_tensor(r.n, p, 1, &d, big, 0) == 0)
+                                        ;
+                        net_run(r.n, 5);
+                }
+                NetStats st;
+                net_get_stats(r.n, &st);
+                struct rusage ru;
+                getrusage(RUSAGE_SELF, &ru);
+                dprintf(fds[1], "%ld %u\n", ru.ru_maxrss, st.links);
+                _exit(0);
+        }
+        close(fds[1]);
+        uint16_t port;
+        if (read(fds[0], &port, sizeof port) != sizeof port)
+                return;
+        Identity id;
+        identity_generate(&id);
+        NetConfig c;
+        config_for(&c, &id, m);
+        Tx t = {};
+        NetCallbacks cb = { .connected = tx_connected };
+        net_new(&c, &cb, &t, &t.n);
+        uint32_t peers[LINKS];
+        for (int i = 0; i < LINKS; i++)
+                net_connect(t.n, "127.0.0.1", port, &peers[i]);
+        static uint8_t one[1 << 20];
+        TensorDesc d;
+        tensor_desc_init(&d, DTYPE_U8, 1, (uint32_t[]){ 1u << 20 });
+        double end = now_s() + 4.5;
+        while (now_s() < end) {
+                for (int i = 0; i < LINKS; i++)
+                        if (net_queued(t.n, peers[i]) < (4 << 20))
+                                net_send_tensor(t.n, peers[i], 1, &d, one, 0);
+                net_run(t.n, 2);
+        }
+        char buf[64] = {};
+        ssize_t k = read(fds[0], buf, sizeof buf - 1);
+        long kib = 0;
+        unsigned links = 0;
+        if (k > 0)
+                sscanf(buf, "%ld %u", &kib, &links);
+        printf("\npeak RSS of a process holding %u links with full send queues (16 MiB tensors, "
+               "aes256gcm, io_uring): %.1f MiB\n", links, (double)kib / 1024.0);
+        net_free(t.n);
+        waitpid(pid, NULL, 0);
+}
+
+int main(int argc, char *argv[]) {
+        static const struct option options[] = {
+                { "runs", required_argument, NULL, 'r' },
+                { "bytes", required_argument, NULL, 'b' },
+                { "no-iperf", no_argument, NULL, 'n' },
+                {},
+        };
+        int runs = 5, use_iperf = 1, c;
+        uint64_t total = 1024ull << 20;
+        while ((c = getopt_long(argc, argv, "r:b:n", options, NULL)) >= 0)
+                switch (c) {
+                case 'r': runs = MAX(1, MIN(atoi(optarg), MAX_RUNS)); break;
+                case 'b': total = (uint64_t)MAX(16, atoi(optarg)) << 20; break;
+                case 'n': use_iperf = 0; break;
+                default:
+                        fprintf(stderr, "Usage: bench-transport [--runs N] [--bytes MiB] [--no-iperf]\n");
+                        return 2;
+                }
+        if (use_iperf && system("command -v iperf3 >/dev/null") != 0) {
+                fprintf(stderr, "bench-transport: iperf3 not found (apt-get install iperf3), or pass --no-iperf\n");
+                return 1;
+        }
+        signal(SIGPIPE, SIG_IGN);
+
+        static const size_t frames[] = { 1u << 20, 16u << 20 };
+        static double rate[2][N_MODES][MAX_RUNS], ip[MAX_RUNS];
+        const char *backend[N_MODES] = {};
+        uint8_t *data = malloc(16u << 20);
+        for (size_t i = 0; i < (16u << 20); i++)
+                data[i] = (uint8_t)(i * 2654435761u >> 24);
+
+        printf("%d runs of %llu MiB per configuration, interleaved; AES-256-GCM %s on this CPU\n", runs,
+               (unsigned long long)(total >> 20), cipher_available() & CIPHER_BIT(CIPHER_AES256GCM) ? "available" : "NOT available");
+        for (int run = 0; run < runs; run++) {
+                if (use_iperf)
+                        ip[run] = iperf3(2);
+                for (size_t f = 0; f < 2; f++)
+                        for (size_t m = 0; m < N_MODES; m++) {
+                                rate[f][m][run] = measure(&modes[m], frames[f], total, data, &backend[m]);
+                                if (getenv("BENCH_TRACE"))
+                                        fprintf(stderr, "%s, %zu MiB frames: %.2f GB/s\n", modes[m].name,
+                                                frames[f] >> 20, rate[f][m][run] / 1e9);
+                        }
+                fprintf(stderr, "run %d/%d done\n", run + 1, runs);
+        }
+
+        double ipm = use_iperf ? median(ip, runs) : -1;
+        if (use_iperf)
+                printf("\niperf3, one TCP stream on loopback: %.2f GB/s (median)\n", ipm / 1e9);
+        printf("\n%-30s %14s %14s\n", "configuration", "1 MiB frames", "16 MiB frames");
+        for (size_t m = 0; m < N_MODES; m++) {
+                printf("%-30s", modes[m].name);
+                for (size_t f = 0; f < 2; f++) {
+                        double v = median(rate[f][m], runs);
+                        if (v < 0)
+                                printf(" %14s", "failed");
+                        else if (ipm > 0)
+                                printf("   %5.2f GB/s %4.2fx", v / 1e9, v / ipm);
+                        else
+                                printf("   %5.2f GB/s      ", v / 1e9);
+                }
+                printf("%s\n", backend[m] && strcmp(backend[m], modes[m].backend == NET_BACKEND_EPOLL ? "epoll" : "io_uring") ? "  (backend differs!)" : "");
+        }
+        memory_figure();
+        free(data);
+        return 0;
+}

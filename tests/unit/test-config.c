@@ -1,0 +1,333 @@
+/* ravnestd.conf: the shipped sample parses to the documented defaults; every
+ * kind of mistake names the file, the line and the setting; config_net()
+ * maps the settings into a NetConfig. */
+#include <criterion/criterion.h>
+#include <sodium.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "service/config.h"
+
+#define K1 "00112233445566778899aabbccddeeff00112233445566778899aabbccddeeff"
+#define K2 "ffeeddccbbaa99887766554433221100ffeeddccbbaa99887766554433221100"
+#define SECRET_HEX "0f1e2d3c4b5a69788796a5b4c3d2e1f00f1e2d3c4b5a69788796a5b4c3d2e1f0"
+
+static const char *base =
+        "state_directory = \"/tmp\";\n"                                      /* 1 */
+        "threads = 2;\n"                                                     /* 2 */
+        "network = {\n"                                                      /* 3 */
+        "  listen = \"127.0.0.1:7000\";\n"                                   /* 4 */
+        "  peers = [ \"127.0.0.2:7001\", \"[::1]:7002\", \"localhost:7003\" ];\n" /* 5 */
+        "  admission = \"secret\";\n"                                        /* 6 */
+        "  secret_file = \"@SECRET@\";\n"                                    /* 7 */
+        "  io_backend = \"epoll\";\n"                                        /* 8 */
+        "  zerocopy_threshold = \"auto\";\n"                                 /* 9 */
+        "  max_frame = 65536;\n"                                             /* 10 */
+        "  idle_timeout = 30000;\n"                                          /* 11 */
+        "};\n";                                                              /* 12 */
+
+static char secret_path[64];
+
+/* A secret file with this mode and content, named by @SECRET@ in base. */
+static void make_secret(mode_t mode, const char *content) {
+        strcpy(secret_path, "/tmp/ravnest-test-secret-XXXXXX");
+        int fd = mkstemp(secret_path);
+        cr_assert(fd >= 0);
+        cr_assert_eq(write(fd, content, strlen(content)), (ssize_t)strlen(content));
+        cr_assert_eq(fchmod(fd, mode), 0);
+        close(fd);
+}
+
+static void replace(char *text, size_t len, const char *from, const char *to) {
+        char *at = strstr(text, from), tail[4096];
+        cr_assert_not_null(at, "variant anchor \"%s\" not in base", from);
+        snprintf(tail, sizeof tail, "%s", at + strlen(from));
+        snprintf(at, len - (size_t)(at - text), "%s%s", to, tail);
+}
+
+/* Write base with one substitution and load it. */
+static int load_variant(const char *from, const char *to, Config *c, Diag *d, char *path) {
+        char text[4096];
+        snprintf(text, sizeof text, "%s", base);
+        replace(text, sizeof text, from, to);
+        if (strstr(text, "@SECRET@")) {
+                if (!secret_path[0])
+                        make_secret(0600, SECRET_HEX "\n");
+                replace(text, sizeof text, "@SECRET@", secret_path);
+        }
+        strcpy(path, "/tmp/ravnest-test-config-XXXXXX");
+        int fd = mkstemp(path);
+        cr_assert(fd >= 0);
+        cr_assert_eq(write(fd, text, strlen(text)), (ssize_t)strlen(text));
+        close(fd);
+        int r = config_load(path, c, d);
+        unlink(path);
+        return r;
+}
+
+static void expect_error(const char *from, const char *to, const char *where) {
+        char path[64], want[512];
+        Config c;
+        Diag d = {};
+        int r = load_variant(from, to, &c, &d, path);
+        cr_expect_lt(r, 0, "variant \"%s\" loaded", to);
+        if (r >= 0)
+                config_free(&c);
+        snprintf(want, sizeof want, "%s:%s", path, where);
+        cr_expect(strstr(d.text, want), "variant \"%s\": message \"%s\" lacks \"%s\"", to, d.text, want);
+}
+
+static void cleanup(void) {
+        if (secret_path[0])
+                unlink(secret_path);
+        secret_path[0] = 0;
+}
+
+TestSuite(config, .fini = cleanup);
+
+Test(config, shipped_sample_gives_defaults) {
+        Config c, def;
+        NetConfig n;
+        Diag d = {};
+
+        cr_assert_eq(config_load(SOURCE_ROOT "/config/ravnestd.conf", &c, &d), 0, "%s", d.text);
+        config_defaults(&def);
+        net_config_defaults(&n);
+        /* what ravnestd.conf(5) documents */
+        cr_assert_str_eq(c.state_directory, "/var/lib/ravnest");
+        cr_assert_str_eq(c.job, JOBS_DIR "/fashion-mnist-mlp.job");
+        cr_assert_eq(c.threads, 0);
+        cr_assert_eq(c.listen.port, 0);
+        cr_assert_eq(c.n_peers, 0);
+        cr_assert_eq(c.admission, CONFIG_ADMISSION_SECRET);
+        cr_assert_str_eq(c.secret_file, "");
+        cr_assert(!c.has_secret);
+        cr_assert_eq(c.n_allowed, 0);
+        cr_assert(!c.net.plaintext);
+        cr_assert_eq(c.net.backend, NET_BACKEND_AUTO);
+        cr_assert_eq(c.net.zc_threshold, NET_ZC_AUTO);
+        cr_assert_eq(c.net.limits.max_payload, 1u << 20);
+        cr_assert_eq(c.net.chunk, 1u << 20);
+        cr_assert_eq(c.net.limits.max_tensor_bytes, 256ull << 20);
+        cr_assert_eq(c.net.max_queued, 256ull << 20);
+        cr_assert_eq(c.net.max_links, 256);
+        cr_assert_eq(c.net.max_links_per_addr, 64);
+        cr_assert_eq(c.net.handshake_timeout_ms, 5000);
+        cr_assert_eq(c.net.idle_timeout_ms, 120000);
+        cr_assert_eq(c.net.stall_timeout_ms, 10000);
+        cr_assert_eq(c.net.pool_bytes, 64u << 20);
+        /* and the transport's own defaults */
+        cr_assert_eq(c.net.limits.max_payload, n.limits.max_payload);
+        cr_assert_eq(c.net.limits.max_control, n.limits.max_control);
+        cr_assert_eq(c.net.limits.max_tensor_bytes, n.limits.max_tensor_bytes);
+        cr_assert_eq(c.net.chunk, n.chunk);
+        cr_assert_eq(c.net.max_queued, n.max_queued);
+        cr_assert_eq(c.net.max_links, n.max_links);
+        cr_assert_eq(c.net.idle_timeout_ms, n.idle_timeout_ms);
+        cr_assert_eq(c.net.pool_bytes, n.pool_bytes);
+        cr_assert_str_eq(c.state_directory, def.state_directory);
+        cr_assert_str_eq(c.job, def.job);
+
+        /* Nothing to admit with: config_net() says so. */
+        Identity id = {};
+        cr_assert_eq(config_net(&c, &id, &n, &d), -EINVAL);
+        cr_assert(strstr(d.text, "ravnestd.conf: network.secret_file: missing"), "%s", d.text);
+        config_free(&c);
+}
+
+Test(config, base_maps_into_netconfig) {
+        char path[64];
+        Config c;
+        Identity id;
+        NetConfig n;
+        Diag d = {};
+        uint8_t secret[32];
+        size_t len;
+
+        cr_assert_eq(load_variant("threads", "threads", &c, &d, path), 0, "%s", d.text);
+        cr_assert_str_eq(c.state_directory, "/tmp");
+        cr_assert_eq(c.threads, 2);
+        cr_assert_str_eq(c.listen.host, "127.0.0.1");
+        cr_assert_eq(c.listen.port, 7000);
+        cr_assert_eq(c.n_peers, 3);
+        cr_assert_str_eq(c.peers[1].host, "::1");
+        cr_assert_eq(c.peers[1].port, 7002);
+        cr_assert_str_eq(c.peers[2].host, "localhost");
+
+        cr_assert_eq(identity_generate(&id), 0);
+        cr_assert_eq(config_net(&c, &id, &n, &d), 0, "%s", d.text);
+        cr_assert_eq(n.identity, &id);
+        cr_assert_not_null(n.secret);
+        sodium_hex2bin(secret, sizeof secret, SECRET_HEX, 64, NULL, &len, NULL);
+        cr_assert_eq(memcmp(n.secret, secret, 32), 0);
+        cr_assert_eq(n.n_allowed, 0);
+        cr_assert_null(n.allowed);
+        cr_assert_eq(n.backend, NET_BACKEND_EPOLL);
+        cr_assert_eq(n.zc_threshold, NET_ZC_AUTO);
+        cr_assert_eq(n.limits.max_payload, 65536);
+        cr_assert_eq(n.chunk, 65536);
+        cr_assert_eq(n.idle_timeout_ms, 30000);
+        cr_assert_eq(n.stall_timeout_ms, 10000);
+        cr_assert(!n.plaintext);
+        config_free(&c);
+
+        /* A NetConfig that net_new() accepts. */
+        Net *net = NULL;
+        cr_assert_eq(load_variant("threads", "threads", &c, &d, path), 0, "%s", d.text);
+        cr_assert_eq(config_net(&c, &id, &n, &d), 0, "%s", d.text);
+        cr_assert_eq(net_new(&n, NULL, NULL, &net), 0);
+        net_free(net);
+        config_free(&c);
+}
+
+Test(config, zerocopy_and_sizes) {
+        char path[64];
+        Config c;
+        Diag d = {};
+
+        cr_assert_eq(load_variant("\"auto\";", "8192;", &c, &d, path), 0, "%s", d.text);
+        cr_assert_eq(c.net.zc_threshold, 8192);
+        config_free(&c);
+        cr_assert_eq(load_variant("\"auto\";", "0;", &c, &d, path), 0, "%s", d.text);
+        cr_assert_eq(c.net.zc_threshold, 0);
+        config_free(&c);
+        /* 64-bit values need libconfig's L suffix */
+        cr_assert_eq(load_variant("max_frame = 65536;", "max_tensor = 4294967296L; max_queued = 8192;", &c, &d, path),
+                     0, "%s", d.text);
+        cr_assert_eq(c.net.limits.max_tensor_bytes, 4ull << 30);
+        cr_assert_eq(c.net.max_queued, 8192);
+        cr_assert_eq(c.net.limits.max_payload, 1u << 20);
+        config_free(&c);
+}
+
+Test(config, admission_modes) {
+        char path[64];
+        Config c;
+        Identity id = {};
+        NetConfig n;
+        Diag d = {};
+        uint8_t k2[32];
+
+        cr_assert_eq(identity_from_hex(K2, k2), 0);
+        /* allowlist: keys, no secret */
+        cr_assert_eq(load_variant("admission = \"secret\";\n  secret_file = \"@SECRET@\";",
+                                  "admission = \"allowlist\"; allowed_peers = [ \"" K1 "\", \"" K2 "\" ];", &c, &d, path),
+                     0, "%s", d.text);
+        cr_assert_eq(config_net(&c, &id, &n, &d), 0, "%s", d.text);
+        cr_assert_null(n.secret);
+        cr_assert_eq(n.n_allowed, 2);
+        cr_assert_eq(memcmp(n.allowed[1], k2, 32), 0);
+        config_free(&c);
+
+        /* both */
+        cr_assert_eq(load_variant("admission = \"secret\";",
+                                  "admission = \"both\"; allowed_peers = ( \"" K2 "\" );", &c, &d, path),
+                     0, "%s", d.text);
+        cr_assert_eq(config_net(&c, &id, &n, &d), 0, "%s", d.text);
+        cr_assert_not_null(n.secret);
+        cr_assert_eq(n.n_allowed, 1);
+        cr_assert_eq(memcmp(n.allowed[0], k2, 32), 0);
+        config_free(&c);
+
+        /* secret (the base): secret only */
+        cr_assert_eq(load_variant("threads", "threads", &c, &d, path), 0, "%s", d.text);
+        cr_assert_eq(config_net(&c, &id, &n, &d), 0, "%s", d.text);
+        cr_assert_not_null(n.secret);
+        cr_assert_eq(n.n_allowed, 0);
+        config_free(&c);
+}
+
+Test(config, plaintext_on_loopback_only) {
+        char path[64];
+        Config c;
+        Diag d = {};
+
+        /* 127.0.0.0/8, ::1 and localhost */
+        cr_assert_eq(load_variant("max_frame", "plaintext = true; max_frame", &c, &d, path), 0, "%s", d.text);
+        cr_assert(c.net.plaintext);
+        config_free(&c);
+        expect_error("peers = [ \"127.0.0.2:7001\",", "plaintext = true; peers = [ \"192.0.2.1:7001\",",
+                     "5: network.plaintext: refused: peer 192.0.2.1 is not loopback");
+        expect_error("\"localhost:7003\" ];", "\"localhost.example.com:7003\" ]; plaintext = true;",
+                     "5: network.plaintext: refused: peer localhost.example.com is not loopback");
+        expect_error("listen = \"127.0.0.1:7000\";", "listen = \"0.0.0.0:7000\"; plaintext = true;",
+                     "4: network.plaintext: refused: listen address 0.0.0.0 is not loopback");
+}
+
+/* Replace the secret file with one of this mode and content. */
+static void use_secret(mode_t mode, const char *content) {
+        cleanup();
+        make_secret(mode, content);
+}
+
+Test(config, secret_file_checked) {
+        char want[256];
+
+        use_secret(0644, SECRET_HEX "\n");
+        snprintf(want, sizeof want, "7: network.secret_file: %s: readable by others (mode 0644): chmod 600 it", secret_path);
+        expect_error("threads", "threads", want);
+        use_secret(0600, "not a secret\n");
+        snprintf(want, sizeof want, "7: network.secret_file: %s: must hold 64 hex digits", secret_path);
+        expect_error("threads", "threads", want);
+        use_secret(0600, SECRET_HEX "0\n"); /* 65 digits */
+        snprintf(want, sizeof want, "7: network.secret_file: %s: must hold 64 hex digits", secret_path);
+        expect_error("threads", "threads", want);
+        use_secret(0400, SECRET_HEX); /* no newline, read-only: fine */
+        char path[64];
+        Config c;
+        Diag d = {};
+        cr_assert_eq(load_variant("threads", "threads", &c, &d, path), 0, "%s", d.text);
+        cr_assert(c.has_secret);
+        config_free(&c);
+        cr_assert(!c.has_secret && c.peers == NULL);
+}
+
+Test(config, errors_name_file_line_and_setting) {
+        /* unknown settings */
+        expect_error("threads = 2;", "threads = 2; thread = 3;", "2: thread: unknown setting");
+        expect_error("max_frame = 65536;", "max_frame = 65536; backlog = 5;", "10: network.backlog: unknown setting");
+        /* wrong type */
+        expect_error("threads = 2;", "threads = \"two\";", "2: threads: must be an integer in [0, 256]");
+        expect_error("max_frame = 65536;", "max_frame = 1.5;", "10: network.max_frame: must be an integer");
+        expect_error("idle_timeout = 30000;", "plaintext = 1;", "11: network.plaintext: must be true or false");
+        expect_error("[ \"127.0.0.2:7001\", \"[::1]:7002\", \"localhost:7003\" ]", "\"127.0.0.2:7001\"",
+                     "5: network.peers: must be a list of strings");
+        expect_error("[ \"127.0.0.2:7001\", \"[::1]:7002\", \"localhost:7003\" ]", "( \"127.0.0.2:7001\", 7003 )",
+                     "5: network.peers.[1]: must be a string");
+        expect_error(base, "threads = 1;\nnetwork = 5;\n", "2: network: must be a group");
+        expect_error("state_directory = \"/tmp\";", "state_directory = \"tmp\";",
+                     "1: state_directory: must be an absolute path");
+        expect_error("\"auto\";", "\"always\";", "9: network.zerocopy_threshold: must be \"auto\" or an integer");
+        expect_error("\"epoll\";", "\"kqueue\";", "8: network.io_backend: unknown value \"kqueue\" (known: auto, io_uring, epoll)");
+        expect_error("\"secret\";", "\"open\";", "6: network.admission: unknown value \"open\"");
+        /* out of range */
+        expect_error("threads = 2;", "threads = 300;", "2: threads: must be an integer in [0, 256], got 300");
+        expect_error("max_frame = 65536;", "max_frame = 1024;",
+                     "10: network.max_frame: must be an integer in [4096, 67108864], got 1024");
+        expect_error("\"auto\";", "2147483647;", "9: network.zerocopy_threshold: must be an integer in [0, 1073741824]");
+        /* host:port */
+        expect_error("\"127.0.0.1:7000\"", "\"127.0.0.1\"", "4: network.listen: must be \"host:port\"");
+        expect_error("\"127.0.0.1:7000\"", "\"127.0.0.1:0\"", "4: network.listen: port must be in [1, 65535]");
+        expect_error("\"127.0.0.1:7000\"", "\"127.0.0.1:70000\"", "4: network.listen: port must be in [1, 65535]");
+        expect_error("\"[::1]:7002\"", "\"::1:7002\"", "5: network.peers.[1]: IPv6 addresses go in brackets");
+        expect_error("\"[::1]:7002\"", "\"[::g]:7002\"", "5: network.peers.[1]: not an IPv6 address");
+        expect_error("\"localhost:7003\"", "\"local host:7003\"", "5: network.peers.[2]: not a host name");
+        /* admission */
+        expect_error("  secret_file = \"@SECRET@\";\n", "", "3: network.secret_file: missing (required with admission = \"secret\")");
+        expect_error("\"secret\";", "\"allowlist\"; allowed_peers = [ \"" K1 "\" ];",
+                     "7: network.secret_file: only used with admission = \"secret\" or \"both\"");
+        expect_error("  secret_file = \"@SECRET@\";\n", "  allowed_peers = [ \"" K1 "\", \"abc\" ];\n",
+                     "7: network.allowed_peers: only used with admission");
+        expect_error("admission = \"secret\";\n  secret_file = \"@SECRET@\";",
+                     "admission = \"allowlist\";\n  allowed_peers = [ \"" K1 "\", \"" K1 "zz\" ];",
+                     "7: network.allowed_peers.[1]: must be an Ed25519 public key in 64 hex digits");
+        expect_error("admission = \"secret\";\n  secret_file = \"@SECRET@\";", "admission = \"allowlist\";",
+                     "3: network.allowed_peers: missing (required with admission = \"allowlist\")");
+        expect_error("\"secret\";", "\"both\"; allowed_peers = [];", "6: network.allowed_peers: empty");
+        expect_error("\"@SECRET@\"", "\"secret\"", "7: network.secret_file: must be an absolute path");
+        expect_error("\"@SECRET@\"", "\"/nonexistent/secret\"",
+                     "7: network.secret_file: /nonexistent/secret: cannot open: No such file or directory");
+}
