@@ -10,8 +10,10 @@
 #include <sysexits.h>
 #include <unistd.h>
 
+#include "service/config.h"
 #include "service/job.h"
 #include "service/local-run.h"
+#include "service/node.h"
 #include "util/log.h"
 
 static volatile sig_atomic_t stop_requested;
@@ -20,13 +22,19 @@ static void on_stop_signal(int sig) {
         stop_requested = sig;
 }
 
+static void poll_node(void *userdata) {
+        node_poll(userdata, 0);
+}
+
 static void help(void) {
         printf("Usage: ravnestd [OPTIONS]\n"
                "\n"
                "Train a neural network with the compute this machine donates.\n"
                "\n"
-               "  -j, --job=FILE        job to train (default %s/fashion-mnist-mlp.job)\n"
-               "  -t, --threads=N       BLAS threads (default: online CPUs)\n"
+               "  -c, --config=FILE     configuration (default %s)\n"
+               "      --check-config    check the configuration and the job, then exit\n"
+               "  -j, --job=FILE        job to train (default: the configuration's job)\n"
+               "  -t, --threads=N       compute threads (default: the configuration's, else online CPUs)\n"
                "  -e, --epochs=N        override the job's number of epochs\n"
                "  -d, --data-dir=DIR    override the job's dataset directory\n"
                "      --check-job       check the job file, print it and exit\n"
@@ -34,12 +42,14 @@ static void help(void) {
                "  -v, --verbose         log debug messages\n"
                "  -h, --help            show this help\n"
                "      --version         show the version\n",
-               JOBS_DIR);
+               CONFIG_PATH);
 }
 
 int main(int argc, char *argv[]) {
-        enum { ARG_VERSION = 0x100, ARG_CHECK_JOB, ARG_PROGRESS };
+        enum { ARG_VERSION = 0x100, ARG_CHECK_JOB, ARG_CHECK_CONFIG, ARG_PROGRESS };
         static const struct option options[] = {
+                { "config", required_argument, NULL, 'c' },
+                { "check-config", no_argument, NULL, ARG_CHECK_CONFIG },
                 { "job", required_argument, NULL, 'j' },
                 { "threads", required_argument, NULL, 't' },
                 { "epochs", required_argument, NULL, 'e' },
@@ -51,18 +61,25 @@ int main(int argc, char *argv[]) {
                 { "version", no_argument, NULL, ARG_VERSION },
                 {},
         };
-        const char *job_path = JOBS_DIR "/fashion-mnist-mlp.job";
+        const char *job_path = NULL, *config_path = NULL;
         LocalRunOptions o = { .progress_interval_ms = 1000 };
-        bool check_only = false;
+        bool check_only = false, check_config = false;
+        static Config config;
+        static Node node;
         Job job;
         Diag d = {};
         int c, r;
 
-        o.threads = (int)MIN(sysconf(_SC_NPROCESSORS_ONLN), 64L);
-        while ((c = getopt_long(argc, argv, "j:t:e:d:vh", options, NULL)) >= 0) {
+        while ((c = getopt_long(argc, argv, "c:j:t:e:d:vh", options, NULL)) >= 0) {
                 char *end;
                 long v;
                 switch (c) {
+                case 'c':
+                        config_path = optarg;
+                        break;
+                case ARG_CHECK_CONFIG:
+                        check_config = true;
+                        break;
                 case 'j':
                         job_path = optarg;
                         break;
@@ -107,10 +124,31 @@ int main(int argc, char *argv[]) {
                 return EX_USAGE;
         }
 
+        /* The default configuration file may be absent: defaults then. A
+         * file named on the command line must exist. */
+        r = config_load(config_path ?: CONFIG_PATH, &config, &d);
+        if (r == -ENOENT && !config_path) {
+                config_defaults(&config);
+                r = 0;
+        }
+        if (r < 0) {
+                log_error_errno(r, "Invalid configuration: %s", d.text);
+                return EX_CONFIG;
+        }
+        if (!job_path)
+                job_path = config.job;
+        if (o.threads == 0)
+                o.threads = config.threads ? (int)config.threads : (int)MIN(sysconf(_SC_NPROCESSORS_ONLN), 256L);
+
         r = job_load(job_path, &job, &d);
         if (r < 0) {
                 log_error_errno(r, "Invalid job: %s", d.text);
                 return EX_CONFIG;
+        }
+        if (check_config) {
+                printf("configuration OK (%s), job \"%s\" OK (%s)\n", config.path[0] ? config.path : "defaults",
+                       job.name, job_path);
+                return 0;
         }
         if (check_only) {
                 printf("%s: job \"%s\" OK: %d layers, %zu parameters\n", job_path, job.name,
@@ -123,7 +161,22 @@ int main(int argc, char *argv[]) {
         sigaction(SIGINT, &sa, NULL);
         sigaction(SIGTERM, &sa, NULL);
 
+        r = node_start(&node, &config);
+        if (r < 0)
+                return EXIT_FAILURE;
+        o.poll = poll_node;
+        o.poll_userdata = &node;
+
         r = local_run(&job, &o, &stop_requested, NULL);
+        /* With a network, the node stays and serves its peers. */
+        if (r >= 0 && node.active) {
+                log_info("Training done; serving peers until stopped");
+                while (!stop_requested)
+                        node_poll(&node, 200);
+                r = -ECANCELED;
+        }
+        node_stop(&node);
+        config_free(&config);
         if (r == -ECANCELED) {
                 log_notice("Received %s, stopped cleanly", strsignal(stop_requested));
                 return 0;

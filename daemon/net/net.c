@@ -334,6 +334,15 @@ int net_send_control(Net *n, uint32_t peer, uint8_t type, const void *payload, s
         return 0;
 }
 
+int net_broadcast_control(Net *n, uint8_t type, const void *payload, size_t len) {
+        int sent = 0;
+        for (unsigned i = 0; i < n->cfg.max_links; i++)
+                if (n->links[i] && n->links[i]->state == LINK_OPEN &&
+                    net_send_control(n, n->links[i]->id, type, payload, len) == 0)
+                        sent++;
+        return sent;
+}
+
 void net_tensor_release(Net *n, NetTensor *t) {
         if (!t)
                 return;

@@ -115,6 +115,8 @@ int net_send_tensor(Net *n, uint32_t peer, uint32_t stream, const TensorDesc *de
                     uint64_t cookie);
 /* A PLAN, CONTROL, HEARTBEAT or BYE frame (copied). */
 int net_send_control(Net *n, uint32_t peer, uint8_t type, const void *payload, size_t len);
+/* The same frame to every open link; returns how many took it. */
+int net_broadcast_control(Net *n, uint8_t type, const void *payload, size_t len);
 void net_tensor_release(Net *n, NetTensor *t);
 int net_close_peer(Net *n, uint32_t peer);
 

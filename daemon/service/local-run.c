@@ -8,6 +8,7 @@
 #include "util/time-util.h"
 
 typedef struct Progress {
+        const LocalRunOptions *o;
         unsigned interval_ms;
         uint64_t last_ns;
         uint64_t start_ns;
@@ -25,6 +26,8 @@ static int on_progress(const TrainProgress *p, void *userdata) {
         Progress *pr = userdata;
         uint64_t now = now_ns();
 
+        if (pr->o->poll)
+                pr->o->poll(pr->o->poll_userdata);
         if (p->epoch_done) {
                 log_info("epoch %d/%d done: train loss %.4f, train acc %.2f%%, %.0f samples/s, "
                          "test acc %.2f%%, test loss %.4f (%.1fs)",
@@ -84,7 +87,7 @@ int local_run(const Job *job, const LocalRunOptions *o, const volatile sig_atomi
                  (double)job->optim.lr, spec.batch_size, spec.epochs, train->n, test->n,
                  ops_blas_get_threads());
 
-        Progress pr = { .interval_ms = o->progress_interval_ms, .start_ns = now_ns() };
+        Progress pr = { .o = o, .interval_ms = o->progress_interval_ms, .start_ns = now_ns() };
         pr.last_ns = pr.start_ns;
         r = trainer_run(t, on_progress, &pr, stop);
         if (r == -ECANCELED)

@@ -15,6 +15,8 @@ typedef struct LocalRunOptions {
         int epochs;               /* > 0 overrides the job */
         unsigned progress_interval_ms;
         const char *data_dir;     /* overrides the job's dataset path */
+        void (*poll)(void *userdata); /* called between steps (the network, say) */
+        void *poll_userdata;
 } LocalRunOptions;
 
 typedef struct LocalRunResult {

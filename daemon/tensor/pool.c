@@ -9,7 +9,7 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
-#define POOL_MAX_THREADS 64
+#define POOL_MAX_THREADS 256
 #define POOL_SPIN 20000
 
 typedef struct Worker {

@@ -1,6 +1,10 @@
 /* ravnestd as a real process: job checks, clean stop on SIGTERM and SIGINT,
  * clear errors for a broken dataset. */
 #include <criterion/criterion.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <zlib.h>
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
@@ -131,4 +135,118 @@ Test(daemon, broken_dataset_is_a_clear_error) {
         char want[192];
         snprintf(want, sizeof want, "%s: bad magic", path);
         cr_assert(strstr(p.out, want), "%s", p.out);
+}
+
+/* ---- the network: peers join, strangers are refused ---------------------- */
+
+static void write_text(const char *path, const char *text, mode_t mode) {
+        FILE *f = fopen(path, "w");
+        cr_assert_not_null(f, "%s", path);
+        fputs(text, f);
+        fclose(f);
+        chmod(path, mode);
+}
+
+/* A tiny Fashion-MNIST lookalike: 32 images, so training is instant. */
+static void write_tiny_dataset(const char *dir) {
+        static const char *splits[] = { "train", "t10k" };
+        for (int s = 0; s < 2; s++) {
+                char path[256];
+                uint8_t img[16 + 32 * 784], lab[8 + 32];
+                uint8_t ih[16] = { 0, 0, 8, 3, 0, 0, 0, 32, 0, 0, 0, 28, 0, 0, 0, 28 }, lh[8] = { 0, 0, 8, 1, 0, 0, 0, 32 };
+                memcpy(img, ih, 16);
+                memcpy(lab, lh, 8);
+                for (int i = 0; i < 32 * 784; i++)
+                        img[16 + i] = (uint8_t)(i * 7);
+                for (int i = 0; i < 32; i++)
+                        lab[8 + i] = (uint8_t)(i % 10);
+                snprintf(path, sizeof path, "%s/%s-images-idx3-ubyte.gz", dir, splits[s]);
+                gzFile f = gzopen(path, "wb");
+                gzwrite(f, img, sizeof img);
+                gzclose(f);
+                snprintf(path, sizeof path, "%s/%s-labels-idx1-ubyte.gz", dir, splits[s]);
+                f = gzopen(path, "wb");
+                gzwrite(f, lab, sizeof lab);
+                gzclose(f);
+        }
+}
+
+static uint16_t free_port(void) {
+        int fd = socket(AF_INET, SOCK_STREAM, 0);
+        struct sockaddr_in sa = { .sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
+        socklen_t len = sizeof sa;
+        cr_assert_eq(bind(fd, (struct sockaddr *)&sa, sizeof sa), 0);
+        getsockname(fd, (struct sockaddr *)&sa, &len);
+        close(fd);
+        return ntohs(sa.sin_port);
+}
+
+static void node_config(const char *dir, const char *name, const char *secret_file, uint16_t listen, uint16_t peer,
+                        char *ret_path) {
+        char text[1024], state[256];
+        snprintf(state, sizeof state, "%s/state-%s", dir, name);
+        snprintf(ret_path, 256, "%s/%s.conf", dir, name);
+        int k = snprintf(text, sizeof text, "state_directory = \"%s\";\nnetwork = {\n  secret_file = \"%s\";\n", state,
+                         secret_file);
+        if (listen)
+                k += snprintf(text + k, sizeof text - (size_t)k, "  listen = \"127.0.0.1:%u\";\n", listen);
+        if (peer)
+                k += snprintf(text + k, sizeof text - (size_t)k, "  peers = [ \"127.0.0.1:%u\" ];\n", peer);
+        snprintf(text + k, sizeof text - (size_t)k, "};\n");
+        write_text(ret_path, text, 0644);
+}
+
+static void start_node(Proc *p, const char *conf, const char *data) {
+        proc_start(p, (char *[]){ RAVNESTD, "--config", (char *)conf, "--job", SOURCE_ROOT "/config/jobs/fashion-mnist-mlp.job",
+                                  "--data-dir", (char *)data, "--progress", "0", NULL });
+}
+
+Test(daemon, peers_join_and_strangers_are_refused, .timeout = 120) {
+        char dir[] = "/tmp/ravnest-test-net-XXXXXX", secret[256], other[256], ca[256], cb[256], cc[256];
+        cr_assert_not_null(mkdtemp(dir));
+        write_tiny_dataset(dir);
+        snprintf(secret, sizeof secret, "%s/secret", dir);
+        snprintf(other, sizeof other, "%s/other-secret", dir);
+        write_text(secret, "00112233445566778899aabbccddeeff00112233445566778899aabbccddeeff\n", 0600);
+        write_text(other, "ffeeddccbbaa99887766554433221100ffeeddccbbaa99887766554433221100\n", 0600);
+        uint16_t port = free_port();
+        node_config(dir, "a", secret, port, 0, ca);
+        node_config(dir, "b", secret, 0, port, cb);
+        node_config(dir, "c", other, 0, port, cc);
+
+        Proc a, b, c;
+        start_node(&a, ca, dir);
+        cr_assert(proc_wait_for(&a, "serving peers", 30000), "%s", a.out);
+        cr_assert(strstr(a.out, "Created identity"), "%s", a.out);
+        char idpath[300];
+        snprintf(idpath, sizeof idpath, "%s/state-a/identity", dir);
+        struct stat st;
+        cr_assert_eq(stat(idpath, &st), 0);
+        cr_assert_eq(st.st_mode & 0777, 0600, "identity mode %o", st.st_mode & 0777);
+
+        start_node(&b, cb, dir);
+        cr_assert(proc_wait_for(&b, "joined", 30000), "b: %s", b.out);
+        cr_assert(proc_wait_for(&a, "joined", 10000), "a: %s", a.out);
+
+        /* A stranger with another network secret: it finds that the
+         * listener's proof does not match its secret and drops the link; the
+         * listener sees the handshake end. */
+        start_node(&c, cc, dir);
+        cr_assert(proc_wait_for(&c, "not admitted", 30000), "c: %s", c.out);
+        cr_assert(strstr(c.out, "<4>Dropped link"), "c: %s", c.out);
+        cr_assert(proc_wait_for(&a, "closed during the handshake", 10000), "a: %s", a.out);
+        /* The good link is untouched. */
+        cr_assert(!strstr(b.out, "left"), "b: %s", b.out);
+
+        /* Everyone still runs; stop them. */
+        kill(c.pid, SIGTERM);
+        proc_exit(&c);
+        kill(b.pid, SIGTERM);
+        cr_assert_eq(proc_exit(&b), 0, "%s", b.out);
+        cr_assert(proc_wait_for(&a, "left", 10000), "a: %s", a.out);
+        kill(a.pid, SIGTERM);
+        cr_assert_eq(proc_exit(&a), 0, "%s", a.out);
+        char cmd[300];
+        snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+        cr_assert_eq(system(cmd), 0);
 }

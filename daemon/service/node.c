@@ -1,0 +1,143 @@
+/* service/node.c */
+#include "node.h"
+
+#include <stdio.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "util/log.h"
+#include "util/time-util.h"
+
+bool node_configured(const Config *c) {
+        return c->listen.port != 0 || c->n_peers > 0;
+}
+
+static const char *reason_text(int reason) {
+        switch (reason) {
+        case 0: return "said goodbye";
+        case -EACCES: return "not admitted (unknown identity or wrong network secret)";
+        case -EOPNOTSUPP: return "no cipher in common";
+        case -EBADMSG: return "sent a malformed, forged, replayed or reordered frame";
+        case -EPROTO: return "broke the handshake";
+        case -EMSGSIZE: return "sent a frame or tensor over the size limits";
+        case -ETIMEDOUT: return "timed out";
+        case -ECONNRESET: return "closed the connection";
+        default: return NULL;
+        }
+}
+
+static void on_connected(void *userdata, uint32_t peer, const uint8_t id[IDENTITY_PK_SIZE]) {
+        Node *node = userdata;
+        char hex[IDENTITY_HEX_SIZE];
+        int c = net_peer_cipher(node->net, peer);
+        identity_to_hex(id, hex);
+        log_info("Peer %s joined (link %u, %s)", hex, peer, c >= 0 ? cipher_to_string((Cipher)c) : "?");
+}
+
+static void on_closed(void *userdata, uint32_t peer, int reason, const uint8_t id[IDENTITY_PK_SIZE]) {
+        static const uint8_t zero[IDENTITY_PK_SIZE];
+        char hex[IDENTITY_HEX_SIZE];
+        const char *why = reason_text(reason);
+        bool known = memcmp(id, zero, sizeof zero) != 0;
+
+        if (known)
+                identity_to_hex(id, hex);
+        else
+                snprintf(hex, sizeof hex, "(before the handshake)");
+        if (!known && (reason == 0 || reason == -ECONNRESET))
+                /* The initiator checks the responder first: a link that ends
+                 * here usually means the other side refused this node. */
+                log_warning("Link %u closed during the handshake: the peer did not admit this node "
+                            "(different network secret, or not on its allowlist) or gave up", peer);
+        else if (reason == 0 || reason == -ECONNRESET)
+                log_info("Peer %s left (link %u): %s", hex, peer, why);
+        else if (why)
+                log_warning("Dropped link %u from peer %s: %s", peer, hex, why);
+        else
+                log_warning_errno(reason, "Dropped link %u from peer %s: %m", peer, hex);
+}
+
+static void on_tensor(void *userdata, NetTensor *t) {
+        Node *node = userdata;
+        /* Nothing consumes tensors yet: the pipeline will. */
+        log_debug("Tensor of %llu bytes from link %u, stream %u", (unsigned long long)t->desc.bytes, t->peer,
+                  t->stream);
+        net_tensor_release(node->net, t);
+}
+
+int node_start(Node *node, const Config *c) {
+        char path[PATH_MAX + 16], hex[IDENTITY_HEX_SIZE];
+        NetConfig nc;
+        bool created;
+        Diag d = {};
+        int r;
+
+        memset(node, 0, sizeof *node);
+        if (!node_configured(c))
+                return 0;
+
+        if (mkdir(c->state_directory, 0700) < 0 && errno != EEXIST)
+                return log_error_errno(-errno, "Failed to create %s: %m", c->state_directory);
+        snprintf(path, sizeof path, "%s/identity", c->state_directory);
+        r = identity_load_or_create(path, &node->identity, &created, &d);
+        if (r < 0)
+                return log_error_errno(r, "Failed to load the identity: %s", d.text);
+        identity_to_hex(node->identity.pk, hex);
+        log_info("%s identity %s (%s)", created ? "Created" : "Loaded", hex, path);
+
+        r = config_net(c, &node->identity, &nc, &d);
+        if (r < 0)
+                return log_error_errno(r, "Invalid network configuration: %s", d.text);
+        NetCallbacks cb = { .connected = on_connected, .closed = on_closed, .tensor = on_tensor };
+        r = net_new(&nc, &cb, node, &node->net);
+        if (r < 0)
+                return log_error_errno(r, "Failed to start the transport: %m");
+
+        NetStats st;
+        net_get_stats(node->net, &st);
+        if (st.fallback)
+                log_warning_errno(st.fallback_error,
+                                  "io_uring is not available (%m): using the epoll backend. Containers: see "
+                                  "containers/ for a seccomp profile that allows io_uring.");
+        log_info("Transport: %s backend, admission by %s%s", net_backend_name(node->net),
+                 c->admission == CONFIG_ADMISSION_SECRET ? "network secret" :
+                 c->admission == CONFIG_ADMISSION_ALLOWLIST ? "allowlist" : "network secret and allowlist",
+                 nc.plaintext ? ", plaintext allowed on loopback (benchmarks only)" : "");
+
+        if (c->listen.port) {
+                uint16_t port;
+                r = net_listen(node->net, c->listen.host, c->listen.port, &port);
+                if (r < 0)
+                        return log_error_errno(r, "Failed to listen on %s:%u: %m", c->listen.host, c->listen.port);
+                log_info("Listening on %s:%u", c->listen.host, port);
+        }
+        for (size_t i = 0; i < c->n_peers; i++) {
+                uint32_t peer;
+                r = net_connect(node->net, c->peers[i].host, c->peers[i].port, &peer);
+                if (r < 0)
+                        log_warning_errno(r, "Failed to connect to %s:%u: %m", c->peers[i].host, c->peers[i].port);
+        }
+        node->idle_timeout_ms = nc.idle_timeout_ms;
+        node->last_heartbeat_ns = now_ns();
+        node->active = true;
+        return 0;
+}
+
+void node_poll(Node *node, int timeout_ms) {
+        if (!node->active)
+                return;
+        net_run(node->net, timeout_ms);
+        uint64_t every = (uint64_t)node->idle_timeout_ms * 1000000ULL / 3;
+        if (every && now_ns() - node->last_heartbeat_ns > every) {
+                node->last_heartbeat_ns = now_ns();
+                net_broadcast_control(node->net, FRAME_HEARTBEAT, NULL, 0);
+        }
+}
+
+void node_stop(Node *node) {
+        if (!node->active)
+                return;
+        node->net = net_free(node->net);
+        identity_clear(&node->identity);
+        node->active = false;
+}

@@ -1,0 +1,34 @@
+/* service/node.h — this node on the network: its identity, its listener
+ * and its links, with every event an operator cares about logged once
+ * (peer joined or left, authentication failures, dropped links).
+ *
+ * Until the pipeline lands, links carry heartbeats only; the training loop
+ * polls the node between steps so the links stay served.
+ *
+ *     Node node;
+ *     r = node_start(&node, &config);     // no-op (0) when no network is configured
+ *     node_poll(&node, 0);                // between training steps
+ *     node_stop(&node);
+ */
+#pragma once
+
+#include "config.h"
+#include "net/net.h"
+
+typedef struct Node {
+        Net *net;
+        Identity identity;
+        uint64_t last_heartbeat_ns;
+        unsigned idle_timeout_ms;
+        bool active;
+} Node;
+
+/* Whether the configuration asks for a network at all. */
+bool node_configured(const Config *c);
+/* Load or create the identity, start the transport, listen, connect to the
+ * configured peers. Logs; returns -errno on failure. */
+int node_start(Node *node, const Config *c);
+/* Serve the links for up to timeout_ms; heartbeats every third of the idle
+ * timeout. */
+void node_poll(Node *node, int timeout_ms);
+void node_stop(Node *node);
