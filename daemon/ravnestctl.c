@@ -8,7 +8,9 @@
 #include <string.h>
 #include <sysexits.h>
 
+#include "net/identity.h"
 #include "nn/stage.h"
+#include "service/config.h"
 #include "service/job.h"
 
 static int describe_job(const char *path) {
@@ -53,11 +55,48 @@ static int describe_job(const char *path) {
         return 0;
 }
 
+/* The node's public key, for other nodes' allowlists (created if absent,
+ * as ravnestd would on its first start). */
+static int show_identity(const char *state_dir) {
+        char path[PATH_MAX + 16], hex[IDENTITY_HEX_SIZE];
+        Identity id;
+        bool created;
+        Diag d = {};
+        Config c;
+
+        if (!state_dir) {
+                int r = config_load(CONFIG_PATH, &c, &d);
+                if (r == -ENOENT)
+                        config_defaults(&c);
+                else if (r < 0) {
+                        fprintf(stderr, "%s\n", d.text);
+                        return EX_CONFIG;
+                }
+                snprintf(path, sizeof path, "%s/identity", c.state_directory);
+                config_free(&c);
+        } else
+                snprintf(path, sizeof path, "%s/identity", state_dir);
+
+        if (identity_load_or_create(path, &id, &created, &d) < 0) {
+                fprintf(stderr, "%s\n", d.text);
+                return 1;
+        }
+        identity_to_hex(id.pk, hex);
+        identity_clear(&id);
+        printf("%s\n", hex);
+        if (created)
+                fprintf(stderr, "created %s\n", path);
+        return 0;
+}
+
 static void help(void) {
         printf("Usage: ravnestctl COMMAND [ARGS]\n"
                "\n"
                "Commands:\n"
                "  job FILE     describe a job: layers, shapes, parameters, memory\n"
+               "  identity [STATE_DIR]\n"
+               "               print this node's public key (for other nodes' allowed_peers),\n"
+               "               creating the key pair if there is none yet\n"
                "  version      show the version\n"
                "  help         show this help\n");
 }
@@ -78,6 +117,13 @@ int main(int argc, char *argv[]) {
                         return EX_USAGE;
                 }
                 return describe_job(argv[2]);
+        }
+        if (strcmp(argv[1], "identity") == 0) {
+                if (argc > 3) {
+                        fprintf(stderr, "Usage: ravnestctl identity [STATE_DIR]\n");
+                        return EX_USAGE;
+                }
+                return show_identity(argc == 3 ? argv[2] : NULL);
         }
         fprintf(stderr, "Unknown command \"%s\"; see ravnestctl help\n", argv[1]);
         return EX_USAGE;

@@ -148,10 +148,6 @@ static int ep_wait(Net *n, int timeout_ms) {
                 else
                         update_events(n, l);
         }
-        /* Links closed from outside an event (timers, the application). */
-        for (unsigned s = 0; s < n->cfg.max_links; s++)
-                if (n->links[s] && n->links[s]->state == LINK_CLOSING)
-                        net_link_released(n->links[s]);
         return k;
 }
 

@@ -244,13 +244,6 @@ static int ur_wait(Net *n, int timeout_ms) {
                         break;
                 io_uring_submit(&u->ring);
         }
-        /* Links closed from outside a completion (timers, the application)
-         * with nothing in flight. */
-        for (unsigned s = 0; s < n->cfg.max_links; s++) {
-                Link *l = n->links[s];
-                if (l && l->state == LINK_CLOSING && l->inflight == 0)
-                        net_link_released(l);
-        }
         io_uring_submit(&u->ring);
         return (int)count;
 }

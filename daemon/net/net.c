@@ -424,6 +424,13 @@ static void check_timers(Net *n) {
 int net_run(Net *n, int timeout_ms) {
         int r = n->backend->wait(n, timeout_ms);
         check_timers(n);
+        /* Links closed outside the backend's handlers (timers, the
+         * application) go once nothing of theirs is in flight. */
+        for (unsigned i = 0; i < n->cfg.max_links; i++) {
+                Link *l = n->links[i];
+                if (l && l->state == LINK_CLOSING && l->inflight == 0)
+                        net_link_released(l);
+        }
         return r;
 }
 

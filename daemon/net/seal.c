@@ -45,10 +45,16 @@ static void make_nonce(uint8_t n[12], uint64_t seq) {
         put_le64(n + 4, seq);
 }
 
+/* libsodium declares its buffers non-null even when empty. */
+static uint8_t empty_payload[1];
+
 void seal_frame_to(Seal *s, FrameHeader *h, uint8_t hdr[FRAME_HEADER_SIZE], uint8_t *dst,
                    const uint8_t *src, size_t len, uint8_t tag[FRAME_TAG_SIZE]) {
         uint8_t nonce[12];
         unsigned long long maclen;
+
+        if (len == 0)
+                dst = (uint8_t *)(src = empty_payload);
 
         h->seq = s->tx_seq++;
         h->length = (uint32_t)len;
@@ -82,6 +88,8 @@ int seal_open(Seal *s, const uint8_t hdr[FRAME_HEADER_SIZE], const FrameHeader *
 
         if (seal_check_seq(s, h) < 0 || h->length != len)
                 return -EBADMSG;
+        if (len == 0)
+                payload = empty_payload;
         make_nonce(nonce, h->seq);
         switch (s->cipher) {
         case CIPHER_AES256GCM:

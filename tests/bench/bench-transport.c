@@ -16,6 +16,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -84,6 +85,20 @@ static void rx_closed(void *ud, uint32_t peer, int reason, const uint8_t id[32])
         ((Rx *)ud)->done = 2;
 }
 
+/* In a forked child: a listening receiver whose port goes to fd. */
+static void child_listen(const Mode *m, Rx *r, const NetCallbacks *cb, int fd) {
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        Identity id;
+        identity_generate(&id);
+        NetConfig c;
+        config_for(&c, &id, m);
+        uint16_t port = 0;
+        if (net_new(&c, cb, r, &r->n) < 0 || net_listen(r->n, "127.0.0.1", 0, &port) < 0)
+                _exit(2);
+        if (write(fd, &port, sizeof port) != sizeof port)
+                _exit(3);
+}
+
 static pid_t receiver_start(const Mode *m, uint64_t want, uint16_t *ret_port) {
         int fds[2];
         if (pipe(fds) < 0)
@@ -91,18 +106,9 @@ static pid_t receiver_start(const Mode *m, uint64_t want, uint16_t *ret_port) {
         pid_t pid = fork();
         if (pid == 0) {
                 close(fds[0]);
-                Identity id;
-                identity_generate(&id);
-                NetConfig c;
-                config_for(&c, &id, m);
                 static Rx r;
                 r.want = want;
-                NetCallbacks cb = { .tensor = rx_tensor, .closed = rx_closed };
-                uint16_t port = 0;
-                if (net_new(&c, &cb, &r, &r.n) < 0 || net_listen(r.n, "127.0.0.1", 0, &port) < 0)
-                        _exit(2);
-                if (write(fds[1], &port, sizeof port) != sizeof port)
-                        _exit(3);
+                child_listen(m, &r, &(NetCallbacks){ .tensor = rx_tensor, .closed = rx_closed }, fds[1]);
                 for (int i = 0; i < 100000 && r.done != 2; i++)
                         net_run(r.n, 10);
                 net_free(r.n);
@@ -148,11 +154,8 @@ static double measure(const Mode *m, size_t frame, uint64_t total, const uint8_t
         if (net_new(&c, &cb, &t, &t.n) < 0 || net_connect(t.n, "127.0.0.1", port, &t.peer) < 0)
                 goto out;
         *ret_backend = net_backend_name(t.n);
-        if (getenv("BENCH_TRACE")) fprintf(stderr, "connecting %s\n", m->name);
         for (int i = 0; i < 1000 && !t.connected && !t.closed; i++)
                 net_run(t.n, 5);
-        if (getenv("BENCH_TRACE"))
-                fprintf(stderr, "connected %d closed %d cipher %d\n", t.connected, t.closed, net_peer_cipher(t.n, t.peer));
         if (!t.connected || net_peer_cipher(t.n, t.peer) != (int)m->cipher)
                 goto out;
 
@@ -166,14 +169,6 @@ static double measure(const Mode *m, size_t frame, uint64_t total, const uint8_t
                        net_send_tensor(t.n, t.peer, 1, &d, data, sent) == 0)
                         sent++;
                 net_run(t.n, sent < count ? 0 : 10);
-                if (getenv("BENCH_TRACE") && now_s() - t0 > 2) {
-                        NetStats st;
-                        net_get_stats(t.n, &st);
-                        fprintf(stderr, "stalled: sent %llu of %llu, queued %lld, bytes out %llu, frames out %llu\n",
-                                (unsigned long long)sent, (unsigned long long)count, (long long)net_queued(t.n, t.peer),
-                                (unsigned long long)st.bytes_sent, (unsigned long long)st.frames_sent);
-                        break;
-                }
         }
         if (t.done)
                 rate = (double)(count * frame) / (now_s() - t0);
@@ -233,18 +228,9 @@ static void memory_figure(void) {
                  * send queue with 16 MiB tensors (one shared buffer) while
                  * the peers send it 1 MiB tensors. */
                 close(fds[0]);
-                Identity id;
-                identity_generate(&id);
-                NetConfig c;
-                config_for(&c, &id, m);
                 static Rx r;
                 r.want = UINT64_MAX;
-                NetCallbacks cb = { .tensor = rx_tensor };
-                uint16_t port = 0;
-                if (net_new(&c, &cb, &r, &r.n) < 0 || net_listen(r.n, "127.0.0.1", 0, &port) < 0)
-                        _exit(2);
-                if (write(fds[1], &port, sizeof port) != sizeof port)
-                        _exit(3);
+                child_listen(m, &r, &(NetCallbacks){ .tensor = rx_tensor }, fds[1]);
                 uint8_t *big = calloc(1, 16u << 20);
                 TensorDesc d;
                 tensor_desc_init(&d, DTYPE_U8, 1, (uint32_t[]){ 16u << 20 });
@@ -337,11 +323,9 @@ int main(int argc, char *argv[]) {
                 for (size_t f = 0; f < 2; f++)
                         for (size_t m = 0; m < N_MODES; m++) {
                                 rate[f][m][run] = measure(&modes[m], frames[f], total, data, &backend[m]);
-                                if (getenv("BENCH_TRACE"))
-                                        fprintf(stderr, "%s, %zu MiB frames: %.2f GB/s\n", modes[m].name,
+                                fprintf(stderr, "%s, %zu MiB frames: %.2f GB/s\n", modes[m].name,
                                                 frames[f] >> 20, rate[f][m][run] / 1e9);
                         }
-                fprintf(stderr, "run %d/%d done\n", run + 1, runs);
         }
 
         double ipm = use_iperf ? median(ip, runs) : -1;

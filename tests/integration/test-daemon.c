@@ -1,6 +1,12 @@
 /* ravnestd as a real process: job checks, clean stop on SIGTERM and SIGINT,
  * clear errors for a broken dataset. */
 #include <criterion/criterion.h>
+#include <linux/filter.h>
+#include <linux/seccomp.h>
+#include <errno.h>
+#include <stddef.h>
+#include <sys/prctl.h>
+#include <sys/syscall.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -22,6 +28,22 @@ typedef struct Proc {
         size_t len;
 } Proc;
 
+/* In the child before exec: make io_uring_setup fail with ENOSYS, as the
+ * default seccomp profiles of Docker and podman do. */
+static bool block_io_uring;
+
+static void seccomp_block_io_uring(void) {
+        struct sock_filter f[] = {
+                BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, nr)),
+                BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, SYS_io_uring_setup, 0, 1),
+                BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | (ENOSYS & SECCOMP_RET_DATA)),
+                BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
+        };
+        struct sock_fprog prog = { .len = sizeof f / sizeof f[0], .filter = f };
+        if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) < 0 || prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &prog) < 0)
+                _exit(126);
+}
+
 static void proc_start(Proc *p, char *const argv[]) {
         int fds[2];
         cr_assert_eq(pipe(fds), 0);
@@ -34,6 +56,9 @@ static void proc_start(Proc *p, char *const argv[]) {
                 dup2(fds[1], STDOUT_FILENO);
                 close(fds[0]);
                 close(fds[1]);
+                prctl(PR_SET_PDEATHSIG, SIGKILL);
+                if (block_io_uring)
+                        seccomp_block_io_uring();
                 execv(argv[0], argv);
                 _exit(127);
         }
@@ -244,6 +269,39 @@ Test(daemon, peers_join_and_strangers_are_refused, .timeout = 120) {
         kill(b.pid, SIGTERM);
         cr_assert_eq(proc_exit(&b), 0, "%s", b.out);
         cr_assert(proc_wait_for(&a, "left", 10000), "a: %s", a.out);
+        kill(a.pid, SIGTERM);
+        cr_assert_eq(proc_exit(&a), 0, "%s", a.out);
+        char cmd[300];
+        snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+        cr_assert_eq(system(cmd), 0);
+}
+
+Test(daemon, falls_back_to_epoll_without_io_uring, .timeout = 120) {
+        char dir[] = "/tmp/ravnest-test-epoll-XXXXXX", secret[256], ca[256], cb[256];
+        cr_assert_not_null(mkdtemp(dir));
+        write_tiny_dataset(dir);
+        snprintf(secret, sizeof secret, "%s/secret", dir);
+        write_text(secret, "00112233445566778899aabbccddeeff00112233445566778899aabbccddeeff\n", 0600);
+        uint16_t port = free_port();
+        node_config(dir, "a", secret, port, 0, ca);
+        node_config(dir, "b", secret, 0, port, cb);
+
+        Proc a, b;
+        block_io_uring = true; /* a runs as in a container with the default seccomp profile */
+        start_node(&a, ca, dir);
+        block_io_uring = false;
+        cr_assert(proc_wait_for(&a, "serving peers", 30000), "%s", a.out);
+        cr_assert(strstr(a.out, "<4>io_uring is not available"), "no warning about the fallback: %s", a.out);
+        cr_assert(strstr(a.out, "Transport: epoll backend"), "%s", a.out);
+        const char *w = strstr(a.out, "io_uring is not available");
+        cr_assert(!strstr(w + 1, "io_uring is not available"), "the warning must come once: %s", a.out);
+
+        start_node(&b, cb, dir);
+        cr_assert(proc_wait_for(&b, "joined", 30000), "b: %s", b.out);
+        cr_assert(strstr(b.out, "Transport: io_uring backend"), "b: %s", b.out);
+        cr_assert(proc_wait_for(&a, "joined", 10000), "a: %s", a.out);
+        kill(b.pid, SIGTERM);
+        cr_assert_eq(proc_exit(&b), 0, "%s", b.out);
         kill(a.pid, SIGTERM);
         cr_assert_eq(proc_exit(&a), 0, "%s", a.out);
         char cmd[300];

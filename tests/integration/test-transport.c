@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -69,6 +70,8 @@ static pid_t server_start(NetBackendKind kind, const Identity *id, const uint8_t
         pid_t pid = fork();
         cr_assert(pid >= 0);
         if (pid == 0) {
+                /* never outlive the test, whatever happens to it */
+                prctl(PR_SET_PDEATHSIG, SIGKILL);
                 close(fds[0]);
                 NetConfig c;
                 net_config_defaults(&c);
