@@ -144,13 +144,15 @@ typedef struct Side {
         size_t out_len;
 } Side;
 
+/* The responder's rule (handshake.c): plaintext when both sides offer it
+ * (both were configured for it, on loopback), else the strongest shared. */
 static Cipher best_cipher(uint32_t both) {
+        if (both & CIPHER_BIT(CIPHER_NONE))
+                return CIPHER_NONE;
         if (both & CIPHER_BIT(CIPHER_AES256GCM))
                 return CIPHER_AES256GCM;
         if (both & CIPHER_BIT(CIPHER_CHACHA20POLY1305))
                 return CIPHER_CHACHA20POLY1305;
-        if (both & CIPHER_BIT(CIPHER_NONE))
-                return CIPHER_NONE;
         return _CIPHER_MAX;
 }
 
