@@ -81,14 +81,26 @@ static void ep_close_link(Net *n, Link *l) {
 }
 
 static void accept_all(Net *n) {
+        EpollData *e = n->backend_data;
         for (;;) {
                 struct sockaddr_storage sa;
                 socklen_t len = sizeof sa;
                 int fd = accept4(n->listen_fd, (struct sockaddr *)&sa, &len, SOCK_CLOEXEC);
-                if (fd < 0)
+                if (fd < 0) {
+                        /* Out of descriptors: the listener stays readable, so
+                         * stop watching it for a while instead of spinning. */
+                        if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
+                                epoll_ctl(e->epfd, EPOLL_CTL_DEL, n->listen_fd, NULL);
+                                net_accept_pause(n);
+                        }
                         return;
+                }
                 net_accept_fd(n, fd, &sa);
         }
+}
+
+static int ep_resume_accept(Net *n) {
+        return ep_add_listener(n, n->listen_fd);
 }
 
 static void on_readable(Net *n, Link *l) {
@@ -159,5 +171,6 @@ const NetBackend net_backend_epoll = {
         .add_link = ep_add_link,
         .kick_send = ep_kick_send,
         .close_link = ep_close_link,
+        .resume_accept = ep_resume_accept,
         .wait = ep_wait,
 };

@@ -37,10 +37,31 @@ static int ur_init(Net *n) {
 
         if (!u)
                 return -ENOMEM;
-        r = io_uring_queue_init(512, &u->ring, 0);
+        /* Every link keeps a receive in flight, and a send: room for all
+         * their completions, so none is ever dropped. */
+        struct io_uring_params p = { .flags = IORING_SETUP_CQSIZE,
+                                     .cq_entries = MAX(1024u, 4 * n->cfg.max_links) };
+        r = io_uring_queue_init_params(512, &u->ring, &p);
         if (r < 0) {
                 free(u);
                 return r;
+        }
+        /* An old kernel may have io_uring without the operations used here:
+         * then this backend is not available and the caller falls back. */
+        struct io_uring_probe *probe = io_uring_get_probe_ring(&u->ring);
+        static const int needed[] = { IORING_OP_ACCEPT, IORING_OP_RECV, IORING_OP_SEND, IORING_OP_SENDMSG,
+                                      IORING_OP_READ_FIXED };
+        bool ok = probe != NULL, zc = false;
+        for (size_t i = 0; ok && i < ELEMENTSOF(needed); i++)
+                ok = io_uring_opcode_supported(probe, needed[i]);
+        if (probe) {
+                zc = io_uring_opcode_supported(probe, IORING_OP_SEND_ZC);
+                io_uring_free_probe(probe);
+        }
+        if (!ok) {
+                io_uring_queue_exit(&u->ring);
+                free(u);
+                return -EOPNOTSUPP;
         }
         if (n->pool && n->pool->size) {
                 struct iovec iov = { n->pool->base, n->pool->size };
@@ -50,7 +71,7 @@ static int ur_init(Net *n) {
         }
         /* On loopback the kernel copies zero-copy sends anyway and plain SEND
          * is faster (measured: see README), so auto means "not on loopback". */
-        u->zc_threshold = n->cfg.zc_threshold;
+        u->zc_threshold = zc ? n->cfg.zc_threshold : 0;
         n->backend_data = u;
         return 0;
 }
@@ -82,6 +103,10 @@ static int submit_accept(Net *n) {
         io_uring_prep_accept(sqe, n->listen_fd, (struct sockaddr *)&u->accept_addr, &u->accept_len, SOCK_CLOEXEC);
         io_uring_sqe_set_data64(sqe, UD(OP_ACCEPT, 0));
         return 0;
+}
+
+static int ur_resume_accept(Net *n) {
+        return submit_accept(n);
 }
 
 static int ur_add_listener(Net *n, int fd) {
@@ -122,21 +147,17 @@ static void submit_send(Net *n, Link *l) {
 
         size_t zc = u->zc_threshold == NET_ZC_AUTO ? (l->loopback ? 0 : (size_t)1 << 20) : u->zc_threshold;
         if (l->iovcnt == 1 && zc && l->iov[0].iov_len >= zc) {
+                l->tx_zc_pending++; /* until its notification */
                 io_uring_prep_send_zc(sqe, l->fd, l->iov[0].iov_base, l->iov[0].iov_len, MSG_NOSIGNAL, 0);
                 io_uring_sqe_set_data64(sqe, UD(OP_SEND_ZC, l->slot));
         } else if (l->iovcnt == 1) {
                 io_uring_prep_send(sqe, l->fd, l->iov[0].iov_base, l->iov[0].iov_len, MSG_NOSIGNAL);
                 io_uring_sqe_set_data64(sqe, UD(OP_SEND, l->slot));
         } else {
-                static __thread struct msghdr m;
-                /* the msghdr must live until the kernel has read it: one
-                 * per link would be tidier, but SENDMSG copies it at
-                 * submission, which happens before this thread builds the
-                 * next one */
-                m = (struct msghdr){ .msg_iov = l->iov, .msg_iovlen = (size_t)l->iovcnt };
-                io_uring_prep_sendmsg(sqe, l->fd, &m, MSG_NOSIGNAL);
+                /* the link's own msghdr: it lives as long as the request */
+                l->msg = (struct msghdr){ .msg_iov = l->iov, .msg_iovlen = (size_t)l->iovcnt };
+                io_uring_prep_sendmsg(sqe, l->fd, &l->msg, MSG_NOSIGNAL);
                 io_uring_sqe_set_data64(sqe, UD(OP_SEND, l->slot));
-                io_uring_submit(&u->ring);
         }
         l->tx_busy = true;
         l->inflight++;
@@ -169,7 +190,11 @@ static void handle_cqe(Net *n, struct io_uring_cqe *cqe) {
                         UringData *u = n->backend_data;
                         net_accept_fd(n, res, &u->accept_addr);
                 }
-                if (n->listen_fd >= 0)
+                /* Out of descriptors: the core pauses accepting for a while
+                 * instead of spinning on the error. */
+                if (res == -EMFILE || res == -ENFILE || res == -ENOBUFS || res == -ENOMEM)
+                        net_accept_pause(n);
+                else if (n->listen_fd >= 0)
                         submit_accept(n);
                 return;
         }
@@ -189,22 +214,22 @@ static void handle_cqe(Net *n, struct io_uring_cqe *cqe) {
                         int r = link_rx_done(l, (size_t)res);
                         if (r < 0)
                                 net_link_close(l, r);
-                        else if (l->state != LINK_CLOSING)
-                                submit_recv(n, l);
+                        else if (l->state != LINK_CLOSING && submit_recv(n, l) < 0)
+                                net_link_close(l, -EBUSY);
                 }
                 break;
         case OP_SEND:
         case OP_SEND_ZC:
                 if (op == OP_SEND_ZC && (cqe->flags & IORING_CQE_F_NOTIF)) {
-                        /* the kernel no longer needs the frame's buffer */
-                        l->tx_zc_wait = false;
+                        /* the kernel no longer needs that send's buffer */
+                        l->tx_zc_pending--;
                         l->inflight--;
                         break;
                 }
+                if (op == OP_SEND_ZC && !(cqe->flags & IORING_CQE_F_MORE))
+                        l->tx_zc_pending--; /* no notification follows */
                 if (!(op == OP_SEND_ZC && (cqe->flags & IORING_CQE_F_MORE)))
                         l->inflight--;
-                else
-                        l->tx_zc_wait = true; /* a notification follows */
                 l->tx_busy = false;
                 if (l->state == LINK_CLOSING)
                         break;
@@ -256,5 +281,6 @@ const NetBackend net_backend_uring = {
         .add_link = ur_add_link,
         .kick_send = ur_kick_send,
         .close_link = ur_close_link,
+        .resume_accept = ur_resume_accept,
         .wait = ur_wait,
 };

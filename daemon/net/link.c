@@ -47,6 +47,7 @@ static void rx_tensor_drop(Link *l) {
         Net *n = l->net;
         if (!l->rx_active)
                 return;
+        n->rx_bytes -= l->rx.desc.bytes;
         if (bufpool_owns(n->pool, l->rx.data))
                 bufpool_free(n->pool, l->rx.data, l->rx.desc.bytes);
         else
@@ -57,14 +58,17 @@ static void rx_tensor_drop(Link *l) {
 
 void link_destroy(Link *l) {
         Net *n = l->net;
+        TxItem *head = l->tx_head;
+
         rx_tensor_drop(l);
-        for (TxItem *i = l->tx_head, *next; i; i = next) {
+        /* Detach the queue first: a sent() callback may try to queue more. */
+        l->tx_head = l->tx_tail = NULL;
+        for (TxItem *i = head, *next; i; i = next) {
                 next = i->next;
                 if (i->type == FRAME_TENSOR && n->cb.sent)
                         n->cb.sent(n->userdata, l->id, i->cookie);
                 free(i);
         }
-        l->tx_head = l->tx_tail = NULL;
         handshake_clear(&l->hs);
         seal_clear(&l->seal);
         free(l->ctl);
@@ -184,7 +188,8 @@ static int rx_header(Link *l) {
                 return -EBADMSG;
 
         if (h->type == FRAME_DATA) {
-                if (!l->rx_active || h->stream != l->rx.stream || h->offset != l->rx_got ||
+                /* An empty chunk would let a peer hold a tensor open forever. */
+                if (!l->rx_active || h->stream != l->rx.stream || h->offset != l->rx_got || h->length == 0 ||
                     h->length > l->rx.desc.bytes - l->rx_got)
                         return -EBADMSG;
                 /* Straight into the tensor's buffer: no copy on the way. */
@@ -203,12 +208,18 @@ static int rx_tensor_begin(Link *l, const uint8_t *p, size_t len) {
         int r = tensor_desc_decode(p, len, n->cfg.limits.max_tensor_bytes, &d);
         if (r < 0)
                 return r;
+        /* All links together hold at most max_receive_bytes of tensors not
+         * yet delivered. */
+        if (n->rx_bytes + d.bytes > n->cfg.max_receive_bytes)
+                return -ENOBUFS;
         l->rx = (NetTensor){ .peer = l->id, .stream = l->h.stream, .desc = d };
         l->rx.data = bufpool_alloc(n->pool, d.bytes);
         if (!l->rx.data)
                 l->rx.data = malloc(MAX(d.bytes, (uint64_t)1));
         if (!l->rx.data)
                 return -ENOMEM;
+        n->rx_bytes += d.bytes;
+        l->rx_progress_ns = net_now_ns();
         l->rx_active = true;
         l->rx_got = 0;
         return 0;
@@ -224,6 +235,7 @@ static void rx_tensor_deliver(Link *l) {
         *t = l->rx;
         l->rx_active = false;
         l->rx.data = NULL;
+        n->rx_bytes -= t->desc.bytes;
         if (n->cb.tensor)
                 n->cb.tensor(n->userdata, t);
         else
@@ -272,12 +284,13 @@ static int rx_frame(Link *l) {
         case FRAME_TENSOR:
                 r = rx_tensor_begin(l, l->ctl, h->length);
                 if (r < 0)
-                        return r == -EMSGSIZE ? r : -EBADMSG;
+                        return r == -EMSGSIZE || r == -ENOMEM || r == -ENOBUFS ? r : -EBADMSG;
                 if (l->rx.desc.bytes == 0)
                         rx_tensor_deliver(l);
                 return 0;
         case FRAME_DATA:
                 l->rx_got += h->length;
+                l->rx_progress_ns = l->last_frame_ns;
                 if (l->rx_got == l->rx.desc.bytes) {
                         if (!(h->flags & FRAME_FLAG_LAST))
                                 return -EBADMSG;
@@ -358,7 +371,7 @@ bool link_tx_prepare(Link *l) {
 
         if (l->tx_ready)
                 return true;
-        if (!i || l->tx_zc_wait || l->state == LINK_CLOSING)
+        if (!i || l->tx_zc_pending || l->state == LINK_CLOSING)
                 return false;
         /* Before the handshake is done only handshake frames may go. */
         if (!l->keyed && !frame_type_is_handshake(i->type))

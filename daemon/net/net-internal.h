@@ -64,6 +64,7 @@ typedef struct Link {
         NetTensor rx;
         uint64_t rx_got;
         uint64_t last_frame_ns, last_bytes_ns, deadline_ns;
+        uint64_t rx_progress_ns; /* the tensor being received last grew */
 
         /* sending */
         TxItem *tx_head, *tx_tail;
@@ -75,7 +76,8 @@ typedef struct Link {
         size_t tx_total, tx_done;
         bool tx_ready;   /* iov holds a frame not yet fully sent */
         bool tx_busy;    /* a send is in flight in the backend */
-        bool tx_zc_wait; /* a zero-copy send's buffer is still the kernel's */
+        unsigned tx_zc_pending; /* zero-copy sends whose buffer the kernel still holds */
+        struct msghdr msg;      /* for SENDMSG: the kernel reads it at submission */
 
         unsigned inflight; /* backend operations outstanding */
         uint32_t slot;
@@ -90,6 +92,8 @@ typedef struct NetBackend {
         void (*kick_send)(Net *n, Link *l);
         /* Stop the link's I/O; net_link_released() once nothing is in flight. */
         void (*close_link)(Net *n, Link *l);
+        /* Accepting again after net_accept_pause(). */
+        int (*resume_accept)(Net *n);
         int (*wait)(Net *n, int timeout_ms);
 } NetBackend;
 
@@ -110,11 +114,15 @@ struct Net {
         unsigned n_links;
         uint32_t next_id;
         int listen_fd;
+        uint64_t rx_bytes; /* tensors being received, all links */
+        uint64_t accept_paused_until; /* ns; 0: accepting */
         NetStats stats;
 };
 
 /* core (net.c), called by the backends */
 void net_accept_fd(Net *n, int fd, const struct sockaddr_storage *sa);
+/* accept() failed for lack of resources: stop accepting for a while. */
+void net_accept_pause(Net *n);
 void net_link_close(Link *l, int reason);
 void net_link_released(Link *l);
 uint64_t net_now_ns(void);

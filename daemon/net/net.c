@@ -28,6 +28,7 @@ void net_config_defaults(NetConfig *c) {
                 },
                 .chunk = 1u << 20,
                 .max_queued = 256ull << 20,
+                .max_receive_bytes = 1ull << 30,
                 .max_links = 256,
                 .max_links_per_addr = 64,
                 .handshake_timeout_ms = 5000,
@@ -48,6 +49,14 @@ static bool addr_is_loopback(const struct sockaddr_storage *sa) {
                         return a->s6_addr[12] == 127;
         }
         return false;
+}
+
+/* The same host, for connection limits: the same IPv4 address, or the same
+ * IPv6 /64 (one host usually holds a whole /64). */
+static bool addr_near(const uint8_t a[16], const uint8_t b[16]) {
+        static const uint8_t v4mapped[12] = { [10] = 0xff, [11] = 0xff };
+        bool v4 = memcmp(a, v4mapped, 12) == 0;
+        return memcmp(a, b, v4 ? 16 : 8) == 0;
 }
 
 static void addr_key(const struct sockaddr_storage *sa, uint8_t out[16]) {
@@ -135,16 +144,22 @@ int net_new(const NetConfig *c, const NetCallbacks *cb, void *userdata, Net **re
 Net *net_free(Net *n) {
         if (!n)
                 return NULL;
+        /* The backend goes first: tearing down the ring cancels every
+         * request, so the kernel can no longer write into a link's buffers or
+         * read the application's data. Links are taken out of the table
+         * before they are destroyed, so callbacks from link_destroy() cannot
+         * reach them. */
+        if (n->backend)
+                n->backend->fini(n);
+        n->backend = NULL;
         for (unsigned i = 0; n->links && i < n->cfg.max_links; i++) {
                 Link *l = n->links[i];
                 if (!l)
                         continue;
+                n->links[i] = NULL;
                 link_destroy(l);
                 free(l);
-                n->links[i] = NULL;
         }
-        if (n->backend)
-                n->backend->fini(n);
         if (n->listen_fd >= 0)
                 close(n->listen_fd);
         bufpool_free_all(n->pool);
@@ -167,26 +182,42 @@ static Link *link_find(const Net *n, uint32_t id) {
         return NULL;
 }
 
-static void socket_tune(int fd) {
+static void socket_tune(const Net *n, int fd) {
         int one = 1;
+        /* Data a peer leaves unacknowledged for this long aborts the
+         * connection, which also hands back zero-copy buffers the kernel
+         * would otherwise hold for a peer that stopped reading. */
+        unsigned user_timeout = MAX(n->cfg.stall_timeout_ms, 10000u);
         setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+        setsockopt(fd, IPPROTO_TCP, TCP_USER_TIMEOUT, &user_timeout, sizeof user_timeout);
 }
 
 /* A new link on fd (connected or accepted). */
 static int link_add(Net *n, int fd, bool initiator, const struct sockaddr_storage *sa, uint32_t *ret_id) {
-        unsigned slot = n->cfg.max_links, same = 0;
+        unsigned slot = n->cfg.max_links, same = 0, handshaking = 0, handshaking_same = 0;
         uint8_t key[16];
         int r;
 
         addr_key(sa, key);
         for (unsigned i = 0; i < n->cfg.max_links; i++) {
-                if (!n->links[i]) {
+                const Link *o = n->links[i];
+                if (!o) {
                         if (slot == n->cfg.max_links)
                                 slot = i;
-                } else if (memcmp(n->links[i]->addr, key, 16) == 0)
-                        same++;
+                        continue;
+                }
+                bool near = addr_near(o->addr, key);
+                same += near;
+                if (o->state == LINK_HANDSHAKE) {
+                        handshaking++;
+                        handshaking_same += near;
+                }
         }
-        if (slot == n->cfg.max_links || (!initiator && same >= n->cfg.max_links_per_addr)) {
+        /* Strangers that have not authenticated get a quarter of the slots
+         * and a few per address, so they cannot crowd out real peers. */
+        if (slot == n->cfg.max_links ||
+            (!initiator && (same >= n->cfg.max_links_per_addr || handshaking >= MAX(n->cfg.max_links / 4, 4u) ||
+                            handshaking_same >= 8))) {
                 n->stats.links_rejected++;
                 close(fd);
                 return -EMFILE;
@@ -208,7 +239,7 @@ static int link_add(Net *n, int fd, bool initiator, const struct sockaddr_storag
         l->slot = slot;
         n->links[slot] = l;
         n->n_links++;
-        socket_tune(fd);
+        socket_tune(n, fd);
 
         r = link_start(l);
         if (r >= 0)
@@ -223,6 +254,11 @@ static int link_add(Net *n, int fd, bool initiator, const struct sockaddr_storag
         if (ret_id)
                 *ret_id = l->id;
         return 0;
+}
+
+void net_accept_pause(Net *n) {
+        n->accept_paused_until = net_now_ns() + 200 * 1000000ULL;
+        n->stats.links_rejected++;
 }
 
 void net_accept_fd(Net *n, int fd, const struct sockaddr_storage *sa) {
@@ -281,20 +317,29 @@ int net_connect(Net *n, const char *host, uint16_t port, uint32_t *ret_peer) {
         int fd = socket(sa.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
         if (fd < 0)
                 return -errno;
-        /* Connecting blocks briefly; the handshake then runs on the loop. */
+        /* Connecting blocks, at most for the handshake timeout (connect()
+         * honours SO_SNDTIMEO); the handshake then runs on the loop. */
+        struct timeval tv = { .tv_sec = n->cfg.handshake_timeout_ms / 1000,
+                              .tv_usec = (n->cfg.handshake_timeout_ms % 1000) * 1000 };
+        setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
         if (connect(fd, (struct sockaddr *)&sa, len) < 0) {
-                r = -errno;
+                r = errno == EINPROGRESS || errno == EAGAIN ? -ETIMEDOUT : -errno;
                 close(fd);
                 return r;
         }
+        tv = (struct timeval){};
+        setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
         return link_add(n, fd, true, &sa, ret_peer);
 }
 
 int net_send_tensor(Net *n, uint32_t peer, uint32_t stream, const TensorDesc *desc, const void *data,
                     uint64_t cookie) {
         Link *l = link_find(n, peer);
+        TensorDesc check;
         if (!l || l->state != LINK_OPEN)
                 return -ENOTCONN;
+        if (tensor_desc_init(&check, desc->dtype, desc->ndim, desc->dims) < 0 || check.bytes != desc->bytes)
+                return -EINVAL;
         if (desc->bytes > n->cfg.limits.max_tensor_bytes)
                 return -EMSGSIZE;
         if (l->queued + desc->bytes > n->cfg.max_queued)
@@ -371,6 +416,7 @@ void net_link_close(Link *l, int reason) {
                 break;
         case -EMSGSIZE:
         case -ENOBUFS:
+        case -EMFILE:
                 n->stats.limit_violations++;
                 break;
         case -ETIMEDOUT:
@@ -416,7 +462,9 @@ static void check_timers(Net *n) {
                 bool mid_frame = l->phase != RX_HEADER || l->rx_have > 0;
                 if ((l->state != LINK_OPEN && now > l->deadline_ns) ||
                     (idle && now - l->last_frame_ns > idle) ||
-                    (stall && mid_frame && now - l->last_bytes_ns > stall))
+                    (stall && mid_frame && now - l->last_bytes_ns > stall) ||
+                    /* a tensor begun and not growing, whatever else arrives */
+                    (stall && l->rx_active && now - l->rx_progress_ns > stall))
                         net_link_close(l, -ETIMEDOUT);
         }
 }
@@ -424,6 +472,10 @@ static void check_timers(Net *n) {
 int net_run(Net *n, int timeout_ms) {
         int r = n->backend->wait(n, timeout_ms);
         check_timers(n);
+        if (n->accept_paused_until && net_now_ns() > n->accept_paused_until) {
+                n->accept_paused_until = 0;
+                n->backend->resume_accept(n);
+        }
         /* Links closed outside the backend's handlers (timers, the
          * application) go once nothing of theirs is in flight. */
         for (unsigned i = 0; i < n->cfg.max_links; i++) {

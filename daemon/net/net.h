@@ -52,6 +52,7 @@ typedef struct NetConfig {
         FrameLimits limits;
         uint32_t chunk;            /* DATA payload per frame when sending */
         uint64_t max_queued;       /* bytes queued to one peer before sends fail */
+        uint64_t max_receive_bytes; /* tensors being received, all links together */
         unsigned max_links;
         unsigned max_links_per_addr;
         unsigned handshake_timeout_ms;

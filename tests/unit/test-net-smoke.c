@@ -10,10 +10,10 @@ static void on_sent(void *ud, uint32_t peer, uint64_t c) { Side *s = ud; s->sent
 static void on_closed(void *ud, uint32_t peer, int r, const uint8_t id[32]) { Side *s = ud; s->closed++; s->reason = r; }
 static const NetCallbacks cbs = { .connected = on_conn, .tensor = on_tensor, .sent = on_sent, .closed = on_closed };
 
-static void smoke(NetBackendKind kind) {
+static void smoke_zc(NetBackendKind kind, size_t zc) {
         Identity a, b; identity_generate(&a); identity_generate(&b);
         uint8_t secret[32] = { 1, 2, 3 };
-        NetConfig ca, cb2; net_config_defaults(&ca); ca.identity = &a; ca.secret = secret; ca.backend = kind;
+        NetConfig ca, cb2; net_config_defaults(&ca); ca.identity = &a; ca.secret = secret; ca.backend = kind; ca.zc_threshold = zc;
         cb2 = ca; cb2.identity = &b;
         Side s = {}, c = {};
         cr_assert_eq(net_new(&ca, &cbs, &s, &s.n), 0);
@@ -44,5 +44,8 @@ static void smoke(NetBackendKind kind) {
         if (s.t) net_tensor_release(s.n, s.t);
         net_free(s.n);
 }
+static void smoke(NetBackendKind kind) { smoke_zc(kind, NET_ZC_AUTO); }
 Test(netsmoke, epoll) { smoke(NET_BACKEND_EPOLL); }
 Test(netsmoke, uring) { smoke(NET_BACKEND_URING); }
+/* every frame of 4 KiB or more through SEND_ZC and its notifications */
+Test(netsmoke, uring_send_zc) { smoke_zc(NET_BACKEND_URING, 4096); }
