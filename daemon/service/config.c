@@ -280,11 +280,11 @@ static int parse_network(const config_setting_t *root, Config *c, Diag *d) {
                 "listen", "peers", "admission", "secret_file", "allowed_peers", "plaintext", "io_backend",
                 "zerocopy_threshold", "max_frame", "max_tensor", "max_queued", "max_links",
                 "max_links_per_address", "handshake_timeout", "idle_timeout", "stall_timeout", "receive_pool",
-                NULL,
+                "max_receive", NULL,
         };
         NetConfig *n = &c->net;
         config_setting_t *g, *s, *peers, *allowed;
-        long long frame, tensor, queued, links, per_addr, hs, idle, stall, pool;
+        long long frame, tensor, queued, links, per_addr, hs, idle, stall, pool, receive;
         const long long max_bytes = 1LL << 36;
         int admission = c->admission, backend = n->backend, r;
 
@@ -307,7 +307,9 @@ static int parse_network(const config_setting_t *root, Config *c, Diag *d) {
             (r = conf_get_int(g, "handshake_timeout", false, 100, 600000, n->handshake_timeout_ms, &hs, d)) < 0 ||
             (r = conf_get_int(g, "idle_timeout", false, 0, 86400000, n->idle_timeout_ms, &idle, d)) < 0 ||
             (r = conf_get_int(g, "stall_timeout", false, 0, 3600000, n->stall_timeout_ms, &stall, d)) < 0 ||
-            (r = conf_get_int(g, "receive_pool", false, 0, 1 << 30, (long long)n->pool_bytes, &pool, d)) < 0)
+            (r = conf_get_int(g, "receive_pool", false, 0, 1 << 30, (long long)n->pool_bytes, &pool, d)) < 0 ||
+            (r = conf_get_int(g, "max_receive", false, 4096, max_bytes, (long long)n->max_receive_bytes, &receive,
+                              d)) < 0)
                 return r;
 
         s = member(g, "listen");
@@ -340,6 +342,7 @@ static int parse_network(const config_setting_t *root, Config *c, Diag *d) {
         n->idle_timeout_ms = (unsigned)idle;
         n->stall_timeout_ms = (unsigned)stall;
         n->pool_bytes = (size_t)pool;
+        n->max_receive_bytes = (uint64_t)receive;
         return 0;
 }
 
