@@ -10,16 +10,7 @@ static const char *const kind_names[_LAYER_KIND_MAX] = {
         [LAYER_MAXPOOL2D] = "maxpool2d", [LAYER_FLATTEN] = "flatten",
 };
 
-const char *layer_kind_to_string(LayerKind k) {
-        return k >= 0 && k < _LAYER_KIND_MAX ? kind_names[k] : NULL;
-}
-
-LayerKind layer_kind_from_string(const char *s) {
-        for (int k = 0; k < _LAYER_KIND_MAX; k++)
-                if (s && strcmp(s, kind_names[k]) == 0)
-                        return (LayerKind)k;
-        return _LAYER_KIND_INVALID;
-}
+DEFINE_STRING_TABLE_LOOKUP(layer_kind, LayerKind, kind_names, _LAYER_KIND_MAX, _LAYER_KIND_INVALID)
 
 /* Limits that keep every size product far from overflow. */
 #define LAYER_MAX_DIM (1 << 16)

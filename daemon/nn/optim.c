@@ -13,32 +13,14 @@ static const char *const kind_names[_OPTIM_KIND_MAX] = {
         [OPTIM_ADAMW] = "adamw",
 };
 
-const char *optim_kind_to_string(OptimKind k) {
-        return k >= 0 && k < _OPTIM_KIND_MAX ? kind_names[k] : NULL;
-}
-
-OptimKind optim_kind_from_string(const char *s) {
-        for (int k = 0; k < _OPTIM_KIND_MAX; k++)
-                if (s && strcmp(s, kind_names[k]) == 0)
-                        return (OptimKind)k;
-        return _OPTIM_KIND_INVALID;
-}
+DEFINE_STRING_TABLE_LOOKUP(optim_kind, OptimKind, kind_names, _OPTIM_KIND_MAX, _OPTIM_KIND_INVALID)
 
 static const char *const schedule_names[_LR_SCHEDULE_MAX] = {
         [LR_CONSTANT] = "constant",
         [LR_COSINE] = "cosine",
 };
 
-const char *lr_schedule_to_string(LrSchedule s) {
-        return s >= 0 && s < _LR_SCHEDULE_MAX ? schedule_names[s] : NULL;
-}
-
-LrSchedule lr_schedule_from_string(const char *s) {
-        for (int k = 0; k < _LR_SCHEDULE_MAX; k++)
-                if (s && strcmp(s, schedule_names[k]) == 0)
-                        return (LrSchedule)k;
-        return _LR_SCHEDULE_INVALID;
-}
+DEFINE_STRING_TABLE_LOOKUP(lr_schedule, LrSchedule, schedule_names, _LR_SCHEDULE_MAX, _LR_SCHEDULE_INVALID)
 
 /* Cosine annealing without restarts (Loshchilov and Hutter, 2017), to 0 at
  * the end of the run, as PyTorch's CosineAnnealingLR(T_max=total) stepped

@@ -13,6 +13,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 #include <unistd.h>
 
 #define _cleanup_(f) __attribute__((cleanup(f)))
@@ -51,6 +52,19 @@
         static inline void func##p(type *p) {                                                      \
                 if (*p)                                                                            \
                         *p = func(*p);                                                             \
+        }
+
+/* name##_to_string() and name##_from_string() for an enum whose values
+ * 0..max-1 index table; from_string returns invalid for an unknown name. */
+#define DEFINE_STRING_TABLE_LOOKUP(name, type, table, max, invalid)                               \
+        const char *name##_to_string(type v) {                                                     \
+                return (int)v >= 0 && (int)v < (max) ? table[v] : NULL;                             \
+        }                                                                                          \
+        type name##_from_string(const char *s) {                                                   \
+                for (int _i = 0; s && _i < (max); _i++)                                            \
+                        if (table[_i] && strcmp(s, table[_i]) == 0)                                \
+                                return (type)_i;                                                   \
+                return (invalid);                                                                  \
         }
 
 static inline void *mfree(void *p) {
