@@ -62,6 +62,7 @@ static void srv_control(void *ud, uint32_t peer, uint8_t type, const uint8_t *p,
 }
 
 static bool server_plaintext;
+static uint64_t server_max_receive;
 
 static pid_t server_start(NetBackendKind kind, const Identity *id, const uint8_t (*allowed)[32], size_t n_allowed,
                           const uint8_t *sec, uint16_t *ret_port) {
@@ -81,6 +82,8 @@ static pid_t server_start(NetBackendKind kind, const Identity *id, const uint8_t
                 c.n_allowed = n_allowed;
                 c.backend = kind;
                 c.plaintext = server_plaintext;
+                if (server_max_receive)
+                        c.max_receive_bytes = server_max_receive;
                 c.stall_timeout_ms = 700;
                 c.handshake_timeout_ms = 700;
                 c.limits.max_tensor_bytes = 65ull << 20;
@@ -561,4 +564,60 @@ Test(transport, plaintext_on_loopback_when_both_allow_it, .timeout = 60) {
         cr_assert_eq(net_peer_cipher(c.n, c.peer), CIPHER_NONE);
         round_trip(&c, (3 << 20) + 5, 4);
         server_stop(&c, pid);
+}
+
+/* Strangers that never finish a handshake get few slots; an admitted peer
+ * cannot hold more receive memory than max_receive, over all its links. */
+static void crowd_and_hoard(NetBackendKind kind) {
+        Fixture f;
+        Raw r, hoard[2];
+        server_max_receive = 3u << 20;
+        fixture_up(&f, kind, false);
+        server_max_receive = 0;
+
+        /* 8 silent connections from one address are held (until the
+         * handshake deadline); the 9th is turned away at once. */
+        Raw silent[9];
+        for (int i = 0; i < 8; i++)
+                silent[i].fd = raw_tcp(f.port);
+        usleep(100000);
+        silent[8].fd = raw_tcp(f.port);
+        cr_assert(raw_closed(&silent[8], 300), "a 9th unauthenticated link from one address was kept");
+        cr_assert(!raw_closed(&silent[0], 100), "the first unauthenticated links were dropped too early");
+        for (int i = 0; i < 9; i++)
+                close(silent[i].fd);
+
+        /* Two admitted links each begin a 2 MiB tensor and send nothing more:
+         * the second would take the node past 3 MiB of receive memory. */
+        TensorDesc d;
+        tensor_desc_init(&d, DTYPE_U8, 1, (uint32_t[]){ 2u << 20 });
+        uint8_t desc[TENSOR_DESC_MAX_SIZE], frame[256];
+        size_t dl = tensor_desc_encode(&d, desc), n;
+        for (int i = 0; i < 2; i++) {
+                cr_assert_eq(raw_handshake(&hoard[i], f.port, &f.raw_cfg), 0);
+                n = raw_sealed(&hoard[i], FRAME_TENSOR, desc, dl, frame);
+                raw_write(&hoard[i], frame, n);
+                usleep(50000);
+        }
+        cr_assert(!raw_closed(&hoard[0], 100), "the first tensor within the limit was refused");
+        cr_assert(raw_closed(&hoard[1], 2000), "a tensor past max_receive was accepted");
+        /* The first one, left without a new byte, times out (stall timeout). */
+        cr_assert(raw_closed(&hoard[0], 5000), "a tensor left half sent was held forever");
+        close(hoard[0].fd);
+        close(hoard[1].fd);
+
+        NetStats st = fixture_stats(&f);
+        cr_assert_geq(st.links_rejected, 1);
+        cr_assert_eq(st.limit_violations, 1, "limit violations %llu", (unsigned long long)st.limit_violations);
+        cr_assert_geq(st.timeouts, 1);
+        cr_assert_eq(st.links, 1);
+        (void)r;
+        fixture_down(&f);
+}
+
+Test(transport, crowds_and_hoarders_epoll, .timeout = 60) {
+        crowd_and_hoard(NET_BACKEND_EPOLL);
+}
+Test(transport, crowds_and_hoarders_uring, .timeout = 60) {
+        crowd_and_hoard(NET_BACKEND_URING);
 }
