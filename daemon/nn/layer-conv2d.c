@@ -76,7 +76,7 @@ void conv2d_forward(const Layer *l, const Ops *ops, float *out, const float *inp
 }
 
 void conv2d_backward(const Layer *l, const Ops *ops, float *dinp, float *dw, const float *dout,
-                     const float *inp, const float *w, float *scratch, int B, bool accumulate) {
+                     const float *inp, const float *w, float *scratch, int B, float beta) {
         /* dinp is (B,C,H,W) or NULL, dw is (OC,C*K*K) then (OC), dout is
          * (B,OC,OH,OW); scratch holds col and dcol, (C*K*K, OH*OW) each */
         int OC = l->out.c, OHW = l->out.h * l->out.w, CKK = (int)l->fan_in;
@@ -84,8 +84,11 @@ void conv2d_backward(const Layer *l, const Ops *ops, float *dinp, float *dw, con
         float *col = scratch, *dcol = scratch + (size_t)CKK * OHW;
         size_t in_n = shape_numel(l->in), out_n = shape_numel(l->out);
 
-        if (!accumulate)
+        if (beta == 0.0f)
                 memset(dw, 0, sizeof(float) * l->n_params);
+        else if (beta != 1.0f)
+                for (size_t i = 0; i < l->n_params; i++)
+                        dw[i] *= beta;
         for (int b = 0; b < B; b++) {
                 const float *g = dout + (size_t)b * out_n;
                 im2col(l, col, inp + (size_t)b * in_n);

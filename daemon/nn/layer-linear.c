@@ -8,7 +8,7 @@ typedef struct Bias {
         float *out;       /* forward: out (B,OC); backward: dbias (OC) */
         const float *src; /* forward: bias (OC); backward: dout (B,OC) */
         int B, OC;
-        bool accumulate;
+        float beta;
 } Bias;
 
 /* Rows lo..hi of out start as the bias. */
@@ -22,8 +22,11 @@ static void bias_fill(void *ctx, size_t lo, size_t hi) {
 _simd_clones_ static void bias_grad(void *ctx, size_t lo, size_t hi) {
         const Bias *a = ctx;
         float *restrict db = a->out;
-        if (!a->accumulate)
+        if (a->beta == 0.0f)
                 memset(db + lo, 0, sizeof(float) * (hi - lo));
+        else if (a->beta != 1.0f)
+                for (size_t o = lo; o < hi; o++)
+                        db[o] *= a->beta;
         for (int b = 0; b < a->B; b++) {
                 const float *restrict row = a->src + (size_t)b * a->OC;
                 for (size_t o = lo; o < hi; o++)
@@ -44,13 +47,13 @@ void linear_forward(const Layer *l, const Ops *ops, float *out, const float *inp
 }
 
 void linear_backward(const Layer *l, const Ops *ops, float *dinp, float *dw, const float *dout,
-                     const float *inp, const float *w, int B, bool accumulate) {
+                     const float *inp, const float *w, int B, float beta) {
         /* dinp is (B,C) or NULL, dw is (OC,C) then (OC), dout is (B,OC), inp is (B,C) */
         int C = l->in.c, OC = l->out.c;
-        Bias a = { .out = dw + (size_t)OC * C, .src = dout, .B = B, .OC = OC, .accumulate = accumulate };
+        Bias a = { .out = dw + (size_t)OC * C, .src = dout, .B = B, .OC = OC, .beta = beta };
 
-        /* dW = dout^T inp */
-        ops->gemm(true, false, OC, C, B, 1.0f, dout, OC, inp, C, accumulate ? 1.0f : 0.0f, dw, C);
+        /* dW = beta dW + dout^T inp */
+        ops->gemm(true, false, OC, C, B, 1.0f, dout, OC, inp, C, beta, dw, C);
         /* db = sum over the batch of dout */
         ops->parallel((size_t)OC, 256, bias_grad, &a);
         /* dinp = dout W */

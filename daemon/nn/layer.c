@@ -116,7 +116,8 @@ void layer_forward(const Layer *l, const Ops *ops, float *out, const float *inp,
                 gelu_forward(ops, out, inp, n);
                 break;
         case LAYER_FLATTEN:
-                memcpy(out, inp, n * sizeof(float));
+                if (out != inp) /* a trace shares the buffer */
+                        memcpy(out, inp, n * sizeof(float));
                 break;
         case LAYER_CONV2D:
                 conv2d_forward(l, ops, out, inp, w, scratch, B);
@@ -131,12 +132,12 @@ void layer_forward(const Layer *l, const Ops *ops, float *out, const float *inp,
 
 void layer_backward(const Layer *l, const Ops *ops, float *dinp, float *dw, const float *dout,
                     const float *inp, const float *out, const float *w, const void *saved,
-                    float *scratch, int B, bool accumulate) {
+                    float *scratch, int B, float beta) {
         size_t n = (size_t)B * shape_numel(l->in);
 
         switch (l->kind) {
         case LAYER_LINEAR:
-                linear_backward(l, ops, dinp, dw, dout, inp, w, B, accumulate);
+                linear_backward(l, ops, dinp, dw, dout, inp, w, B, beta);
                 break;
         case LAYER_RELU:
                 if (dinp)
@@ -147,11 +148,11 @@ void layer_backward(const Layer *l, const Ops *ops, float *dinp, float *dw, cons
                         gelu_backward(ops, dinp, dout, inp, n);
                 break;
         case LAYER_FLATTEN:
-                if (dinp)
+                if (dinp && dinp != dout)
                         memcpy(dinp, dout, n * sizeof(float));
                 break;
         case LAYER_CONV2D:
-                conv2d_backward(l, ops, dinp, dw, dout, inp, w, scratch, B, accumulate);
+                conv2d_backward(l, ops, dinp, dw, dout, inp, w, scratch, B, beta);
                 break;
         case LAYER_MAXPOOL2D:
                 if (dinp)

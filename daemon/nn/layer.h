@@ -81,17 +81,18 @@ void layer_forward(const Layer *l, const Ops *ops, float *out, const float *inp,
                    void *saved, float *scratch, int B);
 
 /* dinp is (B, in) and may be NULL (first layer of a model: nobody needs it);
- * dw is (n_params): overwritten, or added to when accumulate is true;
+ * dw is (n_params) and becomes beta * dw + the gradient: beta 0 overwrites,
+ * 1 accumulates, and SGD's momentum mu makes dw the momentum buffer;
  * dout is (B, out); inp, out, w, saved as in the forward pass. */
 void layer_backward(const Layer *l, const Ops *ops, float *dinp, float *dw, const float *dout,
                     const float *inp, const float *out, const float *w, const void *saved,
-                    float *scratch, int B, bool accumulate);
+                    float *scratch, int B, float beta);
 
 /* Per-kind implementations, one file each. */
 void linear_forward(const Layer *l, const Ops *ops, float *out, const float *inp, const float *w,
                     int B);
 void linear_backward(const Layer *l, const Ops *ops, float *dinp, float *dw, const float *dout,
-                     const float *inp, const float *w, int B, bool accumulate);
+                     const float *inp, const float *w, int B, float beta);
 void relu_forward(const Ops *ops, float *out, const float *inp, size_t n);
 void relu_backward(const Ops *ops, float *dinp, const float *dout, const float *out, size_t n);
 void gelu_forward(const Ops *ops, float *out, const float *inp, size_t n);
@@ -99,7 +100,7 @@ void gelu_backward(const Ops *ops, float *dinp, const float *dout, const float *
 void conv2d_forward(const Layer *l, const Ops *ops, float *out, const float *inp, const float *w,
                     float *scratch, int B);
 void conv2d_backward(const Layer *l, const Ops *ops, float *dinp, float *dw, const float *dout,
-                     const float *inp, const float *w, float *scratch, int B, bool accumulate);
+                     const float *inp, const float *w, float *scratch, int B, float beta);
 void maxpool2d_forward(const Layer *l, float *out, const float *inp, int32_t *argmax, int B);
 void maxpool2d_backward(const Layer *l, float *dinp, const float *dout, const int32_t *argmax,
                         int B);

@@ -153,6 +153,28 @@ void optim_update(Optim *o, float *w, const float *g, size_t offset, size_t n) {
         }
 }
 
+float *optim_fused_gradient(Optim *o, float *ret_beta) {
+        const OptimSpec *s = &o->spec;
+        if (o->no_fuse || s->kind != OPTIM_SGD || s->momentum == 0.0f || s->nesterov || s->weight_decay != 0.0f)
+                return NULL;
+        *ret_beta = s->momentum;
+        return o->state;
+}
+
+_simd_clones_ static void fused_step(void *ctx, size_t lo, size_t hi) {
+        const StepArgs *a = ctx;
+        const float lr = a->o->lr;
+        float *restrict w = a->w + lo;
+        const float *restrict buf = a->o->state + a->offset + lo;
+        for (size_t i = 0; i < hi - lo; i++)
+                w[i] -= lr * buf[i];
+}
+
+void optim_update_fused(Optim *o, float *w, size_t offset, size_t n) {
+        StepArgs a = { .o = o, .w = w + offset, .offset = offset };
+        pool_for(o->pool, n, OPTIM_GRAIN, fused_step, &a);
+}
+
 void optim_step(Optim *o, float *w, const float *g) {
         optim_begin_step(o);
         optim_update(o, w, g, 0, o->n);

@@ -53,6 +53,7 @@ typedef struct Optim {
         float lr;     /* the learning rate of the next step */
         float c1, c2; /* AdamW's bias corrections 1 - beta^t for this step */
         Pool *pool;   /* splits each step across threads; NULL: caller only */
+        bool no_fuse; /* never fuse the momentum into the backward pass */
 } Optim;
 
 const char *optim_kind_to_string(OptimKind k);
@@ -86,3 +87,14 @@ void optim_step(Optim *o, float *w, const float *g);
  * together cover [0, n) exactly once. w and g are the whole slabs. */
 void optim_begin_step(Optim *o);
 void optim_update(Optim *o, float *w, const float *g, size_t offset, size_t n);
+
+/* SGD with momentum mu and neither weight decay nor Nesterov is
+ *   b <- mu b + g,  w <- w - lr b,
+ * so the backward pass can write its gradient straight into the momentum
+ * buffer (beta = mu in its gemms) and the step is then w <- w - lr b: one
+ * pass over the parameters less, and no gradient slab traffic. Returns the
+ * slab to backpropagate into and sets *ret_beta, or NULL when this
+ * optimizer cannot be fused (or fusing is turned off). */
+float *optim_fused_gradient(Optim *o, float *ret_beta);
+/* The fused step over one slice, after optim_begin_step(). */
+void optim_update_fused(Optim *o, float *w, size_t offset, size_t n);

@@ -112,7 +112,8 @@ static size_t max_act_numel(const Stage *s) {
 size_t trace_bytes(const Stage *s, int max_batch) {
         size_t n = shape_numel(s->in);
         for (int i = 0; i < s->n_layers; i++)
-                n += shape_numel(s->layers[i].out) + s->layers[i].saved_bytes / sizeof(float);
+                n += (s->layers[i].kind == LAYER_FLATTEN ? 0 : shape_numel(s->layers[i].out)) +
+                     s->layers[i].saved_bytes / sizeof(float);
         n += 2 * max_act_numel(s);
         return (n * (size_t)max_batch + s->scratch_floats) * sizeof(float);
 }
@@ -138,7 +139,8 @@ int trace_new(Stage *s, int max_batch, Trace **ret) {
                 return -ENOMEM;
         for (int i = 0; i < s->n_layers; i++) {
                 const Layer *l = &s->layers[i];
-                t->acts[i + 1] = arena_alloc_floats(a, B * shape_numel(l->out));
+                /* flatten changes the shape, not the bytes: it shares its input */
+                t->acts[i + 1] = l->kind == LAYER_FLATTEN ? t->acts[i] : arena_alloc_floats(a, B * shape_numel(l->out));
                 if (!t->acts[i + 1])
                         return -ENOMEM;
                 if (l->saved_bytes) {
@@ -166,16 +168,20 @@ void stage_forward(const Stage *s, const Ops *ops, const float *w, Trace *t, int
 }
 
 void stage_backward(const Stage *s, const Ops *ops, const float *w, Trace *t, const float *dout,
-                    float *dinp, float *dw, int B, bool accumulate, StageGradFn on_grad,
-                    void *userdata) {
+                    float *dinp, float *dw, int B, float beta, StageGradFn on_grad, void *userdata) {
         const float *g = dout;
         for (int i = s->n_layers - 1; i >= 0; i--) {
                 const Layer *l = &s->layers[i];
+                /* flatten's gradient is its output's, bytes unchanged */
+                if (l->kind == LAYER_FLATTEN && i > 0)
+                        continue;
                 /* The first layer writes straight to the caller's dinp (or skips
                  * the work when nobody needs it); the others ping-pong. */
                 float *din = i == 0 ? dinp : t->dbuf[i & 1];
+                if (din == g)
+                        din = t->dbuf[(i + 1) & 1];
                 layer_backward(l, ops, din, dw + l->param_offset, g, t->acts[i], t->acts[i + 1],
-                               w + l->param_offset, t->saved[i], t->scratch, B, accumulate);
+                               w + l->param_offset, t->saved[i], t->scratch, B, beta);
                 if (on_grad && l->n_params)
                         on_grad(userdata, l->param_offset, l->n_params);
                 g = din;

@@ -17,7 +17,7 @@
  *     trace_new(s, 128, &t);
  *     fill trace_input(t) with (B, in)
  *     stage_forward(s, &ops_blas, s->params, t, B);     // output: trace_output(t)
- *     stage_backward(s, &ops_blas, s->params, t, dout, NULL, s->grads, B, false, NULL, NULL);
+ *     stage_backward(s, &ops_blas, s->params, t, dout, NULL, s->grads, B, 0.0f, NULL, NULL);
  */
 #pragma once
 
@@ -93,10 +93,9 @@ void stage_forward(const Stage *s, const Ops *ops, const float *w, Trace *t, int
 typedef void (*StageGradFn)(void *userdata, size_t offset, size_t n);
 
 /* Backward from dout (B, out) through the activations of t, with the same
- * parameter version w the forward pass used. Gradients go to dw (n_params),
- * overwriting it or, with accumulate, adding to it. dinp (B, in) receives the
+ * parameter version w the forward pass used. dw (n_params) becomes
+ * beta * dw + the gradient (beta 0: overwrite; 1: accumulate). dinp (B, in) receives the
  * gradient for the previous stage; NULL skips that work. on_grad, when not
  * NULL, hears of each layer's finished gradient. */
 void stage_backward(const Stage *s, const Ops *ops, const float *w, Trace *t, const float *dout,
-                    float *dinp, float *dw, int B, bool accumulate, StageGradFn on_grad,
-                    void *userdata);
+                    float *dinp, float *dw, int B, float beta, StageGradFn on_grad, void *userdata);

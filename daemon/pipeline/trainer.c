@@ -72,6 +72,11 @@ static void update_layer(void *userdata, size_t offset, size_t n) {
         optim_update(&t->optim, t->stage->params, t->stage->grads, offset, n);
 }
 
+static void update_layer_fused(void *userdata, size_t offset, size_t n) {
+        Trainer *t = userdata;
+        optim_update_fused(&t->optim, t->stage->params, offset, n);
+}
+
 float trainer_step(Trainer *t, int B, int *ret_correct) {
         Stage *s = t->stage;
         float loss;
@@ -82,8 +87,14 @@ float trainer_step(Trainer *t, int B, int *ret_correct) {
         /* The first layer's input gradient is nobody's business: skip it.
          * Each layer is updated as soon as its gradient is complete. */
         optim_begin_step(&t->optim);
-        stage_backward(s, t->ops, s->params, t->trace, t->dlogits, NULL, s->grads, B, false,
-                       update_layer, t);
+        float beta;
+        float *fused = optim_fused_gradient(&t->optim, &beta);
+        if (fused)
+                stage_backward(s, t->ops, s->params, t->trace, t->dlogits, NULL, fused, B, beta,
+                               update_layer_fused, t);
+        else
+                stage_backward(s, t->ops, s->params, t->trace, t->dlogits, NULL, s->grads, B, 0.0f,
+                               update_layer, t);
         return loss;
 }
 

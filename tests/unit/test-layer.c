@@ -152,8 +152,10 @@ Test(layer, blas_matches_naive) {
                 layer_forward(&n.l, &ops_naive, n.y, n.x, n.w, n.saved, n.scratch, c->B);
                 layer_forward(&f.l, &ops_blas, f.y, f.x, f.w, f.saved, f.scratch, c->B);
                 expect_close(f.y, n.y, n.nout, 1e-5f, c->name, "y");
-                layer_backward(&n.l, &ops_naive, n.dx, n.dw, n.dy, n.x, n.y, n.w, n.saved, n.scratch, c->B, true);
-                layer_backward(&f.l, &ops_blas, f.dx, f.dw, f.dy, f.x, f.y, f.w, f.saved, f.scratch, c->B, true);
+                /* beta 0.9: dw = 0.9 dw + gradient, as when SGD's momentum
+                 * buffer takes the gradient directly */
+                layer_backward(&n.l, &ops_naive, n.dx, n.dw, n.dy, n.x, n.y, n.w, n.saved, n.scratch, c->B, 0.9f);
+                layer_backward(&f.l, &ops_blas, f.dx, f.dw, f.dy, f.x, f.y, f.w, f.saved, f.scratch, c->B, 0.9f);
                 expect_close(f.dx, n.dx, n.nin, 1e-5f, c->name, "dx");
                 expect_close(f.dw, n.dw, n.l.n_params, 1e-5f, c->name, "dw");
                 bufs_done(&n);
@@ -167,12 +169,15 @@ Test(layer, accumulate_adds_to_the_gradient) {
         Bufs b;
         bufs_init(&b, c, 3);
         layer_forward(&b.l, &ops_blas, b.y, b.x, b.w, b.saved, b.scratch, c->B);
-        layer_backward(&b.l, &ops_blas, NULL, b.dw, b.dy, b.x, b.y, b.w, b.saved, b.scratch, c->B, false);
+        layer_backward(&b.l, &ops_blas, NULL, b.dw, b.dy, b.x, b.y, b.w, b.saved, b.scratch, c->B, 0.0f);
         float *once = malloc(sizeof(float) * b.l.n_params);
         memcpy(once, b.dw, sizeof(float) * b.l.n_params);
-        layer_backward(&b.l, &ops_blas, NULL, b.dw, b.dy, b.x, b.y, b.w, b.saved, b.scratch, c->B, true);
+        layer_backward(&b.l, &ops_blas, NULL, b.dw, b.dy, b.x, b.y, b.w, b.saved, b.scratch, c->B, 1.0f);
         for (size_t i = 0; i < b.l.n_params; i++)
                 cr_assert_float_eq(b.dw[i], 2 * once[i], 1e-5f * fmaxf(1.0f, fabsf(once[i])));
+        layer_backward(&b.l, &ops_blas, NULL, b.dw, b.dy, b.x, b.y, b.w, b.saved, b.scratch, c->B, 0.5f);
+        for (size_t i = 0; i < b.l.n_params; i++)
+                cr_assert_float_eq(b.dw[i], 2 * once[i], 1e-5f * fmaxf(1.0f, fabsf(once[i]))); /* 0.5 * 2 + 1 */
         free(once);
         bufs_done(&b);
 }

@@ -63,15 +63,15 @@ Test(stage, two_stages_equal_one) {
 
         stage_forward(whole, &ops_naive, whole->params, tw, B);
         softmax_xent(dl, NULL, trace_output(tw), y, B, 3);
-        stage_backward(whole, &ops_naive, whole->params, tw, dl, NULL, whole->grads, B, false, NULL, NULL);
+        stage_backward(whole, &ops_naive, whole->params, tw, dl, NULL, whole->grads, B, 0.0f, NULL, NULL);
 
         /* The pipeline: a's output is b's input; b's input gradient goes back to a. */
         stage_forward(a, &ops_naive, a->params, ta, B);
         memcpy(trace_input(tb), trace_output(ta), sizeof(float) * B * shape_numel(a->out));
         stage_forward(b, &ops_naive, b->params, tb, B);
         softmax_xent(dl2, NULL, trace_output(tb), y, B, 3);
-        stage_backward(b, &ops_naive, b->params, tb, dl2, dmid, b->grads, B, false, NULL, NULL);
-        stage_backward(a, &ops_naive, a->params, ta, dmid, NULL, a->grads, B, false, NULL, NULL);
+        stage_backward(b, &ops_naive, b->params, tb, dl2, dmid, b->grads, B, 0.0f, NULL, NULL);
+        stage_backward(a, &ops_naive, a->params, ta, dmid, NULL, a->grads, B, 0.0f, NULL, NULL);
 
         cr_assert_eq(memcmp(trace_output(tw), trace_output(tb), sizeof(float) * B * 3), 0);
         cr_assert_eq(memcmp(whole->grads, a->grads, sizeof(float) * a->n_params), 0);
