@@ -50,7 +50,9 @@ int conf_error(const config_setting_t *s, const char *name, int r, Diag *d, cons
         va_start(ap, fmt);
         vsnprintf(msg, sizeof msg, fmt, ap);
         va_end(ap);
-        return diag_set(d, r, "%s:%u: %s: %s", file ?: "(config)", config_setting_source_line(s),
+        /* The member's own line when it exists (groups span many lines). */
+        const config_setting_t *m = name && config_setting_is_group(s) ? config_setting_get_member(s, name) : NULL;
+        return diag_set(d, r, "%s:%u: %s: %s", file ?: "(config)", config_setting_source_line(m ?: s),
                         path[0] ? path : "(top level)", msg);
 }
 

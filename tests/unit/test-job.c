@@ -94,3 +94,14 @@ Test(job, missing_file) {
         cr_assert_eq(job_load("/nonexistent/x.job", &j, &d), -ENOENT);
         cr_assert(strstr(d.text, "/nonexistent/x.job: cannot read"), "%s", d.text);
 }
+
+Test(job, errors_point_at_the_setting_not_its_group) {
+        char path[64], want[128];
+        Diag d = {};
+        /* the optimizer group opens on line 10 and "type" sits on line 11 */
+        int r = load_variant("optimizer = { type = \"sgd\"; lr = 0.1; };",
+                             "optimizer = {\n  type = \"lion\";\n  lr = 0.1;\n};", &d, path);
+        cr_assert_lt(r, 0);
+        snprintf(want, sizeof want, "%s:11: optimizer.type: unknown optimizer", path);
+        cr_assert(strstr(d.text, want), "%s", d.text);
+}
