@@ -12,6 +12,8 @@
  *     build-fuzz/tests/fuzz/fuzz-frame -max_total_time=60 build-fuzz/corpus/frame
  */
 #include <stdint.h>
+
+#include "fuzz.h"
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -19,15 +21,7 @@
 #include "net/frame.h"
 #include "net/seal.h"
 
-int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
-#define CHECK(x)                                                                                   \
-        do {                                                                                       \
-                if (!(x)) {                                                                        \
-                        fprintf(stderr, "%s:%d: check failed: %s\n", __FILE__, __LINE__, #x);      \
-                        abort();                                                                   \
-                }                                                                                  \
-        } while (0)
 
 /* Small enough that the fuzzer hits every limit, and different per type so
  * that a check against the wrong one shows. */

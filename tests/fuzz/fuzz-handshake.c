@@ -35,6 +35,8 @@
 #include <sodium.h>
 #include <stdbool.h>
 #include <stdint.h>
+
+#include "fuzz.h"
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -44,16 +46,7 @@
 #include "net/identity.h"
 #include "net/seal.h"
 
-int LLVMFuzzerInitialize(int *argc, char ***argv);
-int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
-#define CHECK(x)                                                                                   \
-        do {                                                                                       \
-                if (!(x)) {                                                                        \
-                        fprintf(stderr, "%s:%d: check failed: %s\n", __FILE__, __LINE__, #x);      \
-                        abort();                                                                   \
-                }                                                                                  \
-        } while (0)
 
 #define MAX_OPS 64
 

@@ -13,6 +13,8 @@
  * than its descriptor; the node's receive accounting never goes over its
  * bound and returns to zero when the link is gone. */
 #include <stdint.h>
+
+#include "fuzz.h"
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -20,13 +22,6 @@
 #include "net/handshake.h"
 #include "net/net-internal.h"
 
-#define CHECK(x)                                                                                   \
-        do {                                                                                       \
-                if (!(x)) {                                                                        \
-                        fprintf(stderr, "%s:%d: check failed: %s\n", __FILE__, __LINE__, #x);      \
-                        abort();                                                                   \
-                }                                                                                  \
-        } while (0)
 
 static Identity node_id, peer_id;
 static const uint8_t secret[32] = "fuzzing network secret.........";
@@ -37,7 +32,6 @@ static void on_tensor(void *ud, NetTensor *t) {
         net_tensor_release(net, t);
 }
 
-int LLVMFuzzerInitialize(int *argc, char ***argv);
 int LLVMFuzzerInitialize(int *argc, char ***argv) {
         NetConfig c;
         CHECK(identity_generate(&node_id) == 0);
@@ -128,7 +122,6 @@ static bool handshake(Link *l, Seal *s) {
         return true;
 }
 
-int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         if (size < 1)
                 return 0;
