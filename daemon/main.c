@@ -88,7 +88,7 @@ int main(int argc, char *argv[]) {
                 case ARG_PROGRESS:
                         errno = 0;
                         v = strtol(optarg, &end, 10);
-                        if (errno || *end || v < (c == ARG_PROGRESS ? 0 : 1) || v > 1000000) {
+                        if (errno || *end || v < (c == ARG_PROGRESS ? 0 : 1) || v > (c == 't' ? 256 : 1000000)) {
                                 log_error("Invalid value for --%s: %s",
                                           c == 't' ? "threads" : c == 'e' ? "epochs" : "progress", optarg);
                                 return EX_USAGE;
