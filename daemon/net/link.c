@@ -87,6 +87,20 @@ static void tx_push(Link *l, TxItem *i) {
         l->tx_tail = i;
 }
 
+int link_queue_tensor(Link *l, uint32_t stream, const TensorDesc *desc, const void *data, uint64_t cookie) {
+        TxItem *i = calloc(1, sizeof *i);
+        if (!i)
+                return -ENOMEM;
+        i->type = FRAME_TENSOR;
+        i->stream = stream;
+        i->desc = *desc;
+        i->data = data;
+        i->cookie = cookie;
+        tx_push(l, i);
+        l->queued += desc->bytes;
+        return 0;
+}
+
 int link_queue_control(Link *l, uint8_t type, const void *payload, size_t len) {
         TxItem *i = malloc(sizeof *i + len);
         if (!i)

@@ -141,3 +141,5 @@ bool link_tx_prepare(Link *l);
 /* n bytes of the frame went out. */
 void link_tx_done(Link *l, size_t n);
 int link_queue_control(Link *l, uint8_t type, const void *payload, size_t len);
+/* Queue a tensor by reference: data stays the application's until sent(). */
+int link_queue_tensor(Link *l, uint32_t stream, const TensorDesc *desc, const void *data, uint64_t cookie);

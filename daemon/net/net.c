@@ -344,20 +344,9 @@ int net_send_tensor(Net *n, uint32_t peer, uint32_t stream, const TensorDesc *de
                 return -EMSGSIZE;
         if (l->queued + desc->bytes > n->cfg.max_queued)
                 return -ENOBUFS;
-        TxItem *i = calloc(1, sizeof *i);
-        if (!i)
-                return -ENOMEM;
-        i->type = FRAME_TENSOR;
-        i->stream = stream;
-        i->desc = *desc;
-        i->data = data;
-        i->cookie = cookie;
-        if (l->tx_tail)
-                l->tx_tail->next = i;
-        else
-                l->tx_head = i;
-        l->tx_tail = i;
-        l->queued += desc->bytes;
+        int r = link_queue_tensor(l, stream, desc, data, cookie);
+        if (r < 0)
+                return r;
         n->backend->kick_send(n, l);
         return 0;
 }

@@ -61,6 +61,18 @@ static void srv_control(void *ud, uint32_t peer, uint8_t type, const uint8_t *p,
                 s->quit = 1;
 }
 
+/* Both ends: the defaults, these admission rules, tensors up to 65 MiB. */
+static void test_config(NetConfig *c, NetBackendKind kind, const Identity *id, const uint8_t (*allowed)[32],
+                        size_t n_allowed, const uint8_t *sec) {
+        net_config_defaults(c);
+        c->identity = id;
+        c->secret = sec;
+        c->allowed = allowed;
+        c->n_allowed = n_allowed;
+        c->backend = kind;
+        c->limits.max_tensor_bytes = 65ull << 20;
+}
+
 static bool server_plaintext;
 static uint64_t server_max_receive;
 
@@ -75,18 +87,12 @@ static pid_t server_start(NetBackendKind kind, const Identity *id, const uint8_t
                 prctl(PR_SET_PDEATHSIG, SIGKILL);
                 close(fds[0]);
                 NetConfig c;
-                net_config_defaults(&c);
-                c.identity = id;
-                c.secret = sec;
-                c.allowed = allowed;
-                c.n_allowed = n_allowed;
-                c.backend = kind;
+                test_config(&c, kind, id, allowed, n_allowed, sec);
                 c.plaintext = server_plaintext;
                 if (server_max_receive)
                         c.max_receive_bytes = server_max_receive;
                 c.stall_timeout_ms = 700;
                 c.handshake_timeout_ms = 700;
-                c.limits.max_tensor_bytes = 65ull << 20;
                 static Server s;
                 NetCallbacks cb = { .tensor = srv_tensor, .sent = srv_sent, .control = srv_control };
                 if (net_new(&c, &cb, &s, &s.n) < 0)
@@ -147,13 +153,7 @@ static void cl_closed(void *ud, uint32_t peer, int reason, const uint8_t id[32])
 static void client_start(Client *c, NetBackendKind kind, const Identity *id, const uint8_t (*allowed)[32],
                          size_t n_allowed, const uint8_t *sec, uint16_t port) {
         NetConfig cfg;
-        net_config_defaults(&cfg);
-        cfg.identity = id;
-        cfg.secret = sec;
-        cfg.allowed = allowed;
-        cfg.n_allowed = n_allowed;
-        cfg.backend = kind;
-        cfg.limits.max_tensor_bytes = 65ull << 20;
+        test_config(&cfg, kind, id, allowed, n_allowed, sec);
         NetCallbacks cb = { .connected = cl_connected, .tensor = cl_tensor, .control = cl_control, .closed = cl_closed };
         memset(c, 0, sizeof *c);
         cr_assert_eq(net_new(&cfg, &cb, c, &c->n), 0);
