@@ -1,0 +1,122 @@
+/* collective/coll-internal.h — what coll.c (members, links, dispatch) and
+ * coll-round.c (the round state machine) share. */
+#pragma once
+
+#include "coll.h"
+
+typedef struct Member {
+        CollMember m;
+        bool up;
+        uint32_t peer;      /* Net peer of the authenticated link while up */
+        bool dialing;
+        uint32_t dial_peer; /* our outgoing link, until it is authenticated or gone */
+        uint64_t next_dial_ns;
+} Member;
+
+/* The last READY each member sent for a group; the leader reads them. */
+typedef struct ReadyEntry {
+        uint32_t group;
+        unsigned member;
+        CollReady msg;
+        uint64_t at_ns;
+} ReadyEntry;
+
+/* A piece that came before its round's START. */
+typedef struct Early {
+        struct Early *next;
+        unsigned member;
+        CollPiece hdr;
+        NetTensor *t;
+} Early;
+
+typedef struct GroupRound {
+        uint32_t group;
+        uint64_t last_round;
+} GroupRound;
+
+enum {
+        PIECE_GOT_RS = 1 << 0, /* reduce-scatter contribution arrived */
+        PIECE_GOT_AG = 1 << 1,
+        PIECE_DONE = 1 << 2,    /* holds the average */
+        PIECE_SENDING = 1 << 3, /* queued in the Net; must not change */
+};
+
+typedef struct Piece {
+        size_t off;       /* first value in x */
+        size_t wire_off;  /* header, then values, in the round's wire buffer */
+        uint32_t count;
+        uint32_t chunk;   /* the participant (rank) that completes its sum */
+        uint8_t flags;
+        uint8_t queued_phase; /* waiting in the backlog with this phase, or 0 */
+        NetTensor *deferred;  /* arrived while SENDING; handled on sent() */
+} Piece;
+
+struct CollRound {
+        Coll *coll;
+        CollRound *next;
+        uint32_t uid; /* in send cookies */
+        uint32_t group;
+        unsigned members[COLL_MAX_MEMBERS], n_members, self_pos;
+        const float *x;
+        size_t len;
+        double weight;
+        bool freed;
+
+        CollRoundState state;
+        int error;
+        uint64_t round;
+        uint64_t start_ns, join_deadline_ns, running_ns, deadline_ns, end_ns;
+        unsigned leader_sent_to; /* member index our READY went to, or UINT_MAX */
+
+        /* from START */
+        unsigned part[COLL_MAX_MEMBERS], n_part, rank, left, right;
+        double total_weight;
+        float coef;
+        bool identity; /* alone: the average is x itself */
+
+        Piece *pieces;
+        unsigned n_pieces, done, sending;
+        uint8_t *wire;
+        size_t wire_bytes;
+        uint32_t *backlog; /* pieces to (re)send when the link has room */
+        unsigned backlog_n;
+        unsigned sent_in_phase[3];
+        uint64_t bytes_sent, bytes_received;
+};
+
+struct Coll {
+        Net *net;
+        CollConfig cfg;
+        Member *members;
+        unsigned n_members, self;
+        CollRound *rounds;
+        uint32_t next_uid;
+        ReadyEntry *readies;
+        size_t n_readies;
+        GroupRound *groups;
+        size_t n_groups;
+        Early *early;
+        unsigned n_early;
+        CollPieceHook hook;
+        void *hook_ud;
+        uint64_t next_heartbeat_ns;
+};
+
+int coll_member_of_peer(const Coll *c, uint32_t peer);
+uint64_t *coll_last_round(Coll *c, uint32_t group);
+uint64_t coll_view(const Coll *c, const unsigned *members, unsigned n);
+
+int coll_early_add(Coll *c, unsigned member, const CollPiece *h, NetTensor *t);
+/* Hand the pieces of (group, round) to fn in arrival order; drop the rest of
+ * the group's early pieces that are no newer than round. */
+void coll_early_take(Coll *c, uint32_t group, uint64_t round, void (*fn)(Coll *, Early *, void *), void *ud);
+
+/* coll-round.c */
+void round_on_ready(Coll *c, unsigned member, const CollReady *m);
+int round_on_start(Coll *c, unsigned member, const CollStart *m);
+/* Consumes t (releases it) in every case; -EBADMSG if the sender broke a rule. */
+int round_on_piece(Coll *c, unsigned member, const CollPiece *h, NetTensor *t);
+void round_on_sent(Coll *c, uint64_t cookie);
+void round_on_member_lost(Coll *c, unsigned member);
+void round_tick(Coll *c, uint64_t now);
+void round_destroy(CollRound *r);

@@ -1,0 +1,711 @@
+/* collective/coll-round.c — one round of a group all-reduce: join, then
+ * reduce-scatter and all-gather around the ring, piece by piece.
+ *
+ * Ring order is the participants' order in the group. Chunk k of the vector
+ * is summed along ranks k+1, k+2, ..., k (each adds its own scaled values to
+ * what arrives from the left and passes it on), so rank k holds the sum; the
+ * sum then travels k+1, ..., k-1 unchanged (Patarasuk and Yuan, "Bandwidth
+ * optimal all-reduce algorithms for clusters of workstations", 2009). Every
+ * piece of a chunk travels on its own, so sending, receiving and adding
+ * overlap. */
+#include <errno.h>
+#include <limits.h>
+#include <math.h>
+
+#include "coll-internal.h"
+#include "tensor/half.h"
+#include "util/time-util.h"
+
+#define MS (1000000ull)
+#define BLOCK 4096 /* values converted at a time on the binary16 path */
+
+static uint8_t wire_dtype(const CollRound *r) {
+        return r->coll->cfg.fp16 ? DTYPE_F16 : DTYPE_F32;
+}
+
+static size_t wire_dsize(const CollRound *r) {
+        return r->coll->cfg.fp16 ? 2 : 4;
+}
+
+static uint8_t *piece_values(const CollRound *r, const Piece *p) {
+        return r->wire + p->wire_off + COLL_PIECE_HEADER;
+}
+
+static CollRound *round_of_group(Coll *c, uint32_t group) {
+        for (CollRound *r = c->rounds; r; r = r->next)
+                if (!r->freed && r->group == group)
+                        return r;
+        return NULL;
+}
+
+void round_destroy(CollRound *r) {
+        for (unsigned i = 0; r->pieces && i < r->n_pieces; i++)
+                if (r->pieces[i].deferred)
+                        net_tensor_release(r->coll->net, r->pieces[i].deferred);
+        free(r->pieces);
+        free(r->wire);
+        free(r->backlog);
+        free(r);
+}
+
+static void round_unlink(CollRound *r) {
+        for (CollRound **p = &r->coll->rounds; *p; p = &(*p)->next)
+                if (*p == r) {
+                        *p = r->next;
+                        break;
+                }
+        round_destroy(r);
+}
+
+static void round_fail(CollRound *r, int error) {
+        if (r->state == COLL_ROUND_DONE || r->state == COLL_ROUND_FAILED)
+                return;
+        /* A right neighbour that did not take our pieces in time is not
+         * waited for: dropping the link hands our buffer back. */
+        if (error == -ETIMEDOUT && r->state == COLL_ROUND_RUNNING && r->sending > 0 &&
+            r->coll->members[r->right].up)
+                net_close_peer(r->coll->net, r->coll->members[r->right].peer);
+        r->state = COLL_ROUND_FAILED;
+        r->error = error;
+        r->end_ns = now_ns();
+        for (unsigned i = 0; i < r->n_pieces; i++)
+                if (r->pieces[i].deferred) {
+                        net_tensor_release(r->coll->net, r->pieces[i].deferred);
+                        r->pieces[i].deferred = NULL;
+                }
+}
+
+static void round_check_done(CollRound *r) {
+        if (r->state == COLL_ROUND_RUNNING && r->done == r->n_pieces) {
+                r->state = COLL_ROUND_DONE;
+                r->end_ns = now_ns();
+        }
+}
+
+/* ---- sending ------------------------------------------------------------ */
+
+static int send_now(CollRound *r, uint32_t idx, uint8_t phase) {
+        Coll *c = r->coll;
+        Piece *p = &r->pieces[idx];
+        uint8_t *buf = r->wire + p->wire_off;
+        uint32_t bytes = COLL_PIECE_HEADER + p->count * (uint32_t)wire_dsize(r);
+        TensorDesc d;
+        int k;
+
+        if (!c->members[r->right].up)
+                return -ECONNRESET;
+        coll_piece_encode(&(CollPiece){ .phase = phase, .dtype = wire_dtype(r), .group = r->group, .index = idx,
+                                        .count = p->count, .round = r->round },
+                          buf);
+        k = tensor_desc_init(&d, DTYPE_U8, 1, &bytes);
+        if (k < 0)
+                return k;
+        k = net_send_tensor(c->net, c->members[r->right].peer, r->group, &d, buf, (uint64_t)r->uid << 32 | idx);
+        if (k < 0)
+                return k;
+        p->queued_phase = 0;
+        r->bytes_sent += bytes;
+        r->sent_in_phase[phase]++;
+        if (c->hook)
+                c->hook(c->hook_ud, phase, r->sent_in_phase[phase]);
+        return 0;
+}
+
+/* Queue piece idx to the right neighbour; it stays unchanged until sent. */
+static void send_piece(CollRound *r, uint32_t idx, uint8_t phase) {
+        Piece *p = &r->pieces[idx];
+        p->flags |= PIECE_SENDING;
+        r->sending++;
+        if (r->backlog_n == 0) {
+                int k = send_now(r, idx, phase);
+                if (k == 0)
+                        return;
+                if (k != -ENOBUFS) {
+                        p->flags &= (uint8_t)~PIECE_SENDING;
+                        r->sending--;
+                        round_fail(r, k == -ENOTCONN ? -ECONNRESET : k);
+                        return;
+                }
+        }
+        p->queued_phase = phase;
+        r->backlog[r->backlog_n++] = idx;
+}
+
+static void flush_backlog(CollRound *r) {
+        unsigned done = 0;
+        while (done < r->backlog_n) {
+                uint32_t idx = r->backlog[done];
+                int k = send_now(r, idx, r->pieces[idx].queued_phase);
+                if (k == -ENOBUFS)
+                        break;
+                if (k < 0) {
+                        round_fail(r, -ECONNRESET);
+                        break;
+                }
+                done++;
+        }
+        memmove(r->backlog, r->backlog + done, (r->backlog_n - done) * sizeof *r->backlog);
+        r->backlog_n -= done;
+}
+
+/* ---- arithmetic --------------------------------------------------------- */
+
+/* out = a + out; false if a value is not finite (a forged or diverged piece). */
+_simd_clones_ static bool add_f32(float *restrict out, const float *restrict a, size_t n) {
+        bool ok = true;
+        for (size_t i = 0; i < n; i++) {
+                out[i] = a[i] + out[i];
+                ok &= isfinite(out[i]);
+        }
+        return ok;
+}
+
+_simd_clones_ static bool copy_f32(float *restrict out, const float *restrict a, size_t n) {
+        bool ok = true;
+        for (size_t i = 0; i < n; i++) {
+                out[i] = a[i];
+                ok &= isfinite(a[i]);
+        }
+        return ok;
+}
+
+_simd_clones_ static void scale_f32(float *restrict out, const float *restrict x, float s, size_t n) {
+        for (size_t i = 0; i < n; i++)
+                out[i] = s * x[i];
+}
+
+static bool add_f16(uint16_t *out, const uint16_t *a, size_t n) {
+        float fa[BLOCK], fo[BLOCK];
+        bool ok = true;
+        for (size_t i = 0; i < n; i += BLOCK) {
+                size_t m = MIN((size_t)BLOCK, n - i);
+                half_to_float(fa, a + i, m);
+                half_to_float(fo, out + i, m);
+                ok &= add_f32(fo, fa, m);
+                half_from_float(out + i, fo, m);
+                for (size_t j = 0; j < m; j++) /* a finite sum can round to infinity */
+                        ok &= (out[i + j] & 0x7c00) != 0x7c00;
+        }
+        return ok;
+}
+
+static bool copy_f16(uint16_t *out, const uint16_t *a, size_t n) {
+        bool ok = true;
+        for (size_t i = 0; i < n; i++)
+                ok &= (a[i] & 0x7c00) != 0x7c00;
+        memcpy(out, a, n * sizeof *out);
+        return ok;
+}
+
+/* The piece's own contribution: coef * x, in the wire's type. */
+static void fill_own(CollRound *r, const Piece *p) {
+        const float *x = r->x + p->off;
+        if (!r->coll->cfg.fp16)
+                return scale_f32((float *)piece_values(r, p), x, r->coef, p->count);
+        float tmp[BLOCK];
+        uint16_t *out = (uint16_t *)piece_values(r, p);
+        for (size_t i = 0; i < p->count; i += BLOCK) {
+                size_t m = MIN((size_t)BLOCK, p->count - i);
+                scale_f32(tmp, x + i, r->coef, m);
+                half_from_float(out + i, tmp, m);
+        }
+}
+
+/* ---- receiving ---------------------------------------------------------- */
+
+static int take_piece(CollRound *r, uint32_t idx, uint8_t phase, NetTensor *t) {
+        Piece *p = &r->pieces[idx];
+        const uint8_t *in = t->data + COLL_PIECE_HEADER;
+        uint8_t *mine = piece_values(r, p);
+        bool ok;
+
+        if (r->coll->cfg.fp16)
+                ok = phase == COLL_REDUCE_SCATTER ? add_f16((uint16_t *)mine, (const uint16_t *)in, p->count)
+                                                  : copy_f16((uint16_t *)mine, (const uint16_t *)in, p->count);
+        else
+                ok = phase == COLL_REDUCE_SCATTER ? add_f32((float *)mine, (const float *)in, p->count)
+                                                  : copy_f32((float *)mine, (const float *)in, p->count);
+        r->bytes_received += t->desc.bytes;
+        net_tensor_release(r->coll->net, t);
+        if (!ok) {
+                /* The values are already partly overwritten: this piece can
+                 * never be reported complete. */
+                round_fail(r, -EBADMSG);
+                return -EBADMSG;
+        }
+        if (phase == COLL_REDUCE_SCATTER) {
+                p->flags |= PIECE_GOT_RS;
+                if (p->chunk == r->rank) { /* the sum is complete here */
+                        p->flags |= PIECE_DONE;
+                        r->done++;
+                        send_piece(r, idx, COLL_ALL_GATHER);
+                } else
+                        send_piece(r, idx, COLL_REDUCE_SCATTER);
+        } else {
+                p->flags |= PIECE_GOT_AG | PIECE_DONE;
+                r->done++;
+                if ((r->rank + 1) % r->n_part != p->chunk)
+                        send_piece(r, idx, COLL_ALL_GATHER);
+        }
+        round_check_done(r);
+        return 0;
+}
+
+int round_on_piece(Coll *c, unsigned member, const CollPiece *h, NetTensor *t) {
+        CollRound *r = round_of_group(c, h->group);
+        uint64_t *last = coll_last_round(c, h->group);
+
+        if (!r || r->state == COLL_ROUND_JOINING || (r->state == COLL_ROUND_RUNNING && h->round > r->round)) {
+                if (last && h->round > *last)
+                        return coll_early_add(c, member, h, t);
+                net_tensor_release(c->net, t);
+                return 0;
+        }
+        if (r->state != COLL_ROUND_RUNNING || h->round != r->round) { /* late: that round is over */
+                net_tensor_release(c->net, t);
+                return 0;
+        }
+
+        uint32_t P = r->n_part;
+        Piece *p = h->index < r->n_pieces ? &r->pieces[h->index] : NULL;
+        bool ok = member == r->left && p && h->count == p->count && h->dtype == wire_dtype(r);
+        if (ok && h->phase == COLL_REDUCE_SCATTER)
+                ok = p->chunk != (r->rank + P - 1) % P && !(p->flags & PIECE_GOT_RS);
+        else if (ok)
+                ok = p->chunk != r->rank && !(p->flags & PIECE_GOT_AG) && (p->flags & PIECE_GOT_RS ||
+                                                                           p->chunk == (r->rank + P - 1) % P);
+        if (ok && (p->flags & PIECE_SENDING)) {
+                /* Our copy of this piece is still on its way out: finish
+                 * with it first (see round_on_sent). */
+                if (p->deferred)
+                        ok = false;
+                else {
+                        p->deferred = t;
+                        return 0;
+                }
+        }
+        if (!ok) {
+                net_tensor_release(c->net, t);
+                round_fail(r, -EBADMSG);
+                return -EBADMSG;
+        }
+        return take_piece(r, h->index, h->phase, t);
+}
+
+void round_on_sent(Coll *c, uint64_t cookie) {
+        uint32_t uid = (uint32_t)(cookie >> 32), idx = (uint32_t)cookie;
+        CollRound *r;
+        for (r = c->rounds; r && r->uid != uid; r = r->next)
+                ;
+        if (!r || idx >= r->n_pieces || !(r->pieces[idx].flags & PIECE_SENDING))
+                return;
+        Piece *p = &r->pieces[idx];
+        p->flags &= (uint8_t)~PIECE_SENDING;
+        r->sending--;
+        if (r->freed) {
+                if (r->sending == 0)
+                        round_unlink(r);
+                return;
+        }
+        if (p->deferred) {
+                NetTensor *t = TAKE_PTR(p->deferred);
+                CollPiece h;
+                if (r->state == COLL_ROUND_RUNNING && coll_piece_decode(t->data, t->desc.bytes, &h) == 0)
+                        (void)take_piece(r, idx, h.phase, t);
+                else
+                        net_tensor_release(c->net, t);
+        }
+        if (r->state == COLL_ROUND_RUNNING)
+                flush_backlog(r);
+}
+
+/* ---- joining ------------------------------------------------------------ */
+
+static bool ready_fresh(const Coll *c, const ReadyEntry *e, uint64_t now) {
+        /* A member gives up after join_timeout; leave it a margin to hear START. */
+        return now - e->at_ns < (uint64_t)c->cfg.join_timeout_ms * MS * 3 / 4;
+}
+
+static ReadyEntry *ready_find(Coll *c, uint32_t group, unsigned member) {
+        for (size_t i = 0; i < c->n_readies; i++)
+                if (c->readies[i].group == group && c->readies[i].member == member)
+                        return &c->readies[i];
+        return NULL;
+}
+
+void round_on_ready(Coll *c, unsigned member, const CollReady *m) {
+        ReadyEntry *e = ready_find(c, m->group, member);
+        if (!e) {
+                ReadyEntry *n = realloc(c->readies, (c->n_readies + 1) * sizeof *n);
+                if (!n)
+                        return;
+                c->readies = n;
+                e = &n[c->n_readies++];
+        }
+        *e = (ReadyEntry){ .group = m->group, .member = member, .msg = *m, .at_ns = now_ns() };
+}
+
+static void begin_running(CollRound *r, uint64_t round, uint64_t participants, const double *weights) {
+        Coll *c = r->coll;
+        uint64_t now = now_ns();
+        size_t dsize = wire_dsize(r), per_piece = c->cfg.piece_bytes / dsize;
+        uint64_t *last = coll_last_round(c, r->group);
+
+        r->round = round;
+        if (last)
+                *last = round;
+        r->n_part = 0;
+        r->total_weight = 0;
+        for (unsigned i = 0; i < r->n_members; i++)
+                if (participants & (1ull << i)) {
+                        if (i == r->self_pos)
+                                r->rank = r->n_part;
+                        r->total_weight += weights[r->n_part];
+                        r->part[r->n_part++] = r->members[i];
+                }
+        r->coef = (float)(weights[r->rank] / r->total_weight);
+        r->left = r->part[(r->rank + r->n_part - 1) % r->n_part];
+        r->right = r->part[(r->rank + 1) % r->n_part];
+        r->running_ns = now;
+        r->deadline_ns = now + (uint64_t)c->cfg.round_timeout_ms * MS;
+        r->state = COLL_ROUND_RUNNING;
+        if (r->n_part == 1) {
+                r->identity = true;
+                r->state = COLL_ROUND_DONE;
+                r->end_ns = now;
+                return;
+        }
+
+        /* One chunk per rank, each cut into pieces of at most piece_bytes. */
+        size_t n_pieces = 0, wire = 0;
+        for (unsigned k = 0; k < r->n_part; k++) {
+                size_t lo = r->len * k / r->n_part, hi = r->len * (k + 1) / r->n_part;
+                n_pieces += (hi - lo + per_piece - 1) / per_piece;
+        }
+        r->pieces = calloc(n_pieces, sizeof *r->pieces);
+        r->backlog = calloc(n_pieces, sizeof *r->backlog);
+        if (!r->pieces || !r->backlog)
+                return round_fail(r, -ENOMEM);
+        for (unsigned k = 0; k < r->n_part; k++) {
+                size_t lo = r->len * k / r->n_part, hi = r->len * (k + 1) / r->n_part;
+                for (size_t off = lo; off < hi; off += per_piece) {
+                        Piece *p = &r->pieces[r->n_pieces++];
+                        p->off = off;
+                        p->count = (uint32_t)MIN(per_piece, hi - off);
+                        p->chunk = k;
+                        p->wire_off = wire;
+                        wire += COLL_PIECE_HEADER + ALIGN_TO(p->count * dsize, 64);
+                }
+        }
+        r->wire_bytes = wire;
+        r->wire = aligned_alloc(64, wire);
+        if (!r->wire)
+                return round_fail(r, -ENOMEM);
+        for (unsigned i = 0; i < r->n_pieces; i++)
+                fill_own(r, &r->pieces[i]);
+}
+
+static void take_early(Coll *c, Early *e, void *ud) {
+        if (round_on_piece(c, e->member, &e->hdr, e->t) == -EBADMSG && c->members[e->member].up)
+                net_close_peer(c->net, c->members[e->member].peer);
+}
+
+static void start_running(CollRound *r, uint64_t round, uint64_t participants, const double *weights) {
+        begin_running(r, round, participants, weights);
+        if (r->state != COLL_ROUND_RUNNING)
+                return;
+        coll_early_take(r->coll, r->group, r->round, take_early, r);
+        /* Our own values start the sums of the chunk completed by our left
+         * neighbour. */
+        uint32_t inject = (r->rank + r->n_part - 1) % r->n_part;
+        for (uint32_t i = 0; i < r->n_pieces && r->state == COLL_ROUND_RUNNING; i++)
+                if (r->pieces[i].chunk == inject)
+                        send_piece(r, i, COLL_REDUCE_SCATTER);
+        round_check_done(r);
+}
+
+int round_on_start(Coll *c, unsigned member, const CollStart *m) {
+        CollRound *r = round_of_group(c, m->group);
+        uint64_t *last = coll_last_round(c, m->group);
+        unsigned sender_pos = UINT_MAX;
+
+        if (!r || r->state != COLL_ROUND_JOINING)
+                return 0; /* not waiting: we gave up, or never joined */
+        for (unsigned i = 0; i < r->n_members; i++)
+                if (r->members[i] == member)
+                        sender_pos = i;
+        if (sender_pos == UINT_MAX || sender_pos > r->self_pos || (m->participants >> r->n_members) != 0 ||
+            !(m->participants & (1ull << sender_pos)))
+                return -EBADMSG;
+        if (!(m->participants & (1ull << r->self_pos)) || (last && m->round <= *last))
+                return 0; /* left out of this round, or a stale START */
+        start_running(r, m->round, m->participants, m->weights);
+        return 0;
+}
+
+/* The participants: members that said READY, reduced until every pair is
+ * connected (each ring order may need any pair). */
+static uint64_t choose_participants(Coll *c, CollRound *r, uint64_t now, uint64_t *ret_round, double *weights) {
+        uint64_t cand = 1ull << r->self_pos, views[COLL_MAX_MEMBERS] = {};
+        uint64_t round = *coll_last_round(c, r->group);
+        double w[COLL_MAX_MEMBERS] = {};
+
+        views[r->self_pos] = coll_view(c, r->members, r->n_members);
+        w[r->self_pos] = r->weight;
+        for (unsigned i = 0; i < r->n_members; i++) {
+                ReadyEntry *e = ready_find(c, r->group, r->members[i]);
+                if (i == r->self_pos || !e || !ready_fresh(c, e, now) || !c->members[r->members[i]].up)
+                        continue;
+                cand |= 1ull << i;
+                views[i] = e->msg.view;
+                w[i] = e->msg.weight;
+                round = MAX(round, e->msg.last_round);
+        }
+        for (;;) {
+                int worst = -1, worst_missing = 0;
+                for (unsigned i = 0; i < r->n_members; i++) {
+                        if (!(cand & (1ull << i)))
+                                continue;
+                        int missing = 0;
+                        for (unsigned j = 0; j < r->n_members; j++)
+                                if (j != i && (cand & (1ull << j)) &&
+                                    (!(views[i] & (1ull << j)) || !(views[j] & (1ull << i))))
+                                        missing++;
+                        if (missing > worst_missing || (missing && missing == worst_missing && i != r->self_pos)) {
+                                worst = (int)i;
+                                worst_missing = missing;
+                        }
+                }
+                if (worst < 0)
+                        break;
+                if ((unsigned)worst == r->self_pos) /* keep ourselves: drop the others instead */
+                        cand = 1ull << r->self_pos;
+                else
+                        cand &= ~(1ull << worst);
+        }
+        unsigned n = 0;
+        for (unsigned i = 0; i < r->n_members; i++)
+                if (cand & (1ull << i))
+                        weights[n++] = w[i];
+        *ret_round = round + 1;
+        return cand;
+}
+
+static void joining_step(CollRound *r, uint64_t now) {
+        Coll *c = r->coll;
+        unsigned leader_pos = r->self_pos;
+        for (unsigned i = 0; i < r->self_pos; i++)
+                if (c->members[r->members[i]].up) {
+                        leader_pos = i;
+                        break;
+                }
+
+        if (leader_pos != r->self_pos) {
+                unsigned leader = r->members[leader_pos];
+                if (r->leader_sent_to != leader) {
+                        uint8_t buf[COLL_CTL_MAX];
+                        size_t n = coll_ready_encode(&(CollReady){ .group = r->group,
+                                                                   .last_round = *coll_last_round(c, r->group),
+                                                                   .weight = r->weight,
+                                                                   .view = coll_view(c, r->members, r->n_members) },
+                                                     buf);
+                        if (net_send_control(c->net, c->members[leader].peer, FRAME_CONTROL, buf, n) == 0)
+                                r->leader_sent_to = leader;
+                }
+                if (now >= r->join_deadline_ns)
+                        round_fail(r, -ETIMEDOUT);
+                return;
+        }
+
+        /* We lead: start once every connected member is ready, or at the deadline. */
+        bool all = true;
+        for (unsigned i = 0; i < r->n_members && all; i++) {
+                unsigned m = r->members[i];
+                ReadyEntry *e = ready_find(c, r->group, m);
+                if (i != r->self_pos && c->members[m].up && (!e || !ready_fresh(c, e, now)))
+                        all = false;
+        }
+        if (!all && now < r->join_deadline_ns)
+                return;
+
+        CollStart s = { .group = r->group };
+        s.participants = choose_participants(c, r, now, &s.round, s.weights);
+        s.n = (unsigned)__builtin_popcountll(s.participants);
+        uint8_t buf[COLL_CTL_MAX];
+        size_t n = coll_start_encode(&s, buf);
+        for (unsigned i = 0; i < r->n_members; i++)
+                if (i != r->self_pos && (s.participants & (1ull << i)))
+                        (void)net_send_control(c->net, c->members[r->members[i]].peer, FRAME_CONTROL, buf, n);
+        for (unsigned i = 0; i < r->n_members; i++) /* used: the next round needs new ones */
+                if (s.participants & (1ull << i)) {
+                        ReadyEntry *e = ready_find(c, r->group, r->members[i]);
+                        if (e)
+                                e->at_ns = 0;
+                }
+        start_running(r, s.round, s.participants, s.weights);
+}
+
+void round_on_member_lost(Coll *c, unsigned member) {
+        for (CollRound *r = c->rounds; r; r = r->next)
+                if (!r->freed && r->state == COLL_ROUND_RUNNING && (member == r->left || member == r->right))
+                        round_fail(r, -ECONNRESET);
+}
+
+void round_tick(Coll *c, uint64_t now) {
+        for (CollRound *r = c->rounds, *next; r; r = next) {
+                next = r->next;
+                if (r->freed) {
+                        if (r->sending == 0)
+                                round_unlink(r);
+                        continue;
+                }
+                if (r->state == COLL_ROUND_JOINING)
+                        joining_step(r, now);
+                else if (r->state == COLL_ROUND_RUNNING) {
+                        if (now >= r->deadline_ns)
+                                round_fail(r, -ETIMEDOUT);
+                        else if (r->backlog_n)
+                                flush_backlog(r);
+                }
+        }
+        /* READYs nobody can use any more */
+        for (size_t i = 0; i < c->n_readies;)
+                if (!ready_fresh(c, &c->readies[i], now))
+                        c->readies[i] = c->readies[--c->n_readies];
+                else
+                        i++;
+}
+
+/* ---- the API ------------------------------------------------------------ */
+
+int coll_round_start(Coll *c, uint32_t group, const unsigned *members, unsigned n, const float *x, size_t len,
+                     double weight, CollRound **ret) {
+        unsigned self_pos = UINT_MAX;
+        if (n == 0 || n > COLL_MAX_MEMBERS || !x || len == 0 || !(weight > 0) || !isfinite(weight))
+                return -EINVAL;
+        for (unsigned i = 0; i < n; i++) {
+                if (members[i] >= c->n_members || (i && members[i] <= members[i - 1]))
+                        return -EINVAL;
+                if (members[i] == c->self)
+                        self_pos = i;
+        }
+        if (self_pos == UINT_MAX)
+                return -EINVAL;
+        if (round_of_group(c, group))
+                return -EBUSY;
+        if (!coll_last_round(c, group))
+                return -ENOMEM;
+
+        CollRound *r = calloc(1, sizeof *r);
+        if (!r)
+                return -ENOMEM;
+        uint64_t now = now_ns();
+        *r = (CollRound){
+                .coll = c,
+                .next = c->rounds,
+                .uid = ++c->next_uid,
+                .group = group,
+                .n_members = n,
+                .self_pos = self_pos,
+                .x = x,
+                .len = len,
+                .weight = weight,
+                .state = COLL_ROUND_JOINING,
+                .start_ns = now,
+                .join_deadline_ns = now + (uint64_t)c->cfg.join_timeout_ms * MS,
+                .leader_sent_to = UINT_MAX,
+        };
+        memcpy(r->members, members, n * sizeof *members);
+        c->rounds = r;
+        joining_step(r, now);
+        *ret = r;
+        return 0;
+}
+
+bool coll_round_finished(const CollRound *r) {
+        return r->state == COLL_ROUND_DONE || r->state == COLL_ROUND_FAILED;
+}
+
+void coll_round_info(const CollRound *r, CollRoundInfo *ret) {
+        *ret = (CollRoundInfo){
+                .state = r->state,
+                .error = r->error,
+                .round = r->round,
+                .participants = r->n_part,
+                .rank = r->rank,
+                .pieces = r->identity ? 1 : r->n_pieces,
+                .pieces_done = r->identity ? 1 : r->done,
+                .total_weight = r->total_weight,
+                .start_ns = r->start_ns,
+                .running_ns = r->running_ns,
+                .end_ns = r->end_ns,
+                .bytes_sent = r->bytes_sent,
+                .bytes_received = r->bytes_received,
+        };
+}
+
+/* Values [off, off + n) of piece p, as floats. */
+static void piece_read(const CollRound *r, const Piece *p, size_t off, size_t n, float *out) {
+        const uint8_t *v = piece_values(r, p);
+        if (r->coll->cfg.fp16)
+                half_to_float(out, (const uint16_t *)v + (off - p->off), n);
+        else
+                memcpy(out, (const float *)v + (off - p->off), n * sizeof *out);
+}
+
+int coll_round_read(const CollRound *r, size_t off, size_t n, float *out) {
+        if (off > r->len || n > r->len - off)
+                return -EINVAL;
+        if (r->identity) {
+                memcpy(out, r->x + off, n * sizeof *out);
+                return 0;
+        }
+        for (unsigned i = 0; i < r->n_pieces; i++) {
+                const Piece *p = &r->pieces[i];
+                size_t lo = MAX(off, p->off), hi = MIN(off + n, p->off + p->count);
+                if (lo >= hi)
+                        continue;
+                if (!(p->flags & PIECE_DONE))
+                        return -EAGAIN;
+                piece_read(r, p, lo, hi - lo, out + (lo - off));
+        }
+        return 0;
+}
+
+_simd_clones_ static void add_delta(float *restrict w, const float *restrict avg, const float *restrict x, size_t n) {
+        for (size_t i = 0; i < n; i++)
+                w[i] += avg[i] - x[i];
+}
+
+size_t coll_round_apply(const CollRound *r, float *w) {
+        size_t changed = 0;
+        if (r->identity)
+                return 0;
+        for (unsigned i = 0; i < r->n_pieces; i++) {
+                const Piece *p = &r->pieces[i];
+                if (!(p->flags & PIECE_DONE))
+                        continue;
+                if (!r->coll->cfg.fp16)
+                        add_delta(w + p->off, (const float *)piece_values(r, p), r->x + p->off, p->count);
+                else {
+                        float tmp[BLOCK];
+                        for (size_t k = 0; k < p->count; k += BLOCK) {
+                                size_t m = MIN((size_t)BLOCK, p->count - k);
+                                piece_read(r, p, p->off + k, m, tmp);
+                                add_delta(w + p->off + k, tmp, r->x + p->off + k, m);
+                        }
+                }
+                changed += p->count;
+        }
+        return changed;
+}
+
+void coll_round_free(CollRound *r) {
+        if (!r)
+                return;
+        if (r->state == COLL_ROUND_RUNNING || r->state == COLL_ROUND_JOINING)
+                round_fail(r, -ECANCELED);
+        r->freed = true;
+        if (r->sending == 0)
+                round_unlink(r);
+}

@@ -1,0 +1,131 @@
+/* collective/coll-wire.c — encoding and checked decoding of round messages. */
+#include <errno.h>
+#include <math.h>
+#include <stdbool.h>
+#include <string.h>
+
+#include "coll-wire.h"
+#include "net/frame.h"
+
+#define CTL_MAGIC 0x31435652u   /* "RVC1" */
+#define PIECE_MAGIC 0x31505652u /* "RVP1" */
+
+static void put_f64(uint8_t *p, double v) {
+        uint64_t u;
+        memcpy(&u, &v, sizeof u);
+        put_le64(p, u);
+}
+
+static double get_f64(const uint8_t *p) {
+        uint64_t u = get_le64(p);
+        double v;
+        memcpy(&v, &u, sizeof v);
+        return v;
+}
+
+static bool weight_ok(double w) {
+        return isfinite(w) && w > 0 && w <= 1e15;
+}
+
+/*  0 u32 magic, 4 u8 kind, 5..7 zero, 8 u32 group, 12 u32 zero, 16 u64 round,
+ * READY: 24 f64 weight, 32 u64 view                         (40 bytes)
+ * START: 24 u64 participants, 32 u32 n, 36 zero, 40 n x f64 (40 + 8n bytes) */
+static void ctl_head(uint8_t *out, uint8_t kind, uint32_t group, uint64_t round) {
+        memset(out, 0, 24);
+        put_le32(out, CTL_MAGIC);
+        out[4] = kind;
+        put_le32(out + 8, group);
+        put_le64(out + 16, round);
+}
+
+size_t coll_ready_encode(const CollReady *m, uint8_t *out) {
+        ctl_head(out, COLL_READY, m->group, m->last_round);
+        put_f64(out + 24, m->weight);
+        put_le64(out + 32, m->view);
+        return 40;
+}
+
+size_t coll_start_encode(const CollStart *m, uint8_t *out) {
+        ctl_head(out, COLL_START, m->group, m->round);
+        put_le64(out + 24, m->participants);
+        put_le32(out + 32, m->n);
+        put_le32(out + 36, 0);
+        for (unsigned i = 0; i < m->n; i++)
+                put_f64(out + 40 + 8 * i, m->weights[i]);
+        return 40 + 8 * (size_t)m->n;
+}
+
+int coll_ctl_decode(const uint8_t *in, size_t len, CollCtl *ret) {
+        if (len < 40 || get_le32(in) != CTL_MAGIC || in[5] || in[6] || in[7] || get_le32(in + 12))
+                return -EBADMSG;
+        CollCtl m = { .kind = in[4] };
+        switch (m.kind) {
+        case COLL_READY:
+                if (len != 40)
+                        return -EBADMSG;
+                m.ready = (CollReady){
+                        .group = get_le32(in + 8),
+                        .last_round = get_le64(in + 16),
+                        .weight = get_f64(in + 24),
+                        .view = get_le64(in + 32),
+                };
+                if (!weight_ok(m.ready.weight))
+                        return -EBADMSG;
+                break;
+        case COLL_START: {
+                CollStart *s = &m.start;
+                s->group = get_le32(in + 8);
+                s->round = get_le64(in + 16);
+                s->participants = get_le64(in + 24);
+                s->n = get_le32(in + 32);
+                if (get_le32(in + 36) || s->n == 0 || s->n != (unsigned)__builtin_popcountll(s->participants) ||
+                    len != 40 + 8 * (size_t)s->n || s->round == 0)
+                        return -EBADMSG;
+                for (unsigned i = 0; i < s->n; i++) {
+                        s->weights[i] = get_f64(in + 40 + 8 * i);
+                        if (!weight_ok(s->weights[i]))
+                                return -EBADMSG;
+                }
+                break;
+        }
+        default:
+                return -EBADMSG;
+        }
+        *ret = m;
+        return 0;
+}
+
+/*  0 u32 magic, 4 u8 phase, 5 u8 dtype, 6 u16 zero, 8 u32 group, 12 u32 index,
+ * 16 u64 round, 24 u32 count, 28..63 zero, then count values */
+void coll_piece_encode(const CollPiece *p, uint8_t out[COLL_PIECE_HEADER]) {
+        memset(out, 0, COLL_PIECE_HEADER);
+        put_le32(out, PIECE_MAGIC);
+        out[4] = p->phase;
+        out[5] = p->dtype;
+        put_le32(out + 8, p->group);
+        put_le32(out + 12, p->index);
+        put_le64(out + 16, p->round);
+        put_le32(out + 24, p->count);
+}
+
+int coll_piece_decode(const uint8_t *in, size_t len, CollPiece *ret) {
+        if (len < COLL_PIECE_HEADER || get_le32(in) != PIECE_MAGIC)
+                return -EBADMSG;
+        for (size_t i = 28; i < COLL_PIECE_HEADER; i++)
+                if (in[i])
+                        return -EBADMSG;
+        CollPiece p = {
+                .phase = in[4],
+                .dtype = in[5],
+                .group = get_le32(in + 8),
+                .index = get_le32(in + 12),
+                .round = get_le64(in + 16),
+                .count = get_le32(in + 24),
+        };
+        if ((p.phase != COLL_REDUCE_SCATTER && p.phase != COLL_ALL_GATHER) || get_le16(in + 6) ||
+            (p.dtype != DTYPE_F32 && p.dtype != DTYPE_F16) || p.count == 0 ||
+            len - COLL_PIECE_HEADER != (size_t)p.count * dtype_size(p.dtype))
+                return -EBADMSG;
+        *ret = p;
+        return 0;
+}

@@ -1,0 +1,72 @@
+/* collective/coll-wire.h — the messages of a group all-reduce round.
+ *
+ * Coordination travels in CONTROL frames, averaged data in TENSOR frames
+ * whose payload starts with a fixed piece header; the layouts are in
+ * ravnest-protocol(7). Decoding checks every field a peer controls before
+ * anything is used: a message that fails is dropped with the link.
+ *
+ *     uint8_t buf[COLL_CTL_MAX];
+ *     size_t n = coll_ready_encode(&(CollReady){ .group = 3, .weight = 128 }, buf);
+ *     CollCtl m;
+ *     r = coll_ctl_decode(buf, n, &m);    // -EBADMSG on anything malformed
+ */
+#pragma once
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define COLL_MAX_MEMBERS 64 /* a group's members fit a 64-bit map */
+#define COLL_PIECE_HEADER 64 /* bytes before a piece's values; keeps them 64-byte aligned */
+
+typedef enum CollCtlKind {
+        COLL_READY = 1, /* member -> leader: I am ready for the next round of this group */
+        COLL_START = 2, /* leader -> participants: who takes part, with what weight */
+} CollCtlKind;
+
+typedef enum CollPhase {
+        COLL_REDUCE_SCATTER = 1,
+        COLL_ALL_GATHER = 2,
+} CollPhase;
+
+typedef struct CollReady {
+        uint32_t group;
+        uint64_t last_round; /* the last round this member took part in */
+        double weight;       /* samples since its last round (> 0) */
+        uint64_t view;       /* bit i: the member at position i of the group is connected */
+} CollReady;
+
+typedef struct CollStart {
+        uint32_t group;
+        uint64_t round;
+        uint64_t participants;               /* bit i: position i of the group takes part */
+        double weights[COLL_MAX_MEMBERS];    /* in position order, one per participant */
+        unsigned n;                          /* popcount(participants) */
+} CollStart;
+
+typedef struct CollCtl {
+        uint8_t kind;
+        union {
+                CollReady ready;
+                CollStart start;
+        };
+} CollCtl;
+
+#define COLL_CTL_MAX (40 + 8 * COLL_MAX_MEMBERS)
+
+size_t coll_ready_encode(const CollReady *m, uint8_t *out);
+size_t coll_start_encode(const CollStart *m, uint8_t *out);
+/* -EBADMSG: wrong magic, kind, size, or a value out of range. */
+int coll_ctl_decode(const uint8_t *in, size_t len, CollCtl *ret);
+
+typedef struct CollPiece {
+        uint8_t phase; /* CollPhase */
+        uint8_t dtype; /* DTYPE_F32 or DTYPE_F16 */
+        uint32_t group;
+        uint32_t index; /* piece number in the round */
+        uint32_t count; /* values that follow the header */
+        uint64_t round;
+} CollPiece;
+
+void coll_piece_encode(const CollPiece *p, uint8_t out[COLL_PIECE_HEADER]);
+/* -EBADMSG on a malformed header or a size that disagrees with count. */
+int coll_piece_decode(const uint8_t *in, size_t len, CollPiece *ret);

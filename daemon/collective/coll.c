@@ -1,0 +1,287 @@
+/* collective/coll.c — the member table, its links, and message dispatch. */
+#include <errno.h>
+#include <limits.h>
+#include <stdio.h>
+
+#include "coll-internal.h"
+#include "util/time-util.h"
+
+#define MAX_EARLY 4096 /* pieces held for rounds whose START has not come yet */
+#define HEARTBEAT_NS (10 * NSEC_PER_SEC)
+
+void coll_config_defaults(CollConfig *c) {
+        *c = (CollConfig){
+                .piece_bytes = 1u << 20,
+                .join_timeout_ms = 10000,
+                .round_timeout_ms = 30000,
+                .redial_ms = 1000,
+        };
+}
+
+int coll_member_of_peer(const Coll *c, uint32_t peer) {
+        for (unsigned i = 0; i < c->n_members; i++)
+                if (c->members[i].up && c->members[i].peer == peer)
+                        return (int)i;
+        return -ENOENT;
+}
+
+uint64_t *coll_last_round(Coll *c, uint32_t group) {
+        for (size_t i = 0; i < c->n_groups; i++)
+                if (c->groups[i].group == group)
+                        return &c->groups[i].last_round;
+        GroupRound *g = realloc(c->groups, (c->n_groups + 1) * sizeof *g);
+        if (!g)
+                return NULL;
+        c->groups = g;
+        g[c->n_groups] = (GroupRound){ .group = group };
+        return &g[c->n_groups++].last_round;
+}
+
+/* Bit i: members[i] is us or connected to us. */
+uint64_t coll_view(const Coll *c, const unsigned *members, unsigned n) {
+        uint64_t v = 0;
+        for (unsigned i = 0; i < n; i++)
+                if (members[i] == c->self || c->members[members[i]].up)
+                        v |= 1ull << i;
+        return v;
+}
+
+static void drop_early(Coll *c, bool (*match)(const Early *, const void *), const void *arg) {
+        for (Early **p = &c->early; *p;) {
+                Early *e = *p;
+                if (match && !match(e, arg)) {
+                        p = &e->next;
+                        continue;
+                }
+                *p = e->next;
+                net_tensor_release(c->net, e->t);
+                free(e);
+                c->n_early--;
+        }
+}
+
+static bool early_from(const Early *e, const void *member) {
+        return e->member == *(const unsigned *)member;
+}
+
+static void on_connected(void *ud, uint32_t peer, const uint8_t id[IDENTITY_PK_SIZE]) {
+        Coll *c = ud;
+        for (unsigned i = 0; i < c->n_members; i++) {
+                Member *m = &c->members[i];
+                if (i == c->self || memcmp(m->m.id, id, IDENTITY_PK_SIZE) != 0)
+                        continue;
+                if (m->dialing && m->dial_peer == peer)
+                        m->dialing = false;
+                if (m->up) /* one link per member: keep the older */
+                        break;
+                m->up = true;
+                m->peer = peer;
+                return;
+        }
+        /* authenticated, but not one of ours (or a second link) */
+        net_close_peer(c->net, peer);
+}
+
+static void on_closed(void *ud, uint32_t peer, int reason, const uint8_t id[IDENTITY_PK_SIZE]) {
+        Coll *c = ud;
+        uint64_t now = now_ns();
+        for (unsigned i = 0; i < c->n_members; i++) {
+                Member *m = &c->members[i];
+                if (m->dialing && m->dial_peer == peer) {
+                        m->dialing = false;
+                        m->next_dial_ns = now + (uint64_t)c->cfg.redial_ms * 1000000ull;
+                }
+                if (m->up && m->peer == peer) {
+                        m->up = false;
+                        m->next_dial_ns = now + (uint64_t)c->cfg.redial_ms * 1000000ull;
+                        drop_early(c, early_from, &i);
+                        round_on_member_lost(c, i);
+                }
+        }
+}
+
+static void on_control(void *ud, uint32_t peer, uint8_t type, const uint8_t *payload, size_t len) {
+        Coll *c = ud;
+        int member = coll_member_of_peer(c, peer);
+        CollCtl m;
+        if (member < 0 || type != FRAME_CONTROL)
+                return;
+        if (coll_ctl_decode(payload, len, &m) < 0) {
+                net_close_peer(c->net, peer);
+                return;
+        }
+        if (m.kind == COLL_READY)
+                round_on_ready(c, (unsigned)member, &m.ready);
+        else if (round_on_start(c, (unsigned)member, &m.start) == -EBADMSG)
+                net_close_peer(c->net, peer);
+}
+
+static void on_tensor(void *ud, NetTensor *t) {
+        Coll *c = ud;
+        int member = coll_member_of_peer(c, t->peer);
+        CollPiece h;
+        if (member < 0) {
+                net_tensor_release(c->net, t);
+                return;
+        }
+        if (coll_piece_decode(t->data, t->desc.bytes, &h) < 0 || h.group != t->stream) {
+                net_close_peer(c->net, t->peer);
+                net_tensor_release(c->net, t);
+                return;
+        }
+        if (round_on_piece(c, (unsigned)member, &h, t) == -EBADMSG)
+                net_close_peer(c->net, c->members[member].peer);
+}
+
+static void on_sent(void *ud, uint32_t peer, uint64_t cookie) {
+        round_on_sent(ud, cookie);
+}
+
+static const NetCallbacks callbacks = {
+        .connected = on_connected,
+        .tensor = on_tensor,
+        .control = on_control,
+        .sent = on_sent,
+        .closed = on_closed,
+};
+
+int coll_new(const CollConfig *cfg, Coll **ret) {
+        if (!cfg->net || !cfg->members || cfg->n_members == 0 || cfg->self >= cfg->n_members ||
+            cfg->piece_bytes < 4096 || cfg->piece_bytes > cfg->net->limits.max_tensor_bytes - COLL_PIECE_HEADER)
+                return -EINVAL;
+        Coll *c = calloc(1, sizeof *c);
+        if (!c)
+                return -ENOMEM;
+        c->cfg = *cfg;
+        c->n_members = cfg->n_members;
+        c->self = cfg->self;
+        c->members = calloc(cfg->n_members, sizeof *c->members);
+        if (!c->members) {
+                free(c);
+                return -ENOMEM;
+        }
+        for (unsigned i = 0; i < cfg->n_members; i++)
+                c->members[i].m = cfg->members[i];
+        int r = net_new(cfg->net, &callbacks, c, &c->net);
+        if (r < 0) {
+                free(c->members);
+                free(c);
+                return r;
+        }
+        *ret = c;
+        return 0;
+}
+
+Coll *coll_free(Coll *c) {
+        if (!c)
+                return NULL;
+        drop_early(c, NULL, NULL);
+        /* Links go first, so no send still points into a round's buffer. */
+        c->net = net_free(c->net);
+        while (c->rounds) {
+                CollRound *r = c->rounds;
+                c->rounds = r->next;
+                round_destroy(r);
+        }
+        free(c->readies);
+        free(c->groups);
+        free(c->members);
+        free(c);
+        return NULL;
+}
+
+int coll_listen(Coll *c, uint16_t port, uint16_t *ret_port) {
+        const char *host = c->cfg.listen_host ? c->cfg.listen_host : c->members[c->self].m.host;
+        return net_listen(c->net, host, port, ret_port);
+}
+
+int coll_set_address(Coll *c, unsigned member, const char *host, uint16_t port) {
+        if (member >= c->n_members || strlen(host) >= sizeof c->members[member].m.host)
+                return -EINVAL;
+        snprintf(c->members[member].m.host, sizeof c->members[member].m.host, "%s", host);
+        c->members[member].m.port = port;
+        return 0;
+}
+
+/* The member with the lower index dials; a failed dial waits redial_ms. */
+static void dial(Coll *c, uint64_t now) {
+        for (unsigned i = c->self + 1; i < c->n_members; i++) {
+                Member *m = &c->members[i];
+                if (m->up || m->dialing || now < m->next_dial_ns || m->m.port == 0)
+                        continue;
+                m->next_dial_ns = now + (uint64_t)c->cfg.redial_ms * 1000000ull;
+                if (net_connect(c->net, m->m.host, m->m.port, &m->dial_peer) == 0)
+                        m->dialing = true;
+        }
+}
+
+int coll_run(Coll *c, int timeout_ms) {
+        int r = net_run(c->net, timeout_ms);
+        uint64_t now = now_ns();
+        dial(c, now);
+        if (now >= c->next_heartbeat_ns) {
+                net_broadcast_control(c->net, FRAME_HEARTBEAT, NULL, 0);
+                c->next_heartbeat_ns = now + HEARTBEAT_NS;
+        }
+        round_tick(c, now);
+        return r;
+}
+
+bool coll_connected(const Coll *c, unsigned member) {
+        return member < c->n_members && (member == c->self || c->members[member].up);
+}
+
+unsigned coll_n_connected(const Coll *c) {
+        unsigned n = 0;
+        for (unsigned i = 0; i < c->n_members; i++)
+                n += c->members[i].up;
+        return n;
+}
+
+Net *coll_net(Coll *c) {
+        return c->net;
+}
+
+void coll_set_piece_hook(Coll *c, CollPieceHook hook, void *ud) {
+        c->hook = hook;
+        c->hook_ud = ud;
+}
+
+/* Keep a piece for a round that has not started here yet. */
+int coll_early_add(Coll *c, unsigned member, const CollPiece *h, NetTensor *t) {
+        Early *e;
+        if (c->n_early >= MAX_EARLY || !(e = malloc(sizeof *e))) {
+                net_tensor_release(c->net, t);
+                return -ENOBUFS;
+        }
+        *e = (Early){ .next = c->early, .member = member, .hdr = *h, .t = t };
+        c->early = e;
+        c->n_early++;
+        return 0;
+}
+
+void coll_early_take(Coll *c, uint32_t group, uint64_t round, void (*fn)(Coll *, Early *, void *), void *ud) {
+        Early *mine = NULL;
+        for (Early **p = &c->early; *p;) {
+                Early *e = *p;
+                if (e->hdr.group != group || e->hdr.round > round) {
+                        p = &e->next;
+                        continue;
+                }
+                *p = e->next;
+                c->n_early--;
+                if (e->hdr.round == round) { /* the list is newest first: reverse */
+                        e->next = mine;
+                        mine = e;
+                } else {
+                        net_tensor_release(c->net, e->t);
+                        free(e);
+                }
+        }
+        while (mine) {
+                Early *e = mine;
+                mine = e->next;
+                fn(c, e, ud);
+                free(e);
+        }
+}

@@ -1,0 +1,118 @@
+/* collective/coll.h — averaging a float vector over a group of members, with
+ * a pipelined ring all-reduce on authenticated links.
+ *
+ * A Coll is one thread's averaging endpoint: its Net, and the table of members
+ * it may average with (identity and address), the same table in the same
+ * order on every member. Links come up by themselves: the member with the
+ * lower index dials, and redials a lost link every second.
+ *
+ * A round averages x over a group, given as member indices in increasing
+ * order (the same list on every member of the group):
+ *   1. every member sends READY (its weight and the members it is connected
+ *      to) to the group's leader, the first member it sees connected;
+ *   2. the leader waits for the connected members, then sends START with the
+ *      participants (a fully connected set) and their weights;
+ *   3. the participants run reduce-scatter then all-gather around the ring
+ *      in index order. The vector is cut into one chunk per participant and
+ *      every chunk into pieces, which travel independently, so every link
+ *      stays busy. Each piece is summed by the ring in one fixed order and
+ *      then copied, so every participant ends with bit-identical values.
+ *      Contributions are scaled by weight / total weight before summing.
+ * A round that misses its deadline, loses a participant or receives a bad
+ * piece stops; every piece is then either the average over the participants
+ * or untouched (coll_round_apply() applies only complete pieces).
+ *
+ *     Coll *c;
+ *     r = coll_new(&(CollConfig){ .net = &nc, .members = m, .n_members = 4, .self = 1 }, &c);
+ *     CollRound *rd;
+ *     r = coll_round_start(c, group_id, (unsigned[]){ 0, 1, 2, 3 }, 4, x, len, weight, &rd);
+ *     while (!coll_round_finished(rd))
+ *             coll_run(c, 50);
+ *     coll_round_apply(rd, w);   // w += avg - x on every complete piece
+ *     coll_round_free(rd);
+ */
+#pragma once
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "coll-wire.h"
+#include "net/net.h"
+
+typedef struct CollMember {
+        uint8_t id[IDENTITY_PK_SIZE];
+        char host[64];
+        uint16_t port;
+} CollMember;
+
+typedef struct CollConfig {
+        const NetConfig *net;
+        const CollMember *members;
+        unsigned n_members;
+        unsigned self;              /* our index in members */
+        const char *listen_host;    /* NULL: members[self].host */
+        bool fp16;                  /* send values as binary16 (half the bytes) */
+        size_t piece_bytes;         /* values per piece, in bytes; 0: 1 MiB */
+        unsigned join_timeout_ms;   /* READY to START */
+        unsigned round_timeout_ms;  /* START to the last piece */
+        unsigned redial_ms;
+} CollConfig;
+
+void coll_config_defaults(CollConfig *c);
+
+typedef enum CollRoundState {
+        COLL_ROUND_JOINING,
+        COLL_ROUND_RUNNING,
+        COLL_ROUND_DONE,   /* every piece averaged */
+        COLL_ROUND_FAILED, /* some or no piece averaged; see error */
+} CollRoundState;
+
+typedef struct CollRoundInfo {
+        CollRoundState state;
+        int error;              /* why a round failed: -ETIMEDOUT, -ECONNRESET, -EBADMSG, ... */
+        uint64_t round;
+        unsigned participants;  /* 0 before START */
+        unsigned rank;
+        size_t pieces, pieces_done;
+        double total_weight;
+        uint64_t start_ns, running_ns, end_ns;
+        uint64_t bytes_sent, bytes_received;
+} CollRoundInfo;
+
+/* Lets a test act at a precise moment of a round (kill the process, stop
+ * reading): called after each piece is queued for sending. */
+typedef void (*CollPieceHook)(void *ud, uint8_t phase, unsigned pieces_sent_in_phase);
+
+typedef struct Coll Coll;
+typedef struct CollRound CollRound;
+
+int coll_new(const CollConfig *c, Coll **ret);
+Coll *coll_free(Coll *c);
+DEFINE_TRIVIAL_CLEANUP_FUNC(Coll *, coll_free);
+/* Bind the listener (port 0: any; the port is written back with ret_port). */
+int coll_listen(Coll *c, uint16_t port, uint16_t *ret_port);
+/* Point member i at another address (after coll_listen of a peer found it). */
+int coll_set_address(Coll *c, unsigned member, const char *host, uint16_t port);
+/* Wait up to timeout_ms for I/O and run whatever is due. */
+int coll_run(Coll *c, int timeout_ms);
+bool coll_connected(const Coll *c, unsigned member);
+unsigned coll_n_connected(const Coll *c);
+Net *coll_net(Coll *c);
+void coll_set_piece_hook(Coll *c, CollPieceHook hook, void *ud);
+
+/* Start a round; x (len values) must stay unchanged until the round is
+ * freed. -EBUSY if this group already has a round in progress. */
+int coll_round_start(Coll *c, uint32_t group, const unsigned *members, unsigned n, const float *x, size_t len,
+                     double weight, CollRound **ret);
+bool coll_round_finished(const CollRound *r);
+void coll_round_info(const CollRound *r, CollRoundInfo *ret);
+/* The average of values [off, off+n) if their pieces are complete, written
+ * to out; -EAGAIN if some piece among them is not. */
+int coll_round_read(const CollRound *r, size_t off, size_t n, float *out);
+/* w[i] += avg[i] - x[i] for every value of a complete piece (the delta rule
+ * that keeps updates made during the round); returns how many values. */
+size_t coll_round_apply(const CollRound *r, float *w);
+/* Ends the round; pieces still being sent are given up and freed when the
+ * Net lets go of them. */
+void coll_round_free(CollRound *r);

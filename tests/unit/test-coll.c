@@ -1,0 +1,210 @@
+/* Group all-reduce: the wire format, binary16, and whole rounds between
+ * members in threads over real loopback TCP, held against exact arithmetic. */
+#include <criterion/criterion.h>
+#include <math.h>
+
+#include "../lib/coll-swarm.h"
+#include "tensor/half.h"
+#include "util/rng.h"
+
+/* ---- wire ---------------------------------------------------------------- */
+
+Test(coll_wire, roundtrip_and_every_corruption) {
+        uint8_t buf[COLL_CTL_MAX];
+        CollCtl m;
+        size_t n = coll_ready_encode(&(CollReady){ .group = 9, .last_round = 4, .weight = 3.5, .view = 0xf }, buf);
+        cr_assert_eq(coll_ctl_decode(buf, n, &m), 0);
+        cr_assert_eq(m.kind, COLL_READY);
+        cr_assert(m.ready.group == 9 && m.ready.last_round == 4 && m.ready.weight == 3.5 && m.ready.view == 0xf);
+        cr_assert_eq(coll_ctl_decode(buf, n - 1, &m), -EBADMSG);
+
+        CollStart s = { .group = 2, .round = 7, .participants = 0x15, .n = 3, .weights = { 1, 2, 3 } };
+        n = coll_start_encode(&s, buf);
+        cr_assert_eq(coll_ctl_decode(buf, n, &m), 0);
+        cr_assert(m.kind == COLL_START && m.start.n == 3 && m.start.weights[2] == 3 && m.start.round == 7);
+        /* the participant count must match the map */
+        buf[32] = 2;
+        cr_assert_eq(coll_ctl_decode(buf, n, &m), -EBADMSG);
+        buf[32] = 3;
+        /* non-finite and non-positive weights */
+        double bad[] = { NAN, INFINITY, 0, -1 };
+        for (unsigned k = 0; k < 4; k++) {
+                n = coll_start_encode(&(CollStart){ .group = 1, .round = 1, .participants = 1, .n = 1,
+                                                    .weights = { bad[k] } }, buf);
+                cr_assert_eq(coll_ctl_decode(buf, n, &m), -EBADMSG, "weight %g accepted", bad[k]);
+        }
+
+        uint8_t piece[COLL_PIECE_HEADER + 16];
+        CollPiece h;
+        coll_piece_encode(&(CollPiece){ .phase = COLL_ALL_GATHER, .dtype = DTYPE_F32, .group = 3, .index = 5,
+                                        .count = 4, .round = 11 }, piece);
+        cr_assert_eq(coll_piece_decode(piece, sizeof piece, &h), 0);
+        cr_assert(h.phase == COLL_ALL_GATHER && h.index == 5 && h.count == 4 && h.round == 11 && h.group == 3);
+        cr_assert_eq(coll_piece_decode(piece, sizeof piece - 4, &h), -EBADMSG, "size disagrees with count");
+        /* every header byte is checked or harmless */
+        for (size_t i = 0; i < COLL_PIECE_HEADER; i++) {
+                uint8_t save = piece[i];
+                piece[i] ^= 0x40;
+                int r = coll_piece_decode(piece, sizeof piece, &h);
+                bool payload_field = (i >= 8 && i < 24); /* group, index, round: checked by the round */
+                cr_assert(r == -EBADMSG || payload_field, "byte %zu flipped and accepted", i);
+                piece[i] = save;
+        }
+}
+
+/* ---- binary16 ------------------------------------------------------------ */
+
+Test(half, every_half_roundtrips_and_fast_path_matches_portable) {
+        for (uint32_t h = 0; h < 65536; h++) {
+                float f = half_to_float1((uint16_t)h);
+                uint16_t back = half_from_float1(f);
+                if ((h & 0x7c00) == 0x7c00 && (h & 0x3ff)) /* NaN: stays NaN */
+                        cr_assert((back & 0x7c00) == 0x7c00 && (back & 0x3ff), "NaN %04x", h);
+                else
+                        cr_assert_eq(back, h, "%04x -> %g -> %04x", h, f, back);
+        }
+        Rng rng;
+        rng_seed(&rng, 5, 0);
+        enum { N = 1 << 16 };
+        static float in[N], out[N];
+        static uint16_t fast[N];
+        for (size_t i = 0; i < N; i++) {
+                uint32_t u = (uint32_t)rng_next(&rng);
+                memcpy(&in[i], &u, 4);
+                if (i % 2)
+                        in[i] = (rng_uniform(&rng) - 0.5f) * 1e-3f; /* many subnormal halves */
+        }
+        half_from_float(fast, in, N);
+        for (size_t i = 0; i < N; i++) {
+                uint16_t slow = half_from_float1(in[i]);
+                if (isnan(in[i]))
+                        cr_assert((fast[i] & 0x7c00) == 0x7c00 && (fast[i] & 0x3ff));
+                else
+                        cr_assert_eq(fast[i], slow, "%a: %04x vs %04x", in[i], fast[i], slow);
+        }
+        half_to_float(out, fast, N);
+        for (size_t i = 0; i < N; i++)
+                if (!isnan(in[i]))
+                        cr_assert(out[i] == half_to_float1(fast[i]));
+        /* ties go to even: 1 + 2^-11 lies halfway between 1 and 1 + 2^-10 */
+        cr_assert_eq(half_from_float1(1.0f + 0x1p-11f), 0x3c00);
+        cr_assert_eq(half_from_float1(1.0f + 3 * 0x1p-11f), 0x3c02);
+        cr_assert_eq(half_from_float1(65520.0f), 0x7c00, "rounds to infinity");
+        cr_assert_eq(half_from_float1(65519.0f), 0x7bff);
+}
+
+/* ---- rounds ---------------------------------------------------------------- */
+
+static void fill(Swarm *s, size_t len, uint64_t seed, bool weighted) {
+        Rng rng;
+        rng_seed(&rng, seed, 0);
+        for (unsigned i = 0; i < s->n; i++) {
+                SwarmNode *nd = &s->node[i];
+                nd->len = len;
+                nd->x = malloc(len * sizeof *nd->x);
+                nd->w = malloc(len * sizeof *nd->w);
+                nd->avg = malloc(len * sizeof *nd->avg);
+                nd->weight = weighted ? 1 + 100 * rng_uniform(&rng) : 1;
+                for (size_t k = 0; k < len; k++) {
+                        nd->x[k] = 4 * rng_uniform(&rng) - 2;
+                        nd->w[k] = nd->x[k] + 0.25f; /* training moved on by 0.25 meanwhile */
+                }
+        }
+}
+
+static void release(Swarm *s) {
+        for (unsigned i = 0; i < s->n; i++) {
+                free(s->node[i].x);
+                free(s->node[i].w);
+                free(s->node[i].avg);
+        }
+}
+
+/* All members bit-identical, within tol of the exact weighted average, and
+ * w moved by exactly avg - x. */
+static double check_average(Swarm *s, double tol) {
+        size_t len = s->node[0].len;
+        double W = 0, worst = 0;
+        for (unsigned i = 0; i < s->n; i++) {
+                cr_assert_eq(s->node[i].info.state, COLL_ROUND_DONE, "member %u: state %d error %d", i,
+                             s->node[i].info.state, s->node[i].info.error);
+                cr_assert_eq(s->node[i].info.participants, s->n);
+                cr_assert_not_null(s->node[i].avg);
+                W += s->node[i].weight;
+        }
+        for (size_t k = 0; k < len; k++) {
+                long double exact = 0;
+                for (unsigned i = 0; i < s->n; i++)
+                        exact += (long double)s->node[i].weight * s->node[i].x[k];
+                exact /= W;
+                double err = fabs((double)(s->node[0].avg[k] - exact));
+                worst = fmax(worst, err);
+                cr_assert(err <= tol, "value %zu: %.9g vs exact %.9Lg", k, s->node[0].avg[k], exact);
+        }
+        for (unsigned i = 1; i < s->n; i++)
+                cr_assert(memcmp(s->node[i].avg, s->node[0].avg, len * sizeof(float)) == 0,
+                          "member %u holds different bits", i);
+        for (unsigned i = 0; i < s->n; i++)
+                for (size_t k = 0; k < len; k++)
+                        cr_assert(fabsf(s->node[i].w[k] - (s->node[i].avg[k] + 0.25f)) < 1e-5f,
+                                  "delta rule: member %u value %zu", i, k);
+        return worst;
+}
+
+static void run(unsigned n, size_t len, size_t piece_bytes, bool fp16, bool weighted, bool plaintext, double tol) {
+        Swarm s;
+        CollConfig c;
+        coll_config_defaults(&c);
+        c.piece_bytes = piece_bytes;
+        c.fp16 = fp16;
+        cr_assert_eq(swarm_init(&s, n, &c, plaintext), 0);
+        fill(&s, len, n * 1000 + len, weighted);
+        cr_assert_eq(swarm_round(&s), 0);
+        double worst = check_average(&s, tol);
+        cr_log_info("n=%u len=%zu fp16=%d: max error %.3g\n", n, len, fp16, worst);
+        release(&s);
+        swarm_free(&s);
+}
+
+Test(coll, two_members) { run(2, 1000, 4096, false, false, false, 1e-6); }
+Test(coll, three_members_weighted_many_pieces) { run(3, 100003, 4096, false, true, false, 1e-6); }
+Test(coll, four_members_encrypted) { run(4, 300000, 1 << 20, false, true, false, 1e-6); }
+Test(coll, five_members_plaintext) { run(5, 77777, 16384, false, false, true, 1e-6); }
+Test(coll, fewer_values_than_members) { run(4, 3, 4096, false, true, false, 1e-6); }
+/* binary16 keeps 11 significant bits at every hop: values in [-2, 2] land
+ * within a few units of 2^-10 */
+Test(coll, fp16_payloads) { run(4, 50000, 8192, true, true, false, 4e-3); }
+
+Test(coll, alone_is_identity) {
+        Swarm s;
+        CollConfig c;
+        coll_config_defaults(&c);
+        cr_assert_eq(swarm_init(&s, 1, &c, false), 0);
+        fill(&s, 100, 1, false);
+        cr_assert_eq(swarm_round(&s), 0);
+        cr_assert_eq(s.node[0].info.state, COLL_ROUND_DONE);
+        cr_assert_eq(s.node[0].info.participants, 1);
+        cr_assert(memcmp(s.node[0].avg, s.node[0].x, 100 * sizeof(float)) == 0);
+        release(&s);
+        swarm_free(&s);
+}
+
+Test(coll, bad_arguments) {
+        Swarm s;
+        CollConfig c;
+        CollRound *r;
+        float x[4] = {};
+        coll_config_defaults(&c);
+        cr_assert_eq(swarm_init(&s, 2, &c, false), 0);
+        Coll *k = s.node[0].coll;
+        cr_assert_eq(coll_round_start(k, 0, (unsigned[]){ 1 }, 1, x, 4, 1, &r), -EINVAL, "self not a member");
+        cr_assert_eq(coll_round_start(k, 0, (unsigned[]){ 1, 0 }, 2, x, 4, 1, &r), -EINVAL, "not increasing");
+        cr_assert_eq(coll_round_start(k, 0, (unsigned[]){ 0, 5 }, 2, x, 4, 1, &r), -EINVAL, "no such member");
+        cr_assert_eq(coll_round_start(k, 0, (unsigned[]){ 0, 1 }, 2, x, 4, NAN, &r), -EINVAL);
+        cr_assert_eq(coll_round_start(k, 0, (unsigned[]){ 0, 1 }, 2, x, 0, 1, &r), -EINVAL);
+        cr_assert_eq(coll_round_start(k, 0, (unsigned[]){ 0, 1 }, 2, x, 4, 1, &r), 0);
+        CollRound *r2;
+        cr_assert_eq(coll_round_start(k, 0, (unsigned[]){ 0, 1 }, 2, x, 4, 1, &r2), -EBUSY);
+        coll_round_free(r);
+        swarm_free(&s);
+}
