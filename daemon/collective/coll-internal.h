@@ -35,10 +35,9 @@ typedef struct GroupRound {
 } GroupRound;
 
 enum {
-        PIECE_GOT_RS = 1 << 0, /* reduce-scatter contribution arrived */
-        PIECE_GOT_AG = 1 << 1,
-        PIECE_DONE = 1 << 2,    /* holds the average */
-        PIECE_SENDING = 1 << 3, /* queued in the Net; must not change */
+        PIECE_GOT_RS = 1 << 0, /* the running sum arrived from the left */
+        PIECE_GOT_AG = 1 << 1, /* the average arrived from the left */
+        PIECE_DONE = 1 << 2,   /* the average is here */
 };
 
 typedef struct Piece {
@@ -47,9 +46,19 @@ typedef struct Piece {
         uint32_t count;
         uint32_t chunk;   /* the participant (rank) that completes its sum */
         uint8_t flags;
-        uint8_t queued_phase; /* waiting in the backlog with this phase, or 0 */
-        NetTensor *deferred;  /* arrived while SENDING; handled on sent() */
+        uint8_t sends;        /* copies queued in the Net (at most 2: sum, average) */
+        /* Received buffers are worked on in place and passed on as they are
+         * (header included): neither phase copies. sum: the running sum,
+         * until it is sent on; held: the average, kept until the round ends. */
+        NetTensor *sum;
+        NetTensor *held;
 } Piece;
+
+/* A send that waits for room in the link's queue. */
+typedef struct Backlog {
+        uint32_t piece;
+        uint8_t phase;
+} Backlog;
 
 struct CollRound {
         Coll *coll;
@@ -78,7 +87,7 @@ struct CollRound {
         unsigned n_pieces, done, sending;
         uint8_t *wire;
         size_t wire_bytes;
-        uint32_t *backlog; /* pieces to (re)send when the link has room */
+        Backlog *backlog; /* sends waiting for room, in order */
         unsigned backlog_n;
         unsigned sent_in_phase[3];
         uint64_t bytes_sent, bytes_received;
@@ -100,6 +109,8 @@ struct Coll {
         CollPieceHook hook;
         void *hook_ud;
         uint64_t next_heartbeat_ns;
+        uint8_t *spare; /* the largest wire buffer of a past round, kept for the next */
+        size_t spare_bytes;
 };
 
 int coll_member_of_peer(const Coll *c, uint32_t peer);
@@ -111,6 +122,11 @@ int coll_early_add(Coll *c, unsigned member, const CollPiece *h, NetTensor *t);
  * the group's early pieces that are no newer than round. */
 void coll_early_take(Coll *c, uint32_t group, uint64_t round, void (*fn)(Coll *, Early *, void *), void *ud);
 
+/* A wire buffer of at least *bytes (updated to its size), reused across
+ * rounds so a large vector does not fault its pages in every time. */
+uint8_t *coll_buffer_get(Coll *c, size_t *bytes);
+void coll_buffer_put(Coll *c, uint8_t *buf, size_t bytes);
+
 /* coll-round.c */
 void round_on_ready(Coll *c, unsigned member, const CollReady *m);
 int round_on_start(Coll *c, unsigned member, const CollStart *m);
@@ -120,3 +136,4 @@ void round_on_sent(Coll *c, uint64_t cookie);
 void round_on_member_lost(Coll *c, unsigned member);
 void round_tick(Coll *c, uint64_t now);
 void round_destroy(CollRound *r);
+void round_release_held(CollRound *r);

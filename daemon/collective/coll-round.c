@@ -27,8 +27,28 @@ static size_t wire_dsize(const CollRound *r) {
         return r->coll->cfg.fp16 ? 2 : 4;
 }
 
-static uint8_t *piece_values(const CollRound *r, const Piece *p) {
+/* Our own contribution to a piece whose sum we start, in the wire's type. */
+static uint8_t *piece_own(const CollRound *r, const Piece *p) {
         return r->wire + p->wire_off + COLL_PIECE_HEADER;
+}
+
+/* The average of a DONE piece: completed here or received, and held. */
+static const uint8_t *piece_avg(const Piece *p) {
+        return p->held->data + COLL_PIECE_HEADER;
+}
+
+/* Cookies name the round, the phase and the piece of a send. */
+#define COOKIE(r, phase, idx) ((uint64_t)(r)->uid << 32 | (uint64_t)(phase) << 30 | (idx))
+
+void round_release_held(CollRound *r) {
+        for (unsigned i = 0; r->pieces && i < r->n_pieces; i++) {
+                Piece *p = &r->pieces[i];
+                if (p->sum && p->sum != p->held)
+                        net_tensor_release(r->coll->net, p->sum);
+                if (p->held)
+                        net_tensor_release(r->coll->net, p->held);
+                p->sum = p->held = NULL;
+        }
 }
 
 static CollRound *round_of_group(Coll *c, uint32_t group) {
@@ -39,11 +59,9 @@ static CollRound *round_of_group(Coll *c, uint32_t group) {
 }
 
 void round_destroy(CollRound *r) {
-        for (unsigned i = 0; r->pieces && i < r->n_pieces; i++)
-                if (r->pieces[i].deferred)
-                        net_tensor_release(r->coll->net, r->pieces[i].deferred);
+        round_release_held(r);
         free(r->pieces);
-        free(r->wire);
+        coll_buffer_put(r->coll, r->wire, r->wire_bytes);
         free(r->backlog);
         free(r);
 }
@@ -68,11 +86,6 @@ static void round_fail(CollRound *r, int error) {
         r->state = COLL_ROUND_FAILED;
         r->error = error;
         r->end_ns = now_ns();
-        for (unsigned i = 0; i < r->n_pieces; i++)
-                if (r->pieces[i].deferred) {
-                        net_tensor_release(r->coll->net, r->pieces[i].deferred);
-                        r->pieces[i].deferred = NULL;
-                }
 }
 
 static void round_check_done(CollRound *r) {
@@ -87,23 +100,29 @@ static void round_check_done(CollRound *r) {
 static int send_now(CollRound *r, uint32_t idx, uint8_t phase) {
         Coll *c = r->coll;
         Piece *p = &r->pieces[idx];
-        uint8_t *buf = r->wire + p->wire_off;
         uint32_t bytes = COLL_PIECE_HEADER + p->count * (uint32_t)wire_dsize(r);
+        uint8_t *buf;
         TensorDesc d;
         int k;
 
         if (!c->members[r->right].up)
                 return -ECONNRESET;
+        if (phase == COLL_ALL_GATHER)
+                buf = p->held->data;
+        else
+                buf = p->sum ? p->sum->data : r->wire + p->wire_off;
+        /* the same header whoever wrote the buffer, with this phase */
         coll_piece_encode(&(CollPiece){ .phase = phase, .dtype = wire_dtype(r), .group = r->group, .index = idx,
                                         .count = p->count, .round = r->round },
                           buf);
         k = tensor_desc_init(&d, DTYPE_U8, 1, &bytes);
         if (k < 0)
                 return k;
-        k = net_send_tensor(c->net, c->members[r->right].peer, r->group, &d, buf, (uint64_t)r->uid << 32 | idx);
+        k = net_send_tensor(c->net, c->members[r->right].peer, r->group, &d, buf, COOKIE(r, phase, idx));
         if (k < 0)
                 return k;
-        p->queued_phase = 0;
+        p->sends++;
+        r->sending++;
         r->bytes_sent += bytes;
         r->sent_in_phase[phase]++;
         if (c->hook)
@@ -111,31 +130,25 @@ static int send_now(CollRound *r, uint32_t idx, uint8_t phase) {
         return 0;
 }
 
-/* Queue piece idx to the right neighbour; it stays unchanged until sent. */
+/* Queue piece idx to the right neighbour; its buffer stays unchanged until
+ * sent(): a sum is written once, before it is sent, and an average never. */
 static void send_piece(CollRound *r, uint32_t idx, uint8_t phase) {
-        Piece *p = &r->pieces[idx];
-        p->flags |= PIECE_SENDING;
-        r->sending++;
         if (r->backlog_n == 0) {
                 int k = send_now(r, idx, phase);
                 if (k == 0)
                         return;
                 if (k != -ENOBUFS) {
-                        p->flags &= (uint8_t)~PIECE_SENDING;
-                        r->sending--;
                         round_fail(r, k == -ENOTCONN ? -ECONNRESET : k);
                         return;
                 }
         }
-        p->queued_phase = phase;
-        r->backlog[r->backlog_n++] = idx;
+        r->backlog[r->backlog_n++] = (Backlog){ .piece = idx, .phase = phase };
 }
 
 static void flush_backlog(CollRound *r) {
         unsigned done = 0;
         while (done < r->backlog_n) {
-                uint32_t idx = r->backlog[done];
-                int k = send_now(r, idx, r->pieces[idx].queued_phase);
+                int k = send_now(r, r->backlog[done].piece, r->backlog[done].phase);
                 if (k == -ENOBUFS)
                         break;
                 if (k < 0) {
@@ -150,23 +163,30 @@ static void flush_backlog(CollRound *r) {
 
 /* ---- arithmetic --------------------------------------------------------- */
 
-/* out = a + out; false if a value is not finite (a forged or diverged piece). */
-_simd_clones_ static bool add_f32(float *restrict out, const float *restrict a, size_t n) {
-        bool ok = true;
+/* Bit tests rather than isfinite() keep these loops vectorized. */
+#define F32_EXP 0x7f800000u
+#define F16_EXP 0x7c00u
+
+/* a += s * x: the running sum plus our own contribution. False if a value
+ * is not finite (a forged piece, or a diverged model). */
+_simd_clones_ static bool add_own_f32(float *restrict a, const float *restrict x, float s, size_t n) {
+        uint32_t bad = 0;
         for (size_t i = 0; i < n; i++) {
-                out[i] = a[i] + out[i];
-                ok &= isfinite(out[i]);
+                float v = a[i] + s * x[i];
+                uint32_t u;
+                memcpy(&u, &v, sizeof u);
+                bad |= (u & F32_EXP) == F32_EXP;
+                a[i] = v;
         }
-        return ok;
+        return !bad;
 }
 
-_simd_clones_ static bool copy_f32(float *restrict out, const float *restrict a, size_t n) {
-        bool ok = true;
-        for (size_t i = 0; i < n; i++) {
-                out[i] = a[i];
-                ok &= isfinite(a[i]);
-        }
-        return ok;
+_simd_clones_ static bool finite_f32(const float *a, size_t n) {
+        const uint32_t *u = (const uint32_t *)a;
+        uint32_t bad = 0;
+        for (size_t i = 0; i < n; i++)
+                bad |= (u[i] & F32_EXP) == F32_EXP;
+        return !bad;
 }
 
 _simd_clones_ static void scale_f32(float *restrict out, const float *restrict x, float s, size_t n) {
@@ -174,36 +194,34 @@ _simd_clones_ static void scale_f32(float *restrict out, const float *restrict x
                 out[i] = s * x[i];
 }
 
-static bool add_f16(uint16_t *out, const uint16_t *a, size_t n) {
-        float fa[BLOCK], fo[BLOCK];
+static bool finite_f16(const uint16_t *a, size_t n) {
+        uint32_t bad = 0;
+        for (size_t i = 0; i < n; i++)
+                bad |= (a[i] & F16_EXP) == F16_EXP;
+        return !bad;
+}
+
+static bool add_own_f16(uint16_t *a, const float *x, float s, size_t n) {
+        float f[BLOCK];
         bool ok = true;
         for (size_t i = 0; i < n; i += BLOCK) {
                 size_t m = MIN((size_t)BLOCK, n - i);
-                half_to_float(fa, a + i, m);
-                half_to_float(fo, out + i, m);
-                ok &= add_f32(fo, fa, m);
-                half_from_float(out + i, fo, m);
-                for (size_t j = 0; j < m; j++) /* a finite sum can round to infinity */
-                        ok &= (out[i + j] & 0x7c00) != 0x7c00;
+                half_to_float(f, a + i, m);
+                ok &= add_own_f32(f, x + i, s, m);
+                half_from_float(a + i, f, m);
+                ok &= finite_f16(a + i, m); /* a finite sum can round to infinity */
         }
         return ok;
 }
 
-static bool copy_f16(uint16_t *out, const uint16_t *a, size_t n) {
-        bool ok = true;
-        for (size_t i = 0; i < n; i++)
-                ok &= (a[i] & 0x7c00) != 0x7c00;
-        memcpy(out, a, n * sizeof *out);
-        return ok;
-}
-
-/* The piece's own contribution: coef * x, in the wire's type. */
+/* The piece's own contribution alone, coef * x, in the wire's type: what
+ * starts the sums we inject. */
 static void fill_own(CollRound *r, const Piece *p) {
         const float *x = r->x + p->off;
         if (!r->coll->cfg.fp16)
-                return scale_f32((float *)piece_values(r, p), x, r->coef, p->count);
+                return scale_f32((float *)piece_own(r, p), x, r->coef, p->count);
         float tmp[BLOCK];
-        uint16_t *out = (uint16_t *)piece_values(r, p);
+        uint16_t *out = (uint16_t *)piece_own(r, p);
         for (size_t i = 0; i < p->count; i += BLOCK) {
                 size_t m = MIN((size_t)BLOCK, p->count - i);
                 scale_f32(tmp, x + i, r->coef, m);
@@ -215,37 +233,44 @@ static void fill_own(CollRound *r, const Piece *p) {
 
 static int take_piece(CollRound *r, uint32_t idx, uint8_t phase, NetTensor *t) {
         Piece *p = &r->pieces[idx];
-        const uint8_t *in = t->data + COLL_PIECE_HEADER;
-        uint8_t *mine = piece_values(r, p);
-        bool ok;
+        uint8_t *in = t->data + COLL_PIECE_HEADER;
+        bool fp16 = r->coll->cfg.fp16, ok;
 
-        if (r->coll->cfg.fp16)
-                ok = phase == COLL_REDUCE_SCATTER ? add_f16((uint16_t *)mine, (const uint16_t *)in, p->count)
-                                                  : copy_f16((uint16_t *)mine, (const uint16_t *)in, p->count);
-        else
-                ok = phase == COLL_REDUCE_SCATTER ? add_f32((float *)mine, (const float *)in, p->count)
-                                                  : copy_f32((float *)mine, (const float *)in, p->count);
         r->bytes_received += t->desc.bytes;
-        net_tensor_release(r->coll->net, t);
-        if (!ok) {
-                /* The values are already partly overwritten: this piece can
-                 * never be reported complete. */
-                round_fail(r, -EBADMSG);
-                return -EBADMSG;
-        }
-        if (phase == COLL_REDUCE_SCATTER) {
-                p->flags |= PIECE_GOT_RS;
-                if (p->chunk == r->rank) { /* the sum is complete here */
-                        p->flags |= PIECE_DONE;
-                        r->done++;
-                        send_piece(r, idx, COLL_ALL_GATHER);
-                } else
-                        send_piece(r, idx, COLL_REDUCE_SCATTER);
-        } else {
+        if (phase == COLL_ALL_GATHER) {
+                ok = fp16 ? finite_f16((const uint16_t *)in, p->count) : finite_f32((const float *)in, p->count);
+                if (!ok) {
+                        net_tensor_release(r->coll->net, t);
+                        round_fail(r, -EBADMSG);
+                        return -EBADMSG;
+                }
+                p->held = t;
                 p->flags |= PIECE_GOT_AG | PIECE_DONE;
                 r->done++;
                 if ((r->rank + 1) % r->n_part != p->chunk)
                         send_piece(r, idx, COLL_ALL_GATHER);
+                round_check_done(r);
+                return 0;
+        }
+
+        const float *x = r->x + p->off;
+        uint8_t *sum = t->data + COLL_PIECE_HEADER;
+        ok = fp16 ? add_own_f16((uint16_t *)sum, x, r->coef, p->count)
+                  : add_own_f32((float *)sum, x, r->coef, p->count);
+        if (!ok) {
+                net_tensor_release(r->coll->net, t);
+                round_fail(r, -EBADMSG);
+                return -EBADMSG;
+        }
+        p->flags |= PIECE_GOT_RS;
+        if (p->chunk == r->rank) { /* the sum is complete here: it is the average */
+                p->held = t;
+                p->flags |= PIECE_DONE;
+                r->done++;
+                send_piece(r, idx, COLL_ALL_GATHER);
+        } else {
+                p->sum = t;
+                send_piece(r, idx, COLL_REDUCE_SCATTER);
         }
         round_check_done(r);
         return 0;
@@ -274,16 +299,6 @@ int round_on_piece(Coll *c, unsigned member, const CollPiece *h, NetTensor *t) {
         else if (ok)
                 ok = p->chunk != r->rank && !(p->flags & PIECE_GOT_AG) && (p->flags & PIECE_GOT_RS ||
                                                                            p->chunk == (r->rank + P - 1) % P);
-        if (ok && (p->flags & PIECE_SENDING)) {
-                /* Our copy of this piece is still on its way out: finish
-                 * with it first (see round_on_sent). */
-                if (p->deferred)
-                        ok = false;
-                else {
-                        p->deferred = t;
-                        return 0;
-                }
-        }
         if (!ok) {
                 net_tensor_release(c->net, t);
                 round_fail(r, -EBADMSG);
@@ -293,27 +308,24 @@ int round_on_piece(Coll *c, unsigned member, const CollPiece *h, NetTensor *t) {
 }
 
 void round_on_sent(Coll *c, uint64_t cookie) {
-        uint32_t uid = (uint32_t)(cookie >> 32), idx = (uint32_t)cookie;
+        uint32_t uid = (uint32_t)(cookie >> 32), idx = (uint32_t)cookie & 0x3fffffff;
+        uint8_t phase = (uint8_t)((uint32_t)cookie >> 30);
         CollRound *r;
         for (r = c->rounds; r && r->uid != uid; r = r->next)
                 ;
-        if (!r || idx >= r->n_pieces || !(r->pieces[idx].flags & PIECE_SENDING))
+        if (!r || idx >= r->n_pieces || r->pieces[idx].sends == 0)
                 return;
         Piece *p = &r->pieces[idx];
-        p->flags &= (uint8_t)~PIECE_SENDING;
+        p->sends--;
         r->sending--;
+        if (phase == COLL_REDUCE_SCATTER && p->sum) { /* a running sum is done with once sent */
+                net_tensor_release(c->net, p->sum);
+                p->sum = NULL;
+        }
         if (r->freed) {
                 if (r->sending == 0)
                         round_unlink(r);
                 return;
-        }
-        if (p->deferred) {
-                NetTensor *t = TAKE_PTR(p->deferred);
-                CollPiece h;
-                if (r->state == COLL_ROUND_RUNNING && coll_piece_decode(t->data, t->desc.bytes, &h) == 0)
-                        (void)take_piece(r, idx, h.phase, t);
-                else
-                        net_tensor_release(c->net, t);
         }
         if (r->state == COLL_ROUND_RUNNING)
                 flush_backlog(r);
@@ -386,6 +398,7 @@ static void begin_running(CollRound *r, uint64_t round, uint64_t participants, c
         r->backlog = calloc(n_pieces, sizeof *r->backlog);
         if (!r->pieces || !r->backlog)
                 return round_fail(r, -ENOMEM);
+        uint32_t inject = (r->rank + r->n_part - 1) % r->n_part;
         for (unsigned k = 0; k < r->n_part; k++) {
                 size_t lo = r->len * k / r->n_part, hi = r->len * (k + 1) / r->n_part;
                 for (size_t off = lo; off < hi; off += per_piece) {
@@ -393,16 +406,16 @@ static void begin_running(CollRound *r, uint64_t round, uint64_t participants, c
                         p->off = off;
                         p->count = (uint32_t)MIN(per_piece, hi - off);
                         p->chunk = k;
-                        p->wire_off = wire;
-                        wire += COLL_PIECE_HEADER + ALIGN_TO(p->count * dsize, 64);
+                        if (k == inject) { /* only the sums we start need a buffer of ours */
+                                p->wire_off = wire;
+                                wire += COLL_PIECE_HEADER + ALIGN_TO(p->count * dsize, 64);
+                        }
                 }
         }
-        r->wire_bytes = wire;
-        r->wire = aligned_alloc(64, wire);
+        r->wire_bytes = MAX(wire, (size_t)64);
+        r->wire = coll_buffer_get(c, &r->wire_bytes);
         if (!r->wire)
                 return round_fail(r, -ENOMEM);
-        for (unsigned i = 0; i < r->n_pieces; i++)
-                fill_own(r, &r->pieces[i]);
 }
 
 static void take_early(Coll *c, Early *e, void *ud) {
@@ -419,8 +432,10 @@ static void start_running(CollRound *r, uint64_t round, uint64_t participants, c
          * neighbour. */
         uint32_t inject = (r->rank + r->n_part - 1) % r->n_part;
         for (uint32_t i = 0; i < r->n_pieces && r->state == COLL_ROUND_RUNNING; i++)
-                if (r->pieces[i].chunk == inject)
+                if (r->pieces[i].chunk == inject) {
+                        fill_own(r, &r->pieces[i]);
                         send_piece(r, i, COLL_REDUCE_SCATTER);
+                }
         round_check_done(r);
 }
 
@@ -646,7 +661,7 @@ void coll_round_info(const CollRound *r, CollRoundInfo *ret) {
 
 /* Values [off, off + n) of piece p, as floats. */
 static void piece_read(const CollRound *r, const Piece *p, size_t off, size_t n, float *out) {
-        const uint8_t *v = piece_values(r, p);
+        const uint8_t *v = piece_avg(p);
         if (r->coll->cfg.fp16)
                 half_to_float(out, (const uint16_t *)v + (off - p->off), n);
         else
@@ -686,7 +701,7 @@ size_t coll_round_apply(const CollRound *r, float *w) {
                 if (!(p->flags & PIECE_DONE))
                         continue;
                 if (!r->coll->cfg.fp16)
-                        add_delta(w + p->off, (const float *)piece_values(r, p), r->x + p->off, p->count);
+                        add_delta(w + p->off, (const float *)piece_avg(p), r->x + p->off, p->count);
                 else {
                         float tmp[BLOCK];
                         for (size_t k = 0; k < p->count; k += BLOCK) {

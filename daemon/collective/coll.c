@@ -11,7 +11,8 @@
 
 void coll_config_defaults(CollConfig *c) {
         *c = (CollConfig){
-                .piece_bytes = 1u << 20,
+                /* a piece and its header fill one DATA frame of the default size */
+                .piece_bytes = (1u << 20) - COLL_PIECE_HEADER,
                 .join_timeout_ms = 10000,
                 .round_timeout_ms = 30000,
                 .redial_ms = 1000,
@@ -176,13 +177,19 @@ Coll *coll_free(Coll *c) {
         if (!c)
                 return NULL;
         drop_early(c, NULL, NULL);
-        /* Links go first, so no send still points into a round's buffer. */
+        /* Received buffers go back while their Net exists; then the links,
+         * so no send still points into a round's buffer. */
+        for (CollRound *r = c->rounds; r; r = r->next) {
+                round_release_held(r);
+                r->freed = true; /* the sent() calls of net_free() only count down */
+        }
         c->net = net_free(c->net);
         while (c->rounds) {
                 CollRound *r = c->rounds;
                 c->rounds = r->next;
                 round_destroy(r);
         }
+        free(c->spare);
         free(c->readies);
         free(c->groups);
         free(c->members);
@@ -284,4 +291,24 @@ void coll_early_take(Coll *c, uint32_t group, uint64_t round, void (*fn)(Coll *,
                 fn(c, e, ud);
                 free(e);
         }
+}
+
+uint8_t *coll_buffer_get(Coll *c, size_t *bytes) {
+        if (c->spare && c->spare_bytes >= *bytes) {
+                *bytes = c->spare_bytes;
+                c->spare_bytes = 0;
+                return TAKE_PTR(c->spare);
+        }
+        return aligned_alloc(64, ALIGN_TO(*bytes, 64));
+}
+
+void coll_buffer_put(Coll *c, uint8_t *buf, size_t bytes) {
+        if (!buf)
+                return;
+        if (bytes > c->spare_bytes) {
+                free(c->spare);
+                c->spare = buf;
+                c->spare_bytes = bytes;
+        } else
+                free(buf);
 }

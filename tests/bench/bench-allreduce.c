@@ -1,0 +1,395 @@
+/* bench-allreduce — averaging float32 vectors between processes on loopback
+ * with ravnest's ring all-reduce, beside PyTorch's Gloo backend and OpenMPI's
+ * MPI_Allreduce over TCP measured in the same run.
+ *
+ * For 2 and 4 processes and 1, 16 and 64 MiB, each member forks, joins the
+ * others over authenticated links (plaintext, AES-256-GCM, and plaintext
+ * with binary16 payloads), and runs
+ * warm-up rounds and then --runs timed rounds. A round's time is that of the
+ * slowest member, from START (when the group is assembled, as after the
+ * references' barrier) to holding the average. Medians are printed with the
+ * ratio to each reference: reference time / ours, so above 1 is faster.
+ * Then multi-ring: two clusters of two stages, cut at different points,
+ * averaging their stages with three rings at once, against one ring of two
+ * replicas over the whole vector.
+ *
+ *     bench-allreduce [--runs N] [--no-reference] [--python PATH] [--procs N] [--mib M]
+ *
+ * --procs and --mib keep one row of the first table (and skip the rest).
+ */
+#include <getopt.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "collective/coll.h"
+#include "net/handshake.h"
+#include "util/time-util.h"
+
+#define MAX_RUNS 32
+#define WARMUP 2
+#define MAX_PROCS 4
+
+static const uint8_t secret[HANDSHAKE_SECRET_SIZE] = "bench network secret...........";
+static int runs = 5;
+
+static int cmp_double(const void *a, const void *b) {
+        double x = *(const double *)a, y = *(const double *)b;
+        return (x > y) - (x < y);
+}
+
+static double median(double *v, int n) {
+        qsort(v, (size_t)n, sizeof *v, cmp_double);
+        return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+
+/* A member's part of one experiment: rounds over ranges of a vector. */
+typedef struct Part {
+        uint32_t group;
+        unsigned members[MAX_PROCS], n;
+        size_t off, len;
+} Part;
+
+typedef struct Experiment {
+        unsigned procs;
+        bool plaintext;
+        bool fp16;
+        size_t len;                     /* values in the whole vector */
+        Part parts[MAX_PROCS][3];       /* per member, up to three rings */
+        unsigned n_parts[MAX_PROCS];
+} Experiment;
+
+/* Run as member self; write one line per timed round: seconds from the
+ * earliest START to the last piece, over this member's rings. */
+static int member(const Experiment *e, unsigned self, const Identity *ids, int port_out, int ports_in,
+                  int result_out) {
+        NetConfig nc;
+        CollConfig cc;
+        CollMember m[MAX_PROCS] = {};
+        Coll *c;
+        uint16_t port;
+        int r;
+
+        net_config_defaults(&nc);
+        nc.identity = &ids[self];
+        nc.secret = secret;
+        nc.plaintext = e->plaintext;
+        nc.pool_bytes = 2 * e->len * sizeof(float) + (16u << 20); /* held averages and sums in flight */
+        nc.ciphers = e->plaintext ? 0 : CIPHER_BIT(CIPHER_AES256GCM);
+        coll_config_defaults(&cc);
+        for (unsigned i = 0; i < e->procs; i++) {
+                memcpy(m[i].id, ids[i].pk, IDENTITY_PK_SIZE);
+                strcpy(m[i].host, "127.0.0.1");
+        }
+        cc.fp16 = e->fp16;
+        cc.net = &nc;
+        cc.members = m;
+        cc.n_members = e->procs;
+        cc.self = self;
+        if ((r = coll_new(&cc, &c)) < 0 || (r = coll_listen(c, 0, &port)) < 0)
+                return r;
+        uint16_t msg[2] = { (uint16_t)self, port }; /* one write: atomic on a pipe */
+        if (write(port_out, msg, sizeof msg) != sizeof msg)
+                return -EIO;
+        for (unsigned i = 0; i < e->procs; i++) {
+                uint16_t p;
+                if (read(ports_in, &p, sizeof p) != sizeof p)
+                        return -EIO;
+                coll_set_address(c, i, "127.0.0.1", p);
+        }
+        while (coll_n_connected(c) < e->procs - 1)
+                coll_run(c, 5);
+
+        float *x = malloc(e->len * sizeof *x);
+        if (!x)
+                return -ENOMEM;
+        for (size_t k = 0; k < e->len; k++)
+                x[k] = (float)(k % 1024) + (float)self + 1;
+        for (int round = 0; round < WARMUP + runs; round++) {
+                CollRound *rd[3];
+                unsigned np = e->n_parts[self];
+                for (unsigned i = 0; i < np; i++) {
+                        const Part *p = &e->parts[self][i];
+                        if ((r = coll_round_start(c, p->group, p->members, p->n, x + p->off, p->len, 1, &rd[i])) < 0)
+                                return r;
+                }
+                uint64_t first = UINT64_MAX, last = 0;
+                bool ok = true;
+                for (unsigned i = 0; i < np; i++) {
+                        CollRoundInfo info;
+                        while (!coll_round_finished(rd[i]))
+                                coll_run(c, 1);
+                        coll_round_info(rd[i], &info);
+                        ok &= info.state == COLL_ROUND_DONE;
+                        first = MIN(first, info.running_ns);
+                        last = MAX(last, info.end_ns);
+                }
+                if (round == 0 && ok) { /* the average of k%1024 + rank + 1 over its ring */
+                        for (unsigned i = 0; i < np; i++) {
+                                const Part *p = &e->parts[self][i];
+                                float want = 0, *avg = malloc(p->len * sizeof *avg);
+                                for (unsigned j = 0; j < p->n; j++)
+                                        want += (float)p->members[j] + 1;
+                                want /= (float)p->n;
+                                coll_round_read(rd[i], 0, p->len, avg);
+                                for (size_t k = 0; k < p->len && ok; k++) {
+                                        float v = (float)((p->off + k) % 1024) + want;
+                                        /* binary16 keeps 11 bits, at every hop */
+                                        ok = fabsf(avg[k] - v) <= (e->fp16 ? 4e-3f * fabsf(v) + 1e-3f : 1e-3f);
+                                }
+                                free(avg);
+                        }
+                }
+                for (unsigned i = 0; i < np; i++)
+                        coll_round_free(rd[i]);
+                if (!ok)
+                        return -EBADMSG;
+                if (round >= WARMUP) {
+                        double t = ns_to_sec(last - first);
+                        if (write(result_out, &t, sizeof t) != sizeof t)
+                                return -EIO;
+                }
+        }
+        /* serve the others' last pieces, then leave */
+        for (int i = 0; i < 200; i++)
+                coll_run(c, 1);
+        free(x);
+        coll_free(c);
+        return 0;
+}
+
+/* Fork the members; the median over rounds of the slowest member's time. */
+static double run_experiment(const Experiment *e) {
+        Identity ids[MAX_PROCS];
+        int port_pipe[2], table[MAX_PROCS][2], result[MAX_PROCS][2];
+        pid_t pid[MAX_PROCS];
+        double t[MAX_RUNS] = {}, v;
+        bool failed = false;
+
+        for (unsigned i = 0; i < e->procs; i++)
+                identity_generate(&ids[i]);
+        if (pipe(port_pipe) < 0)
+                return NAN;
+        for (unsigned i = 0; i < e->procs; i++) {
+                if (pipe(table[i]) < 0 || pipe(result[i]) < 0)
+                        return NAN;
+                pid[i] = fork();
+                if (pid[i] == 0) {
+                        prctl(PR_SET_PDEATHSIG, SIGKILL);
+                        int r = member(e, i, ids, port_pipe[1], table[i][0], result[i][1]);
+                        if (r < 0)
+                                fprintf(stderr, "bench-allreduce: member %u: %s\n", i, strerror(-r));
+                        _exit(r < 0);
+                }
+                close(table[i][0]);
+                close(result[i][1]);
+        }
+        uint16_t ports[MAX_PROCS] = {};
+        for (unsigned i = 0; i < e->procs; i++) {
+                uint16_t msg[2];
+                if (read(port_pipe[0], msg, sizeof msg) != sizeof msg || msg[0] >= e->procs)
+                        return NAN;
+                ports[msg[0]] = msg[1];
+        }
+        for (unsigned i = 0; i < e->procs; i++) {
+                if (write(table[i][1], ports, e->procs * sizeof *ports) < 0)
+                        return NAN;
+                close(table[i][1]);
+        }
+        for (unsigned i = 0; i < e->procs; i++)
+                for (int k = 0; k < runs; k++) {
+                        if (read(result[i][0], &v, sizeof v) != sizeof v) {
+                                failed = true;
+                                break;
+                        }
+                        t[k] = MAX(t[k], v);
+                }
+        for (unsigned i = 0; i < e->procs; i++) {
+                int status;
+                close(result[i][0]);
+                waitpid(pid[i], &status, 0);
+                failed |= !WIFEXITED(status) || WEXITSTATUS(status) != 0;
+        }
+        close(port_pipe[0]);
+        close(port_pipe[1]);
+        return failed ? NAN : median(t, runs);
+}
+
+/* Every member in one ring over the whole vector. */
+static void single_ring(Experiment *e, unsigned procs, size_t len, bool plaintext) {
+        *e = (Experiment){ .procs = procs, .plaintext = plaintext, .len = len };
+        for (unsigned i = 0; i < procs; i++) {
+                Part *p = &e->parts[i][0];
+                *p = (Part){ .group = 1, .n = procs, .len = len };
+                for (unsigned j = 0; j < procs; j++)
+                        p->members[j] = j;
+                e->n_parts[i] = 1;
+        }
+}
+
+/* Cluster A = members 0 (first half) and 1; cluster B = members 2 (first
+ * 30 %) and 3. Segments [0, 30 %) {0, 2}, [30 %, 50 %) {0, 3}, [50 %, 100 %)
+ * {1, 3}: three rings at once, member 0 and 3 in two each. */
+static void multi_ring(Experiment *e, size_t len, bool plaintext) {
+        size_t cut[4] = { 0, len * 3 / 10, len / 2, len };
+        unsigned owners[3][2] = { { 0, 2 }, { 0, 3 }, { 1, 3 } };
+        *e = (Experiment){ .procs = 4, .plaintext = plaintext, .len = len };
+        for (unsigned s = 0; s < 3; s++)
+                for (unsigned k = 0; k < 2; k++) {
+                        unsigned m = owners[s][k];
+                        e->parts[m][e->n_parts[m]++] = (Part){ .group = s + 1, .members = { owners[s][0], owners[s][1] },
+                                                               .n = 2, .off = cut[s], .len = cut[s + 1] - cut[s] };
+                }
+}
+
+/* One line "<impl> procs=N mib=M median_s=S ..." per size, from a reference. */
+static double reference_line(FILE *f, const char *impl, unsigned procs, unsigned mib) {
+        char line[512], want[64];
+        double v = NAN;
+        snprintf(want, sizeof want, "%s procs=%u mib=%u ", impl, procs, mib);
+        rewind(f);
+        while (fgets(line, sizeof line, f))
+                if (strncmp(line, want, strlen(want)) == 0) {
+                        const char *m = strstr(line, "median_s=");
+                        if (m)
+                                v = strtod(m + 9, NULL);
+                }
+        return v;
+}
+
+static FILE *run_reference(const char *cmd) {
+        FILE *out = tmpfile(), *p = popen(cmd, "r");
+        char buf[4096];
+        size_t n;
+        if (!out || !p) {
+                if (p)
+                        pclose(p);
+                return out;
+        }
+        while ((n = fread(buf, 1, sizeof buf, p)) > 0)
+                fwrite(buf, 1, n, out);
+        if (pclose(p) != 0)
+                fprintf(stderr, "bench-allreduce: reference failed: %s\n", cmd);
+        return out;
+}
+
+static void ratio(char *buf, size_t n, double ref, double ours) {
+        if (isnan(ref) || isnan(ours))
+                snprintf(buf, n, "%8s", "-");
+        else
+                snprintf(buf, n, "%7.2fx", ref / ours);
+}
+
+int main(int argc, char **argv) {
+        static const struct option opts[] = {
+                { "runs", required_argument, NULL, 'r' },
+                { "no-reference", no_argument, NULL, 'n' },
+                { "python", required_argument, NULL, 'p' },
+                { "procs", required_argument, NULL, 'P' },
+                { "mib", required_argument, NULL, 'm' },
+                {},
+        };
+        const char *python = "/usr/bin/python3";
+        bool reference = true;
+        unsigned only_procs = 0, only_mib = 0;
+        unsigned sizes[] = { 1, 16, 64 }, procs[] = { 2, 4 };
+        int o;
+
+        while ((o = getopt_long(argc, argv, "", opts, NULL)) >= 0)
+                switch (o) {
+                case 'r':
+                        runs = atoi(optarg);
+                        if (runs < 1 || runs > MAX_RUNS) {
+                                fprintf(stderr, "bench-allreduce: --runs is 1..%d\n", MAX_RUNS);
+                                return 2;
+                        }
+                        break;
+                case 'n': reference = false; break;
+                case 'p': python = optarg; break;
+                case 'P': only_procs = (unsigned)atoi(optarg); break;
+                case 'm': only_mib = (unsigned)atoi(optarg); break;
+                default:
+                        fprintf(stderr, "Usage: bench-allreduce [--runs N] [--no-reference] [--python PATH]\n");
+                        return 2;
+                }
+
+        /* the OpenMPI program is built beside this one */
+        char self[4096], mpi[4200] = "";
+        ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+        if (n > 0) {
+                self[n] = 0;
+                *strrchr(self, '/') = 0;
+                snprintf(mpi, sizeof mpi, "%s/allreduce-mpi", self);
+        }
+        FILE *gloo[2] = {}, *ompi[2] = {};
+        for (unsigned p = 0; reference && p < 2; p++) {
+                char cmd[8192];
+                if (only_procs && only_procs != procs[p])
+                        continue;
+                if (access(python, X_OK) == 0) {
+                        snprintf(cmd, sizeof cmd, "%s %s/tests/bench/allreduce-gloo.py --procs %u --mib 1 --mib 16 "
+                                 "--mib 64 --runs %d", python, SOURCE_ROOT, procs[p], runs);
+                        gloo[p] = run_reference(cmd);
+                } else
+                        fprintf(stderr, "bench-allreduce: %s not found: no Gloo reference (scripts/install-deps --bench)\n", python);
+                if (access(mpi, X_OK) == 0) {
+                        snprintf(cmd, sizeof cmd, "mpirun --allow-run-as-root --oversubscribe --bind-to none -np %u "
+                                 "--mca pml ob1 --mca btl tcp,self --mca btl_tcp_if_include lo "
+                                 "--mca oob_tcp_if_include lo %s --mib 1 --mib 16 --mib 64 --runs %d",
+                                 procs[p], mpi, runs);
+                        ompi[p] = run_reference(cmd);
+                } else
+                        fprintf(stderr, "bench-allreduce: %s not built: no OpenMPI reference (libopenmpi-dev)\n", mpi);
+        }
+
+        printf("All-reduce (average) of float32 on loopback, median of %d rounds, seconds\n", runs);
+        printf("%5s %5s %9s %9s %9s %9s %9s %9s %9s %9s %9s\n", "procs", "MiB", "ours", "ours+aes", "ours-f16",
+               "gloo", "openmpi", "gloo/ours", "mpi/ours", "gloo/aes", "gloo/f16");
+        for (unsigned p = 0; p < 2; p++)
+                for (unsigned s = 0; s < 3; s++) {
+                        Experiment e;
+                        size_t len = (size_t)sizes[s] << 18;
+                        if ((only_procs && only_procs != procs[p]) || (only_mib && only_mib != sizes[s]))
+                                continue;
+                        single_ring(&e, procs[p], len, true);
+                        double plain = run_experiment(&e);
+                        single_ring(&e, procs[p], len, false);
+                        double aes = run_experiment(&e);
+                        single_ring(&e, procs[p], len, true);
+                        e.fp16 = true;
+                        double f16 = run_experiment(&e);
+                        double g = gloo[p] ? reference_line(gloo[p], "gloo", procs[p], sizes[s]) : NAN;
+                        double m = ompi[p] ? reference_line(ompi[p], "mpi", procs[p], sizes[s]) : NAN;
+                        char r1[16], r2[16], r3[16], r4[16];
+                        ratio(r1, sizeof r1, g, plain);
+                        ratio(r2, sizeof r2, m, plain);
+                        ratio(r3, sizeof r3, g, aes);
+                        ratio(r4, sizeof r4, g, f16);
+                        printf("%5u %5u %9.4f %9.4f %9.4f %9.4f %9.4f %9s %9s %9s %9s\n", procs[p], sizes[s], plain, aes,
+                               f16, g, m, r1, r2, r3, r4);
+                        fflush(stdout);
+                }
+
+        if (only_procs || only_mib)
+                return 0;
+        printf("\nMulti-ring: 2 clusters x 2 stages cut at 50 %% and 30 %%, 64 MiB model, seconds per round\n");
+        for (int enc = 0; enc < 2; enc++) {
+                Experiment e;
+                size_t len = (size_t)64 << 18;
+                multi_ring(&e, len, !enc);
+                double multi = run_experiment(&e);
+                Experiment one = { .procs = 2, .plaintext = !enc, .len = len };
+                for (unsigned i = 0; i < 2; i++) {
+                        one.parts[i][0] = (Part){ .group = 1, .members = { 0, 1 }, .n = 2, .len = len };
+                        one.n_parts[i] = 1;
+                }
+                double single = run_experiment(&one);
+                printf("  %-9s three rings at once %.4f   one ring of 2 replicas, whole vector %.4f   %.2fx\n",
+                       enc ? "aes" : "plaintext", multi, single, single / multi);
+        }
+        return 0;
+}
