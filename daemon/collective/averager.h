@@ -1,0 +1,87 @@
+/* collective/averager.h — the averaging thread: on a fixed cadence it takes
+ * a snapshot of this node's parameter slab, averages it with the other
+ * clusters (multi-ring all-reduce, or Moshpit groups), and hands the result
+ * back as a delta, w <- w + (avg(snapshot) - snapshot), so the updates the
+ * compute thread made during the round are kept. Training never waits: the
+ * compute thread only copies the slab when asked and adds the delta when it
+ * is ready, both between two steps, inside averager_sync().
+ *
+ *     AveragerConfig c;
+ *     averager_config_defaults(&c);
+ *     c.coll = coll_config;  c.len = stage_values;
+ *     c.segments = segs;  c.n_segments = n;         // this node's rings
+ *     c.interval_ms = 2000;                         // or c.interval_steps
+ *     Averager *a;
+ *     r = averager_new(&c, &a);
+ *     r = averager_start(a);                        // the thread
+ *     for (;;) {
+ *             train_step(params);
+ *             averager_sync(a, params, samples_in_step);
+ *     }
+ *     averager_free(a);
+ */
+#pragma once
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "coll.h"
+#include "moshpit-sim.h"
+
+typedef enum AveragerMethod {
+        AVERAGER_RING,    /* one ring per segment, all at once */
+        AVERAGER_MOSHPIT, /* groups along one grid dimension per round */
+} AveragerMethod;
+
+/* One ring this node takes part in: values [off, off + len) of its slab. */
+typedef struct AveragerRing {
+        uint32_t group;
+        unsigned members[COLL_MAX_MEMBERS], n;
+        size_t off, len;
+} AveragerRing;
+
+typedef struct AveragerConfig {
+        CollConfig coll;
+        AveragerMethod method;
+        size_t len;                 /* values in the slab */
+        const AveragerRing *rings;  /* AVERAGER_RING */
+        unsigned n_rings;
+        MoshpitGrid grid;           /* AVERAGER_MOSHPIT: member i sits in cell i */
+        unsigned interval_ms;       /* cadence in time, or */
+        unsigned interval_steps;    /* in local steps (averager_sync calls); 0: by time */
+        uint16_t listen_port;
+} AveragerConfig;
+
+void averager_config_defaults(AveragerConfig *c);
+
+typedef struct AveragerStats {
+        uint64_t rounds_done, rounds_failed;  /* a node round: every ring of one snapshot */
+        uint64_t values_averaged;             /* over all rounds */
+        uint64_t last_round_ns;               /* duration, snapshot to delta */
+        uint64_t last_done_realtime_us;       /* CLOCK_REALTIME of the last delta */
+        int last_error;
+        unsigned last_participants;           /* smallest group of the last round */
+        unsigned connected;
+        uint64_t bytes_sent, bytes_received;
+} AveragerStats;
+
+typedef struct Averager Averager;
+
+int averager_new(const AveragerConfig *c, Averager **ret);
+Averager *averager_free(Averager *a);
+DEFINE_TRIVIAL_CLEANUP_FUNC(Averager *, averager_free);
+/* The port the averaging links listen on (after averager_new). */
+uint16_t averager_port(const Averager *a);
+int averager_set_address(Averager *a, unsigned member, const char *host, uint16_t port);
+int averager_start(Averager *a);
+enum {
+        AVERAGER_APPLIED = 1,  /* a round's delta was added to params */
+        AVERAGER_SNAPSHOT = 2, /* params were copied for a round */
+};
+/* From the compute thread, between steps: add a finished round's delta to
+ * params, or copy params if a round wants a snapshot. samples: trained
+ * since the last call (together, the snapshot's weight; 0 counts as 1).
+ * Returns what it did: AVERAGER_APPLIED, AVERAGER_SNAPSHOT or 0. */
+int averager_sync(Averager *a, float *params, uint64_t samples);
+void averager_get_stats(Averager *a, AveragerStats *ret);

@@ -1,0 +1,272 @@
+/* The averaging thread: multi-ring segments, the delta hand-off that keeps
+ * updates made during a round, and Moshpit groups reaching the exact average
+ * on a full grid. Members are threads with real links on loopback. */
+#include <criterion/criterion.h>
+#include <math.h>
+#include <pthread.h>
+
+#include "collective/averager.h"
+#include "collective/segments.h"
+#include "net/handshake.h"
+#include "util/rng.h"
+
+Test(segments, cut_at_every_boundary) {
+        size_t a[] = { 0, 50, 100 }, b[] = { 0, 30, 100 };
+        unsigned oa[] = { 0, 1 }, ob[] = { 3, 2 };
+        ClusterCut cuts[] = { { a, oa, 2 }, { b, ob, 2 } };
+        Segment *s;
+        size_t n;
+        cr_assert_eq(segments_plan(cuts, 2, 100, &s, &n), 0);
+        cr_assert_eq(n, 3);
+        size_t off[] = { 0, 30, 50 }, len[] = { 30, 20, 50 };
+        unsigned own[3][2] = { { 0, 3 }, { 0, 2 }, { 1, 2 } };
+        for (size_t i = 0; i < 3; i++) {
+                cr_assert(s[i].off == off[i] && s[i].len == len[i], "segment %zu: [%zu,+%zu)", i, s[i].off, s[i].len);
+                cr_assert(s[i].n_owners == 2 && s[i].owners[0] == own[i][0] && s[i].owners[1] == own[i][1],
+                          "segment %zu owners %u %u", i, s[i].owners[0], s[i].owners[1]);
+                cr_assert_eq(s[i].group, i + 1);
+        }
+        free(s);
+
+        /* the same cut in both clusters: one segment per stage */
+        ClusterCut same[] = { { a, oa, 2 }, { a, ob, 2 } };
+        cr_assert_eq(segments_plan(same, 2, 100, &s, &n), 0);
+        cr_assert_eq(n, 2);
+        free(s);
+
+        size_t bad[] = { 0, 60, 50, 100 };
+        unsigned ob3[] = { 4, 5, 6 };
+        ClusterCut badcut[] = { { a, oa, 2 }, { bad, ob3, 3 } };
+        cr_assert_eq(segments_plan(badcut, 2, 100, &s, &n), -EINVAL, "bounds not increasing");
+        ClusterCut twice[] = { { a, oa, 2 }, { b, oa, 2 } };
+        cr_assert_eq(segments_plan(twice, 2, 100, &s, &n), -EINVAL, "member 0 in both clusters of a segment");
+        cr_assert_eq(segments_plan(cuts, 2, 99, &s, &n), -EINVAL, "bounds do not end at total");
+}
+
+/* ---- averagers in threads ---------------------------------------------- */
+
+#define MAX_NODES 9
+static const uint8_t secret[HANDSHAKE_SECRET_SIZE] = { 9 };
+
+typedef struct Node {
+        Averager *av;
+        float *w, *x0;
+        size_t len;
+        unsigned deltas_wanted, deltas;
+        float bump;     /* added once right after the snapshot: an update made during the round */
+        pthread_t thread;
+} Node;
+
+static void *train(void *arg) {
+        Node *nd = arg;
+        for (int i = 0; i < 20000 && nd->deltas < nd->deltas_wanted; i++) {
+                int r = averager_sync(nd->av, nd->w, 0);
+                if (r & AVERAGER_SNAPSHOT)
+                        for (size_t k = 0; k < nd->len; k++)
+                                nd->w[k] += nd->bump;
+                if (r & AVERAGER_APPLIED)
+                        nd->deltas++;
+                usleep(500);
+        }
+        return NULL;
+}
+
+static void start_nodes(Node *nodes, unsigned n, AveragerConfig *cfg, const AveragerRing (*rings)[4],
+                        const unsigned *n_rings, const size_t *lens) {
+        static Identity ids[MAX_NODES];
+        static NetConfig nc[MAX_NODES];
+        CollMember m[MAX_NODES] = {};
+        for (unsigned i = 0; i < n; i++) {
+                identity_generate(&ids[i]);
+                memcpy(m[i].id, ids[i].pk, IDENTITY_PK_SIZE);
+                strcpy(m[i].host, "127.0.0.1");
+        }
+        for (unsigned i = 0; i < n; i++) {
+                AveragerConfig c = *cfg;
+                net_config_defaults(&nc[i]);
+                nc[i].identity = &ids[i];
+                nc[i].secret = secret;
+                c.coll.net = &nc[i];
+                c.coll.members = m;
+                c.coll.n_members = n;
+                c.coll.self = i;
+                c.len = lens[i];
+                if (rings) {
+                        c.rings = rings[i];
+                        c.n_rings = n_rings[i];
+                }
+                cr_assert_eq(averager_new(&c, &nodes[i].av), 0);
+        }
+        for (unsigned i = 0; i < n; i++)
+                for (unsigned j = 0; j < n; j++)
+                        averager_set_address(nodes[i].av, j, "127.0.0.1", averager_port(nodes[j].av));
+        for (unsigned i = 0; i < n; i++) {
+                cr_assert_eq(averager_start(nodes[i].av), 0);
+                cr_assert_eq(pthread_create(&nodes[i].thread, NULL, train, &nodes[i]), 0);
+        }
+        for (unsigned i = 0; i < n; i++)
+                pthread_join(nodes[i].thread, NULL);
+}
+
+static void fill(Node *nd, size_t len, uint64_t seed) {
+        Rng rng;
+        rng_seed(&rng, seed, RNG_STREAM_TEST);
+        nd->len = len;
+        nd->w = malloc(len * sizeof *nd->w);
+        nd->x0 = malloc(len * sizeof *nd->x0);
+        for (size_t k = 0; k < len; k++)
+                nd->w[k] = nd->x0[k] = 2 * rng_uniform(&rng) - 1;
+}
+
+/* 2 clusters x 2 stages of a 1000-value model, cut at 500 and 300: three
+ * rings at once. After one round each replica of a value holds the average
+ * of the two clusters' values plus the update it made during the round. */
+Test(averager, multi_ring_delta_keeps_updates) {
+        enum { TOTAL = 100000 };
+        size_t cut_a = TOTAL / 2, cut_b = TOTAL * 3 / 10;
+        /* node 0: A[0,50) 1: A[50,100) 2: B[0,30) 3: B[30,100) */
+        size_t start[4] = { 0, cut_a, 0, cut_b }, lens[4] = { cut_a, TOTAL - cut_a, cut_b, TOTAL - cut_b };
+        size_t ab[] = { 0, cut_a, TOTAL }, bb[] = { 0, cut_b, TOTAL };
+        unsigned oa[] = { 0, 1 }, ob[] = { 2, 3 };
+        ClusterCut cuts[] = { { ab, oa, 2 }, { bb, ob, 2 } };
+        Segment *seg;
+        size_t n_seg;
+        cr_assert_eq(segments_plan(cuts, 2, TOTAL, &seg, &n_seg), 0);
+        AveragerRing rings[4][4] = {};
+        unsigned n_rings[4] = {};
+        for (size_t s = 0; s < n_seg; s++)
+                for (unsigned k = 0; k < seg[s].n_owners; k++) {
+                        unsigned m = seg[s].owners[k];
+                        AveragerRing *g = &rings[m][n_rings[m]++];
+                        g->group = seg[s].group;
+                        g->n = seg[s].n_owners;
+                        memcpy(g->members, seg[s].owners, sizeof seg[s].owners);
+                        g->off = seg[s].off - start[m];
+                        g->len = seg[s].len;
+                }
+        cr_assert(n_rings[0] == 2 && n_rings[3] == 2 && n_rings[1] == 1 && n_rings[2] == 1);
+
+        /* both clusters start from the same values, then diverge */
+        Node nodes[4] = {};
+        float *model[2];
+        for (unsigned c = 0; c < 2; c++) {
+                Node tmp = {};
+                fill(&tmp, TOTAL, 100 + c);
+                model[c] = tmp.w;
+                free(tmp.x0);
+        }
+        for (unsigned i = 0; i < 4; i++) {
+                nodes[i].len = lens[i];
+                nodes[i].w = malloc(lens[i] * sizeof(float));
+                memcpy(nodes[i].w, model[i / 2] + start[i], lens[i] * sizeof(float));
+                nodes[i].deltas_wanted = 1;
+                nodes[i].bump = 0.125f * (float)(i + 1);
+        }
+        AveragerConfig cfg;
+        averager_config_defaults(&cfg);
+        cfg.interval_ms = 100;
+        start_nodes(nodes, 4, &cfg, rings, n_rings, lens);
+
+        for (unsigned i = 0; i < 4; i++) {
+                AveragerStats st;
+                averager_get_stats(nodes[i].av, &st);
+                cr_assert_eq(nodes[i].deltas, 1, "node %u applied %u deltas", i, nodes[i].deltas);
+                cr_assert_eq(st.rounds_done, 1, "node %u: %lu done %lu failed (error %d)", i, st.rounds_done,
+                             st.rounds_failed, st.last_error);
+                cr_assert_eq(st.values_averaged, lens[i]);
+                for (size_t k = 0; k < lens[i]; k++) {
+                        size_t g = start[i] + k;
+                        double avg = ((double)model[0][g] + model[1][g]) / 2;
+                        float got = nodes[i].w[k] - nodes[i].bump;
+                        cr_assert(fabs(got - avg) < 1e-5, "node %u value %zu: %g vs %g", i, g, got, avg);
+                }
+        }
+        for (unsigned i = 0; i < 4; i++) {
+                free(nodes[i].w);
+                averager_free(nodes[i].av);
+        }
+        free(model[0]);
+        free(model[1]);
+        free(seg);
+}
+
+/* Moshpit on a full 2x2x2 grid: after 3 rounds (one per dimension) every
+ * member holds the exact average of the 8 (Moshpit SGD, Section 3.1). */
+static void moshpit_full_grid(unsigned dims, unsigned side) {
+        unsigned n = 1;
+        for (unsigned d = 0; d < dims; d++)
+                n *= side;
+        cr_assert(n <= MAX_NODES);
+        Node nodes[MAX_NODES] = {};
+        size_t lens[MAX_NODES];
+        for (unsigned i = 0; i < n; i++) {
+                fill(&nodes[i], 5000, 7 * i + 1);
+                nodes[i].deltas_wanted = dims;
+                lens[i] = 5000;
+        }
+        AveragerConfig cfg;
+        averager_config_defaults(&cfg);
+        cfg.method = AVERAGER_MOSHPIT;
+        cfg.grid = (MoshpitGrid){ .dims = dims, .side = side };
+        cfg.interval_steps = 1;
+        start_nodes(nodes, n, &cfg, NULL, NULL, lens);
+        for (size_t k = 0; k < 5000; k++) {
+                long double exact = 0;
+                for (unsigned i = 0; i < n; i++)
+                        exact += nodes[i].x0[k];
+                exact /= n;
+                for (unsigned i = 0; i < n; i++)
+                        cr_assert(fabsl(nodes[i].w[k] - exact) < 1e-6L, "member %u value %zu: %g vs %Lg after %u rounds",
+                                  i, k, nodes[i].w[k], exact, nodes[i].deltas);
+        }
+        for (unsigned i = 0; i < n; i++) {
+                AveragerStats st;
+                averager_get_stats(nodes[i].av, &st);
+                cr_assert_eq(st.rounds_done, dims);
+                cr_assert_eq(st.last_participants, side, "groups of one row");
+                free(nodes[i].w);
+                free(nodes[i].x0);
+                averager_free(nodes[i].av);
+        }
+}
+
+Test(averager, moshpit_exact_after_d_rounds_2x2x2) { moshpit_full_grid(3, 2); }
+Test(averager, moshpit_exact_after_d_rounds_3x3) { moshpit_full_grid(2, 3); }
+
+/* one round is not enough: after 1 of 3 rounds the members still differ */
+Test(averager, moshpit_one_round_is_partial) {
+        Node nodes[8] = {};
+        size_t lens[8];
+        for (unsigned i = 0; i < 8; i++) {
+                fill(&nodes[i], 100, 7 * i + 1);
+                nodes[i].deltas_wanted = 1;
+                lens[i] = 100;
+        }
+        AveragerConfig cfg;
+        averager_config_defaults(&cfg);
+        cfg.method = AVERAGER_MOSHPIT;
+        cfg.grid = (MoshpitGrid){ .dims = 3, .side = 2 };
+        cfg.interval_steps = 1;
+        start_nodes(nodes, 8, &cfg, NULL, NULL, lens);
+        /* members 0 and 1 share a group in round 0; 0 and 2 do not */
+        cr_assert(memcmp(nodes[0].w, nodes[1].w, 100 * sizeof(float)) == 0);
+        cr_assert(memcmp(nodes[0].w, nodes[2].w, 100 * sizeof(float)) != 0);
+        for (unsigned i = 0; i < 8; i++) {
+                free(nodes[i].w);
+                free(nodes[i].x0);
+                averager_free(nodes[i].av);
+        }
+}
+
+Test(averager, bad_config) {
+        AveragerConfig c;
+        Averager *a;
+        averager_config_defaults(&c);
+        cr_assert_eq(averager_new(&c, &a), -EINVAL, "no length");
+        c.len = 10;
+        cr_assert_eq(averager_new(&c, &a), -EINVAL, "ring method without rings");
+        AveragerRing g = { .group = 1, .n = 1, .off = 5, .len = 6 };
+        c.rings = &g;
+        c.n_rings = 1;
+        cr_assert_eq(averager_new(&c, &a), -EINVAL, "ring beyond the slab");
+}
