@@ -11,6 +11,7 @@ typedef struct Member {
         bool dialing;
         uint32_t dial_peer; /* our outgoing link, until it is authenticated or gone */
         uint64_t next_dial_ns;
+        uint64_t banned_until_ns; /* sent a bad piece: refused until then */
 } Member;
 
 /* The last READY each member sent for a group; the leader reads them. */
@@ -79,6 +80,7 @@ struct CollRound {
 
         /* from START */
         unsigned part[COLL_MAX_MEMBERS], n_part, rank, left, right;
+        uint64_t part_map;
         double total_weight;
         float coef;
         bool identity; /* alone: the average is x itself */
@@ -116,6 +118,9 @@ struct Coll {
 int coll_member_of_peer(const Coll *c, uint32_t peer);
 uint64_t *coll_last_round(Coll *c, uint32_t group);
 uint64_t coll_view(const Coll *c, const unsigned *members, unsigned n);
+uint64_t coll_blame(const Coll *c, const unsigned *members, unsigned n);
+/* A member broke the protocol: drop its link and refuse it for ban_ms. */
+void coll_ban(Coll *c, unsigned member);
 
 int coll_early_add(Coll *c, unsigned member, const CollPiece *h, NetTensor *t);
 /* Hand the pieces of (group, round) to fn in arrival order; drop the rest of
@@ -134,6 +139,8 @@ int round_on_start(Coll *c, unsigned member, const CollStart *m);
 int round_on_piece(Coll *c, unsigned member, const CollPiece *h, NetTensor *t);
 void round_on_sent(Coll *c, uint64_t cookie);
 void round_on_member_lost(Coll *c, unsigned member);
+/* A participant gave the round up: so do we (-ECONNABORTED). */
+void round_on_abort(Coll *c, unsigned member, const CollAbort *m);
 void round_tick(Coll *c, uint64_t now);
 void round_destroy(CollRound *r);
 void round_release_held(CollRound *r);

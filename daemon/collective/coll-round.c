@@ -78,6 +78,15 @@ static void round_unlink(CollRound *r) {
 static void round_fail(CollRound *r, int error) {
         if (r->state == COLL_ROUND_DONE || r->state == COLL_ROUND_FAILED)
                 return;
+        if (r->state == COLL_ROUND_RUNNING && error != -ECONNABORTED) {
+                /* Tell the others, so nobody waits for the deadline. */
+                uint8_t buf[COLL_CTL_MAX];
+                size_t n = coll_abort_encode(&(CollAbort){ .group = r->group, .round = r->round, .error = error }, buf);
+                for (unsigned i = 0; i < r->n_part; i++)
+                        if (r->part[i] != r->coll->self && r->coll->members[r->part[i]].up)
+                                (void)net_send_control(r->coll->net, r->coll->members[r->part[i]].peer, FRAME_CONTROL,
+                                                       buf, n);
+        }
         /* A right neighbour that did not take our pieces in time is not
          * waited for: dropping the link hands our buffer back. */
         if (error == -ETIMEDOUT && r->state == COLL_ROUND_RUNNING && r->sending > 0 &&
@@ -215,11 +224,14 @@ static bool add_own_f16(uint16_t *a, const float *x, float s, size_t n) {
 }
 
 /* The piece's own contribution alone, coef * x, in the wire's type: what
- * starts the sums we inject. */
-static void fill_own(CollRound *r, const Piece *p) {
+ * starts the sums we inject. False if it is not finite. */
+static bool fill_own(CollRound *r, const Piece *p) {
         const float *x = r->x + p->off;
-        if (!r->coll->cfg.fp16)
-                return scale_f32((float *)piece_own(r, p), x, r->coef, p->count);
+        if (!r->coll->cfg.fp16) {
+                float *out = (float *)piece_own(r, p);
+                scale_f32(out, x, r->coef, p->count);
+                return finite_f32(out, p->count);
+        }
         float tmp[BLOCK];
         uint16_t *out = (uint16_t *)piece_own(r, p);
         for (size_t i = 0; i < p->count; i += BLOCK) {
@@ -227,6 +239,7 @@ static void fill_own(CollRound *r, const Piece *p) {
                 scale_f32(tmp, x + i, r->coef, m);
                 half_from_float(out + i, tmp, m);
         }
+        return finite_f16(out, p->count);
 }
 
 /* ---- receiving ---------------------------------------------------------- */
@@ -255,12 +268,18 @@ static int take_piece(CollRound *r, uint32_t idx, uint8_t phase, NetTensor *t) {
 
         const float *x = r->x + p->off;
         uint8_t *sum = t->data + COLL_PIECE_HEADER;
-        ok = fp16 ? add_own_f16((uint16_t *)sum, x, r->coef, p->count)
-                  : add_own_f32((float *)sum, x, r->coef, p->count);
-        if (!ok) {
+        ok = fp16 ? finite_f16((const uint16_t *)sum, p->count) : finite_f32((const float *)sum, p->count);
+        if (!ok) { /* the sender's fault */
                 net_tensor_release(r->coll->net, t);
                 round_fail(r, -EBADMSG);
                 return -EBADMSG;
+        }
+        ok = fp16 ? add_own_f16((uint16_t *)sum, x, r->coef, p->count)
+                  : add_own_f32((float *)sum, x, r->coef, p->count);
+        if (!ok) { /* ours: our values are not finite, or the sum overflows */
+                net_tensor_release(r->coll->net, t);
+                round_fail(r, -ERANGE);
+                return -ERANGE;
         }
         p->flags |= PIECE_GOT_RS;
         if (p->chunk == r->rank) { /* the sum is complete here: it is the average */
@@ -367,6 +386,7 @@ static void begin_running(CollRound *r, uint64_t round, uint64_t participants, c
         if (last)
                 *last = round;
         r->n_part = 0;
+        r->part_map = participants;
         r->total_weight = 0;
         for (unsigned i = 0; i < r->n_members; i++)
                 if (participants & (1ull << i)) {
@@ -431,9 +451,15 @@ static void start_running(CollRound *r, uint64_t round, uint64_t participants, c
         /* Our own values start the sums of the chunk completed by our left
          * neighbour. */
         uint32_t inject = (r->rank + r->n_part - 1) % r->n_part;
+        Coll *c = r->coll;
+        if (c->hook) /* about to send */
+                c->hook(c->hook_ud, COLL_REDUCE_SCATTER, 0);
         for (uint32_t i = 0; i < r->n_pieces && r->state == COLL_ROUND_RUNNING; i++)
                 if (r->pieces[i].chunk == inject) {
-                        fill_own(r, &r->pieces[i]);
+                        if (!fill_own(r, &r->pieces[i])) {
+                                round_fail(r, -ERANGE); /* our values diverged: nothing of ours goes out */
+                                break;
+                        }
                         send_piece(r, i, COLL_REDUCE_SCATTER);
                 }
         round_check_done(r);
@@ -461,11 +487,12 @@ int round_on_start(Coll *c, unsigned member, const CollStart *m) {
 /* The participants: members that said READY, reduced until every pair is
  * connected (each ring order may need any pair). */
 static uint64_t choose_participants(Coll *c, CollRound *r, uint64_t now, uint64_t *ret_round, double *weights) {
-        uint64_t cand = 1ull << r->self_pos, views[COLL_MAX_MEMBERS] = {};
+        uint64_t cand = 1ull << r->self_pos, views[COLL_MAX_MEMBERS] = {}, blamed;
         uint64_t round = *coll_last_round(c, r->group);
         double w[COLL_MAX_MEMBERS] = {};
 
         views[r->self_pos] = coll_view(c, r->members, r->n_members);
+        blamed = coll_blame(c, r->members, r->n_members);
         w[r->self_pos] = r->weight;
         for (unsigned i = 0; i < r->n_members; i++) {
                 ReadyEntry *e = ready_find(c, r->group, r->members[i]);
@@ -473,9 +500,12 @@ static uint64_t choose_participants(Coll *c, CollRound *r, uint64_t now, uint64_
                         continue;
                 cand |= 1ull << i;
                 views[i] = e->msg.view;
+                blamed |= e->msg.blame;
                 w[i] = e->msg.weight;
                 round = MAX(round, e->msg.last_round);
         }
+        /* Whoever sent someone a bad piece lately stays out (not us: we lead). */
+        cand &= ~(blamed & ~(1ull << r->self_pos));
         for (;;) {
                 int worst = -1, worst_missing = 0;
                 for (unsigned i = 0; i < r->n_members; i++) {
@@ -522,7 +552,8 @@ static void joining_step(CollRound *r, uint64_t now) {
                         size_t n = coll_ready_encode(&(CollReady){ .group = r->group,
                                                                    .last_round = *coll_last_round(c, r->group),
                                                                    .weight = r->weight,
-                                                                   .view = coll_view(c, r->members, r->n_members) },
+                                                                   .view = coll_view(c, r->members, r->n_members),
+                                                                   .blame = coll_blame(c, r->members, r->n_members) },
                                                      buf);
                         if (net_send_control(c->net, c->members[leader].peer, FRAME_CONTROL, buf, n) == 0)
                                 r->leader_sent_to = leader;
@@ -540,7 +571,9 @@ static void joining_step(CollRound *r, uint64_t now) {
                 if (i != r->self_pos && c->members[m].up && (!e || !ready_fresh(c, e, now)))
                         all = false;
         }
-        if (!all && now < r->join_deadline_ns)
+        /* A leader gives up on missing members at half the join timeout, so
+         * the members that did say READY still hear START in time. */
+        if (!all && now < r->start_ns + (uint64_t)c->cfg.join_timeout_ms * MS / 2)
                 return;
 
         CollStart s = { .group = r->group };
@@ -558,6 +591,17 @@ static void joining_step(CollRound *r, uint64_t now) {
                                 e->at_ns = 0;
                 }
         start_running(r, s.round, s.participants, s.weights);
+}
+
+void round_on_abort(Coll *c, unsigned member, const CollAbort *m) {
+        CollRound *r = round_of_group(c, m->group);
+        if (!r || r->state != COLL_ROUND_RUNNING || r->round != m->round)
+                return;
+        for (unsigned i = 0; i < r->n_part; i++)
+                if (r->part[i] == member) {
+                        round_fail(r, -ECONNABORTED);
+                        return;
+                }
 }
 
 void round_on_member_lost(Coll *c, unsigned member) {
@@ -647,6 +691,7 @@ void coll_round_info(const CollRound *r, CollRoundInfo *ret) {
                 .error = r->error,
                 .round = r->round,
                 .participants = r->n_part,
+                .participants_map = r->part_map,
                 .rank = r->rank,
                 .pieces = r->identity ? 1 : r->n_pieces,
                 .pieces_done = r->identity ? 1 : r->done,
@@ -684,6 +729,23 @@ int coll_round_read(const CollRound *r, size_t off, size_t n, float *out) {
                         return -EAGAIN;
                 piece_read(r, p, lo, hi - lo, out + (lo - off));
         }
+        return 0;
+}
+
+int coll_round_piece(const CollRound *r, size_t i, size_t *ret_off, size_t *ret_len, bool *ret_done) {
+        if (r->identity) {
+                if (i > 0)
+                        return -ERANGE;
+                *ret_off = 0;
+                *ret_len = r->len;
+                *ret_done = true;
+                return 0;
+        }
+        if (i >= r->n_pieces)
+                return -ERANGE;
+        *ret_off = r->pieces[i].off;
+        *ret_len = r->pieces[i].count;
+        *ret_done = r->pieces[i].flags & PIECE_DONE;
         return 0;
 }
 

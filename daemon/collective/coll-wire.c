@@ -28,8 +28,9 @@ static bool weight_ok(double w) {
 }
 
 /*  0 u32 magic, 4 u8 kind, 5..7 zero, 8 u32 group, 12 u32 zero, 16 u64 round,
- * READY: 24 f64 weight, 32 u64 view                         (40 bytes)
- * START: 24 u64 participants, 32 u32 n, 36 zero, 40 n x f64 (40 + 8n bytes) */
+ * READY: 24 f64 weight, 32 u64 view, 40 u64 blame            (48 bytes)
+ * START: 24 u64 participants, 32 u32 n, 36 zero, 40 n x f64 (40 + 8n bytes)
+ * ABORT: 24 i32 error, 28 zero                              (32 bytes) */
 static void ctl_head(uint8_t *out, uint8_t kind, uint32_t group, uint64_t round) {
         memset(out, 0, 24);
         put_le32(out, CTL_MAGIC);
@@ -42,7 +43,8 @@ size_t coll_ready_encode(const CollReady *m, uint8_t *out) {
         ctl_head(out, COLL_READY, m->group, m->last_round);
         put_f64(out + 24, m->weight);
         put_le64(out + 32, m->view);
-        return 40;
+        put_le64(out + 40, m->blame);
+        return COLL_READY_SIZE;
 }
 
 size_t coll_start_encode(const CollStart *m, uint8_t *out) {
@@ -55,25 +57,44 @@ size_t coll_start_encode(const CollStart *m, uint8_t *out) {
         return 40 + 8 * (size_t)m->n;
 }
 
+size_t coll_abort_encode(const CollAbort *m, uint8_t *out) {
+        ctl_head(out, COLL_ABORT, m->group, m->round);
+        put_le32(out + 24, (uint32_t)m->error);
+        put_le32(out + 28, 0);
+        return 32;
+}
+
 int coll_ctl_decode(const uint8_t *in, size_t len, CollCtl *ret) {
-        if (len < 40 || get_le32(in) != CTL_MAGIC || in[5] || in[6] || in[7] || get_le32(in + 12))
+        if (len < 32 || get_le32(in) != CTL_MAGIC || in[5] || in[6] || in[7] || get_le32(in + 12))
                 return -EBADMSG;
         CollCtl m = { .kind = in[4] };
         switch (m.kind) {
+        case COLL_ABORT:
+                m.abort = (CollAbort){
+                        .group = get_le32(in + 8),
+                        .round = get_le64(in + 16),
+                        .error = (int32_t)get_le32(in + 24),
+                };
+                if (len != 32 || get_le32(in + 28) || m.abort.error >= 0 || m.abort.error < -4095)
+                        return -EBADMSG;
+                break;
         case COLL_READY:
-                if (len != 40)
+                if (len != COLL_READY_SIZE)
                         return -EBADMSG;
                 m.ready = (CollReady){
                         .group = get_le32(in + 8),
                         .last_round = get_le64(in + 16),
                         .weight = get_f64(in + 24),
                         .view = get_le64(in + 32),
+                        .blame = get_le64(in + 40),
                 };
                 if (!weight_ok(m.ready.weight))
                         return -EBADMSG;
                 break;
         case COLL_START: {
                 CollStart *s = &m.start;
+                if (len < 40)
+                        return -EBADMSG;
                 s->group = get_le32(in + 8);
                 s->round = get_le64(in + 16);
                 s->participants = get_le64(in + 24);

@@ -21,6 +21,7 @@
 typedef enum CollCtlKind {
         COLL_READY = 1, /* member -> leader: I am ready for the next round of this group */
         COLL_START = 2, /* leader -> participants: who takes part, with what weight */
+        COLL_ABORT = 3, /* participant -> participants: I gave this round up */
 } CollCtlKind;
 
 typedef enum CollPhase {
@@ -33,6 +34,7 @@ typedef struct CollReady {
         uint64_t last_round; /* the last round this member took part in */
         double weight;       /* samples since its last round (> 0) */
         uint64_t view;       /* bit i: the member at position i of the group is connected */
+        uint64_t blame;      /* bit i: that member sent us a bad piece lately (we refuse it) */
 } CollReady;
 
 typedef struct CollStart {
@@ -43,18 +45,27 @@ typedef struct CollStart {
         unsigned n;                          /* popcount(participants) */
 } CollStart;
 
+typedef struct CollAbort {
+        uint32_t group;
+        uint64_t round;
+        int32_t error; /* why, as a negative errno */
+} CollAbort;
+
 typedef struct CollCtl {
         uint8_t kind;
         union {
                 CollReady ready;
                 CollStart start;
+                CollAbort abort;
         };
 } CollCtl;
 
 #define COLL_CTL_MAX (40 + 8 * COLL_MAX_MEMBERS)
+#define COLL_READY_SIZE 48
 
 size_t coll_ready_encode(const CollReady *m, uint8_t *out);
 size_t coll_start_encode(const CollStart *m, uint8_t *out);
+size_t coll_abort_encode(const CollAbort *m, uint8_t *out);
 /* -EBADMSG: wrong magic, kind, size, or a value out of range. */
 int coll_ctl_decode(const uint8_t *in, size_t len, CollCtl *ret);
 

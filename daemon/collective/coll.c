@@ -16,6 +16,7 @@ void coll_config_defaults(CollConfig *c) {
                 .join_timeout_ms = 10000,
                 .round_timeout_ms = 30000,
                 .redial_ms = 1000,
+                .ban_ms = 60000,
         };
 }
 
@@ -47,6 +48,21 @@ uint64_t coll_view(const Coll *c, const unsigned *members, unsigned n) {
         return v;
 }
 
+uint64_t coll_blame(const Coll *c, const unsigned *members, unsigned n) {
+        uint64_t b = 0, now = now_ns();
+        for (unsigned i = 0; i < n; i++)
+                if (members[i] != c->self && c->members[members[i]].banned_until_ns > now)
+                        b |= 1ull << i;
+        return b;
+}
+
+void coll_ban(Coll *c, unsigned member) {
+        Member *m = &c->members[member];
+        m->banned_until_ns = now_ns() + (uint64_t)c->cfg.ban_ms * 1000000ull;
+        if (m->up)
+                net_close_peer(c->net, m->peer);
+}
+
 static void drop_early(Coll *c, bool (*match)(const Early *, const void *), const void *arg) {
         for (Early **p = &c->early; *p;) {
                 Early *e = *p;
@@ -73,7 +89,7 @@ static void on_connected(void *ud, uint32_t peer, const uint8_t id[IDENTITY_PK_S
                         continue;
                 if (m->dialing && m->dial_peer == peer)
                         m->dialing = false;
-                if (m->up) /* one link per member: keep the older */
+                if (m->up || m->banned_until_ns > now_ns()) /* one link per member: keep the older */
                         break;
                 m->up = true;
                 m->peer = peer;
@@ -113,6 +129,8 @@ static void on_control(void *ud, uint32_t peer, uint8_t type, const uint8_t *pay
         }
         if (m.kind == COLL_READY)
                 round_on_ready(c, (unsigned)member, &m.ready);
+        else if (m.kind == COLL_ABORT)
+                round_on_abort(c, (unsigned)member, &m.abort);
         else if (round_on_start(c, (unsigned)member, &m.start) == -EBADMSG)
                 net_close_peer(c->net, peer);
 }
@@ -126,12 +144,12 @@ static void on_tensor(void *ud, NetTensor *t) {
                 return;
         }
         if (coll_piece_decode(t->data, t->desc.bytes, &h) < 0 || h.group != t->stream) {
-                net_close_peer(c->net, t->peer);
                 net_tensor_release(c->net, t);
+                coll_ban(c, (unsigned)member);
                 return;
         }
         if (round_on_piece(c, (unsigned)member, &h, t) == -EBADMSG)
-                net_close_peer(c->net, c->members[member].peer);
+                coll_ban(c, (unsigned)member);
 }
 
 static void on_sent(void *ud, uint32_t peer, uint64_t cookie) {
@@ -214,7 +232,7 @@ int coll_set_address(Coll *c, unsigned member, const char *host, uint16_t port) 
 static void dial(Coll *c, uint64_t now) {
         for (unsigned i = c->self + 1; i < c->n_members; i++) {
                 Member *m = &c->members[i];
-                if (m->up || m->dialing || now < m->next_dial_ns || m->m.port == 0)
+                if (m->up || m->dialing || now < m->next_dial_ns || now < m->banned_until_ns || m->m.port == 0)
                         continue;
                 m->next_dial_ns = now + (uint64_t)c->cfg.redial_ms * 1000000ull;
                 if (net_connect(c->net, m->m.host, m->m.port, &m->dial_peer) == 0)
@@ -247,6 +265,12 @@ unsigned coll_n_connected(const Coll *c) {
 
 Net *coll_net(Coll *c) {
         return c->net;
+}
+
+int64_t coll_peer(const Coll *c, unsigned member) {
+        if (member >= c->n_members || member == c->self || !c->members[member].up)
+                return -ENOTCONN;
+        return c->members[member].peer;
 }
 
 void coll_set_piece_hook(Coll *c, CollPieceHook hook, void *ud) {

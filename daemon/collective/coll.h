@@ -20,7 +20,9 @@
  *      Contributions are scaled by weight / total weight before summing.
  * A round that misses its deadline, loses a participant or receives a bad
  * piece stops; every piece is then either the average over the participants
- * or untouched (coll_round_apply() applies only complete pieces).
+ * or untouched (coll_round_apply() applies only complete pieces). A member
+ * that sent a bad piece is refused for ban_ms, and the leaders it is
+ * reported to leave it out.
  *
  *     Coll *c;
  *     r = coll_new(&(CollConfig){ .net = &nc, .members = m, .n_members = 4, .self = 1 }, &c);
@@ -57,6 +59,7 @@ typedef struct CollConfig {
         unsigned join_timeout_ms;   /* READY to START */
         unsigned round_timeout_ms;  /* START to the last piece */
         unsigned redial_ms;
+        unsigned ban_ms;            /* a member that sent a bad piece is refused this long */
 } CollConfig;
 
 void coll_config_defaults(CollConfig *c);
@@ -73,6 +76,7 @@ typedef struct CollRoundInfo {
         int error;              /* why a round failed: -ETIMEDOUT, -ECONNRESET, -EBADMSG, ... */
         uint64_t round;
         unsigned participants;  /* 0 before START */
+        uint64_t participants_map; /* bit i: position i of the group took part */
         unsigned rank;
         size_t pieces, pieces_done;
         double total_weight;
@@ -99,6 +103,8 @@ int coll_run(Coll *c, int timeout_ms);
 bool coll_connected(const Coll *c, unsigned member);
 unsigned coll_n_connected(const Coll *c);
 Net *coll_net(Coll *c);
+/* The Net peer of member's link, or -ENOTCONN. */
+int64_t coll_peer(const Coll *c, unsigned member);
 void coll_set_piece_hook(Coll *c, CollPieceHook hook, void *ud);
 
 /* Start a round; x (len values) must stay unchanged until the round is
@@ -110,6 +116,9 @@ void coll_round_info(const CollRound *r, CollRoundInfo *ret);
 /* The average of values [off, off+n) if their pieces are complete, written
  * to out; -EAGAIN if some piece among them is not. */
 int coll_round_read(const CollRound *r, size_t off, size_t n, float *out);
+/* Piece i of the round (i < CollRoundInfo.pieces): its values, and whether
+ * they hold the average. -ERANGE past the last piece. */
+int coll_round_piece(const CollRound *r, size_t i, size_t *ret_off, size_t *ret_len, bool *ret_done);
 /* w[i] += avg[i] - x[i] for every value of a complete piece (the delta rule
  * that keeps updates made during the round); returns how many values. */
 size_t coll_round_apply(const CollRound *r, float *w);

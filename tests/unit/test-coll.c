@@ -12,10 +12,11 @@
 Test(coll_wire, roundtrip_and_every_corruption) {
         uint8_t buf[COLL_CTL_MAX];
         CollCtl m;
-        size_t n = coll_ready_encode(&(CollReady){ .group = 9, .last_round = 4, .weight = 3.5, .view = 0xf }, buf);
+        size_t n = coll_ready_encode(&(CollReady){ .group = 9, .last_round = 4, .weight = 3.5, .view = 0xf, .blame = 2 }, buf);
         cr_assert_eq(coll_ctl_decode(buf, n, &m), 0);
         cr_assert_eq(m.kind, COLL_READY);
-        cr_assert(m.ready.group == 9 && m.ready.last_round == 4 && m.ready.weight == 3.5 && m.ready.view == 0xf);
+        cr_assert(m.ready.group == 9 && m.ready.last_round == 4 && m.ready.weight == 3.5 && m.ready.view == 0xf &&
+                  m.ready.blame == 2);
         cr_assert_eq(coll_ctl_decode(buf, n - 1, &m), -EBADMSG);
 
         CollStart s = { .group = 2, .round = 7, .participants = 0x15, .n = 3, .weights = { 1, 2, 3 } };
