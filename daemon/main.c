@@ -10,6 +10,7 @@
 #include <sysexits.h>
 #include <unistd.h>
 
+#include "service/averaging.h"
 #include "service/config.h"
 #include "service/job.h"
 #include "service/local-run.h"
@@ -24,6 +25,10 @@ static void on_stop_signal(int sig) {
 
 static void poll_node(void *userdata) {
         node_poll(userdata, 0);
+}
+
+static void step_averaging(void *userdata, float *params, uint64_t samples) {
+        averaging_step(userdata, params, samples);
 }
 
 static void help(void) {
@@ -66,6 +71,7 @@ int main(int argc, char *argv[]) {
         bool check_only = false, check_config = false;
         static Config config;
         static Node node;
+        static Averaging averaging;
         Job job;
         Diag d = {};
         int c, r;
@@ -166,8 +172,21 @@ int main(int argc, char *argv[]) {
                 return EXIT_FAILURE;
         o.poll = poll_node;
         o.poll_userdata = &node;
+        r = averaging_start(&averaging, &config, &node.identity,
+                            model_spec_params(&job.model, 0, job.model.n_layers));
+        if (r < 0) {
+                node_stop(&node);
+                return r == -EINVAL ? EX_CONFIG : EXIT_FAILURE;
+        }
+        if (averaging.active) { /* every member trains its own shard of the data */
+                o.step = step_averaging;
+                o.step_userdata = &averaging;
+                o.shard = (int)averaging.self;
+                o.n_shards = (int)averaging.n_members;
+        }
 
         r = local_run(&job, &o, &stop_requested, NULL);
+        averaging_stop(&averaging);
         /* With a network, the node stays and serves its peers. */
         if (r >= 0 && node.active) {
                 log_info("Training done; serving peers until stopped");

@@ -44,7 +44,7 @@
 
 typedef struct CollMember {
         uint8_t id[IDENTITY_PK_SIZE];
-        char host[64];
+        char host[256];
         uint16_t port;
 } CollMember;
 

@@ -3,6 +3,7 @@
 
 #include <arpa/inet.h>
 #include <fcntl.h>
+#include <math.h>
 #include <sodium.h>
 #include <stdio.h>
 #include <string.h>
@@ -19,6 +20,11 @@ void config_defaults(Config *c) {
                 .state_directory = "/var/lib/ravnest",
                 .job = JOBS_DIR "/fashion-mnist-mlp.job",
                 .admission = CONFIG_ADMISSION_SECRET,
+                .averaging = {
+                        .interval_ms = 5000,
+                        .join_timeout_ms = 10000,
+                        .round_timeout_ms = 30000,
+                },
         };
         net_config_defaults(&c->net);
 }
@@ -28,6 +34,8 @@ void config_free(Config *c) {
                 return;
         c->peers = mfree(c->peers);
         c->allowed = mfree(c->allowed);
+        c->averaging.members = mfree(c->averaging.members);
+        c->averaging.n_members = 0;
         c->n_peers = c->n_allowed = 0;
         sodium_memzero(c->secret, sizeof c->secret);
         c->has_secret = false;
@@ -258,7 +266,7 @@ static int check_plaintext(const config_setting_t *g, const Config *c, Diag *d) 
 static int check_admission(const config_setting_t *g, const config_setting_t *allowed, const Config *c, Diag *d) {
         bool want_secret = c->admission != CONFIG_ADMISSION_ALLOWLIST;
         bool want_list = c->admission != CONFIG_ADMISSION_SECRET;
-        bool networked = c->listen.port || c->n_peers;
+        bool networked = c->listen.port || c->n_peers || c->averaging.enabled;
         const char *mode = admission_names[c->admission];
 
         if (c->secret_file[0] && !want_secret)
@@ -346,8 +354,110 @@ static int parse_network(const config_setting_t *root, Config *c, Diag *d) {
         return 0;
 }
 
+static const char *const method_names[] = { "ring", "moshpit", NULL };
+
+/* "<64 hex digits>@host:port" */
+static int get_member(const config_setting_t *s, ConfigMember *ret, Diag *d) {
+        const char *text = config_setting_get_string(s), *at = strchr(text, '@'), *why;
+        char hex[IDENTITY_HEX_SIZE];
+
+        if (!at || at - text != IDENTITY_HEX_SIZE - 1)
+                return conf_error(s, NULL, -EINVAL, d, "must be \"<public key, 64 hex digits>@host:port\", got \"%s\"",
+                                  text);
+        memcpy(hex, text, IDENTITY_HEX_SIZE - 1);
+        hex[IDENTITY_HEX_SIZE - 1] = 0;
+        if (identity_from_hex(hex, ret->id) < 0)
+                return conf_error(s, NULL, -EINVAL, d, "not a public key (64 hex digits): \"%s\"", hex);
+        if ((why = parse_address(at + 1, &ret->address)))
+                return conf_error(s, NULL, -EINVAL, d, "%s, got \"%s\"", why, at + 1);
+        return 0;
+}
+
+static int parse_averaging(const config_setting_t *root, Config *c, Diag *d) {
+        static const char *const keys[] = {
+                "method", "interval", "interval_steps", "listen", "members", "fp16", "join_timeout",
+                "round_timeout", "grid", NULL,
+        };
+        ConfigAveraging *a = &c->averaging;
+        config_setting_t *g, *s, *members;
+        long long steps, join, round;
+        double interval;
+        int method = a->method, r;
+
+        if ((r = conf_get_group(root, "averaging", false, false, &g, d)) < 0 || !g)
+                return r;
+        if ((r = conf_check_keys(g, keys, d)) < 0 ||
+            (r = get_choice(g, "method", method_names, &method, d)) < 0 ||
+            (r = conf_get_double(g, "interval", false, 0.05, 86400, a->interval_ms / 1000.0, &interval, d)) < 0 ||
+            (r = conf_get_int(g, "interval_steps", false, 0, 1 << 30, 0, &steps, d)) < 0 ||
+            (r = conf_get_bool(g, "fp16", false, &a->fp16, d)) < 0 ||
+            (r = conf_get_int(g, "join_timeout", false, 100, 3600000, a->join_timeout_ms, &join, d)) < 0 ||
+            (r = conf_get_int(g, "round_timeout", false, 100, 3600000, a->round_timeout_ms, &round, d)) < 0 ||
+            (r = get_strings(g, "members", CONFIG_MAX_PEERS, &members, d)) < 0)
+                return r;
+        a->method = (ConfigAveragingMethod)method;
+        a->interval_ms = (unsigned)(interval * 1000);
+        a->interval_steps = (unsigned)steps;
+        a->join_timeout_ms = (unsigned)join;
+        a->round_timeout_ms = (unsigned)round;
+
+        s = member(g, "listen");
+        if (!s)
+                return conf_error(g, "listen", -EINVAL, d, "missing (\"host:port\" for the averaging links)");
+        if (config_setting_type(s) != CONFIG_TYPE_STRING)
+                return conf_error(s, NULL, -EINVAL, d, "must be a string \"host:port\"");
+        if ((r = get_address(s, &a->listen, d)) < 0)
+                return r;
+
+        int n = members ? config_setting_length(members) : 0;
+        if (n < 2)
+                return conf_error(members ? members : g, members ? NULL : "members", -EINVAL, d,
+                                  "needs every member, this node included: at least two");
+        unsigned max = a->method == CONFIG_AVERAGING_RING ? 64 : CONFIG_MAX_PEERS;
+        if ((unsigned)n > max)
+                return conf_error(members, NULL, -E2BIG, d, "at most %u members with method \"%s\"", max,
+                                  method_names[a->method]);
+        a->members = calloc((size_t)n, sizeof *a->members);
+        if (!a->members)
+                return -ENOMEM;
+        a->n_members = (size_t)n;
+        for (int i = 0; i < n; i++) {
+                config_setting_t *e = config_setting_get_elem(members, (unsigned)i);
+                if ((r = get_member(e, &a->members[i], d)) < 0)
+                        return r;
+                for (int j = 0; j < i; j++)
+                        if (memcmp(a->members[j].id, a->members[i].id, IDENTITY_PK_SIZE) == 0)
+                                return conf_error(e, NULL, -EINVAL, d, "the same key as member %d", j + 1);
+        }
+
+        /* grid = [ dims, side ]: the Moshpit grid; by default 2 dimensions */
+        s = member(g, "grid");
+        if (s && (config_setting_type(s) != CONFIG_TYPE_ARRAY || config_setting_length(s) != 2 ||
+                  config_setting_type(config_setting_get_elem(s, 0)) != CONFIG_TYPE_INT))
+                return conf_error(s, NULL, -EINVAL, d, "must be [ dimensions, side ]");
+        if (s && a->method != CONFIG_AVERAGING_MOSHPIT)
+                return conf_error(s, NULL, -EINVAL, d, "only used with method = \"moshpit\"");
+        if (s) {
+                long long dims = config_setting_get_int_elem(s, 0), side = config_setting_get_int_elem(s, 1);
+                double cells = pow((double)side, (double)dims);
+                if (dims < 1 || dims > 8 || side < 2 || side > 65536 || cells > 65536 || cells < n)
+                        return conf_error(s, NULL, -EINVAL, d,
+                                          "needs 1..8 dimensions, a side of at least 2, side^dimensions at most 65536 "
+                                          "and at least the %d members", n);
+                a->grid_dims = (unsigned)dims;
+                a->grid_side = (unsigned)side;
+        } else if (a->method == CONFIG_AVERAGING_MOSHPIT) {
+                a->grid_dims = 2;
+                a->grid_side = 2;
+                while (a->grid_side * a->grid_side < (unsigned)n)
+                        a->grid_side++;
+        }
+        a->enabled = true;
+        return 0;
+}
+
 int config_load(const char *path, Config *ret, Diag *d) {
-        static const char *const keys[] = { "state_directory", "job", "threads", "network", NULL };
+        static const char *const keys[] = { "state_directory", "job", "threads", "network", "averaging", NULL };
         _cleanup_(config_free) Config c;
         _cleanup_(config_destroy) config_t cf;
         const config_setting_t *root;
@@ -367,6 +477,7 @@ int config_load(const char *path, Config *ret, Diag *d) {
             (r = get_path(root, "state_directory", c.state_directory, sizeof c.state_directory, d)) < 0 ||
             (r = get_path(root, "job", c.job, sizeof c.job, d)) < 0 ||
             (r = conf_get_int(root, "threads", false, 0, 256, 0, &threads, d)) < 0 ||
+            (r = parse_averaging(root, &c, d)) < 0 ||
             (r = parse_network(root, &c, d)) < 0)
                 return r;
         c.threads = (unsigned)threads;
@@ -374,6 +485,7 @@ int config_load(const char *path, Config *ret, Diag *d) {
         *ret = c;
         c.peers = NULL; /* now ret's; the cleanup wipes this copy of the secret */
         c.allowed = NULL;
+        c.averaging.members = NULL;
         return 0;
 }
 

@@ -45,6 +45,32 @@ typedef struct ConfigAddress {
         uint16_t port;
 } ConfigAddress;
 
+/* A member of the averaging group: "<public key hex>@host:port". */
+typedef struct ConfigMember {
+        uint8_t id[IDENTITY_PK_SIZE];
+        ConfigAddress address;
+} ConfigMember;
+
+typedef enum ConfigAveragingMethod {
+        CONFIG_AVERAGING_RING,    /* one all-reduce ring over every member */
+        CONFIG_AVERAGING_MOSHPIT, /* Moshpit groups on a virtual grid */
+} ConfigAveragingMethod;
+
+/* Averaging of whole-model replicas with the other members (see
+ * ravnestd.conf(5), averaging). */
+typedef struct ConfigAveraging {
+        bool enabled;
+        ConfigAveragingMethod method;
+        unsigned interval_ms;       /* cadence in time ... */
+        unsigned interval_steps;    /* ... or in local steps, when > 0 */
+        ConfigAddress listen;
+        ConfigMember *members;      /* the same list, in the same order, on every member */
+        size_t n_members;
+        bool fp16;
+        unsigned join_timeout_ms, round_timeout_ms;
+        unsigned grid_dims, grid_side; /* moshpit; 0: the smallest square-ish grid that holds everyone */
+} ConfigAveraging;
+
 typedef struct Config {
         char path[PATH_MAX];            /* the file it was read from */
         char state_directory[PATH_MAX]; /* the identity key is <state_directory>/identity */
@@ -64,6 +90,8 @@ typedef struct Config {
         /* The transport's settings; identity, secret and allowed stay unset
          * here (config_net() fills them). */
         NetConfig net;
+
+        ConfigAveraging averaging;
 } Config;
 
 /* The documented defaults; the transport's are net_config_defaults(). */

@@ -9,6 +9,8 @@
 
 typedef struct Progress {
         const LocalRunOptions *o;
+        Trainer *trainer;
+        uint64_t samples; /* this epoch, at the last step */
         unsigned interval_ms;
         uint64_t last_ns;
         uint64_t start_ns;
@@ -28,6 +30,11 @@ static int on_progress(const TrainProgress *p, void *userdata) {
 
         if (pr->o->poll)
                 pr->o->poll(pr->o->poll_userdata);
+        if (pr->o->step && !p->epoch_done) {
+                uint64_t step = p->samples >= pr->samples ? p->samples - pr->samples : p->samples;
+                pr->o->step(pr->o->step_userdata, pr->trainer->stage->params, step);
+        }
+        pr->samples = p->epoch_done ? 0 : p->samples;
         if (p->epoch_done) {
                 log_info("epoch %d/%d done: train loss %.4f, train acc %.2f%%, %.0f samples/s, "
                          "test acc %.2f%%, test loss %.4f (%.1fs)",
@@ -63,6 +70,10 @@ int local_run(const Job *job, const LocalRunOptions *o, const volatile sig_atomi
                 return log_error_errno(r, "Failed to start %d compute threads: %m", o->threads);
         if (o->epochs > 0)
                 spec.epochs = o->epochs;
+        if (o->n_shards > 0) {
+                spec.shard = o->shard;
+                spec.n_shards = o->n_shards;
+        }
 
         r = dataset_load_dir(dir, "train", job->data.classes, &train, &d);
         if (r >= 0)
@@ -81,13 +92,13 @@ int local_run(const Job *job, const LocalRunOptions *o, const volatile sig_atomi
                 return log_error_errno(r, "Failed to set up job %s: %s", job->name, d.text);
 
         log_info("Training %s: %d layers, %zu parameters (%.1f MiB), %s lr %g, batch %d, %d epochs, "
-                 "%zu training and %zu test samples, %d BLAS threads",
+                 "%zu training and %zu test samples%s, %d BLAS threads",
                  job->name, job->model.n_layers, t->stage->n_params,
                  (double)t->stage->n_params * 4 / (1 << 20), optim_kind_to_string(job->optim.kind),
                  (double)job->optim.lr, spec.batch_size, spec.epochs, train->n, test->n,
-                 ops_blas_get_threads());
+                 spec.n_shards > 1 ? " (this node reads its shard)" : "", ops_blas_get_threads());
 
-        Progress pr = { .o = o, .interval_ms = o->progress_interval_ms, .start_ns = now_ns() };
+        Progress pr = { .o = o, .trainer = t, .interval_ms = o->progress_interval_ms, .start_ns = now_ns() };
         pr.last_ns = pr.start_ns;
         r = trainer_run(t, on_progress, &pr, stop);
         if (r == -ECANCELED)

@@ -17,6 +17,10 @@ typedef struct LocalRunOptions {
         const char *data_dir;     /* overrides the job's dataset path */
         void (*poll)(void *userdata); /* called between steps (the network, say) */
         void *poll_userdata;
+        /* called after every step with the parameter slab (averaging) */
+        void (*step)(void *userdata, float *params, uint64_t samples);
+        void *step_userdata;
+        int shard, n_shards;      /* this node's part of the training set; n_shards 0: all */
 } LocalRunOptions;
 
 typedef struct LocalRunResult {

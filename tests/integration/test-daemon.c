@@ -308,3 +308,97 @@ Test(daemon, falls_back_to_epoll_without_io_uring, .timeout = 120) {
         snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
         cr_assert_eq(system(cmd), 0);
 }
+
+/* ---- averaging: two members train one model on halves of the data -------- */
+
+#include "net/identity.h"
+
+/* state-<name>/identity created ahead, so the configs can name the keys */
+static void make_identity(const char *dir, const char *name, char hex[IDENTITY_HEX_SIZE]) {
+        char path[300];
+        Identity id;
+        bool created;
+        Diag d = {};
+        snprintf(path, sizeof path, "%s/state-%s", dir, name);
+        mkdir(path, 0700);
+        snprintf(path, sizeof path, "%s/state-%s/identity", dir, name);
+        cr_assert_eq(identity_load_or_create(path, &id, &created, &d), 0, "%s", d.text);
+        identity_to_hex(id.pk, hex);
+}
+
+static double final_accuracy(const char *out) {
+        const char *p = strstr(out, "test accuracy ");
+        return p ? strtod(p + 14, NULL) : -1;
+}
+
+Test(daemon, two_members_average_while_training, .timeout = 300) {
+        skip_without_dataset();
+        char dir[] = "/tmp/ravnest-test-avg-XXXXXX", secret[256], conf[2][256], hex[2][IDENTITY_HEX_SIZE];
+        const char *names[2] = { "a", "b" };
+        uint16_t port[2] = { free_port(), free_port() };
+        cr_assert_not_null(mkdtemp(dir));
+        snprintf(secret, sizeof secret, "%s/secret", dir);
+        write_text(secret, "00112233445566778899aabbccddeeff00112233445566778899aabbccddeeff\n", 0600);
+        for (int i = 0; i < 2; i++)
+                make_identity(dir, names[i], hex[i]);
+        for (int i = 0; i < 2; i++) {
+                char text[2048];
+                snprintf(conf[i], sizeof conf[i], "%s/%s.conf", dir, names[i]);
+                snprintf(text, sizeof text,
+                         "state_directory = \"%s/state-%s\";\n"
+                         "threads = 1;\n"
+                         "network = { secret_file = \"%s\"; };\n"
+                         "averaging = {\n"
+                         "  method = \"ring\";\n"
+                         "  interval = 1.0;\n"
+                         "  listen = \"127.0.0.1:%u\";\n"
+                         "  members = [ \"%s@127.0.0.1:%u\", \"%s@127.0.0.1:%u\" ];\n"
+                         "};\n",
+                         dir, names[i], secret, port[i], hex[0], port[0], hex[1], port[1]);
+                write_text(conf[i], text, 0644);
+        }
+        Proc p[2];
+        for (int i = 0; i < 2; i++)
+                proc_start(&p[i], (char *[]){ RAVNESTD, "--config", conf[i], "--job",
+                                              SOURCE_ROOT "/config/jobs/fashion-mnist-mlp.job", "--epochs", "1",
+                                              "--progress", "0", NULL });
+        for (int i = 0; i < 2; i++) {
+                cr_assert(proc_wait_for(&p[i], "Finished", 240000), "%s: %s", names[i], p[i].out);
+                cr_assert(strstr(p[i].out, "this node reads its shard"), "%s", p[i].out);
+                cr_assert(strstr(p[i].out, "Averaging round 1 done: 2 of 2 members"), "%s: %s", names[i], p[i].out);
+                double acc = final_accuracy(p[i].out);
+                cr_log_info("member %s: test accuracy %.2f%% after 1 epoch on half the data each\n", names[i], acc);
+                cr_assert(acc >= 80.0, "%s: accuracy %.2f%%: %s", names[i], acc, p[i].out);
+        }
+        for (int i = 0; i < 2; i++) {
+                kill(p[i].pid, SIGTERM);
+                cr_assert_eq(proc_exit(&p[i]), 0, "%s", p[i].out);
+        }
+        char cmd[300];
+        snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+        cr_assert_eq(system(cmd), 0);
+}
+
+/* A member list without this node's own key is a configuration error. */
+Test(daemon, averaging_without_this_node_is_a_config_error, .timeout = 60) {
+        char dir[] = "/tmp/ravnest-test-avgconf-XXXXXX", secret[256], conf[256], text[2048];
+        cr_assert_not_null(mkdtemp(dir));
+        write_tiny_dataset(dir);
+        snprintf(secret, sizeof secret, "%s/secret", dir);
+        write_text(secret, "00112233445566778899aabbccddeeff00112233445566778899aabbccddeeff\n", 0600);
+        snprintf(conf, sizeof conf, "%s/x.conf", dir);
+        snprintf(text, sizeof text,
+                 "state_directory = \"%s/state\";\nnetwork = { secret_file = \"%s\"; };\n"
+                 "averaging = { listen = \"127.0.0.1:%u\";\n"
+                 "  members = [ \"%s@127.0.0.1:1\", \"%s@127.0.0.1:2\" ]; };\n",
+                 dir, secret, free_port(), "11111111111111111111111111111111111111111111111111111111111111aa",
+                 "22222222222222222222222222222222222222222222222222222222222222bb");
+        write_text(conf, text, 0644);
+        Proc p;
+        start_node(&p, conf, dir);
+        cr_assert_eq(proc_exit(&p), 78, "%s", p.out);
+        cr_assert(strstr(p.out, "averaging.members: this node's key"), "%s", p.out);
+        char cmd[300];
+        snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+        cr_assert_eq(system(cmd), 0);
+}

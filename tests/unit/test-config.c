@@ -331,3 +331,48 @@ Test(config, errors_name_file_line_and_setting) {
         expect_error("\"@SECRET@\"", "\"/nonexistent/secret\"",
                      "7: network.secret_file: /nonexistent/secret: cannot open: No such file or directory");
 }
+
+/* the averaging group, appended to base from line 13 */
+static const char *base_end = "  idle_timeout = 30000;\n};\n";
+
+Test(config, averaging_group) {
+        char path[64];
+        Config c;
+        Diag d = {};
+        cr_assert_eq(load_variant(base_end, "  idle_timeout = 30000;\n};\naveraging = {\n"
+                                            "  method = \"moshpit\";\n  interval_steps = 50;\n  fp16 = true;\n"
+                                            "  listen = \"127.0.0.1:7100\";\n"
+                                            "  members = [ \"" K1 "@127.0.0.1:7100\", \"" K2 "@[::1]:7101\", \"" SECRET_HEX "@h:1\" ];\n"
+                                            "};\n", &c, &d, path), 0, "%s", d.text);
+        const ConfigAveraging *a = &c.averaging;
+        cr_assert(a->enabled && a->method == CONFIG_AVERAGING_MOSHPIT && a->interval_steps == 50 && a->fp16);
+        cr_assert_eq(a->n_members, 3);
+        cr_assert_eq(a->members[1].address.port, 7101);
+        cr_assert_str_eq(a->members[1].address.host, "::1");
+        cr_assert(a->grid_dims == 2 && a->grid_side == 2, "3 members fit a 2x2 grid: %ux%u", a->grid_dims, a->grid_side);
+        cr_assert_eq(a->join_timeout_ms, 10000);
+        config_free(&c);
+
+        const char *line = "  listen = \"127.0.0.1:7100\";\n  members = [ \"" K1 "@127.0.0.1:7100\", \"" K2 "@127.0.0.1:7101\" ];\n";
+        char body[1024];
+        snprintf(body, sizeof body, "  idle_timeout = 30000;\n};\naveraging = {\n%s  gossip = 1;\n};\n", line);
+        expect_error(base_end, body, "16: averaging.gossip: unknown setting");
+        snprintf(body, sizeof body, "  idle_timeout = 30000;\n};\naveraging = {\n%s  method = \"mpi\";\n};\n", line);
+        expect_error(base_end, body, "16: averaging.method: unknown value \"mpi\" (known: ring, moshpit)");
+        snprintf(body, sizeof body, "  idle_timeout = 30000;\n};\naveraging = {\n%s  interval = 0.0;\n};\n", line);
+        expect_error(base_end, body, "16: averaging.interval: must be a number in [0.05, 86400]");
+        snprintf(body, sizeof body, "  idle_timeout = 30000;\n};\naveraging = {\n%s  grid = [ 2, 4 ];\n};\n", line);
+        expect_error(base_end, body, "16: averaging.grid: only used with method = \"moshpit\"");
+        snprintf(body, sizeof body, "  idle_timeout = 30000;\n};\naveraging = {\n%s  method = \"moshpit\"; grid = [ 1, 1 ];\n};\n", line);
+        expect_error(base_end, body, "16: averaging.grid: needs 1..8 dimensions");
+        expect_error(base_end, "  idle_timeout = 30000;\n};\naveraging = {\n  members = [ \"" K1 "@a:1\", \"" K2 "@b:2\" ];\n};\n",
+                     "13: averaging.listen: missing");
+        expect_error(base_end, "  idle_timeout = 30000;\n};\naveraging = {\n  listen = \"127.0.0.1:1\";\n  members = [ \"" K1 "@a:1\" ];\n};\n",
+                     "15: averaging.members: needs every member, this node included: at least two");
+        expect_error(base_end, "  idle_timeout = 30000;\n};\naveraging = {\n  listen = \"127.0.0.1:1\";\n  members = [ \"" K1 "@a:1\",\n \"" K1 "@b:2\" ];\n};\n",
+                     "16: averaging.members.[1]: the same key as member 1");
+        expect_error(base_end, "  idle_timeout = 30000;\n};\naveraging = {\n  listen = \"127.0.0.1:1\";\n  members = [ \"" K1 "@a:1\", \"abc@b:2\" ];\n};\n",
+                     "15: averaging.members.[1]: must be \"<public key, 64 hex digits>@host:port\"");
+        expect_error(base_end, "  idle_timeout = 30000;\n};\naveraging = {\n  listen = \"127.0.0.1:1\";\n  members = [ \"" K1 "@a:1\", \"" K2 "@b\" ];\n};\n",
+                     "15: averaging.members.[1]: must be \"host:port\"");
+}

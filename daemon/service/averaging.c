@@ -1,0 +1,108 @@
+/* service/averaging.c */
+#include "averaging.h"
+
+#include <string.h>
+
+#include "util/log.h"
+
+int averaging_start(Averaging *a, const Config *c, const Identity *id, size_t n_params) {
+        const ConfigAveraging *ca = &c->averaging;
+        _cleanup_(freep) CollMember *members = NULL;
+        AveragerConfig ac;
+        NetConfig nc;
+        AveragerRing ring = { .group = 1, .len = n_params };
+        Diag d = {};
+        int r;
+
+        memset(a, 0, sizeof *a);
+        if (!ca->enabled)
+                return 0;
+        members = calloc(ca->n_members, sizeof *members);
+        if (!members)
+                return log_error_errno(-ENOMEM, "Out of memory");
+        a->self = UINT32_MAX;
+        for (size_t i = 0; i < ca->n_members; i++) {
+                memcpy(members[i].id, ca->members[i].id, IDENTITY_PK_SIZE);
+                snprintf(members[i].host, sizeof members[i].host, "%s", ca->members[i].address.host);
+                members[i].port = ca->members[i].address.port;
+                if (memcmp(ca->members[i].id, id->pk, IDENTITY_PK_SIZE) == 0)
+                        a->self = (unsigned)i;
+                if (i < COLL_MAX_MEMBERS)
+                        ring.members[ring.n++] = (unsigned)i;
+        }
+        if (a->self == UINT32_MAX) {
+                char hex[IDENTITY_HEX_SIZE];
+                identity_to_hex(id->pk, hex);
+                log_error("%s: averaging.members: this node's key %s is not among them", c->path, hex);
+                return -EINVAL;
+        }
+        r = config_net(c, id, &nc, &d);
+        if (r < 0)
+                return log_error_errno(r, "Invalid configuration: %s", d.text);
+        /* Room in the receive pool for the averages a round keeps. */
+        nc.pool_bytes = MAX(nc.pool_bytes, MIN(2 * n_params * sizeof(float) + (16u << 20), (size_t)1 << 30));
+
+        averager_config_defaults(&ac);
+        ac.coll.net = &nc;
+        ac.coll.members = members;
+        ac.coll.n_members = (unsigned)ca->n_members;
+        ac.coll.self = a->self;
+        ac.coll.listen_host = ca->listen.host;
+        ac.coll.fp16 = ca->fp16;
+        ac.coll.join_timeout_ms = ca->join_timeout_ms;
+        ac.coll.round_timeout_ms = ca->round_timeout_ms;
+        ac.method = ca->method == CONFIG_AVERAGING_MOSHPIT ? AVERAGER_MOSHPIT : AVERAGER_RING;
+        ac.grid = (MoshpitGrid){ .dims = ca->grid_dims, .side = ca->grid_side };
+        ac.len = n_params;
+        ac.rings = &ring;
+        ac.n_rings = 1;
+        ac.interval_ms = ca->interval_ms;
+        ac.interval_steps = ca->interval_steps;
+        ac.listen_port = ca->listen.port;
+        r = averager_new(&ac, &a->av);
+        if (r < 0)
+                return log_error_errno(r, "Failed to start averaging on %s:%u: %m", ca->listen.host, ca->listen.port);
+        r = averager_start(a->av);
+        if (r < 0) {
+                a->av = averager_free(a->av);
+                return log_error_errno(r, "Failed to start the averaging thread: %m");
+        }
+        a->n_members = (unsigned)ca->n_members;
+        a->active = true;
+        if (ca->interval_steps)
+                log_info("Averaging with %u members (%s%s), member %u, every %u steps, listening on %s:%u",
+                         a->n_members, ca->method == CONFIG_AVERAGING_MOSHPIT ? "moshpit" : "ring",
+                         ca->fp16 ? ", binary16" : "", a->self + 1, ca->interval_steps, ca->listen.host,
+                         ca->listen.port);
+        else
+                log_info("Averaging with %u members (%s%s), member %u, every %.1f s, listening on %s:%u",
+                         a->n_members, ca->method == CONFIG_AVERAGING_MOSHPIT ? "moshpit" : "ring",
+                         ca->fp16 ? ", binary16" : "", a->self + 1, ca->interval_ms / 1000.0, ca->listen.host,
+                         ca->listen.port);
+        return 0;
+}
+
+void averaging_step(Averaging *a, float *params, uint64_t samples) {
+        AveragerStats s;
+        if (!a->active)
+                return;
+        averager_sync(a->av, params, samples);
+        averager_get_stats(a->av, &s);
+        if (s.rounds_done != a->seen.rounds_done)
+                log_info("Averaging round %lu done: %u of %u members, %.1f MiB sent, %.0f ms",
+                         (unsigned long)(s.rounds_done + s.rounds_failed), s.last_participants, a->n_members,
+                         (double)(s.bytes_sent - a->seen.bytes_sent) / (1 << 20), (double)s.last_round_ns / 1e6);
+        else if (s.rounds_failed != a->seen.rounds_failed)
+                log_warning("Averaging round %lu failed: %s (%u of %u members took part); parameters not averaged "
+                            "kept their values",
+                            (unsigned long)(s.rounds_done + s.rounds_failed), strerror(-s.last_error),
+                            s.last_participants, a->n_members);
+        if (s.connected != a->seen.connected)
+                log_info("Averaging: %u of %u other members connected", s.connected, a->n_members - 1);
+        a->seen = s;
+}
+
+void averaging_stop(Averaging *a) {
+        a->av = averager_free(a->av);
+        a->active = false;
+}

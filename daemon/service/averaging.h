@@ -1,0 +1,29 @@
+/* service/averaging.h — averaging replicas of the whole model with the
+ * members of the config's averaging group, as the daemon runs it: this
+ * node's place among the members, the averaging thread, and every round
+ * logged once.
+ *
+ *     Averaging av;
+ *     r = averaging_start(&av, &config, &node.identity, n_params);   // logs
+ *     // after every training step:
+ *     averaging_step(&av, params, samples);
+ *     averaging_stop(&av);
+ */
+#pragma once
+
+#include "collective/averager.h"
+#include "config.h"
+
+typedef struct Averaging {
+        Averager *av;
+        unsigned self, n_members;
+        AveragerStats seen;
+        bool active;
+} Averaging;
+
+/* 0 and nothing started when the config has no averaging group. */
+int averaging_start(Averaging *a, const Config *c, const Identity *id, size_t n_params);
+/* Between steps: hand over a snapshot or apply a finished round, and log
+ * rounds as they finish. */
+void averaging_step(Averaging *a, float *params, uint64_t samples);
+void averaging_stop(Averaging *a);
