@@ -123,6 +123,7 @@ uint64_t coll_blame(const Coll *c, const unsigned *members, unsigned n);
 void coll_ban(Coll *c, unsigned member);
 
 int coll_early_add(Coll *c, unsigned member, const CollPiece *h, NetTensor *t);
+void coll_early_clear(Coll *c);
 /* Hand the pieces of (group, round) to fn in arrival order; drop the rest of
  * the group's early pieces that are no newer than round. */
 void coll_early_take(Coll *c, uint32_t group, uint64_t round, void (*fn)(Coll *, Early *, void *), void *ud);

@@ -77,6 +77,10 @@ static void drop_early(Coll *c, bool (*match)(const Early *, const void *), cons
         }
 }
 
+void coll_early_clear(Coll *c) {
+        drop_early(c, NULL, NULL);
+}
+
 static bool early_from(const Early *e, const void *member) {
         return e->member == *(const unsigned *)member;
 }

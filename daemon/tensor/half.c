@@ -5,6 +5,7 @@
 #include "half.h"
 
 #if defined(__x86_64__)
+#include <cpuid.h>
 #include <immintrin.h>
 #define HAVE_F16C_PATH 1
 #endif
@@ -69,10 +70,18 @@ __attribute__((target("avx,f16c"))) static void to_float_f16c(float *out, const 
                 out[i] = half_to_float1(in[i]);
 }
 
+/* CPUID rather than __builtin_cpu_supports(), which not every compiler
+ * knows "f16c" for; AVX also needs the OS to save the YMM registers. */
 static int have_f16c(void) {
         static int have = -1;
-        if (have < 0)
-                have = __builtin_cpu_supports("avx") && __builtin_cpu_supports("f16c");
+        if (have < 0) {
+                unsigned a, b, c, d, lo, hi;
+                have = 0;
+                if (__get_cpuid(1, &a, &b, &c, &d) && (c & bit_F16C) && (c & bit_AVX) && (c & bit_OSXSAVE)) {
+                        __asm__("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+                        have = (lo & 6) == 6;
+                }
+        }
         return have;
 }
 #endif
