@@ -13,9 +13,10 @@
  * averaging their stages with three rings at once, against one ring of two
  * replicas over the whole vector.
  *
- *     bench-allreduce [--runs N] [--no-reference] [--python PATH] [--procs N] [--mib M]
+ *     bench-allreduce [--runs N] [--no-reference] [--python PATH] [--procs N] [--mib M] [--piece BYTES]
  *
- * --procs and --mib keep one row of the first table (and skip the rest).
+ * --procs and --mib keep one row of the first table (and skip the rest);
+ * --piece sets the bytes of values per piece.
  */
 #include <getopt.h>
 #include <math.h>
@@ -36,6 +37,7 @@
 
 static const uint8_t secret[HANDSHAKE_SECRET_SIZE] = "bench network secret...........";
 static int runs = 5;
+static size_t piece_bytes; /* 0: the default */
 
 static int cmp_double(const void *a, const void *b) {
         double x = *(const double *)a, y = *(const double *)b;
@@ -86,6 +88,8 @@ static int member(const Experiment *e, unsigned self, const Identity *ids, int p
                 strcpy(m[i].host, "127.0.0.1");
         }
         cc.fp16 = e->fp16;
+        if (piece_bytes)
+                cc.piece_bytes = piece_bytes;
         cc.net = &nc;
         cc.members = m;
         cc.n_members = e->procs;
@@ -291,6 +295,7 @@ int main(int argc, char **argv) {
                 { "python", required_argument, NULL, 'p' },
                 { "procs", required_argument, NULL, 'P' },
                 { "mib", required_argument, NULL, 'm' },
+                { "piece", required_argument, NULL, 'b' },
                 {},
         };
         const char *python = "/usr/bin/python3";
@@ -312,6 +317,7 @@ int main(int argc, char **argv) {
                 case 'p': python = optarg; break;
                 case 'P': only_procs = (unsigned)atoi(optarg); break;
                 case 'm': only_mib = (unsigned)atoi(optarg); break;
+                case 'b': piece_bytes = strtoul(optarg, NULL, 0); break;
                 default:
                         fprintf(stderr, "Usage: bench-allreduce [--runs N] [--no-reference] [--python PATH]\n");
                         return 2;
