@@ -2,6 +2,7 @@
 #include "seal.h"
 
 #include <errno.h>
+#include <stdlib.h>
 #include <string.h>
 
 const char *cipher_to_string(Cipher c) {
@@ -28,14 +29,46 @@ int seal_init(Seal *s, Cipher c, const uint8_t tx[SEAL_KEY_SIZE], const uint8_t 
         memcpy(s->tx_key, tx, SEAL_KEY_SIZE);
         memcpy(s->rx_key, rx, SEAL_KEY_SIZE);
         if (c == CIPHER_AES256GCM) {
-                crypto_aead_aes256gcm_beforenm(&s->tx_aes, tx);
-                crypto_aead_aes256gcm_beforenm(&s->rx_aes, rx);
+                s->tx_aes = EVP_CIPHER_CTX_new();
+                s->rx_aes = EVP_CIPHER_CTX_new();
+                if (!s->tx_aes || !s->rx_aes ||
+                    EVP_EncryptInit_ex(s->tx_aes, EVP_aes_256_gcm(), NULL, tx, NULL) != 1 ||
+                    EVP_DecryptInit_ex(s->rx_aes, EVP_aes_256_gcm(), NULL, rx, NULL) != 1) {
+                        seal_clear(s);
+                        return -ENOMEM;
+                }
         }
         return 0;
 }
 
 void seal_clear(Seal *s) {
+        EVP_CIPHER_CTX_free(s->tx_aes); /* wipes the expanded key */
+        EVP_CIPHER_CTX_free(s->rx_aes);
         sodium_memzero(s, sizeof *s);
+}
+
+/* AES-256-GCM with a 12-byte nonce, the header as associated data. OpenSSL
+ * works in int lengths: frames are at most 64 MiB (max_frame). */
+static void aes_seal(EVP_CIPHER_CTX *ctx, const uint8_t nonce[12], const uint8_t *ad, uint8_t *dst,
+                     const uint8_t *src, size_t len, uint8_t tag[FRAME_TAG_SIZE]) {
+        int n;
+        if (EVP_EncryptInit_ex(ctx, NULL, NULL, NULL, nonce) != 1 ||
+            EVP_EncryptUpdate(ctx, NULL, &n, ad, FRAME_HEADER_SIZE) != 1 ||
+            (len && EVP_EncryptUpdate(ctx, dst, &n, src, (int)len) != 1) || EVP_EncryptFinal_ex(ctx, dst, &n) != 1 ||
+            EVP_CIPHER_CTX_ctrl(ctx, EVP_CTRL_GCM_GET_TAG, FRAME_TAG_SIZE, tag) != 1)
+                abort(); /* only a broken libcrypto fails here; never send a frame unsealed */
+}
+
+static int aes_open(EVP_CIPHER_CTX *ctx, const uint8_t nonce[12], const uint8_t *ad, uint8_t *payload, size_t len,
+                    const uint8_t tag[FRAME_TAG_SIZE]) {
+        int n;
+        if (EVP_DecryptInit_ex(ctx, NULL, NULL, NULL, nonce) != 1 ||
+            EVP_DecryptUpdate(ctx, NULL, &n, ad, FRAME_HEADER_SIZE) != 1 ||
+            (len && EVP_DecryptUpdate(ctx, payload, &n, payload, (int)len) != 1) ||
+            EVP_CIPHER_CTX_ctrl(ctx, EVP_CTRL_GCM_SET_TAG, FRAME_TAG_SIZE, (void *)tag) != 1 ||
+            EVP_DecryptFinal_ex(ctx, payload + len, &n) != 1)
+                return -EBADMSG;
+        return 0;
 }
 
 /* 96-bit nonce: 4 zero bytes then the little-endian seq. Each direction has
@@ -62,8 +95,7 @@ void seal_frame_to(Seal *s, FrameHeader *h, uint8_t hdr[FRAME_HEADER_SIZE], uint
         make_nonce(nonce, h->seq);
         switch (s->cipher) {
         case CIPHER_AES256GCM:
-                crypto_aead_aes256gcm_encrypt_detached_afternm(dst, tag, &maclen, src, len, hdr,
-                                                               FRAME_HEADER_SIZE, NULL, nonce, &s->tx_aes);
+                aes_seal(s->tx_aes, nonce, hdr, dst, src, len, tag);
                 break;
         case CIPHER_CHACHA20POLY1305:
                 crypto_aead_chacha20poly1305_ietf_encrypt_detached(dst, tag, &maclen, src, len, hdr,
@@ -93,8 +125,7 @@ int seal_open(Seal *s, const uint8_t hdr[FRAME_HEADER_SIZE], const FrameHeader *
         make_nonce(nonce, h->seq);
         switch (s->cipher) {
         case CIPHER_AES256GCM:
-                r = crypto_aead_aes256gcm_decrypt_detached_afternm(payload, NULL, payload, len, tag, hdr,
-                                                                   FRAME_HEADER_SIZE, nonce, &s->rx_aes);
+                r = aes_open(s->rx_aes, nonce, hdr, payload, len, tag);
                 break;
         case CIPHER_CHACHA20POLY1305:
                 r = crypto_aead_chacha20poly1305_ietf_decrypt_detached(payload, NULL, payload, len, tag, hdr,

@@ -4,9 +4,12 @@
  * 32-byte header is the AEAD's associated data, its seq (the counter) the
  * nonce, and the payload is encrypted in place; the receiver accepts only
  * the seq it expects next, so a frame modified, replayed, reordered or
- * dropped fails. AES-256-GCM where the CPU has AES-NI and PCLMUL (libsodium
- * offers it only there), ChaCha20-Poly1305 otherwise; CIPHER_NONE (the
- * benchmark-only plaintext mode) keeps the counter check and nothing else.
+ * dropped fails. AES-256-GCM where the CPU has AES-NI and PCLMUL (as libsodium
+ * judges it), ChaCha20-Poly1305 otherwise; CIPHER_NONE (the benchmark-only
+ * plaintext mode) keeps the counter check and nothing else. AES-256-GCM runs
+ * on OpenSSL's libcrypto, whose stitched AES-NI/VAES and GHASH code is 2.4x
+ * libsodium's here (3.2 against 1.3 GB/s on one core); the bytes on the wire
+ * are the same either way.
  *
  *     Seal s;
  *     seal_init(&s, CIPHER_AES256GCM, tx_key, rx_key);
@@ -16,6 +19,7 @@
 #pragma once
 
 #include <errno.h>
+#include <openssl/evp.h>
 #include <sodium.h>
 #include <stdint.h>
 
@@ -32,7 +36,7 @@ typedef enum Cipher {
 #define SEAL_KEY_SIZE 32
 
 typedef struct Seal {
-        crypto_aead_aes256gcm_state tx_aes, rx_aes; /* expanded keys; 16-byte aligned */
+        EVP_CIPHER_CTX *tx_aes, *rx_aes; /* AES-256-GCM: the keys expanded once */
         uint8_t tx_key[SEAL_KEY_SIZE], rx_key[SEAL_KEY_SIZE];
         uint64_t tx_seq, rx_seq;
         Cipher cipher;
@@ -46,6 +50,8 @@ static inline size_t seal_tag_size(const Seal *s) {
         return s->cipher == CIPHER_NONE ? 0 : FRAME_TAG_SIZE;
 }
 
+/* -EOPNOTSUPP: a cipher this machine does not run; -ENOMEM. Every Seal that
+ * was initialized is cleared with seal_clear(). */
 int seal_init(Seal *s, Cipher c, const uint8_t tx[SEAL_KEY_SIZE], const uint8_t rx[SEAL_KEY_SIZE]);
 void seal_clear(Seal *s);
 

@@ -132,7 +132,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         if (!(data[0] & 1))
                 feed(l, data + 1, size - 1);
         else {
-                Seal s;
+                Seal s = {};
                 static uint8_t frame[FRAME_HEADER_SIZE + 8192 + FRAME_TAG_SIZE], body[8192];
                 handshake(l, &s);
                 const uint8_t *p = data + 1, *end = data + size;
@@ -161,6 +161,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
                         if (!feed(l, frame, total))
                                 break;
                 }
+                seal_clear(&s);
         }
         link_destroy(l);
         free(l);

@@ -240,6 +240,11 @@ typedef struct Raw {
         Seal seal;
 } Raw;
 
+static void raw_close(Raw *r) {
+        seal_clear(&r->seal);
+        close(r->fd);
+}
+
 static int raw_tcp(uint16_t port) {
         int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
         struct sockaddr_in sa = { .sin_family = AF_INET, .sin_port = htons(port), .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
@@ -295,6 +300,7 @@ static int raw_handshake(Raw *r, uint16_t port, const HandshakeConfig *hc) {
         FrameHeader h;
         int n;
 
+        memset(&r->seal, 0, sizeof r->seal);
         r->fd = raw_tcp(port);
         cr_assert_eq(handshake_init(&r->hs, hc, true), 0);
         n = handshake_next(&r->hs, &type, buf, sizeof buf);
@@ -371,7 +377,7 @@ static void fixture_down(Fixture *f) {
 
 static void attacks(NetBackendKind kind) {
         Fixture f;
-        Raw r;
+        Raw r = {};
         uint8_t frame[1024], pay[64] = "a perfectly ordinary control message";
         size_t n;
         NetStats st;
@@ -383,7 +389,7 @@ static void attacks(NetBackendKind kind) {
         n = raw_sealed(&r, FRAME_HEARTBEAT, NULL, 0, frame);
         raw_write(&r, frame, n);
         cr_assert(!raw_closed(&r, 200), "a good frame closed the link");
-        close(r.fd);
+        raw_close(&r);
 
         /* Wrong network secret: the server refuses the AUTH. A client that
          * does not know the secret cannot check the server's MAC either, so
@@ -393,7 +399,7 @@ static void attacks(NetBackendKind kind) {
         HandshakeConfig wrong = { .identity = &f.good, .allowed = (const uint8_t(*)[32])server_pk, .n_allowed = 1,
                                   .ciphers = cipher_available() };
         cr_assert_neq(raw_handshake(&r, f.port, &wrong), 0, "admitted without the secret");
-        close(r.fd);
+        raw_close(&r);
         st = fixture_stats(&f);
         cr_assert_eq(st.auth_failures, 1, "auth failures %llu", (unsigned long long)st.auth_failures);
 
@@ -401,7 +407,7 @@ static void attacks(NetBackendKind kind) {
         uint8_t other[32] = "some other network's secret....";
         HandshakeConfig wrong2 = { .identity = &f.good, .secret = other, .ciphers = cipher_available() };
         cr_assert_eq(raw_handshake(&r, f.port, &wrong2), -EACCES);
-        close(r.fd);
+        raw_close(&r);
 
         /* Tampered header (the stream id) and tampered payload. */
         for (int where = 0; where < 3; where++) {
@@ -411,7 +417,7 @@ static void attacks(NetBackendKind kind) {
                 frame[at] ^= 0x01;
                 raw_write(&r, frame, n);
                 cr_assert(raw_closed(&r, 2000), "tampered byte %zu accepted", at);
-                close(r.fd);
+                raw_close(&r);
         }
 
         /* Replayed frame. */
@@ -420,7 +426,7 @@ static void attacks(NetBackendKind kind) {
         memcpy(frame + n, frame, n); /* one write: the server may close before a second */
         raw_write(&r, frame, 2 * n);
         cr_assert(raw_closed(&r, 2000), "replayed frame accepted");
-        close(r.fd);
+        raw_close(&r);
 
         /* Reordered frames. */
         uint8_t second[256];
@@ -430,7 +436,7 @@ static void attacks(NetBackendKind kind) {
         memcpy(second + n2, frame, n); /* the second frame first, in one write */
         raw_write(&r, second, n2 + n);
         cr_assert(raw_closed(&r, 2000), "reordered frames accepted");
-        close(r.fd);
+        raw_close(&r);
 
         st = fixture_stats(&f);
         cr_assert_eq(st.bad_frames, 5, "bad frames %llu", (unsigned long long)st.bad_frames);
@@ -441,7 +447,7 @@ static void attacks(NetBackendKind kind) {
         frame_header_encode(&big, frame);
         raw_write(&r, frame, FRAME_HEADER_SIZE);
         cr_assert(raw_closed(&r, 2000), "oversized frame accepted");
-        close(r.fd);
+        raw_close(&r);
         /* A tensor descriptor above the tensor limit. */
         cr_assert_eq(raw_handshake(&r, f.port, &f.raw_cfg), 0);
         TensorDesc d;
@@ -451,7 +457,7 @@ static void attacks(NetBackendKind kind) {
         n = raw_sealed(&r, FRAME_TENSOR, desc, dl, frame);
         raw_write(&r, frame, n);
         cr_assert(raw_closed(&r, 2000), "4 GiB tensor accepted");
-        close(r.fd);
+        raw_close(&r);
         st = fixture_stats(&f);
         cr_assert_eq(st.limit_violations, 2, "limit violations %llu", (unsigned long long)st.limit_violations);
 
@@ -459,7 +465,7 @@ static void attacks(NetBackendKind kind) {
         cr_assert_eq(raw_handshake(&r, f.port, &f.raw_cfg), 0);
         n = raw_sealed(&r, FRAME_CONTROL, pay, sizeof pay, frame);
         raw_write(&r, frame, n / 2);
-        close(r.fd);
+        raw_close(&r);
 
         /* A peer that stops mid-frame and stays connected: dropped after the
          * stall timeout (700 ms in this server). */
@@ -467,12 +473,12 @@ static void attacks(NetBackendKind kind) {
         n = raw_sealed(&r, FRAME_CONTROL, pay, sizeof pay, frame);
         raw_write(&r, frame, n - 5);
         cr_assert(raw_closed(&r, 5000), "a stalled sender was not dropped");
-        close(r.fd);
+        raw_close(&r);
 
         /* Silence: never even says hello. */
         r.fd = raw_tcp(f.port);
         cr_assert(raw_closed(&r, 5000), "a silent connection was not dropped");
-        close(r.fd);
+        raw_close(&r);
 
         /* Garbage instead of a handshake (longer than a header, so it is
          * judged at once, not left to the handshake deadline). */
@@ -480,7 +486,7 @@ static void attacks(NetBackendKind kind) {
         r.fd = raw_tcp(f.port);
         raw_write(&r, http, sizeof http - 1);
         cr_assert(raw_closed(&r, 2000), "garbage accepted");
-        close(r.fd);
+        raw_close(&r);
 
         st = fixture_stats(&f);
         cr_assert_eq(st.timeouts, 2, "timeouts %llu", (unsigned long long)st.timeouts);
@@ -497,7 +503,7 @@ Test(transport, bad_peers_uring, .timeout = 120) {
 
 static void allowlist(NetBackendKind kind) {
         Fixture f;
-        Raw r;
+        Raw r = {};
         fixture_up(&f, kind, true);
         uint8_t server_pk[1][32];
         memcpy(server_pk[0], f.server.pk, 32);
@@ -505,12 +511,12 @@ static void allowlist(NetBackendKind kind) {
         HandshakeConfig stranger = { .identity = &f.stranger, .allowed = (const uint8_t(*)[32])server_pk,
                                      .n_allowed = 1, .ciphers = cipher_available() };
         cr_assert_neq(raw_handshake(&r, f.port, &stranger), 0, "an unknown identity was admitted");
-        close(r.fd);
+        raw_close(&r);
         /* The known identity is admitted. */
         HandshakeConfig known = stranger;
         known.identity = &f.good;
         cr_assert_eq(raw_handshake(&r, f.port, &known), 0);
-        close(r.fd);
+        raw_close(&r);
         NetStats st = fixture_stats(&f);
         cr_assert_eq(st.auth_failures, 1);
         fixture_down(&f);
@@ -530,11 +536,11 @@ Test(transport, plaintext_needs_both_ends_and_loopback, .timeout = 60) {
         identity_generate(&b);
         uint16_t port;
         pid_t pid = server_start(NET_BACKEND_AUTO, &a, NULL, 0, secret, &port);
-        Raw r;
+        Raw r = {};
         HandshakeConfig hc = { .identity = &b, .secret = secret, .ciphers = CIPHER_BIT(CIPHER_NONE) };
         /* offering only plaintext to a server that does not allow it */
         cr_assert_neq(raw_handshake(&r, port, &hc), 0);
-        close(r.fd);
+        raw_close(&r);
         Client c;
         client_start(&c, NET_BACKEND_AUTO, &b, NULL, 0, secret, port);
         cr_assert_neq(net_peer_cipher(c.n, c.peer), CIPHER_NONE);
@@ -570,7 +576,7 @@ Test(transport, plaintext_on_loopback_when_both_allow_it, .timeout = 60) {
  * cannot hold more receive memory than max_receive, over all its links. */
 static void crowd_and_hoard(NetBackendKind kind) {
         Fixture f;
-        Raw r, hoard[2];
+        Raw r = {}, hoard[2] = {};
         server_max_receive = 3u << 20;
         fixture_up(&f, kind, false);
         server_max_receive = 0;
@@ -603,8 +609,8 @@ static void crowd_and_hoard(NetBackendKind kind) {
         cr_assert(raw_closed(&hoard[1], 2000), "a tensor past max_receive was accepted");
         /* The first one, left without a new byte, times out (stall timeout). */
         cr_assert(raw_closed(&hoard[0], 5000), "a tensor left half sent was held forever");
-        close(hoard[0].fd);
-        close(hoard[1].fd);
+        raw_close(&hoard[0]);
+        raw_close(&hoard[1]);
 
         NetStats st = fixture_stats(&f);
         cr_assert_geq(st.links_rejected, 1);
