@@ -24,6 +24,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/prctl.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -38,6 +39,7 @@
 static const uint8_t secret[HANDSHAKE_SECRET_SIZE] = "bench network secret...........";
 static int runs = 5;
 static size_t piece_bytes; /* 0: the default */
+static double peak_rss_mib; /* the largest member of any experiment */
 
 static int cmp_double(const void *a, const void *b) {
         double x = *(const double *)a, y = *(const double *)b;
@@ -80,7 +82,7 @@ static int member(const Experiment *e, unsigned self, const Identity *ids, int p
         nc.identity = &ids[self];
         nc.secret = secret;
         nc.plaintext = e->plaintext;
-        nc.pool_bytes = 2 * e->len * sizeof(float) + (16u << 20); /* held averages and sums in flight */
+        nc.pool_bytes = e->len * sizeof(float) + (16u << 20); /* the averages a round keeps, sums in flight */
         nc.ciphers = e->plaintext ? 0 : CIPHER_BIT(CIPHER_AES256GCM);
         coll_config_defaults(&cc);
         for (unsigned i = 0; i < e->procs; i++) {
@@ -161,6 +163,11 @@ static int member(const Experiment *e, unsigned self, const Identity *ids, int p
         /* serve the others' last pieces, then leave */
         for (int i = 0; i < 200; i++)
                 coll_run(c, 1);
+        struct rusage ru;
+        getrusage(RUSAGE_SELF, &ru);
+        double rss = (double)ru.ru_maxrss / 1024; /* MiB */
+        if (write(result_out, &rss, sizeof rss) != sizeof rss)
+                return -EIO;
         free(x);
         coll_free(c);
         return 0;
@@ -212,6 +219,9 @@ static double run_experiment(const Experiment *e) {
                         }
                         t[k] = MAX(t[k], v);
                 }
+        for (unsigned i = 0; i < e->procs; i++)
+                if (read(result[i][0], &v, sizeof v) == sizeof v)
+                        peak_rss_mib = MAX(peak_rss_mib, v);
         for (unsigned i = 0; i < e->procs; i++) {
                 int status;
                 close(result[i][0]);
@@ -380,6 +390,8 @@ int main(int argc, char **argv) {
                         fflush(stdout);
                 }
 
+        printf("peak RSS of a member: %.0f MiB (its vector, the receive pool sized for a round's averages, "
+               "and the buffer of the sums it starts)\n", peak_rss_mib);
         if (only_procs || only_mib)
                 return 0;
         printf("\nMulti-ring: 2 clusters x 2 stages cut at 50 %% and 30 %%, 64 MiB model, seconds per round\n");
