@@ -14,11 +14,17 @@
  * replicas over the whole vector.
  *
  *     bench-allreduce [--runs N] [--no-reference] [--python PATH] [--procs N] [--mib M] [--piece BYTES]
+ *                     [--netns MBIT]
  *
  * --procs and --mib keep one row of the first table (and skip the rest);
- * --piece sets the bytes of values per piece.
+ * --piece sets the bytes of values per piece. --netns MBIT runs only the
+ * multi-ring comparison, between members in four network namespaces whose
+ * links are limited to MBIT each way (root, iproute2).
  */
+#include <fcntl.h>
 #include <getopt.h>
+#include <sched.h>
+#include <stdarg.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -40,6 +46,17 @@ static const uint8_t secret[HANDSHAKE_SECRET_SIZE] = "bench network secret......
 static int runs = 5;
 static size_t piece_bytes; /* 0: the default */
 static double peak_rss_mib; /* the largest member of any experiment */
+static unsigned netns_mbit;  /* > 0: members in network namespaces, links of this rate */
+
+#define NETNS "rvnbench"
+
+/* Member i's address: loopback, or its namespace's on the bench bridge. */
+static void member_host(unsigned i, char *out, size_t n) {
+        if (netns_mbit)
+                snprintf(out, n, "10.77.0.%u", i + 1);
+        else
+                snprintf(out, n, "127.0.0.1");
+}
 
 static int cmp_double(const void *a, const void *b) {
         double x = *(const double *)a, y = *(const double *)b;
@@ -87,7 +104,7 @@ static int member(const Experiment *e, unsigned self, const Identity *ids, int p
         coll_config_defaults(&cc);
         for (unsigned i = 0; i < e->procs; i++) {
                 memcpy(m[i].id, ids[i].pk, IDENTITY_PK_SIZE);
-                strcpy(m[i].host, "127.0.0.1");
+                member_host(i, m[i].host, sizeof m[i].host);
         }
         cc.fp16 = e->fp16;
         if (piece_bytes)
@@ -105,7 +122,7 @@ static int member(const Experiment *e, unsigned self, const Identity *ids, int p
                 uint16_t p;
                 if (read(ports_in, &p, sizeof p) != sizeof p)
                         return -EIO;
-                coll_set_address(c, i, "127.0.0.1", p);
+                coll_set_address(c, i, m[i].host, p);
         }
         while (coll_n_connected(c) < e->procs - 1)
                 coll_run(c, 5);
@@ -191,6 +208,16 @@ static double run_experiment(const Experiment *e) {
                 pid[i] = fork();
                 if (pid[i] == 0) {
                         prctl(PR_SET_PDEATHSIG, SIGKILL);
+                        if (netns_mbit) { /* into member i's namespace before any socket */
+                                char path[64];
+                                snprintf(path, sizeof path, "/run/netns/" NETNS "%u", i);
+                                int fd = open(path, O_RDONLY | O_CLOEXEC);
+                                if (fd < 0 || setns(fd, CLONE_NEWNET) < 0) {
+                                        fprintf(stderr, "bench-allreduce: %s: %s\n", path, strerror(errno));
+                                        _exit(1);
+                                }
+                                close(fd);
+                        }
                         int r = member(e, i, ids, port_pipe[1], table[i][0], result[i][1]);
                         if (r < 0)
                                 fprintf(stderr, "bench-allreduce: member %u: %s\n", i, strerror(-r));
@@ -260,6 +287,43 @@ static void multi_ring(Experiment *e, size_t len, bool plaintext) {
                 }
 }
 
+/* Four namespaces on a bridge (in a fifth), each link limited to rate in
+ * both directions with tbf: a small network of its own, cleaned up after. */
+static int run(const char *fmt, ...) _printf_(1, 2);
+static int run(const char *fmt, ...) {
+        char cmd[512];
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(cmd, sizeof cmd, fmt, ap);
+        va_end(ap);
+        return system(cmd) == 0 ? 0 : -EIO;
+}
+
+static void netns_down(void) {
+        for (unsigned i = 0; i < 4; i++)
+                run("ip netns del " NETNS "%u 2>/dev/null", i);
+        run("ip netns del " NETNS "br 2>/dev/null");
+}
+
+static int netns_up(unsigned mbit) {
+        netns_down();
+        if (run("ip netns add " NETNS "br") < 0 ||
+            run("ip -n " NETNS "br link add br0 type bridge && ip -n " NETNS "br link set br0 up") < 0)
+                return -EIO;
+        for (unsigned i = 0; i < 4; i++)
+                if (run("ip netns add " NETNS "%u", i) < 0 ||
+                    run("ip link add v%u netns " NETNS "%u type veth peer name b%u netns " NETNS "br", i, i, i) < 0 ||
+                    run("ip -n " NETNS "%u addr add 10.77.0.%u/24 dev v%u", i, i + 1, i) < 0 ||
+                    run("ip -n " NETNS "%u link set v%u up && ip -n " NETNS "%u link set lo up", i, i, i) < 0 ||
+                    run("ip -n " NETNS "br link set b%u master br0 && ip -n " NETNS "br link set b%u up", i, i) < 0 ||
+                    run("ip netns exec " NETNS "%u tc qdisc add dev v%u root tbf rate %umbit burst 256kb latency 50ms",
+                        i, i, mbit) < 0 ||
+                    run("ip netns exec " NETNS "br tc qdisc add dev b%u root tbf rate %umbit burst 256kb latency 50ms",
+                        i, mbit) < 0)
+                        return -EIO;
+        return 0;
+}
+
 /* One line "<impl> procs=N mib=M median_s=S ..." per size, from a reference. */
 static double reference_line(FILE *f, const char *impl, unsigned procs, unsigned mib) {
         char line[512], want[64];
@@ -306,6 +370,7 @@ int main(int argc, char **argv) {
                 { "procs", required_argument, NULL, 'P' },
                 { "mib", required_argument, NULL, 'm' },
                 { "piece", required_argument, NULL, 'b' },
+                { "netns", required_argument, NULL, 'N' },
                 {},
         };
         const char *python = "/usr/bin/python3";
@@ -328,10 +393,38 @@ int main(int argc, char **argv) {
                 case 'P': only_procs = (unsigned)atoi(optarg); break;
                 case 'm': only_mib = (unsigned)atoi(optarg); break;
                 case 'b': piece_bytes = strtoul(optarg, NULL, 0); break;
+                case 'N': netns_mbit = (unsigned)atoi(optarg); break;
                 default:
                         fprintf(stderr, "Usage: bench-allreduce [--runs N] [--no-reference] [--python PATH]\n");
                         return 2;
                 }
+
+        if (netns_mbit) {
+                /* Multi-ring where it pays: every node has its own link, so
+                 * three rings spread the bytes over four links where one ring
+                 * of two replicas puts them all on two. Encrypted: the
+                 * plaintext mode is for loopback only. */
+                if (netns_up(netns_mbit) < 0) {
+                        fprintf(stderr, "bench-allreduce: cannot set up network namespaces (needs root and iproute2)\n");
+                        netns_down();
+                        return 1;
+                }
+                printf("Multi-ring in network namespaces, every link %u Mbit/s each way, AES-256-GCM, 64 MiB model, "
+                       "seconds per round (median of %d)\n", netns_mbit, runs);
+                Experiment e, one = { .procs = 2, .len = (size_t)64 << 18 };
+                multi_ring(&e, (size_t)64 << 18, false);
+                double multi = run_experiment(&e);
+                for (unsigned i = 0; i < 2; i++) {
+                        one.parts[i][0] = (Part){ .group = 1, .members = { 0, 1 }, .n = 2, .len = one.len };
+                        one.n_parts[i] = 1;
+                }
+                double single = run_experiment(&one);
+                printf("  three rings at once %.3f   one ring of 2 replicas, whole vector %.3f   %.2fx\n", multi, single,
+                       single / multi);
+                printf("peak RSS of a member: %.0f MiB\n", peak_rss_mib);
+                netns_down();
+                return 0;
+        }
 
         /* the OpenMPI program is built beside this one */
         char self[4096], mpi[4200] = "";
