@@ -1,0 +1,137 @@
+/* cluster/partition.c */
+#include <errno.h>
+#include <float.h>
+#include <math.h>
+#include <string.h>
+
+#include "partition.h"
+#include "util/macro.h"
+
+/* Multiply-adds of one sample through a layer's forward pass, times two for
+ * flops; backward costs twice the forward (input and weight gradients). */
+static double layer_flops(const Layer *l) {
+        double out = (double)shape_numel(l->out), in = (double)shape_numel(l->in);
+        switch (l->kind) {
+        case LAYER_LINEAR:
+        case LAYER_CONV2D:
+                /* every output value takes fan_in multiply-adds */
+                return 3 * 2 * out * (double)l->fan_in;
+        default:
+                return 3 * MAX(in, out); /* elementwise */
+        }
+}
+
+int partition_costs(const ModelSpec *m, const PartitionParams *p, PartitionCosts *ret, Diag *d) {
+        Layer layers[MODEL_MAX_LAYERS];
+        int r = model_spec_check(m, layers, d);
+        if (r < 0)
+                return r;
+        if (p->micro_batch < 1 || p->in_flight < 1 || p->optim_floats < 0 || p->stashed < 0)
+                return diag_set(d, -EINVAL, "micro-batch, in-flight count and stashed versions must be positive");
+        ret->n_layers = m->n_layers;
+        for (int i = 0; i < m->n_layers; i++) {
+                const Layer *l = &layers[i];
+                /* parameters, gradients, optimizer state, stashed versions */
+                uint64_t params = (uint64_t)l->n_params * 4 * (uint64_t)(2 + p->optim_floats + p->stashed);
+                /* each micro-batch in flight keeps this layer's output and saved state */
+                uint64_t acts = ((uint64_t)shape_numel(l->out) * 4 + l->saved_bytes) * (uint64_t)p->micro_batch *
+                                (uint64_t)p->in_flight;
+                ret->flops[i] = layer_flops(l) * p->micro_batch;
+                ret->memory[i] = params + acts;
+        }
+        return 0;
+}
+
+static double stage_flops(const PartitionCosts *c, int lo, int hi) {
+        double f = 0;
+        for (int i = lo; i < hi; i++)
+                f += c->flops[i];
+        return f;
+}
+
+static uint64_t stage_memory(const PartitionCosts *c, int lo, int hi) {
+        uint64_t m = 0;
+        for (int i = lo; i < hi; i++)
+                m += c->memory[i];
+        return m;
+}
+
+double partition_time(const PartitionCosts *c, const PartitionNode *nodes, int n_nodes, const int *bounds) {
+        double worst = 0;
+        for (int k = 0; k < n_nodes; k++)
+                worst = MAX(worst, stage_flops(c, bounds[k], bounds[k + 1]) / (nodes[k].gflops * 1e9));
+        return worst;
+}
+
+/* best[k][j]: the least slowest-stage time of layers [0, j) on nodes [0, k);
+ * with over = true, the least largest memory overflow instead. */
+static int solve(const PartitionCosts *c, const PartitionNode *nodes, int n, bool over, int *bounds, double *ret) {
+        static double best[65][MODEL_MAX_LAYERS + 1];
+        static int from[65][MODEL_MAX_LAYERS + 1];
+        int L = c->n_layers;
+
+        for (int k = 0; k <= n; k++)
+                for (int j = 0; j <= L; j++)
+                        best[k][j] = INFINITY;
+        best[0][0] = 0;
+        for (int k = 1; k <= n; k++)
+                for (int j = k; j <= L - (n - k); j++)
+                        for (int i = k - 1; i < j; i++) {
+                                if (!isfinite(best[k - 1][i]))
+                                        continue;
+                                uint64_t mem = stage_memory(c, i, j);
+                                double v;
+                                if (over)
+                                        v = mem > nodes[k - 1].memory ? (double)(mem - nodes[k - 1].memory) : 0;
+                                else if (mem > nodes[k - 1].memory)
+                                        continue;
+                                else
+                                        v = stage_flops(c, i, j) / (nodes[k - 1].gflops * 1e9);
+                                v = MAX(v, best[k - 1][i]);
+                                if (v < best[k][j]) {
+                                        best[k][j] = v;
+                                        from[k][j] = i;
+                                }
+                        }
+        if (!isfinite(best[n][L]))
+                return -ENOSPC;
+        bounds[n] = L;
+        for (int k = n, j = L; k > 0; k--) {
+                j = from[k][j];
+                bounds[k - 1] = j;
+        }
+        *ret = best[n][L];
+        return 0;
+}
+
+int partition_plan(const PartitionCosts *c, const PartitionNode *nodes, int n_nodes, int *bounds, Diag *d) {
+        double v;
+        if (n_nodes < 1 || n_nodes > 64)
+                return diag_set(d, -EINVAL, "a cluster has 1 to 64 nodes, not %d", n_nodes);
+        if (c->n_layers < n_nodes)
+                return diag_set(d, -EINVAL, "%d layers cannot make %d stages", c->n_layers, n_nodes);
+        for (int k = 0; k < n_nodes; k++)
+                if (!(nodes[k].gflops > 0))
+                        return diag_set(d, -EINVAL, "node %d has no measured speed", k + 1);
+        if (solve(c, nodes, n_nodes, false, bounds, &v) == 0)
+                return 0;
+        /* Nothing fits: find the cut that overflows least and say where. */
+        int b[65];
+        if (solve(c, nodes, n_nodes, true, b, &v) < 0)
+                return diag_set(d, -ENOSPC, "no cut of the model fits");
+        int worst = 0;
+        uint64_t need = 0;
+        for (int k = 0; k < n_nodes; k++) {
+                uint64_t m = stage_memory(c, b[k], b[k + 1]);
+                if (m > nodes[k].memory && m - nodes[k].memory > need) {
+                        need = m - nodes[k].memory;
+                        worst = k;
+                }
+        }
+        return diag_set(d, -ENOSPC,
+                        "the model does not fit: even the best cut leaves node %d (layers %d-%d) short of %.1f MiB "
+                        "(it needs %.1f MiB, it has %.1f MiB)",
+                        worst + 1, b[worst], b[worst + 1] - 1, (double)need / (1 << 20),
+                        (double)stage_memory(c, b[worst], b[worst + 1]) / (1 << 20),
+                        (double)nodes[worst].memory / (1 << 20));
+}

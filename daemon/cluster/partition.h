@@ -1,0 +1,51 @@
+/* cluster/partition.h — cutting a model into one contiguous stage per node
+ * of a cluster, so that every stage takes about the same time on its node.
+ *
+ * Each layer costs floating-point work per sample (forward and backward) and
+ * memory: its parameters with their gradients, optimizer state and the
+ * versions weight stashing keeps, and the activations of the micro-batches
+ * in flight. A node has a measured speed and a memory budget. The cut
+ * minimizes the time of the slowest stage, cost / speed, among the cuts that
+ * fit every node's budget (dynamic programming over cut points, exact).
+ * Ravnest's own code cuts into equal parts whatever the nodes' speeds.
+ *
+ *     PartitionNode nodes[2] = { { .gflops = 40, .memory = 1 << 30 }, { .gflops = 20, .memory = 1 << 30 } };
+ *     PartitionCosts costs;
+ *     r = partition_costs(&model, &(PartitionParams){ .micro_batch = 32, .in_flight = 4,
+ *                                                     .optim_floats = 1, .stashed = 4 }, &costs, &d);
+ *     int bounds[3];
+ *     r = partition_plan(&costs, nodes, 2, bounds, &d);   // layers [bounds[i], bounds[i+1]) on node i
+ */
+#pragma once
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "nn/stage.h"
+#include "util/diag.h"
+
+typedef struct PartitionParams {
+        int micro_batch;      /* samples per micro-batch */
+        int in_flight;        /* micro-batches a stage holds at once (the staleness bound) */
+        int optim_floats;     /* optimizer state per parameter: 1 for momentum, 2 for Adam */
+        int stashed;          /* parameter versions weight stashing may keep */
+} PartitionParams;
+
+typedef struct PartitionCosts {
+        int n_layers;
+        double flops[MODEL_MAX_LAYERS];   /* forward + backward, per micro-batch */
+        uint64_t memory[MODEL_MAX_LAYERS]; /* bytes the layer needs on a node */
+} PartitionCosts;
+
+typedef struct PartitionNode {
+        double gflops;   /* measured sustained speed */
+        uint64_t memory; /* bytes it may use */
+} PartitionNode;
+
+int partition_costs(const ModelSpec *m, const PartitionParams *p, PartitionCosts *ret, Diag *d);
+/* bounds: n_nodes + 1 entries, 0 = bounds[0] < ... < bounds[n_nodes] =
+ * n_layers. -EINVAL: fewer layers than nodes; -ENOSPC: no cut fits, and d
+ * says which node lacks how much memory in the cut that comes closest. */
+int partition_plan(const PartitionCosts *c, const PartitionNode *nodes, int n_nodes, int *bounds, Diag *d);
+/* The slowest stage's time for a cut, in seconds per micro-batch. */
+double partition_time(const PartitionCosts *c, const PartitionNode *nodes, int n_nodes, const int *bounds);

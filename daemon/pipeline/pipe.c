@@ -1,0 +1,718 @@
+/* pipeline/pipe.c — a pipeline stage: queues, weight stashing, schedules.
+ *
+ * Tensors between stages carry the micro-batch id in their stream: the top
+ * two bits say what they are (see KIND_*), the rest is the id. A stage
+ * processes what comes from its next stage (gradients) before what comes
+ * from its previous one (labels, activations), so memory stays bounded and
+ * every stage alternates one forward with one backward once the pipeline is
+ * full (PipeDream's 1F1B; Ravnest Section 3.2). */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "nn/loss.h"
+#include "pipe.h"
+#include "tensor/ops.h"
+#include "util/time-util.h"
+
+enum {
+        KIND_ACT = 0,    /* activations of a training micro-batch, (B, features) */
+        KIND_LABELS = 1, /* its labels, (B), sent just before the activations */
+        KIND_GRAD = 2,   /* the gradient of the activations, backwards */
+        KIND_EVAL = 3,   /* activations of an evaluation micro-batch: no backward */
+};
+#define STREAM(kind, id) ((uint32_t)(kind) << 30 | ((id) & 0x3fffffffu))
+#define MAX_QUEUE 4096 /* tensors waiting from one neighbour before it is cut off */
+
+static const uint8_t msg_end[4] = "RVPE";  /* forward: no more micro-batches */
+static const uint8_t msg_done[4] = "RVPD"; /* backward: everything after us is finished */
+
+/* Cookies of our sends: what to do when the Net lets go of the data. */
+enum { COOKIE_FREE = 0, COOKIE_RELEASE = 1, COOKIE_SLOT = 2 };
+#define COOKIE(ptr_or_index, tag) ((uint64_t)(ptr_or_index) | (tag))
+
+typedef struct Slot {
+        bool used, sending;
+        uint32_t id;
+        int B, version;
+        Trace *trace;
+        int32_t *labels; /* the first stage's copy, for a single-stage pipe */
+} Slot;
+
+typedef struct Version {
+        float *w; /* a stashed copy, or NULL: the live parameters */
+        int refs; /* micro-batches whose backward pass needs it */
+} Version;
+
+typedef struct Queue {
+        NetTensor **t;
+        size_t head, n, cap;
+} Queue;
+
+typedef struct Labels {
+        bool used;
+        uint32_t id;
+        int B;
+        int32_t *y;
+} Labels;
+
+enum { PHASE_TRAIN, PHASE_EVAL, PHASE_ENDING, PHASE_FINISHED };
+
+struct Pipe {
+        PipeConfig cfg;
+        const Ops *ops;
+        Stage *s;
+        Optim optim;
+        float *optim_state;
+        bool first, last;
+        int tau, U;
+        size_t in_features, out_features;
+
+        Net *net;
+        int64_t prev, next;
+        Queue fwd, bwd;
+        bool end_seen, done_seen;
+        int phase;
+
+        Slot *slots;
+        Version *versions;
+        int cur;
+        float **copies; /* stashed-version buffers not in use */
+        int n_copies;
+        Trace *eval_trace;
+        Labels *labels; /* the last stage: labels waiting for their activations */
+        float *dlogits;
+        int accumulated;
+
+        /* the first stage's data */
+        Sampler sampler;
+        int epoch;
+        size_t step, steps_per_epoch, eval_pos;
+        uint32_t next_id;
+        unsigned in_flight, batch_sent;
+        uint32_t *idx;
+
+        PipeStats st;
+        double loss_sum, correct_sum, seen;
+        double eval_loss, eval_correct, eval_seen;
+        uint64_t start_ns;
+        PipeBackwardHook hook;
+        void *hook_ud;
+};
+
+/* ---- queues ------------------------------------------------------------- */
+
+static int queue_push(Queue *q, NetTensor *t) {
+        if (q->n == q->cap) {
+                size_t cap = q->cap ? 2 * q->cap : 64;
+                if (cap > MAX_QUEUE)
+                        return -ENOBUFS;
+                NetTensor **n = malloc(cap * sizeof *n);
+                if (!n)
+                        return -ENOMEM;
+                for (size_t i = 0; i < q->n; i++)
+                        n[i] = q->t[(q->head + i) % q->cap];
+                free(q->t);
+                q->t = n;
+                q->head = 0;
+                q->cap = cap;
+        }
+        q->t[(q->head + q->n++) % q->cap] = t;
+        return 0;
+}
+
+static NetTensor *queue_pop(Queue *q) {
+        if (!q->n)
+                return NULL;
+        NetTensor *t = q->t[q->head];
+        q->head = (q->head + 1) % q->cap;
+        q->n--;
+        return t;
+}
+
+static void queue_clear(Net *net, Queue *q) {
+        NetTensor *t;
+        while ((t = queue_pop(q)))
+                net_tensor_release(net, t);
+        free(q->t);
+        *q = (Queue){};
+}
+
+/* ---- set-up ------------------------------------------------------------- */
+
+int pipe_new(const PipeConfig *c, const Ops *ops, Pipe **ret, Diag *d) {
+        int r;
+        if (c->micro_batch < 1 || c->in_flight < 1 || c->in_flight > 1024 || c->update_frequency < 1 ||
+            c->lo < 0 || c->hi > c->model->n_layers || c->lo >= c->hi)
+                return diag_set(d, -EINVAL, "bad pipeline settings");
+        _cleanup_(pipe_freep) Pipe *p = calloc(1, sizeof *p);
+        if (!p)
+                return -ENOMEM;
+        p->cfg = *c;
+        p->ops = ops;
+        p->first = c->lo == 0;
+        p->last = c->hi == c->model->n_layers;
+        p->tau = c->in_flight;
+        p->U = c->schedule == PIPE_SYNC ? c->in_flight : c->update_frequency;
+        p->prev = p->next = -1;
+        if (p->first && (!c->train || c->epochs < 1))
+                return diag_set(d, -EINVAL, "the first stage needs the training set and epochs");
+
+        r = stage_new(c->model, c->lo, c->hi, c->seed, &p->s, d);
+        if (r < 0)
+                return r;
+        p->in_features = shape_numel(p->s->in);
+        p->out_features = shape_numel(p->s->out);
+        p->optim_state = calloc(MAX(optim_state_floats(c->optim->kind, p->s->n_params), (size_t)1), sizeof(float));
+        if (!p->optim_state || optim_init(&p->optim, c->optim, p->s->n_params, p->optim_state) < 0)
+                return diag_set(d, -EINVAL, "unknown optimizer");
+        if (ops == &ops_blas)
+                optim_set_pool(&p->optim, ops_blas_pool());
+
+        p->slots = calloc((size_t)p->tau, sizeof *p->slots);
+        p->versions = calloc((size_t)p->tau + 1, sizeof *p->versions);
+        p->copies = calloc((size_t)p->tau, sizeof *p->copies);
+        p->labels = calloc(2 * (size_t)p->tau + 2, sizeof *p->labels);
+        if (!p->slots || !p->versions || !p->copies || !p->labels)
+                return -ENOMEM;
+        for (int i = 0; i < p->tau; i++)
+                if ((r = trace_new(p->s, c->micro_batch, &p->slots[i].trace)) < 0)
+                        return r;
+        if ((r = trace_new(p->s, c->micro_batch, &p->eval_trace)) < 0)
+                return r;
+        for (int i = 0; i < 2 * p->tau + 2; i++)
+                if (!(p->labels[i].y = calloc((size_t)c->micro_batch, sizeof(int32_t))))
+                        return -ENOMEM;
+        if (p->last && !(p->dlogits = calloc((size_t)c->micro_batch * p->out_features, sizeof(float))))
+                return -ENOMEM;
+        if (p->first) {
+                r = sampler_init(&p->sampler, c->train->n, c->shard, MAX(c->n_shards, 1), c->data_seed);
+                if (r < 0)
+                        return diag_set(d, r, "cannot make shard %d of %d", c->shard, c->n_shards);
+                p->steps_per_epoch = p->sampler.n / (size_t)c->micro_batch;
+                if (!p->steps_per_epoch)
+                        return diag_set(d, -EINVAL, "the shard holds fewer samples than a micro-batch");
+                sampler_shuffle(&p->sampler, 0);
+                p->epoch = 1;
+                for (int i = 0; i < p->tau; i++)
+                        if (!(p->slots[i].labels = calloc((size_t)c->micro_batch, sizeof(int32_t))))
+                                return -ENOMEM;
+        }
+        p->st.test_acc = p->st.test_loss = -1;
+        *ret = TAKE_PTR(p);
+        return 0;
+}
+
+Pipe *pipe_free(Pipe *p) {
+        if (!p)
+                return NULL;
+        if (p->net) {
+                queue_clear(p->net, &p->fwd);
+                queue_clear(p->net, &p->bwd);
+        }
+        for (int i = 0; p->labels && i < 2 * p->tau + 2; i++)
+                free(p->labels[i].y);
+        for (int i = 0; p->slots && i < p->tau; i++)
+                free(p->slots[i].labels);
+        for (int i = 0; p->versions && i <= p->tau; i++)
+                free(p->versions[i].w);
+        for (int i = 0; p->copies && i < p->n_copies; i++)
+                free(p->copies[i]);
+        free(p->labels);
+        free(p->slots);
+        free(p->versions);
+        free(p->copies);
+        free(p->dlogits);
+        free(p->optim_state);
+        if (p->first)
+                sampler_done(&p->sampler);
+        stage_free(p->s);
+        free(p);
+        return NULL;
+}
+
+Stage *pipe_stage(Pipe *p) {
+        return p->s;
+}
+
+void pipe_connect(Pipe *p, Net *net, int64_t prev_peer, int64_t next_peer) {
+        p->net = net;
+        p->prev = prev_peer;
+        p->next = next_peer;
+        p->start_ns = now_ns();
+}
+
+void pipe_set_backward_hook(Pipe *p, PipeBackwardHook hook, void *ud) {
+        p->hook = hook;
+        p->hook_ud = ud;
+}
+
+/* ---- weight stashing ---------------------------------------------------- */
+
+static int version_ref(Pipe *p) {
+        p->versions[p->cur].refs++;
+        return p->cur;
+}
+
+static const float *version_w(const Pipe *p, int v) {
+        return p->versions[v].w ? p->versions[v].w : p->s->params;
+}
+
+static void version_unref(Pipe *p, int v) {
+        Version *x = &p->versions[v];
+        if (--x->refs == 0 && x->w) {
+                p->copies[p->n_copies++] = x->w;
+                x->w = NULL;
+        }
+}
+
+/* Before the live parameters change: if a micro-batch in flight still needs
+ * them, they become a stashed copy and a new live version begins. */
+static int stash_live(Pipe *p) {
+        Version *cur = &p->versions[p->cur];
+        if (cur->refs == 0)
+                return 0;
+        float *copy = p->n_copies ? p->copies[--p->n_copies] : malloc(p->s->n_params * sizeof(float));
+        if (!copy)
+                return -ENOMEM;
+        memcpy(copy, p->s->params, p->s->n_params * sizeof(float));
+        cur->w = copy;
+        for (int i = 0; i <= p->tau; i++)
+                if (i != p->cur && p->versions[i].refs == 0 && !p->versions[i].w) {
+                        p->cur = i;
+                        return 0;
+                }
+        return -EOVERFLOW; /* more versions than micro-batches in flight: cannot happen */
+}
+
+static unsigned stashed(const Pipe *p) {
+        unsigned n = 0;
+        for (int i = 0; i <= p->tau; i++)
+                n += p->versions[i].w != NULL;
+        return n;
+}
+
+/* ---- updates ------------------------------------------------------------ */
+
+_simd_clones_ static void scale(float *g, float s, size_t n) {
+        for (size_t i = 0; i < n; i++)
+                g[i] *= s;
+}
+
+/* A backward pass wrote its gradient (beta 1 after the first of U). */
+static int after_backward(Pipe *p, uint32_t id, const float *w) {
+        p->st.backwards++;
+        if (p->hook)
+                p->hook(p->hook_ud, id, w, p->s->params, p->s->grads, p->s->n_params);
+        if (++p->accumulated < p->U)
+                return 0;
+        int r = stash_live(p);
+        if (r < 0)
+                return r;
+        if (p->U > 1) /* each gradient is a mean over its micro-batch: average them */
+                scale(p->s->grads, 1.0f / (float)p->U, p->s->n_params);
+        optim_set_lr(&p->optim, lr_schedule_at(p->cfg.optim, p->st.updates, MAX(p->cfg.total_updates, 1)));
+        optim_step(&p->optim, p->s->params, p->s->grads);
+        p->st.updates++;
+        p->accumulated = 0;
+        return 0;
+}
+
+static float beta(const Pipe *p) {
+        return p->accumulated ? 1.0f : 0.0f;
+}
+
+/* ---- sending ------------------------------------------------------------ */
+
+static int send(Pipe *p, int64_t peer, uint8_t kind, uint32_t id, uint8_t dtype, uint32_t rows, uint32_t cols,
+                const void *data, uint64_t cookie) {
+        TensorDesc d;
+        uint32_t dims[2] = { rows, cols };
+        int r = tensor_desc_init(&d, dtype, cols ? 2 : 1, dims);
+        if (r < 0)
+                return r;
+        if (peer < 0)
+                return -ENOTCONN;
+        return net_send_tensor(p->net, (uint32_t)peer, STREAM(kind, id), &d, data, cookie);
+}
+
+/* A copy of data, freed once sent. */
+static int send_copy(Pipe *p, int64_t peer, uint8_t kind, uint32_t id, uint8_t dtype, uint32_t rows, uint32_t cols,
+                     const void *data, size_t bytes) {
+        void *buf = malloc(MAX(bytes, (size_t)1));
+        if (!buf)
+                return -ENOMEM;
+        memcpy(buf, data, bytes);
+        int r = send(p, peer, kind, id, dtype, rows, cols, buf, COOKIE(buf, COOKIE_FREE));
+        if (r < 0)
+                free(buf);
+        return r;
+}
+
+void pipe_on_sent(Pipe *p, uint64_t cookie) {
+        switch (cookie & 3) {
+        case COOKIE_FREE:
+                free((void *)(uintptr_t)cookie);
+                break;
+        case COOKIE_RELEASE:
+                net_tensor_release(p->net, (NetTensor *)(uintptr_t)(cookie & ~(uint64_t)3));
+                break;
+        case COOKIE_SLOT:
+                if ((cookie >> 2) < (uint64_t)p->tau)
+                        p->slots[cookie >> 2].sending = false;
+                break;
+        }
+}
+
+/* ---- receiving ---------------------------------------------------------- */
+
+int pipe_on_tensor(Pipe *p, NetTensor *t) {
+        uint8_t kind = (uint8_t)(t->stream >> 30);
+        bool from_prev = p->prev >= 0 && t->peer == (uint32_t)p->prev;
+        bool from_next = p->next >= 0 && t->peer == (uint32_t)p->next;
+        size_t want = kind == KIND_GRAD ? p->out_features : kind == KIND_LABELS ? 0 : p->in_features;
+        const TensorDesc *d = &t->desc;
+        bool ok = (kind == KIND_GRAD ? from_next : from_prev) && d->dims[0] >= 1 &&
+                  d->dims[0] <= (uint32_t)p->cfg.micro_batch &&
+                  (kind == KIND_LABELS ? d->dtype == DTYPE_I32 && d->ndim == 1
+                                       : d->dtype == DTYPE_F32 && d->ndim == 2 && d->dims[1] == want);
+        if (!ok) {
+                net_tensor_release(p->net, t);
+                return -EBADMSG;
+        }
+        int r = queue_push(kind == KIND_GRAD ? &p->bwd : &p->fwd, t);
+        if (r < 0)
+                net_tensor_release(p->net, t);
+        return r == -ENOBUFS ? -EBADMSG : r;
+}
+
+int pipe_on_control(Pipe *p, uint32_t peer, const uint8_t *payload, size_t len) {
+        if (len != 4)
+                return -EBADMSG;
+        if (memcmp(payload, msg_end, 4) == 0 && p->prev >= 0 && peer == (uint32_t)p->prev)
+                p->end_seen = true;
+        else if (memcmp(payload, msg_done, 4) == 0 && p->next >= 0 && peer == (uint32_t)p->next)
+                p->done_seen = true;
+        else
+                return -EBADMSG;
+        return 0;
+}
+
+/* ---- the work ----------------------------------------------------------- */
+
+static Slot *slot_free(Pipe *p) {
+        for (int i = 0; i < p->tau; i++)
+                if (!p->slots[i].used && !p->slots[i].sending)
+                        return &p->slots[i];
+        return NULL;
+}
+
+static Slot *slot_of(Pipe *p, uint32_t id) {
+        for (int i = 0; i < p->tau; i++)
+                if (p->slots[i].used && p->slots[i].id == id)
+                        return &p->slots[i];
+        return NULL;
+}
+
+static Labels *labels_of(Pipe *p, uint32_t id) {
+        for (int i = 0; i < 2 * p->tau + 2; i++)
+                if (p->labels[i].used && p->labels[i].id == id)
+                        return &p->labels[i];
+        return NULL;
+}
+
+/* The last stage: loss and its gradient, straight into a backward pass
+ * with the parameters the forward pass used (nothing changed between). */
+static int last_train(Pipe *p, uint32_t id, Trace *tr, int B, const int32_t *y) {
+        Stage *s = p->s;
+        int correct;
+        float loss;
+        stage_forward(s, p->ops, s->params, tr, B);
+        loss = softmax_xent(p->dlogits, &correct, trace_output(tr), y, B, (int)p->out_features);
+        p->loss_sum += (double)loss * B;
+        p->correct_sum += correct;
+        p->seen += B;
+        p->st.forwards++;
+        p->st.samples += (uint64_t)B;
+        float *dinp = NULL;
+        if (!p->first && !(dinp = malloc((size_t)B * p->in_features * sizeof(float))))
+                return -ENOMEM;
+        stage_backward(s, p->ops, s->params, tr, p->dlogits, dinp, s->grads, B, beta(p), NULL, NULL);
+        if (dinp) {
+                int r = send(p, p->prev, KIND_GRAD, id, DTYPE_F32, (uint32_t)B, (uint32_t)p->in_features, dinp,
+                             COOKIE(dinp, COOKIE_FREE));
+                if (r < 0) {
+                        free(dinp);
+                        return r;
+                }
+        }
+        return after_backward(p, id, s->params);
+}
+
+static void eval_out(Pipe *p, Trace *tr, int B, const int32_t *y) {
+        int correct;
+        float loss = softmax_xent(p->dlogits, &correct, trace_output(tr), y, B, (int)p->out_features);
+        p->eval_loss += (double)loss * B;
+        p->eval_correct += correct;
+        p->eval_seen += B;
+}
+
+/* The first stage: one more micro-batch from the shard, or the test set. */
+static int first_inject(Pipe *p, bool eval) {
+        const Dataset *ds = eval ? p->cfg.test : p->cfg.train;
+        int B = p->cfg.micro_batch, r;
+        uint32_t id = p->next_id++;
+        Slot *sl = eval ? NULL : slot_free(p);
+        Trace *tr = eval ? p->eval_trace : sl->trace;
+        int32_t *y = eval ? p->labels[0].y : sl->labels;
+
+        if (eval) {
+                B = (int)MIN((size_t)B, ds->n - p->eval_pos);
+                for (int i = 0; i < B; i++)
+                        p->idx[i] = (uint32_t)(p->eval_pos + (size_t)i);
+                p->eval_pos += (size_t)B;
+                dataset_gather(ds, trace_input(tr), y, p->idx, B);
+        } else {
+                dataset_gather(ds, trace_input(tr), y, p->sampler.order + p->step * (size_t)B, B);
+                if (++p->step == p->steps_per_epoch) {
+                        p->step = 0;
+                        if (p->epoch < p->cfg.epochs)
+                                sampler_shuffle(&p->sampler, p->epoch);
+                        p->epoch++;
+                }
+        }
+        if (p->last) { /* a pipeline of one stage */
+                if (eval) {
+                        stage_forward(p->s, p->ops, p->s->params, tr, B);
+                        eval_out(p, tr, B, y);
+                        return 0;
+                }
+                return last_train(p, id, tr, B, y);
+        }
+        r = send_copy(p, p->next, KIND_LABELS, id, DTYPE_I32, (uint32_t)B, 0, y, (size_t)B * sizeof(int32_t));
+        if (r < 0)
+                return r;
+        if (eval) {
+                stage_forward(p->s, p->ops, p->s->params, tr, B);
+                return send_copy(p, p->next, KIND_EVAL, id, DTYPE_F32, (uint32_t)B, (uint32_t)p->out_features,
+                                 trace_output(tr), (size_t)B * p->out_features * sizeof(float));
+        }
+        *sl = (Slot){ .used = true, .sending = true, .id = id, .B = B, .version = version_ref(p), .trace = sl->trace,
+                      .labels = sl->labels };
+        stage_forward(p->s, p->ops, version_w(p, sl->version), tr, B);
+        p->st.forwards++;
+        p->st.samples += (uint64_t)B;
+        p->in_flight++;
+        p->batch_sent++;
+        /* the activations go as they are: the slot is not reused before sent() */
+        r = send(p, p->next, KIND_ACT, id, DTYPE_F32, (uint32_t)B, (uint32_t)p->out_features, trace_output(tr),
+                 COOKIE((uint64_t)(sl - p->slots) << 2, COOKIE_SLOT));
+        if (r < 0)
+                sl->sending = false;
+        return r;
+}
+
+static int do_backward(Pipe *p, NetTensor *t) {
+        uint32_t id = t->stream & 0x3fffffffu;
+        Slot *sl = slot_of(p, id);
+        int B = (int)t->desc.dims[0], r = 0;
+        if (!sl || sl->B != B) {
+                net_tensor_release(p->net, t);
+                return -EBADMSG;
+        }
+        const float *w = version_w(p, sl->version);
+        float *dinp = NULL;
+        if (!p->first && !(dinp = malloc((size_t)B * p->in_features * sizeof(float)))) {
+                net_tensor_release(p->net, t);
+                return -ENOMEM;
+        }
+        stage_backward(p->s, p->ops, w, sl->trace, (const float *)t->data, dinp, p->s->grads, B, beta(p), NULL, NULL);
+        net_tensor_release(p->net, t);
+        if (dinp) {
+                r = send(p, p->prev, KIND_GRAD, id, DTYPE_F32, (uint32_t)B, (uint32_t)p->in_features, dinp,
+                         COOKIE(dinp, COOKIE_FREE));
+                if (r < 0)
+                        free(dinp);
+        }
+        int v = sl->version;
+        sl->used = false;
+        if (p->first)
+                p->in_flight--;
+        if (r == 0)
+                r = after_backward(p, id, w);
+        version_unref(p, v);
+        return r;
+}
+
+static int do_forward(Pipe *p, NetTensor *t) {
+        uint8_t kind = (uint8_t)(t->stream >> 30);
+        uint32_t id = t->stream & 0x3fffffffu;
+        int B = (int)t->desc.dims[0], r;
+
+        if (kind == KIND_LABELS) {
+                if (!p->last) /* passed on as it came, ahead of its activations */
+                        return send(p, p->next, KIND_LABELS, id, DTYPE_I32, (uint32_t)B, 0, t->data,
+                                    COOKIE((uintptr_t)t, COOKIE_RELEASE));
+                Labels *l = NULL;
+                for (int i = 0; i < 2 * p->tau + 2 && !l; i++)
+                        if (!p->labels[i].used)
+                                l = &p->labels[i];
+                if (!l) {
+                        net_tensor_release(p->net, t);
+                        return -EBADMSG; /* labels without activations, piling up */
+                }
+                *l = (Labels){ .used = true, .id = id, .B = B, .y = l->y };
+                memcpy(l->y, t->data, (size_t)B * sizeof(int32_t));
+                for (int i = 0; i < B; i++)
+                        if (l->y[i] < 0 || l->y[i] >= (int32_t)p->out_features) {
+                                l->used = false;
+                                net_tensor_release(p->net, t);
+                                return -EBADMSG;
+                        }
+                net_tensor_release(p->net, t);
+                return 0;
+        }
+
+        Labels *l = p->last ? labels_of(p, id) : NULL;
+        if (p->last && (!l || l->B != B)) {
+                net_tensor_release(p->net, t);
+                return -EBADMSG;
+        }
+        if (kind == KIND_EVAL) {
+                Trace *tr = p->eval_trace;
+                memcpy(trace_input(tr), t->data, (size_t)B * p->in_features * sizeof(float));
+                net_tensor_release(p->net, t);
+                stage_forward(p->s, p->ops, p->s->params, tr, B);
+                if (p->last) {
+                        eval_out(p, tr, B, l->y);
+                        l->used = false;
+                        return 0;
+                }
+                return send_copy(p, p->next, KIND_EVAL, id, DTYPE_F32, (uint32_t)B, (uint32_t)p->out_features,
+                                 trace_output(tr), (size_t)B * p->out_features * sizeof(float));
+        }
+
+        Slot *sl = slot_free(p);
+        if (!sl) { /* more in flight than the bound: the previous stage broke it */
+                net_tensor_release(p->net, t);
+                return -EBADMSG;
+        }
+        memcpy(trace_input(sl->trace), t->data, (size_t)B * p->in_features * sizeof(float));
+        net_tensor_release(p->net, t);
+        if (p->last) {
+                r = last_train(p, id, sl->trace, B, l->y);
+                l->used = false;
+                return r;
+        }
+        *sl = (Slot){ .used = true, .sending = true, .id = id, .B = B, .version = version_ref(p), .trace = sl->trace,
+                      .labels = sl->labels };
+        stage_forward(p->s, p->ops, version_w(p, sl->version), sl->trace, B);
+        p->st.forwards++;
+        p->st.samples += (uint64_t)B;
+        r = send(p, p->next, KIND_ACT, id, DTYPE_F32, (uint32_t)B, (uint32_t)p->out_features, trace_output(sl->trace),
+                 COOKIE((uint64_t)(sl - p->slots) << 2, COOKIE_SLOT));
+        if (r < 0)
+                sl->sending = false;
+        return r;
+}
+
+static bool slots_idle(const Pipe *p) {
+        for (int i = 0; i < p->tau; i++)
+                if (p->slots[i].used)
+                        return false;
+        return true;
+}
+
+static int control(Pipe *p, int64_t peer, const uint8_t msg[4]) {
+        return peer < 0 ? 0 : net_send_control(p->net, (uint32_t)peer, FRAME_CONTROL, msg, 4);
+}
+
+/* What the first stage does when no gradient is waiting. */
+static int first_next(Pipe *p) {
+        if (p->phase == PHASE_TRAIN) {
+                if (p->epoch <= p->cfg.epochs) {
+                        bool room = p->cfg.schedule == PIPE_SYNC ? p->batch_sent < (unsigned)p->tau
+                                                                 : p->in_flight < (unsigned)p->tau;
+                        if (p->cfg.schedule == PIPE_SYNC && p->batch_sent == (unsigned)p->tau && p->in_flight == 0) {
+                                p->batch_sent = 0; /* the batch has drained: the next one */
+                                room = true;
+                        }
+                        if (!room || !slot_free(p))
+                                return 0;
+                        if (!p->idx && !(p->idx = calloc((size_t)p->cfg.micro_batch, sizeof *p->idx)))
+                                return -ENOMEM;
+                        int r = first_inject(p, false);
+                        return r < 0 ? r : 1;
+                }
+                if (p->in_flight > 0)
+                        return 0;
+                p->phase = PHASE_EVAL;
+                p->st.epoch = p->cfg.epochs;
+        }
+        if (p->phase == PHASE_EVAL) {
+                if (p->cfg.test && p->eval_pos < p->cfg.test->n) {
+                        if (!p->idx && !(p->idx = calloc((size_t)p->cfg.micro_batch, sizeof *p->idx)))
+                                return -ENOMEM;
+                        int r = first_inject(p, true);
+                        return r < 0 ? r : 1;
+                }
+                p->phase = PHASE_ENDING;
+                if (p->last) /* one stage: nobody to wait for */
+                        p->done_seen = true;
+                else if (control(p, p->next, msg_end) < 0)
+                        return -ENOTCONN;
+                return 1;
+        }
+        return 0;
+}
+
+int pipe_work(Pipe *p) {
+        uint64_t t0 = now_ns();
+        int r = 0;
+        NetTensor *t;
+
+        if (p->phase == PHASE_FINISHED)
+                return PIPE_FINISHED;
+        if ((t = queue_pop(&p->bwd)))
+                r = do_backward(p, t) < 0 ? -EBADMSG : 1;
+        else if ((t = queue_pop(&p->fwd)))
+                r = do_forward(p, t) < 0 ? -EBADMSG : 1;
+        else if (p->first)
+                r = first_next(p);
+        else if (p->end_seen && p->phase == PHASE_TRAIN && slots_idle(p)) {
+                p->phase = PHASE_ENDING;
+                if (p->last) {
+                        p->done_seen = true;
+                        if (p->eval_seen > 0) {
+                                p->st.test_acc = p->eval_correct / p->eval_seen;
+                                p->st.test_loss = p->eval_loss / p->eval_seen;
+                        }
+                } else if (control(p, p->next, msg_end) < 0)
+                        r = -ENOTCONN;
+        }
+        if (r == 0 && p->phase == PHASE_ENDING && p->done_seen) {
+                if (p->first && p->last && p->eval_seen > 0) {
+                        p->st.test_acc = p->eval_correct / p->eval_seen;
+                        p->st.test_loss = p->eval_loss / p->eval_seen;
+                }
+                if (!p->first)
+                        control(p, p->prev, msg_done);
+                p->phase = PHASE_FINISHED;
+                r = PIPE_FINISHED;
+        }
+        if (r == 1)
+                p->st.busy_ns += now_ns() - t0;
+        return r;
+}
+
+void pipe_get_stats(Pipe *p, PipeStats *ret) {
+        p->st.idle_ns = now_ns() - p->start_ns - p->st.busy_ns;
+        p->st.in_flight = p->in_flight;
+        p->st.versions = stashed(p);
+        if (p->first)
+                p->st.epoch = MIN(p->epoch, p->cfg.epochs);
+        p->st.loss = p->seen ? p->loss_sum / p->seen : 0;
+        p->st.train_acc = p->seen ? p->correct_sum / p->seen : 0;
+        p->loss_sum = p->correct_sum = p->seen = 0;
+        *ret = p->st;
+}

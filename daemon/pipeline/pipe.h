@@ -1,0 +1,92 @@
+/* pipeline/pipe.h — one stage of a cluster's pipeline: micro-batches go
+ * forward, their gradients come back, and the stage updates its parameters
+ * as soon as a gradient (or update_frequency of them) is complete.
+ *
+ * The first stage reads micro-batches from its shard of the training set and
+ * keeps up to in_flight of them on the way without waiting for their
+ * backward passes (the asynchronous, bubble-free schedule); labels travel
+ * ahead of the activations to the last stage, which computes the loss and
+ * sends the gradient back at once. Weight stashing: a micro-batch's backward
+ * pass uses the parameter version its forward pass used; a version is copied
+ * only when an update would change it while micro-batches still need it, so
+ * at most in_flight copies exist. The synchronous schedule (in_flight
+ * micro-batches form a batch: all forward, then all backward, one update) is
+ * the same code with the first stage waiting for a batch to drain.
+ *
+ * A Pipe does no I/O of its own: pipe_on_tensor() takes what the Net
+ * delivered, pipe_work() does one unit of work and queues what it produces
+ * on the Net.
+ *
+ *     Pipe *p;
+ *     r = pipe_new(&cfg, &ops_blas, &p, &d);
+ *     pipe_connect(p, net, prev_peer, next_peer);    // -1 at the ends
+ *     // Net callbacks: pipe_on_tensor(p, t), pipe_on_sent(p, cookie), pipe_on_control(...)
+ *     while ((r = pipe_work(p)) != PIPE_FINISHED)
+ *             net_run(net, r > 0 ? 0 : 5);
+ */
+#pragma once
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "data/dataset.h"
+#include "net/net.h"
+#include "nn/stage.h"
+
+typedef enum PipeSchedule {
+        PIPE_ASYNC, /* up to in_flight micro-batches on the way, updates as gradients come */
+        PIPE_SYNC,  /* in_flight micro-batches per batch, one update per batch */
+} PipeSchedule;
+
+typedef struct PipeConfig {
+        const ModelSpec *model;
+        int lo, hi;                 /* this stage's layers */
+        uint64_t seed;              /* initialization: the same on every stage */
+        const OptimSpec *optim;
+        int micro_batch;            /* samples */
+        int in_flight;              /* the staleness bound tau (sync: micro-batches per batch) */
+        int update_frequency;       /* gradients per update (sync: forced to in_flight) */
+        PipeSchedule schedule;
+        uint64_t total_updates;     /* for the learning-rate schedule */
+        /* the first stage only: what it trains on and evaluates with */
+        const Dataset *train, *test;
+        int shard, n_shards;
+        int epochs;
+        uint64_t data_seed;
+} PipeConfig;
+
+typedef struct PipeStats {
+        uint64_t busy_ns, idle_ns;     /* computing, and waiting for work, since pipe_connect() */
+        unsigned in_flight;            /* first stage: micro-batches sent and not yet back */
+        unsigned versions;             /* stashed parameter copies held now */
+        uint64_t forwards, backwards, updates;
+        uint64_t samples;              /* trained through this stage */
+        double loss;                   /* last stage: mean training loss since the last read */
+        double train_acc;
+        int epoch;                     /* first stage */
+        double test_acc, test_loss;    /* last stage, after an evaluation; < 0 before */
+} PipeStats;
+
+typedef struct Pipe Pipe;
+
+#define PIPE_FINISHED 2
+
+int pipe_new(const PipeConfig *c, const Ops *ops, Pipe **ret, Diag *d);
+Pipe *pipe_free(Pipe *p);
+DEFINE_TRIVIAL_CLEANUP_FUNC(Pipe *, pipe_free);
+Stage *pipe_stage(Pipe *p);
+void pipe_connect(Pipe *p, Net *net, int64_t prev_peer, int64_t next_peer);
+/* A tensor from a neighbour; consumed in every case. -EBADMSG: not what that
+ * neighbour may send (the caller drops the link). */
+int pipe_on_tensor(Pipe *p, NetTensor *t);
+void pipe_on_sent(Pipe *p, uint64_t cookie);
+/* A CONTROL payload from a neighbour (the end of training is one). */
+int pipe_on_control(Pipe *p, uint32_t peer, const uint8_t *payload, size_t len);
+/* One unit of work: 1 if something was done, 0 if waiting for a neighbour,
+ * PIPE_FINISHED when training and the final evaluation are over, or -errno. */
+int pipe_work(Pipe *p);
+void pipe_get_stats(Pipe *p, PipeStats *ret);
+/* After each backward pass, before any update (tests): micro-batch id, the
+ * parameter version it used, the live parameters, and its gradient dw. */
+typedef void (*PipeBackwardHook)(void *ud, uint32_t id, const float *w, const float *live, const float *dw, size_t n);
+void pipe_set_backward_hook(Pipe *p, PipeBackwardHook hook, void *ud);

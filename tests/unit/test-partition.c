@@ -1,0 +1,108 @@
+/* Cutting a model into stages: the cut is the best of all cuts (held against
+ * brute force), follows node speed, respects memory, and an impossible fit
+ * says which node lacks how much. */
+#include <criterion/criterion.h>
+#include <math.h>
+
+#include "cluster/partition.h"
+
+/* 784-1024-1024-1024-10 with ReLUs: 8 layers */
+static void mlp(ModelSpec *m) {
+        memset(m, 0, sizeof *m);
+        m->input = (Shape){ 784, 1, 1 };
+        m->n_classes = 10;
+        int outs[] = { 1024, 0, 1024, 0, 1024, 0, 10 };
+        for (int i = 0; i < 7; i++)
+                m->layers[m->n_layers++] = outs[i] ? (LayerSpec){ .kind = LAYER_LINEAR, .out = outs[i] }
+                                                  : (LayerSpec){ .kind = LAYER_RELU };
+}
+
+static const PartitionParams params = { .micro_batch = 32, .in_flight = 4, .optim_floats = 1, .stashed = 4 };
+
+/* Every cut of L layers into n stages, the best slowest-stage time among those that fit. */
+static double brute(const PartitionCosts *c, const PartitionNode *nodes, int n, int k, int lo, int *b) {
+        if (k == n - 1) {
+                b[k] = lo;
+                b[n] = c->n_layers;
+                uint64_t mem = 0;
+                for (int i = lo; i < c->n_layers; i++)
+                        mem += c->memory[i];
+                if (lo >= c->n_layers || mem > nodes[k].memory)
+                        return INFINITY;
+                for (int s = 0; s < n; s++) {
+                        uint64_t ms = 0;
+                        for (int i = b[s]; i < b[s + 1]; i++)
+                                ms += c->memory[i];
+                        if (ms > nodes[s].memory)
+                                return INFINITY;
+                }
+                return partition_time(c, nodes, n, b);
+        }
+        double best = INFINITY;
+        for (int e = lo + 1; e < c->n_layers; e++) {
+                b[k] = lo;
+                b[k + 1] = e;
+                best = fmin(best, brute(c, nodes, n, k + 1, e, b));
+        }
+        return best;
+}
+
+Test(partition, optimal_against_brute_force) {
+        ModelSpec m;
+        PartitionCosts c;
+        Diag d = {};
+        mlp(&m);
+        cr_assert_eq(partition_costs(&m, &params, &c, &d), 0, "%s", d.text);
+        cr_assert_eq(c.n_layers, 7);
+        double speeds[][4] = { { 10, 10, 10, 10 }, { 40, 10, 10, 10 }, { 5, 50, 20, 1 }, { 1, 1, 100, 1 } };
+        for (int n = 1; n <= 4; n++)
+                for (int s = 0; s < 4; s++) {
+                        PartitionNode nodes[4];
+                        for (int k = 0; k < 4; k++)
+                                nodes[k] = (PartitionNode){ .gflops = speeds[s][k], .memory = 1ull << 34 };
+                        int b[5], bb[5];
+                        cr_assert_eq(partition_plan(&c, nodes, n, b, &d), 0, "%s", d.text);
+                        cr_assert(b[0] == 0 && b[n] == 7);
+                        for (int k = 0; k < n; k++)
+                                cr_assert_lt(b[k], b[k + 1]);
+                        double got = partition_time(&c, nodes, n, b), want = brute(&c, nodes, n, 0, 0, bb);
+                        cr_assert(fabs(got - want) <= 1e-12 * want, "n=%d speeds %d: %g vs brute force %g", n, s, got, want);
+                }
+}
+
+Test(partition, faster_node_gets_more_work) {
+        ModelSpec m;
+        PartitionCosts c;
+        Diag d = {};
+        mlp(&m);
+        partition_costs(&m, &params, &c, &d);
+        PartitionNode equal[2] = { { 10, 1ull << 34 }, { 10, 1ull << 34 } }, skew[2] = { { 30, 1ull << 34 }, { 10, 1ull << 34 } };
+        int be[3], bs[3];
+        cr_assert_eq(partition_plan(&c, equal, 2, be, &d), 0);
+        cr_assert_eq(partition_plan(&c, skew, 2, bs, &d), 0);
+        cr_assert_gt(bs[1], be[1], "the 3x faster first node takes more layers: %d vs %d", bs[1], be[1]);
+        /* the equal split of Ravnest's reference code is slower on skewed nodes */
+        int half[3] = { 0, 3, 7 };
+        cr_assert_lt(partition_time(&c, skew, 2, bs), partition_time(&c, skew, 2, half));
+}
+
+Test(partition, memory_bounds_the_cut) {
+        ModelSpec m;
+        PartitionCosts c;
+        Diag d = {};
+        mlp(&m);
+        partition_costs(&m, &params, &c, &d);
+        uint64_t total = 0;
+        for (int i = 0; i < c.n_layers; i++)
+                total += c.memory[i];
+        /* the fast node has little memory: it must take a small stage */
+        PartitionNode nodes[2] = { { 100, c.memory[0] + c.memory[1] }, { 1, 1ull << 34 } };
+        int b[3];
+        cr_assert_eq(partition_plan(&c, nodes, 2, b, &d), 0, "%s", d.text);
+        cr_assert_eq(b[1], 2, "the first node holds what fits: layers 0-1, got %d", b[1]);
+        /* nothing fits: the message names the node and the shortfall */
+        PartitionNode tiny[2] = { { 10, total / 4 }, { 10, total / 4 } };
+        cr_assert_eq(partition_plan(&c, tiny, 2, b, &d), -ENOSPC);
+        cr_assert(strstr(d.text, "short of") && strstr(d.text, "MiB") && strstr(d.text, "node "), "%s", d.text);
+        cr_assert_eq(partition_plan(&c, tiny, 8, b, &d), -EINVAL, "more stages than layers");
+}

@@ -1,0 +1,278 @@
+/* The pipeline stage runtime, two stages in threads over real loopback
+ * links: the synchronous schedule trains exactly what one stage holding the
+ * whole model trains; under the asynchronous schedule a stage's gradient for
+ * micro-batch m is the gradient of the whole model holding the weights m's
+ * forward passes used (weight stashing), and training still learns. */
+#include <criterion/criterion.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdatomic.h>
+
+#include "net/handshake.h"
+#include "nn/loss.h"
+#include "pipeline/pipe.h"
+#include "tensor/ops.h"
+#include "util/rng.h"
+
+#define FEATURES 16
+#define CLASSES 3
+#define N 768
+
+static Dataset *make_dataset(uint64_t seed) {
+        Dataset *ds = calloc(1, sizeof *ds);
+        Rng r;
+        rng_seed(&r, seed, RNG_STREAM_TEST);
+        ds->n = N;
+        ds->c = 1;
+        ds->h = 4;
+        ds->w = 4;
+        ds->n_classes = CLASSES;
+        ds->images = malloc(N * FEATURES);
+        ds->labels = malloc(N);
+        for (size_t i = 0; i < N; i++) {
+                int sum = 0;
+                for (int k = 0; k < FEATURES; k++) {
+                        ds->images[i * FEATURES + k] = (uint8_t)(rng_next(&r) & 0xff);
+                        sum += (k < 8 ? 1 : -1) * ds->images[i * FEATURES + k];
+                }
+                ds->labels[i] = sum > 200 ? 0 : sum < -200 ? 1 : 2; /* learnable from the pixels */
+        }
+        dataset_set_normalization(ds, 0.5f, 0.3f);
+        return ds;
+}
+
+static void make_model(ModelSpec *m) {
+        memset(m, 0, sizeof *m);
+        m->input = (Shape){ 1, 4, 4 };
+        m->n_classes = CLASSES;
+        m->layers[0] = (LayerSpec){ .kind = LAYER_FLATTEN };
+        m->layers[1] = (LayerSpec){ .kind = LAYER_LINEAR, .out = 32 };
+        m->layers[2] = (LayerSpec){ .kind = LAYER_RELU };
+        m->layers[3] = (LayerSpec){ .kind = LAYER_LINEAR, .out = CLASSES };
+        m->n_layers = 4;
+}
+
+typedef struct Node {
+        Pipe *pipe;
+        Net *net;
+        int64_t peer;
+        int bad;
+        pthread_t thread;
+} Node;
+
+static void on_conn(void *ud, uint32_t peer, const uint8_t id[32]) { ((Node *)ud)->peer = peer; }
+static void on_tensor(void *ud, NetTensor *t) { Node *n = ud; n->bad += pipe_on_tensor(n->pipe, t) < 0; }
+static void on_sent(void *ud, uint32_t peer, uint64_t c) { pipe_on_sent(((Node *)ud)->pipe, c); }
+static void on_control(void *ud, uint32_t peer, uint8_t type, const uint8_t *p, size_t len) {
+        Node *n = ud;
+        n->bad += pipe_on_control(n->pipe, peer, p, len) < 0;
+}
+static const NetCallbacks cbs = { .connected = on_conn, .tensor = on_tensor, .sent = on_sent, .control = on_control };
+
+static atomic_int finished;
+
+static void *run_node(void *arg) {
+        Node *n = arg;
+        int r;
+        while ((r = pipe_work(n->pipe)) != PIPE_FINISHED && r >= 0)
+                net_run(n->net, r > 0 ? 0 : 1);
+        n->bad += r < 0;
+        /* what we queued last (DONE, say) still has to leave */
+        atomic_fetch_add(&finished, 1);
+        while (atomic_load(&finished) < 2)
+                net_run(n->net, 1);
+        return NULL;
+}
+
+/* Stages [0, cut) and [cut, 4) in two threads, linked over loopback. */
+static void run_two(const PipeConfig *base, int cut, Pipe **ret0, Pipe **ret1, PipeBackwardHook h0, PipeBackwardHook h1,
+                    void *ud) {
+        static Identity a, b;
+        static const uint8_t secret[HANDSHAKE_SECRET_SIZE] = { 4 };
+        identity_generate(&a);
+        identity_generate(&b);
+        Node n[2] = { { .peer = -1 }, { .peer = -1 } };
+        PipeConfig c0 = *base, c1 = *base;
+        c0.hi = cut;
+        c1.lo = cut;
+        Diag d = {};
+        cr_assert_eq(pipe_new(&c0, &ops_blas, &n[0].pipe, &d), 0, "%s", d.text);
+        cr_assert_eq(pipe_new(&c1, &ops_blas, &n[1].pipe, &d), 0, "%s", d.text);
+        pipe_set_backward_hook(n[0].pipe, h0, ud);
+        pipe_set_backward_hook(n[1].pipe, h1, ud);
+        NetConfig nc;
+        net_config_defaults(&nc);
+        nc.secret = secret;
+        nc.identity = &a;
+        cr_assert_eq(net_new(&nc, &cbs, &n[0], &n[0].net), 0);
+        nc.identity = &b;
+        cr_assert_eq(net_new(&nc, &cbs, &n[1], &n[1].net), 0);
+        uint16_t port;
+        uint32_t peer;
+        cr_assert_eq(net_listen(n[1].net, "127.0.0.1", 0, &port), 0);
+        cr_assert_eq(net_connect(n[0].net, "127.0.0.1", port, &peer), 0);
+        for (int i = 0; i < 2000 && (n[0].peer < 0 || n[1].peer < 0); i++) {
+                net_run(n[0].net, 1);
+                net_run(n[1].net, 1);
+        }
+        cr_assert(n[0].peer >= 0 && n[1].peer >= 0, "the stages did not connect");
+        pipe_connect(n[0].pipe, n[0].net, -1, n[0].peer);
+        pipe_connect(n[1].pipe, n[1].net, n[1].peer, -1);
+        atomic_store(&finished, 0);
+        for (int i = 0; i < 2; i++)
+                pthread_create(&n[i].thread, NULL, run_node, &n[i]);
+        for (int i = 0; i < 2; i++)
+                pthread_join(n[i].thread, NULL);
+        cr_assert_eq(n[0].bad + n[1].bad, 0, "a stage saw a bad message or failed");
+        *ret0 = n[0].pipe;
+        *ret1 = n[1].pipe;
+        /* the Nets go; the pipes stay for the checks (pipe_free needs no Net
+         * once its queues are empty) */
+        net_free(n[0].net);
+        net_free(n[1].net);
+}
+
+static PipeConfig config(const ModelSpec *m, const OptimSpec *o, const Dataset *train, const Dataset *test,
+                         PipeSchedule sched) {
+        return (PipeConfig){ .model = m, .lo = 0, .hi = m->n_layers, .seed = 42, .optim = o, .micro_batch = 16,
+                             .in_flight = 4, .update_frequency = 1, .schedule = sched,
+                             .total_updates = 2 * (N / 16), .train = train, .test = test, .epochs = 2,
+                             .data_seed = 7 };
+}
+
+Test(pipe, synchronous_equals_one_stage) {
+        ModelSpec m;
+        OptimSpec o;
+        make_model(&m);
+        optim_spec_defaults(&o, OPTIM_SGD);
+        o.lr = 0.1f;
+        Dataset *train = make_dataset(1), *test = make_dataset(2);
+        PipeConfig c = config(&m, &o, train, test, PIPE_SYNC);
+        c.epochs = 10;
+        c.total_updates = 10 * (N / 16) / 4;
+
+        /* one stage holding everything */
+        Pipe *one;
+        Diag d = {};
+        cr_assert_eq(pipe_new(&c, &ops_blas, &one, &d), 0, "%s", d.text);
+        pipe_connect(one, NULL, -1, -1);
+        int r;
+        while ((r = pipe_work(one)) != PIPE_FINISHED)
+                cr_assert_geq(r, 0);
+
+        Pipe *p0, *p1;
+        run_two(&c, 2, &p0, &p1, NULL, NULL, NULL);
+        Stage *s = pipe_stage(one), *s0 = pipe_stage(p0), *s1 = pipe_stage(p1);
+        cr_assert_eq(s0->n_params + s1->n_params, s->n_params);
+        double worst = 0;
+        for (size_t i = 0; i < s->n_params; i++) {
+                float got = i < s0->n_params ? s0->params[i] : s1->params[i - s0->n_params];
+                worst = fmax(worst, fabs(got - s->params[i]));
+        }
+        cr_assert(worst < 1e-5, "two stages drift from one by %g", worst);
+        PipeStats a, b;
+        pipe_get_stats(one, &a);
+        pipe_get_stats(p1, &b);
+        cr_assert_eq(a.updates, b.updates, "one update per batch: %lu vs %lu", a.updates, b.updates);
+        cr_assert_eq(a.updates, 10 * (N / 16) / 4);
+        cr_assert(fabs(a.test_acc - b.test_acc) < 1e-9, "test accuracy %g vs %g", a.test_acc, b.test_acc);
+        cr_assert_gt(b.test_acc, 0.6, "it learned: %g", b.test_acc);
+        pipe_free(one);
+        pipe_free(p0);
+        pipe_free(p1);
+        dataset_free(train);
+        dataset_free(test);
+}
+
+/* ---- stashing ----------------------------------------------------------- */
+
+#define WATCH 24
+typedef struct Seen {
+        size_t n0, n1;
+        float w0[WATCH][FEATURES * 32 + 32], dw0[WATCH][FEATURES * 32 + 32], live0[WATCH][FEATURES * 32 + 32];
+        float w1[WATCH][32 * CLASSES + CLASSES];
+        bool have0[WATCH], have1[WATCH];
+        Pipe *p0;
+} Seen;
+
+static Seen seen;
+
+static void hook0(void *ud, uint32_t id, const float *w, const float *live, const float *dw, size_t n) {
+        if (id < WATCH) {
+                memcpy(seen.w0[id], w, n * sizeof(float));
+                memcpy(seen.live0[id], live, n * sizeof(float));
+                memcpy(seen.dw0[id], dw, n * sizeof(float));
+                seen.have0[id] = true;
+                seen.n0 = n;
+        }
+}
+
+static void hook1(void *ud, uint32_t id, const float *w, const float *live, const float *dw, size_t n) {
+        if (id < WATCH) {
+                memcpy(seen.w1[id], w, n * sizeof(float));
+                seen.have1[id] = true;
+                seen.n1 = n;
+        }
+}
+
+Test(pipe, stashed_gradient_is_the_whole_models) {
+        ModelSpec m;
+        OptimSpec o;
+        make_model(&m);
+        optim_spec_defaults(&o, OPTIM_SGD);
+        o.lr = 0.2f;
+        o.momentum = 0; /* the stashed weights differ from micro-batch to micro-batch */
+        Dataset *train = make_dataset(1), *test = make_dataset(2);
+        PipeConfig c = config(&m, &o, train, test, PIPE_ASYNC);
+        c.epochs = 4;
+        c.total_updates = 4 * (N / 16);
+        memset(&seen, 0, sizeof seen);
+        Pipe *p0, *p1;
+        run_two(&c, 2, &p0, &p1, hook0, hook1, NULL);
+
+        /* micro-batch id's samples: the first stage's epoch-0 order */
+        Sampler smp;
+        sampler_init(&smp, train->n, 0, 1, c.data_seed);
+        sampler_shuffle(&smp, 0);
+        Stage *whole;
+        Diag d = {};
+        cr_assert_eq(stage_new(&m, 0, 4, 42, &whole, &d), 0);
+        Trace *tr;
+        cr_assert_eq(trace_new(whole, 16, &tr), 0);
+        float x[16 * FEATURES], dlogits[16 * CLASSES], *dw = calloc(whole->n_params, sizeof(float));
+        int32_t y[16];
+        int differed = 0;
+        for (uint32_t id = 0; id < WATCH; id++) {
+                cr_assert(seen.have0[id] && seen.have1[id], "micro-batch %u not seen", id);
+                memcpy(whole->params, seen.w0[id], seen.n0 * sizeof(float));
+                memcpy(whole->params + seen.n0, seen.w1[id], seen.n1 * sizeof(float));
+                dataset_gather(train, trace_input(tr), y, smp.order + id * 16, 16);
+                (void)x;
+                stage_forward(whole, &ops_naive, whole->params, tr, 16);
+                int correct;
+                softmax_xent(dlogits, &correct, trace_output(tr), y, 16, CLASSES);
+                stage_backward(whole, &ops_naive, whole->params, tr, dlogits, NULL, dw, 16, 0.0f, NULL, NULL);
+                for (size_t i = 0; i < seen.n0; i++)
+                        cr_assert(fabsf(dw[i] - seen.dw0[id][i]) <= 1e-4f * (1 + fabsf(dw[i])),
+                                  "micro-batch %u: dw[%zu] %g, whole model %g", id, i, seen.dw0[id][i], dw[i]);
+                /* the weights had moved on since m's forward pass: stashing mattered */
+                if (memcmp(seen.w0[id], seen.live0[id], seen.n0 * sizeof(float)) != 0)
+                        differed++;
+        }
+        cr_assert_gt(differed, WATCH / 2, "only %d of %d backward passes needed a stashed version", differed, WATCH);
+        PipeStats s0, s1;
+        pipe_get_stats(p0, &s0);
+        pipe_get_stats(p1, &s1);
+        cr_assert_eq(s0.updates, 4 * (N / 16), "an update per micro-batch");
+        cr_assert_eq(s0.versions, 0, "every stashed version released at the end");
+        cr_assert_gt(s1.test_acc, 0.6, "the asynchronous pipeline learned: %g", s1.test_acc);
+        cr_log_info("async: test accuracy %.3f, stage 0 busy %.0f%%\n", s1.test_acc,
+                    100.0 * (double)s0.busy_ns / (double)(s0.busy_ns + s0.idle_ns));
+        free(dw);
+        sampler_done(&smp);
+        stage_free(whole);
+        pipe_free(p0);
+        pipe_free(p1);
+        dataset_free(train);
+        dataset_free(test);
+}
