@@ -39,8 +39,8 @@ int averaging_start(Averaging *a, const Config *c, const Identity *id, size_t n_
         r = config_net(c, id, &nc, &d);
         if (r < 0)
                 return log_error_errno(r, "Invalid configuration: %s", d.text);
-        /* Room in the receive pool for the averages a round keeps. */
-        nc.pool_bytes = MAX(nc.pool_bytes, MIN(n_params * sizeof(float) + (16u << 20), (size_t)1 << 30));
+        /* The receive pool holds the averages a round keeps and the sums in flight. */
+        nc.pool_bytes = MIN(n_params * sizeof(float) + (16u << 20), (size_t)1 << 30);
 
         averager_config_defaults(&ac);
         ac.coll.net = &nc;
