@@ -14,6 +14,7 @@
 #include "service/config.h"
 #include "service/job.h"
 #include "service/local-run.h"
+#include "service/pipeline-run.h"
 #include "service/node.h"
 #include "util/log.h"
 
@@ -172,8 +173,18 @@ int main(int argc, char *argv[]) {
                 return EXIT_FAILURE;
         o.poll = poll_node;
         o.poll_userdata = &node;
+        if (config.pipeline.enabled) { /* a stage of a cluster: averaging is the pipeline's */
+                r = pipeline_run(&config, &job, &node.identity, &o, &stop_requested);
+                node_stop(&node);
+                config_free(&config);
+                if (r == -ECANCELED) {
+                        log_notice("Received %s, stopped cleanly", strsignal(stop_requested));
+                        return 0;
+                }
+                return r == -EINVAL ? EX_CONFIG : r < 0 ? EXIT_FAILURE : EXIT_SUCCESS;
+        }
         r = averaging_start(&averaging, &config, &node.identity,
-                            model_spec_params(&job.model, 0, job.model.n_layers));
+                            model_spec_params(&job.model, 0, job.model.n_layers), NULL, 0);
         if (r < 0) {
                 node_stop(&node);
                 return r == -EINVAL ? EX_CONFIG : EXIT_FAILURE;

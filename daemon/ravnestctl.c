@@ -1,8 +1,11 @@
 /* ravnestctl — inspect and control ravnest.
  *
- * For now: describe a job (layers, shapes, parameters, memory). Later parts
- * add status, pause, resume, checkpoint, plan, predict and swarm. */
+ * Describe a job (layers, shapes, parameters, memory), print a node's key,
+ * and start a whole swarm on this machine. Later parts add status, pause,
+ * resume, checkpoint, plan and predict. */
 #include <getopt.h>
+#include <limits.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -12,6 +15,7 @@
 #include "nn/stage.h"
 #include "service/config.h"
 #include "service/job.h"
+#include "service/swarm.h"
 
 static int describe_job(const char *path) {
         Layer layers[MODEL_MAX_LAYERS];
@@ -89,6 +93,89 @@ static int show_identity(const char *state_dir) {
         return 0;
 }
 
+static volatile sig_atomic_t stop_requested;
+
+static void on_stop(int sig) {
+        stop_requested = sig;
+}
+
+/* ravnestd beside this binary (a build tree), else the installed one. */
+static void find_ravnestd(char *out, size_t n) {
+        char self[PATH_MAX];
+        ssize_t k = readlink("/proc/self/exe", self, sizeof self - 1);
+        if (k > 0) {
+                self[k] = 0;
+                char *slash = strrchr(self, '/');
+                if (slash) {
+                        *slash = 0;
+                        snprintf(out, n, "%s/ravnestd", self);
+                        if (access(out, X_OK) == 0)
+                                return;
+                }
+        }
+        snprintf(out, n, "%s/ravnestd", SBIN_DIR);
+}
+
+static int swarm(int argc, char *argv[]) {
+        static const struct option options[] = {
+                { "clusters", required_argument, NULL, 'c' },
+                { "stages", required_argument, NULL, 's' },
+                { "job", required_argument, NULL, 'j' },
+                { "epochs", required_argument, NULL, 'e' },
+                { "data-dir", required_argument, NULL, 'd' },
+                { "micro-batch", required_argument, NULL, 'm' },
+                { "staleness", required_argument, NULL, 't' },
+                { "sync", no_argument, NULL, 'S' },
+                { "interval", required_argument, NULL, 'i' },
+                { "progress", required_argument, NULL, 'p' },
+                { "dir", required_argument, NULL, 'D' },
+                { "keep", no_argument, NULL, 'k' },
+                { "ravnestd", required_argument, NULL, 'r' },
+                {},
+        };
+        char ravnestd[PATH_MAX + 16];
+        SwarmOptions o = { .clusters = 2, .stages = 2, .job = JOBS_DIR "/fashion-mnist-mlp.job", .micro_batch = 32,
+                           .staleness = 4, .interval = 2.0, .progress_ms = 2000 };
+        int c;
+
+        find_ravnestd(ravnestd, sizeof ravnestd);
+        o.ravnestd = ravnestd;
+        optind = 1;
+        while ((c = getopt_long(argc, argv, "", options, NULL)) >= 0) {
+                switch (c) {
+                case 'c': o.clusters = (unsigned)atoi(optarg); break;
+                case 's': o.stages = (unsigned)atoi(optarg); break;
+                case 'j': o.job = optarg; break;
+                case 'e': o.epochs = atoi(optarg); break;
+                case 'd': o.data_dir = optarg; break;
+                case 'm': o.micro_batch = atoi(optarg); break;
+                case 't': o.staleness = atoi(optarg); break;
+                case 'S': o.synchronous = true; break;
+                case 'i': o.interval = atof(optarg); break;
+                case 'p': o.progress_ms = (unsigned)atoi(optarg); break;
+                case 'D': o.dir = optarg; break;
+                case 'k': o.keep = true; break;
+                case 'r': o.ravnestd = optarg; break;
+                default:
+                        fprintf(stderr, "Usage: ravnestctl swarm [--clusters N] [--stages N] [--job FILE] [--epochs N] "
+                                        "[--data-dir DIR] [--micro-batch N] [--staleness N] [--sync] [--interval S] "
+                                        "[--progress MS] [--dir DIR] [--keep] [--ravnestd PATH]\n");
+                        return EX_USAGE;
+                }
+        }
+        if (o.micro_batch < 1 || o.staleness < 1 || !(o.interval >= 0.05) || o.epochs < 0) {
+                fprintf(stderr, "ravnestctl swarm: --micro-batch and --staleness must be positive, --interval at "
+                                "least 0.05 s\n");
+                return EX_USAGE;
+        }
+        struct sigaction sa = { .sa_handler = on_stop };
+        sigemptyset(&sa.sa_mask);
+        sigaction(SIGINT, &sa, NULL);
+        sigaction(SIGTERM, &sa, NULL);
+        int r = swarm_run(&o, &stop_requested, NULL);
+        return r == -ECANCELED ? 130 : r < 0 ? EXIT_FAILURE : 0;
+}
+
 static void help(void) {
         printf("Usage: ravnestctl COMMAND [ARGS]\n"
                "\n"
@@ -97,6 +184,9 @@ static void help(void) {
                "  identity [STATE_DIR]\n"
                "               print this node's public key (for other nodes' allowed_peers),\n"
                "               creating the key pair if there is none yet\n"
+               "  swarm [--clusters N] [--stages N] [--job FILE] [--epochs N] ...\n"
+               "               start a swarm of ravnestd processes on loopback (N clusters of N\n"
+               "               stages, keys and configs generated) and train the job; Ctrl-C stops it\n"
                "  version      show the version\n"
                "  help         show this help\n");
 }
@@ -125,6 +215,8 @@ int main(int argc, char *argv[]) {
                 }
                 return show_identity(argc == 3 ? argv[2] : NULL);
         }
+        if (strcmp(argv[1], "swarm") == 0)
+                return swarm(argc - 1, argv + 1);
         fprintf(stderr, "Unknown command \"%s\"; see ravnestctl help\n", argv[1]);
         return EX_USAGE;
 }

@@ -203,13 +203,17 @@ int pipe_new(const PipeConfig *c, const Ops *ops, Pipe **ret, Diag *d) {
         return 0;
 }
 
-Pipe *pipe_free(Pipe *p) {
-        if (!p)
-                return NULL;
+void pipe_drop_queued(Pipe *p) {
         if (p->net) {
                 queue_clear(p->net, &p->fwd);
                 queue_clear(p->net, &p->bwd);
         }
+}
+
+Pipe *pipe_free(Pipe *p) {
+        if (!p)
+                return NULL;
+        pipe_drop_queued(p); /* nothing left if the caller did it before net_free() */
         for (int i = 0; p->labels && i < 2 * p->tau + 2; i++)
                 free(p->labels[i].y);
         for (int i = 0; p->slots && i < p->tau; i++)
@@ -239,7 +243,8 @@ void pipe_connect(Pipe *p, Net *net, int64_t prev_peer, int64_t next_peer) {
         p->net = net;
         p->prev = prev_peer;
         p->next = next_peer;
-        p->start_ns = now_ns();
+        if (!p->start_ns) /* busy and idle time count from the first connection */
+                p->start_ns = now_ns();
 }
 
 void pipe_set_backward_hook(Pipe *p, PipeBackwardHook hook, void *ud) {
@@ -673,6 +678,10 @@ int pipe_work(Pipe *p) {
 
         if (p->phase == PHASE_FINISHED)
                 return PIPE_FINISHED;
+        /* Without both neighbours nothing can go on: wait for them (a lost
+         * one comes back, or the operator stops us). */
+        if ((!p->last && p->next < 0) || (!p->first && p->prev < 0))
+                return 0;
         if ((t = queue_pop(&p->bwd)))
                 r = do_backward(p, t) < 0 ? -EBADMSG : 1;
         else if ((t = queue_pop(&p->fwd)))
@@ -711,8 +720,8 @@ void pipe_get_stats(Pipe *p, PipeStats *ret) {
         p->st.versions = stashed(p);
         if (p->first)
                 p->st.epoch = MIN(p->epoch, p->cfg.epochs);
-        p->st.loss = p->seen ? p->loss_sum / p->seen : 0;
-        p->st.train_acc = p->seen ? p->correct_sum / p->seen : 0;
-        p->loss_sum = p->correct_sum = p->seen = 0;
+        p->st.loss_sum = p->loss_sum;
+        p->st.correct = p->correct_sum;
+        p->st.scored = (uint64_t)p->seen;
         *ret = p->st;
 }

@@ -61,8 +61,8 @@ typedef struct PipeStats {
         unsigned versions;             /* stashed parameter copies held now */
         uint64_t forwards, backwards, updates;
         uint64_t samples;              /* trained through this stage */
-        double loss;                   /* last stage: mean training loss since the last read */
-        double train_acc;
+        double loss_sum, correct;      /* last stage: over the `scored` samples so far */
+        uint64_t scored;
         int epoch;                     /* first stage */
         double test_acc, test_loss;    /* last stage, after an evaluation; < 0 before */
 } PipeStats;
@@ -76,6 +76,9 @@ Pipe *pipe_free(Pipe *p);
 DEFINE_TRIVIAL_CLEANUP_FUNC(Pipe *, pipe_free);
 Stage *pipe_stage(Pipe *p);
 void pipe_connect(Pipe *p, Net *net, int64_t prev_peer, int64_t next_peer);
+/* Give the Net back every tensor still queued: call before net_free(), whose
+ * sent() callbacks may still reach the pipe; free the pipe after it. */
+void pipe_drop_queued(Pipe *p);
 /* A tensor from a neighbour; consumed in every case. -EBADMSG: not what that
  * neighbour may send (the caller drops the link). */
 int pipe_on_tensor(Pipe *p, NetTensor *t);

@@ -5,7 +5,8 @@
 
 #include "util/log.h"
 
-int averaging_start(Averaging *a, const Config *c, const Identity *id, size_t n_params) {
+int averaging_start(Averaging *a, const Config *c, const Identity *id, size_t n_params, const AveragerRing *rings,
+                    unsigned n_rings) {
         const ConfigAveraging *ca = &c->averaging;
         _cleanup_(freep) CollMember *members = NULL;
         AveragerConfig ac;
@@ -54,8 +55,8 @@ int averaging_start(Averaging *a, const Config *c, const Identity *id, size_t n_
         ac.method = ca->method == CONFIG_AVERAGING_MOSHPIT ? AVERAGER_MOSHPIT : AVERAGER_RING;
         ac.grid = (MoshpitGrid){ .dims = ca->grid_dims, .side = ca->grid_side };
         ac.len = n_params;
-        ac.rings = &ring;
-        ac.n_rings = 1;
+        ac.rings = rings ? rings : &ring;
+        ac.n_rings = rings ? n_rings : 1;
         ac.interval_ms = ca->interval_ms;
         ac.interval_steps = ca->interval_steps;
         ac.listen_port = ca->listen.port;

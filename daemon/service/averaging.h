@@ -4,7 +4,7 @@
  * logged once.
  *
  *     Averaging av;
- *     r = averaging_start(&av, &config, &node.identity, n_params);   // logs
+ *     r = averaging_start(&av, &config, &node.identity, n_params, NULL, 0);   // logs
  *     // after every training step:
  *     averaging_step(&av, params, samples);
  *     averaging_stop(&av);
@@ -21,8 +21,11 @@ typedef struct Averaging {
         bool active;
 } Averaging;
 
-/* 0 and nothing started when the config has no averaging group. */
-int averaging_start(Averaging *a, const Config *c, const Identity *id, size_t n_params);
+/* 0 and nothing started when the config has no averaging group. rings:
+ * this node's rings over its n_params values (a pipeline stage's segments);
+ * NULL: one ring of every member over the whole model. */
+int averaging_start(Averaging *a, const Config *c, const Identity *id, size_t n_params, const AveragerRing *rings,
+                    unsigned n_rings);
 /* Between steps: hand over a snapshot or apply a finished round, and log
  * rounds as they finish. */
 void averaging_step(Averaging *a, float *params, uint64_t samples);

@@ -20,6 +20,11 @@ void config_defaults(Config *c) {
                 .state_directory = "/var/lib/ravnest",
                 .job = JOBS_DIR "/fashion-mnist-mlp.job",
                 .admission = CONFIG_ADMISSION_SECRET,
+                .pipeline = {
+                        .micro_batch = 32,
+                        .staleness = 4,
+                        .update_frequency = 1,
+                },
                 .averaging = {
                         .interval_ms = 5000,
                         .join_timeout_ms = 10000,
@@ -35,6 +40,8 @@ void config_free(Config *c) {
         c->peers = mfree(c->peers);
         c->allowed = mfree(c->allowed);
         c->averaging.members = mfree(c->averaging.members);
+        c->pipeline.clusters = mfree(c->pipeline.clusters);
+        c->pipeline.n_clusters = 0;
         c->averaging.n_members = 0;
         c->n_peers = c->n_allowed = 0;
         sodium_memzero(c->secret, sizeof c->secret);
@@ -266,7 +273,7 @@ static int check_plaintext(const config_setting_t *g, const Config *c, Diag *d) 
 static int check_admission(const config_setting_t *g, const config_setting_t *allowed, const Config *c, Diag *d) {
         bool want_secret = c->admission != CONFIG_ADMISSION_ALLOWLIST;
         bool want_list = c->admission != CONFIG_ADMISSION_SECRET;
-        bool networked = c->listen.port || c->n_peers || c->averaging.enabled;
+        bool networked = c->listen.port || c->n_peers || c->averaging.enabled || c->pipeline.enabled;
         const char *mode = admission_names[c->admission];
 
         if (c->secret_file[0] && !want_secret)
@@ -456,8 +463,87 @@ static int parse_averaging(const config_setting_t *root, Config *c, Diag *d) {
         return 0;
 }
 
+static const char *const schedule_names[] = { "async", "sync", NULL };
+
+static int parse_cluster(const config_setting_t *e, ConfigCluster *k, Diag *d) {
+        static const char *const keys[] = { "nodes", "stages", NULL };
+        config_setting_t *nodes, *stages;
+        int r;
+
+        if (config_setting_type(e) != CONFIG_TYPE_GROUP)
+                return conf_error(e, NULL, -EINVAL, d, "must be a group { nodes = [ ... ]; stages = [ ... ]; }");
+        if ((r = conf_check_keys(e, keys, d)) < 0 || (r = get_strings(e, "nodes", CONFIG_MAX_STAGES, &nodes, d)) < 0)
+                return r;
+        if (!nodes || config_setting_length(nodes) < 1)
+                return conf_error(e, "nodes", -EINVAL, d, "missing: the cluster's nodes, \"<key>@host:port\", in stage order");
+        k->n_stages = (unsigned)config_setting_length(nodes);
+        for (unsigned i = 0; i < k->n_stages; i++)
+                if ((r = get_member(config_setting_get_elem(nodes, i), &k->nodes[i], d)) < 0)
+                        return r;
+        stages = member(e, "stages");
+        if (!stages)
+                return conf_error(e, "stages", -EINVAL, d, "missing: the first layer of each stage, then the layer count");
+        if (!config_setting_is_array(stages) || config_setting_length(stages) != (int)k->n_stages + 1)
+                return conf_error(stages, NULL, -EINVAL, d, "must be an array of %u integers: 0, the first layer of "
+                                  "each further stage, the number of layers", k->n_stages + 1);
+        for (unsigned i = 0; i <= k->n_stages; i++) {
+                config_setting_t *b = config_setting_get_elem(stages, i);
+                if (config_setting_type(b) != CONFIG_TYPE_INT)
+                        return conf_error(stages, NULL, -EINVAL, d, "must hold integers");
+                k->bounds[i] = config_setting_get_int(b);
+                if ((i == 0 && k->bounds[0] != 0) || (i > 0 && k->bounds[i] <= k->bounds[i - 1]))
+                        return conf_error(stages, NULL, -EINVAL, d, "must start at 0 and increase");
+        }
+        return 0;
+}
+
+static int parse_pipeline(const config_setting_t *root, Config *c, Diag *d) {
+        static const char *const keys[] = {
+                "micro_batch", "staleness", "update_frequency", "schedule", "listen", "clusters", NULL,
+        };
+        ConfigPipeline *p = &c->pipeline;
+        config_setting_t *g, *s, *clusters;
+        long long mb, tau, uf;
+        int sched = 0, r;
+
+        if ((r = conf_get_group(root, "pipeline", false, false, &g, d)) < 0 || !g)
+                return r;
+        if ((r = conf_check_keys(g, keys, d)) < 0 ||
+            (r = conf_get_int(g, "micro_batch", false, 1, 65536, p->micro_batch, &mb, d)) < 0 ||
+            (r = conf_get_int(g, "staleness", false, 1, 1024, p->staleness, &tau, d)) < 0 ||
+            (r = conf_get_int(g, "update_frequency", false, 1, 1024, p->update_frequency, &uf, d)) < 0 ||
+            (r = get_choice(g, "schedule", schedule_names, &sched, d)) < 0 ||
+            (r = conf_get_group(g, "clusters", true, true, &clusters, d)) < 0)
+                return r;
+        p->micro_batch = (int)mb;
+        p->staleness = (int)tau;
+        p->update_frequency = (int)uf;
+        p->synchronous = sched == 1;
+        s = member(g, "listen");
+        if (!s)
+                return conf_error(g, "listen", -EINVAL, d, "missing (\"host:port\" for the links of the pipeline)");
+        if (config_setting_type(s) != CONFIG_TYPE_STRING)
+                return conf_error(s, NULL, -EINVAL, d, "must be a string \"host:port\"");
+        if ((r = get_address(s, &p->listen, d)) < 0)
+                return r;
+        int n = config_setting_length(clusters);
+        if (n < 1 || n > CONFIG_MAX_CLUSTERS)
+                return conf_error(clusters, NULL, -EINVAL, d, "needs 1 to %d clusters", CONFIG_MAX_CLUSTERS);
+        p->clusters = calloc((size_t)n, sizeof *p->clusters);
+        if (!p->clusters)
+                return -ENOMEM;
+        p->n_clusters = (unsigned)n;
+        for (int i = 0; i < n; i++)
+                if ((r = parse_cluster(config_setting_get_elem(clusters, (unsigned)i), &p->clusters[i], d)) < 0)
+                        return r;
+        p->enabled = true;
+        return 0;
+}
+
 int config_load(const char *path, Config *ret, Diag *d) {
-        static const char *const keys[] = { "state_directory", "job", "threads", "network", "averaging", NULL };
+        static const char *const keys[] = {
+                "state_directory", "job", "threads", "network", "averaging", "pipeline", NULL,
+        };
         _cleanup_(config_free) Config c;
         _cleanup_(config_destroy) config_t cf;
         const config_setting_t *root;
@@ -478,6 +564,7 @@ int config_load(const char *path, Config *ret, Diag *d) {
             (r = get_path(root, "job", c.job, sizeof c.job, d)) < 0 ||
             (r = conf_get_int(root, "threads", false, 0, 256, 0, &threads, d)) < 0 ||
             (r = parse_averaging(root, &c, d)) < 0 ||
+            (r = parse_pipeline(root, &c, d)) < 0 ||
             (r = parse_network(root, &c, d)) < 0)
                 return r;
         c.threads = (unsigned)threads;
@@ -486,6 +573,7 @@ int config_load(const char *path, Config *ret, Diag *d) {
         c.peers = NULL; /* now ret's; the cleanup wipes this copy of the secret */
         c.allowed = NULL;
         c.averaging.members = NULL;
+        c.pipeline.clusters = NULL;
         return 0;
 }
 

@@ -71,6 +71,28 @@ typedef struct ConfigAveraging {
         unsigned grid_dims, grid_side; /* moshpit; 0: the smallest square-ish grid that holds everyone */
 } ConfigAveraging;
 
+#define CONFIG_MAX_CLUSTERS 64
+#define CONFIG_MAX_STAGES 64
+
+/* One cluster of the pipeline plan: its nodes in stage order (key and
+ * pipeline address) and where it cuts the model (layer indices). */
+typedef struct ConfigCluster {
+        ConfigMember nodes[CONFIG_MAX_STAGES];
+        int bounds[CONFIG_MAX_STAGES + 1]; /* n_stages + 1: 0 < ... < layers */
+        unsigned n_stages;
+} ConfigCluster;
+
+/* The model cut into stages across the nodes of clusters (see
+ * ravnestd.conf(5), pipeline). */
+typedef struct ConfigPipeline {
+        bool enabled;
+        int micro_batch, staleness, update_frequency;
+        bool synchronous;
+        ConfigAddress listen;
+        ConfigCluster *clusters;
+        unsigned n_clusters;
+} ConfigPipeline;
+
 typedef struct Config {
         char path[PATH_MAX];            /* the file it was read from */
         char state_directory[PATH_MAX]; /* the identity key is <state_directory>/identity */
@@ -92,6 +114,7 @@ typedef struct Config {
         NetConfig net;
 
         ConfigAveraging averaging;
+        ConfigPipeline pipeline;
 } Config;
 
 /* The documented defaults; the transport's are net_config_defaults(). */

@@ -9,7 +9,7 @@
 #include "util/time-util.h"
 
 bool node_configured(const Config *c) {
-        return c->listen.port != 0 || c->n_peers > 0 || c->averaging.enabled;
+        return c->listen.port != 0 || c->n_peers > 0 || c->averaging.enabled || c->pipeline.enabled;
 }
 
 static const char *reason_text(int reason) {

@@ -1,6 +1,8 @@
 /* ravnestd as a real process: job checks, clean stop on SIGTERM and SIGINT,
  * clear errors for a broken dataset. */
 #include <criterion/criterion.h>
+
+#include "../lib/proc.h"
 #include <linux/filter.h>
 #include <linux/seccomp.h>
 #include <errno.h>
@@ -21,13 +23,6 @@
 #include <time.h>
 #include <unistd.h>
 
-typedef struct Proc {
-        pid_t pid;
-        int err; /* read end of the child's stderr */
-        char out[16384];
-        size_t len;
-} Proc;
-
 /* In the child before exec: make io_uring_setup fail with ENOSYS, as the
  * default seccomp profiles of Docker and podman do. */
 static bool block_io_uring;
@@ -44,55 +39,9 @@ static void seccomp_block_io_uring(void) {
                 _exit(126);
 }
 
-static void proc_start(Proc *p, char *const argv[]) {
-        int fds[2];
-        cr_assert_eq(pipe(fds), 0);
-        p->len = 0;
-        p->out[0] = 0;
-        p->pid = fork();
-        cr_assert(p->pid >= 0);
-        if (p->pid == 0) {
-                dup2(fds[1], STDERR_FILENO);
-                dup2(fds[1], STDOUT_FILENO);
-                close(fds[0]);
-                close(fds[1]);
-                prctl(PR_SET_PDEATHSIG, SIGKILL);
-                if (block_io_uring)
-                        seccomp_block_io_uring();
-                execv(argv[0], argv);
-                _exit(127);
-        }
-        close(fds[1]);
-        p->err = fds[0];
-}
-
-/* Read output until it contains what (or EOF, or timeout). */
-static bool proc_wait_for(Proc *p, const char *what, int timeout_ms) {
-        struct timespec start, now;
-        clock_gettime(CLOCK_MONOTONIC, &start);
-        while (!what || !strstr(p->out, what)) {
-                clock_gettime(CLOCK_MONOTONIC, &now);
-                int left = timeout_ms - (int)((now.tv_sec - start.tv_sec) * 1000 + (now.tv_nsec - start.tv_nsec) / 1000000);
-                if (left <= 0)
-                        return false;
-                struct pollfd pfd = { p->err, POLLIN, 0 };
-                if (poll(&pfd, 1, left) <= 0)
-                        return false;
-                ssize_t n = read(p->err, p->out + p->len, sizeof p->out - 1 - p->len);
-                if (n <= 0)
-                        return what == NULL;
-                p->len += (size_t)n;
-                p->out[p->len] = 0;
-        }
-        return true;
-}
-
-static int proc_exit(Proc *p) {
-        proc_wait_for(p, NULL, 120000);
-        int status;
-        cr_assert_eq(waitpid(p->pid, &status, 0), p->pid);
-        close(p->err);
-        return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+static void child_setup(void) {
+        if (block_io_uring)
+                seccomp_block_io_uring();
 }
 
 static void skip_without_dataset(void) {
@@ -102,7 +51,7 @@ static void skip_without_dataset(void) {
 
 Test(daemon, check_job_ok_and_broken) {
         Proc p;
-        proc_start(&p, (char *[]){ RAVNESTD, "--check-job", "--job", SOURCE_ROOT "/config/jobs/fashion-mnist-mlp.job", NULL });
+        proc_start(&p, (char *[]){ RAVNESTD, "--check-job", "--job", SOURCE_ROOT "/config/jobs/fashion-mnist-mlp.job", NULL }, child_setup);
         cr_assert_eq(proc_exit(&p), 0, "%s", p.out);
         cr_assert(strstr(p.out, "OK: 6 layers, 1863690 parameters"), "%s", p.out);
 
@@ -113,7 +62,7 @@ Test(daemon, check_job_ok_and_broken) {
                           "optimizer = { type = \"sgd\"; lr = 0.1; warp = 9; };\ntraining = { batch_size = 8; epochs = 1; };\n";
         cr_assert_eq(write(fd, bad, strlen(bad)), (ssize_t)strlen(bad));
         close(fd);
-        proc_start(&p, (char *[]){ RAVNESTD, "--check-job", "--job", path, NULL });
+        proc_start(&p, (char *[]){ RAVNESTD, "--check-job", "--job", path, NULL }, child_setup);
         int code = proc_exit(&p);
         unlink(path);
         cr_assert_eq(code, 78, "exit %d: %s", code, p.out); /* EX_CONFIG */
@@ -126,7 +75,7 @@ Test(daemon, check_job_ok_and_broken) {
 static void stops_cleanly_on(int sig) {
         skip_without_dataset();
         Proc p;
-        proc_start(&p, (char *[]){ RAVNESTD, "--job", SOURCE_ROOT "/config/jobs/fashion-mnist-mlp.job", "--progress", "200", NULL });
+        proc_start(&p, (char *[]){ RAVNESTD, "--job", SOURCE_ROOT "/config/jobs/fashion-mnist-mlp.job", "--progress", "200", NULL }, child_setup);
         cr_assert(proc_wait_for(&p, "step ", 60000), "no progress line: %s", p.out);
         cr_assert(strstr(p.out, "<6>Training fashion-mnist-mlp"), "%s", p.out);
         kill(p.pid, sig);
@@ -152,7 +101,7 @@ Test(daemon, broken_dataset_is_a_clear_error) {
         fputs("this is not an IDX file", f);
         fclose(f);
         Proc p;
-        proc_start(&p, (char *[]){ RAVNESTD, "--job", SOURCE_ROOT "/config/jobs/fashion-mnist-mlp.job", "--data-dir", dir, NULL });
+        proc_start(&p, (char *[]){ RAVNESTD, "--job", SOURCE_ROOT "/config/jobs/fashion-mnist-mlp.job", "--data-dir", dir, NULL }, child_setup);
         int code = proc_exit(&p);
         unlink(path);
         rmdir(dir);
@@ -223,7 +172,7 @@ static void node_config(const char *dir, const char *name, const char *secret_fi
 
 static void start_node(Proc *p, const char *conf, const char *data) {
         proc_start(p, (char *[]){ RAVNESTD, "--config", (char *)conf, "--job", SOURCE_ROOT "/config/jobs/fashion-mnist-mlp.job",
-                                  "--data-dir", (char *)data, "--progress", "0", NULL });
+                                  "--data-dir", (char *)data, "--progress", "0", NULL }, child_setup);
 }
 
 Test(daemon, peers_join_and_strangers_are_refused, .timeout = 120) {
@@ -361,7 +310,7 @@ Test(daemon, two_members_average_while_training, .timeout = 300) {
         for (int i = 0; i < 2; i++)
                 proc_start(&p[i], (char *[]){ RAVNESTD, "--config", conf[i], "--job",
                                               SOURCE_ROOT "/config/jobs/fashion-mnist-mlp.job", "--epochs", "1",
-                                              "--progress", "0", NULL });
+                                              "--progress", "0", NULL }, child_setup);
         for (int i = 0; i < 2; i++) {
                 cr_assert(proc_wait_for(&p[i], "Finished", 240000), "%s: %s", names[i], p[i].out);
                 cr_assert(strstr(p[i].out, "this node reads its shard"), "%s", p[i].out);

@@ -1,0 +1,345 @@
+/* service/pipeline-run.c — this node's stage of a cluster's pipeline, as
+ * the daemon runs it: its place in the plan, its links to the previous and
+ * next stages, its rings with the same layers in the other clusters, and
+ * progress in the log. */
+#include "pipeline-run.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "averaging.h"
+#include "collective/segments.h"
+#include "pipeline/pipe.h"
+#include "tensor/ops.h"
+#include "util/log.h"
+#include "util/time-util.h"
+
+typedef struct Run {
+        Pipe *pipe;
+        Net *net;
+        const ConfigMember *prev, *next; /* NULL at the ends */
+        int64_t prev_peer, next_peer;
+        uint32_t dialing;
+        bool dial_pending;
+        uint64_t next_dial_ns;
+        unsigned cluster, stage, n_stages;
+        bool finished; /* the neighbours may go now */
+        Averaging av;
+} Run;
+
+/* In this order: the averaging thread, the tensors the pipe still holds
+ * (back to the Net they came from), the Net (its last sent() calls still
+ * reach the pipe), the pipe. */
+static void run_done(Run *r) {
+        averaging_stop(&r->av);
+        if (r->pipe)
+                pipe_drop_queued(r->pipe);
+        r->net = net_free(r->net);
+        r->pipe = pipe_free(r->pipe);
+}
+
+static void run_connected(void *ud, uint32_t peer, const uint8_t id[IDENTITY_PK_SIZE]) {
+        Run *r = ud;
+        char hex[IDENTITY_HEX_SIZE];
+        identity_to_hex(id, hex);
+        if (r->prev && memcmp(id, r->prev->id, IDENTITY_PK_SIZE) == 0 && r->prev_peer < 0) {
+                r->prev_peer = peer;
+                log_info("Previous stage %.16s… joined", hex);
+        } else if (r->next && memcmp(id, r->next->id, IDENTITY_PK_SIZE) == 0 && r->next_peer < 0) {
+                r->next_peer = peer;
+                r->dial_pending = false;
+                log_info("Next stage %.16s… joined", hex);
+        } else {
+                log_warning("Dropped pipeline link from %.16s…: not a neighbouring stage of this node", hex);
+                net_close_peer(r->net, peer);
+                return;
+        }
+        pipe_connect(r->pipe, r->net, r->prev_peer, r->next_peer);
+}
+
+static void run_closed(void *ud, uint32_t peer, int reason, const uint8_t id[IDENTITY_PK_SIZE]) {
+        Run *r = ud;
+        if (r->dial_pending && peer == r->dialing)
+                r->dial_pending = false;
+        if ((int64_t)peer == r->prev_peer || (int64_t)peer == r->next_peer) {
+                bool prev = (int64_t)peer == r->prev_peer;
+                if (!r->finished)
+                        log_warning("%s stage left (%s); waiting for it to come back", prev ? "Previous" : "Next",
+                            reason ? strerror(-reason) : "said goodbye");
+                if (prev)
+                        r->prev_peer = -1;
+                else
+                        r->next_peer = -1;
+                pipe_connect(r->pipe, r->net, r->prev_peer, r->next_peer);
+        }
+}
+
+static void run_tensor(void *ud, NetTensor *t) {
+        Run *r = ud;
+        uint32_t peer = t->peer;
+        if (pipe_on_tensor(r->pipe, t) == -EBADMSG) {
+                log_warning("Dropped a pipeline link: it sent a tensor this stage does not expect");
+                net_close_peer(r->net, peer);
+        }
+}
+
+static void run_sent(void *ud, uint32_t peer, uint64_t cookie) {
+        pipe_on_sent(((Run *)ud)->pipe, cookie);
+}
+
+static void run_control(void *ud, uint32_t peer, uint8_t type, const uint8_t *p, size_t len) {
+        Run *r = ud;
+        if (type == FRAME_CONTROL && pipe_on_control(r->pipe, peer, p, len) < 0)
+                net_close_peer(r->net, peer);
+}
+
+static const NetCallbacks run_callbacks = {
+        .connected = run_connected,
+        .closed = run_closed,
+        .tensor = run_tensor,
+        .sent = run_sent,
+        .control = run_control,
+};
+
+/* The stage dials the next one, again and again until it answers. */
+static void dial_next(Run *r) {
+        uint64_t now = now_ns();
+        if (!r->next || r->next_peer >= 0 || r->dial_pending || now < r->next_dial_ns)
+                return;
+        r->next_dial_ns = now + NSEC_PER_SEC;
+        if (net_connect(r->net, r->next->address.host, r->next->address.port, &r->dialing) == 0)
+                r->dial_pending = true;
+}
+
+static int find_self(const ConfigPipeline *p, const Identity *id, unsigned *ret_cluster, unsigned *ret_stage) {
+        for (unsigned k = 0; k < p->n_clusters; k++)
+                for (unsigned s = 0; s < p->clusters[k].n_stages; s++)
+                        if (memcmp(p->clusters[k].nodes[s].id, id->pk, IDENTITY_PK_SIZE) == 0) {
+                                *ret_cluster = k;
+                                *ret_stage = s;
+                                return 0;
+                        }
+        return -ENOENT;
+}
+
+static int member_index(const ConfigAveraging *a, const uint8_t id[IDENTITY_PK_SIZE]) {
+        for (size_t i = 0; i < a->n_members; i++)
+                if (memcmp(a->members[i].id, id, IDENTITY_PK_SIZE) == 0)
+                        return (int)i;
+        return -ENOENT;
+}
+
+/* This stage's rings: the parameter vector cut at every stage boundary of
+ * every cluster, the owners found among the averaging members. */
+static int plan_rings(const Config *c, const ModelSpec *m, unsigned cluster, unsigned stage, AveragerRing *rings,
+                      unsigned *n_rings) {
+        const ConfigPipeline *p = &c->pipeline;
+        size_t bounds[CONFIG_MAX_CLUSTERS][CONFIG_MAX_STAGES + 1];
+        unsigned owners[CONFIG_MAX_CLUSTERS][CONFIG_MAX_STAGES];
+        ClusterCut cuts[CONFIG_MAX_CLUSTERS];
+        size_t total = model_spec_params(m, 0, m->n_layers), n_seg;
+        Segment *seg;
+        int r;
+
+        for (unsigned k = 0; k < p->n_clusters; k++) {
+                const ConfigCluster *cl = &p->clusters[k];
+                for (unsigned s = 0; s <= cl->n_stages; s++)
+                        bounds[k][s] = model_spec_params(m, 0, cl->bounds[s]);
+                for (unsigned s = 0; s < cl->n_stages; s++) {
+                        int i = member_index(&c->averaging, cl->nodes[s].id);
+                        if (i < 0) {
+                                log_error("%s: averaging.members: node %u of cluster %u is not among them", c->path,
+                                          s + 1, k + 1);
+                                return -EINVAL;
+                        }
+                        owners[k][s] = (unsigned)i;
+                }
+                cuts[k] = (ClusterCut){ bounds[k], owners[k], cl->n_stages };
+        }
+        r = segments_plan(cuts, p->n_clusters, total, &seg, &n_seg);
+        if (r < 0) {
+                log_error("%s: pipeline.clusters: the cuts do not make rings (a stage without parameters, or one node "
+                          "in two clusters)", c->path);
+                return r;
+        }
+        size_t lo = bounds[cluster][stage], hi = bounds[cluster][stage + 1];
+        unsigned self = owners[cluster][stage];
+        *n_rings = 0;
+        for (size_t i = 0; i < n_seg && *n_rings < COLL_MAX_MEMBERS; i++) {
+                if (seg[i].off < lo || seg[i].off >= hi)
+                        continue;
+                AveragerRing *g = &rings[(*n_rings)++];
+                *g = (AveragerRing){ .group = seg[i].group, .n = seg[i].n_owners, .off = seg[i].off - lo,
+                                     .len = seg[i].len };
+                memcpy(g->members, seg[i].owners, seg[i].n_owners * sizeof *g->members);
+                (void)self;
+        }
+        free(seg);
+        return 0;
+}
+
+int pipeline_run(const Config *c, const Job *job, const Identity *id, const LocalRunOptions *o,
+                 const volatile sig_atomic_t *stop) {
+        const ConfigPipeline *p = &c->pipeline;
+        _cleanup_(dataset_freep) Dataset *train = NULL, *test = NULL;
+        _cleanup_(run_done) Run run = { .prev_peer = -1, .next_peer = -1 };
+        const char *dir = o->data_dir ?: job->data.path;
+        Pipe *pipe;
+        Net *net;
+        Diag d = {};
+        unsigned cluster, stage;
+        int r;
+
+        if (find_self(p, id, &cluster, &stage) < 0) {
+                char hex[IDENTITY_HEX_SIZE];
+                identity_to_hex(id->pk, hex);
+                log_error("%s: pipeline.clusters: this node's key %s is not in any cluster", c->path, hex);
+                return -EINVAL;
+        }
+        const ConfigCluster *cl = &p->clusters[cluster];
+        if (cl->bounds[cl->n_stages] != job->model.n_layers) {
+                log_error("%s: pipeline.clusters: cluster %u cuts %d layers, job %s has %d", c->path, cluster + 1,
+                          cl->bounds[cl->n_stages], job->name, job->model.n_layers);
+                return -EINVAL;
+        }
+        run.cluster = cluster;
+        run.stage = stage;
+        run.n_stages = cl->n_stages;
+        run.prev = stage > 0 ? &cl->nodes[stage - 1] : NULL;
+        run.next = stage + 1 < cl->n_stages ? &cl->nodes[stage + 1] : NULL;
+
+        r = ops_blas_set_threads(o->threads);
+        if (r < 0)
+                return log_error_errno(r, "Failed to start %d compute threads: %m", o->threads);
+        /* Every stage reads the training set's size for the learning-rate
+         * schedule; the first stage trains on its cluster's shard of it. */
+        r = dataset_load_dir(dir, "train", job->data.classes, &train, &d);
+        if (r >= 0 && stage == 0)
+                r = dataset_load_dir(dir, "t10k", job->data.classes, &test, &d);
+        if (r < 0)
+                return log_error_errno(r, "Failed to load the dataset: %s", d.text);
+        dataset_set_normalization(train, (float)job->data.mean, (float)job->data.std);
+        if (test)
+                dataset_set_normalization(test, (float)job->data.mean, (float)job->data.std);
+
+        int epochs = o->epochs > 0 ? o->epochs : job->train.epochs;
+        int U = p->synchronous ? p->staleness : p->update_frequency;
+        size_t steps = train->n / p->n_clusters / (size_t)p->micro_batch;
+        PipeConfig pc = {
+                .model = &job->model,
+                .lo = cl->bounds[stage],
+                .hi = cl->bounds[stage + 1],
+                .seed = job->train.seed,
+                .optim = &job->optim,
+                .micro_batch = p->micro_batch,
+                .in_flight = p->staleness,
+                .update_frequency = p->update_frequency,
+                .schedule = p->synchronous ? PIPE_SYNC : PIPE_ASYNC,
+                .total_updates = (uint64_t)epochs * steps / (uint64_t)U,
+                .train = stage == 0 ? train : NULL,
+                .test = test,
+                .shard = (int)cluster,
+                .n_shards = (int)p->n_clusters,
+                .epochs = epochs,
+                .data_seed = job->train.seed,
+        };
+        r = pipe_new(&pc, &ops_blas, &run.pipe, &d);
+        if (r < 0)
+                return log_error_errno(r, "Failed to set up stage %u: %s", stage + 1, d.text);
+        pipe = run.pipe;
+        if (stage > 0) /* only the first stage trains on it */
+                train = dataset_free(train);
+
+        NetConfig nc;
+        r = config_net(c, id, &nc, &d);
+        if (r < 0)
+                return log_error_errno(r, "Invalid configuration: %s", d.text);
+        r = net_new(&nc, &run_callbacks, &run, &run.net);
+        if (r < 0)
+                return log_error_errno(r, "Failed to start the pipeline transport: %m");
+        net = run.net;
+        pipe_connect(pipe, net, -1, -1);
+        if (run.prev && (r = net_listen(net, p->listen.host, p->listen.port, NULL)) < 0)
+                return log_error_errno(r, "Failed to listen on %s:%u for the previous stage: %m", p->listen.host,
+                                       p->listen.port);
+
+        Stage *s = pipe_stage(pipe);
+        if (c->averaging.enabled) {
+                AveragerRing rings[COLL_MAX_MEMBERS];
+                unsigned n_rings = 0;
+                if ((r = plan_rings(c, &job->model, cluster, stage, rings, &n_rings)) < 0)
+                        return r;
+                if ((r = averaging_start(&run.av, c, id, s->n_params, rings, n_rings)) < 0)
+                        return r;
+        }
+        log_info("Stage %u of %u in cluster %u of %u: layers %d-%d, %zu parameters, micro-batch %d, %s schedule, "
+                 "at most %d in flight",
+                 stage + 1, cl->n_stages, cluster + 1, p->n_clusters, pc.lo, pc.hi - 1, s->n_params, p->micro_batch,
+                 p->synchronous ? "synchronous" : "asynchronous", p->staleness);
+
+        uint64_t start = now_ns(), last_log = start, last_samples = 0, last_busy = 0, last_t = start;
+        uint64_t updates_seen = 0, samples_synced = 0;
+        PipeStats st, prev_st = {};
+        while (!*stop) {
+                dial_next(&run);
+                r = pipe_work(pipe);
+                if (r == PIPE_FINISHED)
+                        break;
+                if (r < 0) {
+                        log_error_errno(r, "Stage %u failed: %m", stage + 1);
+                        break;
+                }
+                net_run(net, r > 0 ? 0 : 2);
+                if (o->poll)
+                        o->poll(o->poll_userdata);
+                pipe_get_stats(pipe, &st);
+                if (st.updates != updates_seen) { /* between two updates: the averaging hand-off */
+                        averaging_step(&run.av, s->params, st.samples - samples_synced);
+                        samples_synced = st.samples;
+                        updates_seen = st.updates;
+                }
+                uint64_t now = now_ns();
+                if (o->progress_interval_ms && now - last_log >= (uint64_t)o->progress_interval_ms * 1000000ull) {
+                        double dt = ns_to_sec(now - last_t);
+                        double busy = (double)(st.busy_ns - last_busy) / (double)(now - last_t);
+                        uint64_t scored = st.scored - prev_st.scored;
+                        if (run.next)
+                                log_info("stage %u/%u: %lu micro-batches, %.0f samples/s, busy %.0f%%, %u in flight, "
+                                         "%u stashed versions",
+                                         stage + 1, cl->n_stages, (unsigned long)st.forwards,
+                                         (double)(st.samples - last_samples) / dt, 100 * busy, st.in_flight,
+                                         st.versions);
+                        else
+                                log_info("stage %u/%u: %lu micro-batches, loss %.4f, acc %.2f%%, %.0f samples/s, "
+                                         "busy %.0f%%",
+                                         stage + 1, cl->n_stages, (unsigned long)st.forwards,
+                                         scored ? (st.loss_sum - prev_st.loss_sum) / (double)scored : 0.0,
+                                         scored ? 100 * (st.correct - prev_st.correct) / (double)scored : 0.0,
+                                         (double)(st.samples - last_samples) / dt, 100 * busy);
+                        prev_st = st;
+                        last_log = last_t = now;
+                        last_samples = st.samples;
+                        last_busy = st.busy_ns;
+                }
+        }
+        averaging_stop(&run.av);
+        run.finished = r == PIPE_FINISHED;
+        /* what the stage queued last (DONE, say) still has to leave */
+        for (int i = 0; i < 100 && r == PIPE_FINISHED; i++)
+                net_run(net, 5);
+        if (*stop)
+                return -ECANCELED;
+        if (r < 0)
+                return r;
+        pipe_get_stats(pipe, &st);
+        double total = ns_to_sec(now_ns() - start);
+        if (!run.next)
+                log_info("Finished %s: test accuracy %.2f%% (stage %u of %u in cluster %u), %.0f samples/s, busy %.0f%%",
+                         job->name, 100 * st.test_acc, stage + 1, cl->n_stages, cluster + 1,
+                         (double)st.samples / total, 100.0 * (double)st.busy_ns / (double)(st.busy_ns + st.idle_ns));
+        else
+                log_info("Finished stage %u of %u in cluster %u: %lu updates, busy %.0f%%", stage + 1, cl->n_stages,
+                         cluster + 1, (unsigned long)st.updates,
+                         100.0 * (double)st.busy_ns / (double)(st.busy_ns + st.idle_ns));
+        return 0;
+}

@@ -1,0 +1,35 @@
+/* service/swarm.h — a whole swarm on this machine: clusters x stages
+ * ravnestd processes on loopback, with their keys, network secret and
+ * configurations generated, training one job; their progress interleaved on
+ * standard output, every process stopped cleanly on Ctrl-C, and the test
+ * accuracy of each cluster's replica at the end.
+ *
+ *     SwarmOptions o = { .clusters = 2, .stages = 2, .job = path, .ravnestd = "/usr/sbin/ravnestd" };
+ *     r = swarm_run(&o, &stop_flag);   // 0 when every node finished
+ */
+#pragma once
+
+#include <signal.h>
+#include <stdbool.h>
+
+typedef struct SwarmOptions {
+        unsigned clusters, stages;
+        const char *job;
+        const char *ravnestd;   /* the daemon to start */
+        const char *dir;        /* where keys and configs go; NULL: a new directory in /tmp */
+        const char *data_dir;   /* NULL: the job's */
+        int epochs;             /* > 0 overrides the job */
+        int micro_batch, staleness;
+        bool synchronous;
+        double interval;        /* seconds between averaging rounds */
+        unsigned progress_ms;
+        bool keep;              /* keep dir afterwards */
+} SwarmOptions;
+
+typedef struct SwarmResult {
+        double accuracy[64];    /* per cluster, from its last stage; < 0 if none */
+        unsigned clusters;
+        unsigned rounds;        /* averaging rounds logged, all nodes together */
+} SwarmResult;
+
+int swarm_run(const SwarmOptions *o, const volatile sig_atomic_t *stop, SwarmResult *ret);

@@ -1,0 +1,64 @@
+/* tests/lib/proc.c — see proc.h. */
+#include <criterion/criterion.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "proc.h"
+
+void proc_start(Proc *p, char *const argv[], void (*setup)(void)) {
+        int fds[2];
+        cr_assert_eq(pipe(fds), 0);
+        p->len = 0;
+        p->out[0] = 0;
+        p->pid = fork();
+        cr_assert(p->pid >= 0);
+        if (p->pid == 0) {
+                dup2(fds[1], STDERR_FILENO);
+                dup2(fds[1], STDOUT_FILENO);
+                close(fds[0]);
+                close(fds[1]);
+                prctl(PR_SET_PDEATHSIG, SIGKILL);
+                if (setup)
+                        setup();
+                execv(argv[0], argv);
+                _exit(127);
+        }
+        close(fds[1]);
+        p->err = fds[0];
+}
+
+bool proc_wait_for(Proc *p, const char *what, int timeout_ms) {
+        struct timespec start, now;
+        clock_gettime(CLOCK_MONOTONIC, &start);
+        while (!what || !strstr(p->out, what)) {
+                clock_gettime(CLOCK_MONOTONIC, &now);
+                int left = timeout_ms - (int)((now.tv_sec - start.tv_sec) * 1000 + (now.tv_nsec - start.tv_nsec) / 1000000);
+                if (left <= 0)
+                        return false;
+                struct pollfd pfd = { p->err, POLLIN, 0 };
+                if (poll(&pfd, 1, left) <= 0)
+                        return false;
+                if (p->len == sizeof p->out - 1) { /* full: keep the second half */
+                        memmove(p->out, p->out + sizeof p->out / 2, sizeof p->out / 2);
+                        p->len -= sizeof p->out / 2;
+                }
+                ssize_t n = read(p->err, p->out + p->len, sizeof p->out - 1 - p->len);
+                if (n <= 0)
+                        return what == NULL;
+                p->len += (size_t)n;
+                p->out[p->len] = 0;
+        }
+        return true;
+}
+
+int proc_exit(Proc *p) {
+        proc_wait_for(p, NULL, 120000);
+        int status;
+        cr_assert_eq(waitpid(p->pid, &status, 0), p->pid);
+        close(p->err);
+        return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}

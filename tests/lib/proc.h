@@ -1,0 +1,21 @@
+/* tests/lib/proc.h — a child process whose standard output and error the
+ * test reads: start it, wait for a line, collect its exit status. */
+#pragma once
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <sys/types.h>
+
+typedef struct Proc {
+        pid_t pid;
+        int err; /* read end of the child's stderr and stdout */
+        char out[65536];
+        size_t len;
+} Proc;
+
+/* setup, when not NULL, runs in the child before exec. */
+void proc_start(Proc *p, char *const argv[], void (*setup)(void));
+/* Read output until it contains what (or EOF, or timeout). */
+bool proc_wait_for(Proc *p, const char *what, int timeout_ms);
+/* Read to the end and reap: the exit status, or 128 + the signal. */
+int proc_exit(Proc *p);
