@@ -125,6 +125,7 @@ static int swarm(int argc, char *argv[]) {
                 { "data-dir", required_argument, NULL, 'd' },
                 { "micro-batch", required_argument, NULL, 'm' },
                 { "staleness", required_argument, NULL, 't' },
+                { "update-frequency", required_argument, NULL, 'u' },
                 { "sync", no_argument, NULL, 'S' },
                 { "interval", required_argument, NULL, 'i' },
                 { "progress", required_argument, NULL, 'p' },
@@ -150,6 +151,7 @@ static int swarm(int argc, char *argv[]) {
                 case 'd': o.data_dir = optarg; break;
                 case 'm': o.micro_batch = atoi(optarg); break;
                 case 't': o.staleness = atoi(optarg); break;
+                case 'u': o.update_frequency = atoi(optarg); break;
                 case 'S': o.synchronous = true; break;
                 case 'i': o.interval = atof(optarg); break;
                 case 'p': o.progress_ms = (unsigned)atoi(optarg); break;
@@ -158,12 +160,12 @@ static int swarm(int argc, char *argv[]) {
                 case 'r': o.ravnestd = optarg; break;
                 default:
                         fprintf(stderr, "Usage: ravnestctl swarm [--clusters N] [--stages N] [--job FILE] [--epochs N] "
-                                        "[--data-dir DIR] [--micro-batch N] [--staleness N] [--sync] [--interval S] "
+                                        "[--data-dir DIR] [--micro-batch N] [--staleness N] [--update-frequency N] [--sync] [--interval S] "
                                         "[--progress MS] [--dir DIR] [--keep] [--ravnestd PATH]\n");
                         return EX_USAGE;
                 }
         }
-        if (o.micro_batch < 1 || o.staleness < 1 || !(o.interval >= 0.05) || o.epochs < 0) {
+        if (o.micro_batch < 1 || o.staleness < 1 || o.update_frequency < 0 || !(o.interval >= 0.05) || o.epochs < 0) {
                 fprintf(stderr, "ravnestctl swarm: --micro-batch and --staleness must be positive, --interval at "
                                 "least 0.05 s\n");
                 return EX_USAGE;

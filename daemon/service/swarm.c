@@ -11,6 +11,7 @@
 #include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -19,6 +20,7 @@
 #include "net/handshake.h"
 #include "net/identity.h"
 #include "util/log.h"
+#include "util/macro.h"
 #include "util/time-util.h"
 
 #include <sodium.h>
@@ -36,6 +38,9 @@ typedef struct SwarmNode {
         bool last_stage;
         unsigned cluster;
         bool done;
+        double busy;     /* from its last line, percent; < 0 unknown */
+        double rate;     /* last stage: samples/s */
+        long rss_kib;    /* peak, from wait4() */
 } SwarmNode;
 
 static uint16_t free_port(void) {
@@ -91,6 +96,12 @@ static void print_line(SwarmNode *n, const char *line, SwarmResult *res) {
         const char *acc = strstr(text, "test accuracy ");
         if (acc && strstr(text, "Finished"))
                 res->accuracy[n->cluster] = strtod(acc + 14, NULL);
+        const char *busy = strstr(text, "busy ");
+        if (busy && strstr(text, "Finished"))
+                n->busy = strtod(busy + 5, NULL);
+        const char *rate = acc ? strstr(acc, "), ") : NULL;
+        if (rate && strstr(text, "Finished"))
+                n->rate = strtod(rate + 3, NULL);
         if (strstr(text, "Averaging round") && strstr(text, "done"))
                 res->rounds++;
         printf("%-6s %s\n", n->name, text);
@@ -167,6 +178,7 @@ int swarm_run(const SwarmOptions *o, const volatile sig_atomic_t *stop, SwarmRes
         for (unsigned i = 0; i < n; i++) {
                 SwarmNode *nd = &nodes[i];
                 Identity id;
+                nd->busy = -1;
                 bool created;
                 nd->cluster = i / o->stages;
                 nd->last_stage = i % o->stages == o->stages - 1;
@@ -184,6 +196,9 @@ int swarm_run(const SwarmOptions *o, const volatile sig_atomic_t *stop, SwarmRes
                 if (!nd->pipe_port || !nd->avg_port)
                         return log_error_errno(-EADDRNOTAVAIL, "No free port on loopback");
         }
+
+        /* as many samples per update as the job's batch, by default */
+        int uf = o->update_frequency > 0 ? o->update_frequency : MAX(job.train.batch_size / o->micro_batch, 1);
 
         /* one configuration per node: the same plan everywhere */
         size_t cap = 4096 + (size_t)n * 512;
@@ -219,7 +234,7 @@ int swarm_run(const SwarmOptions *o, const volatile sig_atomic_t *stop, SwarmRes
                          "threads = 1;\n"
                          "network = { secret_file = \"%s/secret\"; };\n"
                          "pipeline = {\n"
-                         "  micro_batch = %d;\n  staleness = %d;\n  schedule = \"%s\";\n"
+                         "  micro_batch = %d;\n  staleness = %d;\n  update_frequency = %d;\n  schedule = \"%s\";\n"
                          "  listen = \"127.0.0.1:%u\";\n"
                          "  clusters = (\n%s  );\n"
                          "};\n"
@@ -228,7 +243,7 @@ int swarm_run(const SwarmOptions *o, const volatile sig_atomic_t *stop, SwarmRes
                          "  listen = \"127.0.0.1:%u\";\n"
                          "  members = [\n%s\n  ];\n"
                          "};\n",
-                         nd->name, dir, nd->name, dir, o->micro_batch, o->staleness,
+                         nd->name, dir, nd->name, dir, o->micro_batch, o->staleness, uf,
                          o->synchronous ? "sync" : "async", nd->pipe_port, plan, o->interval, nd->avg_port, members);
                 snprintf(path, sizeof path, "%s/%.15s.conf", dir, nd->name);
                 if ((r = write_file(path, conf, 0644)) < 0)
@@ -240,7 +255,9 @@ int swarm_run(const SwarmOptions *o, const volatile sig_atomic_t *stop, SwarmRes
         if (r < 0)
                 return log_error_errno(r, "Failed to write %s: %m", path);
 
-        printf("swarm: %u clusters x %u stages of %s in %s; layers per stage:", o->clusters, o->stages, job.name, dir);
+        printf("swarm: %u clusters x %u stages of %s in %s; micro-batch %d, %s, %d micro-batches per update; "
+               "layers per stage:", o->clusters, o->stages, job.name, dir, o->micro_batch,
+               o->synchronous ? "synchronous" : "asynchronous", o->synchronous ? o->staleness : uf);
         for (unsigned s = 0; s < o->stages; s++)
                 printf(" %d-%d", bounds[s], bounds[s + 1] - 1);
         printf("\n");
@@ -308,7 +325,10 @@ int swarm_run(const SwarmOptions *o, const volatile sig_atomic_t *stop, SwarmRes
                                         drain(&nodes[map[i]], &res);
                 for (unsigned i = 0; i < n; i++) {
                         int status;
-                        if (!nodes[i].done && nodes[i].out < 0 && waitpid(nodes[i].pid, &status, WNOHANG) == nodes[i].pid) {
+                        struct rusage ru;
+                        if (!nodes[i].done && nodes[i].out < 0 &&
+                            wait4(nodes[i].pid, &status, WNOHANG, &ru) == nodes[i].pid) {
+                                nodes[i].rss_kib = ru.ru_maxrss;
                                 nodes[i].done = true;
                                 running--;
                                 bool clean = WIFEXITED(status) && WEXITSTATUS(status) == 0;
@@ -330,9 +350,18 @@ int swarm_run(const SwarmOptions *o, const volatile sig_atomic_t *stop, SwarmRes
                 }
         }
 
+        printf("swarm: node   busy  peak RSS\n");
+        for (unsigned i = 0; i < n; i++) {
+                res.busy[i] = nodes[i].busy;
+                res.rss_mib[i] = (double)nodes[i].rss_kib / 1024;
+                if (nodes[i].last_stage)
+                        res.samples_per_sec += nodes[i].rate;
+                printf("swarm: %-5s %4.0f%% %5.0f MiB\n", nodes[i].name, nodes[i].busy, res.rss_mib[i]);
+        }
         for (unsigned c = 0; c < o->clusters; c++)
                 if (res.accuracy[c] >= 0)
                         printf("swarm: cluster %u: test accuracy %.2f%%\n", c + 1, res.accuracy[c]);
+        printf("swarm: %.0f samples/s, all clusters together\n", res.samples_per_sec);
         printf("swarm: %u averaging rounds done across the nodes\n", res.rounds);
         if (!o->keep && !o->dir) {
                 char cmd[300];

@@ -20,6 +20,7 @@ typedef struct SwarmOptions {
         const char *data_dir;   /* NULL: the job's */
         int epochs;             /* > 0 overrides the job */
         int micro_batch, staleness;
+        int update_frequency;   /* 0: the job's batch over the micro-batch, so updates see as many samples */
         bool synchronous;
         double interval;        /* seconds between averaging rounds */
         unsigned progress_ms;
@@ -30,6 +31,9 @@ typedef struct SwarmResult {
         double accuracy[64];    /* per cluster, from its last stage; < 0 if none */
         unsigned clusters;
         unsigned rounds;        /* averaging rounds logged, all nodes together */
+        double busy[64];        /* per node (cluster-major), percent of its run */
+        double rss_mib[64];     /* per node, peak */
+        double samples_per_sec; /* last stages together */
 } SwarmResult;
 
 int swarm_run(const SwarmOptions *o, const volatile sig_atomic_t *stop, SwarmResult *ret);

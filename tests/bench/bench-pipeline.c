@@ -1,0 +1,174 @@
+/* bench-pipeline — a swarm of 2 clusters x 2 pipeline stages (4 ravnestd
+ * processes on loopback, started by `ravnestctl swarm`) against ravnestd
+ * training alone, the same job and the same number of samples, in the same
+ * run: test accuracy, throughput, the busy fraction of every stage under
+ * the asynchronous schedule and under the synchronous one (the bubble), and
+ * each node's peak RSS.
+ *
+ *     bench-pipeline [--epochs N] [--job FILE]
+ */
+#include <getopt.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#define BUILD_DAEMON BUILD_ROOT "/daemon"
+
+/* Run argv, collect its output and peak RSS (KiB). */
+static char *run(char *const argv[], long *ret_rss) {
+        int fds[2];
+        if (pipe(fds) < 0)
+                return NULL;
+        pid_t pid = fork();
+        if (pid == 0) {
+                dup2(fds[1], STDOUT_FILENO);
+                dup2(fds[1], STDERR_FILENO);
+                close(fds[0]);
+                execv(argv[0], argv);
+                _exit(127);
+        }
+        close(fds[1]);
+        size_t cap = 1 << 20, len = 0;
+        char *out = malloc(cap);
+        ssize_t k;
+        while ((k = read(fds[0], out + len, cap - 1 - len)) > 0) {
+                len += (size_t)k;
+                if (len == cap - 1)
+                        out = realloc(out, cap *= 2);
+        }
+        out[len] = 0;
+        close(fds[0]);
+        int status;
+        struct rusage ru;
+        wait4(pid, &status, 0, &ru);
+        if (ret_rss)
+                *ret_rss = ru.ru_maxrss;
+        if (!WIFEXITED(status) || WEXITSTATUS(status)) {
+                fprintf(stderr, "bench-pipeline: %s failed:\n%s\n", argv[0], out);
+                free(out);
+                return NULL;
+        }
+        return out;
+}
+
+/* The number after the last occurrence of key. */
+static double last_number(const char *out, const char *key) {
+        const char *p = NULL, *q = out;
+        while ((q = strstr(q, key)))
+                p = q++;
+        return p ? strtod(p + strlen(key), NULL) : -1;
+}
+
+static double median_rate(const char *out) {
+        double v[64];
+        int n = 0;
+        const char *p = out;
+        while ((p = strstr(p, " done: ")) && n < 64) {
+                const char *s = strstr(p, "samples/s");
+                const char *b = s;
+                while (b > p && b[-1] != ',')
+                        b--;
+                v[n++] = strtod(b, NULL);
+                p = s;
+        }
+        for (int i = 1; i < n; i++)
+                for (int j = i; j > 0 && v[j] < v[j - 1]; j--) {
+                        double t = v[j];
+                        v[j] = v[j - 1];
+                        v[j - 1] = t;
+                }
+        return n ? v[n / 2] : -1;
+}
+
+typedef struct Swarm {
+        double acc[2], busy[4], rss[4], rate;
+} Swarm;
+
+static int parse_swarm(const char *out, Swarm *s) {
+        static const char *names[4] = { "c1s1", "c1s2", "c2s1", "c2s2" };
+        for (int c = 0; c < 2; c++) {
+                char key[64];
+                snprintf(key, sizeof key, "swarm: cluster %d: test accuracy ", c + 1);
+                s->acc[c] = last_number(out, key);
+        }
+        for (int i = 0; i < 4; i++) {
+                char key[64];
+                snprintf(key, sizeof key, "swarm: %s ", names[i]);
+                const char *p = strstr(out, key);
+                if (!p)
+                        return -1;
+                char *end;
+                s->busy[i] = strtod(p + strlen(key), &end);
+                s->rss[i] = strtod(end + 1, NULL);
+        }
+        s->rate = last_number(out, "swarm: ");
+        const char *r = strstr(out, " samples/s, all clusters together");
+        if (r) {
+                const char *b = r;
+                while (b > out && b[-1] != ' ')
+                        b--;
+                s->rate = strtod(b, NULL);
+        }
+        return 0;
+}
+
+int main(int argc, char **argv) {
+        static const struct option opts[] = {
+                { "epochs", required_argument, NULL, 'e' },
+                { "job", required_argument, NULL, 'j' },
+                {},
+        };
+        char epochs[16] = "5", *job = SOURCE_ROOT "/config/jobs/fashion-mnist-mlp.job";
+        int o;
+        while ((o = getopt_long(argc, argv, "", opts, NULL)) >= 0)
+                switch (o) {
+                case 'e': snprintf(epochs, sizeof epochs, "%s", optarg); break;
+                case 'j': job = optarg; break;
+                default:
+                        fprintf(stderr, "Usage: bench-pipeline [--epochs N] [--job FILE]\n");
+                        return 2;
+                }
+
+        long rss;
+        printf("%s epochs of %s: one node, then 2 clusters x 2 stages (async, then sync)\n", epochs, job);
+        fflush(stdout);
+        char *one = run((char *[]){ BUILD_DAEMON "/ravnestd", "--job", job, "--epochs", epochs, "--progress", "0",
+                                    NULL }, &rss);
+        if (!one)
+                return 1;
+        double one_acc = last_number(one, "test accuracy "), one_rate = median_rate(one);
+        double one_rss = (double)rss / 1024;
+        Swarm a = {}, s = {};
+        char *async = run((char *[]){ BUILD_DAEMON "/ravnestctl", "swarm", "--ravnestd", BUILD_DAEMON "/ravnestd",
+                                      "--job", job, "--epochs", epochs, "--progress", "0", NULL }, NULL);
+        char *sync = run((char *[]){ BUILD_DAEMON "/ravnestctl", "swarm", "--ravnestd", BUILD_DAEMON "/ravnestd",
+                                     "--job", job, "--epochs", epochs, "--progress", "0", "--sync", NULL }, NULL);
+        if (!async || !sync || parse_swarm(async, &a) < 0 || parse_swarm(sync, &s) < 0) {
+                fprintf(stderr, "bench-pipeline: a swarm did not finish\n");
+                return 1;
+        }
+        printf("\n%-34s %12s %12s %12s\n", "", "one node", "swarm async", "swarm sync");
+        printf("%-34s %11.2f%% %11.2f%% %11.2f%%\n", "test accuracy (cluster 1)", one_acc, a.acc[0], s.acc[0]);
+        printf("%-34s %12s %11.2f%% %11.2f%%\n", "test accuracy (cluster 2)", "", a.acc[1], s.acc[1]);
+        printf("%-34s %12.0f %12.0f %12.0f\n", "samples/s (training)", one_rate, a.rate, s.rate);
+        printf("%-34s %12s %11.2fx %11.2fx\n", "  against one node", "", a.rate / one_rate, s.rate / one_rate);
+        static const char *names[4] = { "c1s1", "c1s2", "c2s1", "c2s2" };
+        for (int i = 0; i < 4; i++) {
+                char label[64];
+                snprintf(label, sizeof label, "busy, %s", names[i]);
+                printf("%-34s %12s %11.0f%% %11.0f%%\n", label, "", a.busy[i], s.busy[i]);
+        }
+        for (int i = 0; i < 4; i++) {
+                char label[64];
+                snprintf(label, sizeof label, "peak RSS, %s (MiB)", names[i]);
+                printf("%-34s %12.0f %12.0f %12.0f\n", label, i ? 0.0 : one_rss, a.rss[i], s.rss[i]);
+        }
+        printf("\naccuracy, swarm async against one node: %+.2f points\n", (a.acc[0] + a.acc[1]) / 2 - one_acc);
+        free(one);
+        free(async);
+        free(sync);
+        return 0;
+}
