@@ -167,6 +167,12 @@ int main(int argc, char *argv[]) {
         sigemptyset(&sa.sa_mask);
         sigaction(SIGINT, &sa, NULL);
         sigaction(SIGTERM, &sa, NULL);
+        /* whoever started us may have blocked them */
+        sigset_t stop_signals;
+        sigemptyset(&stop_signals);
+        sigaddset(&stop_signals, SIGINT);
+        sigaddset(&stop_signals, SIGTERM);
+        sigprocmask(SIG_UNBLOCK, &stop_signals, NULL);
 
         r = node_start(&node, &config);
         if (r < 0)

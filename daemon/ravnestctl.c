@@ -131,6 +131,8 @@ static int swarm(int argc, char *argv[]) {
                 { "progress", required_argument, NULL, 'p' },
                 { "dir", required_argument, NULL, 'D' },
                 { "keep", no_argument, NULL, 'k' },
+                { "keep-going", no_argument, NULL, 'K' },
+                { "pin", no_argument, NULL, 'P' },
                 { "ravnestd", required_argument, NULL, 'r' },
                 {},
         };
@@ -157,11 +159,13 @@ static int swarm(int argc, char *argv[]) {
                 case 'p': o.progress_ms = (unsigned)atoi(optarg); break;
                 case 'D': o.dir = optarg; break;
                 case 'k': o.keep = true; break;
+                case 'K': o.keep_going = true; break;
+                case 'P': o.pin = true; break;
                 case 'r': o.ravnestd = optarg; break;
                 default:
                         fprintf(stderr, "Usage: ravnestctl swarm [--clusters N] [--stages N] [--job FILE] [--epochs N] "
                                         "[--data-dir DIR] [--micro-batch N] [--staleness N] [--update-frequency N] [--sync] [--interval S] "
-                                        "[--progress MS] [--dir DIR] [--keep] [--ravnestd PATH]\n");
+                                        "[--progress MS] [--dir DIR] [--keep] [--keep-going] [--pin] [--ravnestd PATH]\n");
                         return EX_USAGE;
                 }
         }
@@ -174,6 +178,11 @@ static int swarm(int argc, char *argv[]) {
         sigemptyset(&sa.sa_mask);
         sigaction(SIGINT, &sa, NULL);
         sigaction(SIGTERM, &sa, NULL);
+        sigset_t stop_signals; /* whoever started us may have blocked them; the nodes inherit this */
+        sigemptyset(&stop_signals);
+        sigaddset(&stop_signals, SIGINT);
+        sigaddset(&stop_signals, SIGTERM);
+        sigprocmask(SIG_UNBLOCK, &stop_signals, NULL);
         int r = swarm_run(&o, &stop_requested, NULL);
         return r == -ECANCELED ? 130 : r < 0 ? EXIT_FAILURE : 0;
 }

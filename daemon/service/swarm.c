@@ -5,6 +5,7 @@
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <poll.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -237,14 +238,19 @@ int swarm_run(const SwarmOptions *o, const volatile sig_atomic_t *stop, SwarmRes
                          "  micro_batch = %d;\n  staleness = %d;\n  update_frequency = %d;\n  schedule = \"%s\";\n"
                          "  listen = \"127.0.0.1:%u\";\n"
                          "  clusters = (\n%s  );\n"
-                         "};\n"
-                         "averaging = {\n"
-                         "  interval = %.3f;\n"
-                         "  listen = \"127.0.0.1:%u\";\n"
-                         "  members = [\n%s\n  ];\n"
                          "};\n",
                          nd->name, dir, nd->name, dir, o->micro_batch, o->staleness, uf,
-                         o->synchronous ? "sync" : "async", nd->pipe_port, plan, o->interval, nd->avg_port, members);
+                         o->synchronous ? "sync" : "async", nd->pipe_port, plan);
+                if (o->clusters > 1) { /* one cluster has nothing to average with */
+                        size_t used = strlen(conf);
+                        snprintf(conf + used, cap - used,
+                                 "averaging = {\n"
+                                 "  interval = %.3f;\n"
+                                 "  listen = \"127.0.0.1:%u\";\n"
+                                 "  members = [\n%s\n  ];\n"
+                                 "};\n",
+                                 o->interval, nd->avg_port, members);
+                }
                 snprintf(path, sizeof path, "%s/%.15s.conf", dir, nd->name);
                 if ((r = write_file(path, conf, 0644)) < 0)
                         break;
@@ -278,6 +284,13 @@ int swarm_run(const SwarmOptions *o, const volatile sig_atomic_t *stop, SwarmRes
                 if (nd->pid < 0)
                         return log_error_errno(-errno, "fork: %m");
                 if (nd->pid == 0) {
+                        if (o->pin) {
+                                cpu_set_t set;
+                                long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
+                                CPU_ZERO(&set);
+                                CPU_SET((int)(i % (unsigned)MAX(ncpu, 1L)), &set);
+                                sched_setaffinity(0, sizeof set, &set);
+                        }
                         dup2(fds[1], STDERR_FILENO);
                         prctl(PR_SET_PDEATHSIG, SIGTERM);
                         char *argv[16] = { (char *)o->ravnestd, "--config", conf_path, "--job", (char *)o->job,
@@ -297,7 +310,9 @@ int swarm_run(const SwarmOptions *o, const volatile sig_atomic_t *stop, SwarmRes
                 }
                 close(fds[1]);
                 nd->out = fds[0];
+                printf("swarm: started %s (pid %d)\n", nd->name, (int)nd->pid);
         }
+        fflush(stdout);
 
         SwarmResult res = { .clusters = o->clusters };
         for (unsigned c = 0; c < o->clusters; c++)
@@ -332,11 +347,13 @@ int swarm_run(const SwarmOptions *o, const volatile sig_atomic_t *stop, SwarmRes
                                 nodes[i].done = true;
                                 running--;
                                 bool clean = WIFEXITED(status) && WEXITSTATUS(status) == 0;
-                                if (!clean && stopping)
+                                if (!clean && (stopping || o->keep_going))
                                         printf("swarm: %s ended with %s %d\n", nodes[i].name,
                                                WIFEXITED(status) ? "status" : "signal",
                                                WIFEXITED(status) ? WEXITSTATUS(status) : WTERMSIG(status));
-                                if (!clean && !stopping) {
+                                if (!clean && !stopping && o->keep_going)
+                                        r = -ECHILD;
+                                else if (!clean && !stopping) {
                                         printf("swarm: %s ended with %s %d; stopping the others\n", nodes[i].name,
                                                WIFEXITED(status) ? "status" : "signal",
                                                WIFEXITED(status) ? WEXITSTATUS(status) : WTERMSIG(status));

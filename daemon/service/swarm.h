@@ -25,6 +25,8 @@ typedef struct SwarmOptions {
         double interval;        /* seconds between averaging rounds */
         unsigned progress_ms;
         bool keep;              /* keep dir afterwards */
+        bool keep_going;        /* a node that fails does not stop the others */
+        bool pin;               /* node i runs on CPU i mod the CPU count */
 } SwarmOptions;
 
 typedef struct SwarmResult {

@@ -167,6 +167,40 @@ int main(int argc, char **argv) {
                 printf("%-34s %12.0f %12.0f %12.0f\n", label, i ? 0.0 : one_rss, a.rss[i], s.rss[i]);
         }
         printf("\naccuracy, swarm async against one node: %+.2f points\n", (a.acc[0] + a.acc[1]) / 2 - one_acc);
+
+        /* The bubble, without 4 processes sharing 2 cores: one cluster of two
+         * stages, each pinned to a core of its own. */
+        printf("\nOne cluster of 2 stages, each pinned to its own CPU (the bubble):\n");
+        fflush(stdout);
+        char *pa = run((char *[]){ BUILD_DAEMON "/ravnestctl", "swarm", "--ravnestd", BUILD_DAEMON "/ravnestd", "--job",
+                                   job, "--epochs", epochs, "--progress", "0", "--clusters", "1", "--pin", NULL }, NULL);
+        char *ps = run((char *[]){ BUILD_DAEMON "/ravnestctl", "swarm", "--ravnestd", BUILD_DAEMON "/ravnestd", "--job",
+                                   job, "--epochs", epochs, "--progress", "0", "--clusters", "1", "--pin", "--sync",
+                                   NULL }, NULL);
+        if (pa && ps) {
+                double ba[2], bs[2];
+                for (int i = 0; i < 2; i++) {
+                        char key[32];
+                        snprintf(key, sizeof key, "swarm: c1s%d ", i + 1);
+                        ba[i] = strtod(strstr(pa, key) + strlen(key), NULL);
+                        bs[i] = strtod(strstr(ps, key) + strlen(key), NULL);
+                }
+                double ra = last_number(pa, "swarm: cluster 1: test accuracy "), rs = last_number(ps, "swarm: cluster 1: test accuracy ");
+                const char *ka = strstr(pa, " samples/s, all clusters together"), *ks = strstr(ps, " samples/s, all clusters together");
+                while (ka && ka[-1] != ' ')
+                        ka--;
+                while (ks && ks[-1] != ' ')
+                        ks--;
+                double ta = ka ? strtod(ka, NULL) : -1, ts = ks ? strtod(ks, NULL) : -1;
+                printf("%-34s %12s %12s\n", "", "async", "sync");
+                printf("%-34s %11.0f%% %11.0f%%\n", "busy, stage 1", ba[0], bs[0]);
+                printf("%-34s %11.0f%% %11.0f%%\n", "busy, stage 2", ba[1], bs[1]);
+                printf("%-34s %12.0f %12.0f   (%.2fx)\n", "samples/s", ta, ts, ta / ts);
+                printf("%-34s %11.2f%% %11.2f%%\n", "test accuracy", ra, rs);
+                printf("%-34s %12.0f\n", "one node, 2 threads: samples/s", one_rate);
+        }
+        free(pa);
+        free(ps);
         free(one);
         free(async);
         free(sync);

@@ -53,8 +53,10 @@ Test(swarm, interrupt_stops_every_node, .timeout = 120) {
         Proc p;
         proc_start(&p, (char *[]){ RAVNESTCTL, "swarm", "--ravnestd", RAVNESTD, "--job",
                                    SOURCE_ROOT "/config/jobs/fashion-mnist-mlp.job", "--progress", "500", NULL }, NULL);
-        cr_assert(proc_wait_for(&p, "micro-batches", 60000), "%s", p.out);
+        cr_assert(proc_wait_for(&p, "c1s2   stage 2/2:", 60000), "%s", p.out); /* training is under way */
         kill(p.pid, SIGINT);
+        cr_assert(proc_wait_for(&p, "averaging rounds done across the nodes", 60000), "no summary after Ctrl-C\n%s",
+                  p.out);
         int status = proc_exit(&p);
         cr_assert_eq(status, 130, "%s", p.out);
         cr_assert(strstr(p.out, "swarm: stopping every node"), "%s", p.out);
@@ -66,4 +68,29 @@ Test(swarm, interrupt_stops_every_node, .timeout = 120) {
                 s++;
         }
         cr_assert_eq(clean, 4, "%d nodes stopped cleanly\n%s", clean, p.out);
+}
+
+/* A node dies mid-run: its cluster's other stage waits for it without
+ * crashing, the other cluster trains on to the end and averages without
+ * the dead cluster, and Ctrl-C then stops the rest cleanly. */
+Test(swarm, a_dead_node_stops_only_its_cluster, .timeout = 300) {
+        skip_without_dataset();
+        Proc p;
+        proc_start(&p, (char *[]){ RAVNESTCTL, "swarm", "--ravnestd", RAVNESTD, "--job",
+                                   SOURCE_ROOT "/config/jobs/fashion-mnist-mlp.job", "--epochs", "1", "--interval", "1",
+                                   "--progress", "1000", "--keep-going", NULL }, NULL);
+        cr_assert(proc_wait_for(&p, "swarm: started c2s2 (pid ", 30000), "%s", p.out);
+        int pid = atoi(strstr(p.out, "swarm: started c2s2 (pid ") + strlen("swarm: started c2s2 (pid "));
+        cr_assert(proc_wait_for(&p, "c2s2   stage 2/2:", 60000), "%s", p.out);
+        cr_assert_eq(kill(pid, SIGKILL), 0);
+        cr_assert(proc_wait_for(&p, "swarm: c2s2 ended with signal 9", 30000), "%s", p.out);
+        cr_assert(proc_wait_for(&p, "c2s1   Next stage left", 30000), "%s", p.out);
+        /* cluster 1 finishes its epoch; its rounds go on without cluster 2 */
+        cr_assert(proc_wait_for(&p, "c1s2   Finished", 240000), "%s", p.out);
+        cr_assert(strstr(p.out, "done: 1 of 4 members"), "no round without the dead cluster\n%s", p.out);
+        kill(p.pid, SIGINT);
+        int status = proc_exit(&p);
+        cr_assert_eq(status, 130, "%s", p.out);
+        cr_assert(strstr(p.out, "c2s1   Received Terminated, stopped cleanly"), "%s", p.out);
+        cr_assert(!strstr(p.out, "signal 11") && !strstr(p.out, "signal 6"), "%s", p.out);
 }

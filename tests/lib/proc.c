@@ -22,6 +22,12 @@ void proc_start(Proc *p, char *const argv[], void (*setup)(void)) {
                 close(fds[0]);
                 close(fds[1]);
                 prctl(PR_SET_PDEATHSIG, SIGKILL);
+                /* the test runner's blocked and ignored signals are not the child's */
+                sigset_t none;
+                sigemptyset(&none);
+                sigprocmask(SIG_SETMASK, &none, NULL);
+                signal(SIGINT, SIG_DFL);
+                signal(SIGTERM, SIG_DFL);
                 if (setup)
                         setup();
                 execv(argv[0], argv);
