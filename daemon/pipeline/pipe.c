@@ -222,6 +222,7 @@ Pipe *pipe_free(Pipe *p) {
                 free(p->versions[i].w);
         for (int i = 0; p->copies && i < p->n_copies; i++)
                 free(p->copies[i]);
+        free(p->idx);
         free(p->labels);
         free(p->slots);
         free(p->versions);

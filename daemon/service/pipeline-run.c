@@ -163,7 +163,6 @@ static int plan_rings(const Config *c, const ModelSpec *m, unsigned cluster, uns
                 return r;
         }
         size_t lo = bounds[cluster][stage], hi = bounds[cluster][stage + 1];
-        unsigned self = owners[cluster][stage];
         *n_rings = 0;
         for (size_t i = 0; i < n_seg && *n_rings < COLL_MAX_MEMBERS; i++) {
                 if (seg[i].off < lo || seg[i].off >= hi)
@@ -172,7 +171,6 @@ static int plan_rings(const Config *c, const ModelSpec *m, unsigned cluster, uns
                 *g = (AveragerRing){ .group = seg[i].group, .n = seg[i].n_owners, .off = seg[i].off - lo,
                                      .len = seg[i].len };
                 memcpy(g->members, seg[i].owners, seg[i].n_owners * sizeof *g->members);
-                (void)self;
         }
         free(seg);
         return 0;
