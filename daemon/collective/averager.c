@@ -31,6 +31,10 @@ struct Averager {
         atomic_bool stop;
         atomic_int state;
         atomic_uint_fast64_t steps;
+        atomic_uint_fast64_t requested; /* tickets handed out by averager_request() */
+        atomic_uint_fast64_t done;      /* the last ticket whose round's delta was applied */
+        uint64_t round_ticket, delta_ticket;
+        atomic_uint patience_ms; /* of the requested round */
 
         float *snapshot, *delta;
         double weight;
@@ -215,6 +219,8 @@ static bool links_settled(Averager *a, uint64_t now) {
 }
 
 static bool due(Averager *a, uint64_t now) {
+        if (atomic_load(&a->requested) > a->round_ticket)
+                return true; /* asked for: now, settled links or not */
         if (!links_settled(a, now))
                 return false;
         if (a->cfg.interval_steps)
@@ -239,11 +245,16 @@ static void *averager_main(void *arg) {
                 case AV_IDLE:
                         if (due(a, now)) {
                                 a->round_start_ns = now;
+                                a->round_ticket = atomic_load(&a->requested);
                                 atomic_store(&a->state, AV_WANT);
                         }
                         break;
                 case AV_SNAPPED: {
+                        bool asked = a->round_ticket > a->delta_ticket && a->round_ticket > atomic_load(&a->done);
+                        /* a requested round is a last one (see averager_request) */
+                        coll_set_patience(a->coll, asked ? atomic_load(&a->patience_ms) : 0, asked);
                         int r = start_rounds(a);
+                        coll_set_patience(a->coll, 0, false);
                         if (r < 0) { /* nothing to hand back: the next round tries again */
                                 for (unsigned i = 0; i < a->n_rd; i++)
                                         coll_round_free(a->rd[i]);
@@ -254,6 +265,7 @@ static void *averager_main(void *arg) {
                                 pthread_mutex_unlock(&a->lock);
                                 a->next_due_ns = now + (uint64_t)a->cfg.interval_ms * 1000000ull;
                                 a->steps_at_last = atomic_load(&a->steps);
+                                atomic_store(&a->done, a->round_ticket); /* nothing to hand back */
                                 atomic_store(&a->state, AV_IDLE);
                         } else
                                 atomic_store(&a->state, AV_RUNNING);
@@ -264,6 +276,7 @@ static void *averager_main(void *arg) {
                                 finish_rounds(a, now);
                                 a->next_due_ns = now + (uint64_t)a->cfg.interval_ms * 1000000ull;
                                 a->steps_at_last = atomic_load(&a->steps);
+                                a->delta_ticket = a->round_ticket;
                                 atomic_store(&a->state, AV_DELTA);
                         }
                         break;
@@ -296,6 +309,7 @@ int averager_sync(Averager *a, float *params, uint64_t samples) {
         switch (atomic_load(&a->state)) {
         case AV_DELTA:
                 add_f32(params, a->delta, a->cfg.len);
+                atomic_store(&a->done, a->delta_ticket);
                 atomic_store(&a->state, AV_IDLE);
                 done = AVERAGER_APPLIED;
                 break;
@@ -315,4 +329,13 @@ void averager_get_stats(Averager *a, AveragerStats *ret) {
         pthread_mutex_lock(&a->lock);
         *ret = a->stats;
         pthread_mutex_unlock(&a->lock);
+}
+
+uint64_t averager_request(Averager *a, unsigned join_ms) {
+        atomic_store(&a->patience_ms, join_ms);
+        return atomic_fetch_add(&a->requested, 1) + 1;
+}
+
+uint64_t averager_done_ticket(Averager *a) {
+        return atomic_load(&a->done);
 }

@@ -85,3 +85,10 @@ enum {
  * Returns what it did: AVERAGER_APPLIED, AVERAGER_SNAPSHOT or 0. */
 int averager_sync(Averager *a, float *params, uint64_t samples);
 void averager_get_stats(Averager *a, AveragerStats *ret);
+/* Ask for a last round now (whatever the cadence): it averages only with
+ * members in their last round too, waiting join_ms for them (0: the
+ * configured join timeout). Returns its ticket: once
+ * averager_done_ticket() reaches it, that round (begun after this call)
+ * has ended and its delta has been handed over by averager_sync(). */
+uint64_t averager_request(Averager *a, unsigned join_ms);
+uint64_t averager_done_ticket(Averager *a);

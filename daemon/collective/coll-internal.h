@@ -77,6 +77,9 @@ struct CollRound {
         uint64_t round;
         uint64_t start_ns, join_deadline_ns, running_ns, deadline_ns, end_ns;
         unsigned leader_sent_to; /* member index our READY went to, or UINT_MAX */
+        uint64_t ready_sent_ns;
+        unsigned join_ms;        /* this round's join timeout */
+        bool final;              /* a last round: only with others in theirs */
 
         /* from START */
         unsigned part[COLL_MAX_MEMBERS], n_part, rank, left, right;
@@ -111,6 +114,8 @@ struct Coll {
         CollPieceHook hook;
         void *hook_ud;
         uint64_t next_heartbeat_ns;
+        unsigned patience_ms; /* join timeout of the rounds started next; 0: the configured one */
+        bool final_next;      /* the rounds started next are last rounds */
         uint8_t *spare; /* the largest wire buffer of a past round, kept for the next */
         size_t spare_bytes;
 };

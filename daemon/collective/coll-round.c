@@ -478,8 +478,8 @@ int round_on_start(Coll *c, unsigned member, const CollStart *m) {
         if (sender_pos == UINT_MAX || sender_pos > r->self_pos || (m->participants >> r->n_members) != 0 ||
             !(m->participants & (1ull << sender_pos)))
                 return -EBADMSG;
-        if (!(m->participants & (1ull << r->self_pos)) || (last && m->round <= *last))
-                return 0; /* left out of this round, or a stale START */
+        if (!(m->participants & (1ull << r->self_pos)) || (last && m->round <= *last) || m->final != r->final)
+                return 0; /* left out of this round, a stale START, or not a last round like ours */
         start_running(r, m->round, m->participants, m->weights);
         return 0;
 }
@@ -496,7 +496,8 @@ static uint64_t choose_participants(Coll *c, CollRound *r, uint64_t now, uint64_
         w[r->self_pos] = r->weight;
         for (unsigned i = 0; i < r->n_members; i++) {
                 ReadyEntry *e = ready_find(c, r->group, r->members[i]);
-                if (i == r->self_pos || !e || !ready_fresh(c, e, now) || !c->members[r->members[i]].up)
+                if (i == r->self_pos || !e || !ready_fresh(c, e, now) || !c->members[r->members[i]].up ||
+                    e->msg.final != r->final) /* a last round only with others in theirs */
                         continue;
                 cand |= 1ull << i;
                 views[i] = e->msg.view;
@@ -547,16 +548,20 @@ static void joining_step(CollRound *r, uint64_t now) {
 
         if (leader_pos != r->self_pos) {
                 unsigned leader = r->members[leader_pos];
-                if (r->leader_sent_to != leader) {
+                /* READY again now and then: a patient leader keeps it fresh */
+                if (r->leader_sent_to != leader || now - r->ready_sent_ns >= (uint64_t)c->cfg.join_timeout_ms * MS / 4) {
                         uint8_t buf[COLL_CTL_MAX];
                         size_t n = coll_ready_encode(&(CollReady){ .group = r->group,
                                                                    .last_round = *coll_last_round(c, r->group),
                                                                    .weight = r->weight,
                                                                    .view = coll_view(c, r->members, r->n_members),
-                                                                   .blame = coll_blame(c, r->members, r->n_members) },
+                                                                   .blame = coll_blame(c, r->members, r->n_members),
+                                                                   .final = r->final },
                                                      buf);
-                        if (net_send_control(c->net, c->members[leader].peer, FRAME_CONTROL, buf, n) == 0)
+                        if (net_send_control(c->net, c->members[leader].peer, FRAME_CONTROL, buf, n) == 0) {
                                 r->leader_sent_to = leader;
+                                r->ready_sent_ns = now;
+                        }
                 }
                 if (now >= r->join_deadline_ns)
                         round_fail(r, -ETIMEDOUT);
@@ -568,15 +573,15 @@ static void joining_step(CollRound *r, uint64_t now) {
         for (unsigned i = 0; i < r->n_members && all; i++) {
                 unsigned m = r->members[i];
                 ReadyEntry *e = ready_find(c, r->group, m);
-                if (i != r->self_pos && c->members[m].up && (!e || !ready_fresh(c, e, now)))
+                if (i != r->self_pos && c->members[m].up && (!e || !ready_fresh(c, e, now) || e->msg.final != r->final))
                         all = false;
         }
         /* A leader gives up on missing members at half the join timeout, so
          * the members that did say READY still hear START in time. */
-        if (!all && now < r->start_ns + (uint64_t)c->cfg.join_timeout_ms * MS / 2)
+        if (!all && now < r->start_ns + (uint64_t)r->join_ms * MS / 2)
                 return;
 
-        CollStart s = { .group = r->group };
+        CollStart s = { .group = r->group, .final = r->final };
         s.participants = choose_participants(c, r, now, &s.round, s.weights);
         s.n = (unsigned)__builtin_popcountll(s.participants);
         uint8_t buf[COLL_CTL_MAX];
@@ -671,14 +676,21 @@ int coll_round_start(Coll *c, uint32_t group, const unsigned *members, unsigned 
                 .weight = weight,
                 .state = COLL_ROUND_JOINING,
                 .start_ns = now,
-                .join_deadline_ns = now + (uint64_t)c->cfg.join_timeout_ms * MS,
+                .join_ms = c->patience_ms ? c->patience_ms : c->cfg.join_timeout_ms,
+                .final = c->final_next,
                 .leader_sent_to = UINT_MAX,
         };
         memcpy(r->members, members, n * sizeof *members);
+        r->join_deadline_ns = now + (uint64_t)r->join_ms * MS;
         c->rounds = r;
         joining_step(r, now);
         *ret = r;
         return 0;
+}
+
+void coll_set_patience(Coll *c, unsigned join_ms, bool final) {
+        c->patience_ms = join_ms;
+        c->final_next = final;
 }
 
 bool coll_round_finished(const CollRound *r) {

@@ -8,6 +8,7 @@
 #include "net/frame.h"
 
 #define CTL_MAGIC 0x31435652u   /* "RVC1" */
+#define FLAG_FINAL 0x01
 #define PIECE_MAGIC 0x31505652u /* "RVP1" */
 
 static void put_f64(uint8_t *p, double v) {
@@ -27,20 +28,22 @@ static bool weight_ok(double w) {
         return isfinite(w) && w > 0 && w <= 1e15;
 }
 
-/*  0 u32 magic, 4 u8 kind, 5..7 zero, 8 u32 group, 12 u32 zero, 16 u64 round,
+/*  0 u32 magic, 4 u8 kind, 5 u8 flags (READY, START: 1 final), 6..7 zero,
+ *  8 u32 group, 12 u32 zero, 16 u64 round,
  * READY: 24 f64 weight, 32 u64 view, 40 u64 blame            (48 bytes)
  * START: 24 u64 participants, 32 u32 n, 36 zero, 40 n x f64 (40 + 8n bytes)
  * ABORT: 24 i32 error, 28 zero                              (32 bytes) */
 static void ctl_head(uint8_t *out, uint8_t kind, uint32_t group, uint64_t round) {
         memset(out, 0, 24);
         put_le32(out, CTL_MAGIC);
-        out[4] = kind;
+        out[4] = kind; /* out[5]: flags, COLL_FLAG_FINAL */
         put_le32(out + 8, group);
         put_le64(out + 16, round);
 }
 
 size_t coll_ready_encode(const CollReady *m, uint8_t *out) {
         ctl_head(out, COLL_READY, m->group, m->last_round);
+        out[5] = m->final ? FLAG_FINAL : 0;
         put_f64(out + 24, m->weight);
         put_le64(out + 32, m->view);
         put_le64(out + 40, m->blame);
@@ -49,6 +52,7 @@ size_t coll_ready_encode(const CollReady *m, uint8_t *out) {
 
 size_t coll_start_encode(const CollStart *m, uint8_t *out) {
         ctl_head(out, COLL_START, m->group, m->round);
+        out[5] = m->final ? FLAG_FINAL : 0;
         put_le64(out + 24, m->participants);
         put_le32(out + 32, m->n);
         put_le32(out + 36, 0);
@@ -65,9 +69,12 @@ size_t coll_abort_encode(const CollAbort *m, uint8_t *out) {
 }
 
 int coll_ctl_decode(const uint8_t *in, size_t len, CollCtl *ret) {
-        if (len < 32 || get_le32(in) != CTL_MAGIC || in[5] || in[6] || in[7] || get_le32(in + 12))
+        if (len < 32 || get_le32(in) != CTL_MAGIC || (in[5] & ~FLAG_FINAL) || in[6] || in[7] || get_le32(in + 12))
                 return -EBADMSG;
         CollCtl m = { .kind = in[4] };
+        bool final = in[5] & FLAG_FINAL;
+        if (final && m.kind == COLL_ABORT)
+                return -EBADMSG;
         switch (m.kind) {
         case COLL_ABORT:
                 m.abort = (CollAbort){
@@ -87,6 +94,7 @@ int coll_ctl_decode(const uint8_t *in, size_t len, CollCtl *ret) {
                         .weight = get_f64(in + 24),
                         .view = get_le64(in + 32),
                         .blame = get_le64(in + 40),
+                        .final = final,
                 };
                 if (!weight_ok(m.ready.weight))
                         return -EBADMSG;
@@ -98,6 +106,7 @@ int coll_ctl_decode(const uint8_t *in, size_t len, CollCtl *ret) {
                 s->group = get_le32(in + 8);
                 s->round = get_le64(in + 16);
                 s->participants = get_le64(in + 24);
+                s->final = final;
                 s->n = get_le32(in + 32);
                 if (get_le32(in + 36) || s->n == 0 || s->n != (unsigned)__builtin_popcountll(s->participants) ||
                     len != 40 + 8 * (size_t)s->n || s->round == 0)

@@ -12,6 +12,7 @@
  */
 #pragma once
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -35,6 +36,7 @@ typedef struct CollReady {
         double weight;       /* samples since its last round (> 0) */
         uint64_t view;       /* bit i: the member at position i of the group is connected */
         uint64_t blame;      /* bit i: that member sent us a bad piece lately (we refuse it) */
+        bool final;          /* the member's last round: it has stopped training */
 } CollReady;
 
 typedef struct CollStart {
@@ -43,6 +45,7 @@ typedef struct CollStart {
         uint64_t participants;               /* bit i: position i of the group takes part */
         double weights[COLL_MAX_MEMBERS];    /* in position order, one per participant */
         unsigned n;                          /* popcount(participants) */
+        bool final;                          /* a last round, of members that all stopped training */
 } CollStart;
 
 typedef struct CollAbort {

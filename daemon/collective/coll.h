@@ -112,6 +112,11 @@ void coll_set_piece_hook(Coll *c, CollPieceHook hook, void *ud);
 int coll_round_start(Coll *c, uint32_t group, const unsigned *members, unsigned n, const float *x, size_t len,
                      double weight, CollRound **ret);
 bool coll_round_finished(const CollRound *r);
+/* The rounds started from now on are last rounds (final) or not, and wait
+ * join_ms for the others (0: the configured join timeout). A last round
+ * averages only with members in their last round too: whoever finishes
+ * training first waits for the others, so all leave with the same values. */
+void coll_set_patience(Coll *c, unsigned join_ms, bool final);
 void coll_round_info(const CollRound *r, CollRoundInfo *ret);
 /* The average of values [off, off+n) if their pieces are complete, written
  * to out; -EAGAIN if some piece among them is not. */

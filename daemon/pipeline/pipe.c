@@ -26,6 +26,7 @@ enum {
 
 static const uint8_t msg_end[4] = "RVPE";  /* forward: no more micro-batches */
 static const uint8_t msg_done[4] = "RVPD"; /* backward: everything after us is finished */
+static const uint8_t msg_trained[4] = "RVPT"; /* forward: training is over, evaluation follows */
 
 /* Cookies of our sends: what to do when the Net lets go of the data. */
 enum { COOKIE_FREE = 0, COOKIE_RELEASE = 1, COOKIE_SLOT = 2 };
@@ -56,7 +57,7 @@ typedef struct Labels {
         int32_t *y;
 } Labels;
 
-enum { PHASE_TRAIN, PHASE_EVAL, PHASE_ENDING, PHASE_FINISHED };
+enum { PHASE_TRAIN, PHASE_HELD, PHASE_EVAL, PHASE_ENDING, PHASE_FINISHED };
 
 struct Pipe {
         PipeConfig cfg;
@@ -71,7 +72,7 @@ struct Pipe {
         Net *net;
         int64_t prev, next;
         Queue fwd, bwd;
-        bool end_seen, done_seen;
+        bool end_seen, done_seen, trained_seen, released;
         int phase;
 
         Slot *slots;
@@ -397,6 +398,8 @@ int pipe_on_control(Pipe *p, uint32_t peer, const uint8_t *payload, size_t len) 
                 return -EBADMSG;
         if (memcmp(payload, msg_end, 4) == 0 && p->prev >= 0 && peer == (uint32_t)p->prev)
                 p->end_seen = true;
+        else if (memcmp(payload, msg_trained, 4) == 0 && p->prev >= 0 && peer == (uint32_t)p->prev)
+                p->trained_seen = true;
         else if (memcmp(payload, msg_done, 4) == 0 && p->next >= 0 && peer == (uint32_t)p->next)
                 p->done_seen = true;
         else
@@ -652,9 +655,14 @@ static int first_next(Pipe *p) {
                 }
                 if (p->in_flight > 0)
                         return 0;
-                p->phase = PHASE_EVAL;
+                if (!p->last && control(p, p->next, msg_trained) < 0)
+                        return -ENOTCONN;
+                p->phase = p->cfg.hold_after_training ? PHASE_HELD : PHASE_EVAL;
                 p->st.epoch = p->cfg.epochs;
+                return 1;
         }
+        if (p->phase == PHASE_HELD)
+                return PIPE_HELD;
         if (p->phase == PHASE_EVAL) {
                 if (p->cfg.test && p->eval_pos < p->cfg.test->n) {
                         if (!p->idx && !(p->idx = calloc((size_t)p->cfg.micro_batch, sizeof *p->idx)))
@@ -683,9 +691,21 @@ int pipe_work(Pipe *p) {
          * one comes back, or the operator stops us). */
         if ((!p->last && p->next < 0) || (!p->first && p->prev < 0))
                 return 0;
+        if (p->phase == PHASE_HELD && !p->first)
+                return PIPE_HELD; /* evaluation waits, queued */
         if ((t = queue_pop(&p->bwd)))
                 r = do_backward(p, t) < 0 ? -EBADMSG : 1;
-        else if ((t = queue_pop(&p->fwd)))
+        else if (!p->first && p->trained_seen && p->phase == PHASE_TRAIN && slots_idle(p)) {
+                /* every training micro-batch has been through here and back */
+                p->trained_seen = false;
+                if (!p->last && control(p, p->next, msg_trained) < 0)
+                        return -ENOTCONN;
+                if (p->cfg.hold_after_training && !p->released) {
+                        p->phase = PHASE_HELD;
+                        return PIPE_HELD;
+                }
+                r = 1;
+        } else if ((t = queue_pop(&p->fwd)))
                 r = do_forward(p, t) < 0 ? -EBADMSG : 1;
         else if (p->first)
                 r = first_next(p);
@@ -713,6 +733,13 @@ int pipe_work(Pipe *p) {
         if (r == 1)
                 p->st.busy_ns += now_ns() - t0;
         return r;
+}
+
+void pipe_release(Pipe *p) {
+        if (p->phase != PHASE_HELD)
+                return;
+        p->released = true;
+        p->phase = p->first ? PHASE_EVAL : PHASE_TRAIN;
 }
 
 void pipe_get_stats(Pipe *p, PipeStats *ret) {

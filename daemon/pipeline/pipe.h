@@ -13,6 +13,11 @@
  * micro-batches form a batch: all forward, then all backward, one update) is
  * the same code with the first stage waiting for a batch to drain.
  *
+ * Training ends with a TRAINED message passed down the stages once every
+ * micro-batch is back; a stage can hold there (hold_after_training) while
+ * its owner averages it one last time, so the test set is evaluated on the
+ * averaged model.
+ *
  * A Pipe does no I/O of its own: pipe_on_tensor() takes what the Net
  * delivered, pipe_work() does one unit of work and queues what it produces
  * on the Net.
@@ -53,6 +58,9 @@ typedef struct PipeConfig {
         int shard, n_shards;
         int epochs;
         uint64_t data_seed;
+        /* After training, before evaluation, pipe_work() returns PIPE_HELD
+         * until pipe_release(): time for a last averaging round. */
+        bool hold_after_training;
 } PipeConfig;
 
 typedef struct PipeStats {
@@ -70,6 +78,7 @@ typedef struct PipeStats {
 typedef struct Pipe Pipe;
 
 #define PIPE_FINISHED 2
+#define PIPE_HELD 3
 
 int pipe_new(const PipeConfig *c, const Ops *ops, Pipe **ret, Diag *d);
 Pipe *pipe_free(Pipe *p);
@@ -89,6 +98,8 @@ int pipe_on_control(Pipe *p, uint32_t peer, const uint8_t *payload, size_t len);
  * PIPE_FINISHED when training and the final evaluation are over, or -errno. */
 int pipe_work(Pipe *p);
 void pipe_get_stats(Pipe *p, PipeStats *ret);
+/* Go on from PIPE_HELD to the evaluation. */
+void pipe_release(Pipe *p);
 /* After each backward pass, before any update (tests): micro-batch id, the
  * parameter version it used, the live parameters, and its gradient dw. */
 typedef void (*PipeBackwardHook)(void *ud, uint32_t id, const float *w, const float *live, const float *dw, size_t n);

@@ -4,6 +4,7 @@
 #include <string.h>
 
 #include "util/log.h"
+#include "util/time-util.h"
 
 int averaging_start(Averaging *a, const Config *c, const Identity *id, size_t n_params, const AveragerRing *rings,
                     unsigned n_rings) {
@@ -69,6 +70,8 @@ int averaging_start(Averaging *a, const Config *c, const Identity *id, size_t n_
                 return log_error_errno(r, "Failed to start the averaging thread: %m");
         }
         a->n_members = (unsigned)ca->n_members;
+        a->join_timeout_ms = ca->join_timeout_ms;
+        a->round_timeout_ms = ca->round_timeout_ms;
         a->active = true;
         if (ca->interval_steps)
                 log_info("Averaging with %u members (%s%s), member %u, every %u steps, listening on %s:%u",
@@ -106,4 +109,20 @@ void averaging_step(Averaging *a, float *params, uint64_t samples) {
 void averaging_stop(Averaging *a) {
         a->av = averager_free(a->av);
         a->active = false;
+}
+
+void averaging_final(Averaging *a, float *params, void (*poll)(void *ud), void *ud) {
+        if (!a->active)
+                return;
+        /* everyone comes to this round when their training ends: wait for
+         * the others as long as a round may take */
+        uint64_t ticket = averager_request(a->av, a->round_timeout_ms);
+        uint64_t deadline = now_ns() + (uint64_t)2 * a->round_timeout_ms * 1000000ull + 1000000000ull;
+        while (averager_done_ticket(a->av) < ticket && now_ns() < deadline) {
+                averaging_step(a, params, 0);
+                if (poll)
+                        poll(ud);
+        }
+        if (averager_done_ticket(a->av) < ticket)
+                log_warning("The last averaging round did not finish in time: this replica is evaluated as it is");
 }

@@ -18,6 +18,7 @@ typedef struct Averaging {
         Averager *av;
         unsigned self, n_members;
         AveragerStats seen;
+        unsigned join_timeout_ms, round_timeout_ms;
         bool active;
 } Averaging;
 
@@ -30,3 +31,7 @@ int averaging_start(Averaging *a, const Config *c, const Identity *id, size_t n_
  * rounds as they finish. */
 void averaging_step(Averaging *a, float *params, uint64_t samples);
 void averaging_stop(Averaging *a);
+/* One more round now, with the others doing the same, and its delta added
+ * to params: the replicas leave training as one averaged model. poll runs
+ * the caller's links meanwhile. Gives up after the join and round timeouts. */
+void averaging_final(Averaging *a, float *params, void (*poll)(void *ud), void *ud);

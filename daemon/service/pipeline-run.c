@@ -111,6 +111,11 @@ static void dial_next(Run *r) {
                 r->dial_pending = true;
 }
 
+static void poll_run(void *ud) {
+        Run *r = ud;
+        net_run(r->net, 1);
+}
+
 static int find_self(const ConfigPipeline *p, const Identity *id, unsigned *ret_cluster, unsigned *ret_stage) {
         for (unsigned k = 0; k < p->n_clusters; k++)
                 for (unsigned s = 0; s < p->clusters[k].n_stages; s++)
@@ -240,6 +245,7 @@ int pipeline_run(const Config *c, const Job *job, const Identity *id, const Loca
                 .n_shards = (int)p->n_clusters,
                 .epochs = epochs,
                 .data_seed = job->train.seed,
+                .hold_after_training = c->averaging.enabled,
         };
         r = pipe_new(&pc, &ops_blas, &run.pipe, &d);
         if (r < 0)
@@ -283,6 +289,13 @@ int pipeline_run(const Config *c, const Job *job, const Identity *id, const Loca
                 r = pipe_work(pipe);
                 if (r == PIPE_FINISHED)
                         break;
+                if (r == PIPE_HELD) {
+                        /* the same final model in every cluster before the evaluation */
+                        log_info("Training done: a last averaging round before the evaluation");
+                        averaging_final(&run.av, s->params, poll_run, &run);
+                        pipe_release(pipe);
+                        continue;
+                }
                 if (r < 0) {
                         log_error_errno(r, "Stage %u failed: %m", stage + 1);
                         break;

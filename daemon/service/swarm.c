@@ -375,9 +375,15 @@ int swarm_run(const SwarmOptions *o, const volatile sig_atomic_t *stop, SwarmRes
                         res.samples_per_sec += nodes[i].rate;
                 printf("swarm: %-5s %4.0f%% %5.0f MiB\n", nodes[i].name, nodes[i].busy, res.rss_mib[i]);
         }
-        for (unsigned c = 0; c < o->clusters; c++)
+        bool same = o->clusters > 1;
+        for (unsigned c = 0; c < o->clusters; c++) {
                 if (res.accuracy[c] >= 0)
                         printf("swarm: cluster %u: test accuracy %.2f%%\n", c + 1, res.accuracy[c]);
+                same &= res.accuracy[c] >= 0 && res.accuracy[c] == res.accuracy[0];
+        }
+        if (same)
+                printf("swarm: the averaged model (every cluster's replica after the last round): test accuracy "
+                       "%.2f%%\n", res.accuracy[0]);
         printf("swarm: %.0f samples/s, all clusters together\n", res.samples_per_sec);
         printf("swarm: %u averaging rounds done across the nodes\n", res.rounds);
         if (!o->keep && !o->dir) {

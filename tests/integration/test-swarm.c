@@ -40,6 +40,10 @@ Test(swarm, two_clusters_of_two_stages_train_together, .timeout = 600) {
                 cr_log_info("cluster %d: test accuracy %.2f%% after one epoch of samples\n", c, acc);
                 cr_assert_geq(acc, 82.0, "cluster %d: %.2f%%\n%s", c, acc, p.out);
         }
+        /* a last round before the evaluation: both clusters hold the same
+         * model, so they score the same on the same test set */
+        cr_assert(strstr(p.out, "a last averaging round before the evaluation"), "%s", p.out);
+        cr_assert_eq(accuracy(p.out, 1), accuracy(p.out, 2), "the replicas differ after the last round\n%s", p.out);
         /* each stage averaged with its counterpart in the other cluster */
         cr_assert(strstr(p.out, "Averaging round 2 done: 2 of 4 members"), "%s", p.out);
         cr_assert(strstr(p.out, "asynchronous schedule, at most 4 in flight"), "%s", p.out);

@@ -18,6 +18,17 @@ Test(coll_wire, roundtrip_and_every_corruption) {
         cr_assert(m.ready.group == 9 && m.ready.last_round == 4 && m.ready.weight == 3.5 && m.ready.view == 0xf &&
                   m.ready.blame == 2);
         cr_assert_eq(coll_ctl_decode(buf, n - 1, &m), -EBADMSG);
+        cr_assert(!m.ready.final);
+        n = coll_ready_encode(&(CollReady){ .group = 9, .weight = 1, .final = true }, buf);
+        cr_assert_eq(coll_ctl_decode(buf, n, &m), 0);
+        cr_assert(m.ready.final, "the last-round flag survives");
+        buf[5] = 2;
+        cr_assert_eq(coll_ctl_decode(buf, n, &m), -EBADMSG, "unknown flags are refused");
+        n = coll_abort_encode(&(CollAbort){ .group = 1, .round = 2, .error = -ETIMEDOUT }, buf);
+        cr_assert_eq(coll_ctl_decode(buf, n, &m), 0);
+        cr_assert_eq(m.abort.error, -ETIMEDOUT);
+        buf[5] = 1;
+        cr_assert_eq(coll_ctl_decode(buf, n, &m), -EBADMSG, "ABORT has no last-round flag");
 
         CollStart s = { .group = 2, .round = 7, .participants = 0x15, .n = 3, .weights = { 1, 2, 3 } };
         n = coll_start_encode(&s, buf);
