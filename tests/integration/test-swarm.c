@@ -48,7 +48,10 @@ Test(swarm, two_clusters_of_two_stages_train_together, .timeout = 600) {
         cr_assert(strstr(p.out, "Averaging round 2 done: 2 of 4 members"), "%s", p.out);
         cr_assert(strstr(p.out, "asynchronous schedule, at most 4 in flight"), "%s", p.out);
         cr_assert(strstr(p.out, "stashed versions"), "%s", p.out);
-        cr_assert(!strstr(p.out, "failed"), "%s", p.out);
+        /* (a cadence round may time out while the other cluster waits in its
+         * last round: that is allowed; a stage failing is not) */
+        cr_assert(!strstr(p.out, "Stage 1 failed") && !strstr(p.out, "Stage 2 failed"), "%s", p.out);
+        cr_assert(!strstr(p.out, "ended with"), "%s", p.out);
 }
 
 /* Ctrl-C: every node stops cleanly and the command says so. */
