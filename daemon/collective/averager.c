@@ -250,7 +250,7 @@ static void *averager_main(void *arg) {
                         }
                         break;
                 case AV_SNAPPED: {
-                        bool asked = a->round_ticket > a->delta_ticket && a->round_ticket > atomic_load(&a->done);
+                        bool asked = a->round_ticket > a->delta_ticket; /* a ticket not served yet */
                         /* a requested round is a last one (see averager_request) */
                         coll_set_patience(a->coll, asked ? atomic_load(&a->patience_ms) : 0, asked);
                         int r = start_rounds(a);
@@ -265,6 +265,7 @@ static void *averager_main(void *arg) {
                                 pthread_mutex_unlock(&a->lock);
                                 a->next_due_ns = now + (uint64_t)a->cfg.interval_ms * 1000000ull;
                                 a->steps_at_last = atomic_load(&a->steps);
+                                a->delta_ticket = a->round_ticket;
                                 atomic_store(&a->done, a->round_ticket); /* nothing to hand back */
                                 atomic_store(&a->state, AV_IDLE);
                         } else

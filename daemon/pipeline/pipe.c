@@ -195,6 +195,8 @@ int pipe_new(const PipeConfig *c, const Ops *ops, Pipe **ret, Diag *d) {
                         return diag_set(d, -EINVAL, "the shard holds fewer samples than a micro-batch");
                 sampler_shuffle(&p->sampler, 0);
                 p->epoch = 1;
+                if (!(p->idx = calloc((size_t)c->micro_batch, sizeof *p->idx)))
+                        return -ENOMEM;
                 for (int i = 0; i < p->tau; i++)
                         if (!(p->slots[i].labels = calloc((size_t)c->micro_batch, sizeof(int32_t))))
                                 return -ENOMEM;
@@ -430,6 +432,22 @@ static Labels *labels_of(Pipe *p, uint32_t id) {
         return NULL;
 }
 
+/* Backward through tr from dout with parameters w; all but the first stage
+ * send the input gradient back to the previous one. */
+static int backward_and_send(Pipe *p, uint32_t id, const float *w, Trace *tr, const float *dout, int B) {
+        float *dinp = NULL;
+        if (!p->first && !(dinp = malloc((size_t)B * p->in_features * sizeof(float))))
+                return -ENOMEM;
+        stage_backward(p->s, p->ops, w, tr, dout, dinp, p->s->grads, B, beta(p), NULL, NULL);
+        if (!dinp)
+                return 0;
+        int r = send(p, p->prev, KIND_GRAD, id, DTYPE_F32, (uint32_t)B, (uint32_t)p->in_features, dinp,
+                     COOKIE(dinp, COOKIE_FREE));
+        if (r < 0)
+                free(dinp);
+        return r;
+}
+
 /* The last stage: loss and its gradient, straight into a backward pass
  * with the parameters the forward pass used (nothing changed between). */
 static int last_train(Pipe *p, uint32_t id, Trace *tr, int B, const int32_t *y) {
@@ -443,19 +461,8 @@ static int last_train(Pipe *p, uint32_t id, Trace *tr, int B, const int32_t *y) 
         p->seen += B;
         p->st.forwards++;
         p->st.samples += (uint64_t)B;
-        float *dinp = NULL;
-        if (!p->first && !(dinp = malloc((size_t)B * p->in_features * sizeof(float))))
-                return -ENOMEM;
-        stage_backward(s, p->ops, s->params, tr, p->dlogits, dinp, s->grads, B, beta(p), NULL, NULL);
-        if (dinp) {
-                int r = send(p, p->prev, KIND_GRAD, id, DTYPE_F32, (uint32_t)B, (uint32_t)p->in_features, dinp,
-                             COOKIE(dinp, COOKIE_FREE));
-                if (r < 0) {
-                        free(dinp);
-                        return r;
-                }
-        }
-        return after_backward(p, id, s->params);
+        int r = backward_and_send(p, id, s->params, tr, p->dlogits, B);
+        return r < 0 ? r : after_backward(p, id, s->params);
 }
 
 static void eval_out(Pipe *p, Trace *tr, int B, const int32_t *y) {
@@ -524,25 +531,14 @@ static int first_inject(Pipe *p, bool eval) {
 static int do_backward(Pipe *p, NetTensor *t) {
         uint32_t id = t->stream & 0x3fffffffu;
         Slot *sl = slot_of(p, id);
-        int B = (int)t->desc.dims[0], r = 0;
+        int B = (int)t->desc.dims[0], r;
         if (!sl || sl->B != B) {
                 net_tensor_release(p->net, t);
                 return -EBADMSG;
         }
         const float *w = version_w(p, sl->version);
-        float *dinp = NULL;
-        if (!p->first && !(dinp = malloc((size_t)B * p->in_features * sizeof(float)))) {
-                net_tensor_release(p->net, t);
-                return -ENOMEM;
-        }
-        stage_backward(p->s, p->ops, w, sl->trace, (const float *)t->data, dinp, p->s->grads, B, beta(p), NULL, NULL);
+        r = backward_and_send(p, id, w, sl->trace, (const float *)t->data, B);
         net_tensor_release(p->net, t);
-        if (dinp) {
-                r = send(p, p->prev, KIND_GRAD, id, DTYPE_F32, (uint32_t)B, (uint32_t)p->in_features, dinp,
-                         COOKIE(dinp, COOKIE_FREE));
-                if (r < 0)
-                        free(dinp);
-        }
         int v = sl->version;
         sl->used = false;
         if (p->first)
@@ -648,8 +644,6 @@ static int first_next(Pipe *p) {
                         }
                         if (!room || !slot_free(p))
                                 return 0;
-                        if (!p->idx && !(p->idx = calloc((size_t)p->cfg.micro_batch, sizeof *p->idx)))
-                                return -ENOMEM;
                         int r = first_inject(p, false);
                         return r < 0 ? r : 1;
                 }
@@ -665,8 +659,6 @@ static int first_next(Pipe *p) {
                 return PIPE_HELD;
         if (p->phase == PHASE_EVAL) {
                 if (p->cfg.test && p->eval_pos < p->cfg.test->n) {
-                        if (!p->idx && !(p->idx = calloc((size_t)p->cfg.micro_batch, sizeof *p->idx)))
-                                return -ENOMEM;
                         int r = first_inject(p, true);
                         return r < 0 ? r : 1;
                 }

@@ -17,6 +17,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "../lib/proc.h"
 #include "collective/coll.h"
 #include "net/handshake.h"
 #include "util/time-util.h"
@@ -226,19 +227,6 @@ static pid_t spawn(unsigned self, Fault fault, bool victim, const uint16_t *port
         return pid;
 }
 
-/* Free loopback ports, chosen by binding port 0 and letting go. */
-static void free_ports(uint16_t *ports) {
-        for (unsigned i = 0; i < N; i++) {
-                int fd = socket(AF_INET, SOCK_STREAM, 0);
-                struct sockaddr_in a = { .sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
-                socklen_t l = sizeof a;
-                bind(fd, (struct sockaddr *)&a, sizeof a);
-                getsockname(fd, (struct sockaddr *)&a, &l);
-                ports[i] = ntohs(a.sin_port);
-                close(fd);
-        }
-}
-
 static void read_report(int fd, Report *rep) {
         struct pollfd p = { .fd = fd, .events = POLLIN };
         cr_assert_eq(poll(&p, 1, 60000), 1, "no report within 60 s: a member hangs");
@@ -252,7 +240,8 @@ static void scenario(Fault fault, unsigned victim) {
         cr_assert_eq(pipe(fds), 0);
         for (unsigned i = 0; i < N; i++)
                 identity_generate(&ids[i]);
-        free_ports(ports);
+        for (unsigned i = 0; i < N; i++)
+                ports[i] = test_free_port();
         for (unsigned i = 0; i < N; i++)
                 pid[i] = spawn(i, fault, i == victim, ports, fds[1], 1);
 

@@ -145,16 +145,6 @@ static void write_tiny_dataset(const char *dir) {
         }
 }
 
-static uint16_t free_port(void) {
-        int fd = socket(AF_INET, SOCK_STREAM, 0);
-        struct sockaddr_in sa = { .sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
-        socklen_t len = sizeof sa;
-        cr_assert_eq(bind(fd, (struct sockaddr *)&sa, sizeof sa), 0);
-        getsockname(fd, (struct sockaddr *)&sa, &len);
-        close(fd);
-        return ntohs(sa.sin_port);
-}
-
 static void node_config(const char *dir, const char *name, const char *secret_file, uint16_t listen, uint16_t peer,
                         char *ret_path) {
         char text[1024], state[256];
@@ -183,7 +173,7 @@ Test(daemon, peers_join_and_strangers_are_refused, .timeout = 120) {
         snprintf(other, sizeof other, "%s/other-secret", dir);
         write_text(secret, "00112233445566778899aabbccddeeff00112233445566778899aabbccddeeff\n", 0600);
         write_text(other, "ffeeddccbbaa99887766554433221100ffeeddccbbaa99887766554433221100\n", 0600);
-        uint16_t port = free_port();
+        uint16_t port = test_free_port();
         node_config(dir, "a", secret, port, 0, ca);
         node_config(dir, "b", secret, 0, port, cb);
         node_config(dir, "c", other, 0, port, cc);
@@ -231,7 +221,7 @@ Test(daemon, falls_back_to_epoll_without_io_uring, .timeout = 120) {
         write_tiny_dataset(dir);
         snprintf(secret, sizeof secret, "%s/secret", dir);
         write_text(secret, "00112233445566778899aabbccddeeff00112233445566778899aabbccddeeff\n", 0600);
-        uint16_t port = free_port();
+        uint16_t port = test_free_port();
         node_config(dir, "a", secret, port, 0, ca);
         node_config(dir, "b", secret, 0, port, cb);
 
@@ -284,7 +274,7 @@ Test(daemon, two_members_average_while_training, .timeout = 300) {
         skip_without_dataset();
         char dir[] = "/tmp/ravnest-test-avg-XXXXXX", secret[256], conf[2][256], hex[2][IDENTITY_HEX_SIZE];
         const char *names[2] = { "a", "b" };
-        uint16_t port[2] = { free_port(), free_port() };
+        uint16_t port[2] = { test_free_port(), test_free_port() };
         cr_assert_not_null(mkdtemp(dir));
         snprintf(secret, sizeof secret, "%s/secret", dir);
         write_text(secret, "00112233445566778899aabbccddeeff00112233445566778899aabbccddeeff\n", 0600);
@@ -340,7 +330,7 @@ Test(daemon, averaging_without_this_node_is_a_config_error, .timeout = 60) {
                  "state_directory = \"%s/state\";\nnetwork = { secret_file = \"%s\"; };\n"
                  "averaging = { listen = \"127.0.0.1:%u\";\n"
                  "  members = [ \"%s@127.0.0.1:1\", \"%s@127.0.0.1:2\" ]; };\n",
-                 dir, secret, free_port(), "11111111111111111111111111111111111111111111111111111111111111aa",
+                 dir, secret, test_free_port(), "11111111111111111111111111111111111111111111111111111111111111aa",
                  "22222222222222222222222222222222222222222222222222222222222222bb");
         write_text(conf, text, 0644);
         Proc p;

@@ -1,8 +1,11 @@
 /* tests/lib/proc.c — see proc.h. */
 #include <criterion/criterion.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
 #include <sys/prctl.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -67,4 +70,15 @@ int proc_exit(Proc *p) {
         cr_assert_eq(waitpid(p->pid, &status, 0), p->pid);
         close(p->err);
         return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+unsigned short test_free_port(void) {
+        int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+        struct sockaddr_in sa = { .sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
+        socklen_t len = sizeof sa;
+        cr_assert(fd >= 0);
+        cr_assert_eq(bind(fd, (struct sockaddr *)&sa, sizeof sa), 0);
+        getsockname(fd, (struct sockaddr *)&sa, &len);
+        close(fd);
+        return ntohs(sa.sin_port);
 }

@@ -1,5 +1,6 @@
 /* tests/lib/proc.h — a child process whose standard output and error the
- * test reads: start it, wait for a line, collect its exit status. */
+ * test reads: start it, wait for a line, collect its exit status; and a
+ * free port on loopback for it to listen on. */
 #pragma once
 
 #include <stdbool.h>
@@ -19,3 +20,5 @@ void proc_start(Proc *p, char *const argv[], void (*setup)(void));
 bool proc_wait_for(Proc *p, const char *what, int timeout_ms);
 /* Read to the end and reap: the exit status, or 128 + the signal. */
 int proc_exit(Proc *p);
+/* A loopback port that was free a moment ago (bound to port 0, let go). */
+unsigned short test_free_port(void);
