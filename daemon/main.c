@@ -1,36 +1,18 @@
 /* ravnestd — donate idle compute to training one neural network together.
  *
- * For now the daemon runs the degenerate case of the system: one cluster of
- * one node that holds the whole model and trains the job alone. */
+ * main() reads the options and the configuration; service/daemon.c runs the
+ * control loop and the compute thread. */
 #include <getopt.h>
-#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sysexits.h>
 #include <unistd.h>
 
-#include "service/averaging.h"
 #include "service/config.h"
+#include "service/daemon.h"
 #include "service/job.h"
-#include "service/local-run.h"
-#include "service/pipeline-run.h"
-#include "service/node.h"
 #include "util/log.h"
-
-static volatile sig_atomic_t stop_requested;
-
-static void on_stop_signal(int sig) {
-        stop_requested = sig;
-}
-
-static void poll_node(void *userdata) {
-        node_poll(userdata, 0);
-}
-
-static void step_averaging(void *userdata, float *params, uint64_t samples) {
-        averaging_step(userdata, params, samples);
-}
 
 static void help(void) {
         printf("Usage: ravnestd [OPTIONS]\n"
@@ -45,14 +27,18 @@ static void help(void) {
                "  -d, --data-dir=DIR    override the job's dataset directory\n"
                "      --check-job       check the job file, print it and exit\n"
                "      --progress=MS     progress line interval in ms (0: epochs only; default 1000)\n"
+               "      --no-idle         train whatever the machine's load (no idle detection)\n"
+               "      --control-socket=PATH\n"
+               "                        serve status and control on PATH (\"none\": not at all; default: the\n"
+               "                        configuration's, %s)\n"
                "  -v, --verbose         log debug messages\n"
                "  -h, --help            show this help\n"
                "      --version         show the version\n",
-               CONFIG_PATH);
+               CONFIG_PATH, CONFIG_CONTROL_SOCKET);
 }
 
 int main(int argc, char *argv[]) {
-        enum { ARG_VERSION = 0x100, ARG_CHECK_JOB, ARG_CHECK_CONFIG, ARG_PROGRESS };
+        enum { ARG_VERSION = 0x100, ARG_CHECK_JOB, ARG_CHECK_CONFIG, ARG_PROGRESS, ARG_NO_IDLE, ARG_CONTROL_SOCKET };
         static const struct option options[] = {
                 { "config", required_argument, NULL, 'c' },
                 { "check-config", no_argument, NULL, ARG_CHECK_CONFIG },
@@ -62,17 +48,18 @@ int main(int argc, char *argv[]) {
                 { "data-dir", required_argument, NULL, 'd' },
                 { "check-job", no_argument, NULL, ARG_CHECK_JOB },
                 { "progress", required_argument, NULL, ARG_PROGRESS },
+                { "no-idle", no_argument, NULL, ARG_NO_IDLE },
+                { "control-socket", required_argument, NULL, ARG_CONTROL_SOCKET },
                 { "verbose", no_argument, NULL, 'v' },
                 { "help", no_argument, NULL, 'h' },
                 { "version", no_argument, NULL, ARG_VERSION },
                 {},
         };
-        const char *job_path = NULL, *config_path = NULL;
+        const char *job_path = NULL, *config_path = NULL, *control_socket = NULL;
         LocalRunOptions o = { .progress_interval_ms = 1000 };
-        bool check_only = false, check_config = false;
+        bool check_only = false, check_config = false, no_idle = false;
         static Config config;
-        static Node node;
-        static Averaging averaging;
+        static Daemon daemon;
         Job job;
         Diag d = {};
         int c, r;
@@ -113,6 +100,17 @@ int main(int argc, char *argv[]) {
                 case ARG_CHECK_JOB:
                         check_only = true;
                         break;
+                case ARG_NO_IDLE:
+                        no_idle = true;
+                        break;
+                case ARG_CONTROL_SOCKET:
+                        if (strcmp(optarg, "none") && (optarg[0] != '/' || strlen(optarg) >= 108)) {
+                                log_error("Invalid value for --control-socket: %s (an absolute path, or \"none\")",
+                                          optarg);
+                                return EX_USAGE;
+                        }
+                        control_socket = optarg;
+                        break;
                 case 'v':
                         log_set_max_level(LOG_DEBUG);
                         break;
@@ -138,84 +136,34 @@ int main(int argc, char *argv[]) {
                 config_defaults(&config);
                 r = 0;
         }
-        if (r < 0) {
-                log_error_errno(r, "Invalid configuration: %s", d.text);
+        if (r < 0) { /* every error, one per line */
+                for (char *save = NULL, *line = strtok_r(d.text, "\n", &save); line; line = strtok_r(NULL, "\n", &save))
+                        log_error_errno(r, "Invalid configuration: %s", line);
                 return EX_CONFIG;
         }
-        if (!job_path)
-                job_path = config.job;
-        if (o.threads == 0)
-                o.threads = config.threads ? (int)config.threads : (int)MIN(sysconf(_SC_NPROCESSORS_ONLN), 256L);
-
-        r = job_load(job_path, &job, &d);
+        if (control_socket)
+                snprintf(config.control_socket, sizeof config.control_socket, "%s",
+                         strcmp(control_socket, "none") ? control_socket : "");
+        /* The daemon loads the job when it starts training; the checks load it now. */
+        r = check_config || check_only ? job_load(job_path ?: config.job, &job, &d) : 0;
         if (r < 0) {
                 log_error_errno(r, "Invalid job: %s", d.text);
                 return EX_CONFIG;
         }
         if (check_config) {
                 printf("configuration OK (%s), job \"%s\" OK (%s)\n", config.path[0] ? config.path : "defaults",
-                       job.name, job_path);
+                       job.name, job_path ?: config.job);
+                config_free(&config);
                 return 0;
         }
         if (check_only) {
-                printf("%s: job \"%s\" OK: %d layers, %zu parameters\n", job_path, job.name,
+                printf("%s: job \"%s\" OK: %d layers, %zu parameters\n", job_path ?: config.job, job.name,
                        job.model.n_layers, model_spec_params(&job.model, 0, job.model.n_layers));
-                return 0;
-        }
-
-        struct sigaction sa = { .sa_handler = on_stop_signal };
-        sigemptyset(&sa.sa_mask);
-        sigaction(SIGINT, &sa, NULL);
-        sigaction(SIGTERM, &sa, NULL);
-        /* whoever started us may have blocked them */
-        sigset_t stop_signals;
-        sigemptyset(&stop_signals);
-        sigaddset(&stop_signals, SIGINT);
-        sigaddset(&stop_signals, SIGTERM);
-        sigprocmask(SIG_UNBLOCK, &stop_signals, NULL);
-
-        r = node_start(&node, &config);
-        if (r < 0)
-                return EXIT_FAILURE;
-        o.poll = poll_node;
-        o.poll_userdata = &node;
-        if (config.pipeline.enabled) { /* a stage of a cluster: averaging is the pipeline's */
-                r = pipeline_run(&config, &job, &node.identity, &o, &stop_requested);
-                node_stop(&node);
                 config_free(&config);
-                if (r == -ECANCELED) {
-                        log_notice("Received %s, stopped cleanly", strsignal(stop_requested));
-                        return 0;
-                }
-                return r == -EINVAL ? EX_CONFIG : r < 0 ? EXIT_FAILURE : EXIT_SUCCESS;
-        }
-        r = averaging_start(&averaging, &config, &node.identity,
-                            model_spec_params(&job.model, 0, job.model.n_layers), NULL, 0);
-        if (r < 0) {
-                node_stop(&node);
-                return r == -EINVAL ? EX_CONFIG : EXIT_FAILURE;
-        }
-        if (averaging.active) { /* every member trains its own shard of the data */
-                o.step = step_averaging;
-                o.step_userdata = &averaging;
-                o.shard = (int)averaging.self;
-                o.n_shards = (int)averaging.n_members;
-        }
-
-        r = local_run(&job, &o, &stop_requested, NULL);
-        averaging_stop(&averaging);
-        /* With a network, the node stays and serves its peers. */
-        if (r >= 0 && node.active) {
-                log_info("Training done; serving peers until stopped");
-                while (!stop_requested)
-                        node_poll(&node, 200);
-                r = -ECANCELED;
-        }
-        node_stop(&node);
-        config_free(&config);
-        if (r == -ECANCELED) {
-                log_notice("Received %s, stopped cleanly", strsignal(stop_requested));
                 return 0;
         }
-        return r < 0 ? EXIT_FAILURE : EXIT_SUCCESS;
+
+        DaemonOptions opts = { .job_path = job_path, .standalone = job_path != NULL, .no_idle = no_idle, .run = o };
+        daemon_init(&daemon, &config, &opts);
+        return daemon_run(&daemon);
 }

@@ -1,8 +1,8 @@
 /* ravnestctl — inspect and control ravnest.
  *
  * Describe a job (layers, shapes, parameters, memory), print a node's key,
- * and start a whole swarm on this machine. Later parts add status, pause,
- * resume, checkpoint, plan and predict. */
+ * start a whole swarm on this machine, and show and steer the local node
+ * (status, pause, resume, checkpoint). */
 #include <getopt.h>
 #include <limits.h>
 #include <signal.h>
@@ -14,6 +14,7 @@
 #include "net/identity.h"
 #include "nn/stage.h"
 #include "service/config.h"
+#include "service/ctl-node.h"
 #include "service/job.h"
 #include "service/swarm.h"
 
@@ -198,6 +199,13 @@ static void help(void) {
                "  swarm [--clusters N] [--stages N] [--job FILE] [--epochs N] ...\n"
                "               start a swarm of ravnestd processes on loopback (N clusters of N\n"
                "               stages, keys and configs generated) and train the job; Ctrl-C stops it\n"
+               "  status [--json]\n"
+               "               the local node's state and progress (exit 0 while it is healthy)\n"
+               "  pause, resume\n"
+               "               stop training for now, and go on (root)\n"
+               "  checkpoint   write a checkpoint now and print its step (root)\n"
+               "               these four take --socket PATH when the node is not on the system bus\n"
+               "               and not on " CONFIG_CONTROL_SOCKET "\n"
                "  version      show the version\n"
                "  help         show this help\n");
 }
@@ -228,6 +236,9 @@ int main(int argc, char *argv[]) {
         }
         if (strcmp(argv[1], "swarm") == 0)
                 return swarm(argc - 1, argv + 1);
+        if (!strcmp(argv[1], "status") || !strcmp(argv[1], "pause") || !strcmp(argv[1], "resume") ||
+            !strcmp(argv[1], "checkpoint"))
+                return ctl_node(argc - 1, argv + 1);
         fprintf(stderr, "Unknown command \"%s\"; see ravnestctl help\n", argv[1]);
         return EX_USAGE;
 }

@@ -243,6 +243,24 @@ Stage *pipe_stage(Pipe *p) {
         return p->s;
 }
 
+Optim *pipe_optim(Pipe *p) {
+        return &p->optim;
+}
+
+void pipe_resume(Pipe *p, int epoch, size_t step, uint64_t updates) {
+        p->st.updates = updates;
+        if (!p->first)
+                return;
+        if (epoch >= p->cfg.epochs) { /* trained already: the last epoch again */
+                epoch = p->cfg.epochs - 1;
+                step = 0;
+        }
+        epoch = MAX(epoch, 0);
+        sampler_shuffle(&p->sampler, epoch);
+        p->epoch = epoch + 1;
+        p->step = MIN(step, p->steps_per_epoch - 1);
+}
+
 void pipe_connect(Pipe *p, Net *net, int64_t prev_peer, int64_t next_peer) {
         p->net = net;
         p->prev = prev_peer;
@@ -738,8 +756,10 @@ void pipe_get_stats(Pipe *p, PipeStats *ret) {
         p->st.idle_ns = now_ns() - p->start_ns - p->st.busy_ns;
         p->st.in_flight = p->in_flight;
         p->st.versions = stashed(p);
-        if (p->first)
+        if (p->first) {
                 p->st.epoch = MIN(p->epoch, p->cfg.epochs);
+                p->st.step_in_epoch = p->epoch > p->cfg.epochs ? 0 : p->step;
+        }
         p->st.loss_sum = p->loss_sum;
         p->st.correct = p->correct_sum;
         p->st.scored = (uint64_t)p->seen;

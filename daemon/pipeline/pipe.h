@@ -36,6 +36,7 @@
 
 #include "data/dataset.h"
 #include "net/net.h"
+#include "nn/optim.h"
 #include "nn/stage.h"
 
 typedef enum PipeSchedule {
@@ -71,7 +72,8 @@ typedef struct PipeStats {
         uint64_t samples;              /* trained through this stage */
         double loss_sum, correct;      /* last stage: over the `scored` samples so far */
         uint64_t scored;
-        int epoch;                     /* first stage */
+        int epoch;                     /* first stage: 1-based */
+        size_t step_in_epoch;          /* first stage: micro-batches of this epoch sent */
         double test_acc, test_loss;    /* last stage, after an evaluation; < 0 before */
 } PipeStats;
 
@@ -84,6 +86,11 @@ int pipe_new(const PipeConfig *c, const Ops *ops, Pipe **ret, Diag *d);
 Pipe *pipe_free(Pipe *p);
 DEFINE_TRIVIAL_CLEANUP_FUNC(Pipe *, pipe_free);
 Stage *pipe_stage(Pipe *p);
+Optim *pipe_optim(Pipe *p);
+/* Before any work, after loading a checkpoint into pipe_stage() and
+ * pipe_optim(): go on from that many updates (the learning-rate schedule)
+ * and, on the first stage, from step `step` of 0-based epoch `epoch`. */
+void pipe_resume(Pipe *p, int epoch, size_t step, uint64_t updates);
 void pipe_connect(Pipe *p, Net *net, int64_t prev_peer, int64_t next_peer);
 /* Give the Net back every tensor still queued: call before net_free(), whose
  * sent() callbacks may still reach the pipe; free the pipe after it. */

@@ -128,7 +128,7 @@ int trainer_run(Trainer *t, TrainProgressFn cb, void *userdata, const volatile s
         size_t steps = (n + B - 1) / B;
         int r;
 
-        for (int epoch = 0; epoch < t->spec.epochs; epoch++) {
+        for (int epoch = t->start_epoch; epoch < t->spec.epochs; epoch++) {
                 TrainProgress p = {
                         .epoch = epoch + 1,
                         .epochs = t->spec.epochs,
@@ -141,7 +141,8 @@ int trainer_run(Trainer *t, TrainProgressFn cb, void *userdata, const volatile s
                 uint64_t busy = 0;
 
                 sampler_shuffle(&t->sampler, epoch);
-                for (size_t step = 0; step < steps; step++) {
+                size_t first = epoch == t->start_epoch ? MIN(t->start_step, steps) : 0;
+                for (size_t step = first; step < steps; step++) {
                         if (stop && *stop)
                                 return -ECANCELED;
                         optim_set_lr(&t->optim, lr_schedule_at(&t->optim.spec, (uint64_t)epoch * steps + step,

@@ -53,6 +53,10 @@ typedef struct Trainer {
         float *dlogits;  /* (batch, classes) */
         const Dataset *train, *test;
         Sampler sampler;
+        /* Where trainer_run() starts: 0-based epoch and step within it (a
+         * resumed checkpoint); 0, 0 from the beginning. */
+        int start_epoch;
+        size_t start_step;
 } Trainer;
 
 int trainer_new(const ModelSpec *model, const OptimSpec *optim, const TrainSpec *spec,

@@ -3,6 +3,7 @@
 
 #include <string.h>
 
+#include "events.h"
 #include "util/log.h"
 #include "util/time-util.h"
 
@@ -92,11 +93,16 @@ void averaging_step(Averaging *a, float *params, uint64_t samples) {
                 return;
         averager_sync(a->av, params, samples);
         averager_get_stats(a->av, &s);
-        if (s.rounds_done != a->seen.rounds_done)
-                log_info("Averaging round %lu done: %u of %u members, %.1f MiB sent, %.0f ms",
-                         (unsigned long)(s.rounds_done + s.rounds_failed), s.last_participants, a->n_members,
-                         (double)(s.bytes_sent - a->seen.bytes_sent) / (1 << 20), (double)s.last_round_ns / 1e6);
-        else if (s.rounds_failed != a->seen.rounds_failed)
+        if (s.rounds_done != a->seen.rounds_done) {
+                unsigned long round = (unsigned long)(s.rounds_done + s.rounds_failed);
+                char fields[128];
+                snprintf(fields, sizeof fields, "ROUND=%lu\nDURATION_USEC=%llu\nPARTICIPANTS=%u", round,
+                         (unsigned long long)(s.last_round_ns / 1000), s.last_participants);
+                log_event(LOG_INFO, EVENT_AVERAGING_ROUND, fields,
+                          "Averaging round %lu done: %u of %u members, %.1f MiB sent, %.0f ms", round,
+                          s.last_participants, a->n_members, (double)(s.bytes_sent - a->seen.bytes_sent) / (1 << 20),
+                          (double)s.last_round_ns / 1e6);
+        } else if (s.rounds_failed != a->seen.rounds_failed)
                 log_warning("Averaging round %lu failed: %s (%u of %u members took part); parameters not averaged "
                             "kept their values",
                             (unsigned long)(s.rounds_done + s.rounds_failed), strerror(-s.last_error),

@@ -17,7 +17,7 @@
 typedef struct Averaging {
         Averager *av;
         unsigned self, n_members;
-        AveragerStats seen;
+        AveragerStats seen;         /* as of the last averaging_step() */
         unsigned join_timeout_ms, round_timeout_ms;
         bool active;
 } Averaging;

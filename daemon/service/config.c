@@ -18,6 +18,8 @@ static const char *const backend_names[] = { "auto", "io_uring", "epoll", NULL }
 void config_defaults(Config *c) {
         *c = (Config){
                 .state_directory = "/var/lib/ravnest",
+                .control_socket = CONFIG_CONTROL_SOCKET,
+                .checkpoint = { .interval_s = 600, .load = true },
                 .job = JOBS_DIR "/fashion-mnist-mlp.job",
                 .admission = CONFIG_ADMISSION_SECRET,
                 .pipeline = {
@@ -32,6 +34,7 @@ void config_defaults(Config *c) {
                 },
         };
         net_config_defaults(&c->net);
+        idle_settings_default(&c->idle);
 }
 
 void config_free(Config *c) {
@@ -540,9 +543,62 @@ static int parse_pipeline(const config_setting_t *root, Config *c, Diag *d) {
         return 0;
 }
 
+/* control_socket: an absolute path, or "" for none. */
+static int get_socket_path(const config_setting_t *root, char *buf, size_t len, Diag *d) {
+        const config_setting_t *s = member(root, "control_socket");
+        if (s && config_setting_type(s) == CONFIG_TYPE_STRING && !config_setting_get_string(s)[0]) {
+                buf[0] = '\0';
+                return 0;
+        }
+        return get_path(root, "control_socket", buf, len, d);
+}
+
+static int parse_idle(const config_setting_t *root, Config *c, Diag *d) {
+        static const char *const keys[] = {
+                "enabled", "max_other_cpu", "max_pressure", "busy_time", "resume_after", "run_on_battery",
+                "use_logind", "max_duty", NULL,
+        };
+        IdleSettings *i = &c->idle;
+        config_setting_t *g;
+        double busy, resume;
+        int r;
+
+        if ((r = conf_get_group(root, "idle", false, false, &g, d)) < 0 || !g)
+                return r;
+        if ((r = conf_check_keys(g, keys, d)) < 0 || (r = conf_get_bool(g, "enabled", i->enabled, &i->enabled, d)) < 0 ||
+            (r = conf_get_double(g, "max_other_cpu", false, 0.01, 4096, i->max_other_cpu, &i->max_other_cpu, d)) < 0 ||
+            (r = conf_get_double(g, "max_pressure", false, 0.0, 1.0, i->max_pressure, &i->max_pressure, d)) < 0 ||
+            (r = conf_get_double(g, "busy_time", false, 0.0, 60, i->busy_ms / 1000.0, &busy, d)) < 0 ||
+            (r = conf_get_double(g, "resume_after", false, 0.0, 86400, i->resume_ms / 1000.0, &resume, d)) < 0 ||
+            (r = conf_get_bool(g, "run_on_battery", i->run_on_battery, &i->run_on_battery, d)) < 0 ||
+            (r = conf_get_bool(g, "use_logind", i->use_logind, &i->use_logind, d)) < 0 ||
+            (r = conf_get_double(g, "max_duty", false, 0.01, 1.0, i->max_duty, &i->max_duty, d)) < 0)
+                return r;
+        i->busy_ms = (unsigned)(busy * 1000 + 0.5);
+        i->resume_ms = (unsigned)(resume * 1000 + 0.5);
+        return 0;
+}
+
+static int parse_checkpoint(const config_setting_t *root, Config *c, Diag *d) {
+        static const char *const keys[] = { "interval", "load", NULL };
+        config_setting_t *g;
+        long long interval;
+        int r;
+
+        if ((r = conf_get_group(root, "checkpoint", false, false, &g, d)) < 0 || !g)
+                return r;
+        if ((r = conf_check_keys(g, keys, d)) < 0 ||
+            (r = conf_get_int(g, "interval", false, 0, 7 * 86400, c->checkpoint.interval_s, &interval, d)) < 0 ||
+            (r = conf_get_bool(g, "load", c->checkpoint.load, &c->checkpoint.load, d)) < 0)
+                return r;
+        c->checkpoint.interval_s = (unsigned)interval;
+        return 0;
+}
+
 int config_load(const char *path, Config *ret, Diag *d) {
         static const char *const keys[] = {
-                "state_directory", "job", "threads", "network", "averaging", "pipeline", NULL,
+                "state_directory", "job", "threads", "control_socket", "network", "averaging", "pipeline", "idle",
+                "checkpoint", NULL,
         };
         _cleanup_(config_free) Config c;
         _cleanup_(config_destroy) config_t cf;
@@ -559,14 +615,35 @@ int config_load(const char *path, Config *ret, Diag *d) {
         if ((r = conf_read_file(&cf, path, d)) < 0)
                 return r;
         root = config_root_setting(&cf);
-        if ((r = conf_check_keys(root, keys, d)) < 0 ||
-            (r = get_path(root, "state_directory", c.state_directory, sizeof c.state_directory, d)) < 0 ||
-            (r = get_path(root, "job", c.job, sizeof c.job, d)) < 0 ||
-            (r = conf_get_int(root, "threads", false, 0, 256, 0, &threads, d)) < 0 ||
-            (r = parse_averaging(root, &c, d)) < 0 ||
-            (r = parse_pipeline(root, &c, d)) < 0 ||
-            (r = parse_network(root, &c, d)) < 0)
-                return r;
+        /* Every section is checked even after an error in another, so one
+         * run of --check-config lists every error (one per section). */
+        Diag one;
+        int first = 0;
+#define CHECK(call)                                        \
+        do {                                               \
+                one.text[0] = '\0';                        \
+                int k_ = (call);                           \
+                if (k_ < 0) {                              \
+                        first = first ?: k_;               \
+                        diag_append(d, "%s", one.text);    \
+                }                                          \
+        } while (0)
+        if (d)
+                d->text[0] = '\0';
+        threads = 0;
+        CHECK(conf_check_keys(root, keys, &one));
+        CHECK(get_path(root, "state_directory", c.state_directory, sizeof c.state_directory, &one));
+        CHECK(get_path(root, "job", c.job, sizeof c.job, &one));
+        CHECK(get_socket_path(root, c.control_socket, sizeof c.control_socket, &one));
+        CHECK(parse_idle(root, &c, &one));
+        CHECK(parse_checkpoint(root, &c, &one));
+        CHECK(conf_get_int(root, "threads", false, 0, 256, 0, &threads, &one));
+        CHECK(parse_averaging(root, &c, &one));
+        CHECK(parse_pipeline(root, &c, &one));
+        CHECK(parse_network(root, &c, &one));
+#undef CHECK
+        if (first < 0)
+                return first;
         c.threads = (unsigned)threads;
 
         *ret = c;

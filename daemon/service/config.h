@@ -26,6 +26,7 @@
 #include "net/handshake.h"
 #include "net/identity.h"
 #include "net/net.h"
+#include "service/idle.h"
 #include "util/diag.h"
 
 #define CONFIG_PATH SYSCONF_DIR "/ravnestd.conf"
@@ -93,8 +94,18 @@ typedef struct ConfigPipeline {
         unsigned n_clusters;
 } ConfigPipeline;
 
+#define CONFIG_CONTROL_SOCKET "/run/ravnest/control"
+
+/* Checkpoints of this node's training state (see ravnestd.conf(5),
+ * checkpoint). */
+typedef struct ConfigCheckpoint {
+        unsigned interval_s;            /* 0: only on stop and on request */
+        bool load;                      /* resume from the last checkpoint at start */
+} ConfigCheckpoint;
+
 typedef struct Config {
         char path[PATH_MAX];            /* the file it was read from */
+        char control_socket[PATH_MAX];  /* D-Bus object on a direct connection; "" for none */
         char state_directory[PATH_MAX]; /* the identity key is <state_directory>/identity */
         char job[PATH_MAX];
         unsigned threads;               /* 0: the number of online CPUs */
@@ -115,6 +126,8 @@ typedef struct Config {
 
         ConfigAveraging averaging;
         ConfigPipeline pipeline;
+        IdleSettings idle;
+        ConfigCheckpoint checkpoint;
 } Config;
 
 /* The documented defaults; the transport's are net_config_defaults(). */

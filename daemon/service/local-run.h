@@ -7,6 +7,7 @@
 #pragma once
 
 #include <signal.h>
+#include <stdbool.h>
 
 #include "job.h"
 
@@ -21,6 +22,11 @@ typedef struct LocalRunOptions {
         void (*step)(void *userdata, float *params, uint64_t samples);
         void *step_userdata;
         int shard, n_shards;      /* this node's part of the training set; n_shards 0: all */
+        /* The daemon's: pause, stop and checkpoint requests between steps,
+         * status reports (NULL: none). */
+        struct Control *control;
+        const char *checkpoint_dir; /* checkpoints on request and on stop; NULL: none */
+        bool load_checkpoint;       /* resume from the last one at start */
 } LocalRunOptions;
 
 typedef struct LocalRunResult {

@@ -5,6 +5,7 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include "events.h"
 #include "util/log.h"
 #include "util/time-util.h"
 
@@ -30,8 +31,11 @@ static void on_connected(void *userdata, uint32_t peer, const uint8_t id[IDENTIT
         Node *node = userdata;
         char hex[IDENTITY_HEX_SIZE];
         int c = net_peer_cipher(node->net, peer);
+        char fields[128];
         identity_to_hex(id, hex);
-        log_info("Peer %s joined (link %u, %s)", hex, peer, c >= 0 ? cipher_to_string((Cipher)c) : "?");
+        snprintf(fields, sizeof fields, "PEER=%s", hex);
+        log_event(LOG_INFO, EVENT_PEER_JOINED, fields, "Peer %s joined (link %u, %s)", hex, peer,
+                  c >= 0 ? cipher_to_string((Cipher)c) : "?");
 }
 
 static void on_closed(void *userdata, uint32_t peer, int reason, const uint8_t id[IDENTITY_PK_SIZE]) {
@@ -44,15 +48,21 @@ static void on_closed(void *userdata, uint32_t peer, int reason, const uint8_t i
                 identity_to_hex(id, hex);
         else
                 snprintf(hex, sizeof hex, "(before the handshake)");
+        char fields[256];
+        snprintf(fields, sizeof fields, "PEER=%s\nREASON=%s", known ? hex : "unknown", why ?: strerror(-reason));
         if (!known && (reason == 0 || reason == -ECONNRESET))
                 /* The initiator checks the responder first: a link that ends
                  * here usually means the other side refused this node. */
-                log_warning("Link %u closed during the handshake: the peer did not admit this node "
-                            "(different network secret, or not on its allowlist) or gave up", peer);
+                log_event(LOG_WARNING, EVENT_AUTH_FAILED, fields,
+                          "Link %u closed during the handshake: the peer did not admit this node "
+                          "(different network secret, or not on its allowlist) or gave up", peer);
+        else if (reason == -EACCES || reason == -EPROTO || reason == -EOPNOTSUPP)
+                log_event(LOG_WARNING, EVENT_AUTH_FAILED, fields, "Authentication failed on link %u from %s: %s",
+                          peer, hex, why);
         else if (reason == 0 || reason == -ECONNRESET)
-                log_info("Peer %s left (link %u): %s", hex, peer, why);
+                log_event(LOG_INFO, EVENT_PEER_LEFT, fields, "Peer %s left (link %u): %s", hex, peer, why);
         else if (why)
-                log_warning("Dropped link %u from peer %s: %s", peer, hex, why);
+                log_event(LOG_WARNING, EVENT_PEER_LEFT, fields, "Dropped link %u from peer %s: %s", peer, hex, why);
         else
                 log_warning_errno(reason, "Dropped link %u from peer %s: %m", peer, hex);
 }

@@ -9,6 +9,8 @@
 
 #include "averaging.h"
 #include "collective/segments.h"
+#include "control.h"
+#include "stage-checkpoint.h"
 #include "pipeline/pipe.h"
 #include "tensor/ops.h"
 #include "util/log.h"
@@ -25,7 +27,31 @@ typedef struct Run {
         unsigned cluster, stage, n_stages;
         bool finished; /* the neighbours may go now */
         Averaging av;
+        bool told_paused;            /* the neighbours know this stage is paused */
+        bool prev_paused, next_paused;
 } Run;
+
+/* Control payloads of the daemon's own, beside the pipe's: a stage tells its
+ * neighbours it pauses (the owner needs the machine) and resumes. */
+static const uint8_t msg_paused[4] = { 'R', 'V', 'P', 'Z' };
+static const uint8_t msg_resumed[4] = { 'R', 'V', 'P', 'R' };
+
+static void tell_neighbours(Run *r, const uint8_t msg[4]) {
+        if (r->prev_peer >= 0)
+                (void)net_send_control(r->net, (uint32_t)r->prev_peer, FRAME_CONTROL, msg, 4);
+        if (r->next_peer >= 0)
+                (void)net_send_control(r->net, (uint32_t)r->next_peer, FRAME_CONTROL, msg, 4);
+}
+
+/* While the gate holds the stage: keep the links served. */
+static void serve_paused(void *ud) {
+        Run *r = ud;
+        if (!r->told_paused) {
+                tell_neighbours(r, msg_paused);
+                r->told_paused = true;
+        }
+        net_run(r->net, 50);
+}
 
 /* In this order: the averaging thread, the tensors the pipe still holds
  * (back to the Net they came from), the Net (its last sent() calls still
@@ -89,6 +115,15 @@ static void run_sent(void *ud, uint32_t peer, uint64_t cookie) {
 
 static void run_control(void *ud, uint32_t peer, uint8_t type, const uint8_t *p, size_t len) {
         Run *r = ud;
+        bool from_prev = (int64_t)peer == r->prev_peer, from_next = (int64_t)peer == r->next_peer;
+        if (type == FRAME_CONTROL && len == 4 && (from_prev || from_next) &&
+            (!memcmp(p, msg_paused, 4) || !memcmp(p, msg_resumed, 4))) {
+                bool paused = !memcmp(p, msg_paused, 4);
+                *(from_prev ? &r->prev_paused : &r->next_paused) = paused;
+                log_info("%s stage %s", from_prev ? "Previous" : "Next",
+                         paused ? "paused: its owner needs the machine" : "resumed");
+                return;
+        }
         if (type == FRAME_CONTROL && pipe_on_control(r->pipe, peer, p, len) < 0)
                 net_close_peer(r->net, peer);
 }
@@ -114,6 +149,56 @@ static void dial_next(Run *r) {
 static void poll_run(void *ud) {
         Run *r = ud;
         net_run(r->net, 1);
+}
+
+/* Where the stage is, for a checkpoint. */
+static CheckpointInfo position(Pipe *pipe) {
+        PipeStats st;
+        pipe_get_stats(pipe, &st);
+        return (CheckpointInfo){
+                .epoch = (uint64_t)MAX(st.epoch - 1, 0),
+                .step_in_epoch = st.step_in_epoch,
+                .samples = st.samples,
+                .updates = st.updates,
+                .step = st.updates,
+        };
+}
+
+static int save_checkpoint(const LocalRunOptions *o, const Job *job, Pipe *pipe) {
+        CheckpointInfo at = position(pipe);
+        int r = stage_checkpoint_save(o->checkpoint_dir, job->name, pipe_stage(pipe), pipe_optim(pipe), &at);
+        if (r >= 0 && o->control)
+                control_report_checkpoint(o->control, at.step);
+        return r;
+}
+
+/* The daemon's status: every quarter second. */
+static void report(const LocalRunOptions *o, const Job *job, Run *run, const PipeStats *st, double loss, double rate,
+                   unsigned cluster, unsigned stage, int epochs) {
+        NodeTraining t = {
+                .cluster = (int32_t)cluster,
+                .stage = (int32_t)stage,
+                .epoch = st->epoch ? st->epoch : -1,
+                .epochs = epochs,
+                .step = st->updates,
+                .loss = loss,
+                .samples_per_sec = rate,
+                .test_accuracy = st->test_acc,
+        };
+        snprintf(t.role, sizeof t.role, "stage");
+        snprintf(t.job, sizeof t.job, "%s", job->name);
+        control_report_training(o->control, &t);
+
+        NetStats ns;
+        NodeNetwork n = {};
+        net_get_stats(run->net, &ns);
+        n.peers = ns.links + (run->av.active ? run->av.seen.connected : 0);
+        n.paused_peers = run->prev_paused + run->next_paused;
+        n.bytes_sent = ns.bytes_sent + (run->av.active ? run->av.seen.bytes_sent : 0);
+        n.bytes_received = ns.bytes_received + (run->av.active ? run->av.seen.bytes_received : 0);
+        n.last_averaging_usec = run->av.active ? run->av.seen.last_done_realtime_us : 0;
+        snprintf(n.io_backend, sizeof n.io_backend, "%s", net_backend_name(run->net));
+        control_report_network(o->control, &n);
 }
 
 static int find_self(const ConfigPipeline *p, const Identity *id, unsigned *ret_cluster, unsigned *ret_stage) {
@@ -253,6 +338,13 @@ int pipeline_run(const Config *c, const Job *job, const Identity *id, const Loca
         pipe = run.pipe;
         if (stage > 0) /* only the first stage trains on it */
                 train = dataset_free(train);
+        CheckpointInfo at;
+        if (o->checkpoint_dir && o->load_checkpoint &&
+            stage_checkpoint_load(o->checkpoint_dir, job->name, pipe_stage(pipe), pipe_optim(pipe), &at) >= 0) {
+                pipe_resume(pipe, (int)MIN(at.epoch, (uint64_t)INT32_MAX), (size_t)at.step_in_epoch, at.updates);
+                if (o->control)
+                        control_report_checkpoint(o->control, at.step);
+        }
 
         NetConfig nc;
         r = config_net(c, id, &nc, &d);
@@ -282,10 +374,26 @@ int pipeline_run(const Config *c, const Job *job, const Identity *id, const Loca
                  p->synchronous ? "synchronous" : "asynchronous", p->staleness);
 
         uint64_t start = now_ns(), last_log = start, last_samples = 0, last_busy = 0, last_t = start;
-        uint64_t updates_seen = 0, samples_synced = 0;
+        uint64_t updates_seen = 0, samples_synced = 0, last_report = 0;
+        double last_loss = -1, last_rate = 0; /* only the last stage knows the loss */
         PipeStats st, prev_st = {};
+        pipe_get_stats(pipe, &st);
+        updates_seen = st.updates;
         while (!*stop) {
                 dial_next(&run);
+                if (o->control) { /* pause, stop and checkpoints */
+                        r = control_gate(o->control, serve_paused, &run);
+                        if (run.told_paused) {
+                                tell_neighbours(&run, msg_resumed);
+                                run.told_paused = false;
+                        }
+                        if (r == -ECANCELED)
+                                break;
+                        if (r == CONTROL_CHECKPOINT)
+                                control_checkpoint_done(o->control,
+                                                        o->checkpoint_dir ? save_checkpoint(o, job, pipe) : -EOPNOTSUPP,
+                                                        position(pipe).step);
+                }
                 r = pipe_work(pipe);
                 if (r == PIPE_FINISHED)
                         break;
@@ -310,6 +418,10 @@ int pipeline_run(const Config *c, const Job *job, const Identity *id, const Loca
                         updates_seen = st.updates;
                 }
                 uint64_t now = now_ns();
+                if (o->control && now - last_report >= 250 * 1000000ULL) {
+                        report(o, job, &run, &st, last_loss, last_rate, cluster, stage, epochs);
+                        last_report = now;
+                }
                 if (o->progress_interval_ms && now - last_log >= (uint64_t)o->progress_interval_ms * 1000000ull) {
                         double dt = ns_to_sec(now - last_t);
                         double busy = (double)(st.busy_ns - last_busy) / (double)(now - last_t);
@@ -327,6 +439,9 @@ int pipeline_run(const Config *c, const Job *job, const Identity *id, const Loca
                                          scored ? (st.loss_sum - prev_st.loss_sum) / (double)scored : 0.0,
                                          scored ? 100 * (st.correct - prev_st.correct) / (double)scored : 0.0,
                                          (double)(st.samples - last_samples) / dt, 100 * busy);
+                        last_rate = (double)(st.samples - last_samples) / dt;
+                        if (scored)
+                                last_loss = (st.loss_sum - prev_st.loss_sum) / (double)scored;
                         prev_st = st;
                         last_log = last_t = now;
                         last_samples = st.samples;
@@ -335,6 +450,8 @@ int pipeline_run(const Config *c, const Job *job, const Identity *id, const Loca
         }
         averaging_stop(&run.av);
         run.finished = r == PIPE_FINISHED;
+        if (o->checkpoint_dir && o->control && (r == PIPE_FINISHED || *stop))
+                save_checkpoint(o, job, pipe); /* on the way out, so a restart goes on from here */
         /* what the stage queued last (DONE, say) still has to leave */
         for (int i = 0; i < 100 && r == PIPE_FINISHED; i++)
                 net_run(net, 5);
@@ -343,6 +460,8 @@ int pipeline_run(const Config *c, const Job *job, const Identity *id, const Loca
         if (r < 0)
                 return r;
         pipe_get_stats(pipe, &st);
+        if (o->control)
+                report(o, job, &run, &st, last_loss, last_rate, cluster, stage, epochs);
         double total = ns_to_sec(now_ns() - start);
         if (!run.next)
                 log_info("Finished %s: test accuracy %.2f%% (stage %u of %u in cluster %u), %.0f samples/s, busy %.0f%%",

@@ -3,6 +3,7 @@
 
 #include <stdarg.h>
 #include <stdio.h>
+#include <string.h>
 
 int diag_set(Diag *d, int r, const char *fmt, ...) {
         if (d) {
@@ -12,4 +13,18 @@ int diag_set(Diag *d, int r, const char *fmt, ...) {
                 va_end(ap);
         }
         return r;
+}
+
+void diag_append(Diag *d, const char *fmt, ...) {
+        if (!d)
+                return;
+        size_t n = strlen(d->text);
+        if (n && n + 1 < sizeof d->text)
+                d->text[n++] = '\n';
+        if (n + 1 >= sizeof d->text)
+                return;
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(d->text + n, sizeof d->text - n, fmt, ap);
+        va_end(ap);
 }

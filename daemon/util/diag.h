@@ -13,9 +13,11 @@
 #include "macro.h"
 
 typedef struct Diag {
-        char text[512];
+        char text[2048];
 } Diag;
 
 /* Format into d (when d is not NULL) and return r, so that
  * `return diag_set(d, -EBADMSG, "%s: bad magic", path);` reads as one step. */
 int diag_set(Diag *d, int r, const char *fmt, ...) _printf_(3, 4);
+/* Add a line to d (a check that reports every error, not just the first). */
+void diag_append(Diag *d, const char *fmt, ...) _printf_(2, 3);

@@ -25,6 +25,14 @@ void log_set_prefix(int enable);
 
 int log_internal(int level, int error, const char *fmt, ...) _printf_(3, 4);
 
+/* An event operators filter on: under journald a structured entry with
+ * MESSAGE_ID and the extra fields (newline-separated "KEY=value" lines, or
+ * NULL), elsewhere the same line on stderr. The IDs are in
+ * service/events.h, their explanations in units/ravnest.catalog. */
+int log_event(int level, const char *message_id, const char *fields, const char *fmt, ...) _printf_(4, 5);
+/* Whether stderr is connected to the journal (JOURNAL_STREAM). */
+int log_to_journal(void);
+
 #define log_full_errno(level, error, ...) log_internal((level), (error), __VA_ARGS__)
 #define log_debug(...) log_internal(LOG_DEBUG, 0, __VA_ARGS__)
 #define log_info(...) log_internal(LOG_INFO, 0, __VA_ARGS__)

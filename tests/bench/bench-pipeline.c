@@ -135,7 +135,7 @@ int main(int argc, char **argv) {
         long rss;
         printf("%s epochs of %s: one node, then 2 clusters x 2 stages (async, then sync)\n", epochs, job);
         fflush(stdout);
-        char *one = run((char *[]){ BUILD_DAEMON "/ravnestd", "--job", job, "--epochs", epochs, "--progress", "0",
+        char *one = run((char *[]){ BUILD_DAEMON "/ravnestd", "--no-idle", "--control-socket", "none", "--job", job, "--epochs", epochs, "--progress", "0",
                                     NULL }, &rss);
         if (!one)
                 return 1;

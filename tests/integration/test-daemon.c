@@ -75,7 +75,7 @@ Test(daemon, check_job_ok_and_broken) {
 static void stops_cleanly_on(int sig) {
         skip_without_dataset();
         Proc p;
-        proc_start(&p, (char *[]){ RAVNESTD, "--job", SOURCE_ROOT "/config/jobs/fashion-mnist-mlp.job", "--progress", "200", NULL }, child_setup);
+        proc_start(&p, (char *[]){ RAVNESTD, "--no-idle", "--control-socket", "none", "--job", SOURCE_ROOT "/config/jobs/fashion-mnist-mlp.job", "--progress", "200", NULL }, child_setup);
         cr_assert(proc_wait_for(&p, "step ", 60000), "no progress line: %s", p.out);
         cr_assert(strstr(p.out, "<6>Training fashion-mnist-mlp"), "%s", p.out);
         kill(p.pid, sig);
@@ -101,7 +101,7 @@ Test(daemon, broken_dataset_is_a_clear_error) {
         fputs("this is not an IDX file", f);
         fclose(f);
         Proc p;
-        proc_start(&p, (char *[]){ RAVNESTD, "--job", SOURCE_ROOT "/config/jobs/fashion-mnist-mlp.job", "--data-dir", dir, NULL }, child_setup);
+        proc_start(&p, (char *[]){ RAVNESTD, "--no-idle", "--control-socket", "none", "--job", SOURCE_ROOT "/config/jobs/fashion-mnist-mlp.job", "--data-dir", dir, NULL }, child_setup);
         int code = proc_exit(&p);
         unlink(path);
         rmdir(dir);
@@ -150,8 +150,10 @@ static void node_config(const char *dir, const char *name, const char *secret_fi
         char text[1024], state[256];
         snprintf(state, sizeof state, "%s/state-%s", dir, name);
         snprintf(ret_path, 256, "%s/%s.conf", dir, name);
-        int k = snprintf(text, sizeof text, "state_directory = \"%s\";\nnetwork = {\n  secret_file = \"%s\";\n", state,
-                         secret_file);
+        int k = snprintf(text, sizeof text,
+                         "state_directory = \"%s\";\ncontrol_socket = \"%s.sock\";\nidle = { enabled = false; };\n"
+                         "network = {\n  secret_file = \"%s\";\n",
+                         state, state, secret_file);
         if (listen)
                 k += snprintf(text + k, sizeof text - (size_t)k, "  listen = \"127.0.0.1:%u\";\n", listen);
         if (peer)
@@ -197,7 +199,7 @@ Test(daemon, peers_join_and_strangers_are_refused, .timeout = 120) {
          * listener sees the handshake end. */
         start_node(&c, cc, dir);
         cr_assert(proc_wait_for(&c, "not admitted", 30000), "c: %s", c.out);
-        cr_assert(strstr(c.out, "<4>Dropped link"), "c: %s", c.out);
+        cr_assert(strstr(c.out, "<4>Authentication failed"), "c: %s", c.out);
         cr_assert(proc_wait_for(&a, "closed during the handshake", 10000), "a: %s", a.out);
         /* The good link is untouched. */
         cr_assert(!strstr(b.out, "left"), "b: %s", b.out);
@@ -285,6 +287,8 @@ Test(daemon, two_members_average_while_training, .timeout = 300) {
                 snprintf(conf[i], sizeof conf[i], "%s/%s.conf", dir, names[i]);
                 snprintf(text, sizeof text,
                          "state_directory = \"%s/state-%s\";\n"
+                         "control_socket = \"\";\n"
+                         "idle = { enabled = false; };\n"
                          "threads = 1;\n"
                          "network = { secret_file = \"%s\"; };\n"
                          "averaging = {\n"
@@ -327,7 +331,7 @@ Test(daemon, averaging_without_this_node_is_a_config_error, .timeout = 60) {
         write_text(secret, "00112233445566778899aabbccddeeff00112233445566778899aabbccddeeff\n", 0600);
         snprintf(conf, sizeof conf, "%s/x.conf", dir);
         snprintf(text, sizeof text,
-                 "state_directory = \"%s/state\";\nnetwork = { secret_file = \"%s\"; };\n"
+                 "state_directory = \"%s/state\";\ncontrol_socket = \"\";\nnetwork = { secret_file = \"%s\"; };\n"
                  "averaging = { listen = \"127.0.0.1:%u\";\n"
                  "  members = [ \"%s@127.0.0.1:1\", \"%s@127.0.0.1:2\" ]; };\n",
                  dir, secret, test_free_port(), "11111111111111111111111111111111111111111111111111111111111111aa",

@@ -376,3 +376,67 @@ Test(config, averaging_group) {
         expect_error(base_end, "  idle_timeout = 30000;\n};\naveraging = {\n  listen = \"127.0.0.1:1\";\n  members = [ \"" K1 "@a:1\", \"" K2 "@b\" ];\n};\n",
                      "15: averaging.members.[1]: must be \"host:port\"");
 }
+
+Test(config, idle_checkpoint_and_control_socket) {
+        char path[64];
+        Config c;
+        Diag d = {};
+
+        /* defaults, as ravnestd.conf(5) documents them */
+        cr_assert_eq(load_variant("threads = 2;\n", "threads = 2;\n", &c, &d, path), 0, "%s", d.text);
+        cr_assert_str_eq(c.control_socket, "/run/ravnest/control");
+        cr_assert(c.idle.enabled);
+        cr_assert_float_eq(c.idle.max_other_cpu, 0.5, 1e-9);
+        cr_assert_float_eq(c.idle.max_pressure, 0.2, 1e-9);
+        cr_assert_eq(c.idle.busy_ms, 1000);
+        cr_assert_eq(c.idle.resume_ms, 60000);
+        cr_assert(!c.idle.run_on_battery);
+        cr_assert(c.idle.use_logind);
+        cr_assert_float_eq(c.idle.max_duty, 1.0, 1e-9);
+        cr_assert_eq(c.checkpoint.interval_s, 600);
+        cr_assert(c.checkpoint.load);
+        config_free(&c);
+
+        cr_assert_eq(load_variant("threads = 2;\n",
+                                  "threads = 2;\ncontrol_socket = \"\";\n"
+                                  "idle = { enabled = false; max_other_cpu = 1.5; max_pressure = 0.1; busy_time = 0.5;\n"
+                                  "  resume_after = 3; run_on_battery = true; use_logind = false; max_duty = 0.25; };\n"
+                                  "checkpoint = { interval = 0; load = false; };\n",
+                                  &c, &d, path),
+                     0, "%s", d.text);
+        cr_assert_str_eq(c.control_socket, "");
+        cr_assert(!c.idle.enabled);
+        cr_assert_float_eq(c.idle.max_other_cpu, 1.5, 1e-9);
+        cr_assert_eq(c.idle.busy_ms, 500);
+        cr_assert_eq(c.idle.resume_ms, 3000);
+        cr_assert(c.idle.run_on_battery);
+        cr_assert(!c.idle.use_logind);
+        cr_assert_float_eq(c.idle.max_duty, 0.25, 1e-9);
+        cr_assert_eq(c.checkpoint.interval_s, 0);
+        cr_assert(!c.checkpoint.load);
+        config_free(&c);
+
+        expect_error("threads = 2;\n", "threads = 2;\nidle = { max_duty = 0.0; };\n", "3: idle.max_duty");
+        expect_error("threads = 2;\n", "threads = 2;\nidle = { idle_for = 3; };\n", "3: idle.idle_for: unknown");
+        expect_error("threads = 2;\n", "threads = 2;\ncheckpoint = { interval = -1; };\n", "3: checkpoint.interval");
+        expect_error("threads = 2;\n", "threads = 2;\ncontrol_socket = \"run/x\";\n", "3: control_socket");
+}
+
+/* One run lists every error, one line each, not just the first. */
+Test(config, every_error_is_reported) {
+        char path[64], want[128];
+        Config c;
+        Diag d = {};
+        int r = load_variant("threads = 2;\n",
+                             "threads = 300;\nidle = { max_duty = 2.0; };\ncheckpoint = { every = 5; };\n", &c, &d, path);
+        cr_assert_lt(r, 0);
+        const char *where[] = { "2: threads", "3: idle.max_duty", "4: checkpoint.every" };
+        for (size_t i = 0; i < 3; i++) {
+                snprintf(want, sizeof want, "%s:%s", path, where[i]);
+                cr_expect(strstr(d.text, want), "\"%s\" missing from:\n%s", want, d.text);
+        }
+        int lines = 1;
+        for (const char *p = d.text; *p; p++)
+                lines += *p == '\n';
+        cr_expect_eq(lines, 3, "%s", d.text);
+}

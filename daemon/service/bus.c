@@ -1,0 +1,384 @@
+/* service/bus.c */
+#include "bus.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include "util/log.h"
+
+#define ERROR_NOTHING BUS_INTERFACE ".Error.NothingToCheckpoint"
+#define ERROR_BUSY BUS_INTERFACE ".Error.Busy"
+#define ERROR_FAILED BUS_INTERFACE ".Error.CheckpointFailed"
+
+/* ---- properties -------------------------------------------------------- */
+
+static int get_property(sd_bus *bus, const char *path, const char *interface, const char *property,
+                        sd_bus_message *reply, void *userdata, sd_bus_error *error) {
+        Bus *b = userdata;
+        NodeState state;
+        NodeStatus st;
+        char reason[128];
+        (void)bus, (void)path, (void)interface, (void)error;
+
+        control_snapshot(b->control, &state, &st, reason, NULL, NULL);
+        if (!strcmp(property, "State"))
+                return sd_bus_message_append(reply, "s", node_state_to_string(state));
+        if (!strcmp(property, "PauseReason"))
+                return sd_bus_message_append(reply, "s", reason);
+        if (!strcmp(property, "Role"))
+                return sd_bus_message_append(reply, "s", st.training.role);
+        if (!strcmp(property, "Job"))
+                return sd_bus_message_append(reply, "s", st.training.job);
+        if (!strcmp(property, "ClusterId"))
+                return sd_bus_message_append(reply, "i", st.training.cluster);
+        if (!strcmp(property, "Stage"))
+                return sd_bus_message_append(reply, "i", st.training.stage);
+        if (!strcmp(property, "Epoch"))
+                return sd_bus_message_append(reply, "i", st.training.epoch);
+        if (!strcmp(property, "Epochs"))
+                return sd_bus_message_append(reply, "i", st.training.epochs);
+        if (!strcmp(property, "Step"))
+                return sd_bus_message_append(reply, "t", st.training.step);
+        if (!strcmp(property, "Loss"))
+                return sd_bus_message_append(reply, "d", st.training.loss);
+        if (!strcmp(property, "SamplesPerSecond"))
+                return sd_bus_message_append(reply, "d", st.training.samples_per_sec);
+        if (!strcmp(property, "TestAccuracy"))
+                return sd_bus_message_append(reply, "d", st.training.test_accuracy);
+        if (!strcmp(property, "Peers"))
+                return sd_bus_message_append(reply, "u", st.network.peers);
+        if (!strcmp(property, "PausedPeers"))
+                return sd_bus_message_append(reply, "u", st.network.paused_peers);
+        if (!strcmp(property, "BytesSent"))
+                return sd_bus_message_append(reply, "t", st.network.bytes_sent);
+        if (!strcmp(property, "BytesReceived"))
+                return sd_bus_message_append(reply, "t", st.network.bytes_received);
+        if (!strcmp(property, "LastAveragingUSec"))
+                return sd_bus_message_append(reply, "t", st.network.last_averaging_usec);
+        if (!strcmp(property, "CheckpointStep"))
+                return sd_bus_message_append(reply, "t", st.checkpoint_step);
+        if (!strcmp(property, "IoBackend"))
+                return sd_bus_message_append(reply, "s", st.network.io_backend);
+        return -ENOENT;
+}
+
+static int get_version(sd_bus *bus, const char *path, const char *interface, const char *property,
+                       sd_bus_message *reply, void *userdata, sd_bus_error *error) {
+        (void)bus, (void)path, (void)interface, (void)property, (void)userdata, (void)error;
+        return sd_bus_message_append(reply, "s", RAVNEST_VERSION);
+}
+
+/* ---- methods ----------------------------------------------------------- */
+
+/* Root and the daemon's own user; the bus policy says the same. */
+static int check_privileged(Bus *b, sd_bus_message *m, const char *what, sd_bus_error *error) {
+        _cleanup_(sd_bus_creds_unrefp) sd_bus_creds *creds = NULL;
+        uid_t uid;
+        int r;
+
+        r = sd_bus_query_sender_creds(m, SD_BUS_CREDS_EUID, &creds);
+        if (r >= 0)
+                r = sd_bus_creds_get_euid(creds, &uid);
+        if (r < 0)
+                return sd_bus_error_set_errnof(error, -r, "Cannot tell who is calling: %s", strerror(-r));
+        if (uid != 0 && uid != b->self_uid) {
+                log_notice("Refused %s from uid %u: only root may", what, (unsigned)uid);
+                return sd_bus_error_setf(error, SD_BUS_ERROR_ACCESS_DENIED, "Only root may %s this node", what);
+        }
+        return 0;
+}
+
+static int method_pause(sd_bus_message *m, void *userdata, sd_bus_error *error) {
+        Bus *b = userdata;
+        int r = check_privileged(b, m, "pause", error);
+        if (r < 0)
+                return r;
+        control_set_pause(b->control, CONTROL_PAUSE_OPERATOR, true, NULL);
+        bus_state_changed(b);
+        return sd_bus_reply_method_return(m, NULL);
+}
+
+static int method_resume(sd_bus_message *m, void *userdata, sd_bus_error *error) {
+        Bus *b = userdata;
+        int r = check_privileged(b, m, "resume", error);
+        if (r < 0)
+                return r;
+        control_set_pause(b->control, CONTROL_PAUSE_OPERATOR, false, NULL);
+        bus_state_changed(b);
+        return sd_bus_reply_method_return(m, NULL);
+}
+
+static int method_checkpoint(sd_bus_message *m, void *userdata, sd_bus_error *error) {
+        Bus *b = userdata;
+        NodeState state;
+        int r = check_privileged(b, m, "checkpoint", error);
+        if (r < 0)
+                return r;
+        control_snapshot(b->control, &state, NULL, NULL, NULL, NULL);
+        if (state != NODE_TRAINING && state != NODE_PAUSED)
+                return sd_bus_error_setf(error, ERROR_NOTHING, "Nothing to checkpoint: the node is %s",
+                                         node_state_to_string(state));
+        for (size_t i = 0; i < BUS_MAX_PENDING; i++)
+                if (!b->pending[i]) {
+                        b->pending[i] = sd_bus_message_ref(m);
+                        b->pending_ticket[i] = control_request_checkpoint(b->control);
+                        return 1; /* answered by bus_state_changed() */
+                }
+        return sd_bus_error_setf(error, ERROR_BUSY, "Too many checkpoint requests waiting");
+}
+
+static const sd_bus_vtable node_vtable[] = {
+        SD_BUS_VTABLE_START(0),
+        SD_BUS_PROPERTY("Version", "s", get_version, 0, SD_BUS_VTABLE_PROPERTY_CONST),
+        SD_BUS_PROPERTY("State", "s", get_property, 0, SD_BUS_VTABLE_PROPERTY_EMITS_CHANGE),
+        SD_BUS_PROPERTY("PauseReason", "s", get_property, 0, SD_BUS_VTABLE_PROPERTY_EMITS_CHANGE),
+        SD_BUS_PROPERTY("Role", "s", get_property, 0, 0),
+        SD_BUS_PROPERTY("Job", "s", get_property, 0, 0),
+        SD_BUS_PROPERTY("ClusterId", "i", get_property, 0, 0),
+        SD_BUS_PROPERTY("Stage", "i", get_property, 0, 0),
+        SD_BUS_PROPERTY("Epoch", "i", get_property, 0, 0),
+        SD_BUS_PROPERTY("Epochs", "i", get_property, 0, 0),
+        SD_BUS_PROPERTY("Step", "t", get_property, 0, 0),
+        SD_BUS_PROPERTY("Loss", "d", get_property, 0, 0),
+        SD_BUS_PROPERTY("SamplesPerSecond", "d", get_property, 0, 0),
+        SD_BUS_PROPERTY("TestAccuracy", "d", get_property, 0, 0),
+        SD_BUS_PROPERTY("Peers", "u", get_property, 0, 0),
+        SD_BUS_PROPERTY("PausedPeers", "u", get_property, 0, 0),
+        SD_BUS_PROPERTY("BytesSent", "t", get_property, 0, 0),
+        SD_BUS_PROPERTY("BytesReceived", "t", get_property, 0, 0),
+        SD_BUS_PROPERTY("LastAveragingUSec", "t", get_property, 0, 0),
+        SD_BUS_PROPERTY("CheckpointStep", "t", get_property, 0, 0),
+        SD_BUS_PROPERTY("IoBackend", "s", get_property, 0, 0),
+        /* Unprivileged at the sd-bus level: check_privileged() and the bus
+         * policy decide, so the daemon's own user may call them too. */
+        SD_BUS_METHOD("Pause", "", "", method_pause, SD_BUS_VTABLE_UNPRIVILEGED),
+        SD_BUS_METHOD("Resume", "", "", method_resume, SD_BUS_VTABLE_UNPRIVILEGED),
+        SD_BUS_METHOD_WITH_NAMES("Checkpoint", "", , "t", SD_BUS_PARAM(step), method_checkpoint,
+                                 SD_BUS_VTABLE_UNPRIVILEGED),
+        SD_BUS_VTABLE_END,
+};
+
+/* ---- connections ------------------------------------------------------- */
+
+static int serve_object(Bus *b, sd_bus *bus) {
+        int r = sd_bus_add_object_vtable(bus, NULL, BUS_PATH, BUS_INTERFACE, node_vtable, b);
+        if (r >= 0)
+                r = sd_bus_attach_event(bus, b->event, SD_EVENT_PRIORITY_NORMAL);
+        return r;
+}
+
+static int on_client(sd_event_source *s, int fd, uint32_t revents, void *userdata) {
+        Bus *b = userdata;
+        sd_bus *bus = NULL;
+        sd_id128_t id;
+        int cfd, r;
+        (void)s, (void)revents;
+
+        cfd = accept4(fd, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK);
+        if (cfd < 0)
+                return 0;
+        size_t slot = 0;
+        while (slot < BUS_MAX_DIRECT && b->direct[slot])
+                slot++;
+        if (slot == BUS_MAX_DIRECT) {
+                bus_state_changed(b); /* frees closed clients */
+                for (slot = 0; slot < BUS_MAX_DIRECT && b->direct[slot];)
+                        slot++;
+        }
+        if (slot == BUS_MAX_DIRECT) {
+                log_warning("Refused a control client: %d clients connected", BUS_MAX_DIRECT);
+                close(cfd);
+                return 0;
+        }
+        if ((r = sd_bus_new(&bus)) < 0 || (r = sd_bus_set_fd(bus, cfd, cfd)) < 0) {
+                close(cfd);
+                sd_bus_unref(bus);
+                return 0;
+        }
+        if ((r = sd_id128_randomize(&id)) < 0 || (r = sd_bus_set_server(bus, 1, id)) < 0 ||
+            (r = sd_bus_start(bus)) < 0 || (r = serve_object(b, bus)) < 0) {
+                log_debug("Control client dropped: %s", strerror(-r));
+                sd_bus_flush_close_unref(bus);
+                return 0;
+        }
+        b->direct[slot] = bus;
+        return 0;
+}
+
+static int listen_socket(Bus *b, const char *path) {
+        struct sockaddr_un sa = { .sun_family = AF_UNIX };
+        int fd, r;
+
+        if (strlen(path) >= sizeof sa.sun_path || strlen(path) >= sizeof b->socket_path)
+                return -ENAMETOOLONG;
+        strcpy(sa.sun_path, path);
+        fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+        if (fd < 0)
+                return -errno;
+        /* never take the socket of a node that is alive */
+        int probe = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+        if (probe >= 0 && connect(probe, (struct sockaddr *)&sa, sizeof sa) == 0) {
+                close(probe);
+                close(fd);
+                return -EADDRINUSE;
+        }
+        if (probe >= 0)
+                close(probe);
+        (void)unlink(path);
+        /* readable by everyone; methods check the caller themselves */
+        mode_t old = umask(0111);
+        r = bind(fd, (struct sockaddr *)&sa, sizeof sa);
+        umask(old);
+        if (r < 0 || listen(fd, 16) < 0) {
+                r = -errno;
+                close(fd);
+                return r;
+        }
+        b->listen_fd = fd;
+        strcpy(b->socket_path, path);
+        r = sd_event_add_io(b->event, &b->listen_source, fd, EPOLLIN, on_client, b);
+        return r;
+}
+
+int bus_start(Bus *b, sd_event *e, Control *c, const char *socket_path, bool want_system) {
+        int r;
+
+        *b = (Bus){ .control = c, .event = sd_event_ref(e), .listen_fd = -1, .self_uid = geteuid(),
+                    .last_state = _NODE_STATE_MAX };
+        if (socket_path) {
+                r = listen_socket(b, socket_path);
+                if (r == -EADDRINUSE)
+                        log_warning("Another ravnestd serves %s: no control socket for this one (set "
+                                    "control_socket)", socket_path);
+                else if (r < 0)
+                        log_warning_errno(r, "No control socket %s (%m): status and control on the system bus only",
+                                          socket_path);
+        }
+        if (!want_system)
+                return 0;
+        r = sd_bus_open_system_with_description(&b->system, "ravnestd");
+        if (r >= 0)
+                r = serve_object(b, b->system);
+        if (r < 0) {
+                log_warning_errno(r, "No system bus (%m): status and control on %s only",
+                                  b->listen_fd >= 0 ? b->socket_path : "(nothing: no control socket either)");
+                b->system = sd_bus_flush_close_unref(b->system);
+                return 0;
+        }
+        r = sd_bus_request_name(b->system, BUS_NAME, 0);
+        if (r < 0) {
+                /* Another node on this machine, or a policy that does not
+                 * let this user own the name: the socket still answers. */
+                log_warning_errno(r, "Cannot own %s on the system bus (%m): is another ravnestd running, "
+                                  "and is the D-Bus policy installed? Status and control on %s only",
+                                  BUS_NAME, b->listen_fd >= 0 ? b->socket_path : "(nothing: no control socket either)");
+                b->system = sd_bus_flush_close_unref(b->system);
+                return 0;
+        }
+        b->name_acquired = true;
+        log_info("D-Bus: %s on the system bus", BUS_NAME);
+        return 0;
+}
+
+static void emit_changed(Bus *b) {
+        if (b->system)
+                (void)sd_bus_emit_properties_changed(b->system, BUS_PATH, BUS_INTERFACE, "State", "PauseReason",
+                                                     NULL);
+        for (size_t i = 0; i < BUS_MAX_DIRECT; i++)
+                if (b->direct[i])
+                        (void)sd_bus_emit_properties_changed(b->direct[i], BUS_PATH, BUS_INTERFACE, "State",
+                                                             "PauseReason", NULL);
+}
+
+void bus_state_changed(Bus *b) {
+        NodeState state;
+        char reason[128];
+        uint64_t done;
+        int err;
+
+        control_snapshot(b->control, &state, NULL, reason, &done, &err);
+        if (state != b->last_state || strcmp(reason, b->last_reason)) {
+                b->last_state = state;
+                memcpy(b->last_reason, reason, sizeof reason);
+                emit_changed(b);
+        }
+        NodeStatus st;
+        control_snapshot(b->control, NULL, &st, NULL, NULL, NULL);
+        for (size_t i = 0; i < BUS_MAX_PENDING; i++) {
+                sd_bus_message *m = b->pending[i];
+                if (!m)
+                        continue;
+                bool gone = state != NODE_TRAINING && state != NODE_PAUSED && state != NODE_STARTING;
+                if (b->pending_ticket[i] > done && !gone)
+                        continue;
+                if (b->pending_ticket[i] > done)
+                        (void)sd_bus_reply_method_errorf(m, ERROR_NOTHING, "The node stopped training (%s)",
+                                                         node_state_to_string(state));
+                else if (err < 0)
+                        (void)sd_bus_reply_method_errnof(m, -err, "Writing the checkpoint failed: %s",
+                                                         strerror(-err));
+                else
+                        (void)sd_bus_reply_method_return(m, "t", st.checkpoint_step);
+                b->pending[i] = sd_bus_message_unref(m);
+        }
+        for (size_t i = 0; i < BUS_MAX_DIRECT; i++)
+                if (b->direct[i] && sd_bus_is_open(b->direct[i]) <= 0)
+                        b->direct[i] = sd_bus_flush_close_unref(b->direct[i]);
+}
+
+void bus_stop(Bus *b) {
+        for (size_t i = 0; i < BUS_MAX_PENDING; i++)
+                if (b->pending[i]) {
+                        (void)sd_bus_reply_method_errorf(b->pending[i], ERROR_NOTHING, "The node is stopping");
+                        b->pending[i] = sd_bus_message_unref(b->pending[i]);
+                }
+        for (size_t i = 0; i < BUS_MAX_DIRECT; i++)
+                b->direct[i] = sd_bus_flush_close_unref(b->direct[i]);
+        if (b->system && b->name_acquired)
+                (void)sd_bus_release_name(b->system, BUS_NAME);
+        b->system = sd_bus_flush_close_unref(b->system);
+        b->listen_source = sd_event_source_disable_unref(b->listen_source);
+        if (b->listen_fd >= 0) {
+                close(b->listen_fd);
+                (void)unlink(b->socket_path);
+        }
+        b->listen_fd = -1;
+        b->event = sd_event_unref(b->event);
+}
+
+/* ---- client ------------------------------------------------------------ */
+
+int bus_connect_node(const char *socket_path, sd_bus **ret, bool *ret_direct) {
+        sd_bus *bus = NULL;
+        int r;
+
+        if (!getenv("RAVNEST_SOCKET") && sd_bus_open_system(&bus) >= 0) {
+                r = sd_bus_get_name_creds(bus, BUS_NAME, 0, NULL);
+                if (r >= 0) {
+                        *ret = bus;
+                        *ret_direct = false;
+                        return 0;
+                }
+                bus = sd_bus_flush_close_unref(bus);
+        }
+        const char *path = getenv("RAVNEST_SOCKET") ?: socket_path;
+        char address[PATH_MAX + 16];
+        if (strlen(path) >= PATH_MAX)
+                return -ENAMETOOLONG;
+        snprintf(address, sizeof address, "unix:path=%s", path);
+        if ((r = sd_bus_new(&bus)) < 0)
+                return r;
+        if ((r = sd_bus_set_address(bus, address)) < 0 || (r = sd_bus_start(bus)) < 0) {
+                sd_bus_unref(bus);
+                return r;
+        }
+        *ret = bus;
+        *ret_direct = true;
+        return 0;
+}

@@ -1,0 +1,59 @@
+/* service/bus.h — the node's D-Bus object, org.ravnest.Node1 at
+ * /org/ravnest/Node1 (see ravnestd(8) and config/dbus/org.ravnest.Node1.xml).
+ *
+ * The object is served on the system bus when there is one (under the name
+ * org.ravnest.Node1) and always on a direct connection over a unix socket in
+ * the runtime directory, so status and control work where no system bus
+ * exists (a container). Reading properties is open to everyone; Pause,
+ * Resume and Checkpoint are for root and the daemon's own user, checked here
+ * as well as by the bus policy.
+ *
+ *     Bus bus;
+ *     r = bus_start(&bus, event, &control, "/run/ravnest/bus", true);
+ *     ...
+ *     bus_state_changed(&bus);   // after control's event_fd fired
+ *     bus_stop(&bus);
+ */
+#pragma once
+
+#include <limits.h>
+#include <stdbool.h>
+#include <systemd/sd-bus.h>
+#include <systemd/sd-event.h>
+
+#include "control.h"
+
+#define BUS_NAME "org.ravnest.Node1"
+#define BUS_PATH "/org/ravnest/Node1"
+#define BUS_INTERFACE "org.ravnest.Node1"
+#define BUS_MAX_DIRECT 32
+#define BUS_MAX_PENDING 16
+
+typedef struct Bus {
+        Control *control;
+        sd_event *event;
+        sd_bus *system;                   /* NULL: no system bus */
+        bool name_acquired;
+        int listen_fd;
+        sd_event_source *listen_source;
+        char socket_path[PATH_MAX];
+        sd_bus *direct[BUS_MAX_DIRECT];   /* one per connected client */
+        sd_bus_message *pending[BUS_MAX_PENDING]; /* Checkpoint() calls waiting for the compute thread */
+        uint64_t pending_ticket[BUS_MAX_PENDING];
+        NodeState last_state;
+        char last_reason[128];
+        uid_t self_uid;
+} Bus;
+
+/* Serve the object on the socket (socket_path may be NULL: none) and, with
+ * want_system, on the system bus. Logs; a missing system bus or a socket
+ * that cannot be bound is a warning, not an error. */
+int bus_start(Bus *b, sd_event *e, Control *c, const char *socket_path, bool want_system);
+/* Emit PropertiesChanged when State or PauseReason changed, answer the
+ * Checkpoint() calls whose checkpoint is done, and drop closed clients. */
+void bus_state_changed(Bus *b);
+void bus_stop(Bus *b);
+
+/* The client side (ravnestctl): the system bus when the daemon holds its
+ * name there, else the direct socket. *ret_direct tells which. */
+int bus_connect_node(const char *socket_path, sd_bus **ret, bool *ret_direct);

@@ -1,0 +1,472 @@
+/* service/daemon.c */
+#include "daemon.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sysexits.h>
+#include <systemd/sd-daemon.h>
+#include <unistd.h>
+
+#include "events.h"
+#include "pipeline-run.h"
+#include "util/log.h"
+#include "util/time-util.h"
+
+#define IDLE_SAMPLE_USEC 500000ULL
+#define STATUS_USEC (5 * USEC_PER_SEC)
+
+/* ---- the compute thread ------------------------------------------------ */
+
+static void report_network(Daemon *d) {
+        NodeNetwork n = {};
+        if (d->node.active) {
+                NetStats st;
+                net_get_stats(d->node.net, &st);
+                n.peers = st.links;
+                n.bytes_sent = st.bytes_sent;
+                n.bytes_received = st.bytes_received;
+                snprintf(n.io_backend, sizeof n.io_backend, "%s", net_backend_name(d->node.net));
+        }
+        if (d->averaging.active) {
+                n.peers += d->averaging.seen.connected;
+                n.bytes_sent += d->averaging.seen.bytes_sent;
+                n.bytes_received += d->averaging.seen.bytes_received;
+                n.last_averaging_usec = d->averaging.seen.last_done_realtime_us;
+        }
+        control_report_network(&d->control, &n);
+}
+
+static void poll_node(void *userdata) {
+        Daemon *d = userdata;
+        node_poll(&d->node, 0);
+        uint64_t now = now_ns();
+        if (now - d->last_report_ns > 250 * 1000000ULL) {
+                d->last_report_ns = now;
+                report_network(d);
+        }
+}
+
+static void step_averaging(void *userdata, float *params, uint64_t samples) {
+        averaging_step(userdata, params, samples);
+}
+
+static int run_job(Daemon *d) {
+        Config *c = &d->config;
+        LocalRunOptions o = d->options.run;
+        int r;
+
+        r = node_start(&d->node, c);
+        if (r < 0)
+                return r;
+        o.poll = poll_node;
+        o.poll_userdata = d;
+        o.control = &d->control;
+        /* checkpoints need a configuration: a job run by hand leaves none behind */
+        o.checkpoint_dir = c->path[0] ? c->state_directory : NULL;
+        o.load_checkpoint = c->checkpoint.load;
+        if (c->pipeline.enabled) /* a stage of a cluster: averaging is the pipeline's */
+                return pipeline_run(c, &d->job, &d->node.identity, &o, &d->control.stop);
+
+        r = averaging_start(&d->averaging, c, &d->node.identity,
+                            model_spec_params(&d->job.model, 0, d->job.model.n_layers), NULL, 0);
+        if (r < 0)
+                return r;
+        if (d->averaging.active) { /* every member trains its own shard of the data */
+                o.step = step_averaging;
+                o.step_userdata = &d->averaging;
+                o.shard = (int)d->averaging.self;
+                o.n_shards = (int)d->averaging.n_members;
+        }
+        r = local_run(&d->job, &o, &d->control.stop, NULL);
+        averaging_stop(&d->averaging);
+        /* With a network, the node stays and serves its peers. */
+        if (r >= 0 && d->node.active && !d->control.stop) {
+                log_info("Training done; serving peers until stopped");
+                control_set_state(&d->control, NODE_FINISHED);
+                while (!d->control.stop) {
+                        node_poll(&d->node, 200);
+                        report_network(d);
+                }
+        }
+        return r;
+}
+
+static void *worker_main(void *userdata) {
+        Daemon *d = userdata;
+        int r = run_job(d);
+
+        node_stop(&d->node);
+        d->worker_result = r;
+        control_set_state(&d->control, r < 0 && r != -ECANCELED ? NODE_FAILED :
+                                       d->control.stop ? NODE_STOPPING : NODE_FINISHED);
+        __atomic_store_n(&d->worker_done, true, __ATOMIC_RELEASE);
+        uint64_t one = 1;
+        (void)!write(d->control.event_fd, &one, sizeof one);
+        return NULL;
+}
+
+/* ---- the control thread ------------------------------------------------ */
+
+static bool configured(const Daemon *d, const Config *c) {
+        return node_configured(c) || d->options.standalone;
+}
+
+/* Signals. OpenBLAS starts its threads before main() runs, with every
+ * signal unblocked, so a signal may land on any thread: the handler only
+ * records it and wakes the event loop through a pipe (a signalfd would miss
+ * what lands elsewhere). */
+static volatile sig_atomic_t signals_pending[_NSIG];
+static int signal_pipe[2] = { -1, -1 };
+
+static void on_signal(int sig) {
+        int saved = errno;
+        signals_pending[sig] = 1;
+        (void)!write(signal_pipe[1], "", 1);
+        errno = saved;
+}
+
+static int install_signals(bool debug_hang) {
+        struct sigaction sa = { .sa_handler = on_signal, .sa_flags = SA_RESTART };
+        int sigs[] = { SIGTERM, SIGINT, SIGHUP, debug_hang ? SIGUSR2 : 0 };
+        sigset_t mask;
+
+        if (pipe2(signal_pipe, O_CLOEXEC | O_NONBLOCK) < 0)
+                return -errno;
+        sigemptyset(&sa.sa_mask);
+        sigemptyset(&mask);
+        for (size_t i = 0; i < ELEMENTSOF(sigs) && sigs[i]; i++) {
+                sigaction(sigs[i], &sa, NULL);
+                sigaddset(&mask, sigs[i]);
+        }
+        /* whoever started us may have blocked them */
+        pthread_sigmask(SIG_UNBLOCK, &mask, NULL);
+        return 0;
+}
+
+static void send_status(Daemon *d) {
+        NodeState state;
+        NodeStatus st;
+        char reason[128], text[PATH_MAX + 256];
+
+        control_snapshot(&d->control, &state, &st, reason, NULL, NULL);
+        const NodeTraining *t = &st.training;
+        switch (state) {
+        case NODE_UNCONFIGURED:
+                snprintf(text, sizeof text, "Unconfigured: no network in %s, see ravnestd.conf(5)",
+                         d->config.path[0] ? d->config.path : CONFIG_PATH);
+                break;
+        case NODE_TRAINING:
+                snprintf(text, sizeof text, "Training %s: epoch %d/%d, step %llu, loss %.4f, %.0f samples/s, %u peers",
+                         t->job, t->epoch, t->epochs, (unsigned long long)t->step, t->loss, t->samples_per_sec,
+                         st.network.peers);
+                break;
+        case NODE_PAUSED:
+                snprintf(text, sizeof text, "Paused: %s", reason);
+                break;
+        case NODE_FINISHED:
+                if (t->test_accuracy >= 0)
+                        snprintf(text, sizeof text, "Finished %s: test accuracy %.2f%%", t->job,
+                                 100 * t->test_accuracy);
+                else
+                        snprintf(text, sizeof text, "Finished %s", t->job);
+                break;
+        default:
+                snprintf(text, sizeof text, "%c%s", node_state_to_string(state)[0] - 32,
+                         node_state_to_string(state) + 1);
+        }
+        sd_notifyf(false, "STATUS=%s", text);
+}
+
+static void on_state(Daemon *d) {
+        NodeState state;
+        char reason[128];
+
+        control_snapshot(&d->control, &state, NULL, reason, NULL, NULL);
+        if (state != d->last_state) {
+                if (state == NODE_PAUSED) {
+                        char fields[200];
+                        snprintf(fields, sizeof fields, "REASON=%s", reason);
+                        log_event(LOG_NOTICE, EVENT_PAUSED, fields, "Paused training: %s", reason);
+                } else if (d->last_state == NODE_PAUSED && state == NODE_TRAINING)
+                        log_event(LOG_NOTICE, EVENT_RESUMED, NULL, "Resumed training");
+                d->last_state = state;
+        }
+        if (!d->ready_sent && state != NODE_STARTING) {
+                /* config loaded, sockets bound, bus name held: ready */
+                sd_notify(false, "READY=1");
+                d->ready_sent = true;
+        }
+        bus_state_changed(&d->bus);
+        send_status(d);
+}
+
+static int on_control_event(sd_event_source *s, int fd, uint32_t revents, void *userdata) {
+        Daemon *d = userdata;
+        (void)s, (void)fd, (void)revents;
+
+        control_clear_event(&d->control);
+        on_state(d);
+        if (__atomic_load_n(&d->worker_done, __ATOMIC_ACQUIRE)) {
+                int r = d->worker_result;
+                pthread_join(d->worker, NULL);
+                d->worker_started = false;
+                sd_event_exit(d->event, r == -EINVAL ? EX_CONFIG : r < 0 && r != -ECANCELED ? EXIT_FAILURE : 0);
+        }
+        return 0;
+}
+
+static void on_stop_signal(Daemon *d, int sig) {
+
+        if (!d->stopping)
+                log_debug("Received %s, stopping", strsignal(sig));
+        d->stopping = true;
+        d->stop_signal = sig;
+        sd_notify(false, "STOPPING=1");
+        control_request_stop(&d->control);
+        if (!d->worker_started)
+                sd_event_exit(d->event, 0);
+}
+
+static void on_hang_signal(void) {
+        /* RAVNESTD_DEBUG_HANG: the watchdog test's hung control loop. */
+        log_warning("SIGUSR2 with RAVNESTD_DEBUG_HANG set: the control loop hangs now");
+        for (;;)
+                sleep(3600);
+}
+
+static int start_worker(Daemon *d);
+static void apply_live_settings(Daemon *d, const Config *c);
+
+static void on_reload_signal(Daemon *d) {
+        Config n;
+        Diag diag = {};
+        char fields[sizeof diag.text + 64];
+        int r;
+
+        sd_notify(false, "RELOADING=1");
+        const char *path = d->config.path[0] ? d->config.path : CONFIG_PATH;
+        r = config_load(path, &n, &diag);
+        if (r < 0) {
+                snprintf(fields, sizeof fields, "RESULT=failed\nREASON=%s", diag.text);
+                log_event(LOG_ERR, EVENT_RELOAD, fields, "Reloading failed, keeping the running configuration: %s",
+                          diag.text);
+                sd_notify(false, "READY=1");
+                return;
+        }
+        NodeState state;
+        control_snapshot(&d->control, &state, NULL, NULL, NULL, NULL);
+        if (state == NODE_UNCONFIGURED && configured(d, &n)) {
+                /* nothing runs yet: take the whole new configuration */
+                config_free(&d->config);
+                d->config = n;
+                log_event(LOG_NOTICE, EVENT_RELOAD, "RESULT=ok", "Reloaded %s: the node is configured now", path);
+                apply_live_settings(d, &d->config);
+                control_set_state(&d->control, NODE_STARTING);
+                r = start_worker(d);
+                if (r < 0)
+                        sd_event_exit(d->event, r == -EINVAL ? EX_CONFIG : EXIT_FAILURE);
+        } else {
+                apply_live_settings(d, &n);
+                d->config.idle = n.idle;
+                d->config.checkpoint = n.checkpoint;
+                config_free(&n);
+                log_event(LOG_NOTICE, EVENT_RELOAD, "RESULT=ok",
+                          "Reloaded %s: idle and checkpoint settings applied; network, averaging and pipeline "
+                          "changes take effect at the next start", path);
+        }
+        sd_notify(false, "READY=1");
+        send_status(d);
+}
+
+static int on_signal_pipe(sd_event_source *s, int fd, uint32_t revents, void *userdata) {
+        Daemon *d = userdata;
+        char buf[64];
+        (void)s, (void)revents;
+
+        while (read(fd, buf, sizeof buf) > 0)
+                ;
+        if (signals_pending[SIGUSR2])
+                on_hang_signal();
+        for (int sig = 1; sig < _NSIG; sig++) {
+                if (!signals_pending[sig])
+                        continue;
+                signals_pending[sig] = 0;
+                if (sig == SIGHUP)
+                        on_reload_signal(d);
+                else if (sig == SIGTERM || sig == SIGINT)
+                        on_stop_signal(d, sig);
+        }
+        return 0;
+}
+
+static int on_idle_timer(sd_event_source *s, uint64_t usec, void *userdata) {
+        Daemon *d = userdata;
+        IdleSample smp;
+        (void)usec;
+
+        uint64_t now = now_ns();
+        if (idle_monitor_sample(&d->idle, idle_process_cpu_ns(), now, &smp) >= 0 && idle_update(&d->idle, &smp, now))
+                control_set_pause(&d->control, CONTROL_PAUSE_IDLE, d->idle.paused, d->idle.reason);
+        if (!d->idle.paused)
+                control_set_pause(&d->control, CONTROL_PAUSE_IDLE, false, NULL);
+        bus_state_changed(&d->bus);
+        sd_event_source_set_time_relative(s, IDLE_SAMPLE_USEC);
+        return 0;
+}
+
+static int on_checkpoint_timer(sd_event_source *s, uint64_t usec, void *userdata) {
+        Daemon *d = userdata;
+        NodeState state;
+        (void)usec;
+
+        control_snapshot(&d->control, &state, NULL, NULL, NULL, NULL);
+        if (state == NODE_TRAINING || state == NODE_PAUSED)
+                control_request_checkpoint(&d->control);
+        if (d->config.checkpoint.interval_s)
+                sd_event_source_set_time_relative(s, d->config.checkpoint.interval_s * USEC_PER_SEC);
+        return 0;
+}
+
+static int on_status_timer(sd_event_source *s, uint64_t usec, void *userdata) {
+        (void)usec;
+        send_status(userdata);
+        sd_event_source_set_time_relative(s, STATUS_USEC);
+        return 0;
+}
+
+static void apply_live_settings(Daemon *d, const Config *c) {
+        /* an unconfigured node computes nothing: no need to watch the machine */
+        bool want_idle = c->idle.enabled && !d->options.no_idle && configured(d, c);
+        Diag diag = {};
+
+        control_set_max_duty(&d->control, c->idle.max_duty);
+        if (want_idle && !d->idle_on && idle_monitor_init(&d->idle, &c->idle, NULL, &diag) >= 0) {
+                d->idle_on = true;
+                /* training starts once the machine has been calm for resume_after */
+                control_set_pause(&d->control, CONTROL_PAUSE_IDLE, d->idle.paused,
+                                  d->idle.paused ? "waiting for the machine to be idle" : NULL);
+                sd_event_source_set_enabled(d->idle_timer, SD_EVENT_ON);
+        } else if (want_idle && d->idle_on)
+                d->idle.settings = c->idle;
+        else if (!want_idle && d->idle_on) {
+                idle_monitor_done(&d->idle);
+                d->idle_on = false;
+                sd_event_source_set_enabled(d->idle_timer, SD_EVENT_OFF);
+                control_set_pause(&d->control, CONTROL_PAUSE_IDLE, false, NULL);
+        }
+        if (c->checkpoint.interval_s) {
+                sd_event_source_set_time_relative(d->checkpoint_timer, c->checkpoint.interval_s * USEC_PER_SEC);
+                sd_event_source_set_enabled(d->checkpoint_timer, SD_EVENT_ON);
+        } else
+                sd_event_source_set_enabled(d->checkpoint_timer, SD_EVENT_OFF);
+}
+
+static int start_worker(Daemon *d) {
+        const char *job_path = d->options.job_path ?: d->config.job;
+        Diag diag = {};
+        int r;
+
+        r = job_load(job_path, &d->job, &diag);
+        if (r < 0)
+                return log_error_errno(r == -ENOENT ? -EINVAL : r, "Invalid job: %s", diag.text);
+        /* the identity and the checkpoints live there */
+        if (mkdir(d->config.state_directory, 0700) < 0 && errno != EEXIST)
+                return log_error_errno(-errno, "Failed to create %s: %m", d->config.state_directory);
+        if (d->options.run.threads <= 0)
+                d->options.run.threads = d->config.threads ? (int)d->config.threads
+                                                           : (int)MIN(sysconf(_SC_NPROCESSORS_ONLN), 256L);
+        r = -pthread_create(&d->worker, NULL, worker_main, d);
+        if (r < 0)
+                return log_error_errno(r, "Failed to start the compute thread: %m");
+        d->worker_started = true;
+        return 0;
+}
+
+void daemon_init(Daemon *d, Config *config, const DaemonOptions *o) {
+        *d = (Daemon){ .config = *config, .options = *o, .last_state = NODE_STARTING };
+        memset(config, 0, sizeof *config);
+}
+
+int daemon_run(Daemon *d) {
+        int r, status = EXIT_FAILURE;
+
+        r = control_init(&d->control);
+        if (r < 0)
+                return log_error_errno(r, "Failed to set up: %m"), EXIT_FAILURE;
+        r = install_signals(getenv("RAVNESTD_DEBUG_HANG") != NULL);
+        if (r < 0)
+                return log_error_errno(r, "Failed to set up: %m"), EXIT_FAILURE;
+        if ((r = sd_event_new(&d->event)) < 0 ||
+            (r = sd_event_add_io(d->event, NULL, signal_pipe[0], EPOLLIN, on_signal_pipe, d)) < 0 ||
+            (r = sd_event_set_watchdog(d->event, true)) < 0 ||
+            (r = sd_event_add_io(d->event, NULL, d->control.event_fd, EPOLLIN, on_control_event, d)) < 0 ||
+            (r = sd_event_add_time_relative(d->event, &d->idle_timer, CLOCK_MONOTONIC, IDLE_SAMPLE_USEC, 0,
+                                            on_idle_timer, d)) < 0 ||
+            (r = sd_event_add_time_relative(d->event, &d->checkpoint_timer, CLOCK_MONOTONIC, USEC_PER_SEC, 0,
+                                            on_checkpoint_timer, d)) < 0 ||
+            (r = sd_event_add_time_relative(d->event, &d->status_timer, CLOCK_MONOTONIC, STATUS_USEC, 0,
+                                            on_status_timer, d)) < 0) {
+                log_error_errno(r, "Failed to set up the event loop: %m");
+                goto out;
+        }
+        sd_event_source_set_enabled(d->idle_timer, SD_EVENT_OFF);
+        sd_event_source_set_enabled(d->checkpoint_timer, SD_EVENT_OFF);
+        sd_event_source_set_enabled(d->status_timer, SD_EVENT_ON);
+
+        const char *sock = d->config.control_socket[0] ? d->config.control_socket : NULL;
+        if (sock) {
+                char dir[PATH_MAX];
+                snprintf(dir, sizeof dir, "%s", sock);
+                char *slash = strrchr(dir, '/');
+                if (slash && slash != dir) {
+                        *slash = '\0';
+                        (void)mkdir(dir, 0755);
+                }
+        }
+        r = bus_start(&d->bus, d->event, &d->control, sock, true);
+        if (r < 0)
+                goto out;
+
+        apply_live_settings(d, &d->config);
+        if (configured(d, &d->config)) {
+                if ((r = start_worker(d)) < 0) {
+                        status = r == -EINVAL ? EX_CONFIG : EXIT_FAILURE;
+                        goto out;
+                }
+        } else {
+                /* A fresh install: serve status, use no CPU. */
+                log_notice("No network configured in %s: nothing to train until it is (see ravnestd.conf(5)); "
+                           "State \"unconfigured\"",
+                           d->config.path[0] ? d->config.path : CONFIG_PATH);
+                control_set_state(&d->control, NODE_UNCONFIGURED);
+        }
+        on_state(d);
+
+        status = sd_event_loop(d->event);
+        if (status < 0) {
+                log_error_errno(status, "Event loop failed: %m");
+                status = EXIT_FAILURE;
+        }
+out:
+        sd_notify(false, "STOPPING=1");
+        if (d->worker_started) { /* only after a failure of the loop itself */
+                control_request_stop(&d->control);
+                pthread_join(d->worker, NULL);
+        }
+        bus_stop(&d->bus);
+        if (d->idle_on)
+                idle_monitor_done(&d->idle);
+        d->idle_timer = sd_event_source_unref(d->idle_timer);
+        d->checkpoint_timer = sd_event_source_unref(d->checkpoint_timer);
+        d->status_timer = sd_event_source_unref(d->status_timer);
+        d->event = sd_event_unref(d->event);
+        control_done(&d->control);
+        config_free(&d->config);
+        if (d->stopping && status == 0)
+                log_notice("Received %s, stopped cleanly", strsignal(d->stop_signal));
+        return status;
+}

@@ -1,0 +1,53 @@
+/* service/daemon.h — ravnestd once its options are read: the control thread
+ * (an sd-event loop: signals, the systemd watchdog and notifications, D-Bus,
+ * the idle monitor, the checkpoint timer) and the compute thread that trains.
+ *
+ *     Daemon d;
+ *     daemon_init(&d, &config, &options);  // takes the loaded Config over
+ *     return daemon_run(&d);               // an exit status: 0, EX_CONFIG, 1
+ */
+#pragma once
+
+#include <pthread.h>
+#include <systemd/sd-event.h>
+
+#include "averaging.h"
+#include "bus.h"
+#include "config.h"
+#include "control.h"
+#include "idle.h"
+#include "job.h"
+#include "local-run.h"
+#include "node.h"
+
+typedef struct DaemonOptions {
+        const char *job_path;      /* NULL: the configuration's job */
+        bool standalone;           /* train even without a network (a job named on the command line) */
+        bool no_idle;              /* train whatever the machine's load (--no-idle) */
+        LocalRunOptions run;       /* threads, epochs, data directory, progress */
+} DaemonOptions;
+
+typedef struct Daemon {
+        Config config;             /* what the compute thread runs with */
+        DaemonOptions options;
+        Job job;
+        Control control;
+        Bus bus;
+        sd_event *event;
+        IdleMonitor idle;
+        bool idle_on;
+        sd_event_source *idle_timer, *checkpoint_timer, *status_timer;
+        /* the compute thread's */
+        Node node;
+        Averaging averaging;
+        uint64_t last_report_ns;
+        pthread_t worker;
+        bool worker_started, worker_done;
+        int worker_result;
+        bool ready_sent, stopping;
+        int stop_signal;
+        NodeState last_state;
+} Daemon;
+
+void daemon_init(Daemon *d, Config *config, const DaemonOptions *o);
+int daemon_run(Daemon *d);

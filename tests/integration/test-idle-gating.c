@@ -1,0 +1,157 @@
+/* Idle-time donation with a real ravnestd: a CPU hog started beside it
+ * pauses training, the hog's exit resumes it after the configured delay,
+ * and a paused node uses (almost) no CPU. The delays are measured and
+ * printed, never asserted on: the machines are shared. */
+#include <criterion/criterion.h>
+
+#include "../lib/proc.h"
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+static char dir[64], sock[128];
+static Proc node;
+static bool node_up;
+
+static double now_s(void) {
+        struct timespec t;
+        clock_gettime(CLOCK_MONOTONIC, &t);
+        return (double)t.tv_sec + (double)t.tv_nsec / 1e9;
+}
+
+static void skip_without_dataset(void) {
+        if (access(FASHION_MNIST_DIR "/train-images-idx3-ubyte.gz", R_OK) < 0)
+                cr_skip_test("SKIP: %s missing: install Debian's dataset-fashion-mnist", FASHION_MNIST_DIR);
+        if (sysconf(_SC_NPROCESSORS_ONLN) < 2)
+                cr_skip_test("SKIP: needs 2 CPUs (one for the node, one for the hog)");
+}
+
+static void teardown(void) {
+        if (node_up) {
+                kill(node.pid, SIGTERM);
+                proc_exit(&node);
+        }
+        if (dir[0]) {
+                char cmd[128];
+                snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+                (void)!system(cmd);
+        }
+}
+
+/* The node's State, through ravnestctl and its control socket. */
+static void state(char *ret, size_t len) {
+        Proc p;
+        proc_start(&p, (char *[]){ RAVNESTCTL, "status", "--json", "--socket", sock, NULL }, NULL);
+        proc_exit(&p);
+        p.out[p.len < sizeof p.out ? p.len : sizeof p.out - 1] = '\0';
+        const char *s = strstr(p.out, "\"State\": \"");
+        snprintf(ret, len, "%s", s ? s + 10 : "?");
+        char *q = strchr(ret, '"');
+        if (q)
+                *q = '\0';
+}
+
+/* Seconds until State is want, or < 0 after timeout_s. */
+static double wait_state(const char *want, double timeout_s) {
+        char s[64];
+        double t0 = now_s();
+        while (now_s() - t0 < timeout_s) {
+                state(s, sizeof s);
+                if (!strcmp(s, want))
+                        return now_s() - t0;
+                usleep(50 * 1000);
+        }
+        return -1;
+}
+
+static double cpu_seconds(pid_t pid) {
+        char path[64], buf[1024];
+        unsigned long long ut = 0, st = 0;
+        snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+        FILE *f = fopen(path, "r");
+        if (!f)
+                return -1;
+        size_t n = fread(buf, 1, sizeof buf - 1, f);
+        fclose(f);
+        buf[n] = '\0';
+        const char *p = strrchr(buf, ')');
+        if (!p || sscanf(p + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %llu %llu", &ut, &st) != 2)
+                return -1;
+        return (double)(ut + st) / (double)sysconf(_SC_CLK_TCK);
+}
+
+static int cmp(const void *a, const void *b) {
+        double x = *(const double *)a, y = *(const double *)b;
+        return (x > y) - (x < y);
+}
+
+Test(idle, a_cpu_hog_pauses_and_its_exit_resumes, .init = skip_without_dataset, .fini = teardown, .timeout = 300) {
+        char conf[128], text[1024];
+        double paused_after[3], resumed_after[3];
+        const double resume_after = 3.0;
+
+        snprintf(dir, sizeof dir, "/tmp/ravnest-idle-XXXXXX");
+        cr_assert(mkdtemp(dir));
+        snprintf(sock, sizeof sock, "%s/control", dir);
+        snprintf(conf, sizeof conf, "%s/ravnestd.conf", dir);
+        snprintf(text, sizeof text,
+                 "state_directory = \"%s/state\";\n"
+                 "control_socket = \"%s\";\n"
+                 "threads = 1;\n"
+                 "checkpoint = { interval = 0; };\n"
+                 "idle = { max_other_cpu = 0.7; busy_time = 0.5; resume_after = %.1f; use_logind = false; };\n",
+                 dir, sock, resume_after);
+        FILE *f = fopen(conf, "w");
+        cr_assert(f);
+        fputs(text, f);
+        fclose(f);
+        proc_start(&node, (char *[]){ RAVNESTD, "--config", conf, "--job", SOURCE_ROOT "/config/jobs/fashion-mnist-mlp.job",
+                                      "--epochs", "50", "--progress", "0", NULL },
+                   NULL);
+        node_up = true;
+        /* a node starts paused and begins once the machine has been calm */
+        cr_assert(wait_state("training", 60) >= 0, "the node never started training: %.*s", (int)node.len, node.out);
+
+        for (int round = 0; round < 3; round++) {
+                cr_assert(wait_state("training", 60) >= 0, "round %d: not training", round);
+                usleep(500 * 1000);
+                double t0 = now_s();
+                pid_t hog = fork();
+                if (hog == 0) {
+                        alarm(60);
+                        for (volatile unsigned long i = 0;; i++)
+                                ;
+                }
+                double w = wait_state("paused", 30);
+                cr_assert(w >= 0, "round %d: a CPU hog did not pause the node", round);
+                paused_after[round] = now_s() - t0;
+
+                /* paused: the node's CPU use, over a second */
+                double c0 = cpu_seconds(node.pid), w0 = now_s();
+                usleep(1000 * 1000);
+                double share = (cpu_seconds(node.pid) - c0) / (now_s() - w0);
+                cr_assert(share < 0.2, "round %d: a paused node used %.0f%% of a CPU", round, 100 * share);
+
+                kill(hog, SIGKILL);
+                waitpid(hog, NULL, 0);
+                t0 = now_s();
+                w = wait_state("training", 60);
+                cr_assert(w >= 0, "round %d: the node did not resume after the hog left", round);
+                resumed_after[round] = now_s() - t0;
+                printf("idle gating, round %d: paused %.2f s after the hog started (paused node: %.1f%% CPU), "
+                       "resumed %.2f s after it exited (resume_after %.1f s)\n",
+                       round + 1, paused_after[round], 100 * share, resumed_after[round], resume_after);
+        }
+        qsort(paused_after, 3, sizeof(double), cmp);
+        qsort(resumed_after, 3, sizeof(double), cmp);
+        printf("idle gating, median of 3: paused %.2f s after a CPU hog started (bound: 2 s), resumed %.2f s after it "
+               "exited (configured: %.1f s)\n",
+               paused_after[1], resumed_after[1], resume_after);
+        fflush(stdout);
+        cr_assert(proc_wait_for(&node, "Paused training", 1000), "%.*s", (int)node.len, node.out);
+        cr_assert(strstr(node.out, "Resumed training"), "%.*s", (int)node.len, node.out);
+}
