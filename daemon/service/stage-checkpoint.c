@@ -8,6 +8,7 @@
 
 #include "events.h"
 #include "util/log.h"
+#include "util/time-util.h"
 
 static void file_name(const char *job, const Stage *s, char *buf, size_t len) {
         snprintf(buf, len, "%s.layers-%d-%d.ckpt", job, s->first_layer, s->first_layer + s->n_layers);
@@ -27,13 +28,15 @@ int stage_checkpoint_save(const char *dir, const char *job, const Stage *s, cons
         info.optim_kind = (uint32_t)o->spec.kind;
         info.optim_t = o->t;
         file_name(job, s, name, sizeof name);
+        uint64_t t0 = now_ns();
         r = checkpoint_write(dir, name, &info, s->params, o->state, &d);
         if (r < 0)
                 return log_error_errno(r, "Failed to write the checkpoint: %s", d.text);
         snprintf(path, sizeof path, "%s/%s", dir, name);
         snprintf(fields, sizeof fields, "PATH=%s\nSTEP=%llu", path, (unsigned long long)info.step);
-        log_event(LOG_INFO, EVENT_CHECKPOINT, fields, "Checkpoint written: %s (step %llu, epoch %llu)", path,
-                  (unsigned long long)info.step, (unsigned long long)info.epoch + 1);
+        log_event(LOG_INFO, EVENT_CHECKPOINT, fields, "Checkpoint written: %s (step %llu, epoch %llu; %.1f MiB in %.0f ms)",
+                  path, (unsigned long long)info.step, (unsigned long long)info.epoch + 1,
+                  (double)(info.n_params + info.n_state) * 4 / (1 << 20), ns_to_sec(now_ns() - t0) * 1e3);
         return 0;
 }
 
