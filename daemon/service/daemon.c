@@ -27,6 +27,7 @@ static void report_network(Daemon *d) {
                 NetStats st;
                 net_get_stats(d->node.net, &st);
                 n.peers = st.links;
+                n.paused_peers = d->node.paused_peers;
                 n.bytes_sent = st.bytes_sent;
                 n.bytes_received = st.bytes_received;
                 snprintf(n.io_backend, sizeof n.io_backend, "%s", net_backend_name(d->node.net));
@@ -42,6 +43,9 @@ static void report_network(Daemon *d) {
 
 static void poll_node(void *userdata) {
         Daemon *d = userdata;
+        NodeState state;
+        control_snapshot(&d->control, &state, NULL, NULL, NULL, NULL);
+        node_tell_paused(&d->node, state == NODE_PAUSED);
         node_poll(&d->node, 0);
         uint64_t now = now_ns();
         if (now - d->last_report_ns > 250 * 1000000ULL) {

@@ -38,8 +38,11 @@ static void on_connected(void *userdata, uint32_t peer, const uint8_t id[IDENTIT
                   c >= 0 ? cipher_to_string((Cipher)c) : "?");
 }
 
+static void forget_paused(Node *node, uint32_t peer);
+
 static void on_closed(void *userdata, uint32_t peer, int reason, const uint8_t id[IDENTITY_PK_SIZE]) {
         static const uint8_t zero[IDENTITY_PK_SIZE];
+        forget_paused(userdata, peer);
         char hex[IDENTITY_HEX_SIZE];
         const char *why = reason_text(reason);
         bool known = memcmp(id, zero, sizeof zero) != 0;
@@ -65,6 +68,37 @@ static void on_closed(void *userdata, uint32_t peer, int reason, const uint8_t i
                 log_event(LOG_WARNING, EVENT_PEER_LEFT, fields, "Dropped link %u from peer %s: %s", peer, hex, why);
         else
                 log_warning_errno(reason, "Dropped link %u from peer %s: %m", peer, hex);
+}
+
+static const uint8_t msg_paused[4] = { 'R', 'V', 'P', 'Z' }, msg_resumed[4] = { 'R', 'V', 'P', 'R' };
+
+static void on_control(void *userdata, uint32_t peer, uint8_t type, const uint8_t *payload, size_t len) {
+        Node *node = userdata;
+        if (type != FRAME_CONTROL || len != 4 || peer >= 256)
+                return;
+        bool paused = !memcmp(payload, msg_paused, 4);
+        if (!paused && memcmp(payload, msg_resumed, 4))
+                return;
+        uint64_t bit = 1ull << (peer % 64), *w = &node->paused_mask[peer / 64];
+        if (paused == !!(*w & bit))
+                return;
+        *w ^= bit;
+        node->paused_peers += paused ? 1 : (uint32_t)-1;
+        log_info("Peer on link %u %s", peer, paused ? "paused: its owner needs the machine" : "resumed");
+}
+
+static void forget_paused(Node *node, uint32_t peer) {
+        if (peer < 256 && node->paused_mask[peer / 64] & (1ull << (peer % 64))) {
+                node->paused_mask[peer / 64] &= ~(1ull << (peer % 64));
+                node->paused_peers--;
+        }
+}
+
+void node_tell_paused(Node *node, bool paused) {
+        if (!node->active || node->told_paused == paused)
+                return;
+        node->told_paused = paused;
+        net_broadcast_control(node->net, FRAME_CONTROL, paused ? msg_paused : msg_resumed, 4);
 }
 
 static void on_tensor(void *userdata, NetTensor *t) {
@@ -98,7 +132,7 @@ int node_start(Node *node, const Config *c) {
         r = config_net(c, &node->identity, &nc, &d);
         if (r < 0)
                 return log_error_errno(r, "Invalid network configuration: %s", d.text);
-        NetCallbacks cb = { .connected = on_connected, .closed = on_closed, .tensor = on_tensor };
+        NetCallbacks cb = { .connected = on_connected, .closed = on_closed, .tensor = on_tensor, .control = on_control };
         r = net_new(&nc, &cb, node, &node->net);
         if (r < 0)
                 return log_error_errno(r, "Failed to start the transport: %m");

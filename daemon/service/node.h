@@ -21,6 +21,9 @@ typedef struct Node {
         uint64_t last_heartbeat_ns;
         unsigned idle_timeout_ms;
         bool active;
+        bool told_paused;              /* the peers know this node is paused */
+        uint32_t paused_peers;         /* peers that said they are paused */
+        uint64_t paused_mask[4];       /* which links (ids below 256) */
 } Node;
 
 /* Whether the configuration asks for a network at all. */
@@ -32,3 +35,5 @@ int node_start(Node *node, const Config *c);
  * timeout. */
 void node_poll(Node *node, int timeout_ms);
 void node_stop(Node *node);
+/* Tell the peers this node paused (true) or resumed; once per change. */
+void node_tell_paused(Node *node, bool paused);

@@ -54,13 +54,28 @@ Test(swarm, two_clusters_of_two_stages_train_together, .timeout = 600) {
         cr_assert(!strstr(p.out, "ended with"), "%s", p.out);
 }
 
-/* Ctrl-C: every node stops cleanly and the command says so. */
+static int ctl(const char *verb, const char *sock) {
+        Proc c;
+        proc_start(&c, (char *[]){ RAVNESTCTL, (char *)verb, "--socket", (char *)sock, NULL }, NULL);
+        return proc_exit(&c);
+}
+
+/* A paused stage tells its neighbour; Ctrl-C: every node stops cleanly and
+ * the command says so. */
 Test(swarm, interrupt_stops_every_node, .timeout = 120) {
         skip_without_dataset();
+        char dir[] = "/tmp/ravnest-test-swarm-XXXXXX", sock[128];
+        cr_assert(mkdtemp(dir));
+        snprintf(sock, sizeof sock, "%s/c1s1.sock", dir);
         Proc p;
         proc_start(&p, (char *[]){ RAVNESTCTL, "swarm", "--ravnestd", RAVNESTD, "--job",
-                                   SOURCE_ROOT "/config/jobs/fashion-mnist-mlp.job", "--progress", "500", NULL }, NULL);
+                                   SOURCE_ROOT "/config/jobs/fashion-mnist-mlp.job", "--progress", "500", "--dir", dir,
+                                   NULL }, NULL);
         cr_assert(proc_wait_for(&p, "c1s2   stage 2/2:", 60000), "%s", p.out); /* training is under way */
+        cr_assert_eq(ctl("pause", sock), 0, "%s", p.out);
+        cr_assert(proc_wait_for(&p, "c1s2   Previous stage paused", 10000), "%s", p.out);
+        cr_assert_eq(ctl("resume", sock), 0, "%s", p.out);
+        cr_assert(proc_wait_for(&p, "c1s2   Previous stage resumed", 10000), "%s", p.out);
         kill(p.pid, SIGINT);
         cr_assert(proc_wait_for(&p, "averaging rounds done across the nodes", 60000), "no summary after Ctrl-C\n%s",
                   p.out);
@@ -75,6 +90,9 @@ Test(swarm, interrupt_stops_every_node, .timeout = 120) {
                 s++;
         }
         cr_assert_eq(clean, 4, "%d nodes stopped cleanly\n%s", clean, p.out);
+        char cmd[128];
+        snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+        (void)!system(cmd);
 }
 
 /* A node dies mid-run: its cluster's other stage waits for it without
