@@ -76,7 +76,8 @@ static int get_version(sd_bus *bus, const char *path, const char *interface, con
 
 /* ---- methods ----------------------------------------------------------- */
 
-/* Root and the daemon's own user; the bus policy says the same. */
+/* Root and the daemon's own user; the bus policy says the same. Logs who
+ * asked, so a pause and resume between two steps leave a trace too. */
 static int check_privileged(Bus *b, sd_bus_message *m, const char *what, sd_bus_error *error) {
         _cleanup_(sd_bus_creds_unrefp) sd_bus_creds *creds = NULL;
         uid_t uid;
@@ -91,6 +92,7 @@ static int check_privileged(Bus *b, sd_bus_message *m, const char *what, sd_bus_
                 log_notice("Refused %s from uid %u: only root may", what, (unsigned)uid);
                 return sd_bus_error_setf(error, SD_BUS_ERROR_ACCESS_DENIED, "Only root may %s this node", what);
         }
+        log_info("%c%s requested by uid %u", what[0] - 32, what + 1, (unsigned)uid);
         return 0;
 }
 
