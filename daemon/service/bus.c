@@ -323,7 +323,7 @@ void bus_state_changed(Bus *b) {
                         (void)sd_bus_reply_method_errorf(m, ERROR_NOTHING, "The node stopped training (%s)",
                                                          node_state_to_string(state));
                 else if (err < 0)
-                        (void)sd_bus_reply_method_errnof(m, -err, "Writing the checkpoint failed: %s",
+                        (void)sd_bus_reply_method_errorf(m, ERROR_FAILED, "Writing the checkpoint failed: %s",
                                                          strerror(-err));
                 else
                         (void)sd_bus_reply_method_return(m, "t", st.checkpoint_step);
@@ -356,11 +356,11 @@ void bus_stop(Bus *b) {
 
 /* ---- client ------------------------------------------------------------ */
 
-int bus_connect_node(const char *socket_path, sd_bus **ret, bool *ret_direct) {
+int bus_connect_node(const char *socket_path, bool only_socket, sd_bus **ret, bool *ret_direct) {
         sd_bus *bus = NULL;
         int r;
 
-        if (!getenv("RAVNEST_SOCKET") && sd_bus_open_system(&bus) >= 0) {
+        if (!only_socket && sd_bus_open_system(&bus) >= 0) {
                 r = sd_bus_get_name_creds(bus, BUS_NAME, 0, NULL);
                 if (r >= 0) {
                         *ret = bus;
@@ -369,11 +369,10 @@ int bus_connect_node(const char *socket_path, sd_bus **ret, bool *ret_direct) {
                 }
                 bus = sd_bus_flush_close_unref(bus);
         }
-        const char *path = getenv("RAVNEST_SOCKET") ?: socket_path;
         char address[PATH_MAX + 16];
-        if (strlen(path) >= PATH_MAX)
+        if (strlen(socket_path) >= PATH_MAX)
                 return -ENAMETOOLONG;
-        snprintf(address, sizeof address, "unix:path=%s", path);
+        snprintf(address, sizeof address, "unix:path=%s", socket_path);
         if ((r = sd_bus_new(&bus)) < 0)
                 return r;
         if ((r = sd_bus_set_address(bus, address)) < 0 || (r = sd_bus_start(bus)) < 0) {

@@ -55,5 +55,6 @@ void bus_state_changed(Bus *b);
 void bus_stop(Bus *b);
 
 /* The client side (ravnestctl): the system bus when the daemon holds its
- * name there, else the direct socket. *ret_direct tells which. */
-int bus_connect_node(const char *socket_path, sd_bus **ret, bool *ret_direct);
+ * name there (unless only_socket), else the direct socket. *ret_direct
+ * tells which. */
+int bus_connect_node(const char *socket_path, bool only_socket, sd_bus **ret, bool *ret_direct);

@@ -550,7 +550,10 @@ static int get_socket_path(const config_setting_t *root, char *buf, size_t len, 
                 buf[0] = '\0';
                 return 0;
         }
-        return get_path(root, "control_socket", buf, len, d);
+        int r = get_path(root, "control_socket", buf, len, d);
+        if (r >= 0 && strlen(buf) >= 108) /* sun_path */
+                return conf_error(s, NULL, -ENAMETOOLONG, d, "a unix socket path has at most 107 characters");
+        return r;
 }
 
 static int parse_idle(const config_setting_t *root, Config *c, Diag *d) {

@@ -181,7 +181,8 @@ static void print_human(const Property *props, size_t n, bool direct, const char
 static int exit_for(int r, const sd_bus_error *e) {
         if (sd_bus_error_has_name(e, SD_BUS_ERROR_ACCESS_DENIED) || r == -EACCES || r == -EPERM)
                 return EX_NOPERM;
-        if (sd_bus_error_has_name(e, BUS_INTERFACE ".Error.NothingToCheckpoint"))
+        if (sd_bus_error_has_name(e, BUS_INTERFACE ".Error.NothingToCheckpoint") ||
+            sd_bus_error_has_name(e, BUS_INTERFACE ".Error.Busy"))
                 return EX_TEMPFAIL;
         return EXIT_FAILURE;
 }
@@ -193,7 +194,7 @@ int ctl_node(int argc, char *argv[]) {
                 { "help", no_argument, NULL, 'h' },
                 {},
         };
-        const char *verb = argv[0], *socket_path = CONFIG_CONTROL_SOCKET;
+        const char *verb = argv[0], *socket_path = NULL;
         bool json = false, direct;
         sd_bus_error error = SD_BUS_ERROR_NULL;
         sd_bus *bus = NULL;
@@ -218,10 +219,13 @@ int ctl_node(int argc, char *argv[]) {
                 fprintf(stderr, "Unexpected argument: %s\n", argv[optind]);
                 return EX_USAGE;
         }
-        if (getenv("RAVNEST_SOCKET") && socket_path == (const char *)CONFIG_CONTROL_SOCKET)
-                socket_path = getenv("RAVNEST_SOCKET");
+        /* --socket, then RAVNEST_SOCKET: that socket only; else the system
+         * bus, then the default socket */
+        bool only_socket = socket_path || getenv("RAVNEST_SOCKET");
+        if (!socket_path)
+                socket_path = getenv("RAVNEST_SOCKET") ?: CONFIG_CONTROL_SOCKET;
 
-        r = bus_connect_node(socket_path, &bus, &direct);
+        r = bus_connect_node(socket_path, only_socket, &bus, &direct);
         if (r < 0) {
                 if (json)
                         printf("{\"State\": \"unreachable\", \"Error\": \"%s\"}\n", strerror(-r));
@@ -248,6 +252,7 @@ int ctl_node(int argc, char *argv[]) {
                 _cleanup_(sd_bus_message_unrefp) sd_bus_message *reply = NULL;
                 const char *method = !strcmp(verb, "pause") ? "Pause" : !strcmp(verb, "resume") ? "Resume" : "Checkpoint";
                 /* a checkpoint of a big stage takes a while to write */
+                (void)sd_bus_set_method_call_timeout(bus, 300 * 1000000ULL);
                 r = sd_bus_call_method(bus, direct ? NULL : BUS_NAME, BUS_PATH, BUS_INTERFACE, method, &error, &reply,
                                        "");
                 if (r < 0) {

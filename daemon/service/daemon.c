@@ -48,7 +48,7 @@ static void poll_node(void *userdata) {
         node_tell_paused(&d->node, state == NODE_PAUSED);
         node_poll(&d->node, 0);
         uint64_t now = now_ns();
-        if (now - d->last_report_ns > 250 * 1000000ULL) {
+        if (!d->config.pipeline.enabled && now - d->last_report_ns > 250 * 1000000ULL) {
                 d->last_report_ns = now;
                 report_network(d);
         }
@@ -140,6 +140,11 @@ static int install_signals(bool debug_hang) {
 
         if (pipe2(signal_pipe, O_CLOEXEC | O_NONBLOCK) < 0)
                 return -errno;
+        /* a stray SIGUSR2 (without the debug variable) or a peer gone
+         * mid-write must not kill the node */
+        signal(SIGPIPE, SIG_IGN);
+        if (!debug_hang)
+                signal(SIGUSR2, SIG_IGN);
         sigemptyset(&sa.sa_mask);
         sigemptyset(&mask);
         for (size_t i = 0; i < ELEMENTSOF(sigs) && sigs[i]; i++) {
@@ -344,15 +349,14 @@ static int on_status_timer(sd_event_source *s, uint64_t usec, void *userdata) {
 
 static void apply_live_settings(Daemon *d, const Config *c) {
         /* an unconfigured node computes nothing: no need to watch the machine */
-        bool want_idle = c->idle.enabled && !d->options.no_idle && configured(d, c);
+        bool want_idle = c->idle.enabled && !d->options.no_idle && configured(d, &d->config);
         Diag diag = {};
 
         control_set_max_duty(&d->control, c->idle.max_duty);
         if (want_idle && !d->idle_on && idle_monitor_init(&d->idle, &c->idle, NULL, &diag) >= 0) {
                 d->idle_on = true;
                 /* training starts once the machine has been calm for resume_after */
-                control_set_pause(&d->control, CONTROL_PAUSE_IDLE, d->idle.paused,
-                                  d->idle.paused ? "waiting for the machine to be idle" : NULL);
+                control_set_pause(&d->control, CONTROL_PAUSE_IDLE, d->idle.paused, d->idle.reason);
                 sd_event_source_set_enabled(d->idle_timer, SD_EVENT_ON);
         } else if (want_idle && d->idle_on)
                 d->idle.settings = c->idle;

@@ -12,6 +12,9 @@
 
 static void file_name(const char *job, const Stage *s, char *buf, size_t len) {
         snprintf(buf, len, "%s.layers-%d-%d.ckpt", job, s->first_layer, s->first_layer + s->n_layers);
+        for (char *c = buf; *c; c++) /* a job's name is not a path */
+                if (*c == '/')
+                        *c = '_';
 }
 
 int stage_checkpoint_save(const char *dir, const char *job, const Stage *s, const Optim *o, const CheckpointInfo *at) {
@@ -34,8 +37,8 @@ int stage_checkpoint_save(const char *dir, const char *job, const Stage *s, cons
                 return log_error_errno(r, "Failed to write the checkpoint: %s", d.text);
         snprintf(path, sizeof path, "%s/%s", dir, name);
         snprintf(fields, sizeof fields, "PATH=%s\nSTEP=%llu", path, (unsigned long long)info.step);
-        log_event(LOG_INFO, EVENT_CHECKPOINT, fields, "Checkpoint written: %s (step %llu, epoch %llu; %.1f MiB in %.0f ms)",
-                  path, (unsigned long long)info.step, (unsigned long long)info.epoch + 1,
+        log_event(LOG_INFO, EVENT_CHECKPOINT, fields, "Checkpoint written: %s (step %llu, %llu epochs done; %.1f MiB in %.0f ms)",
+                  path, (unsigned long long)info.step, (unsigned long long)info.epoch,
                   (double)(info.n_params + info.n_state) * 4 / (1 << 20), ns_to_sec(now_ns() - t0) * 1e3);
         return 0;
 }
@@ -59,8 +62,8 @@ int stage_checkpoint_load(const char *dir, const char *job, Stage *s, Optim *o, 
                 return r;
         }
         o->t = info.optim_t;
-        log_info("Resuming from %s: step %llu, epoch %llu", path, (unsigned long long)info.step,
-                 (unsigned long long)info.epoch + 1);
+        log_info("Resuming from %s: step %llu, %llu epochs done", path, (unsigned long long)info.step,
+                 (unsigned long long)info.epoch);
         *ret = info;
         return 0;
 }
