@@ -13,6 +13,7 @@
 # Needs root, systemd-nspawn, and for the first run debootstrap and the
 # Debian mirror: the rootfs is built once and cached in
 # /var/tmp/ravnest-rootfs-<hash of its recipe>; each run boots a copy.
+# The rootfs, the container and the PASS/FAIL lines come from lib.sh.
 #
 # Environment:
 #   RAVNEST_SOURCE_ROOT       the project (default: this script's ../..)
@@ -21,21 +22,16 @@
 #   RAVNEST_DEBIAN_MIRROR     (default http://deb.debian.org/debian)
 #   RAVNEST_ROOTFS_CACHE_DIR  where cached rootfs live (default /var/tmp)
 #   RAVNEST_KEEP=1            keep the scratch copy (its path is printed)
+[ -n "${BASH_VERSION:-}" ] || exec bash "$0" "$@" # also when run as "sh test-systemd.sh"
 set -u
 
-SUITE=bookworm
-MIRROR=${RAVNEST_DEBIAN_MIRROR:-http://deb.debian.org/debian}
-# The rootfs: systemd and D-Bus, ravnestd's shared libraries (ldd
-# ravnestd, mapped to Debian 12 packages) and procps for the unit's
-# /bin/kill. Changing this list (or ROOTFS_RECIPE) builds a new cache.
-PACKAGES="systemd,dbus,procps,libsystemd0,liburing2,libopenblas0-pthread,libgfortran5,libconfig9,zlib1g,libsodium23,libssl3"
-ROOTFS_RECIPE=1
-
 here=$(cd "$(dirname "$0")" && pwd)
+# shellcheck source=tests/system/lib.sh
+. "$here/lib.sh"
 root=${RAVNEST_SOURCE_ROOT:-$(cd "$here/../.." && pwd)}
-recipe_hash=$(printf '%s\n' "$ROOTFS_RECIPE" "$SUITE" "$MIRROR" "$PACKAGES" | sha256sum | cut -c1-16)
-cache_dir=${RAVNEST_ROOTFS_CACHE_DIR:-/var/tmp}
-cache=$cache_dir/ravnest-rootfs-$recipe_hash
+# The rootfs: lib.sh's RUNTIME_PACKAGES (systemd, D-Bus, procps and
+# ravnestd's libraries).
+cache=$(rootfs_cache_path "$RUNTIME_RECIPE" "$RUNTIME_PACKAGES")
 build_dir=${RAVNEST_SYSTEM_BUILD_DIR:-/var/tmp/ravnest-system-build-$(printf '%s' "$root" | sha256sum | cut -c1-12)}
 
 # The MESSAGE_IDs of units/ravnest.catalog that the checks look for.
@@ -46,103 +42,14 @@ MID_RELOAD=b80ee951f6f846a8bc577d85567f853b
 ALL_MIDS="4cdad09663cd42368ebe52c8a27a4f9d 7991b5d1b7a544c4a2aa6ec1c12a7d7d caa7e18a0a8d40e0af00cf4d111607e6
 d306c49439dc43a5af5ca1ec5d141dda $MID_CHECKPOINT $MID_PAUSED $MID_RESUMED $MID_RELOAD"
 
-# ---- reporting ---------------------------------------------------------------
-n_pass=0
-n_fail=0
-failed=()
-t0=$(date +%s)
-
-log() { printf '[%3ds] %s\n' $(($(date +%s) - t0)) "$*"; }
-pass() { n_pass=$((n_pass + 1)); printf 'PASS: %s\n' "$1"; }
-fail() {
-        n_fail=$((n_fail + 1)); failed+=("$1")
-        printf 'FAIL: %s\n' "$1"
-        shift
-        [ $# -gt 0 ] && printf '      %s\n' "$@"
-        return 0
-}
-skip() {
-        printf '\nSKIP (exit 77): %s\n\n' "$*"
-        printf 'SKIP: %s\n' "$*" >&2
-        exit 77
-}
-# check NAME COMMAND...: PASS if the command succeeds.
-check() {
-        local name=$1 out
-        shift
-        if out=$("$@" 2>&1); then pass "$name"; else fail "$name" "$(printf '%s' "$out" | tail -n 5)"; fi
-}
-
 # ---- preconditions -----------------------------------------------------------
-[ "$(id -u)" -eq 0 ] || skip "needs root (debootstrap, systemd-nspawn, nsenter)"
-for tool in systemd-nspawn unshare nsenter meson ninja; do
-        command -v "$tool" >/dev/null || skip "$tool is missing (apt-get install systemd-container meson ninja-build util-linux)"
-done
-if [ ! -d "$cache" ]; then
-        command -v debootstrap >/dev/null || skip "debootstrap is missing (apt-get install debootstrap) and $cache is not built yet"
-        timeout 20 wget -q -O /dev/null "$MIRROR/dists/$SUITE/Release" ||
-                skip "the Debian mirror $MIRROR is unreachable and $cache is not built yet"
-fi
+require_root systemd-nspawn unshare nsenter meson ninja
 
 # ---- (a) the rootfs, built once ---------------------------------------------
-build_rootfs() {
-        local tmp=$cache.tmp.$$
-        rm -rf --one-file-system "$tmp"
-        log "building $cache (debootstrap $SUITE, about a minute)"
-        if ! debootstrap --variant=minbase --include="$PACKAGES" "$SUITE" "$tmp" "$MIRROR" >"$tmp.log" 2>&1; then
-                tail -n 20 "$tmp.log"
-                rm -rf --one-file-system "$tmp" "$tmp.log"
-                return 1
-        fi
-        rm -f "$tmp.log"
-        rm -rf "$tmp"/var/cache/apt/archives/*.deb "$tmp"/var/lib/apt/lists/*
-        # nspawn gives the container its machine ID; an empty file lets
-        # systemd take it instead of finding a stale one.
-        : >"$tmp/etc/machine-id"
-        mv "$tmp" "$cache"
-}
-mkdir -p "$cache_dir"
-exec 9>"$cache.lock"
-flock 9 # another run may be building it
-if [ ! -d "$cache" ]; then
-        t=$(date +%s)
-        build_rootfs || { echo "FAIL: debootstrap of the rootfs"; exit 1; }
-        log "rootfs built in $(($(date +%s) - t))s"
-fi
-flock -u 9
-
-scratch=$(mktemp -d /var/tmp/ravnest-systemd-test.XXXXXX)
+rootfs_ensure "$cache" "$RUNTIME_PACKAGES"
+scratch_new ravnest-systemd-test
 rootfs=$scratch/rootfs
-nspawn_pid=
-leader=
-cgroups=()
-
-cleanup() {
-        if [ -n "$nspawn_pid" ] && kill -0 "$nspawn_pid" 2>/dev/null; then
-                [ -n "$leader" ] && ct systemctl poweroff --no-block >/dev/null 2>&1
-                for _ in $(seq 1 100); do kill -0 "$nspawn_pid" 2>/dev/null || break; sleep 0.2; done
-                if kill -0 "$nspawn_pid" 2>/dev/null; then
-                        log "the container did not power off; killing its init ($leader) and systemd-nspawn ($nspawn_pid)"
-                        [ -n "$leader" ] && kill -KILL "$leader" 2>/dev/null
-                        kill -KILL "$nspawn_pid" 2>/dev/null
-                fi
-                wait "$nspawn_pid" 2>/dev/null
-        fi
-        for g in "${cgroups[@]}"; do
-                find "$g" -depth -type d -exec rmdir {} + 2>/dev/null || log "could not remove the cgroup $g"
-        done
-        if [ "${RAVNEST_KEEP:-0}" = 1 ]; then
-                log "kept $scratch"
-        else
-                rm -rf --one-file-system "$scratch"
-        fi
-}
-trap cleanup EXIT
-trap 'exit 130' INT TERM
-
-t=$(date +%s)
-cp -a --reflink=auto "$cache" "$rootfs" || { echo "FAIL: copy of the rootfs"; exit 1; }
-log "copied the rootfs to $rootfs in $(($(date +%s) - t))s"
+rootfs_copy "$cache" "$rootfs"
 
 # ---- (b) build and install ---------------------------------------------------
 t=$(date +%s)
@@ -166,86 +73,17 @@ for f in usr/sbin/ravnestd usr/bin/ravnestctl usr/lib/systemd/system/ravnestd.se
 done
 
 # ---- (c, d) boot ------------------------------------------------------------
-nspawn_args=(-q -D "$rootfs" --register=no --keep-unit --boot --console=pipe
-             # its own network namespace: only its loopback, no port clashes
+nspawn_args=(# its own network namespace: only its loopback, no port clashes
              --private-network)
 if [ -d /usr/share/datasets ]; then
         nspawn_args+=(--bind-ro=/usr/share/datasets)
 else
         log "no /usr/share/datasets: training checks will fail (apt-get install dataset-fashion-mnist)"
 fi
-# systemd-nspawn puts itself and the container into "supervisor" and
-# "payload" under the cgroup it starts in: when that is the root, as here
-# where PID 1 is not systemd, concurrent runs would share them. Each run
-# gets a cgroup of its own in every hierarchy nspawn uses.
-cgroups=()
-for h in /sys/fs/cgroup /sys/fs/cgroup/unified /sys/fs/cgroup/systemd; do
-        [ "$(stat -f -c %T "$h" 2>/dev/null)" = cgroup2fs ] || [ "$h" = /sys/fs/cgroup/systemd ] || continue
-        [ -w "$h/cgroup.procs" ] && mkdir "$h/${scratch##*/}" 2>/dev/null && cgroups+=("$h/${scratch##*/}")
-done
-# The container's systemd gets a cgroup v2 tree (what Debian 12 runs on):
-# in the host's hybrid layout it would find the v1 controllers read-only
-# and have no CPUUsageNSec.
-# The mount namespace keeps nspawn's tmpfs in /run/systemd/nspawn private.
-(
-        for g in "${cgroups[@]}"; do echo "$BASHPID" >"$g/cgroup.procs" || exit 1; done
-        export SYSTEMD_NSPAWN_UNIFIED_HIERARCHY=1
-        exec unshare --mount --propagation private sh -c \
-                'mkdir -p /run/systemd/nspawn && mount -t tmpfs tmpfs /run/systemd/nspawn && exec systemd-nspawn "$@"' \
-                sh "${nspawn_args[@]}"
-) </dev/null >"$scratch/console.log" 2>&1 &
-nspawn_pid=$!
-
-# The container's init: the descendant of nspawn that is PID 1 of its own
-# PID namespace.
-find_leader() {
-        local todo=("$nspawn_pid") p c
-        while [ ${#todo[@]} -gt 0 ]; do
-                p=${todo[0]}; todo=("${todo[@]:1}")
-                if [ "$p" != "$nspawn_pid" ] && [ "$(awk '/^NSpid:/ { print $NF }' "/proc/$p/status" 2>/dev/null)" = 1 ]; then
-                        echo "$p"; return 0
-                fi
-                for c in $(cat /proc/"$p"/task/*/children 2>/dev/null); do todo+=("$c"); done
-        done
-        return 1
-}
-# ct COMMAND...: run a command in the container, with a clean environment.
-ct() {
-        nsenter -t "$leader" -a env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin LANG=C.UTF-8 \
-                SYSTEMD_PAGER=cat SYSTEMD_COLORS=0 TERM=dumb "$@"
-}
-# ct_write PATH MODE: stdin to a file in the container.
-ct_write() { ct sh -c 'umask 077 && cat >"$1" && chmod "$2" "$1"' sh "$1" "$2"; }
-
-t=$(date +%s)
-for _ in $(seq 1 300); do
-        kill -0 "$nspawn_pid" 2>/dev/null || break
-        leader=$(find_leader) && [ -S "/proc/$leader/root/run/systemd/private" ] && break
-        leader=
-        sleep 0.1
-done
-if [ -z "$leader" ]; then
-        tail -n 30 "$scratch/console.log"
-        fail "boot: /run/systemd/private did not appear within 30 s"
-        exit 1
-fi
-state=$(ct timeout 60 systemctl is-system-running --wait 2>&1)
-case $state in
-running) pass "boot: systemd is running ($(($(date +%s) - t))s, init is PID $leader)" ;;
-*) fail "boot: systemd is '$state'" "$(ct systemctl --failed --no-legend 2>&1)" ;;
-esac
+container_boot "$rootfs" "${nspawn_args[@]}"
 
 # ---- helpers for the service ------------------------------------------------
 prop() { ct systemctl show -P "$1" ravnestd.service; }
-# wait_for SECONDS COMMAND...: poll until the command succeeds.
-wait_for() {
-        local deadline=$(($(date +%s) + $1))
-        shift
-        until "$@" >/dev/null 2>&1; do
-                [ "$(date +%s)" -ge "$deadline" ] && return 1
-                sleep 0.5
-        done
-}
 is_active() { [ "$(prop ActiveState)" = active ]; }
 # start_service NAME: start without blocking on Type=notify (a daemon that
 # never sends READY would hold systemctl for TimeoutStartSec), then wait for
@@ -546,13 +384,5 @@ else
 fi
 
 # ---- the end ----------------------------------------------------------------
-log "powering off"
-ct systemctl poweroff --no-block >/dev/null 2>&1
-for _ in $(seq 1 150); do kill -0 "$nspawn_pid" 2>/dev/null || break; sleep 0.2; done
-if kill -0 "$nspawn_pid" 2>/dev/null; then fail "systemctl poweroff: the container is still up after 30 s"
-else wait "$nspawn_pid" 2>/dev/null; pass "systemctl poweroff"; fi
-nspawn_pid=
-
-printf '\n%d passed, %d failed in %ds\n' "$n_pass" "$n_fail" $(($(date +%s) - t0))
-for f in "${failed[@]}"; do printf '  failed: %s\n' "$f"; done
-[ "$n_fail" -eq 0 ]
+container_poweroff
+summary
