@@ -9,7 +9,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sysexits.h>
+#include <unistd.h>
 
 #include "net/identity.h"
 #include "nn/stage.h"
@@ -88,6 +90,23 @@ static int show_identity(const char *state_dir) {
         }
         identity_to_hex(id.pk, hex);
         identity_clear(&id);
+        if (created && geteuid() == 0) {
+                /* root asked before the daemon's first start: the key
+                 * belongs to whoever owns the state directory (the user
+                 * ravnest, from StateDirectory=), or the daemon could not
+                 * read it. */
+                char dir[PATH_MAX + 16];
+                struct stat st;
+                snprintf(dir, sizeof dir, "%s", path);
+                char *slash = strrchr(dir, '/');
+                if (slash)
+                        *slash = 0;
+                if (slash && stat(dir[0] ? dir : "/", &st) == 0 && st.st_uid != 0 &&
+                    chown(path, st.st_uid, st.st_gid) < 0) {
+                        fprintf(stderr, "cannot give %s to uid %u: %m\n", path, (unsigned)st.st_uid);
+                        return 1;
+                }
+        }
         printf("%s\n", hex);
         if (created)
                 fprintf(stderr, "created %s\n", path);

@@ -17,7 +17,9 @@
 # (c) Boot it with systemd-nspawn, `apt-get install ./ravnest_*.deb`, then:
 #     the service is enabled and active as user ravnest, ravnestctl and
 #     busctl answer "unconfigured", the journal has its lines, it uses no
-#     CPU; a reinstall keeps a changed conffile and restarts the service;
+#     CPU; `ravnestctl identity` as root makes the daemon's key, a job and
+#     a network in the conffile and a reload make it train (as the README
+#     tells operators); a reinstall keeps a changed conffile and restarts the service;
 #     `apt-get remove` stops it and leaves the conffile; `apt-get purge`
 #     leaves nothing of the package (the user ravnest stays, by design).
 #
@@ -201,6 +203,43 @@ if [[ $c1 =~ ^[0-9]+$ && $c2 =~ ^[0-9]+$ ]] && [ $((c2 - c1)) -lt 30000000 ]; th
         pass "unconfigured: $(((c2 - c1) / 1000)) µs of CPU in 3 s"
 else
         fail "unconfigured uses no CPU: CPUUsageNSec $c1 -> $c2 in 3 s (limit 30 ms)"
+fi
+
+# ---- joining a network, as the README tells an operator ------------------------
+# The key first (root, before the daemon has one: it must be the daemon's),
+# then a secret only ravnest can read, a job and a listening address in
+# the conffile (in place of the sample), and a reload: the node leaves "unconfigured" and trains.
+if key=$(ct ravnestctl identity 2>/dev/null) && [[ $key =~ ^[0-9a-f]{64}$ ]] &&
+   [ "$(ct stat -c '%U %a' /var/lib/ravnest/identity 2>&1)" = "ravnest 600" ]; then
+        pass "ravnestctl identity (as root): $key, /var/lib/ravnest/identity is ravnest's, 0600"
+else
+        fail "ravnestctl identity as root: a key owned by ravnest, 0600" \
+                "key '$key', $(ct stat -c '%U %a' /var/lib/ravnest/identity 2>&1)"
+fi
+ct cp /etc/ravnest/ravnestd.conf /var/tmp/ravnestd.conf.orig
+ct sh -c 'umask 077 && od -An -tx1 -N32 /dev/urandom | tr -d " \n" >/etc/ravnest/secret && chown ravnest: /etc/ravnest/secret'
+ct sh -c 'cat >/etc/ravnest/ravnestd.conf' <<'EOF'
+job = "/usr/share/ravnest/jobs/fashion-mnist-mlp.job";
+threads = 1;
+idle = { enabled = false; };
+network = { listen = "127.0.0.1:7000"; secret_file = "/etc/ravnest/secret"; };
+EOF
+if out=$(ct ravnestd --check-config 2>&1) && ct systemctl reload ravnestd.service &&
+   wait_for 60 sh -c "nsenter -t $leader -a ravnestctl status 2>/dev/null | grep -q 'State: training'"; then
+        pass "configured and reloaded: State training"
+else
+        fail "configured and reloaded: State training" "$out" "$(ct ravnestctl status 2>&1 | head -n 3)" \
+                "$(ct journalctl -q -u ravnestd.service -n 8 --no-hostname -o cat 2>&1)"
+fi
+ct cp /var/tmp/ravnestd.conf.orig /etc/ravnest/ravnestd.conf
+ct rm -f /etc/ravnest/secret
+# A reload applies only idle and checkpoint settings to a running node
+# (ravnestd(8)): leaving the network takes a restart.
+ct systemctl restart ravnestd.service
+if wait_for 30 sh -c "nsenter -t $leader -a ravnestctl status 2>/dev/null | grep -q 'State: unconfigured'"; then
+        pass "the sample configuration back and restarted: State unconfigured"
+else
+        fail "the sample configuration back and restarted: State unconfigured" "$(ct ravnestctl status 2>&1 | head -n 3)"
 fi
 
 # ---- reinstall: the conffile stays as the operator left it ---------------------
