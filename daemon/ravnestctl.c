@@ -17,6 +17,7 @@
 #include "nn/stage.h"
 #include "service/config.h"
 #include "service/ctl-node.h"
+#include "service/ctl-plan.h"
 #include "service/job.h"
 #include "service/swarm.h"
 
@@ -212,6 +213,9 @@ static void help(void) {
                "\n"
                "Commands:\n"
                "  job FILE     describe a job: layers, shapes, parameters, memory\n"
+               "  plan NODES_FILE [--job FILE] [--json] [--seed N]\n"
+               "               form clusters from a list of nodes (genetic algorithm) and\n"
+               "               cut the job's model in each; print the plan\n"
                "  identity [STATE_DIR]\n"
                "               print this node's public key (for other nodes' allowed_peers),\n"
                "               creating the key pair if there is none yet\n"
@@ -255,6 +259,8 @@ int main(int argc, char *argv[]) {
         }
         if (strcmp(argv[1], "swarm") == 0)
                 return swarm(argc - 1, argv + 1);
+        if (strcmp(argv[1], "plan") == 0)
+                return ctl_plan(argc - 1, argv + 1);
         if (!strcmp(argv[1], "status") || !strcmp(argv[1], "pause") || !strcmp(argv[1], "resume") ||
             !strcmp(argv[1], "checkpoint"))
                 return ctl_node(argc - 1, argv + 1);
