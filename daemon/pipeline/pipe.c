@@ -27,6 +27,14 @@ enum {
 static const uint8_t msg_end[4] = "RVPE";  /* forward: no more micro-batches */
 static const uint8_t msg_done[4] = "RVPD"; /* backward: everything after us is finished */
 static const uint8_t msg_trained[4] = "RVPT"; /* forward: training is over, evaluation follows */
+/* A broken link: the micro-batches on the way are lost. FLUSH goes away from
+ * the break (up towards the first stage, or down towards the last), each
+ * stage drops what it holds of them and answers with the ACK; until the ACK
+ * arrives, the tensors that neighbour still sends are discarded. */
+static const uint8_t msg_flush_up[4] = "RVPF";
+static const uint8_t msg_flush_up_ack[4] = "RVPf";
+static const uint8_t msg_flush_down[4] = "RVPL";
+static const uint8_t msg_flush_down_ack[4] = "RVPl";
 
 /* Cookies of our sends: what to do when the Net lets go of the data. */
 enum { COOKIE_FREE = 0, COOKIE_RELEASE = 1, COOKIE_SLOT = 2 };
@@ -73,6 +81,7 @@ struct Pipe {
         int64_t prev, next;
         Queue fwd, bwd;
         bool end_seen, done_seen, trained_seen, released;
+        bool drain_prev, drain_next; /* discarding until that neighbour's FLUSH-ACK */
         int phase;
 
         Slot *slots;
@@ -261,12 +270,28 @@ void pipe_resume(Pipe *p, int epoch, size_t step, uint64_t updates) {
         p->step = MIN(step, p->steps_per_epoch - 1);
 }
 
+static void version_unref(Pipe *p, int v);
+static void flush_up(Pipe *p);
+static void flush_down(Pipe *p);
+
 void pipe_connect(Pipe *p, Net *net, int64_t prev_peer, int64_t next_peer) {
+        bool lost_prev = p->prev >= 0 && p->prev != prev_peer, lost_next = p->next >= 0 && p->next != next_peer;
         p->net = net;
         p->prev = prev_peer;
         p->next = next_peer;
         if (!p->start_ns) /* busy and idle time count from the first connection */
                 p->start_ns = now_ns();
+        /* a new link owes us no answer to a FLUSH the old one was sent */
+        if (lost_prev)
+                p->drain_prev = false;
+        if (lost_next)
+                p->drain_next = false;
+        if (p->phase != PHASE_TRAIN)
+                return;
+        if (lost_next)
+                flush_up(p);
+        if (lost_prev)
+                flush_down(p);
 }
 
 void pipe_set_backward_hook(Pipe *p, PipeBackwardHook hook, void *ud) {
@@ -407,6 +432,11 @@ int pipe_on_tensor(Pipe *p, NetTensor *t) {
                 net_tensor_release(p->net, t);
                 return -EBADMSG;
         }
+        if ((from_prev && p->drain_prev) || (from_next && p->drain_next)) {
+                /* it belongs to micro-batches a FLUSH dropped */
+                net_tensor_release(p->net, t);
+                return 0;
+        }
         int r = queue_push(kind == KIND_GRAD ? &p->bwd : &p->fwd, t);
         if (r < 0)
                 net_tensor_release(p->net, t);
@@ -414,9 +444,25 @@ int pipe_on_tensor(Pipe *p, NetTensor *t) {
 }
 
 int pipe_on_control(Pipe *p, uint32_t peer, const uint8_t *payload, size_t len) {
+        bool from_prev = p->prev >= 0 && peer == (uint32_t)p->prev;
+        bool from_next = p->next >= 0 && peer == (uint32_t)p->next;
         if (len != 4)
                 return -EBADMSG;
-        if (memcmp(payload, msg_end, 4) == 0 && p->prev >= 0 && peer == (uint32_t)p->prev)
+        if (memcmp(payload, msg_flush_up, 4) == 0 && from_next) {
+                if (p->phase == PHASE_TRAIN)
+                        flush_up(p);
+                return net_send_control(p->net, peer, FRAME_CONTROL, msg_flush_up_ack, 4) < 0 ? -ENOTCONN : 0;
+        }
+        if (memcmp(payload, msg_flush_down, 4) == 0 && from_prev) {
+                if (p->phase == PHASE_TRAIN)
+                        flush_down(p);
+                return net_send_control(p->net, peer, FRAME_CONTROL, msg_flush_down_ack, 4) < 0 ? -ENOTCONN : 0;
+        }
+        if (memcmp(payload, msg_flush_up_ack, 4) == 0 && from_prev)
+                p->drain_prev = false;
+        else if (memcmp(payload, msg_flush_down_ack, 4) == 0 && from_next)
+                p->drain_next = false;
+        else if (memcmp(payload, msg_end, 4) == 0 && p->prev >= 0 && peer == (uint32_t)p->prev)
                 p->end_seen = true;
         else if (memcmp(payload, msg_trained, 4) == 0 && p->prev >= 0 && peer == (uint32_t)p->prev)
                 p->trained_seen = true;
@@ -637,6 +683,49 @@ static int do_forward(Pipe *p, NetTensor *t) {
         if (r < 0)
                 sl->sending = false;
         return r;
+}
+
+/* ---- broken links ------------------------------------------------------ */
+
+/* The training micro-batches this stage holds are lost: their slots, their
+ * stashed versions, and what is queued about them. */
+static void drop_training(Pipe *p) {
+        for (int i = 0; i < p->tau; i++) {
+                Slot *sl = &p->slots[i];
+                if (!sl->used)
+                        continue;
+                sl->used = false; /* `sending` stays: the Net may still read its activations */
+                version_unref(p, sl->version);
+                p->st.lost++;
+        }
+        if (p->first) {
+                p->in_flight = 0;
+                p->batch_sent = 0;
+        }
+        if (p->net) {
+                queue_clear(p->net, &p->fwd);
+                queue_clear(p->net, &p->bwd);
+        }
+}
+
+/* The next stage (or one beyond it) lost what we sent it: drop our part
+ * and tell the previous stage, whose gradients for them will not come. */
+static void flush_up(Pipe *p) {
+        drop_training(p);
+        if (!p->first && p->prev >= 0 && net_send_control(p->net, (uint32_t)p->prev, FRAME_CONTROL, msg_flush_up, 4) >= 0)
+                p->drain_prev = true;
+}
+
+/* The previous stage (or one before it) will take no gradients for what it
+ * sent us: drop our part, labels too, and tell the next stage. */
+static void flush_down(Pipe *p) {
+        drop_training(p);
+        if (p->last)
+                for (int i = 0; i < 2 * p->tau + 2; i++)
+                        p->labels[i].used = false;
+        if (!p->last && p->next >= 0 &&
+            net_send_control(p->net, (uint32_t)p->next, FRAME_CONTROL, msg_flush_down, 4) >= 0)
+                p->drain_next = true;
 }
 
 static bool slots_idle(const Pipe *p) {

@@ -13,6 +13,12 @@
  * micro-batches form a batch: all forward, then all backward, one update) is
  * the same code with the first stage waiting for a batch to drain.
  *
+ * A broken link loses the micro-batches on the way through it: the stages
+ * on each side drop what they hold of them and tell the stages beyond
+ * (FLUSH, answered by FLUSH-ACK; until the answer, what still comes from
+ * that side belongs to the dropped micro-batches and is discarded), so a
+ * neighbour that comes back finds a pipeline ready to fill again.
+ *
  * Training ends with a TRAINED message passed down the stages once every
  * micro-batch is back; a stage can hold there (hold_after_training) while
  * its owner averages it one last time, so the test set is evaluated on the
@@ -70,6 +76,7 @@ typedef struct PipeStats {
         unsigned versions;             /* stashed parameter copies held now */
         uint64_t forwards, backwards, updates;
         uint64_t samples;              /* trained through this stage */
+        uint64_t lost;                 /* micro-batches dropped because a link in the pipeline broke */
         double loss_sum, correct;      /* last stage: over the `scored` samples so far */
         uint64_t scored;
         int epoch;                     /* first stage: 1-based */

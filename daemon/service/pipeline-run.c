@@ -28,6 +28,7 @@ typedef struct Run {
         bool finished; /* the neighbours may go now */
         Averaging av;
         bool told_paused;            /* the neighbours know this stage is paused */
+        uint64_t lost_told;          /* micro-batches lost with broken links, as logged */
         bool prev_paused, next_paused;
 } Run;
 
@@ -81,6 +82,20 @@ static void run_connected(void *ud, uint32_t peer, const uint8_t id[IDENTITY_PK_
                 return;
         }
         pipe_connect(r->pipe, r->net, r->prev_peer, r->next_peer);
+        if (r->told_paused) /* it joined while this stage is paused */
+                (void)net_send_control(r->net, peer, FRAME_CONTROL, msg_paused, 4);
+}
+
+/* Micro-batches a broken link took with it (here, or further down or up
+ * the pipeline: its FLUSH reached us). */
+static void run_tell_lost(Run *r) {
+        PipeStats st;
+        pipe_get_stats(r->pipe, &st);
+        if (st.lost > r->lost_told) {
+                log_info("Dropped %llu micro-batches that were on the way through the broken link",
+                         (unsigned long long)(st.lost - r->lost_told));
+                r->lost_told = st.lost;
+        }
 }
 
 static void run_closed(void *ud, uint32_t peer, int reason, const uint8_t id[IDENTITY_PK_SIZE]) {
@@ -97,6 +112,7 @@ static void run_closed(void *ud, uint32_t peer, int reason, const uint8_t id[IDE
                 else
                         r->next_peer = -1;
                 pipe_connect(r->pipe, r->net, r->prev_peer, r->next_peer);
+                run_tell_lost(r);
         }
 }
 
@@ -126,6 +142,7 @@ static void run_control(void *ud, uint32_t peer, uint8_t type, const uint8_t *p,
         }
         if (type == FRAME_CONTROL && pipe_on_control(r->pipe, peer, p, len) < 0)
                 net_close_peer(r->net, peer);
+        run_tell_lost(r);
 }
 
 static const NetCallbacks run_callbacks = {

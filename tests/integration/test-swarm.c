@@ -71,7 +71,9 @@ Test(swarm, interrupt_stops_every_node, .timeout = 120) {
         proc_start(&p, (char *[]){ RAVNESTCTL, "swarm", "--ravnestd", RAVNESTD, "--job",
                                    SOURCE_ROOT "/config/jobs/fashion-mnist-mlp.job", "--progress", "500", "--dir", dir,
                                    NULL }, NULL);
-        cr_assert(proc_wait_for(&p, "c1s2   stage 2/2:", 60000), "%s", p.out); /* training is under way */
+        /* both stages of cluster 1 are up and linked */
+        cr_assert(proc_wait_for(&p, "c1s2   Previous stage ", 60000), "%s", p.out);
+        cr_assert(proc_wait_for(&p, "c1s2   stage 2/2:", 60000), "%s", p.out);
         cr_assert_eq(ctl("pause", sock), 0, "%s", p.out);
         cr_assert(proc_wait_for(&p, "c1s2   Previous stage paused", 10000), "%s", p.out);
         cr_assert_eq(ctl("resume", sock), 0, "%s", p.out);
@@ -97,22 +99,42 @@ Test(swarm, interrupt_stops_every_node, .timeout = 120) {
 
 /* A node dies mid-run: its cluster's other stage waits for it without
  * crashing, the other cluster trains on to the end and averages without
- * the dead cluster, and Ctrl-C then stops the rest cleanly. */
-Test(swarm, a_dead_node_stops_only_its_cluster, .timeout = 300) {
+ * the dead cluster. Then the node comes back, as an operator would restart
+ * it: its neighbour drops the micro-batches lost with the link, and the
+ * cluster trains on to the end of its epoch. Ctrl-C then stops the rest
+ * cleanly. */
+Test(swarm, a_dead_node_stops_only_its_cluster_until_it_returns, .timeout = 420) {
         skip_without_dataset();
         Proc p;
         proc_start(&p, (char *[]){ RAVNESTCTL, "swarm", "--ravnestd", RAVNESTD, "--job",
                                    SOURCE_ROOT "/config/jobs/fashion-mnist-mlp.job", "--epochs", "1", "--interval", "1",
-                                   "--progress", "1000", "--keep-going", NULL }, NULL);
+                                   "--progress", "2000", "--keep-going", NULL }, NULL);
         cr_assert(proc_wait_for(&p, "swarm: started c2s2 (pid ", 30000), "%s", p.out);
         int pid = atoi(strstr(p.out, "swarm: started c2s2 (pid ") + strlen("swarm: started c2s2 (pid "));
+        char dir[128] = "", conf[160];
+        const char *in = strstr(p.out, " in /");
+        cr_assert(in && sscanf(in + 4, "%127[^;]", dir) == 1, "%s", p.out);
+        snprintf(conf, sizeof conf, "%s/c2s2.conf", dir);
         cr_assert(proc_wait_for(&p, "c2s2   stage 2/2:", 60000), "%s", p.out);
         cr_assert_eq(kill(pid, SIGKILL), 0);
         cr_assert(proc_wait_for(&p, "swarm: c2s2 ended with signal 9", 30000), "%s", p.out);
         cr_assert(proc_wait_for(&p, "c2s1   Next stage left", 30000), "%s", p.out);
+        cr_assert(proc_wait_for(&p, "c2s1   Dropped ", 10000), "the micro-batches on the way are not dropped\n%s", p.out);
         /* cluster 1 finishes its epoch; its rounds go on without cluster 2 */
         cr_assert(proc_wait_for(&p, "c1s2   Finished", 240000), "%s", p.out);
         cr_assert(strstr(p.out, "done: 1 of 4 members"), "no round without the dead cluster\n%s", p.out);
+
+        Proc back;
+        proc_start(&back, (char *[]){ RAVNESTD, "--config", conf, "--job", SOURCE_ROOT "/config/jobs/fashion-mnist-mlp.job",
+                                      "--epochs", "1", "--progress", "2000", NULL }, NULL);
+        cr_assert(proc_wait_for(&back, "Previous stage ", 30000), "%s", back.out);
+        cr_assert(proc_wait_for(&p, "c2s1   Finished stage 1 of 2 in cluster 2", 240000), "%s\n---- c2s2:\n%s", p.out,
+                  back.out);
+        cr_assert(proc_wait_for(&back, "Finished fashion-mnist-mlp: test accuracy ", 60000), "%s", back.out);
+        double acc = strtod(strstr(back.out, "test accuracy ") + strlen("test accuracy "), NULL);
+        cr_assert_gt(acc, 50.0, "the returned stage trained on: %.2f%%\n%s", acc, back.out);
+        kill(back.pid, SIGTERM);
+        cr_assert_eq(proc_exit(&back), 0, "%s", back.out);
         kill(p.pid, SIGINT);
         int status = proc_exit(&p);
         cr_assert_eq(status, 130, "%s", p.out);
