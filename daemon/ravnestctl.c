@@ -18,6 +18,7 @@
 #include "service/config.h"
 #include "service/ctl-node.h"
 #include "service/ctl-plan.h"
+#include "service/ctl-predict.h"
 #include "service/job.h"
 #include "service/swarm.h"
 
@@ -216,6 +217,9 @@ static void help(void) {
                "  plan NODES_FILE [--job FILE] [--json] [--seed N]\n"
                "               form clusters from a list of nodes (genetic algorithm) and\n"
                "               cut the job's model in each; print the plan\n"
+               "  predict --compute-ms MS --bandwidth MBIT --nodes N (--params P | --job FILE) ...\n"
+               "               predict the time per iteration of all-reduce and of each gossip\n"
+               "               topology, and recommend one\n"
                "  identity [STATE_DIR]\n"
                "               print this node's public key (for other nodes' allowed_peers),\n"
                "               creating the key pair if there is none yet\n"
@@ -261,6 +265,8 @@ int main(int argc, char *argv[]) {
                 return swarm(argc - 1, argv + 1);
         if (strcmp(argv[1], "plan") == 0)
                 return ctl_plan(argc - 1, argv + 1);
+        if (strcmp(argv[1], "predict") == 0)
+                return ctl_predict(argc - 1, argv + 1);
         if (!strcmp(argv[1], "status") || !strcmp(argv[1], "pause") || !strcmp(argv[1], "resume") ||
             !strcmp(argv[1], "checkpoint"))
                 return ctl_node(argc - 1, argv + 1);

@@ -1,5 +1,5 @@
-/* nn/optim.c — SGD with momentum and AdamW, written as their papers and
- * PyTorch's documentation state them. */
+/* nn/optim.c — SGD with momentum, AdamW and AccumAdam, written as their
+ * papers and PyTorch's documentation state them. */
 #include "optim.h"
 
 #include <errno.h>
@@ -11,6 +11,7 @@
 static const char *const kind_names[_OPTIM_KIND_MAX] = {
         [OPTIM_SGD] = "sgd",
         [OPTIM_ADAMW] = "adamw",
+        [OPTIM_ACCUM_ADAM] = "accumadam",
 };
 
 DEFINE_STRING_TABLE_LOOKUP(optim_kind, OptimKind, kind_names, _OPTIM_KIND_MAX, _OPTIM_KIND_INVALID)
@@ -38,11 +39,13 @@ void optim_spec_defaults(OptimSpec *s, OptimKind kind) {
                 s->lr = 0.01f;
                 break;
         case OPTIM_ADAMW:
+        case OPTIM_ACCUM_ADAM:
                 s->lr = 1e-3f;
                 s->beta1 = 0.9f;
                 s->beta2 = 0.999f;
                 s->eps = 1e-8f;
                 s->weight_decay = 0.01f;
+                s->accum_steps = kind == OPTIM_ACCUM_ADAM ? 4 : 0;
                 break;
         default:
                 break;
@@ -50,11 +53,12 @@ void optim_spec_defaults(OptimSpec *s, OptimKind kind) {
 }
 
 size_t optim_state_floats(OptimKind kind, size_t n) {
-        return kind == OPTIM_ADAMW ? 2 * n : n;
+        return kind == OPTIM_ACCUM_ADAM ? 3 * n : kind == OPTIM_ADAMW ? 2 * n : n;
 }
 
 int optim_init(Optim *o, const OptimSpec *spec, size_t n, float *state) {
-        if (spec->kind < 0 || spec->kind >= _OPTIM_KIND_MAX)
+        if (spec->kind < 0 || spec->kind >= _OPTIM_KIND_MAX ||
+            (spec->kind == OPTIM_ACCUM_ADAM && spec->accum_steps == 0))
                 return -EINVAL;
         *o = (Optim){ .spec = *spec, .n = n, .state = state, .lr = spec->lr };
         return 0;
@@ -126,14 +130,60 @@ _simd_clones_ static void adamw_step(void *ctx, size_t lo, size_t hi) {
         }
 }
 
+/* AccumAdam (Wang, Zhang, Wu, Johansson, ICLR 2025, Section 4): the moments
+ * M, V move only at the end of every block of k steps, from the block's mean
+ * gradient a; every step still moves w, with the moments as they would be if
+ * this step's gradient closed the block:
+ *   a <- a + g / k
+ *   m <- b1 M + (1 - b1) g,   v <- b2 V + (1 - b2) g^2
+ *   w <- w (1 - lr lambda) - lr * (m / (1 - b1^j)) / (sqrt(v / (1 - b2^j)) + eps)
+ *   at the end of a block: M <- b1 M + (1 - b1) a,  V <- b2 V + (1 - b2) a^2,  a <- 0
+ * with j = ceil(t / k) the number of the block. k = 1 is AdamW. */
+_simd_clones_ static void accum_adam_step(void *ctx, size_t lo, size_t hi) {
+        const StepArgs *a = ctx;
+        const Optim *o = a->o;
+        const float lr = o->lr, wd = o->spec.weight_decay;
+        const float b1 = o->spec.beta1, b2 = o->spec.beta2, eps = o->spec.eps;
+        const float inv_k = 1.0f / (float)o->spec.accum_steps;
+        const bool closes = o->t % o->spec.accum_steps == 0;
+        float *restrict w = a->w + lo, *restrict M = o->state + a->offset + lo;
+        float *restrict V = o->state + o->n + a->offset + lo;
+        float *restrict acc = o->state + 2 * o->n + a->offset + lo;
+        const float *restrict g = a->g + lo;
+        size_t n = hi - lo;
+        float step = lr / o->c1, inv_sqrt_c2 = 1.0f / sqrtf(o->c2), decay = 1.0f - lr * wd;
+
+        for (size_t i = 0; i < n; i++) {
+                float gi = g[i];
+                float m = b1 * M[i] + (1.0f - b1) * gi;
+                float v = b2 * V[i] + (1.0f - b2) * gi * gi;
+                w[i] = w[i] * decay - step * m / (sqrtf(v) * inv_sqrt_c2 + eps);
+                if (o->spec.accum_steps == 1) {
+                        M[i] = m;
+                        V[i] = v;
+                        continue;
+                }
+                float ai = acc[i] + gi * inv_k;
+                if (closes) {
+                        M[i] = b1 * M[i] + (1.0f - b1) * ai;
+                        V[i] = b2 * V[i] + (1.0f - b2) * ai * ai;
+                        ai = 0.0f;
+                }
+                acc[i] = ai;
+        }
+}
+
 void optim_set_pool(Optim *o, Pool *pool) {
         o->pool = pool;
 }
 
 void optim_begin_step(Optim *o) {
         o->t++;
-        o->c1 = (float)(1.0 - pow(o->spec.beta1, (double)o->t));
-        o->c2 = (float)(1.0 - pow(o->spec.beta2, (double)o->t));
+        uint64_t j = o->t;
+        if (o->spec.kind == OPTIM_ACCUM_ADAM) /* the block this step belongs to */
+                j = (o->t + o->spec.accum_steps - 1) / o->spec.accum_steps;
+        o->c1 = (float)(1.0 - pow(o->spec.beta1, (double)j));
+        o->c2 = (float)(1.0 - pow(o->spec.beta2, (double)j));
 }
 
 void optim_update(Optim *o, float *w, const float *g, size_t offset, size_t n) {
@@ -147,6 +197,9 @@ void optim_update(Optim *o, float *w, const float *g, size_t offset, size_t n) {
                 break;
         case OPTIM_ADAMW:
                 pool_for(o->pool, n, OPTIM_GRAIN, adamw_step, &a);
+                break;
+        case OPTIM_ACCUM_ADAM:
+                pool_for(o->pool, n, OPTIM_GRAIN, accum_adam_step, &a);
                 break;
         default:
                 break;

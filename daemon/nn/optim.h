@@ -1,8 +1,9 @@
 /* nn/optim.h — optimizers that update a parameter slab in place.
  *
- * The state (momentum buffer, or Adam's two moments) is itself one
- * contiguous slab of optim_state_floats() floats, so checkpoints and transfers
- * handle it as a block like the parameters.
+ * The state (momentum buffer, or Adam's two moments, plus AccumAdam's
+ * gradient accumulator) is itself one contiguous slab of
+ * optim_state_floats() floats, so checkpoints and transfers handle it as a
+ * block like the parameters.
  *
  *     OptimSpec s;
  *     optim_spec_defaults(&s, OPTIM_SGD);
@@ -22,6 +23,11 @@
 typedef enum OptimKind {
         OPTIM_SGD,
         OPTIM_ADAMW,
+        /* AdamW whose moments are updated only every accum_steps steps, from
+         * the mean of the gradients of those steps (Wang et al., ICLR 2025):
+         * with small local batches, as in decentralized training, one
+         * batch's gradient is too noisy for the second moment. */
+        OPTIM_ACCUM_ADAM,
         _OPTIM_KIND_MAX,
         _OPTIM_KIND_INVALID = -1,
 } OptimKind;
@@ -41,17 +47,21 @@ typedef struct OptimSpec {
         /* SGD */
         float momentum;
         bool nesterov;
-        /* AdamW */
+        /* AdamW, AccumAdam */
         float beta1, beta2, eps;
+        /* AccumAdam: steps whose gradients make one moment update */
+        unsigned accum_steps;
 } OptimSpec;
 
 typedef struct Optim {
         OptimSpec spec;
         size_t n;
-        float *state; /* SGD: momentum (n); AdamW: m (n) then v (n) */
+        float *state; /* SGD: momentum (n); AdamW: m (n) then v (n); AccumAdam: m, v, then the
+                       * gradients accumulated since the last moment update (n each) */
         uint64_t t;   /* steps taken */
         float lr;     /* the learning rate of the next step */
-        float c1, c2; /* AdamW's bias corrections 1 - beta^t for this step */
+        float c1, c2; /* AdamW's bias corrections 1 - beta^t for this step (AccumAdam:
+                       * beta^j, j the moment update this step leads to) */
         Pool *pool;   /* splits each step across threads; NULL: caller only */
         bool no_fuse; /* never fuse the momentum into the backward pass */
 } Optim;
@@ -65,7 +75,8 @@ LrSchedule lr_schedule_from_string(const char *s);
 float lr_schedule_at(const OptimSpec *s, uint64_t t, uint64_t total);
 
 /* PyTorch's defaults: SGD lr 0.01, momentum 0; AdamW lr 1e-3, betas
- * (0.9, 0.999), eps 1e-8, weight decay 0.01. */
+ * (0.9, 0.999), eps 1e-8, weight decay 0.01. AccumAdam: AdamW's, and the
+ * moments updated every 4 steps (the paper's reference code). */
 void optim_spec_defaults(OptimSpec *s, OptimKind kind);
 size_t optim_state_floats(OptimKind kind, size_t n);
 

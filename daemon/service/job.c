@@ -110,10 +110,11 @@ static int parse_model(const config_setting_t *root, ModelSpec *m, int classes, 
 
 static int parse_optim(const config_setting_t *root, OptimSpec *o, Diag *d) {
         static const char *const keys[] = { "type", "lr", "schedule", "momentum", "nesterov",
-                                            "weight_decay", "beta1", "beta2", "eps", NULL };
+                                            "weight_decay", "beta1", "beta2", "eps", "accum_steps", NULL };
         config_setting_t *g;
         char type[16], schedule[16];
         double lr, mom, wd, b1, b2, eps;
+        long long accum;
         bool nesterov;
         int r;
 
@@ -123,16 +124,18 @@ static int parse_optim(const config_setting_t *root, OptimSpec *o, Diag *d) {
                 return r;
         OptimKind kind = optim_kind_from_string(type);
         if (kind == _OPTIM_KIND_INVALID)
-                return conf_error(g, "type", -EINVAL, d, "unknown optimizer \"%s\" (known: sgd, adamw)", type);
+                return conf_error(g, "type", -EINVAL, d, "unknown optimizer \"%s\" (known: sgd, adamw, accumadam)", type);
         optim_spec_defaults(o, kind);
 
         if (kind != OPTIM_SGD && (config_setting_get_member(g, "momentum") ||
                                   config_setting_get_member(g, "nesterov")))
                 return conf_error(g, NULL, -EINVAL, d, "momentum and nesterov are settings of sgd");
-        if (kind != OPTIM_ADAMW && (config_setting_get_member(g, "beta1") ||
-                                    config_setting_get_member(g, "beta2") ||
-                                    config_setting_get_member(g, "eps")))
-                return conf_error(g, NULL, -EINVAL, d, "beta1, beta2 and eps are settings of adamw");
+        if (kind == OPTIM_SGD && (config_setting_get_member(g, "beta1") ||
+                                  config_setting_get_member(g, "beta2") ||
+                                  config_setting_get_member(g, "eps")))
+                return conf_error(g, NULL, -EINVAL, d, "beta1, beta2 and eps are settings of adamw and accumadam");
+        if (kind != OPTIM_ACCUM_ADAM && config_setting_get_member(g, "accum_steps"))
+                return conf_error(g, "accum_steps", -EINVAL, d, "accum_steps is a setting of accumadam");
 
         if ((r = conf_get_double(g, "lr", false, 0.0, 100.0, o->lr, &lr, d)) < 0 ||
             (r = conf_get_double(g, "momentum", false, 0.0, 0.9999, o->momentum, &mom, d)) < 0 ||
@@ -140,7 +143,8 @@ static int parse_optim(const config_setting_t *root, OptimSpec *o, Diag *d) {
             (r = conf_get_double(g, "weight_decay", false, 0.0, 10.0, o->weight_decay, &wd, d)) < 0 ||
             (r = conf_get_double(g, "beta1", false, 0.0, 0.9999, o->beta1, &b1, d)) < 0 ||
             (r = conf_get_double(g, "beta2", false, 0.0, 0.999999, o->beta2, &b2, d)) < 0 ||
-            (r = conf_get_double(g, "eps", false, 1e-12, 1.0, o->eps ? o->eps : 1e-8, &eps, d)) < 0)
+            (r = conf_get_double(g, "eps", false, 1e-12, 1.0, o->eps ? o->eps : 1e-8, &eps, d)) < 0 ||
+            (r = conf_get_int(g, "accum_steps", false, 1, 1024, o->accum_steps, &accum, d)) < 0)
                 return r;
         if ((r = conf_get_string(g, "schedule", false, "constant", schedule, sizeof schedule, d)) < 0)
                 return r;
@@ -157,6 +161,7 @@ static int parse_optim(const config_setting_t *root, OptimSpec *o, Diag *d) {
         o->beta1 = (float)b1;
         o->beta2 = (float)b2;
         o->eps = (float)eps;
+        o->accum_steps = (unsigned)accum;
         return 0;
 }
 

@@ -105,3 +105,15 @@ Test(job, errors_point_at_the_setting_not_its_group) {
         snprintf(want, sizeof want, "%s:11: optimizer.type: unknown optimizer", path);
         cr_assert(strstr(d.text, want), "%s", d.text);
 }
+
+Test(job, accumadam_and_its_accum_steps) {
+        char path[64];
+        Diag d = {};
+        cr_assert_eq(load_variant("type = \"sgd\"; lr = 0.1;", "type = \"accumadam\"; lr = 0.001; accum_steps = 8; beta2 = 0.99;",
+                                  &d, path),
+                     0, "%s", d.text);
+        expect_error("lr = 0.1;", "lr = 0.1; accum_steps = 4;", "10: optimizer.accum_steps: accum_steps is a setting of accumadam");
+        expect_error("type = \"sgd\"; lr = 0.1;", "type = \"accumadam\"; accum_steps = 0;",
+                     "10: optimizer.accum_steps: must be an integer in [1, 1024], got 0");
+        expect_error("type = \"sgd\"; lr = 0.1;", "type = \"sgd\"; beta1 = 0.8;", "10: optimizer: beta1, beta2 and eps are settings of adamw and accumadam");
+}

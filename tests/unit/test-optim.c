@@ -87,12 +87,71 @@ Test(optim, state_sizes_and_names) {
         cr_assert_eq(optim_kind_from_string("adamw"), OPTIM_ADAMW);
         cr_assert_eq(optim_kind_from_string("adam"), _OPTIM_KIND_INVALID);
         cr_assert_str_eq(optim_kind_to_string(OPTIM_SGD), "sgd");
+        cr_assert_eq(optim_state_floats(OPTIM_ACCUM_ADAM, 10), 30);
+        cr_assert_eq(optim_kind_from_string("accumadam"), OPTIM_ACCUM_ADAM);
+}
+
+Test(optim, accum_adam_with_one_step_per_block_is_adamw) {
+        OptimSpec a, b;
+        optim_spec_defaults(&a, OPTIM_ADAMW);
+        optim_spec_defaults(&b, OPTIM_ACCUM_ADAM);
+        cr_assert_eq(b.accum_steps, 4);
+        b.accum_steps = 1;
+        a.lr = b.lr = 0.01f;
+        float wa[3] = { 1, -2, 0.5f }, wb[3] = { 1, -2, 0.5f }, sa[6] = {}, sb[9] = {};
+        Optim oa, ob;
+        optim_init(&oa, &a, 3, sa);
+        optim_init(&ob, &b, 3, sb);
+        for (int step = 0; step < 5; step++) {
+                float g[3] = { 0.3f * step - 0.5f, 1.0f / (step + 1), -0.25f };
+                optim_step(&oa, wa, g);
+                optim_step(&ob, wb, g);
+                for (int i = 0; i < 3; i++)
+                        cr_assert_eq(wa[i], wb[i], "step %d w[%d]: %.9g vs %.9g", step, i, (double)wa[i], (double)wb[i]);
+        }
+}
+
+Test(optim, accum_adam_two_steps_per_block) {
+        /* k = 2, lr 0.01, no weight decay, w0 = 1; gradients 0.5, -0.1, 0.3.
+         * Step 1 (block 1 open): m = 0.1 * 0.5 = 0.05, v = 0.001 * 0.25; bias
+         *   corrections 0.1 and 0.001 give mhat 0.5, vhat 0.25:
+         *   w1 = 1 - 0.01 * 0.5 / 0.5 = 0.99; moments unchanged, a = 0.25.
+         * Step 2 (closes block 1): mhat = -0.1, sqrt(vhat) = 0.1:
+         *   w2 = 0.99 + 0.01 = 1.0; a = 0.25 - 0.05 = 0.2, so
+         *   M = 0.1 * 0.2 = 0.02, V = 0.001 * 0.04 = 4e-5, a = 0.
+         * Step 3 (block 2): m = 0.9 * 0.02 + 0.1 * 0.3 = 0.048,
+         *   v = 0.999 * 4e-5 + 0.001 * 0.09 = 1.2996e-4, corrections 0.19 and
+         *   0.001999: w3 = 1 - 0.01 * 0.2526316 / 0.2549764 = 0.9900920 */
+        OptimSpec s;
+        optim_spec_defaults(&s, OPTIM_ACCUM_ADAM);
+        s.lr = 0.01f;
+        s.weight_decay = 0;
+        s.accum_steps = 2;
+        float w[1] = { 1 }, st[3] = {};
+        Optim o;
+        cr_assert_eq(optim_init(&o, &s, 1, st), 0);
+        optim_step(&o, w, (float[]){ 0.5f });
+        cr_assert_float_eq(w[0], 0.99f, 1e-6f);
+        cr_assert(st[0] == 0 && st[1] == 0, "moments wait for the block");
+        cr_assert_float_eq(st[2], 0.25f, 1e-7f);
+        optim_step(&o, w, (float[]){ -0.1f });
+        cr_assert_float_eq(w[0], 1.0f, 1e-6f);
+        cr_assert_float_eq(st[0], 0.02f, 1e-7f);
+        cr_assert_float_eq(st[1], 4e-5f, 1e-9f);
+        cr_assert_eq(st[2], 0.0f);
+        optim_step(&o, w, (float[]){ 0.3f });
+        double m = 0.048 / 0.19, v = 1.2996e-4 / (1 - 0.999 * 0.999);
+        cr_assert_float_eq(w[0], (float)(1.0 - 0.01 * m / (sqrt(v) + 1e-8)), 1e-6f);
+        cr_assert_float_eq(w[0], 0.990092f, 1e-6f);
+
+        s.accum_steps = 0;
+        cr_assert_eq(optim_init(&o, &s, 1, st), -EINVAL);
 }
 
 Test(optim, pooled_step_equals_serial_step) {
         /* A slab big enough to be split across threads gives the same bits. */
         enum { N = 200003 };
-        static float w1[N], w2[N], g[N], s1[2 * N], s2[2 * N];
+        static float w1[N], w2[N], g[N], s1[3 * N], s2[3 * N];
         Pool *p;
         cr_assert_eq(pool_new(2, &p), 0);
         for (int kind = 0; kind < _OPTIM_KIND_MAX; kind++) {
@@ -103,7 +162,7 @@ Test(optim, pooled_step_equals_serial_step) {
                         w1[i] = w2[i] = sinf((float)i);
                         g[i] = cosf((float)i * 0.7f);
                 }
-                for (int i = 0; i < 2 * N; i++)
+                for (int i = 0; i < 3 * N; i++)
                         s1[i] = s2[i] = 0;
                 Optim a, b;
                 optim_init(&a, &s, N, s1);

@@ -1,0 +1,160 @@
+/* service/ctl-predict.c — see ctl-predict.h. */
+#include "ctl-predict.h"
+
+#include <errno.h>
+#include <getopt.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <sysexits.h>
+
+#include "collective/runtime-model.h"
+#include "service/job.h"
+
+static void usage(FILE *f) {
+        fprintf(f,
+                "Usage: ravnestctl predict --compute-ms MS --bandwidth MBIT --nodes N (--params P | --job FILE)\n"
+                "                          [--compute-sd-ms MS] [--latency-ms MS] [--update-ms MS] [--fp16]\n"
+                "                          [--plaintext] [--cpu-gbs GB/S] [--json]\n");
+}
+
+/* A positive finite number, whole argument. */
+static int parse_number(const char *s, double lo, double *ret) {
+        char *end;
+        errno = 0;
+        double v = strtod(s, &end);
+        if (errno || end == s || *end || !isfinite(v) || v < lo)
+                return -EINVAL;
+        *ret = v;
+        return 0;
+}
+
+int ctl_predict(int argc, char *argv[]) {
+        static const struct option opts[] = {
+                { "compute-ms", required_argument, NULL, 'c' },
+                { "compute-sd-ms", required_argument, NULL, 's' },
+                { "update-ms", required_argument, NULL, 'u' },
+                { "bandwidth", required_argument, NULL, 'b' },
+                { "latency-ms", required_argument, NULL, 'l' },
+                { "nodes", required_argument, NULL, 'n' },
+                { "params", required_argument, NULL, 'p' },
+                { "job", required_argument, NULL, 'j' },
+                { "fp16", no_argument, NULL, 'f' },
+                { "plaintext", no_argument, NULL, 'P' },
+                { "cpu-gbs", required_argument, NULL, 'C' },
+                { "json", no_argument, NULL, 'J' },
+                { "help", no_argument, NULL, 'h' },
+                {}
+        };
+        RuntimeModelInput in;
+        const char *job_path = NULL;
+        double v;
+        bool json = false, have_params = false;
+        int c;
+
+        runtime_model_defaults(&in);
+        in.nodes = 0;
+        optind = 1;
+        while ((c = getopt_long(argc, argv, "", opts, NULL)) >= 0) {
+                double *dst = NULL, lo = 0;
+                switch (c) {
+                case 'c': dst = &in.compute_ms; lo = 1e-6; break;
+                case 's': dst = &in.compute_sd_ms; break;
+                case 'u': dst = &in.update_ms; break;
+                case 'b': dst = &in.bandwidth_mbit; lo = 1e-6; break;
+                case 'l': dst = &in.latency_ms; break;
+                case 'C': dst = &in.cpu_gbyte_s; lo = 1e-6; break;
+                case 'n':
+                case 'p':
+                        if (parse_number(optarg, 1, &v) < 0 || v != floor(v) || v > (c == 'n' ? 65536 : 1e12)) {
+                                fprintf(stderr, "--%s: a whole number%s, got \"%s\"\n", c == 'n' ? "nodes" : "params",
+                                        c == 'n' ? " in [1, 65536]" : " above 0", optarg);
+                                return EX_USAGE;
+                        }
+                        if (c == 'n')
+                                in.nodes = (unsigned)v;
+                        else {
+                                in.params = (size_t)v;
+                                have_params = true;
+                        }
+                        continue;
+                case 'j': job_path = optarg; continue;
+                case 'f': in.fp16 = true; continue;
+                case 'P': in.encrypted = false; continue;
+                case 'J': json = true; continue;
+                case 'h': usage(stdout); return 0;
+                default: usage(stderr); return EX_USAGE;
+                }
+                if (parse_number(optarg, lo, dst) < 0) {
+                        const char *name = "?";
+                        for (const struct option *o = opts; o->name; o++)
+                                if (o->val == c)
+                                        name = o->name;
+                        fprintf(stderr, "--%s: a number%s, got \"%s\"\n", name, lo > 0 ? " above 0" : " >= 0", optarg);
+                        return EX_USAGE;
+                }
+        }
+        if (optind < argc) {
+                fprintf(stderr, "predict: unexpected argument \"%s\"\n", argv[optind]);
+                usage(stderr);
+                return EX_USAGE;
+        }
+        if (job_path && !have_params) {
+                Job job;
+                Diag d = {};
+                if (job_load(job_path, &job, &d) < 0) {
+                        fprintf(stderr, "%s\n", d.text);
+                        return EX_CONFIG;
+                }
+                in.params = model_spec_params(&job.model, 0, job.model.n_layers);
+        }
+        if (!(in.compute_ms > 0) || !(in.bandwidth_mbit > 0) || in.nodes == 0 || in.params == 0) {
+                fprintf(stderr, "predict needs --compute-ms, --bandwidth, --nodes and --params or --job\n");
+                usage(stderr);
+                return EX_USAGE;
+        }
+
+        RuntimeModelResult res;
+        if (runtime_model_predict(&in, &res) < 0) {
+                fprintf(stderr, "predict: these figures cannot be modelled\n");
+                return EX_USAGE;
+        }
+        if (json) {
+                printf("{\"nodes\":%u,\"params\":%zu,\"compute_ms\":%g,\"compute_sd_ms\":%g,\"bandwidth_mbit\":%g,"
+                       "\"latency_ms\":%g,\"methods\":[",
+                       in.nodes, in.params, in.compute_ms, in.compute_sd_ms, in.bandwidth_mbit, in.latency_ms);
+                for (int m = 0; m < _RUNTIME_METHOD_MAX; m++) {
+                        const RuntimeMethodPrediction *p = &res.method[m];
+                        printf("%s{\"method\":\"%s\",\"iter_ms\":%.3f,\"compute_ms\":%.3f,\"comm_ms\":%.3f,"
+                               "\"exposed_ms\":%.3f,",
+                               m ? "," : "", runtime_model_method_name(m), p->iter_ms, p->compute_ms, p->comm_ms,
+                               p->exposed_ms);
+                        if (isnan(p->spectral_gap))
+                                printf("\"spectral_gap\":null}");
+                        else
+                                printf("\"spectral_gap\":%.4f}", p->spectral_gap);
+                }
+                printf("],\"recommended\":\"%s\",\"speedup\":%.3f}\n", runtime_model_method_name(res.recommended),
+                       res.speedup);
+                return 0;
+        }
+        printf("%u nodes, %zu parameters (%.1f MiB as %s), compute %.1f ms (sd %.1f), %g Mbit/s, latency %g ms\n\n",
+               in.nodes, in.params, in.params * (in.fp16 ? 2.0 : 4.0) / (1 << 20), in.fp16 ? "binary16" : "float32",
+               in.compute_ms, in.compute_sd_ms, in.bandwidth_mbit, in.latency_ms);
+        printf("%-14s %12s %12s %12s %12s %13s\n", "method", "ms/iteration", "compute", "exchange", "not hidden",
+               "spectral gap");
+        for (int m = 0; m < _RUNTIME_METHOD_MAX; m++) {
+                const RuntimeMethodPrediction *p = &res.method[m];
+                char gap[32];
+                if (isnan(p->spectral_gap))
+                        snprintf(gap, sizeof gap, "-");
+                else
+                        snprintf(gap, sizeof gap, "%.3f", p->spectral_gap);
+                printf("%-14s %12.1f %12.1f %12.1f %12.1f %13s%s\n", runtime_model_method_name(m), p->iter_ms,
+                       p->compute_ms, p->comm_ms, p->exposed_ms, gap,
+                       (RuntimeMethod)m == res.recommended ? "  <- recommended" : "");
+        }
+        printf("\nrecommended: %s (%.2fx the iteration rate of all-reduce)\n",
+               runtime_model_method_name(res.recommended), res.speedup);
+        return 0;
+}
