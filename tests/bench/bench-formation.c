@@ -34,20 +34,10 @@
 
 #include "cluster/formation.h"
 #include "util/rng.h"
-
-static double now_s(void) {
-        struct timespec ts;
-        clock_gettime(CLOCK_MONOTONIC, &ts);
-        return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
-static int compare_double(const void *a, const void *b) {
-        double x = *(const double *)a, y = *(const double *)b;
-        return (x > y) - (x < y);
-}
+#include "bench.h"
 
 static double median(double *v, int n) {
-        qsort(v, (size_t)n, sizeof *v, compare_double);
+        qsort(v, (size_t)n, sizeof *v, bench_compare_double);
         return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
@@ -156,15 +146,15 @@ static void small_sets(const FormationModel *fm, int seeds) {
                         double best;
                         Diag d = {};
                         draw_nodes(nodes, n, 1000 * (uint64_t)n + (uint64_t)s);
-                        double t0 = now_s();
+                        double t0 = bench_now_s();
                         if (formation_exhaustive(fm, nodes, n, sim, opt, &best, &d) < 0)
                                 continue; /* no cluster possible: nothing to compare */
-                        double t1 = now_s();
+                        double t1 = bench_now_s();
                         if (formation_ga(fm, nodes, n, &(FormationParams){ .similarity = sim, .seed = (uint64_t)s }, ga, &d) < 0) {
                                 printf("n=%d seed %d: %s\n", n, s, d.text);
                                 continue;
                         }
-                        double t2 = now_s();
+                        double t2 = bench_now_s();
                         /* the greedy seed alone can miss every cluster the search finds: 0 */
                         bool have_greedy = formation_greedy(fm, nodes, n, sim, gr, NULL) >= 0;
                         ratio[k] = formation_fitness(fm, nodes, n, ga, sim, NULL) / best;
@@ -227,19 +217,19 @@ static void large_sets(const FormationModel *fm, int seeds, int max_n) {
                 for (int s = 0; s < seeds && s < 16; s++) {
                         Diag d = {};
                         draw_nodes(nodes, n, 7000 + (uint64_t)s);
-                        double t0 = now_s();
+                        double t0 = bench_now_s();
                         if (formation_greedy(fm, nodes, n, sim, gr, &d) < 0) {
                                 printf("%s\n", d.text);
                                 continue;
                         }
-                        double t1 = now_s();
+                        double t1 = bench_now_s();
                         _cleanup_(formation_freep) Formation *f = NULL;
                         if (formation_run(fm, nodes, n, &(FormationParams){ .similarity = sim, .seed = (uint64_t)s }, &f,
                                           &d) < 0) {
                                 printf("%s\n", d.text);
                                 continue;
                         }
-                        double t2 = now_s();
+                        double t2 = bench_now_s();
                         for (int i = 0; i < n; i++)
                                 ga[i] = f->cluster_of[i];
                         t_gr[k] = t1 - t0;

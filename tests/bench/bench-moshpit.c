@@ -46,6 +46,7 @@
 #include <time.h>
 
 #include "collective/moshpit-sim.h"
+#include "bench.h"
 
 typedef struct Setting {
         size_t peers;
@@ -62,17 +63,6 @@ static const Setting settings[] = {
         { 900, { 2, 32 }, 0, 5.0, 1.0 },
         { 900, { 2, 32 }, 0.005, 5.9, 50.0 },
 };
-
-static double now_s(void) {
-        struct timespec ts;
-        clock_gettime(CLOCK_MONOTONIC, &ts);
-        return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
-static int compare_double(const void *a, const void *b) {
-        double x = *(const double *)a, y = *(const double *)b;
-        return (x > y) - (x < y);
-}
 
 /* Quantile q of n sorted values, linear between order statistics (numpy's
  * default), so that the figures compare with the paper's tooling. */
@@ -106,7 +96,7 @@ static int run(const MoshpitSimConfig *base, bool allreduce, unsigned restarts, 
                 s.converged += res.converged;
         }
         s.mean /= restarts;
-        qsort(rounds, restarts, sizeof *rounds, compare_double);
+        qsort(rounds, restarts, sizeof *rounds, bench_compare_double);
         s.q1 = quantile(rounds, restarts, 0.25);
         s.median = quantile(rounds, restarts, 0.5);
         s.q3 = quantile(rounds, restarts, 0.75);
@@ -211,7 +201,7 @@ int main(int argc, char **argv) {
                 fprintf(stderr, "out of memory\n");
                 return 1;
         }
-        double t0 = now_s();
+        double t0 = bench_now_s();
         printf("Moshpit averaging to variance < 1e-9, at most 50 rounds; %u restarts from seed %" PRIu64
                ";\npublished = mean of 10 restarts (Ryabinin et al. 2021, averaging experiment)\n",
                restarts, seed);
@@ -258,9 +248,9 @@ int main(int argc, char **argv) {
                         c.placement = (MoshpitPlacement)pl;
                         c.seed = seed;
                         MoshpitSimResult res;
-                        double t = now_s();
+                        double t = bench_now_s();
                         r = moshpit_simulate(&c, &res);
-                        t = now_s() - t;
+                        t = bench_now_s() - t;
                         if (r >= 0)
                                 printf("  %-6s %u rounds, variance %.3g, %.1f ms per restart\n",
                                        moshpit_placement_to_string(c.placement), res.rounds, res.final_variance,
@@ -272,6 +262,6 @@ int main(int argc, char **argv) {
                 fprintf(stderr, "simulation failed: %s\n", strerror(-r));
                 return 1;
         }
-        printf("\ntotal time %.2f s\n", now_s() - t0);
+        printf("\ntotal time %.2f s\n", bench_now_s() - t0);
         return 0;
 }

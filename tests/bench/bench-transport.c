@@ -23,6 +23,7 @@
 #include <unistd.h>
 
 #include "net/net.h"
+#include "bench.h"
 
 #define MAX_RUNS 32
 static const uint8_t secret[32] = "bench network secret...........";
@@ -44,12 +45,6 @@ static const Mode modes[] = {
         { "chacha20poly1305 io_uring", CIPHER_CHACHA20POLY1305, NET_BACKEND_URING, 0 },
 };
 #define N_MODES (sizeof modes / sizeof modes[0])
-
-static double now_s(void) {
-        struct timespec ts;
-        clock_gettime(CLOCK_MONOTONIC, &ts);
-        return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
 
 static void config_for(NetConfig *c, const Identity *id, const Mode *m) {
         net_config_defaults(c);
@@ -162,7 +157,7 @@ static double measure(const Mode *m, size_t frame, uint64_t total, const uint8_t
         TensorDesc d;
         tensor_desc_init(&d, DTYPE_U8, 1, (uint32_t[]){ (uint32_t)frame });
         uint64_t sent = 0;
-        double t0 = now_s();
+        double t0 = bench_now_s();
         while (!t.done && !t.closed) {
                 /* keep about 32 MiB queued: the link never waits for us */
                 while (sent < count && net_queued(t.n, t.peer) < (int64_t)(32u << 20) &&
@@ -171,7 +166,7 @@ static double measure(const Mode *m, size_t frame, uint64_t total, const uint8_t
                 net_run(t.n, sent < count ? 0 : 10);
         }
         if (t.done)
-                rate = (double)(count * frame) / (now_s() - t0);
+                rate = (double)(count * frame) / (bench_now_s() - t0);
 out:
         net_free(t.n);
         kill(pid, SIGTERM);
@@ -234,8 +229,8 @@ static void memory_figure(void) {
                 uint8_t *big = calloc(1, 16u << 20);
                 TensorDesc d;
                 tensor_desc_init(&d, DTYPE_U8, 1, (uint32_t[]){ 16u << 20 });
-                double end = now_s() + 4;
-                while (now_s() < end) {
+                double end = bench_now_s() + 4;
+                while (bench_now_s() < end) {
                         for (uint32_t p = 1; p <= LINKS + 1; p++)
                                 while (net_send_tensor(r.n, p, 1, &d, big, 0) == 0)
                                         ;
@@ -265,8 +260,8 @@ static void memory_figure(void) {
         static uint8_t one[1 << 20];
         TensorDesc d;
         tensor_desc_init(&d, DTYPE_U8, 1, (uint32_t[]){ 1u << 20 });
-        double end = now_s() + 4.5;
-        while (now_s() < end) {
+        double end = bench_now_s() + 4.5;
+        while (bench_now_s() < end) {
                 for (int i = 0; i < LINKS; i++)
                         if (net_queued(t.n, peers[i]) < (4 << 20))
                                 net_send_tensor(t.n, peers[i], 1, &d, one, 0);
