@@ -18,6 +18,9 @@
 
 enum { G_IDLE, G_SENT, G_DONE };
 
+/* Pairs are 2 + a n + b < 2^21, other groups have the top bit set. */
+#define GOSSIP_PROBE_GROUP 0x7ffffffeu
+
 struct Gossip {
         GossipConfig cfg;
         Coll *coll;
@@ -30,6 +33,10 @@ struct Gossip {
         pthread_mutex_t lock;
         pthread_cond_t cond;
         int state;           /* under lock */
+        GossipTopology topology;
+        bool probe;          /* gossip_average(): every member, the plain average, probe_len values */
+        size_t probe_len;
+        uint64_t probe_running_ns;
         unsigned group[GOSSIP_MAX_GROUP], n_group;
         uint64_t t;
         int result;          /* participants, or -errno */
@@ -53,6 +60,7 @@ int gossip_new(const GossipConfig *cfg, Gossip **ret) {
         if (!g)
                 return -ENOMEM;
         g->cfg = *cfg;
+        g->topology = cfg->topology;
         pthread_mutex_init(&g->lock, NULL);
         pthread_cond_init(&g->cond, NULL);
         g->snap = aligned_alloc(64, ALIGN_TO(cfg->len * sizeof(float), 64));
@@ -116,19 +124,24 @@ static uint32_t group_id(const unsigned *m, unsigned k, unsigned n) {
         return h | 0x80000000u;
 }
 
-/* delta = (w s + (1-w)/(p-1) (p avg - s)) - s, from the round's average. */
+/* delta = (w s + (1-w)/(p-1) (p avg - s)) - s, from the round's average;
+ * a probe round leaves the plain average in delta. */
 static int finish_round(Gossip *g, CollRound *rd, CollRoundInfo *info) {
         const float *s = g->snap;
         float *d = g->delta;
-        size_t len = g->cfg.len;
+        size_t len = g->probe ? g->probe_len : g->cfg.len;
         int r;
 
         coll_round_info(rd, info);
         if (info->state != COLL_ROUND_DONE)
                 return info->error < 0 ? info->error : -EIO;
         unsigned p = info->participants;
+        if (g->probe)
+                g->probe_running_ns = info->end_ns > info->running_ns ? info->end_ns - info->running_ns : 0;
         if (p <= 1)
                 return 1;
+        if (g->probe)
+                return (r = coll_round_read(rd, 0, len, d)) < 0 ? r : (int)p;
         r = coll_round_read(rd, 0, len, d);
         if (r < 0)
                 return r;
@@ -146,8 +159,10 @@ static void *gossip_main(void *arg) {
         while (!atomic_load(&g->stop)) {
                 pthread_mutex_lock(&g->lock);
                 if (!rd && g->state == G_SENT) {
-                        int r = coll_round_start(g->coll, group_id(g->group, g->n_group, g->cfg.coll.n_members),
-                                                 g->group, g->n_group, g->snap, g->cfg.len, 1.0, &rd);
+                        /* probe rounds have a group of their own, apart from the iterations' */
+                        uint32_t id = g->probe ? GOSSIP_PROBE_GROUP : group_id(g->group, g->n_group, g->cfg.coll.n_members);
+                        int r = coll_round_start(g->coll, id, g->group, g->n_group, g->snap,
+                                                 g->probe ? g->probe_len : g->cfg.len, 1.0, &rd);
                         if (r < 0) {
                                 rd = NULL;
                                 g->result = r;
@@ -202,15 +217,18 @@ int gossip_start(Gossip *g) {
 
 int gossip_send(Gossip *g, const float *x, uint64_t t) {
         unsigned n = g->cfg.coll.n_members, grp[GOSSIP_MAX_GROUP];
-        int k = gossip_group(g->cfg.topology, n, g->cfg.coll.self, t, grp);
-        if (k < 0)
-                return k;
 
         pthread_mutex_lock(&g->lock);
         if (g->state != G_IDLE) {
                 pthread_mutex_unlock(&g->lock);
                 return -EBUSY;
         }
+        int k = gossip_group(g->topology, n, g->cfg.coll.self, t, grp);
+        if (k < 0) {
+                pthread_mutex_unlock(&g->lock);
+                return k;
+        }
+        g->probe = false;
         g->t = t;
         g->sent_ns = now_ns();
         if (k == 1) {
@@ -250,6 +268,60 @@ int gossip_mix(Gossip *g, float *x) {
         pthread_mutex_lock(&g->lock);
         g->state = G_IDLE;
         pthread_mutex_unlock(&g->lock);
+        return r;
+}
+
+int gossip_set_topology(Gossip *g, GossipTopology topo) {
+        if (topo < 0 || topo >= _GOSSIP_TOPOLOGY_MAX)
+                return -EINVAL;
+        pthread_mutex_lock(&g->lock);
+        int r = g->state == G_IDLE ? 0 : -EBUSY;
+        if (r == 0)
+                g->topology = topo;
+        pthread_mutex_unlock(&g->lock);
+        return r;
+}
+
+GossipTopology gossip_get_topology(Gossip *g) {
+        pthread_mutex_lock(&g->lock);
+        GossipTopology t = g->topology;
+        pthread_mutex_unlock(&g->lock);
+        return t;
+}
+
+int gossip_average(Gossip *g, float *x, size_t len, uint64_t *ret_running_ns) {
+        unsigned n = g->cfg.coll.n_members;
+        if (len == 0 || len > g->cfg.len)
+                return -EINVAL;
+        pthread_mutex_lock(&g->lock);
+        if (g->state != G_IDLE || !g->started) {
+                int r = g->started ? -EBUSY : -ENOTCONN;
+                pthread_mutex_unlock(&g->lock);
+                return r;
+        }
+        memcpy(g->snap, x, len * sizeof *x);
+        for (unsigned i = 0; i < n; i++)
+                g->group[i] = i;
+        g->n_group = n;
+        g->probe = true;
+        g->probe_len = len;
+        g->probe_running_ns = 0;
+        g->sent_ns = now_ns();
+        g->state = G_SENT;
+        while (g->state != G_DONE)
+                pthread_cond_wait(&g->cond, &g->lock);
+        int r = g->result;
+        uint64_t ns = g->probe_running_ns;
+        pthread_mutex_unlock(&g->lock);
+
+        if (r > 1)
+                memcpy(x, g->delta, len * sizeof *x);
+        pthread_mutex_lock(&g->lock);
+        g->probe = false;
+        g->state = G_IDLE;
+        pthread_mutex_unlock(&g->lock);
+        if (ret_running_ns)
+                *ret_running_ns = ns;
         return r;
 }
 

@@ -83,3 +83,16 @@ int gossip_send(Gossip *g, const float *x, uint64_t t);
  * nothing was sent. */
 int gossip_mix(Gossip *g, float *x);
 void gossip_get_stats(Gossip *g, GossipStats *ret);
+
+/* Between gossip_mix() and gossip_send() (else -EBUSY): the topology of the
+ * iterations sent from now on. Every member must switch at the same t. */
+int gossip_set_topology(Gossip *g, GossipTopology topo);
+GossipTopology gossip_get_topology(Gossip *g);
+/* Outside the iterations (between gossip_mix() and gossip_send(), after
+ * gossip_start()), and blocking: the plain average of x (len values, at
+ * most the configured len) over every member that joins within the join
+ * timeout, in a round of its own. x gets the average (unchanged when alone
+ * or on failure); ret_running_ns the round's time from START to the last
+ * piece (what a link estimate wants). Returns the participants or -errno.
+ * For probes and agreements (the same bits on every participant). */
+int gossip_average(Gossip *g, float *x, size_t len, uint64_t *ret_running_ns);

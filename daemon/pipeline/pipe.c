@@ -81,6 +81,7 @@ struct Pipe {
         int64_t prev, next;
         Queue fwd, bwd;
         bool end_seen, done_seen, trained_seen, released;
+        bool quiescing; /* the first stage injects nothing new */
         bool drain_prev, drain_next; /* discarding until that neighbour's FLUSH-ACK */
         int phase;
 
@@ -741,6 +742,8 @@ static int control(Pipe *p, int64_t peer, const uint8_t msg[4]) {
 
 /* What the first stage does when no gradient is waiting. */
 static int first_next(Pipe *p) {
+        if (p->phase == PHASE_TRAIN && p->quiescing)
+                return 0;
         if (p->phase == PHASE_TRAIN) {
                 if (p->epoch <= p->cfg.epochs) {
                         bool room = p->cfg.schedule == PIPE_SYNC ? p->batch_sent < (unsigned)p->tau
@@ -832,6 +835,10 @@ int pipe_work(Pipe *p) {
         if (r == 1)
                 p->st.busy_ns += now_ns() - t0;
         return r;
+}
+
+void pipe_quiesce(Pipe *p, bool on) {
+        p->quiescing = on;
 }
 
 void pipe_release(Pipe *p) {

@@ -114,6 +114,10 @@ int pipe_work(Pipe *p);
 void pipe_get_stats(Pipe *p, PipeStats *ret);
 /* Go on from PIPE_HELD to the evaluation. */
 void pipe_release(Pipe *p);
+/* A safe point to stop at: the first stage sends no new training
+ * micro-batch while on, and the ones on the way finish (PipeStats.in_flight
+ * falls to 0 once every stage has done their backward passes). */
+void pipe_quiesce(Pipe *p, bool on);
 /* After each backward pass, before any update (tests): micro-batch id, the
  * parameter version it used, the live parameters, and its gradient dw. */
 typedef void (*PipeBackwardHook)(void *ud, uint32_t id, const float *w, const float *live, const float *dw, size_t n);

@@ -65,6 +65,22 @@ static int get_property(sd_bus *bus, const char *path, const char *interface, co
                 return sd_bus_message_append(reply, "t", st.checkpoint_step);
         if (!strcmp(property, "IoBackend"))
                 return sd_bus_message_append(reply, "s", st.network.io_backend);
+        if (!strcmp(property, "AveragingMethod"))
+                return sd_bus_message_append(reply, "s", st.averaging.method);
+        if (!strcmp(property, "AveragingNodes"))
+                return sd_bus_message_append(reply, "u", st.averaging.nodes);
+        if (!strcmp(property, "Parameters"))
+                return sd_bus_message_append(reply, "t", st.averaging.params);
+        if (!strcmp(property, "ComputeMsPerStep"))
+                return sd_bus_message_append(reply, "d", st.averaging.compute_ms);
+        if (!strcmp(property, "ComputeSdMs"))
+                return sd_bus_message_append(reply, "d", st.averaging.compute_sd_ms);
+        if (!strcmp(property, "BandwidthMbit"))
+                return sd_bus_message_append(reply, "d", st.averaging.bandwidth_mbit);
+        if (!strcmp(property, "LatencyMs"))
+                return sd_bus_message_append(reply, "d", st.averaging.latency_ms);
+        if (!strcmp(property, "CoresPerNode"))
+                return sd_bus_message_append(reply, "d", st.averaging.cores);
         return -ENOENT;
 }
 
@@ -157,6 +173,14 @@ static const sd_bus_vtable node_vtable[] = {
         SD_BUS_PROPERTY("LastAveragingUSec", "t", get_property, 0, 0),
         SD_BUS_PROPERTY("CheckpointStep", "t", get_property, 0, 0),
         SD_BUS_PROPERTY("IoBackend", "s", get_property, 0, 0),
+        SD_BUS_PROPERTY("AveragingMethod", "s", get_property, 0, 0),
+        SD_BUS_PROPERTY("AveragingNodes", "u", get_property, 0, 0),
+        SD_BUS_PROPERTY("Parameters", "t", get_property, 0, 0),
+        SD_BUS_PROPERTY("ComputeMsPerStep", "d", get_property, 0, 0),
+        SD_BUS_PROPERTY("ComputeSdMs", "d", get_property, 0, 0),
+        SD_BUS_PROPERTY("BandwidthMbit", "d", get_property, 0, 0),
+        SD_BUS_PROPERTY("LatencyMs", "d", get_property, 0, 0),
+        SD_BUS_PROPERTY("CoresPerNode", "d", get_property, 0, 0),
         /* Unprivileged at the sd-bus level: check_privileged() and the bus
          * policy decide, so the daemon's own user may call them too. */
         SD_BUS_METHOD("Pause", "", "", method_pause, SD_BUS_VTABLE_UNPRIVILEGED),

@@ -10,7 +10,9 @@
 #include <strings.h>
 #include <sys/stat.h>
 
+#include "collective/topology.h"
 #include "conf.h"
+#include "nodes-file.h"
 
 static const char *const admission_names[] = { "secret", "allowlist", "both", NULL };
 static const char *const backend_names[] = { "auto", "io_uring", "epoll", NULL }; /* NetBackendKind */
@@ -27,10 +29,20 @@ void config_defaults(Config *c) {
                         .staleness = 4,
                         .update_frequency = 1,
                 },
+                .membership = {
+                        .probe_ms = 300,
+                        .min_nodes = 2,
+                        .settle_ms = 2000,
+                        .heartbeat_ms = 1000,
+                        .deadline_ms = 10000,
+                        .handover_timeout_ms = 10000,
+                        .train = true,
+                },
                 .averaging = {
                         .interval_ms = 5000,
                         .join_timeout_ms = 10000,
                         .round_timeout_ms = 30000,
+                        .topology = GOSSIP_ALT_EXP_RING,
                 },
         };
         net_config_defaults(&c->net);
@@ -276,7 +288,8 @@ static int check_plaintext(const config_setting_t *g, const Config *c, Diag *d) 
 static int check_admission(const config_setting_t *g, const config_setting_t *allowed, const Config *c, Diag *d) {
         bool want_secret = c->admission != CONFIG_ADMISSION_ALLOWLIST;
         bool want_list = c->admission != CONFIG_ADMISSION_SECRET;
-        bool networked = c->listen.port || c->n_peers || c->averaging.enabled || c->pipeline.enabled;
+        bool networked = c->listen.port || c->n_peers || c->averaging.enabled || c->pipeline.enabled ||
+                         c->membership.enabled;
         const char *mode = admission_names[c->admission];
 
         if (c->secret_file[0] && !want_secret)
@@ -364,7 +377,9 @@ static int parse_network(const config_setting_t *root, Config *c, Diag *d) {
         return 0;
 }
 
-static const char *const method_names[] = { "ring", "moshpit", NULL };
+static const char *const method_names[] = { "ring", "moshpit", "gossip", "auto", NULL };
+/* in the order of GossipTopology */
+static const char *const topology_names[] = { "complete", "ring", "exp", "alt-exp-ring", NULL };
 
 /* "<64 hex digits>@host:port" */
 static int get_member(const config_setting_t *s, ConfigMember *ret, Diag *d) {
@@ -383,10 +398,39 @@ static int get_member(const config_setting_t *s, ConfigMember *ret, Diag *d) {
         return 0;
 }
 
+/* gossip and auto: a topology (gossip) and a weight; every step, so no
+ * cadence; a member training alone (a pipeline stage averages its segments
+ * with rings). */
+static int parse_gossip(const config_setting_t *root, const config_setting_t *g, ConfigAveraging *a, Diag *d) {
+        bool gossip = a->method == CONFIG_AVERAGING_GOSSIP, any = gossip || a->method == CONFIG_AVERAGING_AUTO;
+        config_setting_t *s;
+        int topology = a->topology, r;
+
+        if ((s = member(g, "topology")) && !gossip)
+                return conf_error(s, NULL, -EINVAL, d, "only used with method = \"gossip\"%s",
+                                  a->method == CONFIG_AVERAGING_AUTO ? " (auto chooses the topology)" : "");
+        if ((s = member(g, "weight")) && !any)
+                return conf_error(s, NULL, -EINVAL, d, "only used with method = \"gossip\" or \"auto\"");
+        if ((r = get_choice(g, "topology", topology_names, &topology, d)) < 0 ||
+            (r = conf_get_double(g, "weight", false, 0, 0.99, a->weight, &a->weight, d)) < 0)
+                return r;
+        a->topology = topology;
+        if (!any)
+                return 0;
+        if ((s = member(g, "interval")) || (s = member(g, "interval_steps")))
+                return conf_error(s, NULL, -EINVAL, d, "not used with method = \"%s\": it mixes every step",
+                                  method_names[a->method]);
+        if (member(root, "pipeline") || member(root, "membership"))
+                return conf_error(member(g, "method"), NULL, -EINVAL, d,
+                                  "\"%s\" is for members training the whole model alone, not with %s",
+                                  method_names[a->method], member(root, "pipeline") ? "a pipeline" : "membership");
+        return 0;
+}
+
 static int parse_averaging(const config_setting_t *root, Config *c, Diag *d) {
         static const char *const keys[] = {
                 "method", "interval", "interval_steps", "listen", "members", "fp16", "join_timeout",
-                "round_timeout", "grid", NULL,
+                "round_timeout", "grid", "topology", "weight", NULL,
         };
         ConfigAveraging *a = &c->averaging;
         config_setting_t *g, *s, *members;
@@ -406,6 +450,8 @@ static int parse_averaging(const config_setting_t *root, Config *c, Diag *d) {
             (r = get_strings(g, "members", CONFIG_MAX_PEERS, &members, d)) < 0)
                 return r;
         a->method = (ConfigAveragingMethod)method;
+        if ((r = parse_gossip(root, g, a, d)) < 0)
+                return r;
         a->interval_ms = (unsigned)(interval * 1000);
         a->interval_steps = (unsigned)steps;
         a->join_timeout_ms = (unsigned)join;
@@ -419,11 +465,20 @@ static int parse_averaging(const config_setting_t *root, Config *c, Diag *d) {
         if ((r = get_address(s, &a->listen, d)) < 0)
                 return r;
 
+        if (c->membership.enabled) { /* the plan names the members */
+                if (members)
+                        return conf_error(members, NULL, -EINVAL, d,
+                                          "not with membership: the coordinator's plan names the members");
+                if (a->method != CONFIG_AVERAGING_RING)
+                        return conf_error(member(g, "method"), NULL, -EINVAL, d,
+                                          "only \"ring\" with membership (the plan's rings)");
+                return 0;
+        }
         int n = members ? config_setting_length(members) : 0;
         if (n < 2)
                 return conf_error(members ? members : g, members ? NULL : "members", -EINVAL, d,
                                   "needs every member, this node included: at least two");
-        unsigned max = a->method == CONFIG_AVERAGING_RING ? 64 : CONFIG_MAX_PEERS;
+        unsigned max = a->method == CONFIG_AVERAGING_MOSHPIT ? CONFIG_MAX_PEERS : 64; /* a coll round's map */
         if ((unsigned)n > max)
                 return conf_error(members, NULL, -E2BIG, d, "at most %u members with method \"%s\"", max,
                                   method_names[a->method]);
@@ -516,8 +571,11 @@ static int parse_pipeline(const config_setting_t *root, Config *c, Diag *d) {
             (r = conf_get_int(g, "staleness", false, 1, 1024, p->staleness, &tau, d)) < 0 ||
             (r = conf_get_int(g, "update_frequency", false, 1, 1024, p->update_frequency, &uf, d)) < 0 ||
             (r = get_choice(g, "schedule", schedule_names, &sched, d)) < 0 ||
-            (r = conf_get_group(g, "clusters", true, true, &clusters, d)) < 0)
+            (r = conf_get_group(g, "clusters", !c->membership.enabled, true, &clusters, d)) < 0)
                 return r;
+        if (clusters && c->membership.enabled)
+                return conf_error(clusters, NULL, -EINVAL, d,
+                                  "not with membership: the coordinator's plan forms the clusters");
         p->micro_batch = (int)mb;
         p->staleness = (int)tau;
         p->update_frequency = (int)uf;
@@ -529,6 +587,8 @@ static int parse_pipeline(const config_setting_t *root, Config *c, Diag *d) {
                 return conf_error(s, NULL, -EINVAL, d, "must be a string \"host:port\"");
         if ((r = get_address(s, &p->listen, d)) < 0)
                 return r;
+        if (!clusters)
+                return 0;
         int n = config_setting_length(clusters);
         if (n < 1 || n > CONFIG_MAX_CLUSTERS)
                 return conf_error(clusters, NULL, -EINVAL, d, "needs 1 to %d clusters", CONFIG_MAX_CLUSTERS);
@@ -540,6 +600,84 @@ static int parse_pipeline(const config_setting_t *root, Config *c, Diag *d) {
                 if ((r = parse_cluster(config_setting_get_elem(clusters, (unsigned)i), &p->clusters[i], d)) < 0)
                         return r;
         p->enabled = true;
+        return 0;
+}
+
+/* The coordinator's "<key>@host:port", who coordinates, and the timings. */
+static int parse_membership(const config_setting_t *root, Config *c, Diag *d) {
+        static const char *const keys[] = {
+                "coordinator", "coordinate", "train", "memory", "probe", "min_nodes", "settle", "heartbeat",
+                "deadline", "handover_timeout", NULL,
+        };
+        ConfigMembership *m = &c->membership;
+        config_setting_t *g, *s;
+        double probe, settle, heartbeat, deadline, handover;
+        long long min_nodes;
+        int r;
+
+        if ((r = conf_get_group(root, "membership", false, false, &g, d)) < 0 || !g)
+                return r;
+        if ((r = conf_check_keys(g, keys, d)) < 0 ||
+            (r = conf_get_bool(g, "coordinate", false, &m->coordinate, d)) < 0 ||
+            (r = conf_get_bool(g, "train", true, &m->train, d)) < 0 ||
+            (r = conf_get_double(g, "probe", false, 0.01, 10, m->probe_ms / 1000.0, &probe, d)) < 0 ||
+            (r = conf_get_int(g, "min_nodes", false, 1, 64, m->min_nodes, &min_nodes, d)) < 0 ||
+            (r = conf_get_double(g, "settle", false, 0, 3600, m->settle_ms / 1000.0, &settle, d)) < 0 ||
+            (r = conf_get_double(g, "heartbeat", false, 0.05, 600, m->heartbeat_ms / 1000.0, &heartbeat, d)) < 0 ||
+            (r = conf_get_double(g, "deadline", false, 0.2, 3600, m->deadline_ms / 1000.0, &deadline, d)) < 0 ||
+            (r = conf_get_double(g, "handover_timeout", false, 0.1, 3600, m->handover_timeout_ms / 1000.0,
+                                 &handover, d)) < 0)
+                return r;
+        s = member(g, "coordinator");
+        if (!s)
+                return conf_error(g, "coordinator", -EINVAL, d,
+                                  "missing: the coordinator's \"<public key>@host:port\"");
+        if (config_setting_type(s) != CONFIG_TYPE_STRING)
+                return conf_error(s, NULL, -EINVAL, d, "must be a string \"<public key>@host:port\"");
+        if ((r = get_member(s, &m->coordinator, d)) < 0)
+                return r;
+        if (!m->train && !m->coordinate)
+                return conf_error(member(g, "train"), NULL, -EINVAL, d,
+                                  "false only with coordinate = true (a node that neither trains nor coordinates)");
+        if (heartbeat * 2 > deadline)
+                return conf_error(member(g, "deadline") ?: member(g, "heartbeat"), NULL, -EINVAL, d,
+                                  "the deadline (%.3g s) must be at least two heartbeats (%.3g s)", deadline,
+                                  heartbeat);
+        s = member(g, "memory");
+        if (s) { /* bytes, or a string with K, M, G or T */
+                uint64_t v;
+                if (config_setting_type(s) == CONFIG_TYPE_INT || config_setting_type(s) == CONFIG_TYPE_INT64) {
+                        long long ll = config_setting_get_int64(s);
+                        if (ll < 0)
+                                return conf_error(s, NULL, -EINVAL, d, "must not be negative");
+                        v = (uint64_t)ll;
+                } else if (config_setting_type(s) != CONFIG_TYPE_STRING ||
+                           nodes_file_parse_size(config_setting_get_string(s), &v) < 0)
+                        return conf_error(s, NULL, -EINVAL, d,
+                                          "must be bytes, or a size like \"512M\" or \"2G\"");
+                m->memory = v;
+        }
+        m->probe_ms = (unsigned)(probe * 1000 + 0.5);
+        m->min_nodes = (unsigned)min_nodes;
+        m->settle_ms = (unsigned)(settle * 1000 + 0.5);
+        m->heartbeat_ms = (unsigned)(heartbeat * 1000 + 0.5);
+        m->deadline_ms = (unsigned)(deadline * 1000 + 0.5);
+        m->handover_timeout_ms = (unsigned)(handover * 1000 + 0.5);
+        m->enabled = true;
+        return 0;
+}
+
+/* Membership needs the pipeline's and the averaging's listen addresses:
+ * they go to the coordinator, and into the plan. */
+static int check_membership(const config_setting_t *root, const Config *c, Diag *d) {
+        const config_setting_t *g = member(root, "membership");
+        if (!c->membership.enabled || !c->membership.train)
+                return 0;
+        if (!member(root, "pipeline"))
+                return conf_error(g, NULL, -EINVAL, d, "needs a pipeline section with listen (where its stage listens)");
+        if (!member(root, "averaging"))
+                return conf_error(g, NULL, -EINVAL, d,
+                                  "needs an averaging section with listen (where it averages with other clusters)");
         return 0;
 }
 
@@ -601,7 +739,7 @@ static int parse_checkpoint(const config_setting_t *root, Config *c, Diag *d) {
 int config_load(const char *path, Config *ret, Diag *d) {
         static const char *const keys[] = {
                 "state_directory", "job", "threads", "control_socket", "network", "averaging", "pipeline", "idle",
-                "checkpoint", NULL,
+                "checkpoint", "membership", NULL,
         };
         _cleanup_(config_free) Config c;
         _cleanup_(config_destroy) config_t cf;
@@ -641,8 +779,10 @@ int config_load(const char *path, Config *ret, Diag *d) {
         CHECK(parse_idle(root, &c, &one));
         CHECK(parse_checkpoint(root, &c, &one));
         CHECK(conf_get_int(root, "threads", false, 0, 256, 0, &threads, &one));
+        CHECK(parse_membership(root, &c, &one));
         CHECK(parse_averaging(root, &c, &one));
         CHECK(parse_pipeline(root, &c, &one));
+        CHECK(check_membership(root, &c, &one));
         CHECK(parse_network(root, &c, &one));
 #undef CHECK
         if (first < 0)

@@ -55,6 +55,8 @@ typedef struct ConfigMember {
 typedef enum ConfigAveragingMethod {
         CONFIG_AVERAGING_RING,    /* one all-reduce ring over every member */
         CONFIG_AVERAGING_MOSHPIT, /* Moshpit groups on a virtual grid */
+        CONFIG_AVERAGING_GOSSIP,  /* every step, with the group of a topology (collective/gossip.h) */
+        CONFIG_AVERAGING_AUTO,    /* all-reduce or a gossip topology, as the runtime model says */
 } ConfigAveragingMethod;
 
 /* Averaging of whole-model replicas with the other members (see
@@ -70,6 +72,8 @@ typedef struct ConfigAveraging {
         bool fp16;
         unsigned join_timeout_ms, round_timeout_ms;
         unsigned grid_dims, grid_side; /* moshpit; 0: the smallest square-ish grid that holds everyone */
+        int topology;               /* gossip: a GossipTopology (collective/topology.h) */
+        double weight;              /* gossip and auto: the self weight w; 0: 1/|G| (the group's average) */
 } ConfigAveraging;
 
 #define CONFIG_MAX_CLUSTERS 64
@@ -93,6 +97,23 @@ typedef struct ConfigPipeline {
         ConfigCluster *clusters;
         unsigned n_clusters;
 } ConfigPipeline;
+
+/* Membership (see ravnestd.conf(5), membership): a coordinator forms the
+ * pipeline plan from the nodes that join it, instead of pipeline.clusters
+ * and averaging.members. */
+typedef struct ConfigMembership {
+        bool enabled;
+        ConfigMember coordinator;    /* its key and address */
+        bool coordinate;             /* this node runs the coordinator */
+        bool train;                  /* and trains (false: it only coordinates) */
+        uint64_t memory;             /* bytes this node offers at most; 0: what the machine has */
+        unsigned probe_ms;           /* the sgemm probe at start */
+        unsigned min_nodes;          /* coordinator: the first plan waits for this many */
+        unsigned settle_ms;          /* coordinator: quiet after a join or leave before a new plan */
+        unsigned heartbeat_ms;       /* members: between heartbeats */
+        unsigned deadline_ms;        /* coordinator: a member silent this long has left */
+        unsigned handover_timeout_ms; /* coordinator: waiting for the layers of the old plan */
+} ConfigMembership;
 
 #define CONFIG_CONTROL_SOCKET "/run/ravnest/control"
 
@@ -126,6 +147,7 @@ typedef struct Config {
 
         ConfigAveraging averaging;
         ConfigPipeline pipeline;
+        ConfigMembership membership;
         IdleSettings idle;
         ConfigCheckpoint checkpoint;
 } Config;

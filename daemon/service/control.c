@@ -134,6 +134,12 @@ void control_report_network(Control *c, const NodeNetwork *n) {
         pthread_mutex_unlock(&c->lock);
 }
 
+void control_report_averaging(Control *c, const NodeAveraging *a) {
+        pthread_mutex_lock(&c->lock);
+        c->status.averaging = *a;
+        pthread_mutex_unlock(&c->lock);
+}
+
 void control_report_checkpoint(Control *c, uint64_t step) {
         pthread_mutex_lock(&c->lock);
         c->status.checkpoint_step = step;

@@ -63,9 +63,23 @@ typedef struct NodeNetwork {
         char io_backend[16];
 } NodeNetwork;
 
+/* What the runtime model needs (collective/runtime-model.h), as measured
+ * here, for `ravnestctl predict` without figures. Zeros: not measured. */
+typedef struct NodeAveraging {
+        char method[32];           /* in use: "ring", "moshpit", "gossip alt-exp-ring", "auto: exp", ... */
+        uint32_t nodes;            /* members of the averaging group, this node included */
+        uint64_t params;           /* values averaged */
+        double compute_ms;         /* forward, backward and update per step, mean */
+        double compute_sd_ms;
+        double bandwidth_mbit;     /* fitted from the probe rounds */
+        double latency_ms;
+        double cores;              /* per node, as the runtime model took it */
+} NodeAveraging;
+
 typedef struct NodeStatus {
         NodeTraining training;
         NodeNetwork network;
+        NodeAveraging averaging;
         uint64_t checkpoint_step;  /* step of the last checkpoint written or loaded */
 } NodeStatus;
 
@@ -117,6 +131,7 @@ int control_gate(Control *c, void (*serve)(void *userdata), void *userdata);
 void control_set_state(Control *c, NodeState s);
 void control_report_training(Control *c, const NodeTraining *t);
 void control_report_network(Control *c, const NodeNetwork *n);
+void control_report_averaging(Control *c, const NodeAveraging *a);
 /* A checkpoint was loaded at start. */
 void control_report_checkpoint(Control *c, uint64_t step);
 void control_checkpoint_done(Control *c, int r, uint64_t step);

@@ -178,6 +178,42 @@ static void print_human(const Property *props, size_t n, bool direct, const char
                 printf(" Checkpoint: none yet\n");
 }
 
+int ctl_node_averaging(const char *socket_path, NodeAveraging *ret, char **ret_where) {
+        bool only_socket = socket_path || getenv("RAVNEST_SOCKET"), direct;
+        sd_bus_error error = SD_BUS_ERROR_NULL;
+        Property props[MAX_PROPERTIES];
+        size_t n = 0;
+        sd_bus *bus = NULL;
+        int r;
+
+        if (!socket_path)
+                socket_path = getenv("RAVNEST_SOCKET") ?: CONFIG_CONTROL_SOCKET;
+        r = bus_connect_node(socket_path, only_socket, &bus, &direct);
+        if (r < 0)
+                return r;
+        r = read_all(bus, direct, props, &n, &error);
+        sd_bus_error_free(&error);
+        sd_bus_flush_close_unref(bus);
+        if (r < 0)
+                return r;
+        NodeAveraging a = {
+                .nodes = (uint32_t)num(props, n, "AveragingNodes"),
+                .params = (uint64_t)num(props, n, "Parameters"),
+                .compute_ms = num(props, n, "ComputeMsPerStep"),
+                .compute_sd_ms = num(props, n, "ComputeSdMs"),
+                .bandwidth_mbit = num(props, n, "BandwidthMbit"),
+                .latency_ms = num(props, n, "LatencyMs"),
+                .cores = num(props, n, "CoresPerNode"),
+        };
+        const char *m = str(props, n, "AveragingMethod");
+        size_t l = strnlen(m, sizeof a.method - 1);
+        memcpy(a.method, m, l); /* a.method was zeroed */
+        *ret = a;
+        if (ret_where)
+                *ret_where = direct ? strdup(socket_path) : strdup("system bus, " BUS_NAME);
+        return 0;
+}
+
 static int exit_for(int r, const sd_bus_error *e) {
         if (sd_bus_error_has_name(e, SD_BUS_ERROR_ACCESS_DENIED) || r == -EACCES || r == -EPERM)
                 return EX_NOPERM;

@@ -8,5 +8,12 @@
  * checkpoint now; 77 (EX_NOPERM) not allowed. */
 #pragma once
 
+#include "control.h"
+
 /* argv[0] is the verb. */
 int ctl_node(int argc, char *argv[]);
+/* What the node measured for the runtime model (its D-Bus properties), for
+ * `ravnestctl predict` without figures. socket_path NULL: the system bus,
+ * then RAVNEST_SOCKET or the default socket, as status does. ret_where
+ * (may be NULL) gets where it answered, to free. */
+int ctl_node_averaging(const char *socket_path, NodeAveraging *ret, char **ret_where);

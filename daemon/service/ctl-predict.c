@@ -6,16 +6,20 @@
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <sysexits.h>
 
 #include "collective/runtime-model.h"
+#include "service/ctl-node.h"
+#include "service/gossip-run.h"
 #include "service/job.h"
 
 static void usage(FILE *f) {
         fprintf(f,
                 "Usage: ravnestctl predict --compute-ms MS --bandwidth MBIT --nodes N (--params P | --job FILE)\n"
                 "                          [--compute-sd-ms MS] [--latency-ms MS] [--update-ms MS] [--fp16]\n"
-                "                          [--plaintext] [--cpu-gbs GB/S] [--json]\n");
+                "                          [--plaintext] [--cpu-gbs GB/S] [--json]\n"
+                "       ravnestctl predict [--node] [--socket PATH] [any figure above]   (the local node's figures)\n");
 }
 
 /* A positive finite number, whole argument. */
@@ -43,13 +47,16 @@ int ctl_predict(int argc, char *argv[]) {
                 { "plaintext", no_argument, NULL, 'P' },
                 { "cpu-gbs", required_argument, NULL, 'C' },
                 { "json", no_argument, NULL, 'J' },
+                { "node", no_argument, NULL, 'N' },
+                { "socket", required_argument, NULL, 'S' },
                 { "help", no_argument, NULL, 'h' },
                 {}
         };
         RuntimeModelInput in;
-        const char *job_path = NULL;
+        const char *job_path = NULL, *socket_path = NULL;
         double v;
-        bool json = false, have_params = false;
+        bool json = false, have_params = false, ask_node = false;
+        unsigned given = 0; /* bits: the option letters given, for the node's figures */
         int c;
 
         runtime_model_defaults(&in);
@@ -57,6 +64,8 @@ int ctl_predict(int argc, char *argv[]) {
         optind = 1;
         while ((c = getopt_long(argc, argv, "", opts, NULL)) >= 0) {
                 double *dst = NULL, lo = 0;
+                if (c > 0 && c < 128 && strchr("csblnpj", c))
+                        given |= 1u << (strchr("csblnpj", c) - "csblnpj");
                 switch (c) {
                 case 'c': dst = &in.compute_ms; lo = 1e-6; break;
                 case 's': dst = &in.compute_sd_ms; break;
@@ -82,6 +91,8 @@ int ctl_predict(int argc, char *argv[]) {
                 case 'f': in.fp16 = true; continue;
                 case 'P': in.encrypted = false; continue;
                 case 'J': json = true; continue;
+                case 'N': ask_node = true; continue;
+                case 'S': socket_path = optarg; ask_node = true; continue;
                 case 'h': usage(stdout); return 0;
                 default: usage(stderr); return EX_USAGE;
                 }
@@ -98,6 +109,46 @@ int ctl_predict(int argc, char *argv[]) {
                 fprintf(stderr, "predict: unexpected argument \"%s\"\n", argv[optind]);
                 usage(stderr);
                 return EX_USAGE;
+        }
+        /* no figures: the swarm this node is in, as it measured it */
+        if (ask_node || !(given & 0x75u)) { /* none of compute, bandwidth, nodes, params, job */
+                NodeAveraging a;
+                _cleanup_(freep) char *where = NULL;
+                int r = ctl_node_averaging(socket_path, &a, &where);
+                if (r < 0) {
+                        fprintf(stderr, "predict: no figures given, and the local node is not reachable (%s): give "
+                                "--compute-ms, --bandwidth, --nodes and --params or --job\n", strerror(-r));
+                        return EX_UNAVAILABLE;
+                }
+                if (!a.nodes) {
+                        fprintf(stderr, "predict: the node (%s) is not in an averaging group: give the figures\n", where);
+                        return EX_UNAVAILABLE;
+                }
+                if (!(given & 1u << 0))
+                        in.compute_ms = a.compute_ms;
+                if (!(given & 1u << 1))
+                        in.compute_sd_ms = a.compute_sd_ms;
+                if (!(given & 1u << 2))
+                        in.bandwidth_mbit = a.bandwidth_mbit;
+                if (!(given & 1u << 3) && a.bandwidth_mbit > 0)
+                        in.latency_ms = a.latency_ms;
+                if (!(given & 1u << 4))
+                        in.nodes = a.nodes;
+                in.cores = a.cores;
+                if (!(given & (1u << 5 | 1u << 6))) {
+                        in.params = (size_t)a.params;
+                        have_params = true;
+                }
+                if (!json)
+                        printf("The node (%s): averaging %s; figures it measured%s\n", where,
+                               a.method[0] ? a.method : "(none)", given ? ", and those given" : "");
+                if (!(in.compute_ms > 0) || !(in.bandwidth_mbit > 0)) {
+                        fprintf(stderr, "predict: the node has not measured its %s yet (gossip and auto members "
+                                "measure after their first %d steps): give %s\n",
+                                !(in.compute_ms > 0) ? "compute time" : "links", GOSSIP_RUN_PROBE_STEPS,
+                                !(in.compute_ms > 0) ? "--compute-ms" : "--bandwidth and --latency-ms");
+                        return EX_TEMPFAIL;
+                }
         }
         if (job_path && !have_params) {
                 Job job;

@@ -11,7 +11,9 @@
 #include <systemd/sd-daemon.h>
 #include <unistd.h>
 
+#include "coordinator.h"
 #include "events.h"
+#include "membership.h"
 #include "pipeline-run.h"
 #include "util/log.h"
 #include "util/time-util.h"
@@ -38,6 +40,7 @@ static void report_network(Daemon *d) {
                 n.bytes_received += d->averaging.seen.bytes_received;
                 n.last_averaging_usec = d->averaging.seen.last_done_realtime_us;
         }
+        gossip_run_network(&d->gossip, &n);
         control_report_network(&d->control, &n);
 }
 
@@ -58,6 +61,10 @@ static void step_averaging(void *userdata, float *params, uint64_t samples) {
         averaging_step(userdata, params, samples);
 }
 
+static void step_gossip(void *userdata, float *params, uint64_t samples) {
+        gossip_run_step(userdata, params, samples);
+}
+
 static int run_job(Daemon *d) {
         Config *c = &d->config;
         LocalRunOptions o = d->options.run;
@@ -72,11 +79,32 @@ static int run_job(Daemon *d) {
         /* checkpoints need a configuration: a job run by hand leaves none behind */
         o.checkpoint_dir = c->path[0] ? c->state_directory : NULL;
         o.load_checkpoint = c->checkpoint.load;
+        if (c->membership.enabled) { /* the stage, the cluster and the rings come from the coordinator */
+                Coordinator co = {};
+                if (c->membership.coordinate && (r = coordinator_start(&co, c, &d->job, &d->node.identity)) < 0)
+                        return r;
+                if (c->membership.train)
+                        r = membership_run(c, &d->job, &d->node.identity, &o, &d->control.stop);
+                else {
+                        log_info("Coordinating only (membership.train = false)");
+                        control_set_state(&d->control, NODE_FINISHED);
+                        while (!d->control.stop)
+                                if (d->node.active)
+                                        node_poll(&d->node, 200);
+                                else
+                                        usleep(200 * 1000);
+                }
+                coordinator_stop(&co);
+                return r < 0 ? r : d->control.stop ? -ECANCELED : 0;
+        }
         if (c->pipeline.enabled) /* a stage of a cluster: averaging is the pipeline's */
                 return pipeline_run(c, &d->job, &d->node.identity, &o, &d->control.stop);
 
-        r = averaging_start(&d->averaging, c, &d->node.identity,
-                            model_spec_params(&d->job.model, 0, d->job.model.n_layers), NULL, 0);
+        size_t n_params = model_spec_params(&d->job.model, 0, d->job.model.n_layers);
+        if (c->averaging.method == CONFIG_AVERAGING_GOSSIP || c->averaging.method == CONFIG_AVERAGING_AUTO)
+                r = gossip_run_start(&d->gossip, c, &d->node.identity, n_params, &d->control);
+        else
+                r = averaging_start(&d->averaging, c, &d->node.identity, n_params, NULL, 0);
         if (r < 0)
                 return r;
         if (d->averaging.active) { /* every member trains its own shard of the data */
@@ -84,9 +112,19 @@ static int run_job(Daemon *d) {
                 o.step_userdata = &d->averaging;
                 o.shard = (int)d->averaging.self;
                 o.n_shards = (int)d->averaging.n_members;
+                NodeAveraging na = { .nodes = d->averaging.n_members, .params = n_params };
+                snprintf(na.method, sizeof na.method, "%s",
+                         c->averaging.method == CONFIG_AVERAGING_MOSHPIT ? "moshpit" : "ring");
+                control_report_averaging(&d->control, &na);
+        } else if (d->gossip.active) { /* the same, mixing every step */
+                o.step = step_gossip;
+                o.step_userdata = &d->gossip;
+                o.shard = (int)d->gossip.self;
+                o.n_shards = (int)d->gossip.n_members;
         }
         r = local_run(&d->job, &o, &d->control.stop, NULL);
         averaging_stop(&d->averaging);
+        gossip_run_finish(&d->gossip, r >= 0 && !d->control.stop);
         /* With a network, the node stays and serves its peers. */
         if (r >= 0 && d->node.active && !d->control.stop) {
                 log_info("Training done; serving peers until stopped");
@@ -96,6 +134,7 @@ static int run_job(Daemon *d) {
                         report_network(d);
                 }
         }
+        gossip_run_stop(&d->gossip); /* after serving: the others' last exchanges may need this node */
         return r;
 }
 

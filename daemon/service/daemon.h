@@ -12,6 +12,7 @@
 #include <systemd/sd-event.h>
 
 #include "averaging.h"
+#include "gossip-run.h"
 #include "bus.h"
 #include "config.h"
 #include "control.h"
@@ -40,6 +41,7 @@ typedef struct Daemon {
         /* the compute thread's */
         Node node;
         Averaging averaging;
+        GossipRun gossip;          /* averaging.method gossip or auto */
         uint64_t last_report_ns;
         pthread_t worker;
         bool worker_started, worker_done;

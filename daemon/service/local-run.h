@@ -27,6 +27,18 @@ typedef struct LocalRunOptions {
         struct Control *control;
         const char *checkpoint_dir; /* checkpoints on request and on stop; NULL: none */
         bool load_checkpoint;       /* resume from the last one at start */
+        /* pipeline_run() under membership: the whole model's parameters
+         * (layer i at model_spec_params(m, 0, i)); the stage writes its
+         * slice back when it stops, and starts from it with
+         * load_model_params (else from the job's initialization). */
+        float *model_params;
+        bool load_model_params;
+        uint64_t resume_samples;    /* samples every cluster trained before: where to go on from */
+        uint64_t *ret_samples;      /* pipeline_run(): samples this first stage trained */
+        /* pipeline_run(): when set, stop at a safe point: the micro-batches
+         * on the way finish first, passed down the stages ("RVPQ"), then
+         * -ECANCELED. *stop stops at once. */
+        const volatile sig_atomic_t *quiesce;
 } LocalRunOptions;
 
 typedef struct LocalRunResult {

@@ -10,7 +10,8 @@
 #include "util/time-util.h"
 
 bool node_configured(const Config *c) {
-        return c->listen.port != 0 || c->n_peers > 0 || c->averaging.enabled || c->pipeline.enabled;
+        return c->listen.port != 0 || c->n_peers > 0 || c->averaging.enabled || c->pipeline.enabled ||
+               c->membership.enabled;
 }
 
 static const char *reason_text(int reason) {
@@ -128,6 +129,8 @@ int node_start(Node *node, const Config *c) {
                 return log_error_errno(r, "Failed to load the identity: %s", d.text);
         identity_to_hex(node->identity.pk, hex);
         log_info("%s identity %s (%s)", created ? "Created" : "Loaded", hex, path);
+        if (c->membership.enabled && !c->listen.port && !c->n_peers)
+                return 0; /* membership has links of its own: no transport (and receive pool) idle here */
 
         r = config_net(c, &node->identity, &nc, &d);
         if (r < 0)

@@ -30,12 +30,16 @@ typedef struct Run {
         bool told_paused;            /* the neighbours know this stage is paused */
         uint64_t lost_told;          /* micro-batches lost with broken links, as logged */
         bool prev_paused, next_paused;
+        bool prev_quiesced;           /* the stages before finished their micro-batches */
+        const LocalRunOptions *o;    /* its poll runs during the last averaging round too */
 } Run;
 
 /* Control payloads of the daemon's own, beside the pipe's: a stage tells its
  * neighbours it pauses (the owner needs the machine) and resumes. */
 static const uint8_t msg_paused[4] = { 'R', 'V', 'P', 'Z' };
 static const uint8_t msg_resumed[4] = { 'R', 'V', 'P', 'R' };
+/* ... and that every micro-batch it sent came back: the next may stop. */
+static const uint8_t msg_quiesced[4] = { 'R', 'V', 'P', 'Q' };
 
 static void tell_neighbours(Run *r, const uint8_t msg[4]) {
         if (r->prev_peer >= 0)
@@ -52,6 +56,8 @@ static void serve_paused(void *ud) {
                 r->told_paused = true;
         }
         net_run(r->net, 50);
+        if (r->o && r->o->poll) /* a paused node is still a member */
+                r->o->poll(r->o->poll_userdata);
 }
 
 /* In this order: the averaging thread, the tensors the pipe still holds
@@ -140,6 +146,10 @@ static void run_control(void *ud, uint32_t peer, uint8_t type, const uint8_t *p,
                          paused ? "paused: its owner needs the machine" : "resumed");
                 return;
         }
+        if (type == FRAME_CONTROL && len == 4 && from_prev && !memcmp(p, msg_quiesced, 4)) {
+                r->prev_quiesced = true;
+                return;
+        }
         if (type == FRAME_CONTROL && pipe_on_control(r->pipe, peer, p, len) < 0)
                 net_close_peer(r->net, peer);
         run_tell_lost(r);
@@ -166,6 +176,8 @@ static void dial_next(Run *r) {
 static void poll_run(void *ud) {
         Run *r = ud;
         net_run(r->net, 1);
+        if (r->o && r->o->poll)
+                r->o->poll(r->o->poll_userdata);
 }
 
 /* Where the stage is, for a checkpoint. */
@@ -287,7 +299,7 @@ int pipeline_run(const Config *c, const Job *job, const Identity *id, const Loca
                  const volatile sig_atomic_t *stop) {
         const ConfigPipeline *p = &c->pipeline;
         _cleanup_(dataset_freep) Dataset *train = NULL, *test = NULL;
-        _cleanup_(run_done) Run run = { .prev_peer = -1, .next_peer = -1 };
+        _cleanup_(run_done) Run run = { .prev_peer = -1, .next_peer = -1, .o = o };
         const char *dir = o->data_dir ?: job->data.path;
         Pipe *pipe;
         Net *net;
@@ -356,6 +368,16 @@ int pipeline_run(const Config *c, const Job *job, const Identity *id, const Loca
         if (stage > 0) /* only the first stage trains on it */
                 train = dataset_free(train);
         CheckpointInfo at;
+        if (o->model_params && o->load_model_params) /* handed over from the previous plan's owners */
+                memcpy(pipe_stage(pipe)->params, o->model_params + model_spec_params(&job->model, 0, pc.lo),
+                       pipe_stage(pipe)->n_params * sizeof(float));
+        if (o->resume_samples) { /* go on where the clusters were, in this plan's shards */
+                uint64_t per = (uint64_t)p->n_clusters * (uint64_t)p->micro_batch;
+                uint64_t n = (uint64_t)steps * per, done = o->resume_samples;
+                if (n)
+                        pipe_resume(pipe, (int)MIN(done / n, (uint64_t)INT32_MAX), (size_t)((done % n) / per),
+                                    done / per / (uint64_t)U);
+        }
         if (o->checkpoint_dir && o->load_checkpoint &&
             stage_checkpoint_load(o->checkpoint_dir, job->name, pipe_stage(pipe), pipe_optim(pipe), &at) >= 0) {
                 pipe_resume(pipe, (int)MIN(at.epoch, (uint64_t)INT32_MAX), (size_t)at.step_in_epoch, at.updates);
@@ -396,7 +418,29 @@ int pipeline_run(const Config *c, const Job *job, const Identity *id, const Loca
         PipeStats st, prev_st = {};
         pipe_get_stats(pipe, &st);
         updates_seen = st.updates;
+        bool quiescing = false, quiesced = false;
+        uint64_t quiesce_deadline = 0;
         while (!*stop) {
+                if (o->quiesce && *o->quiesce && !quiescing) {
+                        log_info("Stopping at a safe point: the micro-batches on the way finish first");
+                        pipe_quiesce(pipe, true);
+                        quiescing = true;
+                        quiesce_deadline = now_ns() + 5 * NSEC_PER_SEC;
+                }
+                if (quiescing) { /* the first stage's micro-batches are back, or the stage before says so */
+                        pipe_get_stats(pipe, &st);
+                        /* (nothing comes from a previous stage that is gone) */
+                        if ((stage == 0 ? st.in_flight == 0 : run.prev_quiesced || run.prev_peer < 0) ||
+                            now_ns() > quiesce_deadline) {
+                                if (run.next_peer >= 0)
+                                        (void)net_send_control(net, (uint32_t)run.next_peer, FRAME_CONTROL,
+                                                               msg_quiesced, 4);
+                                log_info("Stopped at a safe point%s", now_ns() > quiesce_deadline ?
+                                         " (gave up waiting for the micro-batches on the way)" : "");
+                                quiesced = true;
+                                break;
+                        }
+                }
                 dial_next(&run);
                 if (o->control) { /* pause, stop and checkpoints */
                         r = control_gate(o->control, serve_paused, &run);
@@ -467,12 +511,22 @@ int pipeline_run(const Config *c, const Job *job, const Identity *id, const Loca
         }
         averaging_stop(&run.av);
         run.finished = r == PIPE_FINISHED;
+        if (o->model_params) /* for the next plan's owners */
+                memcpy(o->model_params + model_spec_params(&job->model, 0, pc.lo), s->params,
+                       s->n_params * sizeof(float));
+        if (o->ret_samples) {
+                pipe_get_stats(pipe, &st);
+                *o->ret_samples = stage == 0 ? st.samples : 0;
+        }
         if (o->checkpoint_dir && o->control && (r == PIPE_FINISHED || *stop))
                 save_checkpoint(o, job, pipe); /* on the way out, so a restart goes on from here */
         /* what the stage queued last (DONE, say) still has to leave */
         for (int i = 0; i < 100 && r == PIPE_FINISHED; i++)
                 net_run(net, 5);
-        if (*stop)
+        for (int i = 0; i < 100 && quiesced && run.next_peer >= 0 && net_queued(net, (uint32_t)run.next_peer) > 0;
+             i++)
+                net_run(net, 5);
+        if (*stop || quiesced)
                 return -ECANCELED;
         if (r < 0)
                 return r;

@@ -9,6 +9,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "collective/topology.h"
 #include "service/config.h"
 
 #define K1 "00112233445566778899aabbccddeeff00112233445566778899aabbccddeeff"
@@ -358,7 +359,7 @@ Test(config, averaging_group) {
         snprintf(body, sizeof body, "  idle_timeout = 30000;\n};\naveraging = {\n%s  gossip = 1;\n};\n", line);
         expect_error(base_end, body, "16: averaging.gossip: unknown setting");
         snprintf(body, sizeof body, "  idle_timeout = 30000;\n};\naveraging = {\n%s  method = \"mpi\";\n};\n", line);
-        expect_error(base_end, body, "16: averaging.method: unknown value \"mpi\" (known: ring, moshpit)");
+        expect_error(base_end, body, "16: averaging.method: unknown value \"mpi\" (known: ring, moshpit, gossip, auto)");
         snprintf(body, sizeof body, "  idle_timeout = 30000;\n};\naveraging = {\n%s  interval = 0.0;\n};\n", line);
         expect_error(base_end, body, "16: averaging.interval: must be a number in [0.05, 86400]");
         snprintf(body, sizeof body, "  idle_timeout = 30000;\n};\naveraging = {\n%s  grid = [ 2, 4 ];\n};\n", line);
@@ -375,6 +376,135 @@ Test(config, averaging_group) {
                      "15: averaging.members.[1]: must be \"<public key, 64 hex digits>@host:port\"");
         expect_error(base_end, "  idle_timeout = 30000;\n};\naveraging = {\n  listen = \"127.0.0.1:1\";\n  members = [ \"" K1 "@a:1\", \"" K2 "@b\" ];\n};\n",
                      "15: averaging.members.[1]: must be \"host:port\"");
+}
+
+/* gossip and auto: topology and weight, every step (no cadence), members
+ * training alone; averaging opens on line 13 */
+Test(config, averaging_gossip_and_auto) {
+        const char *line = "  listen = \"127.0.0.1:7100\";\n  members = [ \"" K1 "@127.0.0.1:7100\", \"" K2 "@127.0.0.1:7101\" ];\n";
+        char body[1024], path[64];
+        Config c;
+        Diag d = {};
+
+        snprintf(body, sizeof body, "  idle_timeout = 30000;\n};\naveraging = {\n%s  method = \"gossip\"; topology = \"exp\"; weight = 0.25;\n};\n", line);
+        cr_assert_eq(load_variant(base_end, body, &c, &d, path), 0, "%s", d.text);
+        cr_assert(c.averaging.enabled && c.averaging.method == CONFIG_AVERAGING_GOSSIP);
+        cr_assert_eq(c.averaging.topology, GOSSIP_EXP);
+        cr_assert_float_eq(c.averaging.weight, 0.25, 1e-12);
+        config_free(&c);
+        snprintf(body, sizeof body, "  idle_timeout = 30000;\n};\naveraging = {\n%s  method = \"gossip\";\n};\n", line);
+        cr_assert_eq(load_variant(base_end, body, &c, &d, path), 0, "%s", d.text);
+        cr_assert_eq(c.averaging.topology, GOSSIP_ALT_EXP_RING, "the default topology");
+        cr_assert_float_eq(c.averaging.weight, 0.0, 1e-12, "the default weight: the group's average");
+        config_free(&c);
+        snprintf(body, sizeof body, "  idle_timeout = 30000;\n};\naveraging = {\n%s  method = \"auto\"; weight = 0.5;\n};\n", line);
+        cr_assert_eq(load_variant(base_end, body, &c, &d, path), 0, "%s", d.text);
+        cr_assert_eq(c.averaging.method, CONFIG_AVERAGING_AUTO);
+        config_free(&c);
+
+        snprintf(body, sizeof body, "  idle_timeout = 30000;\n};\naveraging = {\n%s  method = \"gossip\"; topology = \"star\";\n};\n", line);
+        expect_error(base_end, body, "16: averaging.topology: unknown value \"star\" (known: complete, ring, exp, alt-exp-ring)");
+        snprintf(body, sizeof body, "  idle_timeout = 30000;\n};\naveraging = {\n%s  topology = \"ring\";\n};\n", line);
+        expect_error(base_end, body, "16: averaging.topology: only used with method = \"gossip\"");
+        snprintf(body, sizeof body, "  idle_timeout = 30000;\n};\naveraging = {\n%s  method = \"auto\";\n  topology = \"ring\";\n};\n", line);
+        expect_error(base_end, body, "17: averaging.topology: only used with method = \"gossip\" (auto chooses the topology)");
+        snprintf(body, sizeof body, "  idle_timeout = 30000;\n};\naveraging = {\n%s  method = \"gossip\";\n  weight = 1.5;\n};\n", line);
+        expect_error(base_end, body, "17: averaging.weight: must be a number in [0, 0.99], got 1.5");
+        snprintf(body, sizeof body, "  idle_timeout = 30000;\n};\naveraging = {\n%s  weight = 0.5;\n};\n", line);
+        expect_error(base_end, body, "16: averaging.weight: only used with method = \"gossip\" or \"auto\"");
+        snprintf(body, sizeof body, "  idle_timeout = 30000;\n};\naveraging = {\n%s  method = \"gossip\";\n  interval_steps = 5;\n};\n", line);
+        expect_error(base_end, body, "17: averaging.interval_steps: not used with method = \"gossip\": it mixes every step");
+        snprintf(body, sizeof body, "  idle_timeout = 30000;\n};\naveraging = {\n%s  method = \"auto\";\n};\npipeline = { };\n", line);
+        expect_error(base_end, body, "16: averaging.method: \"auto\" is for members training the whole model alone, not with a pipeline");
+}
+
+/* membership: the coordinator's plan instead of pipeline.clusters and
+ * averaging.members, from line 13 */
+Test(config, membership) {
+        static const char *sections =
+                "  idle_timeout = 30000;\n};\n"
+                "pipeline = { listen = \"127.0.0.1:7200\"; };\n"              /* 13 */
+                "averaging = { listen = \"127.0.0.1:7300\"; };\n"             /* 14 */
+                "membership = {\n"                                            /* 15 */
+                "  coordinator = \"" K1 "@10.0.0.1:7400\";\n";                /* 16 */
+        char path[64], body[2048];
+        Config c;
+        Diag d = {};
+
+        snprintf(body, sizeof body, "%s};\n", sections);
+        cr_assert_eq(load_variant(base_end, body, &c, &d, path), 0, "%s", d.text);
+        const ConfigMembership *m = &c.membership;
+        cr_assert(m->enabled && !m->coordinate && m->train);
+        cr_assert_str_eq(m->coordinator.address.host, "10.0.0.1");
+        cr_assert_eq(m->coordinator.address.port, 7400);
+        cr_assert_eq(m->coordinator.id[0], 0x00);
+        cr_assert_eq(m->coordinator.id[1], 0x11);
+        /* the defaults ravnestd.conf(5) documents */
+        cr_assert_eq(m->memory, 0);
+        cr_assert_eq(m->probe_ms, 300);
+        cr_assert_eq(m->min_nodes, 2);
+        cr_assert_eq(m->settle_ms, 2000);
+        cr_assert_eq(m->heartbeat_ms, 1000);
+        cr_assert_eq(m->deadline_ms, 10000);
+        cr_assert_eq(m->handover_timeout_ms, 10000);
+        cr_assert(!c.pipeline.enabled && !c.averaging.enabled, "the plan enables them");
+        cr_assert_eq(c.pipeline.listen.port, 7200);
+        cr_assert_eq(c.averaging.listen.port, 7300);
+        config_free(&c);
+
+        snprintf(body, sizeof body, "%s  coordinate = true; memory = \"512M\"; probe = 0.1; min_nodes = 6;\n"
+                 "  settle = 0.5; heartbeat = 0.25; deadline = 3; handover_timeout = 4.5;\n};\n", sections);
+        cr_assert_eq(load_variant(base_end, body, &c, &d, path), 0, "%s", d.text);
+        cr_assert(m->coordinate);
+        cr_assert_eq(m->memory, 512ull << 20);
+        cr_assert_eq(m->probe_ms, 100);
+        cr_assert_eq(m->min_nodes, 6);
+        cr_assert_eq(m->settle_ms, 500);
+        cr_assert_eq(m->heartbeat_ms, 250);
+        cr_assert_eq(m->deadline_ms, 3000);
+        cr_assert_eq(m->handover_timeout_ms, 4500);
+        config_free(&c);
+
+        snprintf(body, sizeof body, "%s  memory = 1048576;\n};\n", sections);
+        cr_assert_eq(load_variant(base_end, body, &c, &d, path), 0, "%s", d.text);
+        cr_assert_eq(m->memory, 1048576);
+        config_free(&c);
+
+        /* a coordinator that does not train needs no pipeline or averaging */
+        cr_assert_eq(load_variant(base_end, "  idle_timeout = 30000;\n};\nmembership = {\n  coordinator = \"" K1
+                                            "@h:1\";\n  coordinate = true; train = false;\n};\n", &c, &d, path),
+                     0, "%s", d.text);
+        cr_assert(m->coordinate && !m->train);
+        config_free(&c);
+        snprintf(body, sizeof body, "%s  train = false;\n};\n", sections);
+        expect_error(base_end, body, "17: membership.train: false only with coordinate = true");
+        snprintf(body, sizeof body, "%s  memory = \"lots\";\n};\n", sections);
+        expect_error(base_end, body, "17: membership.memory: must be bytes, or a size");
+        snprintf(body, sizeof body, "%s  min_nodes = 65;\n};\n", sections);
+        expect_error(base_end, body, "17: membership.min_nodes: must be an integer in [1, 64]");
+        snprintf(body, sizeof body, "%s  heartbeat = 2; deadline = 3;\n};\n", sections);
+        expect_error(base_end, body, "17: membership.deadline: the deadline (3 s) must be at least two heartbeats");
+        snprintf(body, sizeof body, "%s  leader = true;\n};\n", sections);
+        expect_error(base_end, body, "17: membership.leader: unknown setting");
+        expect_error(base_end, "  idle_timeout = 30000;\n};\npipeline = { listen = \"127.0.0.1:7200\"; };\n"
+                               "averaging = { listen = \"127.0.0.1:7300\"; };\nmembership = { coordinate = true; };\n",
+                     "15: membership.coordinator: missing");
+        expect_error(base_end, "  idle_timeout = 30000;\n};\npipeline = { listen = \"127.0.0.1:7200\"; };\n"
+                               "averaging = { listen = \"127.0.0.1:7300\"; };\nmembership = { coordinator = \"x@h:1\"; };\n",
+                     "15: membership.coordinator: must be \"<public key, 64 hex digits>@host:port\"");
+        expect_error(base_end, "  idle_timeout = 30000;\n};\naveraging = { listen = \"127.0.0.1:7300\"; };\n"
+                               "membership = {\n  coordinator = \"" K1 "@h:1\";\n};\n",
+                     "14: membership: needs a pipeline section");
+        expect_error(base_end, "  idle_timeout = 30000;\n};\npipeline = { listen = \"127.0.0.1:7200\";\n"
+                               "  clusters = ( { nodes = [ \"" K1 "@h:1\" ]; stages = [ 0, 6 ]; } ); };\n"
+                               "averaging = { listen = \"127.0.0.1:7300\"; };\n"
+                               "membership = {\n  coordinator = \"" K1 "@h:1\";\n};\n",
+                     "14: pipeline.clusters: not with membership");
+        expect_error(base_end, "  idle_timeout = 30000;\n};\npipeline = { listen = \"127.0.0.1:7200\"; };\n"
+                               "averaging = { listen = \"127.0.0.1:7300\";\n"
+                               "  members = [ \"" K1 "@a:1\", \"" K2 "@b:2\" ]; };\n"
+                               "membership = {\n  coordinator = \"" K1 "@h:1\";\n};\n",
+                     "15: averaging.members: not with membership");
 }
 
 Test(config, idle_checkpoint_and_control_socket) {

@@ -248,16 +248,29 @@ typedef struct Node {
         Identity id;
         float *x;
         int results[ITERS];
+        unsigned index;
+        float probe[3];  /* gossip_average() of { index, 1, -index } */
+        int probe_result;
         pthread_t thread;
 } Node;
 
 static atomic_uint finished;
+/* From iteration SWITCH_AT on, every member mixes with this topology
+ * (gossip_set_topology()); and a probe round before the first. -1: none. */
+enum { SWITCH_AT = 3 };
+static int switch_to = -1;
 
 static void *node_main(void *arg) {
         Node *nd = arg;
         for (int i = 0; i < 5000 && gossip_connected(nd->g) < MEMBERS - 1; i++)
                 usleep(1000);
+        if (switch_to >= 0) {
+                nd->probe[0] = (float)nd->index, nd->probe[1] = 1, nd->probe[2] = -(float)nd->index;
+                nd->probe_result = gossip_average(nd->g, nd->probe, 3, NULL);
+        }
         for (uint64_t t = 0; t < ITERS; t++) {
+                if (switch_to >= 0 && t == SWITCH_AT)
+                        cr_assert_eq(gossip_set_topology(nd->g, (GossipTopology)switch_to), 0);
                 int r = gossip_send(nd->g, nd->x, t);
                 nd->results[t] = r < 0 ? r : gossip_mix(nd->g, nd->x);
         }
@@ -280,6 +293,7 @@ static void real_vs_simulated(GossipTopology topo, double weight) {
                 identity_generate(&nodes[i].id);
                 memcpy(m[i].id, nodes[i].id.pk, IDENTITY_PK_SIZE);
                 snprintf(m[i].host, sizeof m[i].host, "127.0.0.1");
+                nodes[i].index = i;
                 nodes[i].x = malloc(LEN * sizeof(float));
                 memcpy(nodes[i].x, sim.x[i], LEN * sizeof(float));
         }
@@ -312,12 +326,22 @@ static void real_vs_simulated(GossipTopology topo, double weight) {
         for (unsigned i = 0; i < MEMBERS; i++)
                 pthread_join(nodes[i].thread, NULL);
 
+        GossipTopology at[ITERS];
         for (uint64_t t = 0; t < ITERS; t++)
-                gossip_simulate_step(topo, MEMBERS, t, weight, sim.x, LEN);
+                at[t] = switch_to >= 0 && t >= SWITCH_AT ? (GossipTopology)switch_to : topo;
+        for (uint64_t t = 0; t < ITERS; t++)
+                gossip_simulate_step(at[t], MEMBERS, t, weight, sim.x, LEN);
+        for (unsigned i = 0; i < MEMBERS && switch_to >= 0; i++) {
+                cr_assert_eq(nodes[i].probe_result, MEMBERS, "member %u: probe %d", i, nodes[i].probe_result);
+                cr_assert_float_eq(nodes[i].probe[0], 1.5f, 1e-6);
+                cr_assert_float_eq(nodes[i].probe[1], 1.0f, 1e-6);
+                cr_assert(!memcmp(nodes[i].probe, nodes[0].probe, sizeof nodes[i].probe),
+                          "an all-reduce leaves the same bits everywhere");
+        }
         for (unsigned i = 0; i < MEMBERS; i++) {
                 unsigned g[MEMBERS];
                 for (uint64_t t = 0; t < ITERS; t++)
-                        cr_assert_eq(nodes[i].results[t], gossip_group(topo, MEMBERS, i, t, g),
+                        cr_assert_eq(nodes[i].results[t], gossip_group(at[t], MEMBERS, i, t, g),
                                      "%s: member %u iteration %llu: %d", gossip_topology_to_string(topo), i,
                                      (unsigned long long)t, nodes[i].results[t]);
                 double worst = 0;
@@ -334,6 +358,14 @@ static void real_vs_simulated(GossipTopology topo, double weight) {
                 free(nodes[i].x);
         }
         vecs_free(&sim);
+}
+
+/* A probe round (gossip_average) first, and a topology switched between
+ * iterations, as averaging.method "auto" does. */
+Test(gossip, average_then_switch_topology) {
+        switch_to = GOSSIP_COMPLETE;
+        real_vs_simulated(GOSSIP_EXP, 0);
+        switch_to = -1;
 }
 
 Test(gossip, alt_exp_ring_over_loopback_equals_simulation) {

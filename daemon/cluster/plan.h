@@ -1,0 +1,124 @@
+/* cluster/plan.h — the plan a coordinator hands every node: which nodes
+ * form which cluster, in which stage order, where each cluster cuts the
+ * model, and how to reach every node (pipeline and averaging addresses, and
+ * the identity key the transport admits it by). Nodes in no cluster are
+ * spares. A plan carries an epoch number that only grows, and the
+ * coordinator's Ed25519 signature over all of it, so a node takes a plan
+ * only from the coordinator it was configured with and never goes back to
+ * an older one.
+ *
+ * Everything here is pure: no I/O, no logging. plan_decode() bounds every
+ * count and length before it reads what they describe, and refuses a plan
+ * whose signature does not verify; the exact layout is in
+ * ravnest-protocol(7), MEMBERSHIP.
+ *
+ *     Plan *p = plan_new();
+ *     p->epoch = 3;  p->n_layers = 6;  p->micro_batch = 32;  p->staleness = 4;  p->update_frequency = 4;
+ *     p->n_nodes = 2;  // p->nodes[i]: key, host, pipeline_port, averaging_port
+ *     p->n_clusters = 1;
+ *     p->clusters[0] = (PlanCluster){ .n_stages = 2, .nodes = { 1, 0 }, .bounds = { 0, 2, 6 } };
+ *     uint8_t buf[PLAN_MAX_BYTES];
+ *     int n = plan_encode(p, &coordinator_identity_pk, coordinator_sk, buf, sizeof buf);
+ *     ...
+ *     r = plan_decode(buf, n, coordinator_pk, q);    // -EBADMSG, -EMSGSIZE, -EPERM (signature)
+ *     r = plan_find(q, my_pk, &cluster, &stage);     // -ENOENT: a spare
+ */
+#pragma once
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "util/macro.h"
+
+#define PLAN_KEY_SIZE 32
+#define PLAN_SIG_SIZE 64
+#define PLAN_SK_SIZE 64
+#define PLAN_MAX_NODES 64    /* a ring of the averaging holds at most 64 members */
+#define PLAN_MAX_CLUSTERS 64
+#define PLAN_MAX_STAGES 64
+#define PLAN_MAX_LAYERS 256  /* MODEL_MAX_LAYERS */
+#define PLAN_HOST_MAX 254    /* a DNS name has at most 253 characters */
+#define PLAN_MAX_BYTES 65536 /* the whole signed plan: fits one PLAN frame at the default limit */
+#define PLAN_HEADER_SIZE 72
+
+typedef struct PlanNode {
+        uint8_t key[PLAN_KEY_SIZE];
+        char host[PLAN_HOST_MAX]; /* NUL-terminated */
+        uint16_t pipeline_port, averaging_port;
+} PlanNode;
+
+typedef struct PlanCluster {
+        unsigned n_stages;
+        uint16_t nodes[PLAN_MAX_STAGES];   /* indices into Plan.nodes, stage order */
+        int bounds[PLAN_MAX_STAGES + 1];   /* stage s runs layers [bounds[s], bounds[s+1]) */
+} PlanCluster;
+
+typedef struct Plan {
+        uint64_t epoch;                    /* >= 1; a node never goes back */
+        uint8_t signer[PLAN_KEY_SIZE];     /* the coordinator's identity */
+        uint64_t samples;                  /* samples trained before this epoch, all clusters */
+        unsigned n_layers;
+        unsigned micro_batch, staleness, update_frequency;
+        bool synchronous;
+        unsigned n_nodes, n_clusters;
+        PlanNode nodes[PLAN_MAX_NODES];
+        PlanCluster clusters[PLAN_MAX_CLUSTERS];
+} Plan;
+
+/* A zeroed plan on the heap (it is about 45 KiB); NULL without memory. */
+Plan *plan_new(void);
+Plan *plan_free(Plan *p);
+DEFINE_TRIVIAL_CLEANUP_FUNC(Plan *, plan_free);
+
+/* Every rule plan_decode() applies, on a Plan in memory: -EINVAL or
+ * -EMSGSIZE (a count above its limit). */
+int plan_check(const Plan *p);
+/* Sign p with the coordinator's secret key sk (libsodium's 64-byte Ed25519
+ * form; p->signer must be its public key) into buf: the length, or -EINVAL
+ * for a plan plan_check() refuses, -EMSGSIZE when buf is too small. */
+int plan_encode(const Plan *p, const uint8_t sk[PLAN_SK_SIZE], uint8_t *buf, size_t size);
+/* Check and read a signed plan. -EMSGSIZE: longer than PLAN_MAX_BYTES or a
+ * count above its limit; -EBADMSG: malformed; -EPERM: not signed by signer.
+ * *ret is untouched on failure. */
+int plan_decode(const uint8_t *buf, size_t len, const uint8_t signer[PLAN_KEY_SIZE], Plan *ret);
+
+/* This node's place: 0 with its cluster and stage, -ENOENT if it is a
+ * spare or not in the plan at all (ret_index < 0 then). */
+int plan_find(const Plan *p, const uint8_t key[PLAN_KEY_SIZE], int *ret_index, unsigned *ret_cluster,
+              unsigned *ret_stage);
+/* Whether a host name or address is one a plan may carry: 1 to
+ * PLAN_HOST_MAX - 1 characters of letters, digits, '.', '-' and ':'. */
+bool plan_host_valid(const char *host, size_t len);
+
+/* What a node tells the coordinator when it connects (a CONTROL frame
+ * "RVMJ"): its measured capabilities, where its stages listen, the model it
+ * runs (layer and parameter counts: a coordinator refuses a node of another
+ * job) and the newest plan epoch it holds (a restarted coordinator goes on
+ * above it). */
+typedef struct PlanJoin {
+        double gflops, bandwidth, latency; /* GFLOP/s, bytes/s, seconds */
+        uint64_t memory;                   /* bytes */
+        uint64_t epoch;
+        uint64_t n_params;
+        unsigned n_layers;
+        char host[PLAN_HOST_MAX];
+        uint16_t pipeline_port, averaging_port;
+} PlanJoin;
+
+#define PLAN_JOIN_MAX_SIZE (60 + PLAN_HOST_MAX)
+/* The length, or -EINVAL for values out of bounds. */
+int plan_join_encode(const PlanJoin *j, uint8_t *buf, size_t size);
+/* -EBADMSG for anything out of bounds or not a JOIN. */
+int plan_join_decode(const uint8_t *buf, size_t len, PlanJoin *ret);
+
+/* The coordinator to every member: stop training at the next safe point and
+ * hand in the layers it holds, for epoch `epoch` ("RVMS", 12 bytes). A
+ * member answers once it has: "RVMD", epoch, and the samples its stage
+ * trained as a first stage in the epoch that ended (20 bytes). */
+#define PLAN_STOP_SIZE 12
+#define PLAN_DONE_SIZE 20
+void plan_stop_encode(uint64_t epoch, uint8_t buf[PLAN_STOP_SIZE]);
+int plan_stop_decode(const uint8_t *buf, size_t len, uint64_t *ret_epoch);
+void plan_done_encode(uint64_t epoch, uint64_t samples, uint8_t buf[PLAN_DONE_SIZE]);
+int plan_done_decode(const uint8_t *buf, size_t len, uint64_t *ret_epoch, uint64_t *ret_samples);

@@ -1,0 +1,419 @@
+/* Membership with real ravnestd processes on loopback: six nodes join a
+ * coordinator (the first of them) one by one, each with its measured
+ * capabilities and a memory cap that makes a cluster need two nodes; the
+ * coordinator forms a plan and every node holds the same signed plan and
+ * trains its stage. Then one node leaves: a new epoch, the layers handed
+ * over from the old owners (averaged across the clusters), and training
+ * goes on from where it was to the end of the epoch, where it must reach
+ * the pipeline's bar for one epoch of samples: 82% on the real
+ * Fashion-MNIST test set (the single-node MLP reaches about 85% after one
+ * epoch). Also: a member silent past the deadline is dropped and the plan
+ * re-forms; nodes train on without their coordinator and rejoin it when it
+ * comes back; a member that breaks the rules loses its link and the
+ * coordinator goes on. Times and peak memory are printed, never asserted. */
+#include <criterion/criterion.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "../lib/proc.h"
+#include "cluster/plan.h"
+#include "net/net.h"
+
+#define N 6
+#define SECRET_HEX "5b2f9c1d7e3a4b6c8d0e1f2a3b4c5d6e7f8091a2b3c4d5e6f708192a3b4c5d6e"
+
+static void skip_without_dataset(void) {
+        if (access(FASHION_MNIST_DIR "/train-images-idx3-ubyte.gz", R_OK) < 0)
+                cr_skip_test("SKIP: %s missing: install Debian's dataset-fashion-mnist to run this test",
+                             FASHION_MNIST_DIR);
+}
+
+static double seconds(void) {
+        struct timespec t;
+        clock_gettime(CLOCK_MONOTONIC, &t);
+        return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
+}
+
+static void write_file(const char *path, const char *text, mode_t mode) {
+        FILE *f = fopen(path, "w");
+        cr_assert_not_null(f, "%s", path);
+        fputs(text, f);
+        fclose(f);
+        chmod(path, mode);
+}
+
+/* Read what the node printed so far, without waiting for more. */
+static void drain(Proc *p) {
+        proc_wait_for(p, "\x01 never printed", 20);
+}
+
+/* The signature a node's "Holds plan epoch E (signature X…)" names. */
+static bool plan_signature(const char *out, int epoch, char sig[9]) {
+        char want[64];
+        snprintf(want, sizeof want, "Holds plan epoch %d (signature ", epoch);
+        const char *at = strstr(out, want);
+        if (!at)
+                return false;
+        snprintf(sig, 9, "%s", at + strlen(want));
+        return true;
+}
+
+static long peak_rss_kib(pid_t pid) {
+        char path[64], line[256];
+        long kib = -1;
+        snprintf(path, sizeof path, "/proc/%d/status", (int)pid);
+        FILE *f = fopen(path, "r");
+        while (f && fgets(line, sizeof line, f))
+                if (strncmp(line, "VmHWM:", 6) == 0)
+                        kib = strtol(line + 6, NULL, 10);
+        if (f)
+                fclose(f);
+        return kib;
+}
+
+static void start(Proc *p, const char *conf, const char *epochs) {
+        proc_start(p, (char *[]){ RAVNESTD, "--config", (char *)conf, "--job",
+                                  SOURCE_ROOT "/config/jobs/fashion-mnist-mlp.job", "--epochs", (char *)epochs,
+                                  "--no-idle",
+                                  "--progress", "2000", NULL }, NULL);
+}
+
+static unsigned short coordinator_port;
+
+/* n nodes in dir: keys, ports and configurations; node 1 coordinates (and
+ * trains unless coordinate_only). */
+static void make_nodes(const char *dir, int n, double heartbeat, double deadline, bool coordinate_only,
+                       char conf[][256]) {
+        char path[256], text[4096], hex[N][IDENTITY_HEX_SIZE];
+        unsigned short port[N][2], coord = test_free_port();
+        coordinator_port = coord;
+
+        snprintf(path, sizeof path, "%s/secret", dir);
+        write_file(path, SECRET_HEX "\n", 0600);
+        for (int i = 0; i < n; i++) {
+                Identity id;
+                bool created;
+                Diag d = {};
+                snprintf(path, sizeof path, "%s/n%d", dir, i + 1);
+                cr_assert_eq(mkdir(path, 0700), 0);
+                snprintf(path, sizeof path, "%s/n%d/identity", dir, i + 1);
+                cr_assert_eq(identity_load_or_create(path, &id, &created, &d), 0, "%s", d.text);
+                identity_to_hex(id.pk, hex[i]);
+                identity_clear(&id);
+                port[i][0] = test_free_port();
+                port[i][1] = test_free_port();
+        }
+        for (int i = 0; i < n; i++) {
+                snprintf(text, sizeof text,
+                         "state_directory = \"%s/n%d\";\n"
+                         "threads = 1;\n"
+                         "control_socket = \"\";\n"
+                         "idle = { enabled = false; };\n"
+                         "checkpoint = { interval = 0; load = false; };\n"
+                         "network = { secret_file = \"%s/secret\"; };\n"
+                         "pipeline = { micro_batch = 32; staleness = 4; update_frequency = 4;\n"
+                         "             listen = \"127.0.0.1:%u\"; };\n"
+                         "averaging = { interval = 1.0; listen = \"127.0.0.1:%u\"; };\n"
+                         "membership = {\n"
+                         "  coordinator = \"%s@127.0.0.1:%u\";\n"
+                         "  coordinate = %s;\n"
+                         "  train = %s;\n"
+                         "  memory = \"40M\";   # a replica needs 52 MiB: two nodes per cluster\n"
+                         "  probe = 0.1;\n"
+                         "  min_nodes = %d;\n"
+                         "  settle = 1.0;\n"
+                         "  heartbeat = %.2f;\n"
+                         "  deadline = %.2f;\n"
+                         "};\n",
+                         dir, i + 1, dir, port[i][0], port[i][1], hex[0], coord, i == 0 ? "true" : "false",
+                         i == 0 && coordinate_only ? "false" : "true", n - coordinate_only,
+                         heartbeat, deadline);
+                snprintf(conf[i], 256, "%s/n%d.conf", dir, i + 1);
+                write_file(conf[i], text, 0644);
+        }
+}
+
+Test(membership, six_join_one_leaves_training_goes_on, .timeout = 300) {
+        skip_without_dataset();
+        char dir[] = "/tmp/ravnest-test-membership-XXXXXX", conf[N][256], text[256];
+        Proc p[N];
+        cr_assert(mkdtemp(dir));
+        make_nodes(dir, N, 1.0, 10.0, false, conf);
+
+        /* one by one: each joins before the next starts */
+        for (int i = 0; i < N; i++) {
+                start(&p[i], conf[i], "1");
+                cr_assert(proc_wait_for(&p[i], "Joined the coordinator", 30000), "node %d\n%s", i + 1, p[i].out);
+        }
+        double last_join = seconds();
+        char sig[N][9];
+        for (int i = 0; i < N; i++) {
+                cr_assert(proc_wait_for(&p[i], "Holds plan epoch 1 (", 30000), "node %d\n%s", i + 1, p[i].out);
+                cr_assert(plan_signature(p[i].out, 1, sig[i]));
+        }
+        double all_hold = seconds();
+        cr_assert(strstr(p[0].out, "Coordinator: plan epoch 1 (signature "), "%s", p[0].out);
+        cr_assert(strstr(p[0].out, ") to 6 members: "), "%s", p[0].out);
+        for (int i = 1; i < N; i++)
+                cr_assert_str_eq(sig[i], sig[0], "node %d holds another plan epoch 1", i + 1);
+        cr_log_info("plan epoch 1 (signature %s…) held by all %d nodes %.0f ms after the last join (1 s of it "
+                    "the coordinator's settle time)\n", sig[0], N, 1e3 * (all_hold - last_join));
+
+        /* training is under way everywhere (a whole epoch takes a few seconds
+         * on a quiet machine); then node 6 leaves */
+        for (int i = 0; i < N; i++)
+                cr_assert(proc_wait_for(&p[i], "Averaging round 1 done", 60000), "node %d\n%s", i + 1, p[i].out);
+        for (int i = 0; i < N; i++)
+                drain(&p[i]);
+        cr_assert(!strstr(p[0].out, "Training is over"), "trained to the end before the leave\n%s", p[0].out);
+        long rss_coordinator = peak_rss_kib(p[0].pid), rss_node = peak_rss_kib(p[1].pid);
+        double leave = seconds();
+        kill(p[N - 1].pid, SIGTERM);
+        cr_assert_eq(proc_exit(&p[N - 1]), 0, "%s", p[N - 1].out);
+        for (int i = 0; i < N - 1; i++) {
+                cr_assert(proc_wait_for(&p[i], "Holds plan epoch 2 (", 60000), "node %d\n%s", i + 1, p[i].out);
+                cr_assert(plan_signature(p[i].out, 2, sig[i]));
+                cr_assert_str_eq(sig[i], sig[0], "node %d holds another plan epoch 2", i + 1);
+        }
+        double reformed = seconds();
+        cr_assert(strstr(p[0].out, "left (said goodbye); 5 members"), "%s", p[0].out);
+        cr_assert(strstr(p[0].out, ") to 5 members: "), "%s", p[0].out);
+        cr_log_info("after the leave: plan epoch 2 held by the other %d nodes %.0f ms later (1 s settle, stop at "
+                    "a safe point, hand-over)\n", N - 1, 1e3 * (reformed - leave));
+
+        /* every node of a cluster trains to the end from the layers handed over */
+        int stages = 0, finished = 0;
+        for (int i = 0; i < N - 1; i++) {
+                const char *held = strstr(p[i].out, "Holds plan epoch 2 (");
+                if (held && strstr(held, "a spare"))
+                        continue;
+                stages++;
+                cr_assert(strstr(p[i].out, "starting from the layers handed over"), "node %d\n%s", i + 1, p[i].out);
+                /* the micro-batches on the way finished before the stage stopped */
+                cr_assert(strstr(p[i].out, "Stopped at a safe point") || strstr(p[i].out, "a spare"), "node %d\n%s",
+                          i + 1, p[i].out);
+                cr_assert(!strstr(p[i].out, "gave up waiting"), "node %d\n%s", i + 1, p[i].out);
+                cr_assert(proc_wait_for(&p[i], "Training is over (plan epoch 2)", 180000), "node %d\n%s", i + 1,
+                          p[i].out);
+                const char *f = strstr(p[i].out, "Finished fashion-mnist-mlp: test accuracy ");
+                if (!f)
+                        continue;
+                double acc = strtod(f + strlen("Finished fashion-mnist-mlp: test accuracy "), NULL);
+                cr_log_info("node %d: test accuracy %.2f%% after one epoch of samples across both plans\n", i + 1,
+                            acc);
+                cr_assert_geq(acc, 82.0, "node %d: %.2f%%\n%s", i + 1, acc, p[i].out);
+                finished++;
+        }
+        cr_assert_geq(stages, 2, "%s", p[0].out);
+        cr_assert_geq(finished, 1, "no cluster finished\n%s", p[0].out);
+        cr_log_info("peak RSS: node 1 (coordinator and a stage) %ld KiB, node 2 (a stage) %ld KiB before the "
+                    "leave; %ld and %ld KiB at the end\n", rss_coordinator, rss_node, peak_rss_kib(p[0].pid),
+                    peak_rss_kib(p[1].pid));
+        for (int i = 0; i < N - 1; i++) {
+                kill(p[i].pid, SIGTERM);
+                cr_assert_eq(proc_exit(&p[i]), 0, "node %d\n%s", i + 1, p[i].out);
+                cr_assert(!strstr(p[i].out, "Stage 1 failed") && !strstr(p[i].out, "Stage 2 failed"), "%s", p[i].out);
+        }
+        snprintf(text, sizeof text, "rm -rf %s", dir);
+        (void)!system(text);
+}
+
+/* A member that stops answering (SIGSTOP: its links stay open, silent) is
+ * gone after the deadline: a new epoch without it. */
+Test(membership, missed_heartbeats_make_a_new_epoch, .timeout = 120) {
+        skip_without_dataset();
+        char dir[] = "/tmp/ravnest-test-membership-XXXXXX", conf[3][256], text[256], sig[9];
+        Proc p[3];
+        cr_assert(mkdtemp(dir));
+        make_nodes(dir, 3, 0.5, 4.0, false, conf);
+        for (int i = 0; i < 3; i++) {
+                start(&p[i], conf[i], "1");
+                cr_assert(proc_wait_for(&p[i], "Joined the coordinator", 30000), "node %d\n%s", i + 1, p[i].out);
+        }
+        for (int i = 0; i < 3; i++)
+                cr_assert(proc_wait_for(&p[i], "Holds plan epoch 1 (", 30000), "node %d\n%s", i + 1, p[i].out);
+        cr_assert(proc_wait_for(&p[0], ") to 3 members: ", 1000), "%s", p[0].out);
+        /* every node settled: a stage has started, or a spare waits */
+        for (int i = 0; i < 3; i++)
+                drain(&p[i]);
+        kill(p[2].pid, SIGSTOP);
+        double stopped = seconds();
+        cr_assert(proc_wait_for(&p[0], "left (missed its heartbeats); 2 members", 30000), "%s", p[0].out);
+        double dropped = seconds();
+        for (int i = 0; i < 2; i++) {
+                cr_assert(proc_wait_for(&p[i], "Holds plan epoch 2 (", 30000), "node %d\n%s", i + 1, p[i].out);
+                cr_assert(plan_signature(p[i].out, 2, sig));
+        }
+        cr_assert(strstr(p[0].out, ") to 2 members: "), "%s", p[0].out);
+        cr_log_info("a silent member dropped %.1f s after it stopped (deadline 4 s); plan epoch 2 %.0f ms later\n",
+                    dropped - stopped, 1e3 * (seconds() - dropped));
+        kill(p[2].pid, SIGKILL);
+        cr_assert_eq(proc_exit(&p[2]), 128 + SIGKILL);
+        for (int i = 0; i < 2; i++) {
+                kill(p[i].pid, SIGTERM);
+                cr_assert_eq(proc_exit(&p[i]), 0, "node %d\n%s", i + 1, p[i].out);
+        }
+        snprintf(text, sizeof text, "rm -rf %s", dir);
+        (void)!system(text);
+}
+
+/* The coordinator goes away: the cluster trains on with the plan it holds.
+ * It comes back (a fresh process, no memory of the plan): the members join
+ * it again with the epoch they hold, and it goes on above that, handing
+ * their layers over. Node 1 only coordinates (membership.train = false). */
+Test(membership, training_goes_on_without_the_coordinator, .timeout = 120) {
+        skip_without_dataset();
+        char dir[] = "/tmp/ravnest-test-membership-XXXXXX", conf[3][256], text[256];
+        Proc p[3];
+        cr_assert(mkdtemp(dir));
+        make_nodes(dir, 3, 0.5, 4.0, true, conf);
+        for (int i = 0; i < 3; i++) {
+                start(&p[i], conf[i], "20"); /* longer than the test */
+                cr_assert(proc_wait_for(&p[i], i ? "Joined the coordinator" : "Coordinating only", 30000),
+                          "node %d\n%s", i + 1, p[i].out);
+        }
+        cr_assert(proc_wait_for(&p[0], "plan epoch 1 (signature ", 30000), "%s", p[0].out);
+        cr_assert(proc_wait_for(&p[0], ") to 2 members: 1 clusters, 2 stages", 1000), "%s", p[0].out);
+        long rss_coordinator = peak_rss_kib(p[0].pid);
+        for (int i = 1; i < 3; i++)
+                cr_assert(proc_wait_for(&p[i], "Holds plan epoch 1 (", 30000), "node %d\n%s", i + 1, p[i].out);
+        kill(p[0].pid, SIGTERM);
+        cr_assert_eq(proc_exit(&p[0]), 0, "%s", p[0].out);
+        for (int i = 1; i < 3; i++)
+                cr_assert(proc_wait_for(&p[i], "Lost the coordinator", 30000), "node %d\n%s", i + 1, p[i].out);
+        /* progress after the loss: the last stage goes on scoring micro-batches */
+        int last = strstr(p[1].out, "stage 2 of 2") ? 1 : 2;
+        size_t seen = strlen(p[last].out);
+        for (int k = 0; k < 2; k++) {
+                cr_assert(proc_wait_for(&p[last], "stage 2/2: ", 30000), "%s", p[last].out);
+                cr_assert(proc_wait_for(&p[last], "\x01 never", 2500) || true);
+        }
+        cr_assert(strstr(p[last].out + seen, "stage 2/2: "), "no progress without the coordinator\n%s", p[last].out);
+        start(&p[0], conf[0], "20");
+        for (int i = 1; i < 3; i++) {
+                cr_assert(proc_wait_for(&p[i], "Joined the coordinator at 127.0.0.1:", 30000));
+                cr_assert(proc_wait_for(&p[i], " again", 30000), "node %d\n%s", i + 1, p[i].out);
+                cr_assert(proc_wait_for(&p[i], "Holds plan epoch 2 (", 30000), "node %d\n%s", i + 1, p[i].out);
+                cr_assert(strstr(p[i].out, "starting from the layers handed over"), "node %d\n%s", i + 1, p[i].out);
+        }
+        cr_assert(proc_wait_for(&p[0], "at epoch 1); 2 members", 10000), "%s", p[0].out);
+        cr_assert(proc_wait_for(&p[0], "plan epoch 2 (signature ", 10000), "%s", p[0].out);
+        cr_log_info("peak RSS of a coordinator that only coordinates: %ld KiB through epoch 1; %ld KiB after it "
+                    "came back and handed the layers over\n", rss_coordinator, peak_rss_kib(p[0].pid));
+        for (int i = 0; i < 3; i++) {
+                kill(p[i].pid, SIGTERM);
+                cr_assert_eq(proc_exit(&p[i]), 0, "node %d\n%s", i + 1, p[i].out);
+        }
+        snprintf(text, sizeof text, "rm -rf %s", dir);
+        (void)!system(text);
+}
+
+/* ---- a member that breaks the rules ------------------------------------- */
+
+typedef struct Rogue {
+        Net *net;
+        bool connected, closed;
+        int reason;
+} Rogue;
+
+static void rogue_connected(void *ud, uint32_t peer, const uint8_t id[IDENTITY_PK_SIZE]) {
+        ((Rogue *)ud)->connected = true;
+}
+static void rogue_closed(void *ud, uint32_t peer, int reason, const uint8_t id[IDENTITY_PK_SIZE]) {
+        ((Rogue *)ud)->closed = true;
+        ((Rogue *)ud)->reason = reason;
+}
+static void rogue_tensor(void *ud, NetTensor *t) {
+        net_tensor_release(((Rogue *)ud)->net, t);
+}
+
+/* Admitted (it knows the network secret), then it sends one bad thing: the
+ * coordinator drops its link, and only its link. */
+static void rogue_try(const char *what, uint8_t type, const void *payload, size_t len, bool tensor) {
+        static const NetCallbacks cb = { .connected = rogue_connected, .closed = rogue_closed, .tensor = rogue_tensor };
+        uint8_t secret[32];
+        Identity id;
+        Rogue r = {};
+        NetConfig c;
+        uint32_t peer;
+
+        for (int i = 0; i < 32; i++)
+                sscanf(SECRET_HEX + 2 * i, "%2hhx", &secret[i]);
+        cr_assert_eq(identity_generate(&id), 0);
+        net_config_defaults(&c);
+        c.identity = &id;
+        c.secret = secret;
+        c.backend = NET_BACKEND_EPOLL;
+        cr_assert_eq(net_new(&c, &cb, &r, &r.net), 0);
+        cr_assert_eq(net_connect(r.net, "127.0.0.1", coordinator_port, &peer), 0);
+        for (int i = 0; i < 500 && !r.connected && !r.closed; i++)
+                net_run(r.net, 10);
+        cr_assert(r.connected, "%s: not admitted", what);
+        if (tensor) {
+                static float junk[1000];
+                TensorDesc d;
+                cr_assert_eq(tensor_desc_init(&d, DTYPE_F32, 1, (uint32_t[]){ 1000 }), 0);
+                cr_assert_eq(net_send_tensor(r.net, peer, 1, &d, junk, 0), 0);
+        } else
+                cr_assert_eq(net_send_control(r.net, peer, type, payload, len), 0);
+        for (int i = 0; i < 500 && !r.closed; i++)
+                net_run(r.net, 10);
+        cr_assert(r.closed, "%s: the coordinator kept the link", what);
+        net_free(r.net);
+        identity_clear(&id);
+}
+
+Test(membership, a_member_breaking_the_rules_loses_its_link, .timeout = 120) {
+        skip_without_dataset();
+        char dir[] = "/tmp/ravnest-test-membership-XXXXXX", conf[2][256], text[512];
+        Proc p[2];
+        cr_assert(mkdtemp(dir));
+        make_nodes(dir, 2, 0.5, 4.0, true, conf);
+        start(&p[0], conf[0], "1");
+        cr_assert(proc_wait_for(&p[0], "Coordinating only", 30000), "%s", p[0].out);
+
+        uint8_t join[PLAN_JOIN_MAX_SIZE];
+        PlanJoin j = { .gflops = 80, .bandwidth = 125e6, .latency = 5e-4, .memory = 1ull << 30, .n_params = 1863690,
+                       .n_layers = 6, .host = "127.0.0.1", .pipeline_port = 1, .averaging_port = 2 };
+        int n = plan_join_encode(&j, join, sizeof join);
+        cr_assert_gt(n, 0);
+        join[5] = 200; /* a host longer than the message */
+        rogue_try("a JOIN whose host runs past its end", FRAME_CONTROL, join, (size_t)n, false);
+        join[5] = 9;
+        uint64_t nan = 0x7ff8000000000001ull;
+        memcpy(join + 36, &nan, 8);
+        rogue_try("a JOIN with NaN GFLOP/s", FRAME_CONTROL, join, (size_t)n, false);
+        uint8_t plan[200] = "RVPL";
+        rogue_try("a PLAN from a member", FRAME_PLAN, plan, sizeof plan, false);
+        uint8_t done[PLAN_DONE_SIZE];
+        plan_done_encode(1, 1, done);
+        rogue_try("a DONE before any JOIN", FRAME_CONTROL, done, sizeof done, false);
+        rogue_try("a tensor before any JOIN", 0, NULL, 0, true);
+        j.n_layers = 7;
+        n = plan_join_encode(&j, join, sizeof join);
+        rogue_try("a JOIN for another model", FRAME_CONTROL, join, (size_t)n, false);
+
+        /* the coordinator said why each time, and still forms a plan */
+        cr_assert(proc_wait_for(&p[0], "a malformed JOIN", 5000), "%s", p[0].out);
+        cr_assert(proc_wait_for(&p[0], "a message the coordinator does not take", 5000), "%s", p[0].out);
+        cr_assert(proc_wait_for(&p[0], "a malformed DONE", 5000), "%s", p[0].out);
+        cr_assert(proc_wait_for(&p[0], "a tensor that is not a layer of the model", 5000), "%s", p[0].out);
+        cr_assert(proc_wait_for(&p[0], "it runs another model", 5000), "%s", p[0].out);
+        /* (a node's own memory: one node holds the whole model here) */
+        snprintf(text, sizeof text, "sed -i 's/memory = \"40M\";.*/memory = 0;/' %s", conf[1]);
+        cr_assert_eq(system(text), 0);
+        start(&p[1], conf[1], "1");
+        cr_assert(proc_wait_for(&p[1], "Holds plan epoch 1 (", 30000), "%s\n---- coordinator:\n%s", p[1].out, p[0].out);
+        cr_assert(proc_wait_for(&p[0], ") to 1 members: 1 clusters, 1 stages", 5000), "%s", p[0].out);
+        for (int i = 0; i < 2; i++) {
+                kill(p[i].pid, SIGTERM);
+                cr_assert_eq(proc_exit(&p[i]), 0, "node %d\n%s", i + 1, p[i].out);
+        }
+        snprintf(text, sizeof text, "rm -rf %s", dir);
+        (void)!system(text);
+}
