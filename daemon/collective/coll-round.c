@@ -176,18 +176,22 @@ static void flush_backlog(CollRound *r) {
 #define F32_EXP 0x7f800000u
 #define F16_EXP 0x7c00u
 
-/* a += s * x: the running sum plus our own contribution. False if a value
- * is not finite (a forged piece, or a diverged model). */
-_simd_clones_ static bool add_own_f32(float *restrict a, const float *restrict x, float s, size_t n) {
-        uint32_t bad = 0;
+/* a += s * x: the running sum plus our own contribution, in one pass that
+ * also checks both: -EBADMSG if a value received is not finite (a forged
+ * piece: the sender's fault), -ERANGE if a sum is not (our values, or an
+ * overflow), else 0. */
+_simd_clones_ static int add_own_f32(float *restrict a, const float *restrict x, float s, size_t n) {
+        uint32_t bad_in = 0, bad_sum = 0;
         for (size_t i = 0; i < n; i++) {
                 float v = a[i] + s * x[i];
-                uint32_t u;
-                memcpy(&u, &v, sizeof u);
-                bad |= (u & F32_EXP) == F32_EXP;
+                uint32_t u, w;
+                memcpy(&u, &a[i], sizeof u);
+                memcpy(&w, &v, sizeof w);
+                bad_in |= (u & F32_EXP) == F32_EXP;
+                bad_sum |= (w & F32_EXP) == F32_EXP;
                 a[i] = v;
         }
-        return !bad;
+        return bad_in ? -EBADMSG : bad_sum ? -ERANGE : 0;
 }
 
 _simd_clones_ static bool finite_f32(const float *a, size_t n) {
@@ -210,17 +214,20 @@ static bool finite_f16(const uint16_t *a, size_t n) {
         return !bad;
 }
 
-static bool add_own_f16(uint16_t *a, const float *x, float s, size_t n) {
+static int add_own_f16(uint16_t *a, const float *x, float s, size_t n) {
         float f[BLOCK];
-        bool ok = true;
+        int r = 0;
         for (size_t i = 0; i < n; i += BLOCK) {
                 size_t m = MIN((size_t)BLOCK, n - i);
                 half_to_float(f, a + i, m);
-                ok &= add_own_f32(f, x + i, s, m);
+                int k = add_own_f32(f, x + i, s, m);
                 half_from_float(a + i, f, m);
-                ok &= finite_f16(a + i, m); /* a finite sum can round to infinity */
+                if (!k && !finite_f16(a + i, m)) /* a finite sum can round to infinity */
+                        k = -ERANGE;
+                if (k == -EBADMSG || !r)
+                        r = k;
         }
-        return ok;
+        return r;
 }
 
 /* The piece's own contribution alone, coef * x, in the wire's type: what
@@ -268,18 +275,14 @@ static int take_piece(CollRound *r, uint32_t idx, uint8_t phase, NetTensor *t) {
 
         const float *x = r->x + p->off;
         uint8_t *sum = t->data + COLL_PIECE_HEADER;
-        ok = fp16 ? finite_f16((const uint16_t *)sum, p->count) : finite_f32((const float *)sum, p->count);
-        if (!ok) { /* the sender's fault */
+        /* -EBADMSG: the sender's fault; -ERANGE: ours (our values are not
+         * finite, or the sum overflows) */
+        int k = fp16 ? add_own_f16((uint16_t *)sum, x, r->coef, p->count)
+                     : add_own_f32((float *)sum, x, r->coef, p->count);
+        if (k < 0) {
                 net_tensor_release(r->coll->net, t);
-                round_fail(r, -EBADMSG);
-                return -EBADMSG;
-        }
-        ok = fp16 ? add_own_f16((uint16_t *)sum, x, r->coef, p->count)
-                  : add_own_f32((float *)sum, x, r->coef, p->count);
-        if (!ok) { /* ours: our values are not finite, or the sum overflows */
-                net_tensor_release(r->coll->net, t);
-                round_fail(r, -ERANGE);
-                return -ERANGE;
+                round_fail(r, k);
+                return k;
         }
         p->flags |= PIECE_GOT_RS;
         if (p->chunk == r->rank) { /* the sum is complete here: it is the average */
