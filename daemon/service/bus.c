@@ -63,6 +63,8 @@ static int get_property(sd_bus *bus, const char *path, const char *interface, co
                 return sd_bus_message_append(reply, "t", st.network.last_averaging_usec);
         if (!strcmp(property, "CheckpointStep"))
                 return sd_bus_message_append(reply, "t", st.checkpoint_step);
+        if (!strcmp(property, "PlanEpoch"))
+                return sd_bus_message_append(reply, "t", st.plan_epoch);
         if (!strcmp(property, "IoBackend"))
                 return sd_bus_message_append(reply, "s", st.network.io_backend);
         if (!strcmp(property, "AveragingMethod"))
@@ -172,6 +174,7 @@ static const sd_bus_vtable node_vtable[] = {
         SD_BUS_PROPERTY("BytesReceived", "t", get_property, 0, 0),
         SD_BUS_PROPERTY("LastAveragingUSec", "t", get_property, 0, 0),
         SD_BUS_PROPERTY("CheckpointStep", "t", get_property, 0, 0),
+        SD_BUS_PROPERTY("PlanEpoch", "t", get_property, 0, 0),
         SD_BUS_PROPERTY("IoBackend", "s", get_property, 0, 0),
         SD_BUS_PROPERTY("AveragingMethod", "s", get_property, 0, 0),
         SD_BUS_PROPERTY("AveragingNodes", "u", get_property, 0, 0),

@@ -146,6 +146,12 @@ void control_report_checkpoint(Control *c, uint64_t step) {
         pthread_mutex_unlock(&c->lock);
 }
 
+void control_report_plan(Control *c, uint64_t epoch) {
+        pthread_mutex_lock(&c->lock);
+        c->status.plan_epoch = epoch;
+        pthread_mutex_unlock(&c->lock);
+}
+
 void control_checkpoint_done(Control *c, int r, uint64_t step) {
         pthread_mutex_lock(&c->lock);
         c->checkpoints_done = c->checkpoints_wanted;

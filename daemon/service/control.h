@@ -81,6 +81,7 @@ typedef struct NodeStatus {
         NodeNetwork network;
         NodeAveraging averaging;
         uint64_t checkpoint_step;  /* step of the last checkpoint written or loaded */
+        uint64_t plan_epoch;       /* of the coordinator's plan held (membership); 0: none */
 } NodeStatus;
 
 #define CONTROL_PAUSE_OPERATOR 1u /* Pause() over D-Bus */
@@ -134,4 +135,6 @@ void control_report_network(Control *c, const NodeNetwork *n);
 void control_report_averaging(Control *c, const NodeAveraging *a);
 /* A checkpoint was loaded at start. */
 void control_report_checkpoint(Control *c, uint64_t step);
+/* Membership: the epoch of the plan this node took. */
+void control_report_plan(Control *c, uint64_t epoch);
 void control_checkpoint_done(Control *c, int r, uint64_t step);

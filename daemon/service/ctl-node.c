@@ -172,6 +172,8 @@ static void print_human(const Property *props, size_t n, bool direct, const char
                 printf("  Averaging: last round %.1f s ago\n", ((double)now.tv_sec * 1e6 + (double)now.tv_nsec / 1e3 - avg) / 1e6);
         } else
                 printf("  Averaging: no round yet\n");
+        if (num(props, n, "PlanEpoch") > 0)
+                printf("       Plan: epoch %.0f from the coordinator\n", num(props, n, "PlanEpoch"));
         if (num(props, n, "CheckpointStep") > 0)
                 printf(" Checkpoint: step %.0f\n", num(props, n, "CheckpointStep"));
         else

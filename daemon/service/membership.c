@@ -8,6 +8,7 @@
 
 #include "cluster/capability.h"
 #include "cluster/plan.h"
+#include "control.h"
 #include "pipeline-run.h"
 #include "util/log.h"
 #include "util/time-util.h"
@@ -314,6 +315,8 @@ static int take_plan(Membership *m) {
         m->plan = m->next;
         m->next = t;
         m->have_next = false;
+        if (m->o->control)
+                control_report_plan(m->o->control, m->plan->epoch);
         bool handed_over = false;
         if (plan_find(m->plan, m->id->pk, &index, &cluster, &stage) < 0) {
                 log_info("Holds plan epoch %llu (signature %s…): a spare (%u nodes, %u clusters)",
