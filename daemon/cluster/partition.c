@@ -1,5 +1,6 @@
 /* cluster/partition.c */
 #include <errno.h>
+#include <stdbool.h>
 #include <float.h>
 #include <math.h>
 #include <string.h>
@@ -8,16 +9,16 @@
 #include "util/macro.h"
 
 /* Multiply-adds of one sample through a layer's forward pass, times two for
- * flops; backward costs twice the forward (input and weight gradients). */
-static double layer_flops(const Layer *l) {
+ * flops. */
+static double layer_forward_flops(const Layer *l) {
         double out = (double)shape_numel(l->out), in = (double)shape_numel(l->in);
         switch (l->kind) {
         case LAYER_LINEAR:
         case LAYER_CONV2D:
                 /* every output value takes fan_in multiply-adds */
-                return 3 * 2 * out * (double)l->fan_in;
+                return 2 * out * (double)l->fan_in;
         default:
-                return 3 * MAX(in, out); /* elementwise */
+                return MAX(in, out); /* elementwise */
         }
 }
 
@@ -29,6 +30,7 @@ int partition_costs(const ModelSpec *m, const PartitionParams *p, PartitionCosts
         if (p->micro_batch < 1 || p->in_flight < 1 || p->optim_floats < 0 || p->stashed < 0)
                 return diag_set(d, -EINVAL, "micro-batch, in-flight count and stashed versions must be positive");
         ret->n_layers = m->n_layers;
+        bool below = true; /* no layer with parameters yet: no input gradient wanted */
         for (int i = 0; i < m->n_layers; i++) {
                 const Layer *l = &layers[i];
                 /* parameters, gradients, optimizer state, stashed versions */
@@ -36,7 +38,14 @@ int partition_costs(const ModelSpec *m, const PartitionParams *p, PartitionCosts
                 /* each micro-batch in flight keeps this layer's output and saved state */
                 uint64_t acts = ((uint64_t)shape_numel(l->out) * 4 + l->saved_bytes) * (uint64_t)p->micro_batch *
                                 (uint64_t)p->in_flight;
-                ret->flops[i] = layer_flops(l) * p->micro_batch;
+                /* backward costs twice the forward (input and weight
+                 * gradients), but stage_backward() computes no gradient below
+                 * the model's lowest layer with parameters, and only the
+                 * weight gradient in that layer */
+                double times = below ? (l->n_params ? 2 : 1) : 3;
+                if (l->n_params)
+                        below = false;
+                ret->flops[i] = times * layer_forward_flops(l) * p->micro_batch;
                 ret->memory[i] = params + acts;
         }
         return 0;

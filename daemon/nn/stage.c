@@ -170,14 +170,22 @@ void stage_forward(const Stage *s, const Ops *ops, const float *w, Trace *t, int
 void stage_backward(const Stage *s, const Ops *ops, const float *w, Trace *t, const float *dout,
                     float *dinp, float *dw, int B, float beta, StageGradFn on_grad, void *userdata) {
         const float *g = dout;
-        for (int i = s->n_layers - 1; i >= 0; i--) {
+        /* Without a dinp to fill (the model's input), nothing below the
+         * lowest layer with parameters needs a gradient, and that layer
+         * needs only its weight gradient: for the MLP, the first linear
+         * layer's input gradient, a seventh of the training work, is skipped. */
+        int lowest = 0;
+        if (!dinp)
+                while (lowest < s->n_layers && s->layers[lowest].n_params == 0)
+                        lowest++;
+        for (int i = s->n_layers - 1; i >= lowest; i--) {
                 const Layer *l = &s->layers[i];
                 /* flatten's gradient is its output's, bytes unchanged */
                 if (l->kind == LAYER_FLATTEN && i > 0)
                         continue;
-                /* The first layer writes straight to the caller's dinp (or skips
-                 * the work when nobody needs it); the others ping-pong. */
-                float *din = i == 0 ? dinp : t->dbuf[i & 1];
+                /* The lowest layer writes straight to the caller's dinp (or
+                 * skips the work when nobody needs it); the others ping-pong. */
+                float *din = i == lowest ? dinp : t->dbuf[i & 1];
                 if (din == g)
                         din = t->dbuf[(i + 1) & 1];
                 layer_backward(l, ops, din, dw + l->param_offset, g, t->acts[i], t->acts[i + 1],
