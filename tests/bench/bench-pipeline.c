@@ -202,9 +202,8 @@ int main(int argc, char **argv) {
         if (bubble_only) {
                 printf("\nOne cluster of 2 stages, each pinned to its own CPU (the bubble):\n");
                 bubble(job, epochs, one_rate, -1);
-                printf("\nThe same, stage 1's core shared with a busy process at nice 6 (a node about 0.79x as "
-                       "fast):\n");
-                bubble(job, epochs, one_rate, 6);
+                printf("\nThe same, stage 1's core shared with a busy process (a node about half as fast):\n");
+                bubble(job, epochs, one_rate, 0);
                 free(one);
                 return 0;
         }
@@ -239,12 +238,13 @@ int main(int argc, char **argv) {
          * stages, each pinned to a core of its own. */
         printf("\nOne cluster of 2 stages, each pinned to its own CPU (the bubble):\n");
         bubble(job, epochs, one_rate, -1);
-        /* The MLP cuts only at layer boundaries: its first stage does 0.8 of
-         * the second's work. A slower first node evens it out: a competing
-         * process at nice 6 on stage 1's core leaves it about 79% of that
-         * core, so compute, not the cut, is what bounds both stages. */
-        printf("\nThe same, stage 1's core shared with a busy process at nice 6 (a node about 0.79x as fast):\n");
-        bubble(job, epochs, one_rate, 6);
+        /* The MLP cuts only at layer boundaries: its first stage does half
+         * the second's work (the first linear layer computes no input
+         * gradient). A slower first node evens it out: a competing process
+         * on stage 1's core leaves it about half of that core, so compute,
+         * not the cut, is what bounds both stages. */
+        printf("\nThe same, stage 1's core shared with a busy process (a node about half as fast):\n");
+        bubble(job, epochs, one_rate, 0);
         free(one);
         free(async);
         free(sync);
