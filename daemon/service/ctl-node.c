@@ -12,6 +12,7 @@
 
 #include "bus.h"
 #include "config.h"
+#include "util/json.h"
 
 typedef struct Property {
         char name[32];
@@ -104,30 +105,16 @@ static double num(const Property *props, size_t n, const char *name) {
         return p->type == 'i' ? (double)p->i : p->type == 'd' ? p->d : (double)p->u;
 }
 
-static void json_string(const char *s) {
-        putchar('"');
-        for (; *s; s++) {
-                unsigned char c = (unsigned char)*s;
-                if (c == '"' || c == '\\')
-                        printf("\\%c", c);
-                else if (c < 0x20)
-                        printf("\\u%04x", c);
-                else
-                        putchar(c);
-        }
-        putchar('"');
-}
-
 static void print_json(const Property *props, size_t n) {
         printf("{");
         for (size_t i = 0; i < n; i++) {
                 const Property *p = &props[i];
                 printf("%s", i ? ", " : "");
-                json_string(p->name);
+                json_print_string(stdout, p->name);
                 printf(": ");
                 switch (p->type) {
                 case 's':
-                        json_string(p->s);
+                        json_print_string(stdout, p->s);
                         break;
                 case 'i':
                         printf("%lld", p->i);

@@ -12,25 +12,12 @@
 #include "cluster/formation.h"
 #include "job.h"
 #include "nodes-file.h"
-
-static void json_string(const char *s) {
-        putchar('"');
-        for (; *s; s++) {
-                unsigned char c = (unsigned char)*s;
-                if (c == '"' || c == '\\')
-                        printf("\\%c", c);
-                else if (c < 0x20)
-                        printf("\\u%04x", c);
-                else
-                        putchar(c);
-        }
-        putchar('"');
-}
+#include "util/json.h"
 
 static void print_json(const Job *job, const NodesFile *nf, const Formation *f, const FormationModel *fm,
                        double ravnest, double seconds) {
         printf("{\"job\": ");
-        json_string(job->name);
+        json_print_string(stdout, job->name);
         printf(", \"model_memory\": %" PRIu64 ", \"nodes\": %d, \"fitness\": %.6g, \"greedy_fitness\": %.6g, "
                "\"samples_per_s\": %.6g, \"ravnest_penalty\": %.6g, \"seconds\": %.3f, \"clusters\": [",
                fm->memory, f->n_nodes, f->fitness, f->greedy_fitness, f->samples_per_s, ravnest, seconds);
@@ -41,7 +28,7 @@ static void print_json(const Job *job, const NodesFile *nf, const Formation *f, 
                        c ? "," : "", c + 1, k->samples_per_s, k->stage_time, k->link_time, k->spread);
                 for (int s = 0; s < k->n_nodes; s++) {
                         printf("%s{\"node\": ", s ? ", " : "");
-                        json_string(nf->names[k->nodes[s]]);
+                        json_print_string(stdout, nf->names[k->nodes[s]]);
                         printf(", \"layers\": [%d, %d]}", k->bounds[s], k->bounds[s + 1]);
                 }
                 printf("]}");
@@ -50,7 +37,7 @@ static void print_json(const Job *job, const NodesFile *nf, const Formation *f, 
         for (int i = 0, first = 1; i < f->n_nodes; i++)
                 if (f->cluster_of[i] < 0) {
                         printf("%s", first ? "" : ", ");
-                        json_string(nf->names[i]);
+                        json_print_string(stdout, nf->names[i]);
                         first = 0;
                 }
         printf("]}\n");
