@@ -276,10 +276,13 @@ static double bits_f64(uint64_t u) {
         return v;
 }
 
+static bool link_figures_valid(double bandwidth, double latency) {
+        return bandwidth > 0 && bandwidth <= 1e13 && latency >= 0 && latency <= 60; /* NaN fails both */
+}
+
 static bool join_values_ok(const PlanJoin *j, size_t host_len) {
         /* NaN fails every comparison */
-        return j->gflops > 0 && j->gflops <= 1e6 && j->bandwidth > 0 && j->bandwidth <= 1e13 && j->latency >= 0 &&
-               j->latency <= 60 && j->memory > 0 && j->n_layers >= 1 && j->n_layers <= PLAN_MAX_LAYERS &&
+        return j->gflops > 0 && j->gflops <= 1e6 && link_figures_valid(j->bandwidth, j->latency) && j->memory > 0 && j->n_layers >= 1 && j->n_layers <= PLAN_MAX_LAYERS &&
                j->n_params >= 1 && j->n_params <= (1ull << 40) && j->pipeline_port && j->averaging_port &&
                plan_host_valid(j->host, host_len);
 }
@@ -324,6 +327,23 @@ int plan_join_decode(const uint8_t *buf, size_t len, PlanJoin *ret) {
         if (!join_values_ok(&j, buf[5]))
                 return -EBADMSG;
         *ret = j;
+        return 0;
+}
+
+void plan_link_encode(double bandwidth, double latency, uint8_t buf[PLAN_LINK_SIZE]) {
+        memcpy(buf, "RVML", 4);
+        put64(buf + 4, f64_bits(bandwidth));
+        put64(buf + 12, f64_bits(latency));
+}
+
+int plan_link_decode(const uint8_t *buf, size_t len, double *ret_bandwidth, double *ret_latency) {
+        if (len != PLAN_LINK_SIZE || memcmp(buf, "RVML", 4) != 0)
+                return -EBADMSG;
+        double bw = bits_f64(get64(buf + 4)), lat = bits_f64(get64(buf + 12));
+        if (!link_figures_valid(bw, lat))
+                return -EBADMSG;
+        *ret_bandwidth = bw;
+        *ret_latency = lat;
         return 0;
 }
 

@@ -116,6 +116,15 @@ int plan_join_decode(const uint8_t *buf, size_t len, PlanJoin *ret);
  * hand in the layers it holds, for epoch `epoch` ("RVMS", 12 bytes). A
  * member answers once it has: "RVMD", epoch, and the samples its stage
  * trained as a first stage in the epoch that ended (20 bytes). */
+/* A member's link figures, refreshed while it runs ("RVML", 20 bytes):
+ * bandwidth in bytes/s, in (0, 1e13], and one-way latency in seconds, in
+ * [0, 60] (IEEE 754 binary64), as its kernel measured them on the real
+ * traffic of its link to the coordinator. The coordinator forms the next
+ * plan with them. */
+#define PLAN_LINK_SIZE 20
+void plan_link_encode(double bandwidth, double latency, uint8_t buf[PLAN_LINK_SIZE]);
+int plan_link_decode(const uint8_t *buf, size_t len, double *ret_bandwidth, double *ret_latency);
+
 #define PLAN_STOP_SIZE 12
 #define PLAN_DONE_SIZE 20
 void plan_stop_encode(uint64_t epoch, uint8_t buf[PLAN_STOP_SIZE]);

@@ -121,6 +121,8 @@ struct Net {
 
 /* core (net.c), called by the backends */
 void net_accept_fd(Net *n, int fd, const struct sockaddr_storage *sa);
+/* The open link with that id, or NULL. */
+Link *net_link_find(const Net *n, uint32_t id);
 /* accept() failed for lack of resources: stop accepting for a while. */
 void net_accept_pause(Net *n);
 void net_link_close(Link *l, int reason);

@@ -175,7 +175,7 @@ const char *net_backend_name(const Net *n) {
         return n->backend->name;
 }
 
-static Link *link_find(const Net *n, uint32_t id) {
+Link *net_link_find(const Net *n, uint32_t id) {
         for (unsigned i = 0; i < n->cfg.max_links; i++)
                 if (n->links[i] && n->links[i]->id == id)
                         return n->links[i];
@@ -334,7 +334,7 @@ int net_connect(Net *n, const char *host, uint16_t port, uint32_t *ret_peer) {
 
 int net_send_tensor(Net *n, uint32_t peer, uint32_t stream, const TensorDesc *desc, const void *data,
                     uint64_t cookie) {
-        Link *l = link_find(n, peer);
+        Link *l = net_link_find(n, peer);
         TensorDesc check;
         if (!l || l->state != LINK_OPEN)
                 return -ENOTCONN;
@@ -352,7 +352,7 @@ int net_send_tensor(Net *n, uint32_t peer, uint32_t stream, const TensorDesc *de
 }
 
 int net_send_control(Net *n, uint32_t peer, uint8_t type, const void *payload, size_t len) {
-        Link *l = link_find(n, peer);
+        Link *l = net_link_find(n, peer);
         if (!l || l->state != LINK_OPEN)
                 return -ENOTCONN;
         if (type != FRAME_PLAN && type != FRAME_CONTROL && type != FRAME_HEARTBEAT && type != FRAME_BYE)
@@ -433,7 +433,7 @@ void net_link_released(Link *l) {
 }
 
 int net_close_peer(Net *n, uint32_t peer) {
-        Link *l = link_find(n, peer);
+        Link *l = net_link_find(n, peer);
         if (!l)
                 return -ENOTCONN;
         net_link_close(l, 0);
@@ -482,11 +482,11 @@ void net_get_stats(const Net *n, NetStats *ret) {
 }
 
 int64_t net_queued(const Net *n, uint32_t peer) {
-        Link *l = link_find(n, peer);
+        Link *l = net_link_find(n, peer);
         return l ? (int64_t)l->queued : -ENOTCONN;
 }
 
 int net_peer_cipher(const Net *n, uint32_t peer) {
-        Link *l = link_find(n, peer);
+        Link *l = net_link_find(n, peer);
         return l && l->keyed ? (int)l->seal.cipher : -ENOTCONN;
 }

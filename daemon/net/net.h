@@ -129,3 +129,9 @@ void net_get_stats(const Net *n, NetStats *ret);
 int64_t net_queued(const Net *n, uint32_t peer);
 /* The cipher of an open link, or -ENOTCONN. */
 int net_peer_cipher(const Net *n, uint32_t peer);
+/* What the kernel measured on an open link's real traffic (TCP_INFO): the
+ * smoothed round-trip time in seconds and the delivery rate of its latest
+ * transfers in bytes/s (0 when not known yet); app_limited when the sender
+ * had too little to send for the rate to show what the path can carry.
+ * -ENOTCONN for an unknown peer, -errno from getsockopt. */
+int net_peer_link_info(const Net *n, uint32_t peer, double *ret_rtt, double *ret_rate, bool *ret_app_limited);

@@ -33,8 +33,8 @@ static const uint8_t msg_trained[4] = "RVPT"; /* forward: training is over, eval
  * arrives, the tensors that neighbour still sends are discarded. */
 static const uint8_t msg_flush_up[4] = "RVPF";
 static const uint8_t msg_flush_up_ack[4] = "RVPf";
-static const uint8_t msg_flush_down[4] = "RVPL";
-static const uint8_t msg_flush_down_ack[4] = "RVPl";
+static const uint8_t msg_flush_down[4] = "RVPX";
+static const uint8_t msg_flush_down_ack[4] = "RVPx";
 
 /* Cookies of our sends: what to do when the Net lets go of the data. */
 enum { COOKIE_FREE = 0, COOKIE_RELEASE = 1, COOKIE_SLOT = 2 };

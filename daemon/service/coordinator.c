@@ -130,10 +130,19 @@ static void on_control(void *ud, uint32_t peer, uint8_t type, const uint8_t *p, 
                         s->epoch = j.epoch;
                 char hex[IDENTITY_HEX_SIZE];
                 identity_to_hex(m->key, hex);
-                log_info("Coordinator: %.16s… joined from %s (%.1f GFLOP/s, %.0f MiB, at epoch %llu); %u members",
-                         hex, j.host, j.gflops, (double)j.memory / (1 << 20), (unsigned long long)j.epoch,
-                         n_joined(s));
+                log_info("Coordinator: %.16s… joined from %s (%.1f GFLOP/s, %.0f MiB, link %.0f Mbit/s and "
+                         "%.3f ms measured, at epoch %llu); %u members",
+                         hex, j.host, j.gflops, (double)j.memory / (1 << 20), j.bandwidth * 8e-6, j.latency * 1e3,
+                         (unsigned long long)j.epoch, n_joined(s));
                 changed(s);
+                return;
+        }
+        if (type == FRAME_CONTROL && len >= 4 && memcmp(p, "RVML", 4) == 0) {
+                double bw, lat;
+                if (!m->joined || plan_link_decode(p, len, &bw, &lat) < 0)
+                        return drop(s, m, "malformed link figures");
+                m->join.bandwidth = bw; /* the next plan is formed with them */
+                m->join.latency = lat;
                 return;
         }
         if (type == FRAME_CONTROL && len >= 4 && memcmp(p, "RVMD", 4) == 0) {

@@ -28,7 +28,8 @@ typedef struct Membership {
         bool dial_pending;
         uint32_t dialing;
         uint64_t next_dial_ns, last_heartbeat_ns;
-        PlanJoin join;
+        PlanJoin join;            /* what this node measured; bandwidth and latency refreshed */
+        double sent_bandwidth, sent_latency; /* as the coordinator last heard them */
         Plan *plan;               /* held; epoch 0 before the first */
         Plan *next;               /* received, newer, not yet taken */
         Plan *scratch;            /* a plan being checked */
@@ -46,12 +47,45 @@ typedef struct Membership {
         uint64_t joined_ns;
 } Membership;
 
+/* The link to the coordinator as the kernel measured it on its real
+ * traffic (TCP_INFO): the one-way latency is half the smoothed round trip;
+ * the bandwidth is the delivery rate of the latest transfers, or, while the
+ * sender had too little to send for that rate to show the path (the rate is
+ * app-limited), at least that. Until then the JOIN carries the defaults.
+ * True when a figure moved by more than a tenth since it was last sent. */
+static bool measure_link(Membership *m) {
+        double rtt, rate, bw = m->join.bandwidth, lat = m->join.latency;
+        bool app_limited;
+        if (m->coord < 0 || net_peer_link_info(m->net, (uint32_t)m->coord, &rtt, &rate, &app_limited) < 0)
+                return false;
+        if (rtt > 0)
+                lat = MIN(rtt / 2, 60.0);
+        if (rate > 0)
+                bw = MIN(app_limited ? MAX(bw, rate) : rate, 1e13);
+        m->join.bandwidth = bw;
+        m->join.latency = lat;
+        return fabs(bw - m->sent_bandwidth) > 0.1 * m->sent_bandwidth ||
+               fabs(lat - m->sent_latency) > 0.1 * m->sent_latency;
+}
+
+static void send_link(Membership *m) {
+        uint8_t buf[PLAN_LINK_SIZE];
+        plan_link_encode(m->join.bandwidth, m->join.latency, buf);
+        if (net_send_control(m->net, (uint32_t)m->coord, FRAME_CONTROL, buf, sizeof buf) == 0) {
+                m->sent_bandwidth = m->join.bandwidth;
+                m->sent_latency = m->join.latency;
+        }
+}
+
 static void send_join(Membership *m) {
         uint8_t buf[PLAN_JOIN_MAX_SIZE];
         m->join.epoch = m->plan->epoch;
+        measure_link(m); /* the handshake's round trips, at least */
         int n = plan_join_encode(&m->join, buf, sizeof buf);
-        if (n > 0)
-                net_send_control(m->net, (uint32_t)m->coord, FRAME_CONTROL, buf, (size_t)n);
+        if (n > 0 && net_send_control(m->net, (uint32_t)m->coord, FRAME_CONTROL, buf, (size_t)n) == 0) {
+                m->sent_bandwidth = m->join.bandwidth;
+                m->sent_latency = m->join.latency;
+        }
 }
 
 static void on_connected(void *ud, uint32_t peer, const uint8_t id[IDENTITY_PK_SIZE]) {
@@ -191,6 +225,8 @@ static void serve(Membership *m, int timeout_ms) {
         if (m->coord >= 0 && now - m->last_heartbeat_ns >= (uint64_t)cm->heartbeat_ms * 1000000ULL) {
                 m->last_heartbeat_ns = now;
                 net_send_control(m->net, (uint32_t)m->coord, FRAME_HEARTBEAT, NULL, 0);
+                if (measure_link(m)) /* refreshed while running: the next plan uses them */
+                        send_link(m);
         }
         net_run(m->net, timeout_ms);
 }

@@ -62,5 +62,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
                 CHECK(epoch >= 1 && size == PLAN_STOP_SIZE);
         if (plan_done_decode(data, size, &epoch, &samples) == 0)
                 CHECK(epoch >= 1 && size == PLAN_DONE_SIZE);
+        double bw, lat;
+        if (plan_link_decode(data, size, &bw, &lat) == 0)
+                CHECK(size == PLAN_LINK_SIZE && bw > 0 && bw <= 1e13 && lat >= 0 && lat <= 60);
         return 0;
 }

@@ -2,6 +2,7 @@
  * a round trip, a forged or re-signed plan refused, and every truncated,
  * oversized or hostile input refused before it is read. */
 #include <criterion/criterion.h>
+#include <math.h>
 #include <sodium.h>
 #include <string.h>
 
@@ -237,4 +238,20 @@ Test(plan, membership_messages) {
         cr_assert_eq(samples, 4096);
         cr_assert_lt(plan_done_decode(done, sizeof done + 1, &epoch, &samples), 0);
         cr_assert_lt(plan_done_decode(stop, sizeof stop, &epoch, &samples), 0);
+
+        /* link figures: a round trip, then everything out of bounds refused */
+        uint8_t link[PLAN_LINK_SIZE];
+        double bw, lat;
+        plan_link_encode(2.5e9, 3e-5, link);
+        cr_assert_eq(plan_link_decode(link, sizeof link, &bw, &lat), 0);
+        cr_assert(bw == 2.5e9 && lat == 3e-5);
+        cr_assert_lt(plan_link_decode(link, sizeof link - 1, &bw, &lat), 0);
+        cr_assert_lt(plan_link_decode(done, sizeof link, &bw, &lat), 0);
+        const double bad_link[][2] = { { 0, 1e-3 }, { -1, 1e-3 }, { 2e13, 1e-3 }, { NAN, 1e-3 }, { INFINITY, 1e-3 },
+                                  { 1e9, -1e-3 }, { 1e9, 61 }, { 1e9, NAN }, { 1e9, INFINITY } };
+        for (size_t i = 0; i < sizeof bad_link / sizeof bad_link[0]; i++) {
+                plan_link_encode(bad_link[i][0], bad_link[i][1], link);
+                cr_assert_lt(plan_link_decode(link, sizeof link, &bw, &lat), 0, "bandwidth %g latency %g", bad_link[i][0],
+                             bad_link[i][1]);
+        }
 }
