@@ -143,6 +143,10 @@ static void on_control(void *ud, uint32_t peer, uint8_t type, const uint8_t *p, 
                         return drop(s, m, "malformed link figures");
                 m->join.bandwidth = bw; /* the next plan is formed with them */
                 m->join.latency = lat;
+                char hex[IDENTITY_HEX_SIZE];
+                identity_to_hex(m->key, hex);
+                log_info("Coordinator: %.16s… measures its links at %.0f Mbit/s and %.3f ms now", hex, bw * 8e-6,
+                         lat * 1e3);
                 return;
         }
         if (type == FRAME_CONTROL && len >= 4 && memcmp(p, "RVMD", 4) == 0) {

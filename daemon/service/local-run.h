@@ -11,6 +11,13 @@
 
 #include "job.h"
 
+/* What a run measured of its links on their real traffic (TCP_INFO), for
+ * membership: the smallest delivery rate a sender was not holding back
+ * (bytes/s) and the largest one-way latency (seconds); 0 until measured. */
+typedef struct LinkFigures {
+        double bandwidth, latency;
+} LinkFigures;
+
 typedef struct LocalRunOptions {
         int threads;              /* OpenBLAS threads; <= 0 leaves the default */
         int epochs;               /* > 0 overrides the job */
@@ -39,6 +46,7 @@ typedef struct LocalRunOptions {
          * on the way finish first, passed down the stages ("RVPQ"), then
          * -ECANCELED. *stop stops at once. */
         const volatile sig_atomic_t *quiesce;
+        LinkFigures *links;         /* pipeline_run(): its pipeline links, updated every second */
 } LocalRunOptions;
 
 typedef struct LocalRunResult {

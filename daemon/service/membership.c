@@ -30,6 +30,7 @@ typedef struct Membership {
         uint64_t next_dial_ns, last_heartbeat_ns;
         PlanJoin join;            /* what this node measured; bandwidth and latency refreshed */
         double sent_bandwidth, sent_latency; /* as the coordinator last heard them */
+        LinkFigures links;        /* the stage's pipeline links, as pipeline_run() measured them */
         Plan *plan;               /* held; epoch 0 before the first */
         Plan *next;               /* received, newer, not yet taken */
         Plan *scratch;            /* a plan being checked */
@@ -47,25 +48,33 @@ typedef struct Membership {
         uint64_t joined_ns;
 } Membership;
 
-/* The link to the coordinator as the kernel measured it on its real
- * traffic (TCP_INFO): the one-way latency is half the smoothed round trip;
- * the bandwidth is the delivery rate of the latest transfers, or, while the
- * sender had too little to send for that rate to show the path (the rate is
- * app-limited), at least that. Until then the JOIN carries the defaults.
- * True when a figure moved by more than a tenth since it was last sent. */
+/* This node's links as the kernel measured them on their real traffic
+ * (TCP_INFO): the link to the coordinator, and those of the stage it runs
+ * (m->links). The one-way latency is half the smoothed round trip, the
+ * largest over the links; the bandwidth is the smallest delivery rate of
+ * the latest transfers where the sender was not holding back. While only
+ * app-limited rates are known (the sender had too little to send for the
+ * rate to show the path), they can only raise it. Until anything is
+ * measured the JOIN carries the defaults. True when a figure moved by more
+ * than a tenth since it was last sent. */
 static bool measure_link(Membership *m) {
-        double rtt, rate, bw = m->join.bandwidth, lat = m->join.latency;
+        double rtt, rate, bw = 0, lat = 0, floor = 0;
         bool app_limited;
         if (m->coord < 0 || net_peer_link_info(m->net, (uint32_t)m->coord, &rtt, &rate, &app_limited) < 0)
                 return false;
-        if (rtt > 0)
-                lat = MIN(rtt / 2, 60.0);
-        if (rate > 0)
-                bw = MIN(app_limited ? MAX(bw, rate) : rate, 1e13);
-        m->join.bandwidth = bw;
-        m->join.latency = lat;
-        return fabs(bw - m->sent_bandwidth) > 0.1 * m->sent_bandwidth ||
-               fabs(lat - m->sent_latency) > 0.1 * m->sent_latency;
+        lat = rtt / 2;
+        if (rate > 0 && !app_limited)
+                bw = rate;
+        else
+                floor = rate;
+        if (m->links.bandwidth > 0)
+                bw = bw > 0 ? MIN(bw, m->links.bandwidth) : m->links.bandwidth;
+        lat = MAX(lat, m->links.latency);
+        if (lat > 0)
+                m->join.latency = MIN(lat, 60.0);
+        m->join.bandwidth = MIN(bw > 0 ? bw : MAX(m->join.bandwidth, floor), 1e13);
+        return fabs(m->join.bandwidth - m->sent_bandwidth) > 0.1 * m->sent_bandwidth ||
+               fabs(m->join.latency - m->sent_latency) > 0.1 * m->sent_latency;
 }
 
 static void send_link(Membership *m) {
@@ -303,6 +312,7 @@ static int run_stage(Membership *m, unsigned cluster, unsigned stage, bool hande
         const PlanCluster *pc = &m->plan->clusters[cluster];
         int lo = pc->bounds[stage], hi = pc->bounds[stage + 1];
         LocalRunOptions o = *m->o;
+        o.links = &m->links;
         uint64_t samples = 0;
         Config c2;
         int r;

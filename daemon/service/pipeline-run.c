@@ -180,6 +180,24 @@ static void poll_run(void *ud) {
                 r->o->poll(r->o->poll_userdata);
 }
 
+/* Its links to the neighbouring stages as the kernel measured them. */
+static void measure_links(const Run *r, LinkFigures *f) {
+        int64_t peers[2] = { r->prev_peer, r->next_peer };
+        double bw = 0, lat = 0, rtt, rate;
+        bool app_limited;
+        for (int i = 0; i < 2; i++) {
+                if (peers[i] < 0 || net_peer_link_info(r->net, (uint32_t)peers[i], &rtt, &rate, &app_limited) < 0)
+                        continue;
+                lat = MAX(lat, rtt / 2);
+                if (rate > 0 && !app_limited)
+                        bw = bw > 0 ? MIN(bw, rate) : rate;
+        }
+        if (lat > 0)
+                f->latency = lat;
+        if (bw > 0)
+                f->bandwidth = bw;
+}
+
 /* Where the stage is, for a checkpoint. */
 static CheckpointInfo position(Pipe *pipe) {
         PipeStats st;
@@ -413,7 +431,7 @@ int pipeline_run(const Config *c, const Job *job, const Identity *id, const Loca
                  p->synchronous ? "synchronous" : "asynchronous", p->staleness);
 
         uint64_t start = now_ns(), last_log = start, last_samples = 0, last_busy = 0, last_t = start;
-        uint64_t updates_seen = 0, samples_synced = 0, last_report = 0;
+        uint64_t updates_seen = 0, samples_synced = 0, last_report = 0, last_links = 0;
         double last_loss = -1, last_rate = 0; /* only the last stage knows the loss */
         PipeStats st, prev_st = {};
         pipe_get_stats(pipe, &st);
@@ -479,6 +497,10 @@ int pipeline_run(const Config *c, const Job *job, const Identity *id, const Loca
                         updates_seen = st.updates;
                 }
                 uint64_t now = now_ns();
+                if (o->links && now - last_links >= NSEC_PER_SEC) {
+                        measure_links(&run, o->links);
+                        last_links = now;
+                }
                 if (o->control && now - last_report >= 250 * 1000000ULL) {
                         report(o, job, &run, &st, last_loss, last_rate, cluster, stage, epochs);
                         last_report = now;

@@ -172,9 +172,15 @@ Test(idle, a_cpu_hog_pauses_and_its_exit_resumes, .init = skip_without_dataset, 
                         Proc p;
                         proc_start(&p, (char *[]){ RAVNESTCTL, "status", "--socket", sock, NULL }, NULL);
                         proc_exit(&p);
-                        cr_assert_fail("round %d: the node did not resume after the hog left (is something else "
-                                       "busy on this machine?):\n%.*s",
-                                       round, (int)p.len, p.out);
+                        /* still paused for the load of others: what it should
+                         * do, but nothing more to measure here */
+                        if (strstr(p.out, "State: paused (other processes use"))
+                                cr_skip_test("SKIP: round %d: after the hog left, other processes kept this machine "
+                                             "busy, so the node rightly stayed paused; idle gating needs a quiet "
+                                             "machine to measure the resume:\n%.*s",
+                                             round, (int)p.len, p.out);
+                        cr_assert_fail("round %d: the node did not resume after the hog left:\n%.*s", round,
+                                       (int)p.len, p.out);
                 }
                 resumed_after[round] = now_s() - t0;
                 printf("idle gating, round %d: paused %.2f s after the hog started (paused node: %.1f%% CPU), "

@@ -218,6 +218,11 @@ Test(membership, six_join_one_leaves_training_goes_on, .timeout = 300) {
         }
         cr_assert_geq(stages, 2, "%s", p[0].out);
         cr_assert_geq(finished, 1, "no cluster finished\n%s", p[0].out);
+        /* while they trained, the members refreshed their link figures from
+         * their pipeline links' traffic */
+        const char *fresh = strstr(p[0].out, "measures its links at ");
+        cr_assert(fresh, "no link figures refreshed while running\n%s", p[0].out);
+        cr_log_info("a member's link figures refreshed while running: %.40s\n", fresh + strlen("measures its links at "));
         cr_log_info("peak RSS: node 1 (coordinator and a stage) %ld KiB, node 2 (a stage) %ld KiB before the "
                     "leave; %ld and %ld KiB at the end\n", rss_coordinator, rss_node, peak_rss_kib(p[0].pid),
                     peak_rss_kib(p[1].pid));
