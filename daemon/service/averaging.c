@@ -7,6 +7,47 @@
 #include "util/log.h"
 #include "util/time-util.h"
 
+int averaging_coll_config(const Config *c, const Identity *id, size_t n_params, CollConfig *cc, NetConfig *nc,
+                          CollMember **ret_members) {
+        const ConfigAveraging *ca = &c->averaging;
+        _cleanup_(freep) CollMember *members = calloc(ca->n_members, sizeof *members);
+        unsigned self = UINT32_MAX;
+        Diag d = {};
+        int r;
+
+        if (!members)
+                return log_error_errno(-ENOMEM, "Out of memory");
+        for (size_t i = 0; i < ca->n_members; i++) {
+                memcpy(members[i].id, ca->members[i].id, IDENTITY_PK_SIZE);
+                snprintf(members[i].host, sizeof members[i].host, "%s", ca->members[i].address.host);
+                members[i].port = ca->members[i].address.port;
+                if (memcmp(ca->members[i].id, id->pk, IDENTITY_PK_SIZE) == 0)
+                        self = (unsigned)i;
+        }
+        if (self == UINT32_MAX) {
+                char hex[IDENTITY_HEX_SIZE];
+                identity_to_hex(id->pk, hex);
+                log_error("%s: averaging.members: this node's key %s is not among them", c->path, hex);
+                return -EINVAL;
+        }
+        r = config_net(c, id, nc, &d);
+        if (r < 0)
+                return log_error_errno(r, "Invalid configuration: %s", d.text);
+        /* The receive pool holds the averages a round keeps and the sums in flight. */
+        nc->pool_bytes = MIN(n_params * sizeof(float) + (16u << 20), (size_t)1 << 30);
+
+        cc->net = nc;
+        cc->members = members;
+        cc->n_members = (unsigned)ca->n_members;
+        cc->self = self;
+        cc->listen_host = ca->listen.host;
+        cc->fp16 = ca->fp16;
+        cc->join_timeout_ms = ca->join_timeout_ms;
+        cc->round_timeout_ms = ca->round_timeout_ms;
+        *ret_members = TAKE_PTR(members);
+        return 0;
+}
+
 int averaging_start(Averaging *a, const Config *c, const Identity *id, size_t n_params, const AveragerRing *rings,
                     unsigned n_rings) {
         const ConfigAveraging *ca = &c->averaging;
@@ -14,46 +55,18 @@ int averaging_start(Averaging *a, const Config *c, const Identity *id, size_t n_
         AveragerConfig ac;
         NetConfig nc;
         AveragerRing ring = { .group = 1, .len = n_params };
-        Diag d = {};
         int r;
 
         memset(a, 0, sizeof *a);
         if (!ca->enabled)
                 return 0;
-        members = calloc(ca->n_members, sizeof *members);
-        if (!members)
-                return log_error_errno(-ENOMEM, "Out of memory");
-        a->self = UINT32_MAX;
-        for (size_t i = 0; i < ca->n_members; i++) {
-                memcpy(members[i].id, ca->members[i].id, IDENTITY_PK_SIZE);
-                snprintf(members[i].host, sizeof members[i].host, "%s", ca->members[i].address.host);
-                members[i].port = ca->members[i].address.port;
-                if (memcmp(ca->members[i].id, id->pk, IDENTITY_PK_SIZE) == 0)
-                        a->self = (unsigned)i;
-                if (i < COLL_MAX_MEMBERS)
-                        ring.members[ring.n++] = (unsigned)i;
-        }
-        if (a->self == UINT32_MAX) {
-                char hex[IDENTITY_HEX_SIZE];
-                identity_to_hex(id->pk, hex);
-                log_error("%s: averaging.members: this node's key %s is not among them", c->path, hex);
-                return -EINVAL;
-        }
-        r = config_net(c, id, &nc, &d);
-        if (r < 0)
-                return log_error_errno(r, "Invalid configuration: %s", d.text);
-        /* The receive pool holds the averages a round keeps and the sums in flight. */
-        nc.pool_bytes = MIN(n_params * sizeof(float) + (16u << 20), (size_t)1 << 30);
-
         averager_config_defaults(&ac);
-        ac.coll.net = &nc;
-        ac.coll.members = members;
-        ac.coll.n_members = (unsigned)ca->n_members;
-        ac.coll.self = a->self;
-        ac.coll.listen_host = ca->listen.host;
-        ac.coll.fp16 = ca->fp16;
-        ac.coll.join_timeout_ms = ca->join_timeout_ms;
-        ac.coll.round_timeout_ms = ca->round_timeout_ms;
+        r = averaging_coll_config(c, id, n_params, &ac.coll, &nc, &members);
+        if (r < 0)
+                return r;
+        a->self = ac.coll.self;
+        for (size_t i = 0; i < ca->n_members && i < COLL_MAX_MEMBERS; i++)
+                ring.members[ring.n++] = (unsigned)i;
         ac.method = ca->method == CONFIG_AVERAGING_MOSHPIT ? AVERAGER_MOSHPIT : AVERAGER_RING;
         ac.grid = (MoshpitGrid){ .dims = ca->grid_dims, .side = ca->grid_side };
         ac.len = n_params;

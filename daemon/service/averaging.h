@@ -25,6 +25,13 @@ typedef struct Averaging {
 /* 0 and nothing started when the config has no averaging group. rings:
  * this node's rings over its n_params values (a pipeline stage's segments);
  * NULL: one ring of every member over the whole model. */
+/* The averaging group of ravnestd.conf as the collective sees it: the
+ * members (a new array in *ret_members, the caller frees it), this node's
+ * index in cc->self, and the transport in nc with a receive pool for one
+ * vector of n_params and the pieces in flight; nc must outlive cc. Logs;
+ * -EINVAL when this node's key is not a member. */
+int averaging_coll_config(const Config *c, const Identity *id, size_t n_params, CollConfig *cc, NetConfig *nc,
+                          CollMember **ret_members);
 int averaging_start(Averaging *a, const Config *c, const Identity *id, size_t n_params, const AveragerRing *rings,
                     unsigned n_rings);
 /* Between steps: hand over a snapshot or apply a finished round, and log

@@ -5,6 +5,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "averaging.h"
 #include "collective/runtime-model.h"
 #include "util/log.h"
 #include "util/time-util.h"
@@ -34,44 +35,16 @@ int gossip_run_start(GossipRun *gr, const Config *c, const Identity *id, size_t 
         _cleanup_(freep) CollMember *members = NULL;
         GossipConfig gc;
         NetConfig nc;
-        Diag d = {};
         int r;
 
         memset(gr, 0, sizeof *gr);
         if (!ca->enabled || (ca->method != CONFIG_AVERAGING_GOSSIP && ca->method != CONFIG_AVERAGING_AUTO))
                 return 0;
-        members = calloc(ca->n_members, sizeof *members);
-        if (!members)
-                return log_error_errno(-ENOMEM, "Out of memory");
-        gr->self = UINT32_MAX;
-        for (size_t i = 0; i < ca->n_members; i++) {
-                memcpy(members[i].id, ca->members[i].id, IDENTITY_PK_SIZE);
-                snprintf(members[i].host, sizeof members[i].host, "%s", ca->members[i].address.host);
-                members[i].port = ca->members[i].address.port;
-                if (memcmp(ca->members[i].id, id->pk, IDENTITY_PK_SIZE) == 0)
-                        gr->self = (unsigned)i;
-        }
-        if (gr->self == UINT32_MAX) {
-                char hex[IDENTITY_HEX_SIZE];
-                identity_to_hex(id->pk, hex);
-                log_error("%s: averaging.members: this node's key %s is not among them", c->path, hex);
-                return -EINVAL;
-        }
-        r = config_net(c, id, &nc, &d);
-        if (r < 0)
-                return log_error_errno(r, "Invalid configuration: %s", d.text);
-        /* the receive pool holds a round's pieces: one vector, and some in flight */
-        nc.pool_bytes = MIN(n_params * sizeof(float) + (16u << 20), (size_t)1 << 30);
-
         gossip_config_defaults(&gc);
-        gc.coll.net = &nc;
-        gc.coll.members = members;
-        gc.coll.n_members = (unsigned)ca->n_members;
-        gc.coll.self = gr->self;
-        gc.coll.listen_host = ca->listen.host;
-        gc.coll.fp16 = ca->fp16;
-        gc.coll.join_timeout_ms = ca->join_timeout_ms;
-        gc.coll.round_timeout_ms = ca->round_timeout_ms;
+        r = averaging_coll_config(c, id, n_params, &gc.coll, &nc, &members);
+        if (r < 0)
+                return r;
+        gr->self = gc.coll.self;
         gc.topology = ca->method == CONFIG_AVERAGING_GOSSIP ? (GossipTopology)ca->topology : GOSSIP_ALT_EXP_RING;
         gc.weight = ca->weight;
         gc.len = n_params;

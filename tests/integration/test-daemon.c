@@ -113,14 +113,6 @@ Test(daemon, broken_dataset_is_a_clear_error) {
 
 /* ---- the network: peers join, strangers are refused ---------------------- */
 
-static void write_text(const char *path, const char *text, mode_t mode) {
-        FILE *f = fopen(path, "w");
-        cr_assert_not_null(f, "%s", path);
-        fputs(text, f);
-        fclose(f);
-        chmod(path, mode);
-}
-
 /* A tiny Fashion-MNIST lookalike: 32 images, so training is instant. */
 static void write_tiny_dataset(const char *dir) {
         static const char *splits[] = { "train", "t10k" };
@@ -159,7 +151,7 @@ static void node_config(const char *dir, const char *name, const char *secret_fi
         if (peer)
                 k += snprintf(text + k, sizeof text - (size_t)k, "  peers = [ \"127.0.0.1:%u\" ];\n", peer);
         snprintf(text + k, sizeof text - (size_t)k, "};\n");
-        write_text(ret_path, text, 0644);
+        test_write_file(ret_path, text, 0644);
 }
 
 static void start_node(Proc *p, const char *conf, const char *data) {
@@ -173,8 +165,8 @@ Test(daemon, peers_join_and_strangers_are_refused, .timeout = 120) {
         write_tiny_dataset(dir);
         snprintf(secret, sizeof secret, "%s/secret", dir);
         snprintf(other, sizeof other, "%s/other-secret", dir);
-        write_text(secret, "00112233445566778899aabbccddeeff00112233445566778899aabbccddeeff\n", 0600);
-        write_text(other, "ffeeddccbbaa99887766554433221100ffeeddccbbaa99887766554433221100\n", 0600);
+        test_write_file(secret, "00112233445566778899aabbccddeeff00112233445566778899aabbccddeeff\n", 0600);
+        test_write_file(other, "ffeeddccbbaa99887766554433221100ffeeddccbbaa99887766554433221100\n", 0600);
         uint16_t port = test_free_port();
         node_config(dir, "a", secret, port, 0, ca);
         node_config(dir, "b", secret, 0, port, cb);
@@ -222,7 +214,7 @@ Test(daemon, falls_back_to_epoll_without_io_uring, .timeout = 120) {
         cr_assert_not_null(mkdtemp(dir));
         write_tiny_dataset(dir);
         snprintf(secret, sizeof secret, "%s/secret", dir);
-        write_text(secret, "00112233445566778899aabbccddeeff00112233445566778899aabbccddeeff\n", 0600);
+        test_write_file(secret, "00112233445566778899aabbccddeeff00112233445566778899aabbccddeeff\n", 0600);
         uint16_t port = test_free_port();
         node_config(dir, "a", secret, port, 0, ca);
         node_config(dir, "b", secret, 0, port, cb);
@@ -255,23 +247,6 @@ Test(daemon, falls_back_to_epoll_without_io_uring, .timeout = 120) {
 #include "net/identity.h"
 
 /* state-<name>/identity created ahead, so the configs can name the keys */
-static void make_identity(const char *dir, const char *name, char hex[IDENTITY_HEX_SIZE]) {
-        char path[300];
-        Identity id;
-        bool created;
-        Diag d = {};
-        snprintf(path, sizeof path, "%s/state-%s", dir, name);
-        mkdir(path, 0700);
-        snprintf(path, sizeof path, "%s/state-%s/identity", dir, name);
-        cr_assert_eq(identity_load_or_create(path, &id, &created, &d), 0, "%s", d.text);
-        identity_to_hex(id.pk, hex);
-}
-
-static double final_accuracy(const char *out) {
-        const char *p = strstr(out, "test accuracy ");
-        return p ? strtod(p + 14, NULL) : -1;
-}
-
 Test(daemon, two_members_average_while_training, .timeout = 300) {
         skip_without_dataset();
         char dir[] = "/tmp/ravnest-test-avg-XXXXXX", secret[256], conf[2][256], hex[2][IDENTITY_HEX_SIZE];
@@ -279,9 +254,9 @@ Test(daemon, two_members_average_while_training, .timeout = 300) {
         uint16_t port[2] = { test_free_port(), test_free_port() };
         cr_assert_not_null(mkdtemp(dir));
         snprintf(secret, sizeof secret, "%s/secret", dir);
-        write_text(secret, "00112233445566778899aabbccddeeff00112233445566778899aabbccddeeff\n", 0600);
+        test_write_file(secret, "00112233445566778899aabbccddeeff00112233445566778899aabbccddeeff\n", 0600);
         for (int i = 0; i < 2; i++)
-                make_identity(dir, names[i], hex[i]);
+                test_make_identity(dir, names[i], hex[i]);
         for (int i = 0; i < 2; i++) {
                 char text[2048];
                 snprintf(conf[i], sizeof conf[i], "%s/%s.conf", dir, names[i]);
@@ -298,7 +273,7 @@ Test(daemon, two_members_average_while_training, .timeout = 300) {
                          "  members = [ \"%s@127.0.0.1:%u\", \"%s@127.0.0.1:%u\" ];\n"
                          "};\n",
                          dir, names[i], secret, port[i], hex[0], port[0], hex[1], port[1]);
-                write_text(conf[i], text, 0644);
+                test_write_file(conf[i], text, 0644);
         }
         Proc p[2];
         for (int i = 0; i < 2; i++)
@@ -309,7 +284,7 @@ Test(daemon, two_members_average_while_training, .timeout = 300) {
                 cr_assert(proc_wait_for(&p[i], "Finished", 240000), "%s: %s", names[i], p[i].out);
                 cr_assert(strstr(p[i].out, "this node reads its shard"), "%s", p[i].out);
                 cr_assert(strstr(p[i].out, "Averaging round 1 done: 2 of 2 members"), "%s: %s", names[i], p[i].out);
-                double acc = final_accuracy(p[i].out);
+                double acc = test_final_accuracy(p[i].out);
                 cr_log_info("member %s: test accuracy %.2f%% after 1 epoch on half the data each\n", names[i], acc);
                 cr_assert(acc >= 80.0, "%s: accuracy %.2f%%: %s", names[i], acc, p[i].out);
         }
@@ -328,7 +303,7 @@ Test(daemon, averaging_without_this_node_is_a_config_error, .timeout = 60) {
         cr_assert_not_null(mkdtemp(dir));
         write_tiny_dataset(dir);
         snprintf(secret, sizeof secret, "%s/secret", dir);
-        write_text(secret, "00112233445566778899aabbccddeeff00112233445566778899aabbccddeeff\n", 0600);
+        test_write_file(secret, "00112233445566778899aabbccddeeff00112233445566778899aabbccddeeff\n", 0600);
         snprintf(conf, sizeof conf, "%s/x.conf", dir);
         snprintf(text, sizeof text,
                  "state_directory = \"%s/state\";\ncontrol_socket = \"\";\nnetwork = { secret_file = \"%s\"; };\n"
@@ -336,7 +311,7 @@ Test(daemon, averaging_without_this_node_is_a_config_error, .timeout = 60) {
                  "  members = [ \"%s@127.0.0.1:1\", \"%s@127.0.0.1:2\" ]; };\n",
                  dir, secret, test_free_port(), "11111111111111111111111111111111111111111111111111111111111111aa",
                  "22222222222222222222222222222222222222222222222222222222222222bb");
-        write_text(conf, text, 0644);
+        test_write_file(conf, text, 0644);
         Proc p;
         start_node(&p, conf, dir);
         cr_assert_eq(proc_exit(&p), 78, "%s", p.out);

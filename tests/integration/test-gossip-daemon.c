@@ -21,46 +21,6 @@ static void skip_without_dataset(void) {
                 cr_skip_test("SKIP: %s missing: install Debian's dataset-fashion-mnist to run this test", FASHION_MNIST_DIR);
 }
 
-static void write_text(const char *path, const char *text, mode_t mode) {
-        FILE *f = fopen(path, "w");
-        cr_assert_not_null(f, "%s", path);
-        fputs(text, f);
-        fclose(f);
-        chmod(path, mode);
-}
-
-static void make_identity(const char *dir, const char *name, char hex[IDENTITY_HEX_SIZE]) {
-        char path[300];
-        Identity id;
-        bool created;
-        Diag d = {};
-        snprintf(path, sizeof path, "%s/state-%s", dir, name);
-        mkdir(path, 0700);
-        snprintf(path, sizeof path, "%s/state-%s/identity", dir, name);
-        cr_assert_eq(identity_load_or_create(path, &id, &created, &d), 0, "%s", d.text);
-        identity_to_hex(id.pk, hex);
-}
-
-static double final_accuracy(const char *out) {
-        const char *p = strstr(out, "test accuracy ");
-        return p ? strtod(p + 14, NULL) : -1;
-}
-
-/* VmHWM of a running process, in MiB. */
-static double peak_rss_mib(pid_t pid) {
-        char path[64], line[256];
-        double kib = -1;
-        snprintf(path, sizeof path, "/proc/%d/status", (int)pid);
-        FILE *f = fopen(path, "r");
-        if (!f)
-                return -1;
-        while (fgets(line, sizeof line, f))
-                if (!strncmp(line, "VmHWM:", 6))
-                        kib = strtod(line + 6, NULL);
-        fclose(f);
-        return kib / 1024;
-}
-
 typedef struct Swarm {
         char dir[64], secret[256], conf[N][256], hex[N][IDENTITY_HEX_SIZE], socket[256];
         uint16_t port[N];
@@ -75,10 +35,10 @@ static void swarm_configure(Swarm *s, const char *method) {
         snprintf(s->dir, sizeof s->dir, "/tmp/ravnest-test-gossip-XXXXXX");
         cr_assert_not_null(mkdtemp(s->dir));
         snprintf(s->secret, sizeof s->secret, "%s/secret", s->dir);
-        write_text(s->secret, "00112233445566778899aabbccddeeff00112233445566778899aabbccddeeff\n", 0600);
+        test_write_file(s->secret, "00112233445566778899aabbccddeeff00112233445566778899aabbccddeeff\n", 0600);
         snprintf(s->socket, sizeof s->socket, "%s/control", s->dir);
         for (int i = 0; i < N; i++) {
-                make_identity(s->dir, names[i], s->hex[i]);
+                test_make_identity(s->dir, names[i], s->hex[i]);
                 s->port[i] = test_free_port();
         }
         char members[2048] = "";
@@ -100,7 +60,7 @@ static void swarm_configure(Swarm *s, const char *method) {
                          "  members = [ %s ];\n"
                          "};\n",
                          s->dir, names[i], i == 0 ? s->socket : "", s->secret, method, s->port[i], members);
-                write_text(s->conf[i], text, 0644);
+                test_write_file(s->conf[i], text, 0644);
         }
 }
 
@@ -123,7 +83,7 @@ static void swarm_stop(Swarm *s) {
 /* The MLP job with AccumAdam, the optimizer the paper pairs with gossip. */
 static void write_accumadam_job(const char *dir, char *path, size_t len) {
         snprintf(path, len, "%s/mlp-accumadam.job", dir);
-        write_text(path,
+        test_write_file(path,
                    "name = \"fashion-mnist-mlp-accumadam\";\n"
                    "dataset = { name = \"fashion-mnist\"; classes = 10; mean = 0.2860; std = 0.3530; };\n"
                    "model = { input = [1, 28, 28];\n"
@@ -153,13 +113,13 @@ Test(gossip, four_members_alt_exp_ring, .timeout = 300) {
                 cr_assert(strstr(s.p[i].out, "gossip, topology alt-exp-ring"), "%s", s.p[i].out);
                 cr_assert(strstr(s.p[i].out, "Gossip: first exchange done with 2 members"), "%s: %s", names[i],
                           s.p[i].out);
-                acc[i] = final_accuracy(s.p[i].out);
+                acc[i] = test_final_accuracy(s.p[i].out);
                 lo = acc[i] < lo ? acc[i] : lo;
                 hi = acc[i] > hi ? acc[i] : hi;
         }
         for (int i = 0; i < N; i++) {
                 cr_assert(proc_wait_for(&s.p[i], "serving peers", 60000), "%s: %s", names[i], s.p[i].out);
-                double m = peak_rss_mib(s.p[i].pid);
+                double m = (proc_peak_rss_kib(s.p[i].pid) / 1024.0);
                 rss = m > rss ? m : rss;
         }
         cr_log_info("gossip alt-exp-ring, AccumAdam, 1 epoch on a quarter each: test accuracy %.2f %.2f %.2f %.2f "
@@ -183,7 +143,7 @@ Test(gossip, complete_topology_averages_everyone, .timeout = 300) {
                 cr_assert(proc_wait_for(&s.p[i], "Finished", 240000), "%s: %s", names[i], s.p[i].out);
                 cr_assert(strstr(s.p[i].out, "Gossip: first exchange done with 4 members"), "%s: %s", names[i],
                           s.p[i].out);
-                acc[i] = final_accuracy(s.p[i].out);
+                acc[i] = test_final_accuracy(s.p[i].out);
                 lo = acc[i] < lo ? acc[i] : lo;
                 hi = acc[i] > hi ? acc[i] : hi;
         }

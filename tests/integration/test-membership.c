@@ -39,14 +39,6 @@ static double seconds(void) {
         return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
 }
 
-static void write_file(const char *path, const char *text, mode_t mode) {
-        FILE *f = fopen(path, "w");
-        cr_assert_not_null(f, "%s", path);
-        fputs(text, f);
-        fclose(f);
-        chmod(path, mode);
-}
-
 /* Read what the node printed so far, without waiting for more. */
 static void drain(Proc *p) {
         proc_wait_for(p, "\x01 never printed", 20);
@@ -61,19 +53,6 @@ static bool plan_signature(const char *out, int epoch, char sig[9]) {
                 return false;
         snprintf(sig, 9, "%s", at + strlen(want));
         return true;
-}
-
-static long peak_rss_kib(pid_t pid) {
-        char path[64], line[256];
-        long kib = -1;
-        snprintf(path, sizeof path, "/proc/%d/status", (int)pid);
-        FILE *f = fopen(path, "r");
-        while (f && fgets(line, sizeof line, f))
-                if (strncmp(line, "VmHWM:", 6) == 0)
-                        kib = strtol(line + 6, NULL, 10);
-        if (f)
-                fclose(f);
-        return kib;
 }
 
 static void start(Proc *p, const char *conf, const char *epochs) {
@@ -94,7 +73,7 @@ static void make_nodes(const char *dir, int n, double heartbeat, double deadline
         coordinator_port = coord;
 
         snprintf(path, sizeof path, "%s/secret", dir);
-        write_file(path, SECRET_HEX "\n", 0600);
+        test_write_file(path, SECRET_HEX "\n", 0600);
         for (int i = 0; i < n; i++) {
                 Identity id;
                 bool created;
@@ -134,7 +113,7 @@ static void make_nodes(const char *dir, int n, double heartbeat, double deadline
                          i == 0 && coordinate_only ? "false" : "true", n - coordinate_only,
                          heartbeat, deadline);
                 snprintf(conf[i], 256, "%s/n%d.conf", dir, i + 1);
-                write_file(conf[i], text, 0644);
+                test_write_file(conf[i], text, 0644);
         }
 }
 
@@ -178,7 +157,7 @@ Test(membership, six_join_one_leaves_training_goes_on, .timeout = 300) {
         for (int i = 0; i < N; i++)
                 drain(&p[i]);
         cr_assert(!strstr(p[0].out, "Training is over"), "trained to the end before the leave\n%s", p[0].out);
-        long rss_coordinator = peak_rss_kib(p[0].pid), rss_node = peak_rss_kib(p[1].pid);
+        long rss_coordinator = proc_peak_rss_kib(p[0].pid), rss_node = proc_peak_rss_kib(p[1].pid);
         double leave = seconds();
         kill(p[N - 1].pid, SIGTERM);
         cr_assert_eq(proc_exit(&p[N - 1]), 0, "%s", p[N - 1].out);
@@ -224,8 +203,8 @@ Test(membership, six_join_one_leaves_training_goes_on, .timeout = 300) {
         cr_assert(fresh, "no link figures refreshed while running\n%s", p[0].out);
         cr_log_info("a member's link figures refreshed while running: %.40s\n", fresh + strlen("measures its links at "));
         cr_log_info("peak RSS: node 1 (coordinator and a stage) %ld KiB, node 2 (a stage) %ld KiB before the "
-                    "leave; %ld and %ld KiB at the end\n", rss_coordinator, rss_node, peak_rss_kib(p[0].pid),
-                    peak_rss_kib(p[1].pid));
+                    "leave; %ld and %ld KiB at the end\n", rss_coordinator, rss_node, proc_peak_rss_kib(p[0].pid),
+                    proc_peak_rss_kib(p[1].pid));
         for (int i = 0; i < N - 1; i++) {
                 kill(p[i].pid, SIGTERM);
                 cr_assert_eq(proc_exit(&p[i]), 0, "node %d\n%s", i + 1, p[i].out);
@@ -291,7 +270,7 @@ Test(membership, training_goes_on_without_the_coordinator, .timeout = 120) {
         }
         cr_assert(proc_wait_for(&p[0], "plan epoch 1 (signature ", 30000), "%s", p[0].out);
         cr_assert(proc_wait_for(&p[0], ") to 2 members: 1 clusters, 2 stages", 1000), "%s", p[0].out);
-        long rss_coordinator = peak_rss_kib(p[0].pid);
+        long rss_coordinator = proc_peak_rss_kib(p[0].pid);
         for (int i = 1; i < 3; i++)
                 cr_assert(proc_wait_for(&p[i], "Holds plan epoch 1 (", 30000), "node %d\n%s", i + 1, p[i].out);
         kill(p[0].pid, SIGTERM);
@@ -316,7 +295,7 @@ Test(membership, training_goes_on_without_the_coordinator, .timeout = 120) {
         cr_assert(proc_wait_for(&p[0], "at epoch 1); 2 members", 10000), "%s", p[0].out);
         cr_assert(proc_wait_for(&p[0], "plan epoch 2 (signature ", 10000), "%s", p[0].out);
         cr_log_info("peak RSS of a coordinator that only coordinates: %ld KiB through epoch 1; %ld KiB after it "
-                    "came back and handed the layers over\n", rss_coordinator, peak_rss_kib(p[0].pid));
+                    "came back and handed the layers over\n", rss_coordinator, proc_peak_rss_kib(p[0].pid));
         for (int i = 0; i < 3; i++) {
                 kill(p[i].pid, SIGTERM);
                 cr_assert_eq(proc_exit(&p[i]), 0, "node %d\n%s", i + 1, p[i].out);

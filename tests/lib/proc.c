@@ -12,6 +12,12 @@
 
 #include "proc.h"
 
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+
 void proc_start(Proc *p, char *const argv[], void (*setup)(void)) {
         int fds[2];
         cr_assert_eq(pipe(fds), 0);
@@ -81,4 +87,42 @@ unsigned short test_free_port(void) {
         getsockname(fd, (struct sockaddr *)&sa, &len);
         close(fd);
         return ntohs(sa.sin_port);
+}
+
+long proc_peak_rss_kib(pid_t pid) {
+        char path[64], line[256];
+        long kib = -1;
+        snprintf(path, sizeof path, "/proc/%d/status", (int)pid);
+        FILE *f = fopen(path, "r");
+        while (f && fgets(line, sizeof line, f))
+                if (strncmp(line, "VmHWM:", 6) == 0)
+                        kib = strtol(line + 6, NULL, 10);
+        if (f)
+                fclose(f);
+        return kib;
+}
+
+void test_write_file(const char *path, const char *text, mode_t mode) {
+        FILE *f = fopen(path, "w");
+        cr_assert_not_null(f, "%s", path);
+        fputs(text, f);
+        fclose(f);
+        chmod(path, mode);
+}
+
+void test_make_identity(const char *dir, const char *name, char hex[IDENTITY_HEX_SIZE]) {
+        char path[300];
+        Identity id;
+        bool created;
+        Diag d = {};
+        snprintf(path, sizeof path, "%s/state-%s", dir, name);
+        mkdir(path, 0700);
+        snprintf(path, sizeof path, "%s/state-%s/identity", dir, name);
+        cr_assert_eq(identity_load_or_create(path, &id, &created, &d), 0, "%s", d.text);
+        identity_to_hex(id.pk, hex);
+}
+
+double test_final_accuracy(const char *out) {
+        const char *p = strstr(out, "test accuracy ");
+        return p ? strtod(p + 14, NULL) : -1;
 }

@@ -7,6 +7,8 @@
 #include <stddef.h>
 #include <sys/types.h>
 
+#include "net/identity.h"
+
 typedef struct Proc {
         pid_t pid;
         int err; /* read end of the child's stderr and stdout */
@@ -22,3 +24,12 @@ bool proc_wait_for(Proc *p, const char *what, int timeout_ms);
 int proc_exit(Proc *p);
 /* A loopback port that was free a moment ago (bound to port 0, let go). */
 unsigned short test_free_port(void);
+/* A process's peak resident memory (VmHWM), KiB; -1 if it is gone. */
+long proc_peak_rss_kib(pid_t pid);
+/* text into path (asserting), then chmod mode. */
+void test_write_file(const char *path, const char *text, mode_t mode);
+/* <dir>/state-<name>/identity created ahead, so configurations can name the
+ * key, in hex. */
+void test_make_identity(const char *dir, const char *name, char hex[IDENTITY_HEX_SIZE]);
+/* The number after the first "test accuracy " in out, or -1. */
+double test_final_accuracy(const char *out);
