@@ -26,7 +26,7 @@ typedef struct Dataset {
         int n_classes;
         uint8_t *images;   /* (n, c, h, w) */
         uint8_t *labels;   /* (n), each < n_classes */
-        float lut[256];    /* byte -> normalized float */
+        float scale, shift; /* byte -> normalized float: byte * scale + shift */
 } Dataset;
 
 /* Load an images file (idx3: n, h, w) and a labels file (idx1: n). Labels

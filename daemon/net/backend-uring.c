@@ -41,7 +41,14 @@ static int ur_init(Net *n) {
          * their completions, so none is ever dropped. */
         struct io_uring_params p = { .flags = IORING_SETUP_CQSIZE,
                                      .cq_entries = MAX(1024u, 4 * n->cfg.max_links) };
-        r = io_uring_queue_init_params(512, &u->ring, &p);
+        /* Completions wait for our next call into the kernel instead of
+         * interrupting whatever the thread computes (5.19 and later; the
+         * flag tells when one is waiting). */
+        struct io_uring_params coop = p;
+        coop.flags |= IORING_SETUP_COOP_TASKRUN | IORING_SETUP_TASKRUN_FLAG;
+        r = io_uring_queue_init_params(512, &u->ring, &coop);
+        if (r == -EINVAL)
+                r = io_uring_queue_init_params(512, &u->ring, &p);
         if (r < 0) {
                 free(u);
                 return r;
@@ -253,8 +260,17 @@ static int ur_wait(Net *n, int timeout_ms) {
         unsigned head, count = 0;
         int r;
 
-        r = io_uring_submit_and_wait_timeout(&u->ring, &cqe, 1, timeout_ms >= 0 ? &ts : NULL, NULL);
-        if (r < 0 && r != -ETIME && r != -EINTR)
+        if (timeout_ms == 0) {
+                /* A look, not a wait: submit what is queued and take what
+                 * has completed, without a timer or a trip through the
+                 * scheduler (a busy pipeline stage calls this between every
+                 * two units of work). */
+                r = io_uring_submit(&u->ring);
+                if (IO_URING_READ_ONCE(*u->ring.sq.kflags) & IORING_SQ_TASKRUN)
+                        io_uring_get_events(&u->ring);
+        } else
+                r = io_uring_submit_and_wait_timeout(&u->ring, &cqe, 1, timeout_ms > 0 ? &ts : NULL, NULL);
+        if (r < 0 && r != -ETIME && r != -EINTR && r != -EAGAIN && r != -EBUSY)
                 return r;
         /* Drain in batches: handlers may queue more work and complete more. */
         for (int batch = 0; batch < 8; batch++) {

@@ -106,7 +106,10 @@ struct Pipe {
         PipeStats st;
         double loss_sum, correct_sum, seen;
         double eval_loss, eval_correct, eval_seen;
-        uint64_t start_ns;
+        uint64_t start_ns, waiting_since;
+        /* the training window (see PipeStats); at its end, what it held */
+        uint64_t train_start_ns, train_end_ns, train_compute_ns, train_wait_ns;
+        bool train_ending;
         PipeBackwardHook hook;
         void *hook_ud;
 };
@@ -280,8 +283,6 @@ void pipe_connect(Pipe *p, Net *net, int64_t prev_peer, int64_t next_peer) {
         p->net = net;
         p->prev = prev_peer;
         p->next = next_peer;
-        if (!p->start_ns) /* busy and idle time count from the first connection */
-                p->start_ns = now_ns();
         /* a new link owes us no answer to a FLUSH the old one was sent */
         if (lost_prev)
                 p->drain_prev = false;
@@ -736,6 +737,13 @@ static bool slots_idle(const Pipe *p) {
         return true;
 }
 
+/* Training is over on this stage: the schedule's figures are taken up to
+ * the end of this unit of work. */
+static void train_over(Pipe *p) {
+        if (p->train_start_ns && !p->train_end_ns)
+                p->train_ending = true;
+}
+
 static int control(Pipe *p, int64_t peer, const uint8_t msg[4]) {
         return peer < 0 ? 0 : net_send_control(p->net, (uint32_t)peer, FRAME_CONTROL, msg, 4);
 }
@@ -761,6 +769,7 @@ static int first_next(Pipe *p) {
                         return 0;
                 if (!p->last && control(p, p->next, msg_trained) < 0)
                         return -ENOTCONN;
+                train_over(p);
                 p->phase = p->cfg.hold_after_training ? PHASE_HELD : PHASE_EVAL;
                 p->st.epoch = p->cfg.epochs;
                 return 1;
@@ -782,8 +791,7 @@ static int first_next(Pipe *p) {
         return 0;
 }
 
-int pipe_work(Pipe *p) {
-        uint64_t t0 = now_ns();
+static int work(Pipe *p) {
         int r = 0;
         NetTensor *t;
 
@@ -802,6 +810,7 @@ int pipe_work(Pipe *p) {
                 p->trained_seen = false;
                 if (!p->last && control(p, p->next, msg_trained) < 0)
                         return -ENOTCONN;
+                train_over(p);
                 if (p->cfg.hold_after_training && !p->released) {
                         p->phase = PHASE_HELD;
                         return PIPE_HELD;
@@ -832,8 +841,32 @@ int pipe_work(Pipe *p) {
                 p->phase = PHASE_FINISHED;
                 r = PIPE_FINISHED;
         }
-        if (r == 1)
-                p->st.busy_ns += now_ns() - t0;
+        return r;
+}
+
+int pipe_work(Pipe *p) {
+        uint64_t t0 = now_ns();
+        int r = work(p);
+        uint64_t t1 = now_ns();
+        if (r == 1) {
+                /* the time figures count from the first unit of work: the
+                 * wait for the neighbours to start is no bubble */
+                if (!p->start_ns)
+                        p->start_ns = t0;
+                if (!p->train_start_ns && p->phase == PHASE_TRAIN)
+                        p->train_start_ns = t0;
+                if (p->waiting_since)
+                        p->st.wait_ns += t0 - p->waiting_since;
+                p->waiting_since = 0;
+                p->st.compute_ns += t1 - t0;
+        } else if ((r == 0 || r == PIPE_HELD) && p->start_ns && !p->waiting_since)
+                p->waiting_since = t0;
+        if (p->train_ending) {
+                p->train_ending = false;
+                p->train_end_ns = t1;
+                p->train_compute_ns = p->st.compute_ns;
+                p->train_wait_ns = p->st.wait_ns;
+        }
         return r;
 }
 
@@ -849,7 +882,18 @@ void pipe_release(Pipe *p) {
 }
 
 void pipe_get_stats(Pipe *p, PipeStats *ret) {
-        p->st.idle_ns = now_ns() - p->start_ns - p->st.busy_ns;
+        uint64_t now = now_ns(), waiting = p->waiting_since ? now - p->waiting_since : 0;
+        PipeStats *st = &p->st;
+        st->elapsed_ns = p->start_ns ? now - p->start_ns : 0;
+        if (p->train_end_ns) {
+                st->train_ns = p->train_end_ns - p->train_start_ns;
+                st->train_compute_ns = p->train_compute_ns;
+                st->train_wait_ns = p->train_wait_ns;
+        } else if (p->train_start_ns) {
+                st->train_ns = now - p->train_start_ns;
+                st->train_compute_ns = st->compute_ns;
+                st->train_wait_ns = st->wait_ns + waiting;
+        }
         p->st.in_flight = p->in_flight;
         p->st.versions = stashed(p);
         if (p->first) {
@@ -860,4 +904,9 @@ void pipe_get_stats(Pipe *p, PipeStats *ret) {
         p->st.correct = p->correct_sum;
         p->st.scored = (uint64_t)p->seen;
         *ret = p->st;
+        ret->wait_ns += waiting; /* the wait going on now */
+}
+
+double pipe_percent(uint64_t part, uint64_t whole) {
+        return whole ? 100.0 * (double)part / (double)whole : 0.0;
 }

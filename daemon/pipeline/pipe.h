@@ -71,7 +71,16 @@ typedef struct PipeConfig {
 } PipeConfig;
 
 typedef struct PipeStats {
-        uint64_t busy_ns, idle_ns;     /* computing, and waiting for work, since pipe_connect() */
+        /* Where the time went since pipe_connect(): computing (forward,
+         * backward, updates), waiting with nothing to do until a neighbour
+         * sends something (the pipeline's bubble), and the rest, which is
+         * moving tensors (the network stack, encryption, copies). A stage
+         * is busy when it is not waiting. */
+        uint64_t elapsed_ns, compute_ns, wait_ns;
+        /* The same from this stage's first training micro-batch to the end
+         * of training here: the schedule's own figures, without the wait for
+         * the neighbours at the start or the evaluation at the end. */
+        uint64_t train_ns, train_compute_ns, train_wait_ns;
         unsigned in_flight;            /* first stage: micro-batches sent and not yet back */
         unsigned versions;             /* stashed parameter copies held now */
         uint64_t forwards, backwards, updates;
@@ -88,6 +97,9 @@ typedef struct Pipe Pipe;
 
 #define PIPE_FINISHED 2
 #define PIPE_HELD 3
+
+/* part of whole in percent (0 for an empty whole) */
+double pipe_percent(uint64_t part, uint64_t whole);
 
 int pipe_new(const PipeConfig *c, const Ops *ops, Pipe **ret, Diag *d);
 Pipe *pipe_free(Pipe *p);

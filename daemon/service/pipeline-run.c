@@ -163,6 +163,15 @@ static const NetCallbacks run_callbacks = {
         .control = run_control,
 };
 
+/* The busy fraction of the training window, and what it was made of. */
+static double busy_while_training(const PipeStats *st, char *why, size_t len) {
+        double compute = pipe_percent(st->train_compute_ns, st->train_ns),
+               wait = pipe_percent(st->train_wait_ns, st->train_ns);
+        snprintf(why, len, "computing %.0f%%, moving tensors %.0f%%, waiting %.0f%%", compute,
+                 MAX(100 - compute - wait, 0.0), wait);
+        return 100 - wait;
+}
+
 /* The stage dials the next one, again and again until it answers. */
 static void dial_next(Run *r) {
         uint64_t now = now_ns();
@@ -430,7 +439,7 @@ int pipeline_run(const Config *c, const Job *job, const Identity *id, const Loca
                  stage + 1, cl->n_stages, cluster + 1, p->n_clusters, pc.lo, pc.hi - 1, s->n_params, p->micro_batch,
                  p->synchronous ? "synchronous" : "asynchronous", p->staleness);
 
-        uint64_t start = now_ns(), last_log = start, last_samples = 0, last_busy = 0, last_t = start;
+        uint64_t start = now_ns(), last_log = start, last_samples = 0, last_t = start;
         uint64_t updates_seen = 0, samples_synced = 0, last_report = 0, last_links = 0;
         double last_loss = -1, last_rate = 0; /* only the last stage knows the loss */
         PipeStats st, prev_st = {};
@@ -507,28 +516,28 @@ int pipeline_run(const Config *c, const Job *job, const Identity *id, const Loca
                 }
                 if (o->progress_interval_ms && now - last_log >= (uint64_t)o->progress_interval_ms * 1000000ull) {
                         double dt = ns_to_sec(now - last_t);
-                        double busy = (double)(st.busy_ns - last_busy) / (double)(now - last_t);
+                        double busy = 1 - (double)(st.wait_ns - prev_st.wait_ns) / (double)(now - last_t);
+                        double compute = (double)(st.compute_ns - prev_st.compute_ns) / (double)(now - last_t);
                         uint64_t scored = st.scored - prev_st.scored;
                         if (run.next)
-                                log_info("stage %u/%u: %lu micro-batches, %.0f samples/s, busy %.0f%%, %u in flight, "
-                                         "%u stashed versions",
+                                log_info("stage %u/%u: %lu micro-batches, %.0f samples/s, busy %.0f%% (computing "
+                                         "%.0f%%), %u in flight, %u stashed versions",
                                          stage + 1, cl->n_stages, (unsigned long)st.forwards,
-                                         (double)(st.samples - last_samples) / dt, 100 * busy, st.in_flight,
-                                         st.versions);
+                                         (double)(st.samples - last_samples) / dt, 100 * busy, 100 * compute,
+                                         st.in_flight, st.versions);
                         else
                                 log_info("stage %u/%u: %lu micro-batches, loss %.4f, acc %.2f%%, %.0f samples/s, "
-                                         "busy %.0f%%",
+                                         "busy %.0f%% (computing %.0f%%)",
                                          stage + 1, cl->n_stages, (unsigned long)st.forwards,
                                          scored ? (st.loss_sum - prev_st.loss_sum) / (double)scored : 0.0,
                                          scored ? 100 * (st.correct - prev_st.correct) / (double)scored : 0.0,
-                                         (double)(st.samples - last_samples) / dt, 100 * busy);
+                                         (double)(st.samples - last_samples) / dt, 100 * busy, 100 * compute);
                         last_rate = (double)(st.samples - last_samples) / dt;
                         if (scored)
                                 last_loss = (st.loss_sum - prev_st.loss_sum) / (double)scored;
                         prev_st = st;
                         last_log = last_t = now;
                         last_samples = st.samples;
-                        last_busy = st.busy_ns;
                 }
         }
         averaging_stop(&run.av);
@@ -556,13 +565,17 @@ int pipeline_run(const Config *c, const Job *job, const Identity *id, const Loca
         if (o->control)
                 report(o, job, &run, &st, last_loss, last_rate, cluster, stage, epochs);
         double total = ns_to_sec(now_ns() - start);
+        char why[96];
         if (!run.next)
-                log_info("Finished %s: test accuracy %.2f%% (stage %u of %u in cluster %u), %.0f samples/s, busy %.0f%%",
+                log_info("Finished %s: test accuracy %.2f%% (stage %u of %u in cluster %u), %.0f samples/s, "
+                         "busy %.0f%% while training (%s), %.0f%% in all",
                          job->name, 100 * st.test_acc, stage + 1, cl->n_stages, cluster + 1,
-                         (double)st.samples / total, 100.0 * (double)st.busy_ns / (double)(st.busy_ns + st.idle_ns));
+                         (double)st.samples / total, busy_while_training(&st, why, sizeof why), why,
+                         100 - pipe_percent(st.wait_ns, st.elapsed_ns));
         else
-                log_info("Finished stage %u of %u in cluster %u: %lu updates, busy %.0f%%", stage + 1, cl->n_stages,
-                         cluster + 1, (unsigned long)st.updates,
-                         100.0 * (double)st.busy_ns / (double)(st.busy_ns + st.idle_ns));
+                log_info("Finished stage %u of %u in cluster %u: %lu updates, busy %.0f%% while training (%s), %.0f%% in all",
+                         stage + 1, cl->n_stages, cluster + 1, (unsigned long)st.updates,
+                         busy_while_training(&st, why, sizeof why), why,
+                         100 - pipe_percent(st.wait_ns, st.elapsed_ns));
         return 0;
 }

@@ -87,6 +87,14 @@ static double median_rate(const char *out) {
         return n ? v[n / 2] : -1;
 }
 
+/* The swarm's training rate, all clusters together. */
+static double rate_of(const char *out) {
+        const char *r = strstr(out, " samples/s, all clusters together"), *b = r;
+        while (b && b > out && b[-1] != ' ')
+                b--;
+        return b ? strtod(b, NULL) : -1;
+}
+
 typedef struct Swarm {
         double acc[2], busy[4], rss[4], rate;
 } Swarm;
@@ -108,20 +116,25 @@ static int parse_swarm(const char *out, Swarm *s) {
                 s->busy[i] = strtod(p + strlen(key), &end);
                 s->rss[i] = strtod(end + 1, NULL);
         }
-        s->rate = last_number(out, "swarm: ");
-        const char *r = strstr(out, " samples/s, all clusters together");
-        if (r) {
-                const char *b = r;
-                while (b > out && b[-1] != ' ')
-                        b--;
-                s->rate = strtod(b, NULL);
-        }
+        s->rate = rate_of(out);
         return 0;
+}
+
+/* The number after key on the line of node `node` that says "Finished". */
+static double finished(const char *out, const char *node, const char *key) {
+        for (const char *p = out; (p = strstr(p, node)); p++) {
+                const char *eol = strchr(p, '\n'), *f = strstr(p, "Finished"), *k = strstr(p, key);
+                if ((p == out || p[-1] == '\n') && f && k && (!eol || (f < eol && k < eol)))
+                        return strtod(k + strlen(key), NULL);
+        }
+        return -1;
 }
 
 /* One cluster of two stages pinned to CPUs 0 and 1, asynchronous and
  * synchronous; with load_nice >= 0 a busy process at that nice value shares
- * CPU 0 with the first stage. */
+ * CPU 0 with the first stage. Each stage's figures are over its training
+ * (from its first micro-batch to the end of training, without the
+ * evaluation). */
 static void bubble(char *job, char *epochs, double one_rate, int load_nice) {
         pid_t load = -1;
         fflush(stdout);
@@ -135,39 +148,63 @@ static void bubble(char *job, char *epochs, double one_rate, int load_nice) {
                 for (volatile unsigned long i = 0;; i++)
                         ;
         }
-        char *pa = run((char *[]){ BUILD_DAEMON "/ravnestctl", "swarm", "--ravnestd", BUILD_DAEMON "/ravnestd", "--job",
-                                   job, "--epochs", epochs, "--progress", "0", "--clusters", "1", "--pin", NULL }, NULL);
-        char *ps = run((char *[]){ BUILD_DAEMON "/ravnestctl", "swarm", "--ravnestd", BUILD_DAEMON "/ravnestd", "--job",
-                                   job, "--epochs", epochs, "--progress", "0", "--clusters", "1", "--pin", "--sync",
-                                   NULL }, NULL);
+        char *out[2];
+        for (int sync = 0; sync < 2; sync++)
+                out[sync] = run((char *[]){ BUILD_DAEMON "/ravnestctl", "swarm", "--ravnestd", BUILD_DAEMON "/ravnestd",
+                                            "--job", job, "--epochs", epochs, "--progress", "0", "--clusters", "1",
+                                            "--pin", sync ? "--sync" : NULL, NULL },
+                                NULL);
         if (load > 0) {
                 kill(load, SIGKILL);
                 waitpid(load, NULL, 0);
         }
-        if (pa && ps) {
-                double ba[2], bs[2];
-                for (int i = 0; i < 2; i++) {
-                        char key[32];
-                        snprintf(key, sizeof key, "swarm: c1s%d ", i + 1);
-                        ba[i] = strtod(strstr(pa, key) + strlen(key), NULL);
-                        bs[i] = strtod(strstr(ps, key) + strlen(key), NULL);
-                }
-                double ra = last_number(pa, "swarm: cluster 1: test accuracy "), rs = last_number(ps, "swarm: cluster 1: test accuracy ");
-                const char *ka = strstr(pa, " samples/s, all clusters together"), *ks = strstr(ps, " samples/s, all clusters together");
-                while (ka && ka[-1] != ' ')
-                        ka--;
-                while (ks && ks[-1] != ' ')
-                        ks--;
-                double ta = ka ? strtod(ka, NULL) : -1, ts = ks ? strtod(ks, NULL) : -1;
+        if (out[0] && out[1]) {
+                static const char *what[][2] = {
+                        { "busy while training", "busy " },
+                        { "  computing", "computing " },
+                        { "  moving tensors", "moving tensors " },
+                        { "  waiting (the bubble)", "waiting " },
+                };
                 printf("%-34s %12s %12s\n", "", "async", "sync");
-                printf("%-34s %11.0f%% %11.0f%%\n", "busy, stage 1", ba[0], bs[0]);
-                printf("%-34s %11.0f%% %11.0f%%\n", "busy, stage 2", ba[1], bs[1]);
+                for (int st = 0; st < 2; st++)
+                        for (size_t w = 0; w < sizeof what / sizeof *what; w++) {
+                                char label[64], node[8];
+                                snprintf(label, sizeof label, "%s%s", w ? "" : st ? "stage 2, " : "stage 1, ",
+                                         what[w][0]);
+                                snprintf(node, sizeof node, "c1s%d ", st + 1);
+                                printf("%-34s %11.0f%% %11.0f%%\n", label, finished(out[0], node, what[w][1]),
+                                       finished(out[1], node, what[w][1]));
+                        }
+                double ra = last_number(out[0], "swarm: cluster 1: test accuracy "),
+                       rs = last_number(out[1], "swarm: cluster 1: test accuracy ");
+                double ta = rate_of(out[0]), ts = rate_of(out[1]);
                 printf("%-34s %12.0f %12.0f   (%.2fx)\n", "samples/s", ta, ts, ta / ts);
                 printf("%-34s %11.2f%% %11.2f%%\n", "test accuracy", ra, rs);
-                printf("%-34s %12.0f\n", "one node, 2 threads: samples/s", one_rate);
+                if (one_rate > 0)
+                        printf("%-34s %12.0f\n", "one node, 2 threads: samples/s", one_rate);
         }
-        free(pa);
-        free(ps);
+        free(out[0]);
+        free(out[1]);
+}
+
+/* The bubble, without 4 processes sharing 2 cores: one cluster of two
+ * stages, each pinned to a core of its own, so compute bounds both. */
+static void bubbles(char *job, char *epochs, double one_rate) {
+        /* Equal nodes and equal work: the deeper MLP cuts into two halves
+         * that cost the same. */
+        printf("\nOne cluster of 2 stages doing equal work (%s), each pinned to its own CPU:\n",
+               "fashion-mnist-mlp-deep");
+        bubble(SOURCE_ROOT "/config/jobs/fashion-mnist-mlp-deep.job", epochs, -1, -1);
+        /* The MLP cuts only at layer boundaries: its first stage does half
+         * the second's work (the first linear layer computes no input
+         * gradient), so on equal nodes the first stage waits for the second
+         * whatever the schedule. */
+        printf("\nThe job's own cut (stage 1 does half of stage 2's work), each stage pinned to its own CPU:\n");
+        bubble(job, epochs, one_rate, -1);
+        /* A slower first node evens it out: a competing process on stage 1's
+         * core leaves it about half of that core. */
+        printf("\nThe same, stage 1's core shared with a busy process (a node about half as fast):\n");
+        bubble(job, epochs, one_rate, 0);
 }
 
 int main(int argc, char **argv) {
@@ -200,10 +237,7 @@ int main(int argc, char **argv) {
         double one_acc = last_number(one, "test accuracy "), one_rate = median_rate(one);
         double one_rss = (double)rss / 1024;
         if (bubble_only) {
-                printf("\nOne cluster of 2 stages, each pinned to its own CPU (the bubble):\n");
-                bubble(job, epochs, one_rate, -1);
-                printf("\nThe same, stage 1's core shared with a busy process (a node about half as fast):\n");
-                bubble(job, epochs, one_rate, 0);
+                bubbles(job, epochs, one_rate);
                 free(one);
                 return 0;
         }
@@ -234,17 +268,7 @@ int main(int argc, char **argv) {
         }
         printf("\naccuracy, swarm async against one node: %+.2f points\n", (a.acc[0] + a.acc[1]) / 2 - one_acc);
 
-        /* The bubble, without 4 processes sharing 2 cores: one cluster of two
-         * stages, each pinned to a core of its own. */
-        printf("\nOne cluster of 2 stages, each pinned to its own CPU (the bubble):\n");
-        bubble(job, epochs, one_rate, -1);
-        /* The MLP cuts only at layer boundaries: its first stage does half
-         * the second's work (the first linear layer computes no input
-         * gradient). A slower first node evens it out: a competing process
-         * on stage 1's core leaves it about half of that core, so compute,
-         * not the cut, is what bounds both stages. */
-        printf("\nThe same, stage 1's core shared with a busy process (a node about half as fast):\n");
-        bubble(job, epochs, one_rate, 0);
+        bubbles(job, epochs, one_rate);
         free(one);
         free(async);
         free(sync);

@@ -19,6 +19,10 @@ Test(job, shipped_jobs_parse) {
         cr_assert_eq(j.train.batch_size, 128);
         cr_assert_eq(j.train.epochs, 5);
 
+        cr_assert_eq(job_load(SOURCE_ROOT "/config/jobs/fashion-mnist-mlp-deep.job", &j, &d), 0, "%s", d.text);
+        cr_assert_eq(j.model.n_layers, 10);
+        cr_assert_eq(model_spec_params(&j.model, 0, 10), 784 * 512 + 512 + 3 * (512 * 512 + 512) + 512 * 10 + 10);
+
         cr_assert_eq(job_load(SOURCE_ROOT "/config/jobs/fashion-mnist-cnn.job", &j, &d), 0, "%s", d.text);
         cr_assert_eq(j.model.layers[0].kind, LAYER_CONV2D);
         cr_assert_eq(j.optim.kind, OPTIM_ADAMW);

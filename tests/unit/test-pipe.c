@@ -266,8 +266,12 @@ Test(pipe, stashed_gradient_is_the_whole_models) {
         cr_assert_eq(s0.updates, 4 * (N / 16), "an update per micro-batch");
         cr_assert_eq(s0.versions, 0, "every stashed version released at the end");
         cr_assert_gt(s1.test_acc, 0.6, "the asynchronous pipeline learned: %g", s1.test_acc);
-        cr_log_info("async: test accuracy %.3f, stage 0 busy %.0f%%\n", s1.test_acc,
-                    100.0 * (double)s0.busy_ns / (double)(s0.busy_ns + s0.idle_ns));
+        cr_assert_leq(s0.compute_ns + s0.wait_ns, s0.elapsed_ns, "the time figures add up");
+        cr_assert_leq(s0.train_compute_ns + s0.train_wait_ns, s0.train_ns, "the training window's figures add up");
+        cr_assert_leq(s0.train_ns, s0.elapsed_ns, "the training window lies within the run");
+        cr_assert_gt(s0.train_compute_ns, 0, "stage 0 computed while training");
+        cr_log_info("async: test accuracy %.3f, stage 0 computing %.0f%%, waiting %.0f%%\n", s1.test_acc,
+                    pipe_percent(s0.train_compute_ns, s0.train_ns), pipe_percent(s0.train_wait_ns, s0.train_ns));
         free(dw);
         sampler_done(&smp);
         stage_free(whole);
