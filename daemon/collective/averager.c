@@ -135,6 +135,7 @@ static unsigned moshpit_members(const Averager *a, uint64_t round, unsigned *out
 static int start_rounds(Averager *a) {
         int r = 0;
         a->n_rd = 0;
+        memset(a->delta, 0, a->cfg.len * sizeof *a->delta); /* what no ring covers stays 0 */
         if (a->cfg.method == AVERAGER_MOSHPIT) {
                 unsigned members[COLL_MAX_MEMBERS], n = moshpit_members(a, a->moshpit_round, members);
                 uint64_t key = moshpit_grid_group_key(&a->cfg.grid, a->cfg.coll.self, a->moshpit_round);
@@ -142,8 +143,10 @@ static int start_rounds(Averager *a) {
                 uint32_t group = 0x80000000u | (uint32_t)(a->moshpit_round & 0x7fff) << 16 | (uint32_t)(key & 0xffff);
                 a->moshpit_round++;
                 r = coll_round_start(a->coll, group, members, n, a->snapshot, a->cfg.len, a->weight, &a->rd[0]);
-                if (r == 0)
+                if (r == 0) {
                         a->n_rd = 1;
+                        r = coll_round_set_output(a->rd[0], a->delta);
+                }
                 return r;
         }
         for (unsigned i = 0; i < a->cfg.n_rings; i++) {
@@ -152,7 +155,10 @@ static int start_rounds(Averager *a) {
                                      &a->rd[a->n_rd]);
                 if (r < 0)
                         break;
-                a->n_rd++;
+                /* the averages land in delta as they complete; finish_rounds() subtracts */
+                r = coll_round_set_output(a->rd[a->n_rd++], a->delta + g->off);
+                if (r < 0)
+                        break;
         }
         return r;
 }
@@ -164,21 +170,39 @@ static bool rounds_finished(const Averager *a) {
         return true;
 }
 
-/* delta = avg - snapshot where a piece was averaged, 0 elsewhere. */
+_simd_clones_ static void sub_f32(float *restrict d, const float *restrict x, size_t n) {
+        for (size_t i = 0; i < n; i++)
+                d[i] -= x[i];
+}
+
+/* delta = avg - snapshot where a piece was averaged, 0 elsewhere (the
+ * rounds wrote the averages into delta). */
+static size_t round_delta(const CollRound *rd, float *delta, const float *snapshot) {
+        size_t off, len, values = 0;
+        bool done;
+        for (size_t k = 0; coll_round_piece(rd, k, &off, &len, &done) == 0; k++) {
+                if (done) {
+                        sub_f32(delta + off, snapshot + off, len);
+                        values += len;
+                } else
+                        memset(delta + off, 0, len * sizeof *delta);
+        }
+        return values;
+}
+
 static void finish_rounds(Averager *a, uint64_t now) {
         AveragerStats s;
         size_t values = 0;
         int error = 0;
         unsigned smallest = UINT32_MAX;
 
-        memset(a->delta, 0, a->cfg.len * sizeof *a->delta);
         pthread_mutex_lock(&a->lock);
         s = a->stats;
         for (unsigned i = 0; i < a->n_rd; i++) {
                 CollRoundInfo info;
                 size_t off = a->cfg.method == AVERAGER_MOSHPIT ? 0 : a->rings[i].off;
                 coll_round_info(a->rd[i], &info);
-                values += coll_round_apply(a->rd[i], a->delta + off);
+                values += round_delta(a->rd[i], a->delta + off, a->snapshot + off);
                 if (info.state != COLL_ROUND_DONE)
                         error = info.error;
                 smallest = MIN(smallest, info.participants);

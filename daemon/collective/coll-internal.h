@@ -68,6 +68,7 @@ struct CollRound {
         uint32_t group;
         unsigned members[COLL_MAX_MEMBERS], n_members, self_pos;
         const float *x;
+        float *out; /* coll_round_set_output(): where averages go as they complete */
         size_t len;
         double weight;
         bool freed;
@@ -92,6 +93,8 @@ struct CollRound {
         unsigned n_pieces, done, sending;
         uint8_t *wire;
         size_t wire_bytes;
+        uint32_t inject, inject_next; /* the chunk our values start, its next piece to send */
+        unsigned inject_out;          /* pieces of it queued and not yet sent */
         Backlog *backlog; /* sends waiting for room, in order */
         unsigned backlog_n;
         unsigned sent_in_phase[3];

@@ -32,9 +32,19 @@ static uint8_t *piece_own(const CollRound *r, const Piece *p) {
         return r->wire + p->wire_off + COLL_PIECE_HEADER;
 }
 
-/* The average of a DONE piece: completed here or received, and held. */
+/* The average of a DONE piece without an output: completed here or
+ * received, and held. */
 static const uint8_t *piece_avg(const Piece *p) {
         return p->held->data + COLL_PIECE_HEADER;
+}
+
+/* The piece's average, just completed in t, into the round's output. */
+static void piece_output(CollRound *r, const Piece *p, const NetTensor *t) {
+        const uint8_t *v = t->data + COLL_PIECE_HEADER;
+        if (r->coll->cfg.fp16)
+                half_to_float(r->out + p->off, (const uint16_t *)v, p->count);
+        else
+                memcpy(r->out + p->off, v, p->count * sizeof(float));
 }
 
 /* Cookies name the round, the phase and the piece of a send. */
@@ -103,6 +113,8 @@ static void round_check_done(CollRound *r) {
                 r->end_ns = now_ns();
         }
 }
+
+static void inject_more(CollRound *r);
 
 /* ---- sending ------------------------------------------------------------ */
 
@@ -267,8 +279,14 @@ static int take_piece(CollRound *r, uint32_t idx, uint8_t phase, NetTensor *t) {
                 p->held = t;
                 p->flags |= PIECE_GOT_AG | PIECE_DONE;
                 r->done++;
+                if (r->out)
+                        piece_output(r, p, t);
                 if ((r->rank + 1) % r->n_part != p->chunk)
                         send_piece(r, idx, COLL_ALL_GATHER);
+                else if (r->out) { /* the last to get it: nobody to pass it to */
+                        net_tensor_release(r->coll->net, t);
+                        p->held = NULL;
+                }
                 round_check_done(r);
                 return 0;
         }
@@ -289,6 +307,8 @@ static int take_piece(CollRound *r, uint32_t idx, uint8_t phase, NetTensor *t) {
                 p->held = t;
                 p->flags |= PIECE_DONE;
                 r->done++;
+                if (r->out)
+                        piece_output(r, p, t);
                 send_piece(r, idx, COLL_ALL_GATHER);
         } else {
                 p->sum = t;
@@ -343,14 +363,21 @@ void round_on_sent(Coll *c, uint64_t cookie) {
         if (phase == COLL_REDUCE_SCATTER && p->sum) { /* a running sum is done with once sent */
                 net_tensor_release(c->net, p->sum);
                 p->sum = NULL;
+        } else if (phase == COLL_REDUCE_SCATTER && p->chunk == r->inject && r->inject_out > 0)
+                r->inject_out--; /* one of ours went */
+        if (phase == COLL_ALL_GATHER && r->out && p->held) { /* the average is in the output already */
+                net_tensor_release(c->net, p->held);
+                p->held = NULL;
         }
         if (r->freed) {
                 if (r->sending == 0)
                         round_unlink(r);
                 return;
         }
-        if (r->state == COLL_ROUND_RUNNING)
+        if (r->state == COLL_ROUND_RUNNING) {
                 flush_backlog(r);
+                inject_more(r);
+        }
 }
 
 /* ---- joining ------------------------------------------------------------ */
@@ -406,6 +433,8 @@ static void begin_running(CollRound *r, uint64_t round, uint64_t participants, c
         r->state = COLL_ROUND_RUNNING;
         if (r->n_part == 1) {
                 r->identity = true;
+                if (r->out && r->out != r->x)
+                        memcpy(r->out, r->x, r->len * sizeof *r->out);
                 r->state = COLL_ROUND_DONE;
                 r->end_ns = now;
                 return;
@@ -441,6 +470,25 @@ static void begin_running(CollRound *r, uint64_t round, uint64_t participants, c
                 return round_fail(r, -ENOMEM);
 }
 
+/* Our own values start the sums of one chunk. A few pieces of it are queued
+ * at a time, each scaled just before it goes, so the sends read it from
+ * the cache, and the sums passing through from the left are not queued
+ * behind a whole chunk of ours. */
+#define INJECT_WINDOW 2
+static void inject_more(CollRound *r) {
+        while (r->state == COLL_ROUND_RUNNING && r->inject_out < INJECT_WINDOW && r->inject_next < r->n_pieces) {
+                uint32_t i = r->inject_next++;
+                if (r->pieces[i].chunk != r->inject)
+                        continue;
+                if (!fill_own(r, &r->pieces[i])) {
+                        round_fail(r, -ERANGE); /* our values diverged: nothing of ours goes out */
+                        return;
+                }
+                r->inject_out++;
+                send_piece(r, i, COLL_REDUCE_SCATTER);
+        }
+}
+
 static void take_early(Coll *c, Early *e, void *ud) {
         if (round_on_piece(c, e->member, &e->hdr, e->t) == -EBADMSG && c->members[e->member].up)
                 net_close_peer(c->net, c->members[e->member].peer);
@@ -457,14 +505,9 @@ static void start_running(CollRound *r, uint64_t round, uint64_t participants, c
         Coll *c = r->coll;
         if (c->hook) /* about to send */
                 c->hook(c->hook_ud, COLL_REDUCE_SCATTER, 0);
-        for (uint32_t i = 0; i < r->n_pieces && r->state == COLL_ROUND_RUNNING; i++)
-                if (r->pieces[i].chunk == inject) {
-                        if (!fill_own(r, &r->pieces[i])) {
-                                round_fail(r, -ERANGE); /* our values diverged: nothing of ours goes out */
-                                break;
-                        }
-                        send_piece(r, i, COLL_REDUCE_SCATTER);
-                }
+        r->inject = inject;
+        r->inject_next = 0;
+        inject_more(r);
         round_check_done(r);
 }
 
@@ -700,6 +743,19 @@ bool coll_round_finished(const CollRound *r) {
         return r->state == COLL_ROUND_DONE || r->state == COLL_ROUND_FAILED;
 }
 
+int coll_round_set_output(CollRound *r, float *out) {
+        if (r->out)
+                return -EBUSY;
+        if (r->identity && out != r->x) /* alone, and done already */
+                memcpy(out, r->x, r->len * sizeof *out);
+        r->out = out;
+        /* pieces that came early, before START, may be complete already */
+        for (unsigned i = 0; r->pieces && i < r->n_pieces; i++)
+                if (r->pieces[i].flags & PIECE_DONE)
+                        piece_output(r, &r->pieces[i], r->pieces[i].held);
+        return 0;
+}
+
 void coll_round_info(const CollRound *r, CollRoundInfo *ret) {
         *ret = (CollRoundInfo){
                 .state = r->state,
@@ -721,6 +777,11 @@ void coll_round_info(const CollRound *r, CollRoundInfo *ret) {
 
 /* Values [off, off + n) of piece p, as floats. */
 static void piece_read(const CollRound *r, const Piece *p, size_t off, size_t n, float *out) {
+        if (r->out) {
+                if (out != r->out + off)
+                        memmove(out, r->out + off, n * sizeof *out);
+                return;
+        }
         const uint8_t *v = piece_avg(p);
         if (r->coll->cfg.fp16)
                 half_to_float(out, (const uint16_t *)v + (off - p->off), n);
@@ -777,7 +838,9 @@ size_t coll_round_apply(const CollRound *r, float *w) {
                 const Piece *p = &r->pieces[i];
                 if (!(p->flags & PIECE_DONE))
                         continue;
-                if (!r->coll->cfg.fp16)
+                if (r->out)
+                        add_delta(w + p->off, r->out + p->off, r->x + p->off, p->count);
+                else if (!r->coll->cfg.fp16)
                         add_delta(w + p->off, (const float *)piece_avg(p), r->x + p->off, p->count);
                 else {
                         float tmp[BLOCK];

@@ -111,6 +111,13 @@ void coll_set_piece_hook(Coll *c, CollPieceHook hook, void *ud);
  * freed. -EBUSY if this group already has a round in progress. */
 int coll_round_start(Coll *c, uint32_t group, const unsigned *members, unsigned n, const float *x, size_t len,
                      double weight, CollRound **ret);
+/* Right after coll_round_start(): write each piece's average to out (len
+ * values; out may be x itself, an in-place all-reduce) the moment it is
+ * complete, while it is still in the cache, and let go of its receive buffer
+ * once it is passed on. The pieces not complete when a round fails keep
+ * what out held. coll_round_read() and coll_round_apply() read from out
+ * then; apply needs out != x. -EBUSY if the round has an output already. */
+int coll_round_set_output(CollRound *r, float *out);
 bool coll_round_finished(const CollRound *r);
 /* The rounds started from now on are last rounds (final) or not, and wait
  * join_ms for the others (0: the configured join timeout). A last round

@@ -1,5 +1,7 @@
-/* net/bufpool.c — first fit over a page map, starting where the last search
- * ended; pools are small (hundreds of pages), so a scan is cheap. */
+/* net/bufpool.c — first fit over a page map, from the bottom: a buffer
+ * freed a moment ago is the next one handed out, still in the cache, and
+ * pages at the top are never touched unless needed. Pools are small
+ * (hundreds of pages), so a scan is cheap. */
 #include "bufpool.h"
 
 #include <stdlib.h>
@@ -47,18 +49,14 @@ void *bufpool_alloc(BufPool *p, size_t n) {
 
         if (!p || want > p->n_pages)
                 return NULL;
-        for (size_t pass = 0; pass < 2; pass++) {
-                size_t start = pass == 0 ? p->hint : 0, end = pass == 0 ? p->n_pages : MIN(p->hint + want, p->n_pages);
-                size_t run = 0;
-                for (size_t i = start; i < end; i++) {
-                        run = p->used[i] ? 0 : run + 1;
-                        if (run == want) {
-                                size_t first = i + 1 - want;
-                                memset(p->used + first, 1, want);
-                                p->hint = i + 1 == p->n_pages ? 0 : i + 1;
-                                p->in_use += want * BUFPOOL_PAGE;
-                                return p->base + first * BUFPOOL_PAGE;
-                        }
+        size_t run = 0;
+        for (size_t i = 0; i < p->n_pages; i++) {
+                run = p->used[i] ? 0 : run + 1;
+                if (run == want) {
+                        size_t first = i + 1 - want;
+                        memset(p->used + first, 1, want);
+                        p->in_use += want * BUFPOOL_PAGE;
+                        return p->base + first * BUFPOOL_PAGE;
                 }
         }
         return NULL;

@@ -26,7 +26,6 @@ typedef struct BufPool {
         size_t size;    /* bytes */
         size_t n_pages;
         uint8_t *used;  /* one byte per page */
-        size_t hint;    /* where the next search starts */
         size_t in_use;  /* bytes */
 } BufPool;
 

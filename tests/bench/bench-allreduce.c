@@ -7,7 +7,8 @@
  * with binary16 payloads), and runs
  * warm-up rounds and then --runs timed rounds. A round's time is that of the
  * slowest member, from START (when the group is assembled, as after the
- * references' barrier) to holding the average. Medians are printed with the
+ * references' barrier) to holding the average in its own vector (in place,
+ * as the references do). Medians are printed with the
  * ratio to each reference: reference time / ours, so above 1 is faster.
  * Then multi-ring: two clusters of two stages, cut at different points,
  * averaging their stages with three rings at once, against one ring of two
@@ -137,7 +138,9 @@ static int member(const Experiment *e, unsigned self, const Identity *ids, int p
                 unsigned np = e->n_parts[self];
                 for (unsigned i = 0; i < np; i++) {
                         const Part *p = &e->parts[self][i];
-                        if ((r = coll_round_start(c, p->group, p->members, p->n, x + p->off, p->len, 1, &rd[i])) < 0)
+                        /* in place, as the references do: the average lands in x */
+                        if ((r = coll_round_start(c, p->group, p->members, p->n, x + p->off, p->len, 1, &rd[i])) < 0 ||
+                            (r = coll_round_set_output(rd[i], x + p->off)) < 0)
                                 return r;
                 }
                 uint64_t first = UINT64_MAX, last = 0;
@@ -483,8 +486,8 @@ int main(int argc, char **argv) {
                         fflush(stdout);
                 }
 
-        printf("peak RSS of a member: %.0f MiB (its vector, the receive pool sized for a round's averages, "
-               "and the buffer of the sums it starts)\n", peak_rss_mib);
+        printf("peak RSS of a member: %.0f MiB (its vector, the receive buffers in use at once, and the buffer "
+               "of the sums it starts)\n", peak_rss_mib);
         if (only_procs || only_mib)
                 return 0;
         printf("\nMulti-ring: 2 clusters x 2 stages cut at 50 %% and 30 %%, 64 MiB model, seconds per round\n");

@@ -102,9 +102,10 @@ static void victim_hook(void *ud, uint8_t phase, unsigned sent) {
         }
 }
 
-/* Check r's values (applied to a copy of x) against the average over the
- * members in `over`: per piece, all averaged or all old. */
-static void check_round(CollRound *rd, const float *x, const bool *over, Report *rep) {
+/* Check r's values (applied to a copy of x, and in out if the round wrote
+ * its averages there) against the average over the members in `over`: per
+ * piece, all averaged or all old. */
+static void check_round(CollRound *rd, const float *x, const float *out, const bool *over, Report *rep) {
         CollRoundInfo info;
         coll_round_info(rd, &info);
         float *w = malloc(LEN * sizeof *w);
@@ -124,6 +125,12 @@ static void check_round(CollRound *rd, const float *x, const bool *over, Report 
                                 }
                         avg /= n;
                         bool is_avg = fabs(w[k] - avg) < 1e-4, is_old = w[k] == x[k];
+                        if (out && (done ? fabs(out[k] - avg) >= 1e-4 : out[k] != x[k])) {
+                                snprintf(rep->problem, sizeof rep->problem,
+                                         "output: piece %zu (%s) value %zu: %g, old %g, average %g", i,
+                                         done ? "averaged" : "not averaged", k, out[k], x[k], avg);
+                                break;
+                        }
                         if (done ? !is_avg : !is_old) {
                                 snprintf(rep->problem, sizeof rep->problem,
                                          "piece %zu (%s) value %zu: %g, old %g, average %g", i,
@@ -166,6 +173,8 @@ static int run_member(unsigned self, Fault fault, bool victim, const uint16_t *p
         float *x = malloc(LEN * sizeof *x);
         for (size_t k = 0; k < LEN; k++)
                 x[k] = value_of(self, k);
+        /* odd members take the averages in a buffer of theirs as they complete */
+        float *out = self % 2 ? malloc(LEN * sizeof *out) : NULL;
         Victim v = { .fault = fault, .c = c };
         if (victim)
                 coll_set_piece_hook(c, victim_hook, &v);
@@ -182,6 +191,11 @@ static int run_member(unsigned self, Fault fault, bool victim, const uint16_t *p
                 uint64_t t0 = now_ns();
                 if ((r = coll_round_start(c, 1, (unsigned[]){ 0, 1, 2, 3 }, N, x, LEN, 1, &rd)) < 0)
                         return r;
+                if (out) {
+                        memcpy(out, x, LEN * sizeof *out);
+                        if ((r = coll_round_set_output(rd, out)) < 0)
+                                return r;
+                }
                 v.rd = rd;
                 while (!coll_round_finished(rd) && now_ns() - t0 < 30 * NSEC_PER_SEC)
                         coll_run(c, 5);
@@ -201,7 +215,7 @@ static int run_member(unsigned self, Fault fault, bool victim, const uint16_t *p
                 for (unsigned i = 0; i < N; i++)
                         over[i] = info.participants_map & (1ull << i);
                 if (!rep.problem[0] && info.participants > 1)
-                        check_round(rd, x, over, &rep);
+                        check_round(rd, x, out, over, &rep);
                 if (!victim && write(report_fd, &rep, sizeof rep) != sizeof rep)
                         return -EIO;
                 /* keep serving the others' last pieces */
