@@ -160,7 +160,7 @@ static int swarm(int argc, char *argv[]) {
         };
         char ravnestd[PATH_MAX + 16];
         SwarmOptions o = { .clusters = 2, .stages = 2, .job = JOBS_DIR "/fashion-mnist-mlp.job", .micro_batch = 32,
-                           .staleness = 4, .interval = 2.0, .progress_ms = 2000 };
+                           .staleness = 4, .interval = 0.25, .progress_ms = 2000 };
         int c;
 
         find_ravnestd(ravnestd, sizeof ravnestd);

@@ -163,6 +163,16 @@ static int start_rounds(Averager *a) {
         return r;
 }
 
+static bool rounds_joining(const Averager *a) {
+        for (unsigned i = 0; i < a->n_rd; i++) {
+                CollRoundInfo info;
+                coll_round_info(a->rd[i], &info);
+                if (info.state == COLL_ROUND_JOINING)
+                        return true;
+        }
+        return false;
+}
+
 static bool rounds_finished(const Averager *a) {
         for (unsigned i = 0; i < a->n_rd; i++)
                 if (!coll_round_finished(a->rd[i]))
@@ -297,7 +307,20 @@ static void *averager_main(void *arg) {
                         break;
                 }
                 case AV_RUNNING:
-                        if (rounds_finished(a)) {
+                        if (!rounds_finished(a) && atomic_load(&a->requested) > a->round_ticket &&
+                            rounds_joining(a)) {
+                                /* A last round is asked for while this one still waits for
+                                 * members: those that finished training first are in their
+                                 * last round already and join no other, so it would only
+                                 * time out. Give it up (nothing to hand back) and start
+                                 * the last one at once. */
+                                for (unsigned i = 0; i < a->n_rd; i++)
+                                        coll_round_free(a->rd[i]);
+                                a->n_rd = 0;
+                                a->delta_ticket = a->round_ticket;
+                                atomic_store(&a->done, a->round_ticket);
+                                atomic_store(&a->state, AV_IDLE);
+                        } else if (rounds_finished(a)) {
                                 finish_rounds(a, now);
                                 a->next_due_ns = now + (uint64_t)a->cfg.interval_ms * 1000000ull;
                                 a->steps_at_last = atomic_load(&a->steps);

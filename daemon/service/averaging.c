@@ -106,15 +106,24 @@ void averaging_step(Averaging *a, float *params, uint64_t samples) {
                 return;
         averager_sync(a->av, params, samples);
         averager_get_stats(a->av, &s);
-        if (s.rounds_done != a->seen.rounds_done) {
+        uint64_t now = now_ns();
+        /* The first rounds, then at most one line every 2 s: frequent rounds
+         * would drown the rest of the log. */
+        if (s.rounds_done != a->seen.rounds_done &&
+            (s.rounds_done <= 3 || now - a->logged_ns >= 2 * NSEC_PER_SEC)) {
                 unsigned long round = (unsigned long)(s.rounds_done + s.rounds_failed);
-                char fields[128];
+                uint64_t since = s.rounds_done - a->logged_rounds;
+                char fields[128], more[64] = "";
                 snprintf(fields, sizeof fields, "ROUND=%lu\nDURATION_USEC=%llu\nPARTICIPANTS=%u", round,
                          (unsigned long long)(s.last_round_ns / 1000), s.last_participants);
+                if (since > 1)
+                        snprintf(more, sizeof more, " (%llu rounds since the last line)", (unsigned long long)since);
                 log_event(LOG_INFO, EVENT_AVERAGING_ROUND, fields,
-                          "Averaging round %lu done: %u of %u members, %.1f MiB sent, %.0f ms", round,
+                          "Averaging round %lu done: %u of %u members, %.1f MiB sent, %.0f ms%s", round,
                           s.last_participants, a->n_members, (double)(s.bytes_sent - a->seen.bytes_sent) / (1 << 20),
-                          (double)s.last_round_ns / 1e6);
+                          (double)s.last_round_ns / 1e6, more);
+                a->logged_ns = now;
+                a->logged_rounds = s.rounds_done;
         } else if (s.rounds_failed != a->seen.rounds_failed)
                 log_warning("Averaging round %lu failed: %s (%u of %u members took part); parameters not averaged "
                             "kept their values",

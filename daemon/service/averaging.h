@@ -18,6 +18,7 @@ typedef struct Averaging {
         Averager *av;
         unsigned self, n_members;
         AveragerStats seen;         /* as of the last averaging_step() */
+        uint64_t logged_ns, logged_rounds; /* the last round that had a log line */
         unsigned join_timeout_ms, round_timeout_ms;
         bool active;
 } Averaging;

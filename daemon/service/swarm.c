@@ -42,6 +42,7 @@ typedef struct SwarmNode {
         double busy;     /* from its last line, percent; < 0 unknown */
         double rate;     /* last stage: samples/s */
         long rss_kib;    /* peak, from wait4() */
+        unsigned rounds; /* averaging rounds, from the last round line */
 } SwarmNode;
 
 static uint16_t free_port(void) {
@@ -103,8 +104,9 @@ static void print_line(SwarmNode *n, const char *line, SwarmResult *res) {
         const char *rate = acc ? strstr(acc, "), ") : NULL;
         if (rate && strstr(text, "Finished"))
                 n->rate = strtod(rate + 3, NULL);
-        if (strstr(text, "Averaging round") && strstr(text, "done"))
-                res->rounds++;
+        const char *round = strstr(text, "Averaging round ");
+        if (round && strstr(text, "done")) /* rounds are numbered: not every one has a line */
+                n->rounds = MAX(n->rounds, (unsigned)strtoul(round + 16, NULL, 10));
         printf("%-6s %s\n", n->name, text);
         fflush(stdout);
 }
@@ -374,6 +376,7 @@ int swarm_run(const SwarmOptions *o, const volatile sig_atomic_t *stop, SwarmRes
         for (unsigned i = 0; i < n; i++) {
                 res.busy[i] = nodes[i].busy;
                 res.rss_mib[i] = (double)nodes[i].rss_kib / 1024;
+                res.rounds += nodes[i].rounds;
                 if (nodes[i].last_stage)
                         res.samples_per_sec += nodes[i].rate;
                 printf("swarm: %-5s %4.0f%% %5.0f MiB\n", nodes[i].name, nodes[i].busy, res.rss_mib[i]);

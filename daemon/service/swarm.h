@@ -32,7 +32,7 @@ typedef struct SwarmOptions {
 typedef struct SwarmResult {
         double accuracy[64];    /* per cluster, from its last stage; < 0 if none */
         unsigned clusters;
-        unsigned rounds;        /* averaging rounds logged, all nodes together */
+        unsigned rounds;        /* averaging rounds, all nodes together (each node numbers its rounds) */
         double busy[64];        /* per node (cluster-major), percent of its run */
         double rss_mib[64];     /* per node, peak */
         double samples_per_sec; /* last stages together */
