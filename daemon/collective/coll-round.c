@@ -88,13 +88,19 @@ static void round_unlink(CollRound *r) {
 static void round_fail(CollRound *r, int error) {
         if (r->state == COLL_ROUND_DONE || r->state == COLL_ROUND_FAILED)
                 return;
-        if (r->state == COLL_ROUND_RUNNING && error != -ECONNABORTED) {
-                /* Tell the others, so nobody waits for the deadline. */
+        if ((r->state == COLL_ROUND_RUNNING && error != -ECONNABORTED) || r->state == COLL_ROUND_JOINING) {
+                /* Tell the others, so nobody waits for the deadline. A round
+                 * given up while joining may have been started by its leader
+                 * already, START on the way: it is the one after the last. */
+                const unsigned *who = r->state == COLL_ROUND_RUNNING ? r->part : r->members;
+                unsigned n_who = r->state == COLL_ROUND_RUNNING ? r->n_part : r->n_members;
+                uint64_t *last = coll_last_round(r->coll, r->group);
+                uint64_t round = r->state == COLL_ROUND_RUNNING ? r->round : last ? *last + 1 : 0;
                 uint8_t buf[COLL_CTL_MAX];
-                size_t n = coll_abort_encode(&(CollAbort){ .group = r->group, .round = r->round, .error = error }, buf);
-                for (unsigned i = 0; i < r->n_part; i++)
-                        if (r->part[i] != r->coll->self && r->coll->members[r->part[i]].up)
-                                (void)net_send_control(r->coll->net, r->coll->members[r->part[i]].peer, FRAME_CONTROL,
+                size_t n = coll_abort_encode(&(CollAbort){ .group = r->group, .round = round, .error = error }, buf);
+                for (unsigned i = 0; i < n_who && round; i++)
+                        if (who[i] != r->coll->self && r->coll->members[who[i]].up)
+                                (void)net_send_control(r->coll->net, r->coll->members[who[i]].peer, FRAME_CONTROL,
                                                        buf, n);
         }
         /* A right neighbour that did not take our pieces in time is not
