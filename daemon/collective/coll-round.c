@@ -652,6 +652,9 @@ static void joining_step(CollRound *r, uint64_t now) {
 
 void round_on_abort(Coll *c, unsigned member, const CollAbort *m) {
         CollRound *r = round_of_group(c, m->group);
+        ReadyEntry *e = ready_find(c, m->group, member);
+        if (e) /* it gave up: its READY no longer holds (a leader must not START with it) */
+                e->at_ns = 0;
         if (!r || r->state != COLL_ROUND_RUNNING || r->round != m->round)
                 return;
         for (unsigned i = 0; i < r->n_part; i++)

@@ -45,18 +45,47 @@ typedef struct SwarmNode {
         unsigned rounds; /* averaging rounds, from the last round line */
 } SwarmNode;
 
-static uint16_t free_port(void) {
+/* Whether port is free to listen on now. */
+static bool port_free(uint16_t port) {
+        int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+        struct sockaddr_in sa = { .sin_family = AF_INET, .sin_port = htons(port),
+                                  .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
+        bool ok = fd >= 0 && bind(fd, (struct sockaddr *)&sa, sizeof sa) == 0;
+        if (fd >= 0)
+                close(fd);
+        return ok;
+}
+
+/* A port for a node to listen on, below the kernel's range of ephemeral
+ * ports: the nodes' own outgoing connections take their source ports from
+ * that range, and one could take a listening port picked there before its
+ * node binds it. Not one of the ports given to nodes[0..n) already. */
+static uint16_t free_port(const SwarmNode *nodes, unsigned n) {
+        unsigned low = 32768, high = 60999;
+        FILE *f = fopen("/proc/sys/net/ipv4/ip_local_port_range", "re");
+        if (f) {
+                if (fscanf(f, "%u %u", &low, &high) != 2)
+                        low = 32768;
+                fclose(f);
+        }
+        if (low > 20000 + 100)
+                for (int i = 0; i < 200; i++) {
+                        uint16_t port = (uint16_t)(20000 + randombytes_uniform(low - 20000));
+                        bool taken = false;
+                        for (unsigned k = 0; k < n && !taken; k++)
+                                taken = nodes[k].pipe_port == port || nodes[k].avg_port == port;
+                        if (!taken && port_free(port))
+                                return port;
+                }
+        /* no room below the range: let the kernel pick */
         int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
         struct sockaddr_in sa = { .sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
         socklen_t len = sizeof sa;
-        if (fd < 0 || bind(fd, (struct sockaddr *)&sa, sizeof sa) < 0 ||
-            getsockname(fd, (struct sockaddr *)&sa, &len) < 0) {
-                if (fd >= 0)
-                        close(fd);
-                return 0;
-        }
-        close(fd);
-        return ntohs(sa.sin_port);
+        bool ok = fd >= 0 && bind(fd, (struct sockaddr *)&sa, sizeof sa) == 0 &&
+                  getsockname(fd, (struct sockaddr *)&sa, &len) == 0;
+        if (fd >= 0)
+                close(fd);
+        return ok ? ntohs(sa.sin_port) : 0;
 }
 
 static int write_file(const char *path, const char *text, mode_t mode) {
@@ -193,8 +222,8 @@ int swarm_run(const SwarmOptions *o, const volatile sig_atomic_t *stop, SwarmRes
                         return log_error_errno(r, "Failed to create a key: %s", d.text);
                 identity_to_hex(id.pk, nd->hex);
                 identity_clear(&id);
-                nd->pipe_port = free_port();
-                nd->avg_port = free_port();
+                nd->pipe_port = free_port(nodes, i);
+                nd->avg_port = free_port(nodes, i + 1);
                 nd->out = -1;
                 if (!nd->pipe_port || !nd->avg_port)
                         return log_error_errno(-EADDRNOTAVAIL, "No free port on loopback");
