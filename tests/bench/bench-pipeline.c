@@ -135,7 +135,7 @@ static double finished(const char *out, const char *node, const char *key) {
  * CPU 0 with the first stage. Each stage's figures are over its training
  * (from its first micro-batch to the end of training, without the
  * evaluation). */
-static void bubble(char *job, char *epochs, double one_rate, int load_nice) {
+static void bubble(char *job, char *epochs, char *micro_batch, double one_rate, int load_nice) {
         pid_t load = -1;
         fflush(stdout);
         if (load_nice >= 0 && (load = fork()) == 0) {
@@ -152,7 +152,7 @@ static void bubble(char *job, char *epochs, double one_rate, int load_nice) {
         for (int sync = 0; sync < 2; sync++)
                 out[sync] = run((char *[]){ BUILD_DAEMON "/ravnestctl", "swarm", "--ravnestd", BUILD_DAEMON "/ravnestd",
                                             "--job", job, "--epochs", epochs, "--progress", "0", "--clusters", "1",
-                                            "--pin", sync ? "--sync" : NULL, NULL },
+                                            "--micro-batch", micro_batch, "--pin", sync ? "--sync" : NULL, NULL },
                                 NULL);
         if (load > 0) {
                 kill(load, SIGKILL);
@@ -192,19 +192,19 @@ static void bubble(char *job, char *epochs, double one_rate, int load_nice) {
 static void bubbles(char *job, char *epochs, double one_rate) {
         /* Equal nodes and equal work: the deeper MLP cuts into two halves
          * that cost the same. */
-        printf("\nOne cluster of 2 stages doing equal work (%s), each pinned to its own CPU:\n",
-               "fashion-mnist-mlp-deep");
-        bubble(SOURCE_ROOT "/config/jobs/fashion-mnist-mlp-deep.job", epochs, -1, -1);
+        printf("\nOne cluster of 2 stages doing equal work (fashion-mnist-mlp-deep, micro-batches of 64), each "
+               "pinned to its own CPU:\n");
+        bubble(SOURCE_ROOT "/config/jobs/fashion-mnist-mlp-deep.job", epochs, "64", -1, -1);
         /* The MLP cuts only at layer boundaries: its first stage does half
          * the second's work (the first linear layer computes no input
          * gradient), so on equal nodes the first stage waits for the second
          * whatever the schedule. */
         printf("\nThe job's own cut (stage 1 does half of stage 2's work), each stage pinned to its own CPU:\n");
-        bubble(job, epochs, one_rate, -1);
+        bubble(job, epochs, "32", one_rate, -1);
         /* A slower first node evens it out: a competing process on stage 1's
          * core leaves it about half of that core. */
         printf("\nThe same, stage 1's core shared with a busy process (a node about half as fast):\n");
-        bubble(job, epochs, one_rate, 0);
+        bubble(job, epochs, "32", one_rate, 0);
 }
 
 int main(int argc, char **argv) {
