@@ -99,14 +99,19 @@ double gossip_self_weight(double weight, unsigned g) {
         return weight > 0 ? weight : 1.0 / g;
 }
 
-int gossip_mixing_matrix(GossipTopology topo, unsigned n, uint64_t t, double weight, double *W) {
-        _cleanup_(freep) unsigned *g = NULL;
-
+/* Checks the arguments both users share and allocates room for a group. */
+static int group_buffer(unsigned n, double weight, unsigned **ret) {
         if (n == 0 || n > GOSSIP_MAX_MEMBERS || weight < 0 || weight > 1)
                 return -EINVAL;
-        g = malloc(n * sizeof *g);
-        if (!g)
-                return -ENOMEM;
+        *ret = malloc(n * sizeof **ret);
+        return *ret ? 0 : -ENOMEM;
+}
+
+int gossip_mixing_matrix(GossipTopology topo, unsigned n, uint64_t t, double weight, double *W) {
+        _cleanup_(freep) unsigned *g = NULL;
+        int r = group_buffer(n, weight, &g);
+        if (r < 0)
+                return r;
         memset(W, 0, (size_t)n * n * sizeof *W);
         for (unsigned i = 0; i < n; i++) {
                 int k = gossip_group(topo, n, i, t, g);
@@ -121,12 +126,9 @@ int gossip_mixing_matrix(GossipTopology topo, unsigned n, uint64_t t, double wei
 
 int gossip_simulate_step(GossipTopology topo, unsigned n, uint64_t t, double weight, float *const *x, size_t len) {
         _cleanup_(freep) unsigned *g = NULL;
-
-        if (n == 0 || n > GOSSIP_MAX_MEMBERS || weight < 0 || weight > 1)
-                return -EINVAL;
-        g = malloc(n * sizeof *g);
-        if (!g)
-                return -ENOMEM;
+        int r = group_buffer(n, weight, &g);
+        if (r < 0)
+                return r;
         for (unsigned i = 0; i < n; i++) {
                 int k = gossip_group(topo, n, i, t, g);
                 if (k < 0)

@@ -45,15 +45,18 @@ typedef struct SwarmNode {
         unsigned rounds; /* averaging rounds, from the last round line */
 } SwarmNode;
 
-/* Whether port is free to listen on now. */
-static bool port_free(uint16_t port) {
+/* Bind a loopback socket to port (0: any) and close it: the port bound,
+ * or 0 if it was taken. */
+static uint16_t probe_port(uint16_t port) {
         int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
         struct sockaddr_in sa = { .sin_family = AF_INET, .sin_port = htons(port),
                                   .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
-        bool ok = fd >= 0 && bind(fd, (struct sockaddr *)&sa, sizeof sa) == 0;
+        socklen_t len = sizeof sa;
+        bool ok = fd >= 0 && bind(fd, (struct sockaddr *)&sa, sizeof sa) == 0 &&
+                  getsockname(fd, (struct sockaddr *)&sa, &len) == 0;
         if (fd >= 0)
                 close(fd);
-        return ok;
+        return ok ? ntohs(sa.sin_port) : 0;
 }
 
 /* A port for a node to listen on, below the kernel's range of ephemeral
@@ -74,18 +77,10 @@ static uint16_t free_port(const SwarmNode *nodes, unsigned n) {
                         bool taken = false;
                         for (unsigned k = 0; k < n && !taken; k++)
                                 taken = nodes[k].pipe_port == port || nodes[k].avg_port == port;
-                        if (!taken && port_free(port))
+                        if (!taken && probe_port(port))
                                 return port;
                 }
-        /* no room below the range: let the kernel pick */
-        int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-        struct sockaddr_in sa = { .sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
-        socklen_t len = sizeof sa;
-        bool ok = fd >= 0 && bind(fd, (struct sockaddr *)&sa, sizeof sa) == 0 &&
-                  getsockname(fd, (struct sockaddr *)&sa, &len) == 0;
-        if (fd >= 0)
-                close(fd);
-        return ok ? ntohs(sa.sin_port) : 0;
+        return probe_port(0); /* no room below the range: let the kernel pick */
 }
 
 static int write_file(const char *path, const char *text, mode_t mode) {
