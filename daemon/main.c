@@ -150,6 +150,15 @@ int main(int argc, char *argv[]) {
                 log_error_errno(r, "Invalid job: %s", d.text);
                 return EX_CONFIG;
         }
+        if (check_config || check_only) { /* the data, as the daemon checks it before training */
+                r = job_check_data(&job, o.data_dir, &d);
+                if (r == -ENOENT)
+                        log_notice("The job's data is not there to check: %s", d.text);
+                else if (r < 0) {
+                        log_error_errno(r, "Invalid job: %s", d.text);
+                        return EX_CONFIG;
+                }
+        }
         if (check_config) {
                 printf("configuration OK (%s), job \"%s\" OK (%s)\n", config.path[0] ? config.path : "defaults",
                        job.name, job_path ?: config.job);

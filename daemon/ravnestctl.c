@@ -38,9 +38,20 @@ static int describe_job(const char *path) {
                 fprintf(stderr, "%s\n", d.text);
                 return EX_CONFIG;
         }
+        /* what the daemon checks before it trains */
+        r = job_check_data(&job, NULL, &d);
+        if (r < 0 && r != -ENOENT) {
+                fprintf(stderr, "%s\n", d.text);
+                return EX_CONFIG;
+        }
+        const char *data_note = r < 0 ? d.text : NULL;
 
         printf("job %s (%s)\n", job.name, path);
         printf("dataset %s, %d classes, from %s\n", job.data.name, job.data.classes, job.data.path);
+        if (data_note)
+                printf("data not there to check: %s\n", data_note);
+        else
+                printf("the model fits the data there (shapes and labels of both splits)\n");
         printf("\n%-3s %-10s %-16s %-16s %12s\n", "#", "layer", "input", "output", "parameters");
         size_t total = 0, acts = shape_numel(job.model.input);
         for (int i = 0; i < job.model.n_layers; i++) {
@@ -154,13 +165,18 @@ static int swarm(int argc, char *argv[]) {
                 { "dir", required_argument, NULL, 'D' },
                 { "keep", no_argument, NULL, 'k' },
                 { "keep-going", no_argument, NULL, 'K' },
+                { "restart", no_argument, NULL, 'R' },
+                { "resume", no_argument, NULL, 'E' },
+                { "neighbour-timeout", required_argument, NULL, 'N' },
+                { "checkpoint-interval", required_argument, NULL, 'C' },
                 { "pin", no_argument, NULL, 'P' },
                 { "ravnestd", required_argument, NULL, 'r' },
                 {},
         };
         char ravnestd[PATH_MAX + 16];
         SwarmOptions o = { .clusters = 2, .stages = 2, .job = JOBS_DIR "/fashion-mnist-mlp.job", .micro_batch = 32,
-                           .staleness = 4, .interval = 0.25, .progress_ms = 2000 };
+                           .staleness = 4, .interval = 0.25, .progress_ms = 2000, .neighbour_timeout_s = 600,
+                           .checkpoint_interval_s = 10 };
         int c;
 
         find_ravnestd(ravnestd, sizeof ravnestd);
@@ -182,12 +198,17 @@ static int swarm(int argc, char *argv[]) {
                 case 'D': o.dir = optarg; break;
                 case 'k': o.keep = true; break;
                 case 'K': o.keep_going = true; break;
+                case 'R': o.restart = true; break;
+                case 'E': o.resume = true; break;
+                case 'N': o.neighbour_timeout_s = (unsigned)atoi(optarg); break;
+                case 'C': o.checkpoint_interval_s = (unsigned)atoi(optarg); break;
                 case 'P': o.pin = true; break;
                 case 'r': o.ravnestd = optarg; break;
                 default:
                         fprintf(stderr, "Usage: ravnestctl swarm [--clusters N] [--stages N] [--job FILE] [--epochs N] "
                                         "[--data-dir DIR] [--micro-batch N] [--staleness N] [--update-frequency N] [--sync] [--interval S] "
-                                        "[--progress MS] [--dir DIR] [--keep] [--keep-going] [--pin] [--ravnestd PATH]\n");
+                                        "[--progress MS] [--dir DIR] [--keep] [--keep-going] [--restart] [--resume] [--neighbour-timeout S] [--checkpoint-interval S] "
+                                        "[--pin] [--ravnestd PATH]\n");
                         return EX_USAGE;
                 }
         }
@@ -206,7 +227,7 @@ static int swarm(int argc, char *argv[]) {
         sigaddset(&stop_signals, SIGTERM);
         sigprocmask(SIG_UNBLOCK, &stop_signals, NULL);
         int r = swarm_run(&o, &stop_requested, NULL);
-        return r == -ECANCELED ? 130 : r < 0 ? EXIT_FAILURE : 0;
+        return r == -ECANCELED ? 130 : r == -EINVAL ? EX_CONFIG : r < 0 ? EXIT_FAILURE : 0;
 }
 
 static void help(void) {

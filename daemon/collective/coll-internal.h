@@ -79,6 +79,7 @@ struct CollRound {
         uint64_t start_ns, join_deadline_ns, running_ns, deadline_ns, end_ns;
         unsigned leader_sent_to; /* member index our READY went to, or UINT_MAX */
         uint64_t ready_sent_ns;
+        uint64_t view_sent;      /* the view our last READY carried */
         unsigned join_ms;        /* this round's join timeout */
         bool final;              /* a last round: only with others in theirs */
 

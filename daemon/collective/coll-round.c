@@ -589,6 +589,20 @@ static uint64_t choose_participants(Coll *c, CollRound *r, uint64_t now, uint64_
         return cand;
 }
 
+/* Every member of the group ready, and linked to every other (as its
+ * READY says): a ring in any order can run. */
+static bool fully_connected(Coll *c, CollRound *r, uint64_t now) {
+        uint64_t everyone = r->n_members >= 64 ? ~0ull : (1ull << r->n_members) - 1;
+        for (unsigned i = 0; i < r->n_members; i++) {
+                ReadyEntry *e = ready_find(c, r->group, r->members[i]);
+                uint64_t view = i == r->self_pos ? coll_view(c, r->members, r->n_members)
+                                : e && ready_fresh(c, e, now) ? e->msg.view : 0;
+                if ((view | (1ull << i)) != everyone)
+                        return false;
+        }
+        return true;
+}
+
 static void joining_step(CollRound *r, uint64_t now) {
         Coll *c = r->coll;
         unsigned leader_pos = r->self_pos;
@@ -600,19 +614,24 @@ static void joining_step(CollRound *r, uint64_t now) {
 
         if (leader_pos != r->self_pos) {
                 unsigned leader = r->members[leader_pos];
-                /* READY again now and then: a patient leader keeps it fresh */
-                if (r->leader_sent_to != leader || now - r->ready_sent_ns >= (uint64_t)c->cfg.join_timeout_ms * MS / 4) {
+                /* READY again now and then: a patient leader keeps it fresh;
+                 * and at once when our links changed (a last round waits
+                 * for a fully connected group) */
+                uint64_t view = coll_view(c, r->members, r->n_members);
+                if (r->leader_sent_to != leader || view != r->view_sent ||
+                    now - r->ready_sent_ns >= (uint64_t)c->cfg.join_timeout_ms * MS / 4) {
                         uint8_t buf[COLL_CTL_MAX];
                         size_t n = coll_ready_encode(&(CollReady){ .group = r->group,
                                                                    .last_round = *coll_last_round(c, r->group),
                                                                    .weight = r->weight,
-                                                                   .view = coll_view(c, r->members, r->n_members),
+                                                                   .view = view,
                                                                    .blame = coll_blame(c, r->members, r->n_members),
                                                                    .final = r->final },
                                                      buf);
                         if (net_send_control(c->net, c->members[leader].peer, FRAME_CONTROL, buf, n) == 0) {
                                 r->leader_sent_to = leader;
                                 r->ready_sent_ns = now;
+                                r->view_sent = view;
                         }
                 }
                 if (now >= r->join_deadline_ns)
@@ -620,14 +639,20 @@ static void joining_step(CollRound *r, uint64_t now) {
                 return;
         }
 
-        /* We lead: start once every connected member is ready, or at the deadline. */
+        /* We lead: start once every connected member is ready, or at the
+         * deadline. A last round waits for every member, connected yet or
+         * not: it is what makes the replicas one model, and members that
+         * trained only briefly may still be bringing their links up. */
         bool all = true;
         for (unsigned i = 0; i < r->n_members && all; i++) {
                 unsigned m = r->members[i];
                 ReadyEntry *e = ready_find(c, r->group, m);
-                if (i != r->self_pos && c->members[m].up && (!e || !ready_fresh(c, e, now) || e->msg.final != r->final))
+                if (i != r->self_pos && (c->members[m].up || r->final) &&
+                    (!e || !ready_fresh(c, e, now) || e->msg.final != r->final))
                         all = false;
         }
+        if (all && r->final)
+                all = fully_connected(c, r, now);
         /* A leader gives up on missing members at half the join timeout, so
          * the members that did say READY still hear START in time. */
         if (!all && now < r->start_ns + (uint64_t)r->join_ms * MS / 2)

@@ -63,6 +63,43 @@ int dataset_load_dir(const char *dir, const char *split, int n_classes, Dataset 
         return dataset_load(images, labels, n_classes, ret, d);
 }
 
+int dataset_probe_dir(const char *dir, const char *split, DatasetShape *ret, Diag *d) {
+        _cleanup_(idx_freep) IdxArray *lab = NULL;
+        char images[4096], labels[4096];
+        IdxArray img;
+        int r;
+
+        idx_path(images, sizeof images, dir, split, "images-idx3-ubyte");
+        idx_path(labels, sizeof labels, dir, split, "labels-idx1-ubyte");
+        if ((r = idx_read_header(images, 3, &img, d)) < 0 || (r = idx_load(labels, 1, &lab, d)) < 0)
+                return r;
+        if (img.dims[0] != lab->dims[0])
+                return diag_set(d, -EINVAL, "%s holds %u images but %s holds %u labels", images, img.dims[0],
+                                labels, lab->dims[0]);
+        DatasetShape s = { .n = img.dims[0], .c = 1, .h = (int)img.dims[1], .w = (int)img.dims[2] };
+        for (size_t i = 0; i < lab->n; i++)
+                s.max_label = MAX(s.max_label, (int)lab->data[i]);
+        *ret = s;
+        return 0;
+}
+
+DatasetShape dataset_shape(const Dataset *ds) {
+        int max_label = 0;
+        for (size_t i = 0; i < ds->n; i++)
+                max_label = MAX(max_label, (int)ds->labels[i]);
+        return (DatasetShape){ .n = ds->n, .c = ds->c, .h = ds->h, .w = ds->w, .max_label = max_label };
+}
+
+int dataset_check_fit(const DatasetShape *s, int c, int h, int w, int classes, Diag *d) {
+        if (s->c != c || s->h != h || s->w != w)
+                return diag_set(d, -EINVAL, "the model takes (%d,%d,%d) but the dataset has (%d,%d,%d)", c, h, w,
+                                s->c, s->h, s->w);
+        if (s->max_label >= classes)
+                return diag_set(d, -EINVAL, "the model has %d classes but the dataset has label %d", classes,
+                                s->max_label);
+        return 0;
+}
+
 Dataset *dataset_free(Dataset *ds) {
         if (!ds)
                 return NULL;

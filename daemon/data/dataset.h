@@ -39,6 +39,32 @@ int dataset_load_dir(const char *dir, const char *split, int n_classes, Dataset 
 Dataset *dataset_free(Dataset *ds);
 DEFINE_TRIVIAL_CLEANUP_FUNC(Dataset *, dataset_free);
 
+/* What a dataset's files hold: every mode that trains on a dataset (alone,
+ * a pipeline stage, a member, a plan's stage) and every check of a job
+ * (ravnestd --check-job, ravnestctl job, ravnestctl swarm) holds a model
+ * against the data through dataset_check_fit(), from the loaded data or
+ * from the files' headers (dataset_probe_dir()).
+ *
+ *     DatasetShape s;
+ *     r = dataset_probe_dir(dir, "train", &s, &d);      // headers and labels only
+ *     r = dataset_check_fit(&s, 1, 28, 28, 10, &d);     // model input (C,H,W), classes
+ */
+typedef struct DatasetShape {
+        size_t n;      /* samples */
+        int c, h, w;   /* per sample */
+        int max_label; /* the largest label in the labels file */
+} DatasetShape;
+
+/* The shape of "<split>-images-idx3-ubyte[.gz]" from its header, and the
+ * labels of "<split>-labels-idx1-ubyte[.gz]" (read whole: one byte a
+ * sample), with the counts checked against each other. */
+int dataset_probe_dir(const char *dir, const char *split, DatasetShape *ret, Diag *d);
+DatasetShape dataset_shape(const Dataset *ds);
+/* -EINVAL with the reason in d unless samples of shape (c,h,w) with labels
+ * below classes fit: the model's input is exactly the data's sample, and
+ * every label is one of the model's classes. */
+int dataset_check_fit(const DatasetShape *s, int c, int h, int w, int classes, Diag *d);
+
 /* x = (byte / 255 - mean) / std. The default is mean 0, std 1. */
 void dataset_set_normalization(Dataset *ds, float mean, float std);
 

@@ -30,9 +30,9 @@ static int gz_read_full(gzFile f, void *buf, size_t n) {
         return 1;
 }
 
-int idx_load(const char *path, int want_ndim, IdxArray **ret, Diag *d) {
+/* Open path and read its header into a (dims and n; no data yet). */
+static int open_header(const char *path, int want_ndim, gzFile *ret_f, IdxArray *a, Diag *d) {
         _cleanup_(gzclosep) gzFile f = NULL;
-        _cleanup_(idx_freep) IdxArray *a = NULL;
         uint8_t header[4], dimbuf[4 * IDX_MAX_DIMS];
         int r;
 
@@ -55,10 +55,6 @@ int idx_load(const char *path, int want_ndim, IdxArray **ret, Diag *d) {
         if (header[3] != want_ndim || want_ndim < 1 || want_ndim > IDX_MAX_DIMS)
                 return diag_set(d, -EINVAL, "%s: has %u dimensions, expected %d", path, header[3],
                                 want_ndim);
-
-        a = calloc(1, sizeof *a);
-        if (!a)
-                return -ENOMEM;
         a->ndim = want_ndim;
 
         r = gz_read_full(f, dimbuf, 4 * (size_t)want_ndim);
@@ -77,6 +73,31 @@ int idx_load(const char *path, int want_ndim, IdxArray **ret, Diag *d) {
                         return diag_set(d, -EINVAL, "%s: dimensions claim more than %zu elements",
                                         path, IDX_MAX_ELEMENTS);
         }
+        *ret_f = TAKE_PTR(f);
+        return 0;
+}
+
+int idx_read_header(const char *path, int want_ndim, IdxArray *ret, Diag *d) {
+        _cleanup_(gzclosep) gzFile f = NULL;
+        IdxArray a = {};
+        int r = open_header(path, want_ndim, &f, &a, d);
+        if (r < 0)
+                return r;
+        *ret = a;
+        return 0;
+}
+
+int idx_load(const char *path, int want_ndim, IdxArray **ret, Diag *d) {
+        _cleanup_(gzclosep) gzFile f = NULL;
+        _cleanup_(idx_freep) IdxArray *a = NULL;
+        int r;
+
+        a = calloc(1, sizeof *a);
+        if (!a)
+                return -ENOMEM;
+        r = open_header(path, want_ndim, &f, a, d);
+        if (r < 0)
+                return r;
 
         a->data = malloc(a->n);
         if (!a->data)

@@ -12,6 +12,7 @@
 
 #include "nn/loss.h"
 #include "pipe.h"
+#include "trainer.h"
 #include "tensor/ops.h"
 #include "util/time-util.h"
 
@@ -171,6 +172,9 @@ int pipe_new(const PipeConfig *c, const Ops *ops, Pipe **ret, Diag *d) {
         p->prev = p->next = -1;
         if (p->first && (!c->train || c->epochs < 1))
                 return diag_set(d, -EINVAL, "the first stage needs the training set and epochs");
+        if ((c->train && (r = model_check_data(c->model, c->train, d)) < 0) ||
+            (c->test && (r = model_check_data(c->model, c->test, d)) < 0))
+                return r;
 
         r = stage_new(c->model, c->lo, c->hi, c->seed, &p->s, d);
         if (r < 0)

@@ -6,6 +6,15 @@
 #include "nn/loss.h"
 #include "util/time-util.h"
 
+int model_check_data_shape(const ModelSpec *model, const DatasetShape *s, Diag *d) {
+        return dataset_check_fit(s, model->input.c, model->input.h, model->input.w, model->n_classes, d);
+}
+
+int model_check_data(const ModelSpec *model, const Dataset *ds, Diag *d) {
+        DatasetShape s = dataset_shape(ds);
+        return model_check_data_shape(model, &s, d);
+}
+
 int trainer_new(const ModelSpec *model, const OptimSpec *optim, const TrainSpec *spec,
                 const Dataset *train, const Dataset *test, const Ops *ops, Trainer **ret, Diag *d) {
         _cleanup_(trainer_freep) Trainer *t = NULL;
@@ -13,13 +22,8 @@ int trainer_new(const ModelSpec *model, const OptimSpec *optim, const TrainSpec 
 
         if (spec->batch_size <= 0 || spec->epochs < 0)
                 return diag_set(d, -EINVAL, "batch size and epochs must be positive");
-        if (train->c != model->input.c || train->h != model->input.h || train->w != model->input.w)
-                return diag_set(d, -EINVAL, "the model takes (%d,%d,%d) but the dataset has (%d,%d,%d)",
-                                model->input.c, model->input.h, model->input.w, train->c, train->h,
-                                train->w);
-        if (train->n_classes != model->n_classes)
-                return diag_set(d, -EINVAL, "the model has %d classes but the dataset %d",
-                                model->n_classes, train->n_classes);
+        if ((r = model_check_data(model, train, d)) < 0 || (test && (r = model_check_data(model, test, d)) < 0))
+                return r;
 
         t = calloc(1, sizeof *t);
         if (!t)

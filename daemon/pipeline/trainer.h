@@ -59,6 +59,12 @@ typedef struct Trainer {
         size_t start_step;
 } Trainer;
 
+/* Whether a model can train on a dataset (dataset_check_fit(): the input
+ * shape, the classes), from the data loaded or from its files' headers.
+ * Every mode goes through these before it trains. */
+int model_check_data_shape(const ModelSpec *model, const DatasetShape *s, Diag *d);
+int model_check_data(const ModelSpec *model, const Dataset *ds, Diag *d);
+
 int trainer_new(const ModelSpec *model, const OptimSpec *optim, const TrainSpec *spec,
                 const Dataset *train, const Dataset *test, const Ops *ops, Trainer **ret, Diag *d);
 Trainer *trainer_free(Trainer *t);

@@ -86,6 +86,9 @@ int averaging_start(Averaging *a, const Config *c, const Identity *id, size_t n_
         a->n_members = (unsigned)ca->n_members;
         a->join_timeout_ms = ca->join_timeout_ms;
         a->round_timeout_ms = ca->round_timeout_ms;
+        a->ring_size = ca->method == CONFIG_AVERAGING_MOSHPIT ? ca->grid_side : a->n_members;
+        for (unsigned i = 0; rings && i < n_rings; i++)
+                a->ring_size = MIN(a->ring_size, rings[i].n);
         a->active = true;
         if (ca->interval_steps)
                 log_info("Averaging with %u members (%s%s), member %u, every %u steps, listening on %s:%u",
@@ -139,11 +142,13 @@ void averaging_stop(Averaging *a) {
         a->active = false;
 }
 
-void averaging_final(Averaging *a, float *params, void (*poll)(void *ud), void *ud) {
+int averaging_final(Averaging *a, float *params, void (*poll)(void *ud), void *ud) {
         if (!a->active)
-                return;
+                return 0;
         /* everyone comes to this round when their training ends: wait for
          * the others as long as a round may take */
+        AveragerStats before, s;
+        averager_get_stats(a->av, &before);
         uint64_t ticket = averager_request(a->av, a->round_timeout_ms);
         uint64_t deadline = now_ns() + (uint64_t)2 * a->round_timeout_ms * 1000000ull + 1000000000ull;
         while (averager_done_ticket(a->av) < ticket && now_ns() < deadline) {
@@ -151,6 +156,17 @@ void averaging_final(Averaging *a, float *params, void (*poll)(void *ud), void *
                 if (poll)
                         poll(ud);
         }
-        if (averager_done_ticket(a->av) < ticket)
+        if (averager_done_ticket(a->av) < ticket) {
                 log_warning("The last averaging round did not finish in time: this replica is evaluated as it is");
+                return -ETIMEDOUT;
+        }
+        averager_get_stats(a->av, &s);
+        bool done = s.rounds_done > before.rounds_done && s.rounds_failed == before.rounds_failed;
+        if (!done || s.last_participants < a->ring_size) {
+                log_warning("The last averaging round included %u of %u members: this replica is evaluated "
+                            "without the others' last updates", done ? s.last_participants : 1, a->ring_size);
+                return -EUCLEAN;
+        }
+        log_info("The last averaging round included all %u members", a->ring_size);
+        return 0;
 }

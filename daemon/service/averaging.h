@@ -20,6 +20,7 @@ typedef struct Averaging {
         AveragerStats seen;         /* as of the last averaging_step() */
         uint64_t logged_ns, logged_rounds; /* the last round that had a log line */
         unsigned join_timeout_ms, round_timeout_ms;
+        unsigned ring_size;         /* members of this node's smallest ring: a complete round */
         bool active;
 } Averaging;
 
@@ -41,5 +42,9 @@ void averaging_step(Averaging *a, float *params, uint64_t samples);
 void averaging_stop(Averaging *a);
 /* One more round now, with the others doing the same, and its delta added
  * to params: the replicas leave training as one averaged model. poll runs
- * the caller's links meanwhile. Gives up after the join and round timeouts. */
-void averaging_final(Averaging *a, float *params, void (*poll)(void *ud), void *ud);
+ * the caller's links meanwhile. The round waits for every member of the
+ * rings for half the round timeout, then goes on with those there; the
+ * whole call gives up after twice the round timeout. Returns 0 when every
+ * member took part, -EUCLEAN when the round went on without some (logged
+ * either way: "The last averaging round included all ..." or a warning). */
+int averaging_final(Averaging *a, float *params, void (*poll)(void *ud), void *ud);

@@ -28,6 +28,7 @@ void config_defaults(Config *c) {
                         .micro_batch = 32,
                         .staleness = 4,
                         .update_frequency = 1,
+                        .neighbour_timeout_s = 600,
                 },
                 .membership = {
                         .probe_ms = 300,
@@ -557,11 +558,12 @@ static int parse_cluster(const config_setting_t *e, ConfigCluster *k, Diag *d) {
 
 static int parse_pipeline(const config_setting_t *root, Config *c, Diag *d) {
         static const char *const keys[] = {
-                "micro_batch", "staleness", "update_frequency", "schedule", "listen", "clusters", NULL,
+                "micro_batch", "staleness", "update_frequency", "schedule", "neighbour_timeout", "listen", "clusters",
+                NULL,
         };
         ConfigPipeline *p = &c->pipeline;
         config_setting_t *g, *s, *clusters;
-        long long mb, tau, uf;
+        long long mb, tau, uf, lost;
         int sched = 0, r;
 
         if ((r = conf_get_group(root, "pipeline", false, false, &g, d)) < 0 || !g)
@@ -570,6 +572,7 @@ static int parse_pipeline(const config_setting_t *root, Config *c, Diag *d) {
             (r = conf_get_int(g, "micro_batch", false, 1, 65536, p->micro_batch, &mb, d)) < 0 ||
             (r = conf_get_int(g, "staleness", false, 1, 1024, p->staleness, &tau, d)) < 0 ||
             (r = conf_get_int(g, "update_frequency", false, 1, 1024, p->update_frequency, &uf, d)) < 0 ||
+            (r = conf_get_int(g, "neighbour_timeout", false, 0, 7 * 86400, p->neighbour_timeout_s, &lost, d)) < 0 ||
             (r = get_choice(g, "schedule", schedule_names, &sched, d)) < 0 ||
             (r = conf_get_group(g, "clusters", !c->membership.enabled, true, &clusters, d)) < 0)
                 return r;
@@ -579,6 +582,7 @@ static int parse_pipeline(const config_setting_t *root, Config *c, Diag *d) {
         p->micro_batch = (int)mb;
         p->staleness = (int)tau;
         p->update_frequency = (int)uf;
+        p->neighbour_timeout_s = (unsigned)lost;
         p->synchronous = sched == 1;
         s = member(g, "listen");
         if (!s)

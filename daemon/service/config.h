@@ -93,6 +93,7 @@ typedef struct ConfigPipeline {
         bool enabled;
         int micro_batch, staleness, update_frequency;
         bool synchronous;
+        unsigned neighbour_timeout_s; /* a stage gives up on a neighbour gone (or not come) this long; 0: never */
         ConfigAddress listen;
         ConfigCluster *clusters;
         unsigned n_clusters;

@@ -420,6 +420,16 @@ static int start_worker(Daemon *d) {
         r = job_load(job_path, &d->job, &diag);
         if (r < 0)
                 return log_error_errno(r == -ENOENT ? -EINVAL : r, "Invalid job: %s", diag.text);
+        /* every mode that trains checks its model against its data here,
+         * before any link or thread exists (a coordinator alone trains nothing) */
+        if (!d->config.membership.enabled || d->config.membership.train) {
+                r = job_check_data(&d->job, d->options.run.data_dir, &diag);
+                if (r == -ENOENT)
+                        log_error("Dataset %s not found (install Debian's dataset-fashion-mnist, or set dataset.path "
+                                  "in %s or --data-dir)", d->job.data.name, d->job.path);
+                if (r < 0) /* -EINVAL (it does not fit): a configuration error */
+                        return log_error_errno(r, "Invalid job: %s", diag.text);
+        }
         /* the identity and the checkpoints live there */
         if (mkdir(d->config.state_directory, 0700) < 0 && errno != EEXIST)
                 return log_error_errno(-errno, "Failed to create %s: %m", d->config.state_directory);

@@ -214,3 +214,19 @@ int job_load(const char *path, Job *ret, Diag *d) {
         *ret = j;
         return 0;
 }
+
+int job_check_data(const Job *job, const char *dir, Diag *d) {
+        static const char *const splits[] = { "train", "t10k" };
+        DatasetShape s;
+        Diag why = {};
+        int r;
+
+        dir = dir ?: job->data.path;
+        for (size_t i = 0; i < ELEMENTSOF(splits); i++) {
+                if ((r = dataset_probe_dir(dir, splits[i], &s, d)) < 0)
+                        return r;
+                if ((r = model_check_data_shape(&job->model, &s, &why)) < 0)
+                        return diag_set(d, r, "%s: %s in %s (%s split)", job->path, why.text, dir, splits[i]);
+        }
+        return 0;
+}

@@ -32,3 +32,8 @@ typedef struct Job {
 } Job;
 
 int job_load(const char *path, Job *ret, Diag *d);
+/* Whether the job's model fits its data in dir (NULL: the job's dataset.path):
+ * both splits' files, from their headers and labels, through the same
+ * check every training mode makes (model_check_data_shape()). -ENOENT when
+ * a file is not there; d names the file and what does not fit. */
+int job_check_data(const Job *job, const char *dir, Diag *d);

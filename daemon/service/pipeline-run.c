@@ -31,6 +31,7 @@ typedef struct Run {
         uint64_t lost_told;          /* micro-batches lost with broken links, as logged */
         bool prev_paused, next_paused;
         bool prev_quiesced;           /* the stages before finished their micro-batches */
+        uint64_t missing_since_ns;    /* a neighbour has been gone (or not come) since; 0: both there */
         const LocalRunOptions *o;    /* its poll runs during the last averaging round too */
 } Run;
 
@@ -170,6 +171,27 @@ static double busy_while_training(const PipeStats *st, char *why, size_t len) {
         snprintf(why, len, "computing %.0f%%, moving tensors %.0f%%, waiting %.0f%%", compute,
                  MAX(100 - compute - wait, 0.0), wait);
         return 100 - wait;
+}
+
+/* A neighbour gone, or not yet come, for longer than
+ * pipeline.neighbour_timeout: the stage gives up (it could only wait). */
+static bool neighbour_gone_too_long(Run *r, unsigned timeout_s) {
+        bool prev_gone = r->prev && r->prev_peer < 0, next_gone = r->next && r->next_peer < 0;
+        uint64_t now = now_ns();
+        if ((!prev_gone && !next_gone) || timeout_s == 0) {
+                r->missing_since_ns = 0;
+                return false;
+        }
+        if (!r->missing_since_ns)
+                r->missing_since_ns = now;
+        if (now - r->missing_since_ns < (uint64_t)timeout_s * NSEC_PER_SEC)
+                return false;
+        const ConfigMember *m = prev_gone ? r->prev : r->next;
+        char hex[IDENTITY_HEX_SIZE];
+        identity_to_hex(m->id, hex);
+        log_error("Gave up on the %s stage %.16s… (%s:%u): not connected for %u s (pipeline.neighbour_timeout)",
+                  prev_gone ? "previous" : "next", hex, m->address.host, m->address.port, timeout_s);
+        return true;
 }
 
 /* The stage dials the next one, again and again until it answers. */
@@ -469,6 +491,10 @@ int pipeline_run(const Config *c, const Job *job, const Identity *id, const Loca
                         }
                 }
                 dial_next(&run);
+                if (neighbour_gone_too_long(&run, p->neighbour_timeout_s)) {
+                        r = -ETIMEDOUT;
+                        break;
+                }
                 if (o->control) { /* pause, stop and checkpoints */
                         r = control_gate(o->control, serve_paused, &run);
                         if (run.told_paused) {

@@ -1,6 +1,7 @@
 /* service/swarm.c */
 #include "swarm.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <netinet/in.h>
@@ -38,12 +39,27 @@ typedef struct SwarmNode {
         size_t len;
         bool last_stage;
         unsigned cluster;
-        bool done;
-        double busy;     /* from its last line, percent; < 0 unknown */
-        double rate;     /* last stage: samples/s */
-        long rss_kib;    /* peak, from wait4() */
-        unsigned rounds; /* averaging rounds, from the last round line */
+        bool done;               /* exited for good */
+        int status;              /* its last exit, as wait4() gave it */
+        unsigned restarts;
+        uint64_t restart_ns;     /* when to start it again; 0: not waiting to */
+        double busy;             /* from its last line, percent; < 0 unknown */
+        double rate;             /* last stage: samples/s */
+        long rss_kib;            /* peak, from wait4() */
+        unsigned rounds;         /* averaging rounds, from the last round line */
+        int last_round;          /* its last averaging round: 1 with every member, 0 without, -1 no line */
 } SwarmNode;
+
+typedef struct Swarm {
+        const SwarmOptions *o;
+        Job job;
+        int bounds[MAX_NODES + 1];
+        char dir[256];
+        SwarmNode nodes[MAX_NODES];
+        unsigned n;
+        SwarmResult res;
+        bool stopping;
+} Swarm;
 
 /* Bind a loopback socket to port (0: any) and close it: the port bound,
  * or 0 if it was taken. */
@@ -119,18 +135,23 @@ static void print_line(SwarmNode *n, const char *line, SwarmResult *res) {
         const char *text = line;
         if (text[0] == '<' && text[1] && text[2] == '>')
                 text += 3; /* the sd-daemon priority */
+        bool finished = strstr(text, "Finished") != NULL;
         const char *acc = strstr(text, "test accuracy ");
-        if (acc && strstr(text, "Finished"))
+        if (acc && finished)
                 res->accuracy[n->cluster] = strtod(acc + 14, NULL);
         const char *busy = strstr(text, "busy ");
-        if (busy && strstr(text, "Finished"))
+        if (busy && finished)
                 n->busy = strtod(busy + 5, NULL);
         const char *rate = acc ? strstr(acc, "), ") : NULL;
-        if (rate && strstr(text, "Finished"))
+        if (rate && finished)
                 n->rate = strtod(rate + 3, NULL);
         const char *round = strstr(text, "Averaging round ");
         if (round && strstr(text, "done")) /* rounds are numbered: not every one has a line */
                 n->rounds = MAX(n->rounds, (unsigned)strtoul(round + 16, NULL, 10));
+        if (strstr(text, "The last averaging round included all "))
+                n->last_round = 1;
+        else if (strstr(text, "The last averaging round "))
+                n->last_round = 0;
         printf("%-6s %s\n", n->name, text);
         fflush(stdout);
 }
@@ -163,268 +184,416 @@ static void drain(SwarmNode *n, SwarmResult *res) {
         }
 }
 
-int swarm_run(const SwarmOptions *o, const volatile sig_atomic_t *stop, SwarmResult *ret) {
-        unsigned n = o->clusters * o->stages;
-        SwarmNode nodes[MAX_NODES] = {};
-        char dir[256], path[512];
-        int bounds[MAX_NODES + 1], r;
-        Job job;
+/* The job, checked against its data as every node will check it, and its
+ * cut into stages. */
+static int swarm_plan(Swarm *s) {
+        const SwarmOptions *o = s->o;
         Diag d = {};
+        int r;
 
-        if (o->clusters < 1 || o->stages < 1 || n > MAX_NODES)
+        s->n = o->clusters * o->stages;
+        if (o->clusters < 1 || o->stages < 1 || s->n > MAX_NODES)
                 return log_error_errno(-EINVAL, "A swarm has 1 to %d nodes (clusters x stages)", MAX_NODES);
-        r = job_load(o->job, &job, &d);
-        if (r < 0)
-                return log_error_errno(r, "Invalid job: %s", d.text);
-        if ((int)o->stages > job.model.n_layers)
-                return log_error_errno(-EINVAL, "%s has %d layers: at most that many stages", job.name,
-                                       job.model.n_layers);
-        if ((r = plan_cut(&job, o->stages, bounds)) < 0)
-                return r;
+        if ((r = job_load(o->job, &s->job, &d)) < 0 || (r = job_check_data(&s->job, o->data_dir, &d)) < 0)
+                return log_error_errno(r == -ENOENT ? r : -EINVAL, "Invalid job: %s", d.text);
+        if ((int)o->stages > s->job.model.n_layers)
+                return log_error_errno(-EINVAL, "%s has %d layers: at most that many stages", s->job.name,
+                                       s->job.model.n_layers);
+        return plan_cut(&s->job, o->stages, s->bounds);
+}
 
-        if (o->dir) {
-                snprintf(dir, sizeof dir, "%s", o->dir);
-                if (mkdir(dir, 0700) < 0 && errno != EEXIST)
-                        return log_error_errno(-errno, "Failed to create %s: %m", dir);
-        } else {
-                snprintf(dir, sizeof dir, "/tmp/ravnest-swarm-XXXXXX");
-                if (!mkdtemp(dir))
-                        return log_error_errno(-errno, "Failed to create a directory in /tmp: %m");
+static int make_dir(Swarm *s) {
+        if (s->o->dir) {
+                snprintf(s->dir, sizeof s->dir, "%s", s->o->dir);
+                if (mkdir(s->dir, 0700) < 0 && errno != EEXIST)
+                        return log_error_errno(-errno, "Failed to create %s: %m", s->dir);
+                return 0;
         }
+        snprintf(s->dir, sizeof s->dir, "/tmp/ravnest-swarm-XXXXXX");
+        if (!mkdtemp(s->dir))
+                return log_error_errno(-errno, "Failed to create a directory in /tmp: %m");
+        return 0;
+}
 
-        /* the network secret, then each node's key and ports */
+/* A directory kept from an earlier swarm (--dir) holds its checkpoints: a
+ * new swarm starts afresh unless told to resume. */
+static void clear_checkpoints(const char *state_dir) {
+        DIR *dir = opendir(state_dir);
+        struct dirent *e;
+        if (!dir)
+                return;
+        while ((e = readdir(dir))) {
+                size_t len = strlen(e->d_name);
+                if (len > 5 && strcmp(e->d_name + len - 5, ".ckpt") == 0)
+                        (void)unlinkat(dirfd(dir), e->d_name, 0);
+        }
+        closedir(dir);
+}
+
+/* The network secret, then each node's key and ports. */
+static int make_nodes(Swarm *s) {
         uint8_t secret[HANDSHAKE_SECRET_SIZE];
-        char hex[2 * HANDSHAKE_SECRET_SIZE + 2];
+        char hex[2 * HANDSHAKE_SECRET_SIZE + 2], path[512];
+        Diag d = {};
+        int r;
+
         randombytes_buf(secret, sizeof secret);
         for (size_t i = 0; i < sizeof secret; i++)
                 snprintf(hex + 2 * i, 3, "%02x", secret[i]);
         strcat(hex, "\n");
-        snprintf(path, sizeof path, "%s/secret", dir);
+        snprintf(path, sizeof path, "%s/secret", s->dir);
         if ((r = write_file(path, hex, 0600)) < 0)
                 return log_error_errno(r, "Failed to write %s: %m", path);
-        for (unsigned i = 0; i < n; i++) {
-                SwarmNode *nd = &nodes[i];
+        for (unsigned i = 0; i < s->n; i++) {
+                SwarmNode *nd = &s->nodes[i];
                 Identity id;
-                nd->busy = -1;
                 bool created;
-                nd->cluster = i / o->stages;
-                nd->last_stage = i % o->stages == o->stages - 1;
-                snprintf(nd->name, sizeof nd->name, "c%us%u", nd->cluster + 1, i % o->stages + 1);
-                snprintf(path, sizeof path, "%s/%.15s", dir, nd->name);
-                mkdir(path, 0700);
-                snprintf(path, sizeof path, "%s/%.15s/identity", dir, nd->name);
+                *nd = (SwarmNode){ .busy = -1, .out = -1, .last_round = -1, .cluster = i / s->o->stages,
+                                   .last_stage = i % s->o->stages == s->o->stages - 1 };
+                snprintf(nd->name, sizeof nd->name, "c%us%u", nd->cluster + 1, i % s->o->stages + 1);
+                snprintf(path, sizeof path, "%s/%.15s", s->dir, nd->name);
+                (void)mkdir(path, 0700);
+                if (!s->o->resume)
+                        clear_checkpoints(path);
+                snprintf(path, sizeof path, "%s/%.15s/identity", s->dir, nd->name);
                 if ((r = identity_load_or_create(path, &id, &created, &d)) < 0)
                         return log_error_errno(r, "Failed to create a key: %s", d.text);
                 identity_to_hex(id.pk, nd->hex);
                 identity_clear(&id);
-                nd->pipe_port = free_port(nodes, i);
-                nd->avg_port = free_port(nodes, i + 1);
-                nd->out = -1;
+                nd->pipe_port = free_port(s->nodes, i);
+                nd->avg_port = free_port(s->nodes, i + 1);
                 if (!nd->pipe_port || !nd->avg_port)
                         return log_error_errno(-EADDRNOTAVAIL, "No free port on loopback");
         }
+        return 0;
+}
 
-        /* as many samples per update as the job's batch, by default */
-        int uf = o->update_frequency > 0 ? o->update_frequency : MAX(job.train.batch_size / o->micro_batch, 1);
-
-        /* one configuration per node: the same plan everywhere */
-        size_t cap = 4096 + (size_t)n * 512;
-        char *conf = malloc(cap), *plan = malloc(cap), *members = malloc(cap);
-        if (!conf || !plan || !members) {
-                free(conf);
-                free(plan);
-                free(members);
-                return log_error_errno(-ENOMEM, "Out of memory");
-        }
+/* The plan every node's configuration holds: its clusters' nodes and cuts,
+ * and the averaging members. */
+static void format_plan(const Swarm *s, char *plan, char *members, size_t cap) {
+        const SwarmOptions *o = s->o;
         size_t k = 0;
         for (unsigned c = 0; c < o->clusters; c++) {
                 k += (size_t)snprintf(plan + k, cap - k, "    { nodes = [");
-                for (unsigned s = 0; s < o->stages; s++) {
-                        SwarmNode *nd = &nodes[c * o->stages + s];
-                        k += (size_t)snprintf(plan + k, cap - k, "%s\"%s@127.0.0.1:%u\"", s ? ", " : " ", nd->hex,
+                for (unsigned st = 0; st < o->stages; st++) {
+                        const SwarmNode *nd = &s->nodes[c * o->stages + st];
+                        k += (size_t)snprintf(plan + k, cap - k, "%s\"%s@127.0.0.1:%u\"", st ? ", " : " ", nd->hex,
                                               nd->pipe_port);
                 }
                 k += (size_t)snprintf(plan + k, cap - k, " ];\n      stages = [");
-                for (unsigned s = 0; s <= o->stages; s++)
-                        k += (size_t)snprintf(plan + k, cap - k, "%s%d", s ? ", " : " ", bounds[s]);
+                for (unsigned st = 0; st <= o->stages; st++)
+                        k += (size_t)snprintf(plan + k, cap - k, "%s%d", st ? ", " : " ", s->bounds[st]);
                 k += (size_t)snprintf(plan + k, cap - k, " ]; }%s\n", c + 1 < o->clusters ? "," : "");
         }
         k = 0;
-        for (unsigned i = 0; i < n; i++)
+        for (unsigned i = 0; i < s->n; i++)
                 k += (size_t)snprintf(members + k, cap - k, "%s\"%s@127.0.0.1:%u\"", i ? ",\n    " : "    ",
-                                      nodes[i].hex, nodes[i].avg_port);
-        for (unsigned i = 0; i < n; i++) {
-                SwarmNode *nd = &nodes[i];
-                snprintf(conf, cap,
-                         "# generated by ravnestctl swarm: node %.15s\n"
-                         "state_directory = \"%s/%.15s\";\n"
-                         "threads = 1;\n"
-                         "control_socket = \"%s/%.15s.sock\";\n"
-                         "idle = { enabled = false; };  # the swarm's nodes keep each other busy\n"
-                         "checkpoint = { interval = 0; load = false; };  # every swarm starts afresh\n"
-                         "network = { secret_file = \"%s/secret\"; };\n"
-                         "pipeline = {\n"
-                         "  micro_batch = %d;\n  staleness = %d;\n  update_frequency = %d;\n  schedule = \"%s\";\n"
-                         "  listen = \"127.0.0.1:%u\";\n"
-                         "  clusters = (\n%s  );\n"
-                         "};\n",
-                         nd->name, dir, nd->name, dir, nd->name, dir, o->micro_batch, o->staleness, uf,
-                         o->synchronous ? "sync" : "async", nd->pipe_port, plan);
-                if (o->clusters > 1) { /* one cluster has nothing to average with */
-                        size_t used = strlen(conf);
-                        snprintf(conf + used, cap - used,
-                                 "averaging = {\n"
-                                 "  interval = %.3f;\n"
-                                 "  listen = \"127.0.0.1:%u\";\n"
-                                 "  members = [\n%s\n  ];\n"
-                                 "};\n",
-                                 o->interval, nd->avg_port, members);
-                }
-                snprintf(path, sizeof path, "%s/%.15s.conf", dir, nd->name);
-                if ((r = write_file(path, conf, 0644)) < 0)
-                        break;
-        }
-        free(conf);
-        free(plan);
-        free(members);
-        if (r < 0)
-                return log_error_errno(r, "Failed to write %s: %m", path);
+                                      s->nodes[i].hex, s->nodes[i].avg_port);
+}
 
+/* Micro-batches per update: as many samples as the job's batch, by default. */
+static int update_frequency(const Swarm *s) {
+        const SwarmOptions *o = s->o;
+        return o->update_frequency > 0 ? o->update_frequency : MAX(s->job.train.batch_size / o->micro_batch, 1);
+}
+
+/* One configuration per node, the same plan in each. Checkpoints on a
+ * cadence, loaded at start: a node that is restarted goes on from its own. */
+static int write_config(const Swarm *s, const SwarmNode *nd, const char *plan, const char *members, char *conf,
+                        size_t cap) {
+        const SwarmOptions *o = s->o;
+        const char *dir = s->dir;
+        char path[512];
+        int r;
+
+        snprintf(conf, cap,
+                 "# generated by ravnestctl swarm: node %.15s\n"
+                 "state_directory = \"%s/%.15s\";\n"
+                 "threads = 1;\n"
+                 "control_socket = \"%s/%.15s.sock\";\n"
+                 "idle = { enabled = false; };  # the swarm's nodes keep each other busy\n"
+                 "checkpoint = { interval = %u; load = true; };  # a restarted node goes on from its own\n"
+                 "network = { secret_file = \"%s/secret\"; };\n"
+                 "pipeline = {\n"
+                 "  micro_batch = %d;\n  staleness = %d;\n  update_frequency = %d;\n  schedule = \"%s\";\n"
+                 "  neighbour_timeout = %u;\n"
+                 "  listen = \"127.0.0.1:%u\";\n"
+                 "  clusters = (\n%s  );\n"
+                 "};\n",
+                 nd->name, dir, nd->name, dir, nd->name, o->checkpoint_interval_s, dir, o->micro_batch, o->staleness, update_frequency(s),
+                 o->synchronous ? "sync" : "async", o->neighbour_timeout_s, nd->pipe_port, plan);
+        if (o->clusters > 1) { /* one cluster has nothing to average with */
+                size_t used = strlen(conf);
+                snprintf(conf + used, cap - used,
+                         "averaging = {\n"
+                         "  interval = %g;\n"
+                         "  listen = \"127.0.0.1:%u\";\n"
+                         "  members = [\n%s\n  ];\n"
+                         "};\n",
+                         o->interval, nd->avg_port, members);
+        }
+        snprintf(path, sizeof path, "%s/%.15s.conf", dir, nd->name);
+        if ((r = write_file(path, conf, 0644)) < 0)
+                return log_error_errno(r, "Failed to write %s: %m", path);
+        return 0;
+}
+
+static int write_configs(const Swarm *s) {
+        size_t cap = 4096 + (size_t)s->n * 512;
+        _cleanup_(freep) char *conf = malloc(cap), *plan = malloc(cap), *members = malloc(cap);
+        int r;
+
+        if (!conf || !plan || !members)
+                return log_error_errno(-ENOMEM, "Out of memory");
+        format_plan(s, plan, members, cap);
+        for (unsigned i = 0; i < s->n; i++)
+                if ((r = write_config(s, &s->nodes[i], plan, members, conf, cap)) < 0)
+                        return r;
+        return 0;
+}
+
+static void print_plan(const Swarm *s) {
+        const SwarmOptions *o = s->o;
         printf("swarm: %u clusters x %u stages of %s in %s; micro-batch %d, %s, %d micro-batches per update; "
-               "layers per stage:", o->clusters, o->stages, job.name, dir, o->micro_batch,
-               o->synchronous ? "synchronous" : "asynchronous", o->synchronous ? o->staleness : uf);
-        for (unsigned s = 0; s < o->stages; s++)
-                printf(" %d-%d", bounds[s], bounds[s + 1] - 1);
+               "layers per stage:", o->clusters, o->stages, s->job.name, s->dir, o->micro_batch,
+               o->synchronous ? "synchronous" : "asynchronous", o->synchronous ? o->staleness : update_frequency(s));
+        for (unsigned st = 0; st < o->stages; st++)
+                printf(" %d-%d", s->bounds[st], s->bounds[st + 1] - 1);
         printf("\n");
         fflush(stdout);
+}
 
-        /* start the nodes, last stages first so the links find them listening */
-        for (unsigned j = 0; j < n; j++) {
-                unsigned i = n - 1 - j;
-                SwarmNode *nd = &nodes[i];
-                int fds[2];
-                char conf_path[512], epochs[16], progress[16];
-                if (pipe2(fds, O_CLOEXEC) < 0)
-                        return log_error_errno(-errno, "pipe: %m");
-                snprintf(conf_path, sizeof conf_path, "%s/%.15s.conf", dir, nd->name);
-                snprintf(epochs, sizeof epochs, "%d", o->epochs);
-                snprintf(progress, sizeof progress, "%u", o->progress_ms);
-                nd->pid = fork();
-                if (nd->pid < 0)
-                        return log_error_errno(-errno, "fork: %m");
-                if (nd->pid == 0) {
-                        if (o->pin) {
-                                cpu_set_t set;
-                                long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
-                                CPU_ZERO(&set);
-                                CPU_SET((int)(i % (unsigned)MAX(ncpu, 1L)), &set);
-                                sched_setaffinity(0, sizeof set, &set);
-                        }
-                        dup2(fds[1], STDERR_FILENO);
-                        prctl(PR_SET_PDEATHSIG, SIGTERM);
-                        char *argv[16] = { (char *)o->ravnestd, "--config", conf_path, "--job", (char *)o->job,
-                                           "--progress", progress };
-                        int a = 7;
-                        if (o->epochs > 0) {
-                                argv[a++] = "--epochs";
-                                argv[a++] = epochs;
-                        }
-                        if (o->data_dir) {
-                                argv[a++] = "--data-dir";
-                                argv[a++] = (char *)o->data_dir;
-                        }
-                        argv[a] = NULL;
-                        execv(o->ravnestd, argv);
-                        _exit(127);
+/* Fork and exec node i's ravnestd, its stderr into a pipe of ours. */
+static int start_node(Swarm *s, unsigned i) {
+        const SwarmOptions *o = s->o;
+        SwarmNode *nd = &s->nodes[i];
+        char conf_path[512], epochs[16], progress[16];
+        int fds[2];
+
+        if (pipe2(fds, O_CLOEXEC) < 0)
+                return log_error_errno(-errno, "pipe: %m");
+        snprintf(conf_path, sizeof conf_path, "%s/%.15s.conf", s->dir, nd->name);
+        snprintf(epochs, sizeof epochs, "%d", o->epochs);
+        snprintf(progress, sizeof progress, "%u", o->progress_ms);
+        nd->pid = fork();
+        if (nd->pid < 0)
+                return log_error_errno(-errno, "fork: %m");
+        if (nd->pid == 0) {
+                if (o->pin) {
+                        cpu_set_t set;
+                        long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
+                        CPU_ZERO(&set);
+                        CPU_SET((int)(i % (unsigned)MAX(ncpu, 1L)), &set);
+                        sched_setaffinity(0, sizeof set, &set);
                 }
-                close(fds[1]);
-                nd->out = fds[0];
-                printf("swarm: started %s (pid %d)\n", nd->name, (int)nd->pid);
+                dup2(fds[1], STDERR_FILENO);
+                prctl(PR_SET_PDEATHSIG, SIGTERM);
+                char *argv[16] = { (char *)o->ravnestd, "--config", conf_path, "--job", (char *)o->job,
+                                   "--progress", progress };
+                int a = 7;
+                if (o->epochs > 0) {
+                        argv[a++] = "--epochs";
+                        argv[a++] = epochs;
+                }
+                if (o->data_dir) {
+                        argv[a++] = "--data-dir";
+                        argv[a++] = (char *)o->data_dir;
+                }
+                argv[a] = NULL;
+                execv(o->ravnestd, argv);
+                _exit(127);
+        }
+        close(fds[1]);
+        nd->out = fds[0];
+        nd->done = false;
+        nd->restart_ns = 0;
+        nd->last_round = -1;
+        printf("swarm: started %s (pid %d)%s\n", nd->name, (int)nd->pid, nd->restarts ? ", again" : "");
+        fflush(stdout);
+        return 0;
+}
+
+static void stop_all(Swarm *s) {
+        s->stopping = true;
+        for (unsigned i = 0; i < s->n; i++) {
+                SwarmNode *nd = &s->nodes[i];
+                if (nd->restart_ns) { /* not started again after all */
+                        nd->restart_ns = 0;
+                        nd->done = true;
+                } else if (!nd->done && nd->pid > 0)
+                        kill(nd->pid, SIGTERM);
+        }
+}
+
+static const char *describe_exit(int status, char *buf, size_t len) {
+        snprintf(buf, len, "%s %d", WIFEXITED(status) ? "status" : "signal",
+                 WIFEXITED(status) ? WEXITSTATUS(status) : WTERMSIG(status));
+        return buf;
+}
+
+#define SWARM_MAX_RESTARTS 5
+
+/* A node exited: done, restarted in a second (--restart, as systemd's
+ * Restart=on-failure would), left out (--keep-going), or the end of the
+ * swarm. */
+static void on_node_exit(Swarm *s, unsigned i, int status, long rss_kib) {
+        SwarmNode *nd = &s->nodes[i];
+        char why[32];
+
+        nd->rss_kib = MAX(nd->rss_kib, rss_kib);
+        nd->status = status;
+        nd->done = true;
+        if (WIFEXITED(status) && WEXITSTATUS(status) == 0)
+                return;
+        describe_exit(status, why, sizeof why);
+        if (s->stopping)
+                printf("swarm: %s ended with %s\n", nd->name, why);
+        else if (s->o->restart && nd->restarts < SWARM_MAX_RESTARTS) {
+                printf("swarm: %s ended with %s; starting it again in 1 s, from its checkpoint if it wrote one\n",
+                       nd->name, why);
+                nd->restarts++;
+                nd->done = false;
+                nd->restart_ns = now_ns() + NSEC_PER_SEC;
+        } else if (s->o->keep_going)
+                printf("swarm: %s ended with %s\n", nd->name, why);
+        else {
+                printf("swarm: %s ended with %s; stopping the others\n", nd->name, why);
+                stop_all(s);
         }
         fflush(stdout);
+}
 
-        SwarmResult res = { .clusters = o->clusters };
-        for (unsigned c = 0; c < o->clusters; c++)
-                res.accuracy[c] = -1;
-        bool stopping = false;
-        unsigned running = n;
-        while (running) {
-                if (*stop && !stopping) {
-                        stopping = true;
+/* Relay every node's output until all have exited for good. */
+static int supervise(Swarm *s, const volatile sig_atomic_t *stop) {
+        int r;
+        for (;;) {
+                if (*stop && !s->stopping) {
                         printf("swarm: stopping every node\n");
-                        for (unsigned i = 0; i < n; i++)
-                                if (!nodes[i].done)
-                                        kill(nodes[i].pid, SIGTERM);
+                        stop_all(s);
                 }
                 struct pollfd pfd[MAX_NODES];
-                unsigned map[MAX_NODES], np = 0;
-                for (unsigned i = 0; i < n; i++)
-                        if (nodes[i].out >= 0) {
-                                pfd[np] = (struct pollfd){ .fd = nodes[i].out, .events = POLLIN };
+                unsigned map[MAX_NODES], np = 0, left = 0;
+                for (unsigned i = 0; i < s->n; i++) {
+                        if (s->nodes[i].out >= 0) {
+                                pfd[np] = (struct pollfd){ .fd = s->nodes[i].out, .events = POLLIN };
                                 map[np++] = i;
                         }
-                if (np && poll(pfd, np, 200) > 0)
+                        left += !s->nodes[i].done;
+                }
+                if (!left)
+                        return 0;
+                if (np == 0 || poll(pfd, np, 200) <= 0)
+                        usleep(np ? 0 : 200 * 1000);
+                else
                         for (unsigned i = 0; i < np; i++)
                                 if (pfd[i].revents)
-                                        drain(&nodes[map[i]], &res);
-                for (unsigned i = 0; i < n; i++) {
-                        int status;
+                                        drain(&s->nodes[map[i]], &s->res);
+                for (unsigned i = 0; i < s->n; i++) {
+                        SwarmNode *nd = &s->nodes[i];
                         struct rusage ru;
-                        if (!nodes[i].done && nodes[i].out < 0 &&
-                            wait4(nodes[i].pid, &status, WNOHANG, &ru) == nodes[i].pid) {
-                                nodes[i].rss_kib = ru.ru_maxrss;
-                                nodes[i].done = true;
-                                running--;
-                                bool clean = WIFEXITED(status) && WEXITSTATUS(status) == 0;
-                                if (!clean && (stopping || o->keep_going))
-                                        printf("swarm: %s ended with %s %d\n", nodes[i].name,
-                                               WIFEXITED(status) ? "status" : "signal",
-                                               WIFEXITED(status) ? WEXITSTATUS(status) : WTERMSIG(status));
-                                if (!clean && !stopping && o->keep_going)
-                                        r = -ECHILD;
-                                else if (!clean && !stopping) {
-                                        printf("swarm: %s ended with %s %d; stopping the others\n", nodes[i].name,
-                                               WIFEXITED(status) ? "status" : "signal",
-                                               WIFEXITED(status) ? WEXITSTATUS(status) : WTERMSIG(status));
-                                        stopping = true;
-                                        for (unsigned j = 0; j < n; j++)
-                                                if (!nodes[j].done)
-                                                        kill(nodes[j].pid, SIGTERM);
-                                        r = -ECHILD;
-                                }
-                        }
+                        int status;
+                        if (nd->restart_ns && now_ns() >= nd->restart_ns && (r = start_node(s, i)) < 0)
+                                return r;
+                        if (!nd->done && !nd->restart_ns && nd->out < 0 &&
+                            wait4(nd->pid, &status, WNOHANG, &ru) == nd->pid)
+                                on_node_exit(s, i, status, ru.ru_maxrss);
                 }
         }
+}
 
-        printf("swarm: node   busy  peak RSS\n");
-        for (unsigned i = 0; i < n; i++) {
-                res.busy[i] = nodes[i].busy;
-                res.rss_mib[i] = (double)nodes[i].rss_kib / 1024;
-                res.rounds += nodes[i].rounds;
-                if (nodes[i].last_stage)
-                        res.samples_per_sec += nodes[i].rate;
-                printf("swarm: %-5s %4.0f%% %5.0f MiB\n", nodes[i].name, nodes[i].busy, res.rss_mib[i]);
+/* Why the clusters did not end as one averaged model, or NULL when they did. */
+static const char *why_not_averaged(const Swarm *s, char *buf, size_t len) {
+        const SwarmOptions *o = s->o;
+        for (unsigned c = 0; c < o->clusters; c++)
+                if (s->res.accuracy[c] < 0) {
+                        const SwarmNode *last = &s->nodes[c * o->stages + o->stages - 1];
+                        char why[32];
+                        snprintf(buf, len, "cluster %u has no result (its last stage %s %s)", c + 1, last->name,
+                                 last->status ? describe_exit(last->status, why, sizeof why) : "said none");
+                        return buf;
+                }
+        if (o->clusters < 2)
+                return NULL;
+        for (unsigned i = 0; i < s->n; i++)
+                if (s->nodes[i].last_round != 1) {
+                        snprintf(buf, len, "the last averaging round of %s %s", s->nodes[i].name,
+                                 s->nodes[i].last_round == 0 ? "went on without some clusters" : "did not happen");
+                        return buf;
+                }
+        for (unsigned c = 1; c < o->clusters; c++)
+                if (s->res.accuracy[c] != s->res.accuracy[0]) {
+                        snprintf(buf, len, "the clusters' replicas differ after the last round");
+                        return buf;
+                }
+        return NULL;
+}
+
+static int summarize(Swarm *s) {
+        SwarmResult *res = &s->res;
+        char why[160];
+
+        printf("swarm: node   busy  peak RSS  restarts\n");
+        for (unsigned i = 0; i < s->n; i++) {
+                const SwarmNode *nd = &s->nodes[i];
+                res->busy[i] = nd->busy;
+                res->rss_mib[i] = (double)nd->rss_kib / 1024;
+                res->rounds += nd->rounds;
+                if (nd->last_stage)
+                        res->samples_per_sec += nd->rate;
+                if (nd->busy >= 0)
+                        printf("swarm: %-5s %4.0f%% %5.0f MiB  %u\n", nd->name, MIN(nd->busy, 100.0),
+                               res->rss_mib[i], nd->restarts);
+                else /* it never said: it did not finish */
+                        printf("swarm: %-5s    - %5.0f MiB  %u\n", nd->name, res->rss_mib[i], nd->restarts);
         }
-        bool same = o->clusters > 1;
-        for (unsigned c = 0; c < o->clusters; c++) {
-                if (res.accuracy[c] >= 0)
-                        printf("swarm: cluster %u: test accuracy %.2f%%\n", c + 1, res.accuracy[c]);
-                same &= res.accuracy[c] >= 0 && res.accuracy[c] == res.accuracy[0];
-        }
-        if (same)
+        for (unsigned c = 0; c < s->o->clusters; c++)
+                if (res->accuracy[c] >= 0)
+                        printf("swarm: cluster %u: test accuracy %.2f%%\n", c + 1, res->accuracy[c]);
+        printf("swarm: %.0f samples/s, all clusters together\n", res->samples_per_sec);
+        printf("swarm: %u averaging rounds done across the nodes\n", res->rounds);
+        const char *bad = why_not_averaged(s, why, sizeof why);
+        if (!bad && s->o->clusters > 1)
                 printf("swarm: the averaged model (every cluster's replica after the last round): test accuracy "
-                       "%.2f%%\n", res.accuracy[0]);
-        printf("swarm: %.0f samples/s, all clusters together\n", res.samples_per_sec);
-        printf("swarm: %u averaging rounds done across the nodes\n", res.rounds);
-        if (!o->keep && !o->dir) {
-                char cmd[300];
-                snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
-                if (system(cmd) != 0)
-                        log_warning("Failed to remove %s", dir);
+                       "%.2f%%\n", res->accuracy[0]);
+        else if (bad)
+                printf("swarm: no %s: %s\n", s->o->clusters > 1 ? "averaged model" : "trained model", bad);
+        fflush(stdout);
+        return bad ? -EUCLEAN : 0;
+}
+
+static void remove_dir(const Swarm *s) {
+        char cmd[300];
+        if (s->o->keep || s->o->dir || !s->dir[0])
+                return;
+        snprintf(cmd, sizeof cmd, "rm -rf '%s'", s->dir);
+        if (system(cmd) != 0)
+                log_warning("Failed to remove %s", s->dir);
+}
+
+int swarm_run(const SwarmOptions *o, const volatile sig_atomic_t *stop, SwarmResult *ret) {
+        _cleanup_(freep) Swarm *s = calloc(1, sizeof *s);
+        int r;
+
+        if (!s)
+                return log_error_errno(-ENOMEM, "Out of memory");
+        s->o = o;
+        s->res.clusters = o->clusters;
+        for (unsigned c = 0; c < MAX_NODES; c++)
+                s->res.accuracy[c] = -1;
+        if ((r = swarm_plan(s)) < 0 || (r = make_dir(s)) < 0)
+                return r;
+        if ((r = make_nodes(s)) >= 0 && (r = write_configs(s)) >= 0) {
+                print_plan(s);
+                /* last stages first, so the links find them listening */
+                for (unsigned j = 0; j < s->n && r >= 0; j++)
+                        r = start_node(s, s->n - 1 - j);
+                if (r < 0)
+                        stop_all(s);
+                int k = supervise(s, stop);
+                r = r < 0 ? r : k < 0 ? k : summarize(s);
         }
+        remove_dir(s);
         if (ret)
-                *ret = res;
-        if (*stop)
-                return -ECANCELED;
-        return r < 0 ? r : 0;
+                *ret = s->res;
+        return *stop ? -ECANCELED : r;
 }

@@ -5,7 +5,10 @@
  * accuracy of each cluster's replica at the end.
  *
  *     SwarmOptions o = { .clusters = 2, .stages = 2, .job = path, .ravnestd = "/usr/sbin/ravnestd" };
- *     r = swarm_run(&o, &stop_flag);   // 0 when every node finished
+ *     r = swarm_run(&o, &stop_flag, &result);
+ *     // 0: every cluster finished, and with several, as one averaged model
+ *     // (every node's last averaging round had every member); -EUCLEAN
+ *     // with the reason printed when not
  */
 #pragma once
 
@@ -26,6 +29,10 @@ typedef struct SwarmOptions {
         unsigned progress_ms;
         bool keep;              /* keep dir afterwards */
         bool keep_going;        /* a node that fails does not stop the others */
+        bool restart;           /* a node that fails is started again (at most 5 times), from its checkpoint */
+        bool resume;            /* with dir: the nodes go on from the checkpoints a swarm left there */
+        unsigned neighbour_timeout_s; /* a stage gives up on a neighbour gone this long (0: never) */
+        unsigned checkpoint_interval_s; /* between each node's checkpoints (0: only when it stops) */
         bool pin;               /* node i runs on CPU i mod the CPU count */
 } SwarmOptions;
 
