@@ -508,8 +508,10 @@ static const char *why_not_averaged(const Swarm *s, char *buf, size_t len) {
                 if (s->res.accuracy[c] < 0) {
                         const SwarmNode *last = &s->nodes[c * o->stages + o->stages - 1];
                         char why[32];
-                        snprintf(buf, len, "cluster %u has no result (its last stage %s %s)", c + 1, last->name,
-                                 last->status ? describe_exit(last->status, why, sizeof why) : "said none");
+                        if (last->status)
+                                describe_exit(last->status, why, sizeof why);
+                        snprintf(buf, len, "cluster %u has no result (its last stage %s %s%s)", c + 1, last->name,
+                                 last->status ? "ended with " : "said none", last->status ? why : "");
                         return buf;
                 }
         if (o->clusters < 2)

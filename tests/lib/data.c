@@ -45,7 +45,7 @@ static void write_split(const char *dir, const char *split, const TestData *t, c
                 int k = (int)(rand_r(seed) % (unsigned)t->classes);
                 lab[8 + i] = (uint8_t)k;
                 for (size_t j = 0; j < per; j++) {
-                        int v = proto[(size_t)k * per + j] + (int)(rand_r(seed) % 81) - 40;
+                        int v = proto[(size_t)k * per + j] + (int)(rand_r(seed) % 241) - 120;
                         img[16 + (size_t)i * per + j] = (uint8_t)(v < 0 ? 0 : v > 255 ? 255 : v);
                 }
         }

@@ -1,0 +1,119 @@
+/* Swarms on small generated data (8x8 images, 10 classes), short enough to
+ * run many times: the last averaging round gathers every cluster even when
+ * training lasts about a second, a swarm that cannot average says so and
+ * exits non-zero, a node killed with SIGKILL comes back from its own
+ * checkpoint (--restart), and a stage whose neighbour is gone for good
+ * gives up after pipeline.neighbour_timeout. */
+#include <criterion/criterion.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "../lib/data.h"
+#include "../lib/proc.h"
+
+static char dir[] = "/tmp/ravnest-test-swarm-short-XXXXXX";
+static char data[128], quick[160], slow[160];
+
+static void setup(void) {
+        cr_assert(mkdtemp(dir));
+        snprintf(data, sizeof data, "%s/8x8", dir);
+        test_write_idx_data(data, &(TestData){ .h = 8, .w = 8, .classes = 10, .n_train = 3000, .n_test = 500 });
+        snprintf(quick, sizeof quick, "%s/quick.job", dir);
+        snprintf(slow, sizeof slow, "%s/slow.job", dir);
+        test_write_mlp_job(quick, data, 8, 8, 10, 1);   /* about a second of training */
+        test_write_mlp_job(slow, data, 8, 8, 10, 1000); /* long enough to kill a node in it */
+}
+
+static void teardown(void) {
+        char cmd[128];
+        snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+        (void)!system(cmd);
+}
+
+TestSuite(swarm_short, .init = setup, .fini = teardown);
+
+static int count(const char *s, const char *what) {
+        int n = 0;
+        for (; (s = strstr(s, what)); s++)
+                n++;
+        return n;
+}
+
+static int swarm(Proc *p, char *const extra[]) {
+        char *argv[32] = { RAVNESTCTL, "swarm", "--ravnestd", RAVNESTD, "--progress", "1000" };
+        int a = 6;
+        for (int i = 0; extra[i]; i++)
+                argv[a++] = extra[i];
+        argv[a] = NULL;
+        proc_start(p, argv, NULL);
+        return 0;
+}
+
+static pid_t node_pid(Proc *p, const char *name) {
+        char want[64];
+        snprintf(want, sizeof want, "swarm: started %s (pid ", name);
+        cr_assert(proc_wait_for(p, want, 30000), "%s", p->out);
+        return (pid_t)atoi(strstr(p->out, want) + strlen(want));
+}
+
+/* Training of about a second, many times: every node's last round has
+ * every cluster, and the swarm ends as one averaged model. */
+Test(swarm_short, the_last_round_gathers_every_cluster, .timeout = 600) {
+        char *const runs[][16] = {
+                { "--job", quick, NULL },
+                { "--job", quick, NULL },
+                { "--job", quick, NULL },
+                { "--job", quick, NULL },
+                { "--job", quick, "--clusters", "3", NULL },
+                { "--job", quick, "--clusters", "3", "--stages", "3", "--sync", NULL },
+                { "--job", quick, "--clusters", "3", "--stages", "3", "--sync", NULL },
+        };
+        for (size_t i = 0; i < sizeof runs / sizeof runs[0]; i++) {
+                Proc p;
+                swarm(&p, runs[i]);
+                int status = proc_exit(&p);
+                int nodes = (i < 4 ? 2 : 3) * (i < 5 ? 2 : 3);
+                cr_assert_eq(status, 0, "run %zu: exit %d\n%s", i, status, p.out);
+                cr_assert(strstr(p.out, "swarm: the averaged model"), "run %zu\n%s", i, p.out);
+                cr_assert_eq(count(p.out, "The last averaging round included all "), nodes, "run %zu\n%s", i, p.out);
+                cr_log_info("run %zu: %s", i, strstr(p.out, "swarm: the averaged model"));
+        }
+}
+
+/* A node killed with SIGKILL is started again and goes on from its own
+ * checkpoint; the swarm still ends as one averaged model. */
+Test(swarm_short, a_killed_node_comes_back_from_its_checkpoint, .timeout = 300) {
+        Proc p;
+        swarm(&p, (char *[]){ "--job", slow, "--restart", "--checkpoint-interval", "1", NULL });
+        pid_t pid = node_pid(&p, "c2s2");
+        cr_assert(proc_wait_for(&p, "c2s2   Checkpoint written", 60000), "%s", p.out);
+        cr_assert_eq(kill(pid, SIGKILL), 0);
+        cr_assert(proc_wait_for(&p, "swarm: c2s2 ended with signal 9; starting it again", 30000), "%s", p.out);
+        cr_assert(proc_wait_for(&p, "c2s2   Resuming from ", 30000), "the node started afresh\n%s", p.out);
+        int status = proc_exit(&p);
+        cr_assert_eq(status, 0, "exit %d\n%s", status, p.out);
+        cr_assert(strstr(p.out, "swarm: cluster 2: test accuracy "), "%s", p.out);
+        cr_assert(strstr(p.out, "swarm: the averaged model"), "%s", p.out);
+        cr_assert(strstr(p.out, "swarm: c2s2 ") && strstr(strstr(p.out, "swarm: c2s2 "), "MiB  1\n"),
+                  "restarts not counted\n%s", p.out);
+}
+
+/* A first stage killed for good: its neighbour gives up after the
+ * configured time, and the swarm says there is no averaged model. */
+Test(swarm_short, a_stage_gives_up_on_a_neighbour_gone_for_good, .timeout = 300) {
+        Proc p;
+        swarm(&p, (char *[]){ "--job", slow, "--keep-going", "--neighbour-timeout", "2", NULL });
+        pid_t pid = node_pid(&p, "c1s1");
+        cr_assert(proc_wait_for(&p, "c1s2   stage 2/2:", 60000), "%s", p.out);
+        cr_assert_eq(kill(pid, SIGKILL), 0);
+        cr_assert(proc_wait_for(&p, "c1s2   Gave up on the previous stage ", 30000), "%s", p.out);
+        cr_assert(strstr(p.out, "(pipeline.neighbour_timeout)"), "%s", p.out);
+        cr_assert(proc_wait_for(&p, "swarm: c1s2 ended with status 1", 10000), "%s", p.out);
+        int status = proc_exit(&p);
+        cr_assert_eq(status, 1, "exit %d\n%s", status, p.out);
+        cr_assert(strstr(p.out, "swarm: no averaged model: cluster 1 has no result"), "%s", p.out);
+        cr_assert(!strstr(p.out, "swarm: the averaged model"), "%s", p.out);
+}
