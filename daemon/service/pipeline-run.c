@@ -17,14 +17,24 @@
 #include "util/time-util.h"
 
 typedef struct Run {
+        /* its inputs */
+        const Config *c;
+        const Job *job;
+        const LocalRunOptions *o;    /* its poll runs during the last averaging round too */
+        int epochs;
+        /* its place in the plan */
+        const ConfigCluster *cl;
+        unsigned cluster, stage, n_stages;
+        const ConfigMember *prev, *next; /* NULL at the ends */
+        PipeConfig pc;
+        Dataset *train, *test;
+        /* the stage and its links */
         Pipe *pipe;
         Net *net;
-        const ConfigMember *prev, *next; /* NULL at the ends */
         int64_t prev_peer, next_peer;
         uint32_t dialing;
         bool dial_pending;
         uint64_t next_dial_ns;
-        unsigned cluster, stage, n_stages;
         bool finished; /* the neighbours may go now */
         Averaging av;
         bool told_paused;            /* the neighbours know this stage is paused */
@@ -32,7 +42,13 @@ typedef struct Run {
         bool prev_paused, next_paused;
         bool prev_quiesced;           /* the stages before finished their micro-batches */
         uint64_t missing_since_ns;    /* a neighbour has been gone (or not come) since; 0: both there */
-        const LocalRunOptions *o;    /* its poll runs during the last averaging round too */
+        bool quiescing, quiesced;
+        uint64_t quiesce_deadline_ns;
+        /* progress: the log, the daemon's status, the averaging hand-off */
+        uint64_t start_ns, last_log_ns, last_report_ns, last_links_ns;
+        uint64_t last_samples, updates_seen, samples_synced;
+        double last_loss, last_rate; /* only the last stage knows the loss */
+        PipeStats prev_st;
 } Run;
 
 /* Control payloads of the daemon's own, beside the pipe's: a stage tells its
@@ -70,6 +86,8 @@ static void run_done(Run *r) {
                 pipe_drop_queued(r->pipe);
         r->net = net_free(r->net);
         r->pipe = pipe_free(r->pipe);
+        r->train = dataset_free(r->train);
+        r->test = dataset_free(r->test);
 }
 
 static void run_connected(void *ud, uint32_t peer, const uint8_t id[IDENTITY_PK_SIZE]) {
@@ -242,29 +260,31 @@ static CheckpointInfo position(Pipe *pipe) {
         };
 }
 
-static int save_checkpoint(const LocalRunOptions *o, const Job *job, Pipe *pipe) {
-        CheckpointInfo at = position(pipe);
-        int r = stage_checkpoint_save(o->checkpoint_dir, job->name, pipe_stage(pipe), pipe_optim(pipe), &at);
+static int save_checkpoint(Run *run) {
+        const LocalRunOptions *o = run->o;
+        CheckpointInfo at = position(run->pipe);
+        int r = stage_checkpoint_save(o->checkpoint_dir, run->job->name, pipe_stage(run->pipe), pipe_optim(run->pipe),
+                                      &at);
         if (r >= 0 && o->control)
                 control_report_checkpoint(o->control, at.step);
         return r;
 }
 
 /* The daemon's status: every quarter second. */
-static void report(const LocalRunOptions *o, const Job *job, Run *run, const PipeStats *st, double loss, double rate,
-                   unsigned cluster, unsigned stage, int epochs) {
+static void report(Run *run, const PipeStats *st) {
+        const LocalRunOptions *o = run->o;
         NodeTraining t = {
-                .cluster = (int32_t)cluster,
-                .stage = (int32_t)stage,
+                .cluster = (int32_t)run->cluster,
+                .stage = (int32_t)run->stage,
                 .epoch = st->epoch ? st->epoch : -1,
-                .epochs = epochs,
+                .epochs = run->epochs,
                 .step = st->updates,
-                .loss = loss,
-                .samples_per_sec = rate,
+                .loss = run->last_loss,
+                .samples_per_sec = run->last_rate,
                 .test_accuracy = st->test_acc,
         };
         snprintf(t.role, sizeof t.role, "stage");
-        snprintf(t.job, sizeof t.job, "%s", job->name);
+        snprintf(t.job, sizeof t.job, "%s", run->job->name);
         control_report_training(o->control, &t);
 
         NetStats ns;
@@ -344,81 +364,63 @@ static int plan_rings(const Config *c, const ModelSpec *m, unsigned cluster, uns
         return 0;
 }
 
-int pipeline_run(const Config *c, const Job *job, const Identity *id, const LocalRunOptions *o,
-                 const volatile sig_atomic_t *stop) {
-        const ConfigPipeline *p = &c->pipeline;
-        _cleanup_(dataset_freep) Dataset *train = NULL, *test = NULL;
-        _cleanup_(run_done) Run run = { .prev_peer = -1, .next_peer = -1, .o = o };
-        const char *dir = o->data_dir ?: job->data.path;
-        Pipe *pipe;
-        Net *net;
-        Diag d = {};
-        unsigned cluster, stage;
-        int r;
 
-        if (find_self(p, id, &cluster, &stage) < 0) {
+/* ---- the life of a stage, step by step ------------------------------------ */
+
+/* Plan: this node's cluster and stage, and its neighbours. */
+static int run_place(Run *run, const Identity *id) {
+        const ConfigPipeline *p = &run->c->pipeline;
+        const Job *job = run->job;
+
+        if (find_self(p, id, &run->cluster, &run->stage) < 0) {
                 char hex[IDENTITY_HEX_SIZE];
                 identity_to_hex(id->pk, hex);
-                log_error("%s: pipeline.clusters: this node's key %s is not in any cluster", c->path, hex);
+                log_error("%s: pipeline.clusters: this node's key %s is not in any cluster", run->c->path, hex);
                 return -EINVAL;
         }
-        const ConfigCluster *cl = &p->clusters[cluster];
-        if (cl->bounds[cl->n_stages] != job->model.n_layers) {
-                log_error("%s: pipeline.clusters: cluster %u cuts %d layers, job %s has %d", c->path, cluster + 1,
-                          cl->bounds[cl->n_stages], job->name, job->model.n_layers);
+        run->cl = &p->clusters[run->cluster];
+        if (run->cl->bounds[run->cl->n_stages] != job->model.n_layers) {
+                log_error("%s: pipeline.clusters: cluster %u cuts %d layers, job %s has %d", run->c->path,
+                          run->cluster + 1, run->cl->bounds[run->cl->n_stages], job->name, job->model.n_layers);
                 return -EINVAL;
         }
-        run.cluster = cluster;
-        run.stage = stage;
-        run.n_stages = cl->n_stages;
-        run.prev = stage > 0 ? &cl->nodes[stage - 1] : NULL;
-        run.next = stage + 1 < cl->n_stages ? &cl->nodes[stage + 1] : NULL;
+        run->n_stages = run->cl->n_stages;
+        run->prev = run->stage > 0 ? &run->cl->nodes[run->stage - 1] : NULL;
+        run->next = run->stage + 1 < run->cl->n_stages ? &run->cl->nodes[run->stage + 1] : NULL;
+        run->epochs = run->o->epochs > 0 ? run->o->epochs : job->train.epochs;
+        return 0;
+}
 
-        r = ops_blas_set_threads(o->threads);
-        if (r < 0)
-                return log_error_errno(r, "Failed to start %d compute threads: %m", o->threads);
-        /* Every stage reads the training set's size for the learning-rate
-         * schedule; the first stage trains on its cluster's shard of it. */
-        r = dataset_load_dir(dir, "train", job->data.classes, &train, &d);
-        if (r >= 0 && stage == 0)
-                r = dataset_load_dir(dir, "t10k", job->data.classes, &test, &d);
+/* Every stage reads the training set's size for the learning-rate
+ * schedule; the first stage trains on its cluster's shard of it and
+ * evaluates on the test set. */
+static int run_load_data(Run *run) {
+        const Job *job = run->job;
+        const char *dir = run->o->data_dir ?: job->data.path;
+        Diag d = {};
+        int r;
+
+        r = dataset_load_dir(dir, "train", job->data.classes, &run->train, &d);
+        if (r >= 0 && run->stage == 0)
+                r = dataset_load_dir(dir, "t10k", job->data.classes, &run->test, &d);
         if (r < 0)
                 return log_error_errno(r, "Failed to load the dataset: %s", d.text);
-        dataset_set_normalization(train, (float)job->data.mean, (float)job->data.std);
-        if (test)
-                dataset_set_normalization(test, (float)job->data.mean, (float)job->data.std);
+        dataset_set_normalization(run->train, (float)job->data.mean, (float)job->data.std);
+        if (run->test)
+                dataset_set_normalization(run->test, (float)job->data.mean, (float)job->data.std);
+        return 0;
+}
 
-        int epochs = o->epochs > 0 ? o->epochs : job->train.epochs;
-        int U = p->synchronous ? p->staleness : p->update_frequency;
-        size_t steps = train->n / p->n_clusters / (size_t)p->micro_batch;
-        PipeConfig pc = {
-                .model = &job->model,
-                .lo = cl->bounds[stage],
-                .hi = cl->bounds[stage + 1],
-                .seed = job->train.seed,
-                .optim = &job->optim,
-                .micro_batch = p->micro_batch,
-                .in_flight = p->staleness,
-                .update_frequency = p->update_frequency,
-                .schedule = p->synchronous ? PIPE_SYNC : PIPE_ASYNC,
-                .total_updates = (uint64_t)epochs * steps / (uint64_t)U,
-                .train = stage == 0 ? train : NULL,
-                .test = test,
-                .shard = (int)cluster,
-                .n_shards = (int)p->n_clusters,
-                .epochs = epochs,
-                .data_seed = job->train.seed,
-                .hold_after_training = c->averaging.enabled,
-        };
-        r = pipe_new(&pc, &ops_blas, &run.pipe, &d);
-        if (r < 0)
-                return log_error_errno(r, "Failed to set up stage %u: %s", stage + 1, d.text);
-        pipe = run.pipe;
-        if (stage > 0) /* only the first stage trains on it */
-                train = dataset_free(train);
+/* Where a stage goes on from: the parameters handed over from the previous
+ * plan's owners, the clusters' progress, or its own checkpoint. */
+static void run_resume(Run *run, size_t steps, int U) {
+        const LocalRunOptions *o = run->o;
+        const ConfigPipeline *p = &run->c->pipeline;
+        Pipe *pipe = run->pipe;
         CheckpointInfo at;
-        if (o->model_params && o->load_model_params) /* handed over from the previous plan's owners */
-                memcpy(pipe_stage(pipe)->params, o->model_params + model_spec_params(&job->model, 0, pc.lo),
+
+        if (o->model_params && o->load_model_params)
+                memcpy(pipe_stage(pipe)->params, o->model_params + model_spec_params(&run->job->model, 0, run->pc.lo),
                        pipe_stage(pipe)->n_params * sizeof(float));
         if (o->resume_samples) { /* go on where the clusters were, in this plan's shards */
                 uint64_t per = (uint64_t)p->n_clusters * (uint64_t)p->micro_batch;
@@ -428,180 +430,294 @@ int pipeline_run(const Config *c, const Job *job, const Identity *id, const Loca
                                     done / per / (uint64_t)U);
         }
         if (o->checkpoint_dir && o->load_checkpoint &&
-            stage_checkpoint_load(o->checkpoint_dir, job->name, pipe_stage(pipe), pipe_optim(pipe), &at) >= 0) {
+            stage_checkpoint_load(o->checkpoint_dir, run->job->name, pipe_stage(pipe), pipe_optim(pipe), &at) >= 0) {
                 pipe_resume(pipe, (int)MIN(at.epoch, (uint64_t)INT32_MAX), (size_t)at.step_in_epoch, at.updates);
                 if (o->control)
                         control_report_checkpoint(o->control, at.step);
         }
+}
 
+/* Stage: its layers, schedule and data, and where it goes on from. */
+static int run_stage(Run *run) {
+        const ConfigPipeline *p = &run->c->pipeline;
+        const Job *job = run->job;
+        int U = p->synchronous ? p->staleness : p->update_frequency;
+        size_t steps = run->train->n / p->n_clusters / (size_t)p->micro_batch;
+        Diag d = {};
+        int r;
+
+        run->pc = (PipeConfig){
+                .model = &job->model,
+                .lo = run->cl->bounds[run->stage],
+                .hi = run->cl->bounds[run->stage + 1],
+                .seed = job->train.seed,
+                .optim = &job->optim,
+                .micro_batch = p->micro_batch,
+                .in_flight = p->staleness,
+                .update_frequency = p->update_frequency,
+                .schedule = p->synchronous ? PIPE_SYNC : PIPE_ASYNC,
+                .total_updates = (uint64_t)run->epochs * steps / (uint64_t)U,
+                .train = run->stage == 0 ? run->train : NULL,
+                .test = run->test,
+                .shard = (int)run->cluster,
+                .n_shards = (int)p->n_clusters,
+                .epochs = run->epochs,
+                .data_seed = job->train.seed,
+                .hold_after_training = run->c->averaging.enabled,
+        };
+        r = pipe_new(&run->pc, &ops_blas, &run->pipe, &d);
+        if (r < 0)
+                return log_error_errno(r, "Failed to set up stage %u: %s", run->stage + 1, d.text);
+        if (run->stage > 0) /* only the first stage trains on it */
+                run->train = dataset_free(run->train);
+        run_resume(run, steps, U);
+        return 0;
+}
+
+/* Links: the transport, listening for the previous stage (the stage dials
+ * the next one from the loop). */
+static int run_links(Run *run, const Identity *id) {
+        const ConfigPipeline *p = &run->c->pipeline;
         NetConfig nc;
-        r = config_net(c, id, &nc, &d);
+        Diag d = {};
+        int r;
+
+        r = config_net(run->c, id, &nc, &d);
         if (r < 0)
                 return log_error_errno(r, "Invalid configuration: %s", d.text);
-        r = net_new(&nc, &run_callbacks, &run, &run.net);
+        r = net_new(&nc, &run_callbacks, run, &run->net);
         if (r < 0)
                 return log_error_errno(r, "Failed to start the pipeline transport: %m");
-        net = run.net;
-        pipe_connect(pipe, net, -1, -1);
-        if (run.prev && (r = net_listen(net, p->listen.host, p->listen.port, NULL)) < 0)
+        pipe_connect(run->pipe, run->net, -1, -1);
+        if (run->prev && (r = net_listen(run->net, p->listen.host, p->listen.port, NULL)) < 0)
                 return log_error_errno(r, "Failed to listen on %s:%u for the previous stage: %m", p->listen.host,
                                        p->listen.port);
+        return 0;
+}
 
-        Stage *s = pipe_stage(pipe);
-        if (c->averaging.enabled) {
-                AveragerRing rings[COLL_MAX_MEMBERS];
-                unsigned n_rings = 0;
-                if ((r = plan_rings(c, &job->model, cluster, stage, rings, &n_rings)) < 0)
-                        return r;
-                if ((r = averaging_start(&run.av, c, id, s->n_params, rings, n_rings)) < 0)
-                        return r;
+/* Rings: the same layers in the other clusters. */
+static int run_rings(Run *run, const Identity *id) {
+        AveragerRing rings[COLL_MAX_MEMBERS];
+        unsigned n_rings = 0;
+        int r;
+
+        if (!run->c->averaging.enabled)
+                return 0;
+        if ((r = plan_rings(run->c, &run->job->model, run->cluster, run->stage, rings, &n_rings)) < 0)
+                return r;
+        return averaging_start(&run->av, run->c, id, pipe_stage(run->pipe)->n_params, rings, n_rings);
+}
+
+/* A safe stop was asked for: the micro-batches on the way finish first,
+ * then the next stage hears that nothing more comes. True when stopped. */
+static bool run_quiesce(Run *run) {
+        const LocalRunOptions *o = run->o;
+        PipeStats st;
+
+        if (!run->quiescing && o->quiesce && *o->quiesce) {
+                log_info("Stopping at a safe point: the micro-batches on the way finish first");
+                pipe_quiesce(run->pipe, true);
+                run->quiescing = true;
+                run->quiesce_deadline_ns = now_ns() + 5 * NSEC_PER_SEC;
         }
-        log_info("Stage %u of %u in cluster %u of %u: layers %d-%d, %zu parameters, micro-batch %d, %s schedule, "
-                 "at most %d in flight",
-                 stage + 1, cl->n_stages, cluster + 1, p->n_clusters, pc.lo, pc.hi - 1, s->n_params, p->micro_batch,
-                 p->synchronous ? "synchronous" : "asynchronous", p->staleness);
+        if (!run->quiescing)
+                return false;
+        /* the first stage's micro-batches are back, or the stage before says so
+         * (nothing comes from a previous stage that is gone) */
+        pipe_get_stats(run->pipe, &st);
+        bool late = now_ns() > run->quiesce_deadline_ns;
+        if (!(run->stage == 0 ? st.in_flight == 0 : run->prev_quiesced || run->prev_peer < 0) && !late)
+                return false;
+        if (run->next_peer >= 0)
+                (void)net_send_control(run->net, (uint32_t)run->next_peer, FRAME_CONTROL, msg_quiesced, 4);
+        log_info("Stopped at a safe point%s", late ? " (gave up waiting for the micro-batches on the way)" : "");
+        run->quiesced = true;
+        return true;
+}
 
-        uint64_t start = now_ns(), last_log = start, last_samples = 0, last_t = start;
-        uint64_t updates_seen = 0, samples_synced = 0, last_report = 0, last_links = 0;
-        double last_loss = -1, last_rate = 0; /* only the last stage knows the loss */
-        PipeStats st, prev_st = {};
-        pipe_get_stats(pipe, &st);
-        updates_seen = st.updates;
-        bool quiescing = false, quiesced = false;
-        uint64_t quiesce_deadline = 0;
-        while (!*stop) {
-                if (o->quiesce && *o->quiesce && !quiescing) {
-                        log_info("Stopping at a safe point: the micro-batches on the way finish first");
-                        pipe_quiesce(pipe, true);
-                        quiescing = true;
-                        quiesce_deadline = now_ns() + 5 * NSEC_PER_SEC;
-                }
-                if (quiescing) { /* the first stage's micro-batches are back, or the stage before says so */
-                        pipe_get_stats(pipe, &st);
-                        /* (nothing comes from a previous stage that is gone) */
-                        if ((stage == 0 ? st.in_flight == 0 : run.prev_quiesced || run.prev_peer < 0) ||
-                            now_ns() > quiesce_deadline) {
-                                if (run.next_peer >= 0)
-                                        (void)net_send_control(net, (uint32_t)run.next_peer, FRAME_CONTROL,
-                                                               msg_quiesced, 4);
-                                log_info("Stopped at a safe point%s", now_ns() > quiesce_deadline ?
-                                         " (gave up waiting for the micro-batches on the way)" : "");
-                                quiesced = true;
-                                break;
-                        }
-                }
-                dial_next(&run);
-                if (neighbour_gone_too_long(&run, p->neighbour_timeout_s)) {
-                        r = -ETIMEDOUT;
-                        break;
-                }
-                if (o->control) { /* pause, stop and checkpoints */
-                        r = control_gate(o->control, serve_paused, &run);
-                        if (run.told_paused) {
-                                tell_neighbours(&run, msg_resumed);
-                                run.told_paused = false;
-                        }
-                        if (r == -ECANCELED)
-                                break;
-                        if (r == CONTROL_CHECKPOINT)
-                                control_checkpoint_done(o->control,
-                                                        o->checkpoint_dir ? save_checkpoint(o, job, pipe) : -EOPNOTSUPP,
-                                                        position(pipe).step);
-                }
-                r = pipe_work(pipe);
+/* Pause, stop and checkpoints, as the daemon asks: -ECANCELED to stop. */
+static int run_gate(Run *run) {
+        const LocalRunOptions *o = run->o;
+        int r;
+
+        if (!o->control)
+                return 0;
+        r = control_gate(o->control, serve_paused, run);
+        if (run->told_paused) {
+                tell_neighbours(run, msg_resumed);
+                run->told_paused = false;
+        }
+        if (r == CONTROL_CHECKPOINT)
+                control_checkpoint_done(o->control, o->checkpoint_dir ? save_checkpoint(run) : -EOPNOTSUPP,
+                                        position(run->pipe).step);
+        return r == -ECANCELED ? r : 0;
+}
+
+/* A progress line: what the stage did since the last one. */
+static void run_log_progress(Run *run, const PipeStats *st, uint64_t now) {
+        const PipeStats *prev = &run->prev_st;
+        double dt = ns_to_sec(now - run->last_log_ns);
+        /* fractions of the interval, within [0, 1] whatever the clocks' rounding */
+        double busy = CLAMP(1 - (double)(st->wait_ns - prev->wait_ns) / (double)(now - run->last_log_ns), 0.0, 1.0);
+        double compute = CLAMP((double)(st->compute_ns - prev->compute_ns) / (double)(now - run->last_log_ns), 0.0,
+                               1.0);
+        uint64_t scored = st->scored - prev->scored;
+        double rate = (double)(st->samples - run->last_samples) / dt;
+
+        if (run->next)
+                log_info("stage %u/%u: %lu micro-batches, %.0f samples/s, busy %.0f%% (computing %.0f%%), "
+                         "%u in flight, %u stashed versions",
+                         run->stage + 1, run->n_stages, (unsigned long)st->forwards, rate, 100 * busy, 100 * compute,
+                         st->in_flight, st->versions);
+        else
+                log_info("stage %u/%u: %lu micro-batches, loss %.4f, acc %.2f%%, %.0f samples/s, busy %.0f%% "
+                         "(computing %.0f%%)",
+                         run->stage + 1, run->n_stages, (unsigned long)st->forwards,
+                         scored ? (st->loss_sum - prev->loss_sum) / (double)scored : 0.0,
+                         scored ? 100 * (st->correct - prev->correct) / (double)scored : 0.0, rate, 100 * busy,
+                         100 * compute);
+        run->last_rate = rate;
+        if (scored)
+                run->last_loss = (st->loss_sum - prev->loss_sum) / (double)scored;
+        run->prev_st = *st;
+        run->last_log_ns = now;
+        run->last_samples = st->samples;
+}
+
+/* Between two turns of the loop: the averaging hand-off after an update,
+ * the link figures, the daemon's status and the progress line. */
+static void run_after_step(Run *run) {
+        const LocalRunOptions *o = run->o;
+        Stage *s = pipe_stage(run->pipe);
+        uint64_t now = now_ns();
+        PipeStats st;
+
+        pipe_get_stats(run->pipe, &st);
+        if (st.updates != run->updates_seen) {
+                averaging_step(&run->av, s->params, st.samples - run->samples_synced);
+                run->samples_synced = st.samples;
+                run->updates_seen = st.updates;
+        }
+        if (o->links && now - run->last_links_ns >= NSEC_PER_SEC) {
+                measure_links(run, o->links);
+                run->last_links_ns = now;
+        }
+        if (o->control && now - run->last_report_ns >= 250 * 1000000ULL) {
+                report(run, &st);
+                run->last_report_ns = now;
+        }
+        if (o->progress_interval_ms && now - run->last_log_ns >= (uint64_t)o->progress_interval_ms * 1000000ull)
+                run_log_progress(run, &st, now);
+}
+
+/* Loop: train until the pipe finishes (the last averaging round and the
+ * evaluation happen inside), a stop, or an error. PIPE_FINISHED, or -errno. */
+static int run_loop(Run *run, const volatile sig_atomic_t *stop) {
+        const LocalRunOptions *o = run->o;
+        PipeStats st;
+        int r = 0;
+
+        run->start_ns = run->last_log_ns = now_ns();
+        run->last_loss = -1;
+        pipe_get_stats(run->pipe, &st);
+        run->updates_seen = st.updates;
+        while (!*stop && !run_quiesce(run)) {
+                dial_next(run);
+                if (neighbour_gone_too_long(run, run->c->pipeline.neighbour_timeout_s))
+                        return -ETIMEDOUT;
+                if ((r = run_gate(run)) < 0)
+                        return r;
+                r = pipe_work(run->pipe);
                 if (r == PIPE_FINISHED)
-                        break;
-                if (r == PIPE_HELD) {
-                        /* the same final model in every cluster before the evaluation */
+                        return r;
+                if (r == PIPE_HELD) { /* the same final model in every cluster before the evaluation */
                         log_info("Training done: a last averaging round before the evaluation");
-                        averaging_final(&run.av, s->params, poll_run, &run);
-                        pipe_release(pipe);
+                        (void)averaging_final(&run->av, pipe_stage(run->pipe)->params, poll_run, run);
+                        pipe_release(run->pipe);
                         continue;
                 }
-                if (r < 0) {
-                        log_error_errno(r, "Stage %u failed: %m", stage + 1);
-                        break;
-                }
-                net_run(net, r > 0 ? 0 : 2);
+                if (r < 0)
+                        return log_error_errno(r, "Stage %u failed: %m", run->stage + 1);
+                net_run(run->net, r > 0 ? 0 : 2);
                 if (o->poll)
                         o->poll(o->poll_userdata);
-                pipe_get_stats(pipe, &st);
-                if (st.updates != updates_seen) { /* between two updates: the averaging hand-off */
-                        averaging_step(&run.av, s->params, st.samples - samples_synced);
-                        samples_synced = st.samples;
-                        updates_seen = st.updates;
-                }
-                uint64_t now = now_ns();
-                if (o->links && now - last_links >= NSEC_PER_SEC) {
-                        measure_links(&run, o->links);
-                        last_links = now;
-                }
-                if (o->control && now - last_report >= 250 * 1000000ULL) {
-                        report(o, job, &run, &st, last_loss, last_rate, cluster, stage, epochs);
-                        last_report = now;
-                }
-                if (o->progress_interval_ms && now - last_log >= (uint64_t)o->progress_interval_ms * 1000000ull) {
-                        double dt = ns_to_sec(now - last_t);
-                        double busy = 1 - (double)(st.wait_ns - prev_st.wait_ns) / (double)(now - last_t);
-                        double compute = (double)(st.compute_ns - prev_st.compute_ns) / (double)(now - last_t);
-                        uint64_t scored = st.scored - prev_st.scored;
-                        if (run.next)
-                                log_info("stage %u/%u: %lu micro-batches, %.0f samples/s, busy %.0f%% (computing "
-                                         "%.0f%%), %u in flight, %u stashed versions",
-                                         stage + 1, cl->n_stages, (unsigned long)st.forwards,
-                                         (double)(st.samples - last_samples) / dt, 100 * busy, 100 * compute,
-                                         st.in_flight, st.versions);
-                        else
-                                log_info("stage %u/%u: %lu micro-batches, loss %.4f, acc %.2f%%, %.0f samples/s, "
-                                         "busy %.0f%% (computing %.0f%%)",
-                                         stage + 1, cl->n_stages, (unsigned long)st.forwards,
-                                         scored ? (st.loss_sum - prev_st.loss_sum) / (double)scored : 0.0,
-                                         scored ? 100 * (st.correct - prev_st.correct) / (double)scored : 0.0,
-                                         (double)(st.samples - last_samples) / dt, 100 * busy, 100 * compute);
-                        last_rate = (double)(st.samples - last_samples) / dt;
-                        if (scored)
-                                last_loss = (st.loss_sum - prev_st.loss_sum) / (double)scored;
-                        prev_st = st;
-                        last_log = last_t = now;
-                        last_samples = st.samples;
-                }
+                run_after_step(run);
         }
-        averaging_stop(&run.av);
-        run.finished = r == PIPE_FINISHED;
-        if (o->model_params) /* for the next plan's owners */
-                memcpy(o->model_params + model_spec_params(&job->model, 0, pc.lo), s->params,
+        return -ECANCELED;
+}
+
+/* The stage's parameters for the next plan's owners, its samples, and a
+ * checkpoint on the way out, so a restart goes on from here; then what the
+ * stage queued last (DONE, say) leaves. */
+static void run_hand_back(Run *run, int r, const volatile sig_atomic_t *stop) {
+        const LocalRunOptions *o = run->o;
+        Stage *s = pipe_stage(run->pipe);
+        PipeStats st;
+
+        averaging_stop(&run->av);
+        run->finished = r == PIPE_FINISHED;
+        if (o->model_params)
+                memcpy(o->model_params + model_spec_params(&run->job->model, 0, run->pc.lo), s->params,
                        s->n_params * sizeof(float));
         if (o->ret_samples) {
-                pipe_get_stats(pipe, &st);
-                *o->ret_samples = stage == 0 ? st.samples : 0;
+                pipe_get_stats(run->pipe, &st);
+                *o->ret_samples = run->stage == 0 ? st.samples : 0;
         }
         if (o->checkpoint_dir && o->control && (r == PIPE_FINISHED || *stop))
-                save_checkpoint(o, job, pipe); /* on the way out, so a restart goes on from here */
-        /* what the stage queued last (DONE, say) still has to leave */
+                save_checkpoint(run);
         for (int i = 0; i < 100 && r == PIPE_FINISHED; i++)
-                net_run(net, 5);
-        for (int i = 0; i < 100 && quiesced && run.next_peer >= 0 && net_queued(net, (uint32_t)run.next_peer) > 0;
-             i++)
-                net_run(net, 5);
-        if (*stop || quiesced)
+                net_run(run->net, 5);
+        for (int i = 0; i < 100 && run->quiesced && run->next_peer >= 0 &&
+                        net_queued(run->net, (uint32_t)run->next_peer) > 0; i++)
+                net_run(run->net, 5);
+}
+
+/* The last line: the test accuracy at the last stage, where the time went. */
+static void run_log_finished(Run *run) {
+        PipeStats st;
+        char why[96];
+
+        pipe_get_stats(run->pipe, &st);
+        if (run->o->control)
+                report(run, &st);
+        double total = ns_to_sec(now_ns() - run->start_ns);
+        double busy = busy_while_training(&st, why, sizeof why);
+        if (!run->next)
+                log_info("Finished %s: test accuracy %.2f%% (stage %u of %u in cluster %u), %.0f samples/s, "
+                         "busy %.0f%% while training (%s), %.0f%% in all",
+                         run->job->name, 100 * st.test_acc, run->stage + 1, run->n_stages, run->cluster + 1,
+                         (double)st.samples / total, busy, why, 100 - pipe_percent(st.wait_ns, st.elapsed_ns));
+        else
+                log_info("Finished stage %u of %u in cluster %u: %lu updates, busy %.0f%% while training (%s), "
+                         "%.0f%% in all",
+                         run->stage + 1, run->n_stages, run->cluster + 1, (unsigned long)st.updates, busy, why,
+                         100 - pipe_percent(st.wait_ns, st.elapsed_ns));
+}
+
+int pipeline_run(const Config *c, const Job *job, const Identity *id, const LocalRunOptions *o,
+                 const volatile sig_atomic_t *stop) {
+        _cleanup_(run_done) Run run = { .c = c, .job = job, .o = o, .prev_peer = -1, .next_peer = -1 };
+        int r;
+
+        if ((r = run_place(&run, id)) < 0)
+                return r;
+        if ((r = ops_blas_set_threads(o->threads)) < 0)
+                return log_error_errno(r, "Failed to start %d compute threads: %m", o->threads);
+        if ((r = run_load_data(&run)) < 0 || (r = run_stage(&run)) < 0 || (r = run_links(&run, id)) < 0 ||
+            (r = run_rings(&run, id)) < 0)
+                return r;
+        log_info("Stage %u of %u in cluster %u of %u: layers %d-%d, %zu parameters, micro-batch %d, %s schedule, "
+                 "at most %d in flight",
+                 run.stage + 1, run.n_stages, run.cluster + 1, c->pipeline.n_clusters, run.pc.lo, run.pc.hi - 1,
+                 pipe_stage(run.pipe)->n_params, c->pipeline.micro_batch,
+                 c->pipeline.synchronous ? "synchronous" : "asynchronous", c->pipeline.staleness);
+
+        r = run_loop(&run, stop);
+        run_hand_back(&run, r, stop);
+        if (*stop || run.quiesced)
                 return -ECANCELED;
         if (r < 0)
                 return r;
-        pipe_get_stats(pipe, &st);
-        if (o->control)
-                report(o, job, &run, &st, last_loss, last_rate, cluster, stage, epochs);
-        double total = ns_to_sec(now_ns() - start);
-        char why[96];
-        if (!run.next)
-                log_info("Finished %s: test accuracy %.2f%% (stage %u of %u in cluster %u), %.0f samples/s, "
-                         "busy %.0f%% while training (%s), %.0f%% in all",
-                         job->name, 100 * st.test_acc, stage + 1, cl->n_stages, cluster + 1,
-                         (double)st.samples / total, busy_while_training(&st, why, sizeof why), why,
-                         100 - pipe_percent(st.wait_ns, st.elapsed_ns));
-        else
-                log_info("Finished stage %u of %u in cluster %u: %lu updates, busy %.0f%% while training (%s), %.0f%% in all",
-                         stage + 1, cl->n_stages, cluster + 1, (unsigned long)st.updates,
-                         busy_while_training(&st, why, sizeof why), why,
-                         100 - pipe_percent(st.wait_ns, st.elapsed_ns));
+        run_log_finished(&run);
         return 0;
 }

@@ -35,6 +35,7 @@
 #define ELEMENTSOF(x) (sizeof(x) / sizeof((x)[0]))
 #define MIN(a, b) ((a) < (b) ? (a) : (b))
 #define MAX(a, b) ((a) > (b) ? (a) : (b))
+#define CLAMP(x, lo, hi) MIN(MAX(x, lo), hi)
 #define ALIGN_TO(x, a) (((x) + (a) - 1) & ~((size_t)(a) - 1))
 
 /* Take ownership out of a variable, leaving NULL behind. */
