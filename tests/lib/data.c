@@ -64,7 +64,7 @@ void test_write_idx_data(const char *dir, const TestData *t) {
         cr_assert(proto);
         (void)mkdir(dir, 0755);
         for (size_t i = 0; i < (size_t)t->classes * per; i++)
-                proto[i] = (uint8_t)(rand_r(&seed) % 2 ? 200 : 40);
+                proto[i] = (uint8_t)(rand_r(&seed) % 2 ? 150 : 100);
         write_split(dir, "train", t, proto, t->n_train, &seed);
         write_split(dir, "t10k", t, proto, t->n_test, &seed);
         free(proto);
