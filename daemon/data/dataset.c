@@ -85,7 +85,9 @@ int dataset_probe_dir(const char *dir, const char *split, DatasetShape *ret, Dia
 
 DatasetShape dataset_shape(const Dataset *ds) {
         int max_label = 0;
-        for (size_t i = 0; i < ds->n; i++)
+        for (size_t i = 0; ds->text && i < ds->text_len; i++)
+                max_label = MAX(max_label, (int)ds->text[i]);
+        for (size_t i = 0; ds->labels && i < ds->n; i++)
                 max_label = MAX(max_label, (int)ds->labels[i]);
         return (DatasetShape){ .n = ds->n, .c = ds->c, .h = ds->h, .w = ds->w, .max_label = max_label };
 }
@@ -103,6 +105,7 @@ int dataset_check_fit(const DatasetShape *s, int c, int h, int w, int classes, D
 Dataset *dataset_free(Dataset *ds) {
         if (!ds)
                 return NULL;
+        free(ds->text);
         free(ds->images);
         free(ds->labels);
         free(ds);
@@ -114,7 +117,23 @@ void dataset_set_normalization(Dataset *ds, float mean, float std) {
         ds->shift = -mean / std;
 }
 
+/* Windows of T bytes at i * T, and the same shifted by one as targets. */
+static void gather_text(const Dataset *ds, float *x, int32_t *y, const uint32_t *idx, int B) {
+        size_t T = (size_t)ds->c;
+        for (int b = 0; b < B; b++) {
+                const uint8_t *src = ds->text + (size_t)idx[b] * T;
+                for (size_t t = 0; t < T; t++)
+                        x[(size_t)b * T + t] = (float)src[t];
+                for (size_t t = 0; y && t < T; t++)
+                        y[(size_t)b * T + t] = src[t + 1];
+        }
+}
+
 _simd_clones_ void dataset_gather(const Dataset *ds, float *x, int32_t *y, const uint32_t *idx, int B) {
+        if (ds->text) {
+                gather_text(ds, x, y, idx, B);
+                return;
+        }
         size_t per = (size_t)ds->c * ds->h * ds->w;
         for (int b = 0; b < B; b++) {
                 const uint8_t *src = ds->images + (size_t)idx[b] * per;

@@ -14,6 +14,7 @@
  */
 #pragma once
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -22,11 +23,16 @@
 
 typedef struct Dataset {
         size_t n;          /* samples */
-        int c, h, w;       /* per-sample shape */
-        int n_classes;
+        int c, h, w;       /* per-sample shape; text: (T,1,1) */
+        int n_classes;     /* text: the vocabulary */
         uint8_t *images;   /* (n, c, h, w) */
         uint8_t *labels;   /* (n), each < n_classes */
         float scale, shift; /* byte -> normalized float: byte * scale + shift */
+        /* Text (dataset_load_text()): a sample is the window of T = c bytes
+         * at i * T, its labels the same window one byte later; images and
+         * labels are NULL. */
+        uint8_t *text;
+        size_t text_len;
 } Dataset;
 
 /* Load an images file (idx3: n, h, w) and a labels file (idx1: n). Labels
@@ -65,10 +71,26 @@ DatasetShape dataset_shape(const Dataset *ds);
  * every label is one of the model's classes. */
 int dataset_check_fit(const DatasetShape *s, int c, int h, int w, int classes, Diag *d);
 
+/* Byte-level text: the file at path, or every regular file of the
+ * directory path (by name; links are not followed, and a directory's files
+ * that are not text are left out — fortune's .dat indexes, say). A named
+ * file that is empty, holds a NUL byte or is not valid UTF-8 is refused, as
+ * is a corpus of no text files or too short for one window of T + 1 bytes
+ * in each split. The last 5 % of the bytes are the validation split
+ * (test = true), the rest the training split. Ids are bytes: below 256;
+ * n_classes is the vocabulary the labels must stay below (checked by
+ * dataset_check_fit(), as for images). At most DATASET_TEXT_MAX bytes. */
+#define DATASET_TEXT_MAX ((size_t)1 << 30)
+int dataset_load_text(const char *path, bool test, int T, int vocab, Dataset **ret, Diag *d);
+/* The same checks and shape without keeping the bytes (labels: the largest
+ * byte of the split). */
+int dataset_probe_text(const char *path, bool test, int T, DatasetShape *ret, Diag *d);
+
 /* x = (byte / 255 - mean) / std. The default is mean 0, std 1. */
 void dataset_set_normalization(Dataset *ds, float mean, float std);
 
-/* x is (B, c, h, w), y is (B); idx holds B sample indices below ds->n. */
+/* x is (B, c, h, w), y is (B); idx holds B sample indices below ds->n.
+ * Text: x is (B, T) ids as floats, y is (B, T), the next byte of each. */
 void dataset_gather(const Dataset *ds, float *x, int32_t *y, const uint32_t *idx, int B);
 
 /* The order in which one shard of a dataset is visited.
