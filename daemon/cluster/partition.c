@@ -8,20 +8,6 @@
 #include "partition.h"
 #include "util/macro.h"
 
-/* Multiply-adds of one sample through a layer's forward pass, times two for
- * flops. */
-static double layer_forward_flops(const Layer *l) {
-        double out = (double)shape_numel(l->out), in = (double)shape_numel(l->in);
-        switch (l->kind) {
-        case LAYER_LINEAR:
-        case LAYER_CONV2D:
-                /* every output value takes fan_in multiply-adds */
-                return 2 * out * (double)l->fan_in;
-        default:
-                return MAX(in, out); /* elementwise */
-        }
-}
-
 int partition_costs(const ModelSpec *m, const PartitionParams *p, PartitionCosts *ret, Diag *d) {
         Layer layers[MODEL_MAX_LAYERS];
         int r = model_spec_check(m, layers, d);

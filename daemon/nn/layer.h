@@ -8,6 +8,14 @@
  *
  * Per-sample shapes are (C,H,W); a vector of D features is (D,1,1).
  *
+ * A language model's activations are a sequence of T vectors of C features,
+ * row-major (T,C) per sample: Shape (T,C,1), c the position and h the
+ * feature, so a batch is llm.c's (B,T,C). Its input is T token ids, Shape
+ * (T,1,1), that travel as floats holding exact integers (every id below 2^24
+ * is exact in a float; vocabularies are far smaller): the stage's input
+ * buffer stays a float buffer like any other. The transformer's kinds
+ * (embed, block, lm_head) are declared in nn/transformer.h.
+ *
  *     Layer l;
  *     r = layer_init(&l, &(LayerSpec){ .kind = LAYER_LINEAR, .out = 10 },
  *                    (Shape){ 784, 1, 1 }, &diag);
@@ -31,6 +39,9 @@ typedef enum LayerKind {
         LAYER_CONV2D,
         LAYER_MAXPOOL2D,
         LAYER_FLATTEN,
+        LAYER_EMBED,   /* token + learned position embedding: (T,1,1) ids -> (T,C,1) */
+        LAYER_BLOCK,   /* pre-LN transformer block: (T,C,1) -> (T,C,1) */
+        LAYER_LM_HEAD, /* final LayerNorm + linear to the vocabulary: (T,C,1) -> (T,V,1) */
         _LAYER_KIND_MAX,
         _LAYER_KIND_INVALID = -1,
 } LayerKind;
@@ -50,6 +61,8 @@ typedef struct LayerSpec {
         int kernel;  /* conv2d, maxpool2d */
         int stride;  /* conv2d (default 1), maxpool2d (default = kernel) */
         int padding; /* conv2d */
+        int vocab;   /* embed: token ids are below vocab (out is the width C) */
+        int heads;   /* block: attention heads, dividing C */
 } LayerSpec;
 
 typedef struct Layer {
@@ -60,7 +73,11 @@ typedef struct Layer {
         size_t param_offset;    /* where they start in the stage slab */
         size_t saved_bytes;     /* per sample, kept from forward to backward */
         size_t scratch_floats;  /* per call, for im2col and the like */
+        size_t scratch_per_sample; /* floats per sample on top of scratch_floats: a
+                                    * block's backward keeps (B,T,..) gradients there */
         size_t fan_in;          /* for initialization */
+        int model_blocks;       /* blocks in the whole model (model_spec_check fills it):
+                                 * GPT-2 scales residual projections by 1/sqrt(2 blocks) */
 } Layer;
 
 const char *layer_kind_to_string(LayerKind k);
@@ -70,10 +87,22 @@ LayerKind layer_kind_from_string(const char *s);
  * the reason in d when the layer cannot take that input. */
 int layer_init(Layer *l, const LayerSpec *spec, Shape in, Diag *d);
 
-/* Deterministic initialization (PyTorch's default policy: weights and biases
- * uniform in ±1/sqrt(fan_in)) from a generator seeded for this layer.
- * w is (n_params). */
+/* Deterministic initialization from a generator seeded for this layer.
+ * w is (n_params). Linear and conv2d: PyTorch's default policy, weights and
+ * biases uniform in ±1/sqrt(fan_in). The transformer's kinds: GPT-2's (as
+ * llm.c and nanoGPT): every weight matrix and both embeddings normal with
+ * std 0.02, the two residual projections of a block (attention's output and
+ * the MLP's second linear) with std 0.02/sqrt(2 * model_blocks), biases 0,
+ * LayerNorm weights 1 and biases 0. The normal draws are Marsaglia's polar
+ * method on a log computed here with + * / only, so they are bit-identical
+ * on every IEEE machine like the uniform ones. */
 void layer_init_params(const Layer *l, float *w, Rng *r);
+
+/* Floating-point operations of one sample through the layer's forward pass
+ * (a multiply-add is 2). The backward pass costs about twice as much. A
+ * block counts its causal attention, 2 T^2 C multiply-adds for QK^T and AV
+ * over the lower triangle, so a partitioner sees attention grow with T^2. */
+double layer_forward_flops(const Layer *l);
 
 /* out is (B, out), inp is (B, in), w is (n_params), saved is (B, saved_bytes),
  * scratch is (scratch_floats). */

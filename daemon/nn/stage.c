@@ -13,16 +13,37 @@ int model_spec_check(const ModelSpec *m, Layer *ret_layers, Diag *d) {
         if (m->n_classes <= 1)
                 return diag_set(d, -EINVAL, "a model needs at least 2 classes, got %d", m->n_classes);
 
+        int blocks = 0;
+        for (int i = 0; i < m->n_layers; i++)
+                blocks += m->layers[i].kind == LAYER_BLOCK;
+        if (m->lm && (m->input.h != 1 || m->input.w != 1 || m->layers[0].kind != LAYER_EMBED))
+                return diag_set(d, -EINVAL,
+                                "a language model takes (T,1,1) token ids into an embed layer first, got (%d,%d,%d) into %s",
+                                m->input.c, m->input.h, m->input.w,
+                                layer_kind_to_string(m->layers[0].kind) ?: "?");
+
         for (int i = 0; i < m->n_layers; i++) {
                 Layer l;
                 Diag ld = {};
+                if (i > 0 && m->layers[i].kind == LAYER_EMBED)
+                        return diag_set(d, -EINVAL, "layer %d (embed): only the first layer reads token ids",
+                                        i + 1);
                 int r = layer_init(&l, &m->layers[i], s, &ld);
                 if (r < 0)
                         return diag_set(d, r, "layer %d (%s): %s", i + 1,
                                         layer_kind_to_string(m->layers[i].kind) ?: "?", ld.text);
+                l.model_blocks = blocks;
                 if (ret_layers)
                         ret_layers[i] = l;
                 s = l.out;
+        }
+        if (m->lm) {
+                if (s.c != m->input.c || s.h != m->n_classes || s.w != 1)
+                        return diag_set(d, -EINVAL,
+                                        "the last layer gives (%d,%d,%d) but a language model of context %d over %d tokens needs (%d,%d,1)",
+                                        s.c, s.h, s.w, m->input.c, m->n_classes, m->input.c,
+                                        m->n_classes);
+                return 0;
         }
         if (s.c != m->n_classes || s.h != 1 || s.w != 1)
                 return diag_set(d, -EINVAL,
@@ -78,6 +99,7 @@ int stage_new(const ModelSpec *m, int lo, int hi, uint64_t seed, Stage **ret, Di
                 l->param_offset = s->n_params;
                 s->n_params += l->n_params;
                 s->scratch_floats = MAX(s->scratch_floats, l->scratch_floats);
+                s->scratch_per_sample = MAX(s->scratch_per_sample, l->scratch_per_sample);
         }
         s->in = s->layers[0].in;
         s->out = s->layers[s->n_layers - 1].out;
@@ -115,6 +137,7 @@ size_t trace_bytes(const Stage *s, int max_batch) {
                 n += (s->layers[i].kind == LAYER_FLATTEN ? 0 : shape_numel(s->layers[i].out)) +
                      s->layers[i].saved_bytes / sizeof(float);
         n += 2 * max_act_numel(s);
+        n += s->scratch_per_sample;
         return (n * (size_t)max_batch + s->scratch_floats) * sizeof(float);
 }
 
@@ -152,7 +175,7 @@ int trace_new(Stage *s, int max_batch, Trace **ret) {
         size_t m = max_act_numel(s);
         t->dbuf[0] = arena_alloc_floats(a, B * m);
         t->dbuf[1] = arena_alloc_floats(a, B * m);
-        t->scratch = arena_alloc_floats(a, MAX(s->scratch_floats, (size_t)1));
+        t->scratch = arena_alloc_floats(a, MAX(s->scratch_floats + B * s->scratch_per_sample, (size_t)1));
         if (!t->dbuf[0] || !t->dbuf[1] || !t->scratch)
                 return -ENOMEM;
         *ret = t;

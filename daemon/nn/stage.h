@@ -28,16 +28,28 @@
 #define MODEL_MAX_LAYERS 256
 
 typedef struct ModelSpec {
-        Shape input;   /* per sample, e.g. (1,28,28) */
-        int n_classes; /* the last layer's output width */
+        Shape input;   /* per sample, e.g. (1,28,28); a language model's is (T,1,1) */
+        int n_classes; /* the last layer's output width; a language model's vocabulary */
+        /* A language model (see nn/transformer.h): a sample is T token ids,
+         * (T,1,1) as floats, the output is (T,n_classes,1), one prediction
+         * per position, and a sample's label is T target ids, so a batch of
+         * B samples has B*T labels and the loss is softmax_xent() over B*T
+         * rows of n_classes. */
+        bool lm;
         int n_layers;
         LayerSpec layers[MODEL_MAX_LAYERS];
 } ModelSpec;
 
 /* Infer and check the shapes of the whole model: every layer must accept
- * its input and the last must produce (n_classes,1,1). ret_layers, when not
+ * its input and the last must produce (n_classes,1,1), or (T,n_classes,1)
+ * for a language model, whose first layer must be embed. ret_layers, when not
  * NULL, receives n_layers initialized layers. On error d names the layer. */
 int model_spec_check(const ModelSpec *m, Layer *ret_layers, Diag *d);
+/* Labels per sample: T for a language model, else 1. The rows the loss
+ * sees are B * this, each n_classes wide. */
+static inline int model_spec_labels_per_sample(const ModelSpec *m) {
+        return m->lm ? m->input.c : 1;
+}
 /* Total parameter count of layers [lo, hi). */
 size_t model_spec_params(const ModelSpec *m, int lo, int hi);
 
@@ -50,7 +62,8 @@ typedef struct Stage {
         size_t n_params;
         float *params; /* slab (n_params) */
         float *grads;  /* slab (n_params) */
-        size_t scratch_floats;
+        size_t scratch_floats;     /* per call, the most any layer needs */
+        size_t scratch_per_sample; /* and per sample, likewise */
 } Stage;
 
 /* Layers [lo, hi) of m, parameters initialized from seed. */

@@ -50,6 +50,12 @@ static void blas_gemm(bool ta, bool tb, int M, int N, int K, float alpha, const 
         pool_for(compute_pool, (size_t)(g.split_rows ? M : N), grain, gemm_block, &g);
 }
 
+static void blas_gemm_serial(bool ta, bool tb, int M, int N, int K, float alpha, const float *A,
+                             int lda, const float *B, int ldb, float beta, float *C, int ldc) {
+        cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, M,
+                    N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+}
+
 static void blas_axpy(size_t n, float alpha, const float *x, float *y) {
         cblas_saxpy((int)n, alpha, x, 1, y, 1);
 }
@@ -61,6 +67,7 @@ static void blas_parallel(size_t n, size_t grain, PoolRangeFn fn, void *ctx) {
 const Ops ops_blas = {
         .name = "openblas",
         .gemm = blas_gemm,
+        .gemm_serial = blas_gemm_serial,
         .axpy = blas_axpy,
         .parallel = blas_parallel,
 };

@@ -31,6 +31,7 @@ static void naive_parallel(size_t n, size_t grain, void (*fn)(void *ctx, size_t 
 const Ops ops_naive = {
         .name = "naive",
         .gemm = naive_gemm,
+        .gemm_serial = naive_gemm,
         .axpy = naive_axpy,
         .parallel = naive_parallel,
 };

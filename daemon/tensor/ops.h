@@ -21,10 +21,17 @@ typedef struct Ops {
         const char *name;
         void (*gemm)(bool ta, bool tb, int M, int N, int K, float alpha, const float *A, int lda,
                      const float *B, int ldb, float beta, float *C, int ldc);
+        /* The same gemm on the calling thread only: for work that is already
+         * split across the compute threads (attention runs one (sample,
+         * head) per task and calls this inside its ranges). */
+        void (*gemm_serial)(bool ta, bool tb, int M, int N, int K, float alpha, const float *A,
+                            int lda, const float *B, int ldb, float beta, float *C, int ldc);
         /* y += alpha * x */
         void (*axpy)(size_t n, float alpha, const float *x, float *y);
         /* Run fn over [0, n) in ranges, on the compute threads when the
-         * work is worth it (at least grain per thread); see pool.h. */
+         * work is worth it (at least grain per thread); see pool.h. A grain
+         * below 16 splits coarse tasks (one per index) exactly. Never call
+         * parallel or gemm from inside fn: use gemm_serial there. */
         void (*parallel)(size_t n, size_t grain, void (*fn)(void *ctx, size_t lo, size_t hi),
                          void *ctx);
 } Ops;

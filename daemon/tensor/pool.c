@@ -27,6 +27,7 @@ struct Pool {
         PoolRangeFn fn;
         void *ctx;
         size_t n;
+        size_t align; /* of the parts' boundaries: 16, or 1 for coarse tasks */
 };
 
 static void futex_wait(_Atomic uint32_t *addr, uint32_t val) {
@@ -43,8 +44,8 @@ static inline void cpu_relax(void) {
 #endif
 }
 
-static void part_range(size_t n, int part, int parts, size_t *lo, size_t *hi) {
-        size_t per = ALIGN_TO((n + (size_t)parts - 1) / (size_t)parts, 16);
+static void part_range(size_t n, size_t align, int part, int parts, size_t *lo, size_t *hi) {
+        size_t per = ALIGN_TO((n + (size_t)parts - 1) / (size_t)parts, align);
         *lo = MIN(n, per * (size_t)part);
         *hi = MIN(n, *lo + per);
 }
@@ -71,7 +72,7 @@ static void *worker_main(void *arg) {
                         return NULL;
 
                 size_t lo, hi;
-                part_range(p->n, index, p->n_threads, &lo, &hi);
+                part_range(p->n, p->align, index, p->n_threads, &lo, &hi);
                 if (lo < hi)
                         p->fn(p->ctx, lo, hi);
                 atomic_fetch_sub_explicit(&p->pending, 1, memory_order_acq_rel);
@@ -116,7 +117,8 @@ int pool_threads(const Pool *p) {
 }
 
 void pool_for(Pool *p, size_t n, size_t grain, PoolRangeFn fn, void *ctx) {
-        if (!p || p->n_threads == 1 || n < MAX(grain, (size_t)16) * 2) {
+        size_t align = grain < 16 ? 1 : 16;
+        if (!p || p->n_threads == 1 || n < MAX(grain, align) * 2) {
                 if (n)
                         fn(ctx, 0, n);
                 return;
@@ -124,12 +126,13 @@ void pool_for(Pool *p, size_t n, size_t grain, PoolRangeFn fn, void *ctx) {
         p->fn = fn;
         p->ctx = ctx;
         p->n = n;
+        p->align = align;
         atomic_store(&p->pending, (uint32_t)(p->n_threads - 1));
         atomic_fetch_add_explicit(&p->generation, 1, memory_order_release);
         futex_wake_all(&p->generation);
 
         size_t lo, hi;
-        part_range(n, 0, p->n_threads, &lo, &hi);
+        part_range(n, p->align, 0, p->n_threads, &lo, &hi);
         fn(ctx, lo, hi);
         while (atomic_load_explicit(&p->pending, memory_order_acquire) > 0)
                 cpu_relax();

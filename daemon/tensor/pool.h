@@ -34,5 +34,7 @@ int pool_threads(const Pool *p);
 /* Split [0, n) into one contiguous range per thread (boundaries rounded to
  * 16 elements, one cache line of floats) and run fn on each; returns when all
  * are done. When a part would get fewer than grain elements the whole range
- * runs on the caller: not worth a wake-up. */
+ * runs on the caller: not worth a wake-up. A grain below 16 means coarse
+ * tasks (attention's (sample, head) pairs): the boundaries are not rounded,
+ * so 6 tasks on 2 threads are 3 and 3. */
 void pool_for(Pool *p, size_t n, size_t grain, PoolRangeFn fn, void *ctx);
