@@ -77,6 +77,7 @@ struct Pipe {
         bool first, last;
         int tau, U;
         size_t in_features, out_features;
+        int rows, classes; /* loss rows per sample (1, or T for a language model), classes of each */
 
         Net *net;
         int64_t prev, next;
@@ -181,6 +182,8 @@ int pipe_new(const PipeConfig *c, const Ops *ops, Pipe **ret, Diag *d) {
                 return r;
         p->in_features = shape_numel(p->s->in);
         p->out_features = shape_numel(p->s->out);
+        p->rows = model_spec_labels_per_sample(c->model);
+        p->classes = c->model->n_classes;
         p->optim_state = calloc(MAX(optim_state_floats(c->optim->kind, p->s->n_params), (size_t)1), sizeof(float));
         if (!p->optim_state || optim_init(&p->optim, c->optim, p->s->n_params, p->optim_state) < 0)
                 return diag_set(d, -EINVAL, "unknown optimizer");
@@ -199,7 +202,7 @@ int pipe_new(const PipeConfig *c, const Ops *ops, Pipe **ret, Diag *d) {
         if ((r = trace_new(p->s, c->micro_batch, &p->eval_trace)) < 0)
                 return r;
         for (int i = 0; i < 2 * p->tau + 2; i++)
-                if (!(p->labels[i].y = calloc((size_t)c->micro_batch, sizeof(int32_t))))
+                if (!(p->labels[i].y = calloc((size_t)c->micro_batch * (size_t)p->rows, sizeof(int32_t))))
                         return -ENOMEM;
         if (p->last && !(p->dlogits = calloc((size_t)c->micro_batch * p->out_features, sizeof(float))))
                 return -ENOMEM;
@@ -215,7 +218,7 @@ int pipe_new(const PipeConfig *c, const Ops *ops, Pipe **ret, Diag *d) {
                 if (!(p->idx = calloc((size_t)c->micro_batch, sizeof *p->idx)))
                         return -ENOMEM;
                 for (int i = 0; i < p->tau; i++)
-                        if (!(p->slots[i].labels = calloc((size_t)c->micro_batch, sizeof(int32_t))))
+                        if (!(p->slots[i].labels = calloc((size_t)c->micro_batch * (size_t)p->rows, sizeof(int32_t))))
                                 return -ENOMEM;
         }
         p->st.test_acc = p->st.test_loss = -1;
@@ -432,7 +435,8 @@ int pipe_on_tensor(Pipe *p, NetTensor *t) {
         const TensorDesc *d = &t->desc;
         bool ok = (kind == KIND_GRAD ? from_next : from_prev) && d->dims[0] >= 1 &&
                   d->dims[0] <= (uint32_t)p->cfg.micro_batch &&
-                  (kind == KIND_LABELS ? d->dtype == DTYPE_I32 && d->ndim == 1
+                  (kind == KIND_LABELS ? d->dtype == DTYPE_I32 && d->ndim == (p->rows > 1 ? 2 : 1) &&
+                                                 (p->rows == 1 || d->dims[1] == (uint32_t)p->rows)
                                        : d->dtype == DTYPE_F32 && d->ndim == 2 && d->dims[1] == want);
         if (!ok) {
                 net_tensor_release(p->net, t);
@@ -525,7 +529,7 @@ static int last_train(Pipe *p, uint32_t id, Trace *tr, int B, const int32_t *y) 
         int correct;
         float loss;
         stage_forward(s, p->ops, s->params, tr, B);
-        loss = softmax_xent(p->dlogits, &correct, trace_output(tr), y, B, (int)p->out_features);
+        loss = softmax_xent(p->dlogits, &correct, trace_output(tr), y, B * p->rows, p->classes);
         p->loss_sum += (double)loss * B;
         p->correct_sum += correct;
         p->seen += B;
@@ -537,7 +541,7 @@ static int last_train(Pipe *p, uint32_t id, Trace *tr, int B, const int32_t *y) 
 
 static void eval_out(Pipe *p, Trace *tr, int B, const int32_t *y) {
         int correct;
-        float loss = softmax_xent(p->dlogits, &correct, trace_output(tr), y, B, (int)p->out_features);
+        float loss = softmax_xent(p->dlogits, &correct, trace_output(tr), y, B * p->rows, p->classes);
         p->eval_loss += (double)loss * B;
         p->eval_correct += correct;
         p->eval_seen += B;
@@ -575,7 +579,8 @@ static int first_inject(Pipe *p, bool eval) {
                 }
                 return last_train(p, id, tr, B, y);
         }
-        r = send_copy(p, p->next, KIND_LABELS, id, DTYPE_I32, (uint32_t)B, 0, y, (size_t)B * sizeof(int32_t));
+        r = send_copy(p, p->next, KIND_LABELS, id, DTYPE_I32, (uint32_t)B, p->rows > 1 ? (uint32_t)p->rows : 0, y,
+                      (size_t)B * (size_t)p->rows * sizeof(int32_t));
         if (r < 0)
                 return r;
         if (eval) {
@@ -626,7 +631,8 @@ static int do_forward(Pipe *p, NetTensor *t) {
 
         if (kind == KIND_LABELS) {
                 if (!p->last) /* passed on as it came, ahead of its activations */
-                        return send(p, p->next, KIND_LABELS, id, DTYPE_I32, (uint32_t)B, 0, t->data,
+                        return send(p, p->next, KIND_LABELS, id, DTYPE_I32, (uint32_t)B,
+                                    p->rows > 1 ? (uint32_t)p->rows : 0, t->data,
                                     COOKIE((uintptr_t)t, COOKIE_RELEASE));
                 Labels *l = NULL;
                 for (int i = 0; i < 2 * p->tau + 2 && !l; i++)
@@ -637,9 +643,9 @@ static int do_forward(Pipe *p, NetTensor *t) {
                         return -EBADMSG; /* labels without activations, piling up */
                 }
                 *l = (Labels){ .used = true, .id = id, .B = B, .y = l->y };
-                memcpy(l->y, t->data, (size_t)B * sizeof(int32_t));
-                for (int i = 0; i < B; i++)
-                        if (l->y[i] < 0 || l->y[i] >= (int32_t)p->out_features) {
+                memcpy(l->y, t->data, (size_t)B * (size_t)p->rows * sizeof(int32_t));
+                for (int i = 0; i < B * p->rows; i++)
+                        if (l->y[i] < 0 || l->y[i] >= p->classes) {
                                 l->used = false;
                                 net_tensor_release(p->net, t);
                                 return -EBADMSG;
@@ -829,7 +835,7 @@ static int work(Pipe *p) {
                 if (p->last) {
                         p->done_seen = true;
                         if (p->eval_seen > 0) {
-                                p->st.test_acc = p->eval_correct / p->eval_seen;
+                                p->st.test_acc = p->eval_correct / (p->eval_seen * p->rows);
                                 p->st.test_loss = p->eval_loss / p->eval_seen;
                         }
                 } else if (control(p, p->next, msg_end) < 0)
@@ -837,7 +843,7 @@ static int work(Pipe *p) {
         }
         if (r == 0 && p->phase == PHASE_ENDING && p->done_seen) {
                 if (p->first && p->last && p->eval_seen > 0) {
-                        p->st.test_acc = p->eval_correct / p->eval_seen;
+                        p->st.test_acc = p->eval_correct / (p->eval_seen * p->rows);
                         p->st.test_loss = p->eval_loss / p->eval_seen;
                 }
                 if (!p->first)
@@ -905,7 +911,7 @@ void pipe_get_stats(Pipe *p, PipeStats *ret) {
                 p->st.step_in_epoch = p->epoch > p->cfg.epochs ? 0 : p->step;
         }
         p->st.loss_sum = p->loss_sum;
-        p->st.correct = p->correct_sum;
+        p->st.correct = p->correct_sum / p->rows; /* in samples' worth of rows */
         p->st.scored = (uint64_t)p->seen;
         *ret = p->st;
         ret->wait_ns += waiting; /* the wait going on now */

@@ -48,8 +48,11 @@ int trainer_new(const ModelSpec *model, const OptimSpec *optim, const TrainSpec 
         r = trace_new(s, spec->batch_size, &t->trace);
         if (r < 0)
                 return r;
-        t->labels = arena_alloc(s->arena, sizeof(int32_t) * (size_t)spec->batch_size);
-        t->dlogits = arena_alloc_floats(s->arena, (size_t)spec->batch_size * (size_t)model->n_classes);
+        t->rows = model_spec_labels_per_sample(model);
+        t->classes = model->n_classes;
+        size_t rows = (size_t)spec->batch_size * (size_t)t->rows;
+        t->labels = arena_alloc(s->arena, sizeof(int32_t) * rows);
+        t->dlogits = arena_alloc_floats(s->arena, rows * (size_t)model->n_classes);
         if (!t->labels || !t->dlogits)
                 return -ENOMEM;
 
@@ -86,8 +89,7 @@ float trainer_step(Trainer *t, int B, int *ret_correct) {
         float loss;
 
         stage_forward(s, t->ops, s->params, t->trace, B);
-        loss = softmax_xent(t->dlogits, ret_correct, trace_output(t->trace), t->labels, B,
-                            s->out.c);
+        loss = softmax_xent(t->dlogits, ret_correct, trace_output(t->trace), t->labels, B * t->rows, t->classes);
         /* The first layer's input gradient is nobody's business: skip it.
          * Each layer is updated as soon as its gradient is complete. */
         optim_begin_step(&t->optim);
@@ -119,11 +121,12 @@ void trainer_evaluate(Trainer *t, const Dataset *ds, double *ret_acc, double *re
                         idx[i] = (uint32_t)(start + (size_t)i);
                 dataset_gather(ds, trace_input(t->trace), t->labels, idx, n);
                 stage_forward(s, t->ops, s->params, t->trace, n);
-                loss += (double)softmax_xent(NULL, &c, trace_output(t->trace), t->labels, n, s->out.c) * n;
+                loss += (double)softmax_xent(NULL, &c, trace_output(t->trace), t->labels, n * t->rows, t->classes) *
+                        n;
                 correct += (size_t)c;
         }
         free(idx);
-        *ret_acc = (double)correct / (double)ds->n;
+        *ret_acc = (double)correct / ((double)ds->n * t->rows);
         *ret_loss = loss / (double)ds->n;
 }
 
@@ -164,7 +167,7 @@ int trainer_run(Trainer *t, TrainProgressFn cb, void *userdata, const volatile s
                         p.step = step + 1;
                         p.samples += (uint64_t)b;
                         p.loss = loss_sum / (double)p.samples;
-                        p.train_acc = (double)correct / (double)p.samples;
+                        p.train_acc = (double)correct / ((double)p.samples * t->rows);
                         p.samples_per_sec = (double)p.samples / ns_to_sec(busy);
                         if (cb && (r = cb(&p, userdata)) < 0)
                                 return r;

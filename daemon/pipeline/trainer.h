@@ -49,8 +49,10 @@ typedef struct Trainer {
         Stage *stage;
         Optim optim;
         Trace *trace;
-        int32_t *labels; /* (batch) */
-        float *dlogits;  /* (batch, classes) */
+        int rows;        /* loss rows per sample: 1, or T for a language model */
+        int classes;     /* of each row */
+        int32_t *labels; /* (batch, rows) */
+        float *dlogits;  /* (batch, rows, classes) */
         const Dataset *train, *test;
         Sampler sampler;
         /* Where trainer_run() starts: 0-based epoch and step within it (a
@@ -71,10 +73,12 @@ Trainer *trainer_free(Trainer *t);
 DEFINE_TRIVIAL_CLEANUP_FUNC(Trainer *, trainer_free);
 
 /* One optimizer step on the B samples already in trace_input()/labels.
- * Returns the batch's mean loss; *ret_correct gets the number right. */
+ * Returns the batch's mean loss over its B * rows rows; *ret_correct gets
+ * the number of rows right. */
 float trainer_step(Trainer *t, int B, int *ret_correct);
 
-/* Accuracy and mean loss over a whole dataset, forward passes only. */
+/* Accuracy and mean loss over a whole dataset (per row: per token for a
+ * language model), forward passes only. */
 void trainer_evaluate(Trainer *t, const Dataset *ds, double *ret_acc, double *ret_loss);
 
 /* Train spec.epochs epochs. Checks *stop between steps; returns 0 when all
