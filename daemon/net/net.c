@@ -394,6 +394,7 @@ void net_link_close(Link *l, int reason) {
         switch (reason) {
         case -EACCES:
         case -EOPNOTSUPP:
+        case -EKEYREJECTED:
                 n->stats.auth_failures++;
                 break;
         case -EBADMSG:
