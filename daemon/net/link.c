@@ -38,7 +38,7 @@ int link_init(Link *l, Net *n, int fd, bool initiator, bool loopback) {
         if (!l->ctl || !l->stage)
                 return -ENOMEM;
         rx_expect(l, RX_HEADER, l->hdr, FRAME_HEADER_SIZE);
-        l->last_frame_ns = l->last_bytes_ns = net_now_ns();
+        l->last_frame_ns = l->last_bytes_ns = l->last_sent_ns = net_now_ns();
         l->deadline_ns = l->last_frame_ns + (uint64_t)c->handshake_timeout_ms * 1000000ULL;
         return 0;
 }
@@ -485,6 +485,7 @@ void link_tx_done(Link *l, size_t n) {
         /* The frame is out. */
         l->tx_ready = false;
         net->stats.frames_sent++;
+        l->last_sent_ns = net_now_ns();
         if (l->bye_sending) { /* not from the queue */
                 net_link_close(l, 0);
                 return;

@@ -70,6 +70,7 @@ typedef struct Link {
         NetTensor rx;
         uint64_t rx_got;
         uint64_t last_frame_ns, last_bytes_ns, deadline_ns;
+        uint64_t last_sent_ns;   /* a whole frame last went out (for heartbeats) */
         uint64_t rx_progress_ns; /* the tensor being received last grew */
 
         /* sending */

@@ -24,7 +24,7 @@ void net_config_defaults(NetConfig *c) {
                 .zc_threshold = NET_ZC_AUTO,
                 .limits = {
                         .max_payload = 1u << 20,
-                        .max_control = 64u << 10,
+                        .max_control = FRAME_MAX_CONTROL,
                         .max_tensor_bytes = 256ull << 20,
                 },
                 .chunk = 1u << 20,
@@ -527,7 +527,19 @@ int net_close_peer(Net *n, uint32_t peer) {
         return 0;
 }
 
-/* Handshake deadlines, idle links and senders stuck mid-frame. */
+/* An open link on which this node sent nothing for a third of its idle
+ * timeout gets a HEARTBEAT, so a peer with the same timeout keeps it while
+ * the application has nothing to say (a paused stage, a finished node). */
+static void heartbeat(Net *n, Link *l, uint64_t now, uint64_t idle) {
+        if (l->state != LINK_OPEN || !idle || now - l->last_sent_ns <= idle / 3 || l->tx_head || l->tx_ready ||
+            l->bye_pending || l->bye_sending)
+                return;
+        l->last_sent_ns = now; /* once, even if it cannot be queued */
+        if (link_queue_control(l, FRAME_HEARTBEAT, NULL, 0) == 0)
+                n->backend->kick_send(n, l);
+}
+
+/* Handshake deadlines, idle links and senders stuck mid-frame; heartbeats. */
 static void check_timers(Net *n) {
         uint64_t now = net_now_ns(), ms = 1000000ULL;
         uint64_t idle = n->cfg.idle_timeout_ms * ms, stall = n->cfg.stall_timeout_ms * ms;
@@ -535,6 +547,7 @@ static void check_timers(Net *n) {
                 Link *l = n->links[i];
                 if (!l || l->state == LINK_CLOSING)
                         continue;
+                heartbeat(n, l, now, idle);
                 bool mid_frame = l->phase != RX_HEADER || l->rx_have > 0;
                 NetTimeout t = NET_TIMEOUT_NONE;
                 if (l->state != LINK_OPEN && now > l->deadline_ns)

@@ -7,7 +7,6 @@
 
 #include "events.h"
 #include "util/log.h"
-#include "util/time-util.h"
 
 bool node_configured(const Config *c) {
         return c->listen.port != 0 || c->n_peers > 0 || c->averaging.enabled || c->pipeline.enabled ||
@@ -189,8 +188,6 @@ int node_start(Node *node, const Config *c) {
                 if (r < 0)
                         log_warning_errno(r, "Failed to connect to %s:%u: %m", c->peers[i].host, c->peers[i].port);
         }
-        node->idle_timeout_ms = nc.idle_timeout_ms;
-        node->last_heartbeat_ns = now_ns();
         node->active = true;
         return 0;
 }
@@ -198,12 +195,7 @@ int node_start(Node *node, const Config *c) {
 void node_poll(Node *node, int timeout_ms) {
         if (!node->active)
                 return;
-        net_run(node->net, timeout_ms);
-        uint64_t every = (uint64_t)node->idle_timeout_ms * 1000000ULL / 3;
-        if (every && now_ns() - node->last_heartbeat_ns > every) {
-                node->last_heartbeat_ns = now_ns();
-                net_broadcast_control(node->net, FRAME_HEARTBEAT, NULL, 0);
-        }
+        net_run(node->net, timeout_ms); /* which heartbeats quiet links */
 }
 
 void node_stop(Node *node) {

@@ -9,6 +9,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include "cluster/plan.h"
 #include "net/handshake.h"
 #include "net/net.h"
 
@@ -331,3 +332,98 @@ static void stop_says_bye(NetBackendKind kind) {
 }
 Test(netlink, a_stopping_node_says_bye_epoll) { stop_says_bye(NET_BACKEND_EPOLL); }
 Test(netlink, a_stopping_node_says_bye_uring) { stop_says_bye(NET_BACKEND_URING); }
+
+/* The control limit is the protocol's, 64 KiB inclusive: a payload of
+ * exactly FRAME_MAX_CONTROL bytes goes through, one more is refused on
+ * both sides, and the largest plan fits. */
+static int got_control;
+static size_t got_len;
+static void count_control(void *ud, uint32_t peer, uint8_t type, const uint8_t *p, size_t len) {
+        got_control++;
+        got_len = len;
+}
+Test(netlink, control_limit_is_64_KiB_inclusive) {
+        cr_assert_eq(FRAME_MAX_CONTROL, 65536);
+        cr_assert_leq(PLAN_MAX_BYTES, FRAME_MAX_CONTROL);
+        NetConfig c;
+        net_config_defaults(&c);
+        cr_assert_eq(c.limits.max_control, FRAME_MAX_CONTROL);
+
+        uint8_t hdr[FRAME_HEADER_SIZE];
+        FrameHeader h = { .type = FRAME_CONTROL, .length = FRAME_MAX_CONTROL };
+        frame_header_encode(&h, hdr);
+        cr_assert_eq(frame_header_decode(hdr, &c.limits, &h), 0);
+        h = (FrameHeader){ .type = FRAME_PLAN, .length = FRAME_MAX_CONTROL + 1 };
+        frame_header_encode(&h, hdr);
+        cr_assert_eq(frame_header_decode(hdr, &c.limits, &h), -EMSGSIZE);
+
+        Identity a, b;
+        identity_generate(&a);
+        identity_generate(&b);
+        c.identity = &a;
+        c.secret = secret;
+        NetConfig c2 = c;
+        c2.identity = &b;
+        NetCallbacks cb = { .connected = srv_connected, .control = count_control };
+        Srv s = {}, cl = {};
+        cr_assert_eq(net_new(&c, &cb, &s, &s.n), 0);
+        cr_assert_eq(net_new(&c2, &srv_cb, &cl, &cl.n), 0);
+        uint16_t port;
+        uint32_t peer;
+        cr_assert_eq(net_listen(s.n, "127.0.0.1", 0, &port), 0);
+        cr_assert_eq(net_connect(cl.n, "127.0.0.1", port, &peer), 0);
+        for (int i = 0; i < 1000 && !(s.connected && cl.connected); i++) {
+                net_run(s.n, 2);
+                net_run(cl.n, 2);
+        }
+        cr_assert(s.connected && cl.connected);
+        static uint8_t big[FRAME_MAX_CONTROL + 1];
+        cr_assert_eq(net_send_control(cl.n, peer, FRAME_CONTROL, big, sizeof big), -EMSGSIZE);
+        cr_assert_eq(net_send_control(cl.n, peer, FRAME_CONTROL, big, FRAME_MAX_CONTROL), 0);
+        for (int i = 0; i < 1000 && !got_control; i++) {
+                net_run(cl.n, 2);
+                net_run(s.n, 2);
+        }
+        cr_assert_eq(got_control, 1);
+        cr_assert_eq(got_len, FRAME_MAX_CONTROL);
+        net_free(cl.n);
+        net_free(s.n);
+}
+
+/* Two nodes with nothing to say keep their link: each heartbeats before
+ * the other's idle timeout (300 ms here) runs out. */
+Test(netlink, a_quiet_link_is_kept_by_heartbeats) {
+        Identity a, b;
+        identity_generate(&a);
+        identity_generate(&b);
+        NetConfig c;
+        net_config_defaults(&c);
+        c.identity = &a;
+        c.secret = secret;
+        c.idle_timeout_ms = 300;
+        NetConfig c2 = c;
+        c2.identity = &b;
+        Srv s = {}, cl = {};
+        cr_assert_eq(net_new(&c, &srv_cb, &s, &s.n), 0);
+        cr_assert_eq(net_new(&c2, &srv_cb, &cl, &cl.n), 0);
+        uint16_t port;
+        uint32_t peer;
+        cr_assert_eq(net_listen(s.n, "127.0.0.1", 0, &port), 0);
+        cr_assert_eq(net_connect(cl.n, "127.0.0.1", port, &peer), 0);
+        for (int i = 0; i < 1000 && !(s.connected && cl.connected); i++) {
+                net_run(s.n, 2);
+                net_run(cl.n, 2);
+        }
+        cr_assert(s.connected && cl.connected);
+        /* ten idle timeouts and more, both sides served */
+        for (int i = 0; i < 3000; i++) {
+                net_run(s.n, 1);
+                net_run(cl.n, 1);
+        }
+        NetStats st;
+        net_get_stats(s.n, &st);
+        cr_assert_eq(s.closed + cl.closed, 0, "the quiet link was dropped (reason %d/%d)", s.reason, cl.reason);
+        cr_assert_gt(st.frames_received, 1, "no heartbeat came");
+        net_free(cl.n);
+        net_free(s.n);
+}
