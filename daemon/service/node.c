@@ -27,6 +27,17 @@ static const char *reason_text(int reason) {
         }
 }
 
+const char *node_close_reason(int reason, const NetPeerInfo *info, char *buf, size_t size) {
+        if (reason == -ETIMEDOUT)
+                snprintf(buf, size, "timed out (%s deadline)", net_timeout_to_string(info->timeout));
+        else if (reason == -EPROTONOSUPPORT)
+                snprintf(buf, size, "peer speaks protocol version %u, this node speaks %u", info->peer_version,
+                         FRAME_VERSION);
+        else
+                snprintf(buf, size, "%s", reason_text(reason) ?: strerror(-reason));
+        return buf;
+}
+
 static const uint8_t msg_paused[4] = { 'R', 'V', 'P', 'Z' }, msg_resumed[4] = { 'R', 'V', 'P', 'R' };
 
 static void on_connected(void *userdata, uint32_t peer, const uint8_t id[IDENTITY_PK_SIZE]) {
@@ -72,13 +83,7 @@ static void on_closed(void *userdata, uint32_t peer, int reason, const uint8_t i
                 identity_to_hex(info.key, hex);
         else /* the journal's PEER: the key, or the address before it proved one */
                 snprintf(hex, sizeof hex, "%s", info.address);
-        if (reason == -ETIMEDOUT)
-                snprintf(why, sizeof why, "timed out (%s deadline)", net_timeout_to_string(info.timeout));
-        else if (reason == -EPROTONOSUPPORT)
-                snprintf(why, sizeof why, "peer speaks protocol version %u, this node speaks %u", info.peer_version,
-                         FRAME_VERSION);
-        else
-                snprintf(why, sizeof why, "%s", reason_text(reason) ?: strerror(-reason));
+        node_close_reason(reason, &info, why, sizeof why);
         snprintf(fields, sizeof fields, "PEER=%s\nPEER_ADDRESS=%s\nREASON=%s", hex, info.address, why);
 
         if (!info.open && (reason == 0 || reason == -ECONNRESET))

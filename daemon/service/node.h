@@ -35,3 +35,7 @@ void node_poll(Node *node, int timeout_ms);
 void node_stop(Node *node);
 /* Tell the peers this node paused (true) or resumed; once per change. */
 void node_tell_paused(Node *node, bool paused);
+/* Why a link closed, for a log line: reason as closed() gives it, info from
+ * net_peer_describe() in that callback ("said goodbye", "timed out (idle
+ * link deadline)", "peer speaks protocol version 2, this node speaks 1", ...). */
+const char *node_close_reason(int reason, const NetPeerInfo *info, char *buf, size_t size);

@@ -73,3 +73,20 @@ Test(node, a_peer_that_connects_while_paused_learns_it) {
         snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
         cr_assert_eq(system(cmd), 0);
 }
+
+/* A dropped link's reason says which deadline it missed, and the protocol
+ * versions when they differ, not just "timed out" or "malformed". */
+Test(node, close_reasons_say_which) {
+        char buf[128];
+        NetPeerInfo info = { .timeout = NET_TIMEOUT_HANDSHAKE };
+        cr_assert_str_eq(node_close_reason(-ETIMEDOUT, &info, buf, sizeof buf), "timed out (handshake deadline)");
+        info.timeout = NET_TIMEOUT_STALL;
+        cr_assert_str_eq(node_close_reason(-ETIMEDOUT, &info, buf, sizeof buf), "timed out (stalled frame deadline)");
+        info.timeout = NET_TIMEOUT_IDLE;
+        cr_assert_str_eq(node_close_reason(-ETIMEDOUT, &info, buf, sizeof buf), "timed out (idle link deadline)");
+        info.peer_version = 2;
+        cr_assert_str_eq(node_close_reason(-EPROTONOSUPPORT, &info, buf, sizeof buf),
+                         "peer speaks protocol version 2, this node speaks 1");
+        cr_assert_str_eq(node_close_reason(-EKEYREJECTED, &info, buf, sizeof buf), "sent an ephemeral key of small order");
+        cr_assert_str_eq(node_close_reason(0, &info, buf, sizeof buf), "said goodbye");
+}
