@@ -2,6 +2,7 @@
  * an initiator and a responder, some of them forged. */
 #include <criterion/criterion.h>
 #include <errno.h>
+#include <sodium.h>
 #include <string.h>
 
 #include "net/frame.h"
@@ -123,4 +124,64 @@ Test(handshake, the_key_of_a_refused_peer_is_known) {
         forged[40] ^= 1;
         cr_assert_eq(handshake_recv(&r2, FRAME_AUTH, forged, (size_t)n), -EBADMSG);
         cr_assert(!r2.peer_key_known);
+}
+
+/* ravnest-protocol(7), HANDSHAKE, computed here from the page alone: the
+ * transcripts, BLAKE2b's own keyed mode for the MACs (not HMAC), and the
+ * link keys, checked against what the code sends and derives. */
+Test(handshake, the_page_s_formulas) {
+        Pair p;
+        uint8_t hello[HANDSHAKE_HELLO_SIZE], reply[HANDSHAKE_REPLY_SIZE], auth[HANDSHAKE_AUTH_SIZE], type;
+        uint8_t i_eph_sk[32];
+        pair_init(&p);
+        memcpy(i_eph_sk, p.i.eph_sk, 32);
+        cr_assert_eq(handshake_next(&p.i, &type, hello, sizeof hello), (int)sizeof hello);
+        cr_assert_eq(handshake_recv(&p.r, type, hello, sizeof hello), 0);
+        cr_assert_eq(handshake_next(&p.r, &type, reply, sizeof reply), (int)sizeof reply);
+        cr_assert_eq(handshake_recv(&p.i, type, reply, sizeof reply), 0);
+        cr_assert_eq(handshake_next(&p.i, &type, auth, sizeof auth), (int)sizeof auth);
+        cr_assert_eq(handshake_recv(&p.r, type, auth, sizeof auth), 0);
+
+        /* T1 = BLAKE2b-256("ravnest handshake v1\0" || HELLO || REPLY[0..100)) */
+        uint8_t t1[32], t2[32], m[33], mac[32];
+        crypto_generichash_state st;
+        crypto_generichash_init(&st, NULL, 0, 32);
+        crypto_generichash_update(&st, (const uint8_t *)"ravnest handshake v1", 21);
+        crypto_generichash_update(&st, hello, sizeof hello);
+        crypto_generichash_update(&st, reply, 100);
+        crypto_generichash_final(&st, t1, 32);
+        /* the responder signs and MACs "R" || T1 */
+        m[0] = 'R';
+        memcpy(m + 1, t1, 32);
+        cr_assert_eq(crypto_sign_verify_detached(reply + 100, m, 33, reply + 68), 0);
+        crypto_generichash(mac, 32, m, 33, secret, 32); /* keyed BLAKE2b-256 */
+        cr_assert_arr_eq(reply + 164, mac, 32);
+        /* T2 = BLAKE2b-256(T1 || initiator identity); "I" || T2 */
+        crypto_generichash_init(&st, NULL, 0, 32);
+        crypto_generichash_update(&st, t1, 32);
+        crypto_generichash_update(&st, auth, 32);
+        crypto_generichash_final(&st, t2, 32);
+        m[0] = 'I';
+        memcpy(m + 1, t2, 32);
+        cr_assert_eq(crypto_sign_verify_detached(auth + 32, m, 33, auth), 0);
+        crypto_generichash(mac, 32, m, 33, secret, 32);
+        cr_assert_arr_eq(auth + 96, mac, 32);
+        /* and not HMAC-BLAKE2b, nor a truncated BLAKE2b-512 */
+        uint8_t wide[64];
+        crypto_generichash(wide, 64, m, 33, secret, 32);
+        cr_assert(memcmp(wide, mac, 32) != 0);
+
+        /* keys = keyed BLAKE2b-512(secret, "ravnest link keys v1\0" || X25519 || T2) */
+        uint8_t shared[32], keys[64];
+        cr_assert_eq(crypto_scalarmult(shared, i_eph_sk, reply + 4), 0);
+        crypto_generichash_init(&st, secret, 32, 64);
+        crypto_generichash_update(&st, (const uint8_t *)"ravnest link keys v1", 21);
+        crypto_generichash_update(&st, shared, 32);
+        crypto_generichash_update(&st, t2, 32);
+        crypto_generichash_final(&st, keys, 64);
+        Cipher c;
+        uint8_t tx[32], rx[32], peer[32];
+        handshake_result(&p.i, &c, tx, rx, peer);
+        cr_assert_arr_eq(tx, keys, 32, "initiator-to-responder key");
+        cr_assert_arr_eq(rx, keys + 32, 32, "responder-to-initiator key");
 }
