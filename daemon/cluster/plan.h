@@ -39,7 +39,7 @@
 #define PLAN_MAX_STAGES 64
 #define PLAN_MAX_LAYERS 256  /* MODEL_MAX_LAYERS */
 #define PLAN_HOST_MAX 254    /* a DNS name has at most 253 characters */
-#define PLAN_MAX_BYTES 65536 /* the whole signed plan: fits one PLAN frame at the default limit */
+#define PLAN_MAX_BYTES 65536 /* the whole signed plan: fits one PLAN frame (FRAME_MAX_CONTROL) */
 #define PLAN_HEADER_SIZE 72
 
 typedef struct PlanNode {

@@ -62,10 +62,17 @@ typedef struct FrameHeader {
         uint64_t offset;
 } FrameHeader;
 
+/* The payload of every frame but DATA is at most this many bytes, in both
+ * directions: a constant of the protocol, not a setting, since a peer that
+ * accepted less would refuse what others send (a signed PLAN fills up to
+ * all of it). net_config_defaults() puts it in FrameLimits.max_control;
+ * only tests and fuzzers lower it. */
+#define FRAME_MAX_CONTROL 65536u
+
 /* What a peer may send, checked before anything is allocated. */
 typedef struct FrameLimits {
         uint32_t max_payload;      /* DATA chunk */
-        uint32_t max_control;      /* every other type */
+        uint32_t max_control;      /* every other type (FRAME_MAX_CONTROL) */
         uint64_t max_tensor_bytes; /* a whole tensor */
 } FrameLimits;
 

@@ -78,6 +78,9 @@ static int verify_peer(Handshake *hs, const uint8_t *id, const uint8_t *sig, con
         role_message(m, peer_initiator, t);
         if (crypto_sign_verify_detached(sig, m, sizeof m, id) != 0)
                 return -EBADMSG;
+        /* The peer holds this key, admitted or not: worth naming in a log. */
+        memcpy(hs->peer_key, id, IDENTITY_PK_SIZE);
+        hs->peer_key_known = true;
         if (hs->cfg.secret) {
                 make_mac(hs, want, peer_initiator, t);
                 if (sodium_memcmp(want, mac, 32) != 0)
@@ -94,22 +97,29 @@ static int verify_peer(Handshake *hs, const uint8_t *id, const uint8_t *sig, con
         return 0;
 }
 
-/* keys = BLAKE2b-512(key = network secret, label || X25519(eph, peer eph) || T2) */
-static int derive_keys(Handshake *hs) {
-        uint8_t shared[32];
+/* The peer's ephemeral key, as soon as it arrives: shared = X25519(eph,
+ * peer eph). A key of small order gives the all-zero shared secret (which
+ * libsodium refuses): such a key is not one a real peer makes, and nothing
+ * after it could be secret, so the handshake ends here. */
+static int take_peer_eph(Handshake *hs, const uint8_t peer_eph[32]) {
+        memcpy(hs->peer_eph, peer_eph, 32);
+        if (crypto_scalarmult(hs->shared, hs->eph_sk, hs->peer_eph) != 0)
+                return -EKEYREJECTED;
+        return 0;
+}
+
+/* keys = BLAKE2b-512(key = network secret, label || shared || T2) */
+static void derive_keys(Handshake *hs) {
         crypto_generichash_state st;
 
-        if (crypto_scalarmult(shared, hs->eph_sk, hs->peer_eph) != 0)
-                return -EBADMSG; /* a low-order point: no shared secret */
         crypto_generichash_init(&st, hs->cfg.secret, hs->cfg.secret ? HANDSHAKE_SECRET_SIZE : 0,
                                 sizeof hs->keys);
         crypto_generichash_update(&st, (const uint8_t *)label_keys, sizeof label_keys);
-        crypto_generichash_update(&st, shared, sizeof shared);
+        crypto_generichash_update(&st, hs->shared, sizeof hs->shared);
         crypto_generichash_update(&st, hs->t2, sizeof hs->t2);
         crypto_generichash_final(&st, hs->keys, sizeof hs->keys);
-        sodium_memzero(shared, sizeof shared);
+        sodium_memzero(hs->shared, sizeof hs->shared);
         sodium_memzero(hs->eph_sk, sizeof hs->eph_sk);
-        return 0;
 }
 
 /* Plaintext when both ends asked for it (benchmarks on loopback: see
@@ -127,6 +137,7 @@ static Cipher choose_cipher(uint32_t both) {
 static int fail(Handshake *hs, int r) {
         hs->state = HS_FAILED;
         sodium_memzero(hs->eph_sk, sizeof hs->eph_sk);
+        sodium_memzero(hs->shared, sizeof hs->shared);
         return r;
 }
 
@@ -166,9 +177,7 @@ int handshake_next(Handshake *hs, uint8_t *ret_type, uint8_t *out, size_t cap) {
                 transcript_t2(hs, hs->cfg.identity->pk);
                 sign_transcript(hs, out + 32, true, hs->t2);
                 make_mac(hs, out + 96, true, hs->t2);
-                int r = derive_keys(hs);
-                if (r < 0)
-                        return fail(hs, r);
+                derive_keys(hs);
                 *ret_type = FRAME_AUTH;
                 hs->state = HS_DONE;
                 return HANDSHAKE_AUTH_SIZE;
@@ -190,7 +199,9 @@ int handshake_recv(Handshake *hs, uint8_t type, const uint8_t *in, size_t len) {
                         return fail(hs, -EBADMSG);
                 memcpy(hs->hello, in, HANDSHAKE_HELLO_SIZE);
                 hs->offered = get_le32(in);
-                memcpy(hs->peer_eph, in + 4, 32);
+                r = take_peer_eph(hs, in + 4);
+                if (r < 0)
+                        return fail(hs, r);
                 hs->cipher = choose_cipher(hs->offered & hs->cfg.ciphers);
                 if (hs->cipher == _CIPHER_MAX)
                         return fail(hs, -EOPNOTSUPP);
@@ -208,7 +219,9 @@ int handshake_recv(Handshake *hs, uint8_t type, const uint8_t *in, size_t len) {
                 if (c >= _CIPHER_MAX || !(hs->cfg.ciphers & CIPHER_BIT(c)))
                         return fail(hs, -EOPNOTSUPP);
                 hs->cipher = (Cipher)c;
-                memcpy(hs->peer_eph, in + 4, 32);
+                r = take_peer_eph(hs, in + 4);
+                if (r < 0)
+                        return fail(hs, r);
                 transcript_t1(hs, in);
                 r = verify_peer(hs, in + 68, in + 100, in + 164, hs->t1);
                 if (r < 0)
@@ -226,9 +239,7 @@ int handshake_recv(Handshake *hs, uint8_t type, const uint8_t *in, size_t len) {
                 r = verify_peer(hs, in, in + 32, in + 96, hs->t2);
                 if (r < 0)
                         return fail(hs, r);
-                r = derive_keys(hs);
-                if (r < 0)
-                        return fail(hs, r);
+                derive_keys(hs);
                 hs->state = HS_DONE;
                 return 0;
 

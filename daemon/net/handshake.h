@@ -72,6 +72,9 @@ typedef struct Handshake {
         uint8_t eph_pk[32], eph_sk[32], nonce[HANDSHAKE_NONCE_SIZE];
         uint8_t hello[HANDSHAKE_HELLO_SIZE]; /* as sent or received */
         uint8_t peer_eph[32], peer_id[IDENTITY_PK_SIZE];
+        uint8_t shared[32]; /* X25519(eph_sk, peer_eph), from when the peer's key arrives */
+        uint8_t peer_key[IDENTITY_PK_SIZE]; /* the identity whose signature verified */
+        bool peer_key_known;                /* (even if it was then not admitted) */
         uint8_t t1[32], t2[32];
         uint32_t offered; /* the initiator's cipher bits */
         Cipher cipher;
@@ -84,8 +87,10 @@ int handshake_init(Handshake *hs, const HandshakeConfig *cfg, bool initiator);
 int handshake_next(Handshake *hs, uint8_t *ret_type, uint8_t *out, size_t cap);
 /* A received handshake message. -EBADMSG: malformed or a bad signature;
  * -EACCES: not admitted (unknown identity, wrong network secret);
- * -EPROTO: unexpected here; -EOPNOTSUPP: no common cipher. Any error is
- * final. */
+ * -EPROTO: unexpected here; -EOPNOTSUPP: no common cipher;
+ * -EKEYREJECTED: the peer's ephemeral key is of small order (checked as
+ * soon as HELLO or HELLO_REPLY brings it, before anything is answered or
+ * verified). Any error is final. */
 int handshake_recv(Handshake *hs, uint8_t type, const uint8_t *in, size_t len);
 static inline bool handshake_done(const Handshake *hs) {
         return hs->state == HS_DONE;

@@ -1,6 +1,11 @@
 /* net/identity.h — a node's long-term identity: an Ed25519 key pair kept in
  * its state directory, mode 0600, created on first start.
  *
+ * The file is one line of 149 bytes: "ravnest-identity-v1 ", 128 hex digits
+ * of libsodium's 64-byte secret key (seed, then public key; written in
+ * lower case, read in either), "\n". The public key is its second half.
+ * Documented for operators in ravnestd(8), FILES.
+ *
  *     Identity id;
  *     bool created;
  *     r = identity_load_or_create("/var/lib/ravnest/identity", &id, &created, &d);

@@ -38,7 +38,7 @@ int link_init(Link *l, Net *n, int fd, bool initiator, bool loopback) {
         if (!l->ctl || !l->stage)
                 return -ENOMEM;
         rx_expect(l, RX_HEADER, l->hdr, FRAME_HEADER_SIZE);
-        l->last_frame_ns = l->last_bytes_ns = net_now_ns();
+        l->last_frame_ns = l->last_bytes_ns = l->last_sent_ns = net_now_ns();
         l->deadline_ns = l->last_frame_ns + (uint64_t)c->handshake_timeout_ms * 1000000ULL;
         return 0;
 }
@@ -149,9 +149,22 @@ static int link_key(Link *l) {
         return 0;
 }
 
+void link_describe(const Link *l, NetPeerInfo *ret) {
+        *ret = (NetPeerInfo){ .open = l->opened, .timeout = l->timeout, .peer_version = l->peer_version };
+        memcpy(ret->address, l->address, sizeof ret->address);
+        if (l->opened || l->state == LINK_WAIT_WELCOME) {
+                ret->key_known = true;
+                memcpy(ret->key, l->peer_id, IDENTITY_PK_SIZE);
+        } else if (l->hs.peer_key_known) { /* signed, then refused */
+                ret->key_known = true;
+                memcpy(ret->key, l->hs.peer_key, IDENTITY_PK_SIZE);
+        }
+}
+
 static void connected(Link *l) {
         Net *n = l->net;
         l->state = LINK_OPEN;
+        l->opened = true;
         if (n->cb.connected)
                 n->cb.connected(n->userdata, l->id, l->peer_id);
 }
@@ -185,13 +198,18 @@ static int rx_header(Link *l) {
         int r;
 
         r = frame_header_decode(l->hdr, &n->cfg.limits, h);
+        if (r == -EPROTO) { /* a ravnest frame of another version */
+                l->peer_version = l->hdr[4];
+                return -EPROTONOSUPPORT;
+        }
         if (r == -EMSGSIZE)
                 return r;
         if (r < 0)
                 return -EBADMSG;
 
         if (l->state == LINK_HANDSHAKE) {
-                if (!frame_type_is_handshake(h->type) || h->seq != 0 || h->length > HANDSHAKE_MAX_SIZE)
+                if (!frame_type_is_handshake(h->type) || h->seq != 0 || h->stream != 0 ||
+                    h->length > HANDSHAKE_MAX_SIZE)
                         return -EBADMSG;
                 rx_expect(l, RX_PAYLOAD, l->ctl, h->length);
                 return 0;
@@ -385,7 +403,18 @@ bool link_tx_prepare(Link *l) {
 
         if (l->tx_ready)
                 return true;
-        if (!i || l->tx_zc_pending || l->state == LINK_CLOSING)
+        if (l->tx_zc_pending || l->state == LINK_CLOSING)
+                return false;
+        if (l->bye_pending && l->keyed) { /* the node stops: BYE before anything still queued */
+                h.type = FRAME_BYE;
+                seal_frame_to(&l->seal, &h, hdr, body, NULL, 0, body);
+                l->iov[0] = (struct iovec){ l->stage, FRAME_HEADER_SIZE + seal_tag_size(&l->seal) };
+                l->iovcnt = 1;
+                l->bye_pending = false;
+                l->bye_sending = true;
+                goto ready;
+        }
+        if (!i)
                 return false;
         /* Before the handshake is done only handshake frames may go. */
         if (!l->keyed && !frame_type_is_handshake(i->type))
@@ -456,6 +485,11 @@ void link_tx_done(Link *l, size_t n) {
         /* The frame is out. */
         l->tx_ready = false;
         net->stats.frames_sent++;
+        l->last_sent_ns = net_now_ns();
+        if (l->bye_sending) { /* not from the queue */
+                net_link_close(l, 0);
+                return;
+        }
         if (i->type == FRAME_TENSOR) {
                 if (!i->desc_sent)
                         i->desc_sent = true;

@@ -46,11 +46,17 @@ typedef struct Link {
         LinkState state;
         bool initiator, loopback;
         uint8_t addr[16]; /* the peer's IP (v4 mapped into v6), for per-address limits */
+        char address[64]; /* the same with its port, as text, for the application's logs */
         Handshake hs;
         Seal seal;
         bool keyed; /* seal is set up: frames from now on are protected */
         uint8_t peer_id[IDENTITY_PK_SIZE];
         int close_reason;
+        NetTimeout timeout;   /* which deadline, when close_reason is -ETIMEDOUT */
+        uint8_t peer_version; /* the version byte, when it is -EPROTONOSUPPORT */
+        bool opened;          /* the handshake finished */
+        bool bye_pending;     /* net_free(): BYE goes out next */
+        bool bye_sending;     /* l->iov holds that BYE */
 
         /* receiving */
         RxPhase phase;
@@ -64,6 +70,7 @@ typedef struct Link {
         NetTensor rx;
         uint64_t rx_got;
         uint64_t last_frame_ns, last_bytes_ns, deadline_ns;
+        uint64_t last_sent_ns;   /* a whole frame last went out (for heartbeats) */
         uint64_t rx_progress_ns; /* the tensor being received last grew */
 
         /* sending */
@@ -116,6 +123,9 @@ struct Net {
         int listen_fd;
         uint64_t rx_bytes; /* tensors being received, all links */
         uint64_t accept_paused_until; /* ns; 0: accepting */
+        /* the link a closed() callback is reporting (id 0: none) */
+        uint32_t closing_id;
+        NetPeerInfo closing;
         NetStats stats;
 };
 
@@ -143,5 +153,7 @@ bool link_tx_prepare(Link *l);
 /* n bytes of the frame went out. */
 void link_tx_done(Link *l, size_t n);
 int link_queue_control(Link *l, uint8_t type, const void *payload, size_t len);
+/* What the application may know of the link. */
+void link_describe(const Link *l, NetPeerInfo *ret);
 /* Queue a tensor by reference: data stays the application's until sent(). */
 int link_queue_tensor(Link *l, uint32_t stream, const TensorDesc *desc, const void *data, uint64_t cookie);

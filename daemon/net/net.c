@@ -4,6 +4,7 @@
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -23,7 +24,7 @@ void net_config_defaults(NetConfig *c) {
                 .zc_threshold = NET_ZC_AUTO,
                 .limits = {
                         .max_payload = 1u << 20,
-                        .max_control = 64u << 10,
+                        .max_control = FRAME_MAX_CONTROL,
                         .max_tensor_bytes = 256ull << 20,
                 },
                 .chunk = 1u << 20,
@@ -66,6 +67,29 @@ static void addr_key(const struct sockaddr_storage *sa, uint8_t out[16]) {
                 memcpy(out + 12, &((const struct sockaddr_in *)sa)->sin_addr, 4);
         } else if (sa->ss_family == AF_INET6)
                 memcpy(out, &((const struct sockaddr_in6 *)sa)->sin6_addr, 16);
+}
+
+/* "192.0.2.7:41234", "[2001:db8::7]:7000"; an IPv4 address mapped into
+ * IPv6 (a dual-stack listener) as IPv4. */
+static void addr_format(const struct sockaddr_storage *sa, char out[64]) {
+        char ip[INET6_ADDRSTRLEN] = "?";
+        unsigned port = 0;
+        if (sa->ss_family == AF_INET) {
+                const struct sockaddr_in *a = (const struct sockaddr_in *)sa;
+                inet_ntop(AF_INET, &a->sin_addr, ip, sizeof ip);
+                port = ntohs(a->sin_port);
+        } else if (sa->ss_family == AF_INET6) {
+                const struct sockaddr_in6 *a = (const struct sockaddr_in6 *)sa;
+                port = ntohs(a->sin6_port);
+                if (IN6_IS_ADDR_V4MAPPED(&a->sin6_addr))
+                        inet_ntop(AF_INET, a->sin6_addr.s6_addr + 12, ip, sizeof ip);
+                else {
+                        inet_ntop(AF_INET6, &a->sin6_addr, ip, sizeof ip);
+                        snprintf(out, 64, "[%s]:%u", ip, port);
+                        return;
+                }
+        }
+        snprintf(out, 64, "%s:%u", ip, port);
 }
 
 /* Both ends of fd on loopback? */
@@ -141,6 +165,39 @@ int net_new(const NetConfig *c, const NetCallbacks *cb, void *userdata, Net **re
         return 0;
 }
 
+/* A stopping node says BYE on its open links, so its peers see an orderly
+ * close and not a lost connection. Each BYE goes out after the frame its
+ * link is sending (a tensor may be cut short: the peer drops it), and
+ * closes its link; a link that cannot send it in NET_BYE_FLUSH_MS (a peer
+ * that does not read) is closed without it. The application hears nothing
+ * of this: it is freeing the Net. */
+static void net_say_bye(Net *n) {
+        unsigned pending = 0;
+
+        if (!n->backend)
+                return;
+        n->cb.connected = NULL;
+        n->cb.tensor = NULL;
+        n->cb.control = NULL;
+        n->cb.closed = NULL;
+        for (unsigned i = 0; n->links && i < n->cfg.max_links; i++) {
+                Link *l = n->links[i];
+                if (!l || l->state != LINK_OPEN)
+                        continue;
+                l->bye_pending = true;
+                n->backend->kick_send(n, l);
+                pending++;
+        }
+        uint64_t deadline = net_now_ns() + NET_BYE_FLUSH_MS * 1000000ULL;
+        while (pending && net_now_ns() < deadline) {
+                net_run(n, 5);
+                pending = 0;
+                for (unsigned i = 0; i < n->cfg.max_links; i++)
+                        pending += n->links[i] && (n->links[i]->bye_pending || n->links[i]->bye_sending) &&
+                                   n->links[i]->state != LINK_CLOSING;
+        }
+}
+
 Net *net_free(Net *n) {
         if (!n)
                 return NULL;
@@ -149,6 +206,7 @@ Net *net_free(Net *n) {
          * read the application's data. Links are taken out of the table
          * before they are destroyed, so callbacks from link_destroy() cannot
          * reach them. */
+        net_say_bye(n);
         if (n->backend)
                 n->backend->fini(n);
         n->backend = NULL;
@@ -235,6 +293,7 @@ static int link_add(Net *n, int fd, bool initiator, const struct sockaddr_storag
                 return r;
         }
         memcpy(l->addr, key, 16);
+        addr_format(sa, l->address);
         l->id = n->next_id++;
         l->slot = slot;
         n->links[slot] = l;
@@ -394,10 +453,12 @@ void net_link_close(Link *l, int reason) {
         switch (reason) {
         case -EACCES:
         case -EOPNOTSUPP:
+        case -EKEYREJECTED:
                 n->stats.auth_failures++;
                 break;
         case -EBADMSG:
         case -EPROTO:
+        case -EPROTONOSUPPORT:
                 if (l->state == LINK_HANDSHAKE)
                         n->stats.auth_failures++;
                 else
@@ -412,6 +473,8 @@ void net_link_close(Link *l, int reason) {
                 n->stats.timeouts++;
                 break;
         }
+        if (reason != -ETIMEDOUT)
+                l->timeout = NET_TIMEOUT_NONE;
         l->close_reason = reason == -ESHUTDOWN ? 0 : reason;
         l->state = LINK_CLOSING;
         n->backend->close_link(n, l);
@@ -424,12 +487,36 @@ void net_link_released(Link *l) {
         int reason = l->close_reason;
 
         memcpy(id, l->peer_id, sizeof id);
+        link_describe(l, &n->closing);
         n->links[l->slot] = NULL;
         n->n_links--;
         link_destroy(l);
         free(l);
-        if (n->cb.closed)
+        if (n->cb.closed) {
+                n->closing_id = peer; /* for net_peer_describe() in the callback */
                 n->cb.closed(n->userdata, peer, reason, id);
+        }
+        n->closing_id = 0;
+}
+
+int net_peer_describe(const Net *n, uint32_t peer, NetPeerInfo *ret) {
+        Link *l = net_link_find(n, peer);
+        if (l)
+                link_describe(l, ret);
+        else if (peer != 0 && peer == n->closing_id)
+                *ret = n->closing;
+        else
+                return -ENOTCONN;
+        return 0;
+}
+
+const char *net_timeout_to_string(NetTimeout t) {
+        switch (t) {
+        case NET_TIMEOUT_HANDSHAKE: return "handshake";
+        case NET_TIMEOUT_STALL: return "stalled frame";
+        case NET_TIMEOUT_IDLE: return "idle link";
+        default: return "timeout";
+        }
 }
 
 int net_close_peer(Net *n, uint32_t peer) {
@@ -440,7 +527,19 @@ int net_close_peer(Net *n, uint32_t peer) {
         return 0;
 }
 
-/* Handshake deadlines, idle links and senders stuck mid-frame. */
+/* An open link on which this node sent nothing for a third of its idle
+ * timeout gets a HEARTBEAT, so a peer with the same timeout keeps it while
+ * the application has nothing to say (a paused stage, a finished node). */
+static void heartbeat(Net *n, Link *l, uint64_t now, uint64_t idle) {
+        if (l->state != LINK_OPEN || !idle || now - l->last_sent_ns <= idle / 3 || l->tx_head || l->tx_ready ||
+            l->bye_pending || l->bye_sending)
+                return;
+        l->last_sent_ns = now; /* once, even if it cannot be queued */
+        if (link_queue_control(l, FRAME_HEARTBEAT, NULL, 0) == 0)
+                n->backend->kick_send(n, l);
+}
+
+/* Handshake deadlines, idle links and senders stuck mid-frame; heartbeats. */
 static void check_timers(Net *n) {
         uint64_t now = net_now_ns(), ms = 1000000ULL;
         uint64_t idle = n->cfg.idle_timeout_ms * ms, stall = n->cfg.stall_timeout_ms * ms;
@@ -448,13 +547,21 @@ static void check_timers(Net *n) {
                 Link *l = n->links[i];
                 if (!l || l->state == LINK_CLOSING)
                         continue;
+                heartbeat(n, l, now, idle);
                 bool mid_frame = l->phase != RX_HEADER || l->rx_have > 0;
-                if ((l->state != LINK_OPEN && now > l->deadline_ns) ||
-                    (idle && now - l->last_frame_ns > idle) ||
-                    (stall && mid_frame && now - l->last_bytes_ns > stall) ||
-                    /* a tensor begun and not growing, whatever else arrives */
-                    (stall && l->rx_active && now - l->rx_progress_ns > stall))
+                NetTimeout t = NET_TIMEOUT_NONE;
+                if (l->state != LINK_OPEN && now > l->deadline_ns)
+                        t = NET_TIMEOUT_HANDSHAKE;
+                else if ((stall && mid_frame && now - l->last_bytes_ns > stall) ||
+                         /* a tensor begun and not growing, whatever else arrives */
+                         (stall && l->rx_active && now - l->rx_progress_ns > stall))
+                        t = NET_TIMEOUT_STALL;
+                else if (idle && now - l->last_frame_ns > idle)
+                        t = NET_TIMEOUT_IDLE;
+                if (t != NET_TIMEOUT_NONE) {
+                        l->timeout = t;
                         net_link_close(l, -ETIMEDOUT);
+                }
         }
 }
 

@@ -80,10 +80,33 @@ typedef struct NetCallbacks {
         /* The data of a net_send_tensor() is no longer needed. */
         void (*sent)(void *userdata, uint32_t peer, uint64_t cookie);
         /* The link is gone: 0 for an orderly BYE, else why (-EBADMSG bad or
-         * forged frame, -EACCES not admitted, -EMSGSIZE over a limit,
-         * -ETIMEDOUT, -ECONNRESET, ...). id is all zero before the handshake. */
+         * forged frame, -EACCES not admitted, -EKEYREJECTED a small-order
+         * ephemeral key, -EPROTONOSUPPORT another protocol version,
+         * -EMSGSIZE over a limit, -ETIMEDOUT, -ECONNRESET, ...). id is all
+         * zero before the handshake. net_peer_describe() tells more (the
+         * address, which timeout, the version) during this call. */
         void (*closed)(void *userdata, uint32_t peer, int reason, const uint8_t id[IDENTITY_PK_SIZE]);
 } NetCallbacks;
+
+/* Which deadline a link missed (reason -ETIMEDOUT). */
+typedef enum NetTimeout {
+        NET_TIMEOUT_NONE,
+        NET_TIMEOUT_HANDSHAKE, /* handshake_timeout_ms: not open, WELCOME included */
+        NET_TIMEOUT_STALL,     /* stall_timeout_ms: stopped mid-frame, or a tensor stopped growing */
+        NET_TIMEOUT_IDLE,      /* idle_timeout_ms: no complete frame */
+} NetTimeout;
+
+/* What the transport knows of a link, for the application's logs. */
+typedef struct NetPeerInfo {
+        char address[64];     /* the peer's "192.0.2.7:41234" or "[2001:db8::7]:7000" */
+        bool open;            /* the handshake finished (WELCOME sent or received) */
+        bool key_known;       /* key is the identity the peer proved with its */
+        uint8_t key[IDENTITY_PK_SIZE]; /* signature, admitted or not */
+        NetTimeout timeout;   /* closed with -ETIMEDOUT: which deadline */
+        uint8_t peer_version; /* closed with -EPROTONOSUPPORT: the version the peer sent */
+} NetPeerInfo;
+
+const char *net_timeout_to_string(NetTimeout t);
 
 typedef struct NetStats {
         uint64_t bytes_sent, bytes_received;
@@ -102,6 +125,10 @@ typedef struct NetStats {
 typedef struct Net Net;
 
 int net_new(const NetConfig *c, const NetCallbacks *cb, void *userdata, Net **ret);
+/* Says BYE on every open link (after the frame each is sending, if any),
+ * waits at most NET_BYE_FLUSH_MS for the BYEs to go out, then closes
+ * everything. No callback runs but sent() for what was still queued. */
+#define NET_BYE_FLUSH_MS 200
 Net *net_free(Net *n);
 DEFINE_TRIVIAL_CLEANUP_FUNC(Net *, net_free);
 const char *net_backend_name(const Net *n);
@@ -127,6 +154,9 @@ int net_run(Net *n, int timeout_ms);
 void net_get_stats(const Net *n, NetStats *ret);
 /* Bytes queued to peer and not yet sent (-ENOTCONN if unknown). */
 int64_t net_queued(const Net *n, uint32_t peer);
+/* What is known of a link: an open one or one in its handshake, or the one
+ * a closed() callback is reporting, during that call. -ENOTCONN otherwise. */
+int net_peer_describe(const Net *n, uint32_t peer, NetPeerInfo *ret);
 /* The cipher of an open link, or -ENOTCONN. */
 int net_peer_cipher(const Net *n, uint32_t peer);
 /* What the kernel measured on an open link's real traffic (TCP_INFO): the

@@ -8,6 +8,7 @@
 
 #include "cluster/formation.h"
 #include "cluster/plan.h"
+#include "node.h"
 #include "util/log.h"
 #include "util/time-util.h"
 
@@ -85,12 +86,15 @@ static void on_closed(void *ud, uint32_t peer, int reason, const uint8_t id[IDEN
         if (!m)
                 return;
         if (m->joined) {
-                char hex[IDENTITY_HEX_SIZE];
+                char hex[IDENTITY_HEX_SIZE], why[128];
+                NetPeerInfo info = {};
+                (void)net_peer_describe(s->net, peer, &info);
                 identity_to_hex(m->key, hex);
-                log_info("Coordinator: member %.16s… left (%s); %u members", hex,
-                         reason == 0 ? "said goodbye" : reason == -ETIMEDOUT ? "missed its heartbeats" :
-                                                                               strerror(-reason),
-                         n_joined(s) - 1);
+                if (reason == -ETIMEDOUT && info.timeout == NET_TIMEOUT_IDLE)
+                        snprintf(why, sizeof why, "missed its heartbeats");
+                else
+                        node_close_reason(reason, &info, why, sizeof why);
+                log_info("Coordinator: member %.16s… left (%s); %u members", hex, why, n_joined(s) - 1);
                 changed(s);
         }
         *m = (Member){};

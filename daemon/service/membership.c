@@ -9,6 +9,7 @@
 #include "cluster/capability.h"
 #include "cluster/plan.h"
 #include "control.h"
+#include "node.h"
 #include "pipeline-run.h"
 #include "util/log.h"
 #include "util/time-util.h"
@@ -118,8 +119,15 @@ static void on_closed(void *ud, uint32_t peer, int reason, const uint8_t id[IDEN
         if ((int64_t)peer != m->coord)
                 return;
         m->coord = -1;
+        char why[128];
+        NetPeerInfo info = {};
+        (void)net_peer_describe(m->net, peer, &info);
+        if (reason == 0)
+                snprintf(why, sizeof why, "it said goodbye");
+        else
+                node_close_reason(reason, &info, why, sizeof why);
         if (!*m->stop)
-                log_warning("Lost the coordinator (%s): %s", reason ? strerror(-reason) : "it said goodbye",
+                log_warning("Lost the coordinator (%s): %s", why,
                             m->plan->epoch ? "training goes on with the plan held; changes wait for it" :
                                              "dialling again");
 }

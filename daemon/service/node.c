@@ -7,7 +7,6 @@
 
 #include "events.h"
 #include "util/log.h"
-#include "util/time-util.h"
 
 bool node_configured(const Config *c) {
         return c->listen.port != 0 || c->n_peers > 0 || c->averaging.enabled || c->pipeline.enabled ||
@@ -19,59 +18,89 @@ static const char *reason_text(int reason) {
         case 0: return "said goodbye";
         case -EACCES: return "not admitted (unknown identity or wrong network secret)";
         case -EOPNOTSUPP: return "no cipher in common";
+        case -EKEYREJECTED: return "sent an ephemeral key of small order";
         case -EBADMSG: return "sent a malformed, forged, replayed or reordered frame";
         case -EPROTO: return "broke the handshake";
         case -EMSGSIZE: return "sent a frame or tensor over the size limits";
-        case -ETIMEDOUT: return "timed out";
         case -ECONNRESET: return "closed the connection";
         default: return NULL;
         }
 }
 
+const char *node_close_reason(int reason, const NetPeerInfo *info, char *buf, size_t size) {
+        if (reason == -ETIMEDOUT)
+                snprintf(buf, size, "timed out (%s deadline)", net_timeout_to_string(info->timeout));
+        else if (reason == -EPROTONOSUPPORT)
+                snprintf(buf, size, "peer speaks protocol version %u, this node speaks %u", info->peer_version,
+                         FRAME_VERSION);
+        else
+                snprintf(buf, size, "%s", reason_text(reason) ?: strerror(-reason));
+        return buf;
+}
+
+static const uint8_t msg_paused[4] = { 'R', 'V', 'P', 'Z' }, msg_resumed[4] = { 'R', 'V', 'P', 'R' };
+
 static void on_connected(void *userdata, uint32_t peer, const uint8_t id[IDENTITY_PK_SIZE]) {
         Node *node = userdata;
         char hex[IDENTITY_HEX_SIZE];
         int c = net_peer_cipher(node->net, peer);
-        char fields[128];
+        NetPeerInfo info = {};
+        char fields[192];
+        if (net_peer_describe(node->net, peer, &info) < 0)
+                snprintf(info.address, sizeof info.address, "?");
         identity_to_hex(id, hex);
-        snprintf(fields, sizeof fields, "PEER=%s", hex);
-        log_event(LOG_INFO, EVENT_PEER_JOINED, fields, "Peer %s joined (link %u, %s)", hex, peer,
+        snprintf(fields, sizeof fields, "PEER=%s\nPEER_ADDRESS=%s", hex, info.address);
+        log_event(LOG_INFO, EVENT_PEER_JOINED, fields, "Peer %s at %s joined (link %u, %s)", hex, info.address, peer,
                   c >= 0 ? cipher_to_string((Cipher)c) : "?");
+        if (node->told_paused) /* the others heard it when this node paused */
+                (void)net_send_control(node->net, peer, FRAME_CONTROL, msg_paused, 4);
 }
 
 static void forget_paused(Node *node, uint32_t peer);
 
-static void on_closed(void *userdata, uint32_t peer, int reason, const uint8_t id[IDENTITY_PK_SIZE]) {
-        static const uint8_t zero[IDENTITY_PK_SIZE];
-        forget_paused(userdata, peer);
+/* Who the peer is, for a log line: its key when it proved one (even if it
+ * was then refused), and its address: "<key> at 192.0.2.7:41234". */
+static void describe_peer(const NetPeerInfo *info, char *out, size_t size) {
         char hex[IDENTITY_HEX_SIZE];
-        const char *why = reason_text(reason);
-        bool known = memcmp(id, zero, sizeof zero) != 0;
+        if (!info->key_known) {
+                snprintf(out, size, "%s", info->address);
+                return;
+        }
+        identity_to_hex(info->key, hex);
+        snprintf(out, size, "%s at %s", hex, info->address);
+}
 
-        if (known)
-                identity_to_hex(id, hex);
-        else
-                snprintf(hex, sizeof hex, "(before the handshake)");
-        char fields[256];
-        snprintf(fields, sizeof fields, "PEER=%s\nREASON=%s", known ? hex : "unknown", why ?: strerror(-reason));
-        if (!known && (reason == 0 || reason == -ECONNRESET))
+static void on_closed(void *userdata, uint32_t peer, int reason, const uint8_t id[IDENTITY_PK_SIZE]) {
+        Node *node = userdata;
+        NetPeerInfo info = {};
+        char who[IDENTITY_HEX_SIZE + 80], why[128], hex[IDENTITY_HEX_SIZE], fields[384];
+
+        forget_paused(node, peer);
+        if (net_peer_describe(node->net, peer, &info) < 0)
+                snprintf(info.address, sizeof info.address, "?");
+        describe_peer(&info, who, sizeof who);
+        if (info.key_known)
+                identity_to_hex(info.key, hex);
+        else /* the journal's PEER: the key, or the address before it proved one */
+                snprintf(hex, sizeof hex, "%s", info.address);
+        node_close_reason(reason, &info, why, sizeof why);
+        snprintf(fields, sizeof fields, "PEER=%s\nPEER_ADDRESS=%s\nREASON=%s", hex, info.address, why);
+
+        if (!info.open && (reason == 0 || reason == -ECONNRESET))
                 /* The initiator checks the responder first: a link that ends
                  * here usually means the other side refused this node. */
                 log_event(LOG_WARNING, EVENT_AUTH_FAILED, fields,
-                          "Link %u closed during the handshake: the peer did not admit this node "
-                          "(different network secret, or not on its allowlist) or gave up", peer);
-        else if (reason == -EACCES || reason == -EPROTO || reason == -EOPNOTSUPP)
-                log_event(LOG_WARNING, EVENT_AUTH_FAILED, fields, "Authentication failed on link %u from %s: %s",
-                          peer, hex, why);
+                          "Link %u with %s closed during the handshake: the peer did not admit this node "
+                          "(different network secret, or not on its allowlist) or gave up", peer, who);
+        else if ((!info.open && reason != -ETIMEDOUT) || reason == -EACCES || reason == -EOPNOTSUPP ||
+                 reason == -EKEYREJECTED)
+                log_event(LOG_WARNING, EVENT_AUTH_FAILED, fields, "Authentication failed on link %u with %s: %s",
+                          peer, who, why);
         else if (reason == 0 || reason == -ECONNRESET)
-                log_event(LOG_INFO, EVENT_PEER_LEFT, fields, "Peer %s left (link %u): %s", hex, peer, why);
-        else if (why)
-                log_event(LOG_WARNING, EVENT_PEER_LEFT, fields, "Dropped link %u from peer %s: %s", peer, hex, why);
+                log_event(LOG_INFO, EVENT_PEER_LEFT, fields, "Peer %s left (link %u): %s", who, peer, why);
         else
-                log_warning_errno(reason, "Dropped link %u from peer %s: %m", peer, hex);
+                log_event(LOG_WARNING, EVENT_PEER_LEFT, fields, "Dropped link %u with peer %s: %s", peer, who, why);
 }
-
-static const uint8_t msg_paused[4] = { 'R', 'V', 'P', 'Z' }, msg_resumed[4] = { 'R', 'V', 'P', 'R' };
 
 static void on_control(void *userdata, uint32_t peer, uint8_t type, const uint8_t *payload, size_t len) {
         Node *node = userdata;
@@ -164,8 +193,6 @@ int node_start(Node *node, const Config *c) {
                 if (r < 0)
                         log_warning_errno(r, "Failed to connect to %s:%u: %m", c->peers[i].host, c->peers[i].port);
         }
-        node->idle_timeout_ms = nc.idle_timeout_ms;
-        node->last_heartbeat_ns = now_ns();
         node->active = true;
         return 0;
 }
@@ -173,12 +200,7 @@ int node_start(Node *node, const Config *c) {
 void node_poll(Node *node, int timeout_ms) {
         if (!node->active)
                 return;
-        net_run(node->net, timeout_ms);
-        uint64_t every = (uint64_t)node->idle_timeout_ms * 1000000ULL / 3;
-        if (every && now_ns() - node->last_heartbeat_ns > every) {
-                node->last_heartbeat_ns = now_ns();
-                net_broadcast_control(node->net, FRAME_HEARTBEAT, NULL, 0);
-        }
+        net_run(node->net, timeout_ms); /* which heartbeats quiet links */
 }
 
 void node_stop(Node *node) {

@@ -2,8 +2,8 @@
  * and its links, with every event an operator cares about logged once
  * (peer joined or left, authentication failures, dropped links).
  *
- * Until the pipeline lands, links carry heartbeats only; the training loop
- * polls the node between steps so the links stay served.
+ * Its links carry heartbeats and pause notices; the training loop polls
+ * the node between steps so the links stay served.
  *
  *     Node node;
  *     r = node_start(&node, &config);     // no-op (0) when no network is configured
@@ -18,8 +18,6 @@
 typedef struct Node {
         Net *net;
         Identity identity;
-        uint64_t last_heartbeat_ns;
-        unsigned idle_timeout_ms;
         bool active;
         bool told_paused;              /* the peers know this node is paused */
         uint32_t paused_peers;         /* peers that said they are paused */
@@ -31,9 +29,13 @@ bool node_configured(const Config *c);
 /* Load or create the identity, start the transport, listen, connect to the
  * configured peers. Logs; returns -errno on failure. */
 int node_start(Node *node, const Config *c);
-/* Serve the links for up to timeout_ms; heartbeats every third of the idle
- * timeout. */
+/* Serve the links for up to timeout_ms (the transport heartbeats quiet
+ * links). */
 void node_poll(Node *node, int timeout_ms);
 void node_stop(Node *node);
 /* Tell the peers this node paused (true) or resumed; once per change. */
 void node_tell_paused(Node *node, bool paused);
+/* Why a link closed, for a log line: reason as closed() gives it, info from
+ * net_peer_describe() in that callback ("said goodbye", "timed out (idle
+ * link deadline)", "peer speaks protocol version 2, this node speaks 1", ...). */
+const char *node_close_reason(int reason, const NetPeerInfo *info, char *buf, size_t size);

@@ -198,7 +198,7 @@ static void check_recv(Side *s, uint8_t type, const uint8_t *in, size_t len) {
               state_name(before), state_name(s->hs.state), r);
 
         if (r < 0) {
-                CHECK(r == -EBADMSG || r == -EACCES || r == -EPROTO || r == -EOPNOTSUPP);
+                CHECK(r == -EBADMSG || r == -EACCES || r == -EPROTO || r == -EOPNOTSUPP || r == -EKEYREJECTED);
                 CHECK(s->hs.state == HS_FAILED);
                 return;
         }

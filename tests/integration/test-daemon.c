@@ -192,16 +192,26 @@ Test(daemon, peers_join_and_strangers_are_refused, .timeout = 120) {
         start_node(&c, cc, dir);
         cr_assert(proc_wait_for(&c, "not admitted", 30000), "c: %s", c.out);
         cr_assert(strstr(c.out, "<4>Authentication failed"), "c: %s", c.out);
+        /* Each side names the other: c the listener's key (it signed) and
+         * address, a the address c connected from (c proved nothing). */
+        char a_hex[IDENTITY_HEX_SIZE + 32];
+        const char *joined = strstr(b.out, "Peer ");
+        cr_assert(joined, "b: %s", b.out);
+        snprintf(a_hex, sizeof a_hex, "%.64s at 127.0.0.1:%u", joined + 5, port);
+        cr_assert(strstr(c.out, a_hex), "c does not name \"%s\": %s", a_hex, c.out);
         cr_assert(proc_wait_for(&a, "closed during the handshake", 10000), "a: %s", a.out);
+        cr_assert(strstr(a.out, "with 127.0.0.1:"), "a does not name the stranger's address: %s", a.out);
+        cr_assert(!strstr(a.out, "before the handshake"), "a: %s", a.out);
         /* The good link is untouched. */
         cr_assert(!strstr(b.out, "left"), "b: %s", b.out);
 
-        /* Everyone still runs; stop them. */
+        /* Everyone still runs; stop them. b says goodbye as it stops. */
         kill(c.pid, SIGTERM);
         proc_exit(&c);
         kill(b.pid, SIGTERM);
         cr_assert_eq(proc_exit(&b), 0, "%s", b.out);
         cr_assert(proc_wait_for(&a, "left", 10000), "a: %s", a.out);
+        cr_assert(proc_wait_for(&a, "said goodbye", 10000), "b stopped without BYE: %s", a.out);
         kill(a.pid, SIGTERM);
         cr_assert_eq(proc_exit(&a), 0, "%s", a.out);
         char cmd[300];
