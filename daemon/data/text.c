@@ -84,11 +84,13 @@ static int append_dir(const char *dir, uint8_t **buf, size_t *len, size_t *cap, 
         if (!dp)
                 return diag_set(d, -errno, "%s: cannot read: %m", dir);
         while ((e = readdir(dp)) && r >= 0) {
-                char **more = e->d_name[0] == '.' ? names : realloc(names, (n + 1) * sizeof *names);
-                if (!more)
+                if (e->d_name[0] == '.')
+                        continue;
+                char **more = realloc(names, (n + 1) * sizeof *names);
+                if (!more || !(more[n] = strdup(e->d_name)))
                         r = -ENOMEM;
-                else if (e->d_name[0] != '.' && !(more[n++] = strdup(e->d_name)))
-                        r = -ENOMEM;
+                else
+                        n++;
                 names = more ?: names;
         }
         closedir(dp);

@@ -13,15 +13,25 @@ static int parse_data(const config_setting_t *root, JobData *data, Diag *d) {
 
         if ((r = conf_get_group(root, "dataset", true, false, &g, d)) < 0 ||
             (r = conf_check_keys(g, keys, d)) < 0 ||
-            (r = conf_get_string(g, "name", true, NULL, data->name, sizeof data->name, d)) < 0 ||
-            (r = conf_get_string(g, "path", false, FASHION_MNIST_DIR, data->path, sizeof data->path, d)) < 0 ||
+            (r = conf_get_string(g, "name", true, NULL, data->name, sizeof data->name, d)) < 0)
+                return r;
+        if (strcmp(data->name, "text") == 0) { /* its classes are the model's vocabulary */
+                data->kind = JOB_DATA_TEXT;
+                if (config_setting_get_member(g, "classes") || config_setting_get_member(g, "mean") ||
+                    config_setting_get_member(g, "std"))
+                        return conf_error(g, NULL, -EINVAL, d, "classes, mean and std are settings of image datasets "
+                                          "(a text dataset's classes are the model's vocabulary)");
+                return conf_get_string(g, "path", true, NULL, data->path, sizeof data->path, d);
+        }
+        if (strcmp(data->name, "fashion-mnist") != 0 && strcmp(data->name, "idx") != 0)
+                return conf_error(g, "name", -EINVAL, d,
+                                  "unknown dataset \"%s\" (known: fashion-mnist, idx, text)", data->name);
+        data->kind = JOB_DATA_IDX;
+        if ((r = conf_get_string(g, "path", false, FASHION_MNIST_DIR, data->path, sizeof data->path, d)) < 0 ||
             (r = conf_get_int(g, "classes", false, 2, 256, 10, &classes, d)) < 0 ||
             (r = conf_get_double(g, "mean", false, -1e3, 1e3, 0.0, &data->mean, d)) < 0 ||
             (r = conf_get_double(g, "std", false, 1e-6, 1e3, 1.0, &data->std, d)) < 0)
                 return r;
-        if (strcmp(data->name, "fashion-mnist") != 0 && strcmp(data->name, "idx") != 0)
-                return conf_error(g, "name", -EINVAL, d,
-                                  "unknown dataset \"%s\" (known: fashion-mnist, idx)", data->name);
         data->classes = (int)classes;
         return 0;
 }
@@ -66,15 +76,39 @@ static int parse_layer(const config_setting_t *s, LayerSpec *l, Diag *d) {
         return 0;
 }
 
-static int parse_model(const config_setting_t *root, ModelSpec *m, int classes, Diag *d) {
-        static const char *const keys[] = { "input", "layers", NULL };
-        config_setting_t *g, *input, *layers;
+/* model = { type = "gpt"; vocab; context; layers; heads; dim; }: an
+ * embedding, `layers` pre-LN blocks and the LM head (nn/transformer.h). */
+static int parse_gpt(const config_setting_t *g, ModelSpec *m, Diag *d) {
+        static const char *const keys[] = { "type", "vocab", "context", "layers", "heads", "dim", NULL };
+        long long vocab, context, layers, heads, dim;
         int r;
 
-        if ((r = conf_get_group(root, "model", true, false, &g, d)) < 0 ||
-            (r = conf_check_keys(g, keys, d)) < 0)
+        if ((r = conf_check_keys(g, keys, d)) < 0 ||
+            (r = conf_get_int(g, "vocab", false, 2, 256, 256, &vocab, d)) < 0 ||
+            (r = conf_get_int(g, "context", true, 1, 4096, 0, &context, d)) < 0 ||
+            (r = conf_get_int(g, "layers", true, 1, MODEL_MAX_LAYERS - 2, 0, &layers, d)) < 0 ||
+            (r = conf_get_int(g, "heads", true, 1, 256, 0, &heads, d)) < 0 ||
+            (r = conf_get_int(g, "dim", true, 1, 16384, 0, &dim, d)) < 0)
                 return r;
+        if (dim % heads)
+                return conf_error(g, "dim", -EINVAL, d, "%lld is not divisible by heads (%lld)", dim, heads);
+        *m = (ModelSpec){ .input = { (int)context, 1, 1 }, .n_classes = (int)vocab, .lm = true,
+                          .n_layers = (int)layers + 2 };
+        m->layers[0] = (LayerSpec){ .kind = LAYER_EMBED, .vocab = (int)vocab, .out = (int)dim };
+        for (int i = 1; i <= layers; i++)
+                m->layers[i] = (LayerSpec){ .kind = LAYER_BLOCK, .heads = (int)heads };
+        m->layers[layers + 1] = (LayerSpec){ .kind = LAYER_LM_HEAD, .out = (int)vocab };
+        return 0;
+}
 
+/* model = { input = [C, H, W]; layers = ( { type = ...; }, ... ); } */
+static int parse_layers(config_setting_t *g, ModelSpec *m, int classes, Diag *d) {
+        static const char *const keys[] = { "input", "layers", NULL };
+        config_setting_t *input, *layers;
+        int r;
+
+        if ((r = conf_check_keys(g, keys, d)) < 0)
+                return r;
         input = config_setting_get_member(g, "input");
         if (!input)
                 return conf_error(g, "input", -EINVAL, d, "missing (required): the per-sample shape [C, H, W]");
@@ -99,12 +133,37 @@ static int parse_model(const config_setting_t *root, ModelSpec *m, int classes, 
         for (int i = 0; i < n; i++)
                 if ((r = parse_layer(config_setting_get_elem(layers, (unsigned)i), &m->layers[i], d)) < 0)
                         return r;
+        if (m->layers[0].kind == LAYER_EMBED || m->layers[0].kind == LAYER_BLOCK || m->layers[0].kind == LAYER_LM_HEAD)
+                return conf_error(layers, NULL, -EINVAL, d, "a transformer is written model = { type = \"gpt\"; ... }");
+        return 0;
+}
 
-        /* Shapes must chain; report against the layer that breaks them. */
+static int parse_model(const config_setting_t *root, ModelSpec *m, JobData *data, Diag *d) {
+        config_setting_t *g;
+        char type[16] = "";
+        int r;
+
+        if ((r = conf_get_group(root, "model", true, false, &g, d)) < 0 ||
+            (r = conf_get_string(g, "type", false, "", type, sizeof type, d)) < 0)
+                return r;
+        if (type[0] && strcmp(type, "gpt") != 0)
+                return conf_error(g, "type", -EINVAL, d, "unknown model type \"%s\" (known: gpt; or a list of layers)",
+                                  type);
+        bool gpt = type[0] != 0;
+        if (gpt != (data->kind == JOB_DATA_TEXT))
+                return conf_error(g, gpt ? "type" : NULL, -EINVAL, d, gpt ? "a gpt trains on a text dataset"
+                                  : "a text dataset needs a language model: model = { type = \"gpt\"; ... }");
+        r = gpt ? parse_gpt(g, m, d) : parse_layers(g, m, data->classes, d);
+        if (r < 0)
+                return r;
+        if (gpt)
+                data->classes = m->n_classes;
+
+        /* Shapes must chain; report against the model that breaks them. */
         Diag md = {};
         r = model_spec_check(m, NULL, &md);
         if (r < 0)
-                return conf_error(layers, NULL, r, d, "%s", md.text);
+                return conf_error(g, NULL, r, d, "%s", md.text);
         return 0;
 }
 
@@ -204,7 +263,7 @@ int job_load(const char *path, Job *ret, Diag *d) {
                 if ((r = conf_check_keys(root, keys, d)) >= 0 &&
                     (r = conf_get_string(root, "name", true, NULL, j.name, sizeof j.name, d)) >= 0 &&
                     (r = parse_data(root, &j.data, d)) >= 0 &&
-                    (r = parse_model(root, &j.model, j.data.classes, d)) >= 0 &&
+                    (r = parse_model(root, &j.model, &j.data, d)) >= 0 &&
                     (r = parse_optim(root, &j.optim, d)) >= 0)
                         r = parse_training(root, &j.train, d);
         }
@@ -216,17 +275,36 @@ int job_load(const char *path, Job *ret, Diag *d) {
 }
 
 int job_check_data(const Job *job, const char *dir, Diag *d) {
-        static const char *const splits[] = { "train", "t10k" };
         DatasetShape s;
         Diag why = {};
         int r;
 
         dir = dir ?: job->data.path;
-        for (size_t i = 0; i < ELEMENTSOF(splits); i++) {
-                if ((r = dataset_probe_dir(dir, splits[i], &s, d)) < 0)
+        for (int test = 0; test < 2; test++) {
+                const char *split = job->data.kind == JOB_DATA_TEXT ? test ? "validation" : "training"
+                                    : test ? "t10k" : "train";
+                r = job->data.kind == JOB_DATA_TEXT ? dataset_probe_text(dir, test, job->model.input.c, &s, d)
+                                                    : dataset_probe_dir(dir, split, &s, d);
+                if (r < 0)
                         return r;
                 if ((r = model_check_data_shape(&job->model, &s, &why)) < 0)
-                        return diag_set(d, r, "%s: %s in %s (%s split)", job->path, why.text, dir, splits[i]);
+                        return diag_set(d, r, "%s: %s in %s (%s split)", job->path, why.text, dir, split);
         }
+        return 0;
+}
+
+int job_load_split(const Job *job, const char *dir, bool test, Dataset **ret, Diag *d) {
+        const JobData *data = &job->data;
+        Dataset *ds;
+        int r;
+
+        dir = dir ?: data->path;
+        if (data->kind == JOB_DATA_TEXT)
+                return dataset_load_text(dir, test, job->model.input.c, job->model.n_classes, ret, d);
+        r = dataset_load_dir(dir, test ? "t10k" : "train", data->classes, &ds, d);
+        if (r < 0)
+                return r;
+        dataset_set_normalization(ds, (float)data->mean, (float)data->std);
+        *ret = ds;
         return 0;
 }

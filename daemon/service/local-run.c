@@ -124,17 +124,15 @@ int local_run(const Job *job, const LocalRunOptions *o, const volatile sig_atomi
                 spec.n_shards = o->n_shards;
         }
 
-        r = dataset_load_dir(dir, "train", job->data.classes, &train, &d);
+        r = job_load_split(job, o->data_dir, false, &train, &d);
         if (r >= 0)
-                r = dataset_load_dir(dir, "t10k", job->data.classes, &test, &d);
+                r = job_load_split(job, o->data_dir, true, &test, &d);
         if (r < 0) {
                 if (r == -ENOENT)
                         log_error("Dataset %s not found in %s (install Debian's dataset-fashion-mnist "
                                   "or set dataset.path in %s)", job->data.name, dir, job->path);
                 return log_error_errno(r, "Failed to load the dataset: %s", d.text);
         }
-        dataset_set_normalization(train, (float)job->data.mean, (float)job->data.std);
-        dataset_set_normalization(test, (float)job->data.mean, (float)job->data.std);
 
         r = trainer_new(&job->model, &job->optim, &spec, train, test, &ops_blas, &t, &d);
         if (r < 0)

@@ -395,19 +395,14 @@ static int run_place(Run *run, const Identity *id) {
  * schedule; the first stage trains on its cluster's shard of it and
  * evaluates on the test set. */
 static int run_load_data(Run *run) {
-        const Job *job = run->job;
-        const char *dir = run->o->data_dir ?: job->data.path;
         Diag d = {};
         int r;
 
-        r = dataset_load_dir(dir, "train", job->data.classes, &run->train, &d);
+        r = job_load_split(run->job, run->o->data_dir, false, &run->train, &d);
         if (r >= 0 && run->stage == 0)
-                r = dataset_load_dir(dir, "t10k", job->data.classes, &run->test, &d);
+                r = job_load_split(run->job, run->o->data_dir, true, &run->test, &d);
         if (r < 0)
                 return log_error_errno(r, "Failed to load the dataset: %s", d.text);
-        dataset_set_normalization(run->train, (float)job->data.mean, (float)job->data.std);
-        if (run->test)
-                dataset_set_normalization(run->test, (float)job->data.mean, (float)job->data.std);
         return 0;
 }
 
