@@ -12,6 +12,7 @@
 #include "service/config.h"
 #include "service/daemon.h"
 #include "service/job.h"
+#include "service/option.h"
 #include "util/log.h"
 
 static void help(void) {
@@ -65,8 +66,7 @@ int main(int argc, char *argv[]) {
         int c, r;
 
         while ((c = getopt_long(argc, argv, "c:j:t:e:d:vh", options, NULL)) >= 0) {
-                char *end;
-                long v;
+                long long v;
                 switch (c) {
                 case 'c':
                         config_path = optarg;
@@ -78,21 +78,19 @@ int main(int argc, char *argv[]) {
                         job_path = optarg;
                         break;
                 case 't':
-                case 'e':
-                case ARG_PROGRESS:
-                        errno = 0;
-                        v = strtol(optarg, &end, 10);
-                        if (errno || *end || v < (c == ARG_PROGRESS ? 0 : 1) || v > (c == 't' ? 256 : 1000000)) {
-                                log_error("Invalid value for --%s: %s",
-                                          c == 't' ? "threads" : c == 'e' ? "epochs" : "progress", optarg);
+                        if (option_int("threads", optarg, 1, 256, &v) < 0)
                                 return EX_USAGE;
-                        }
-                        if (c == 't')
-                                o.threads = (int)v;
-                        else if (c == 'e')
-                                o.epochs = (int)v;
-                        else
-                                o.progress_interval_ms = (unsigned)v;
+                        o.threads = (int)v;
+                        break;
+                case 'e':
+                        if (option_int("epochs", optarg, 1, 1000000, &v) < 0)
+                                return EX_USAGE;
+                        o.epochs = (int)v;
+                        break;
+                case ARG_PROGRESS:
+                        if (option_int("progress", optarg, 0, 1000000, &v) < 0)
+                                return EX_USAGE;
+                        o.progress_interval_ms = (unsigned)v;
                         break;
                 case 'd':
                         o.data_dir = optarg;

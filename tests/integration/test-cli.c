@@ -1,0 +1,97 @@
+/* ravnestd and ravnestctl as an operator meets them: every command answers
+ * --help and -h with its usage and exit 0; a bad argument exits 64
+ * (EX_USAGE) with a message naming that argument. */
+#include <criterion/criterion.h>
+
+#include "../lib/proc.h"
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+/* Run argv to its end: the exit status; p->out holds what it printed. */
+static int run(Proc *p, char *const argv[]) {
+        proc_start(p, argv, NULL);
+        return proc_exit(p);
+}
+
+Test(cli, every_command_answers_help) {
+        static const char *const commands[] = { "job", "identity", "plan", "swarm", "predict", "status", "pause",
+                                                "resume", "checkpoint", "version", "help", NULL };
+        static const char *const flags[] = { "--help", "-h" };
+        for (const char *const *c = commands; *c; c++)
+                for (int f = 0; f < 2; f++) {
+                        Proc p;
+                        int code = run(&p, (char *[]){ RAVNESTCTL, (char *)*c, (char *)flags[f], NULL });
+                        cr_expect_eq(code, 0, "ravnestctl %s %s: exit %d: %s", *c, flags[f], code, p.out);
+                        cr_expect(strstr(p.out, "Usage: ravnestctl"), "ravnestctl %s %s: %s", *c, flags[f], p.out);
+                }
+        for (int f = 0; f < 2; f++) {
+                Proc p;
+                int code = run(&p, (char *[]){ RAVNESTD, (char *)flags[f], NULL });
+                cr_expect_eq(code, 0, "ravnestd %s: exit %d: %s", flags[f], code, p.out);
+                cr_expect(strstr(p.out, "Usage: ravnestd"), "ravnestd %s: %s", flags[f], p.out);
+        }
+}
+
+/* A missing job makes any swarm that got past its options fail at once
+ * (exit 1), never train. */
+#define NO_JOB "--job", "/nonexistent/ravnest-test.job"
+
+typedef struct BadArgs {
+        const char *argv[12];
+        const char *says; /* the message names the argument */
+} BadArgs;
+
+static const BadArgs bad_args[] = {
+        { { RAVNESTCTL, "swarm", "--clusters", "abc", NO_JOB }, "Invalid value for --clusters: abc (an integer from 1 to 64)" },
+        { { RAVNESTCTL, "swarm", "--epochs", "-3", NO_JOB }, "Invalid value for --epochs: -3 (an integer from 1 to" },
+        { { RAVNESTCTL, "swarm", "--epochs", "0", NO_JOB }, "Invalid value for --epochs: 0 (an integer from 1 to" },
+        { { RAVNESTCTL, "swarm", "--stages", "0", NO_JOB }, "Invalid value for --stages: 0" },
+        { { RAVNESTCTL, "swarm", "--clusters", "9", "--stages", "8", NO_JOB }, "--clusters and --stages: 9 x 8" },
+        { { RAVNESTCTL, "swarm", "--micro-batch", "x", NO_JOB }, "Invalid value for --micro-batch: x" },
+        { { RAVNESTCTL, "swarm", "--staleness", "0", NO_JOB }, "Invalid value for --staleness: 0" },
+        { { RAVNESTCTL, "swarm", "--update-frequency", "-1", NO_JOB }, "Invalid value for --update-frequency: -1" },
+        { { RAVNESTCTL, "swarm", "--interval", "0.01", NO_JOB }, "Invalid value for --interval: 0.01 (a number from 0.05" },
+        { { RAVNESTCTL, "swarm", "--progress", "2s", NO_JOB }, "Invalid value for --progress: 2s" },
+        { { RAVNESTCTL, "swarm", "--bogus", NO_JOB }, "'--bogus'" },
+        { { RAVNESTCTL, "swarm", NO_JOB, "extra" }, "\"extra\"" },
+        { { RAVNESTCTL, "plan", "--micro-batch", "0", "nodes.conf" }, "Invalid value for --micro-batch: 0" },
+        { { RAVNESTCTL, "plan", "--staleness", "many", "nodes.conf" }, "Invalid value for --staleness: many" },
+        { { RAVNESTCTL, "plan", "--seed", "x", "nodes.conf" }, "Invalid value for --seed: x" },
+        { { RAVNESTCTL, "plan", "--similarity", "2", "nodes.conf" }, "Invalid value for --similarity: 2 (a number from 0 to 1)" },
+        { { RAVNESTCTL, "plan", "nodes.conf", "extra" }, "\"extra\"" },
+        { { RAVNESTCTL, "plan" }, "NODES_FILE" },
+        { { RAVNESTCTL, "predict", "--nodes", "0" }, "Invalid value for --nodes: 0 (an integer from 1 to 65536)" },
+        { { RAVNESTCTL, "predict", "--params", "1.5" }, "Invalid value for --params: 1.5" },
+        { { RAVNESTCTL, "predict", "--compute-ms", "abc" }, "Invalid value for --compute-ms: abc" },
+        { { RAVNESTCTL, "predict", "--bandwidth", "0" }, "Invalid value for --bandwidth: 0" },
+        { { RAVNESTCTL, "predict", "--bogus" }, "'--bogus'" },
+        { { RAVNESTCTL, "job", "-x" }, "'x'" },
+        { { RAVNESTCTL, "job" }, "Usage: ravnestctl job FILE" },
+        { { RAVNESTCTL, "job", "a.job", "b.job" }, "\"b.job\"" },
+        { { RAVNESTCTL, "identity", "--bogus" }, "'--bogus'" },
+        { { RAVNESTCTL, "identity", "/a", "/b" }, "\"/b\"" },
+        { { RAVNESTCTL, "status", "--bogus" }, "'--bogus'" },
+        { { RAVNESTCTL, "status", "extra" }, "extra" },
+        { { RAVNESTCTL, "version", "extra" }, "\"extra\"" },
+        { { RAVNESTD, "--epochs", "0" }, "Invalid value for --epochs: 0 (an integer from 1 to 1000000)" },
+        { { RAVNESTD, "--threads", "abc" }, "Invalid value for --threads: abc (an integer from 1 to 256)" },
+        { { RAVNESTD, "--progress", "-5" }, "Invalid value for --progress: -5 (an integer from 0 to" },
+        { { RAVNESTD, "--bogus" }, "'--bogus'" },
+        { { RAVNESTD, "extra" }, "extra" },
+        {},
+};
+
+Test(cli, bad_arguments_exit_64_naming_them) {
+        for (const BadArgs *b = bad_args; b->argv[0]; b++) {
+                char line[256] = "";
+                for (int i = 1; b->argv[i]; i++)
+                        snprintf(line + strlen(line), sizeof line - strlen(line), " %s", b->argv[i]);
+                Proc p;
+                int code = run(&p, (char *const *)b->argv);
+                cr_expect_eq(code, 64, "%s%s: exit %d: %s", strrchr(b->argv[0], '/') + 1, line, code, p.out);
+                cr_expect(strstr(p.out, b->says), "%s%s: no \"%s\" in: %s", strrchr(b->argv[0], '/') + 1, line,
+                          b->says, p.out);
+        }
+}
