@@ -95,3 +95,28 @@ Test(cli, bad_arguments_exit_64_naming_them) {
                           b->says, p.out);
         }
 }
+
+/* The benchmarks too (built with -Dbenchmarks=true, the default). */
+Test(cli, benchmarks_answer_help_and_refuse_unknown_arguments) {
+        static const char *const benches[] = { "bench-allreduce", "bench-formation", "bench-gossip", "bench-moshpit",
+                                               "bench-pipeline", "bench-train", "bench-transport", NULL };
+        for (const char *const *b = benches; *b; b++) {
+                char path[512];
+                snprintf(path, sizeof path, "%s/tests/bench/%s", BUILD_ROOT, *b);
+                if (access(path, X_OK) < 0)
+                        cr_skip_test("SKIP: %s not built (meson configure -Dbenchmarks=true)", path);
+                Proc p;
+                for (int f = 0; f < 2; f++) {
+                        const char *flag = f ? "-h" : "--help";
+                        int code = run(&p, (char *[]){ path, (char *)flag, NULL });
+                        cr_assert_eq(code, 0, "%s %s: exit %d: %s", *b, flag, code, p.out);
+                        cr_assert(strstr(p.out, "Usage: "), "%s %s: %s", *b, flag, p.out);
+                }
+                int code = run(&p, (char *[]){ path, "--bogus", NULL });
+                cr_assert_eq(code, 64, "%s --bogus: exit %d: %s", *b, code, p.out);
+                cr_expect(strstr(p.out, "'--bogus'"), "%s --bogus: %s", *b, p.out);
+                code = run(&p, (char *[]){ path, "extra", NULL });
+                cr_expect_eq(code, 64, "%s extra: exit %d: %s", *b, code, p.out);
+                cr_expect(strstr(p.out, "\"extra\""), "%s extra: %s", *b, p.out);
+        }
+}
