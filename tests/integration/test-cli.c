@@ -120,3 +120,31 @@ Test(cli, benchmarks_answer_help_and_refuse_unknown_arguments) {
                 cr_expect(strstr(p.out, "\"extra\""), "%s extra: %s", *b, p.out);
         }
 }
+
+/* ---- configuration messages, as ravnestd --check-config prints them ----- */
+
+/* text into <dir>/ravnestd.conf; ravnestd --check-config on it must exit 78
+ * (EX_CONFIG) and say "<file>:<says>". */
+static void expect_config_error(const char *text, const char *says) {
+        char dir[] = "/tmp/ravnest-test-cli-XXXXXX", path[128], want[512];
+        cr_assert_not_null(mkdtemp(dir));
+        snprintf(path, sizeof path, "%s/ravnestd.conf", dir);
+        test_write_file(path, text, 0644);
+        Proc p;
+        int code = run(&p, (char *[]){ RAVNESTD, "--check-config", "--config", path, NULL });
+        unlink(path);
+        rmdir(dir);
+        snprintf(want, sizeof want, "%s:%s", path, says);
+        cr_expect_eq(code, 78, "exit %d for:\n%s\n%s", code, text, p.out);
+        cr_expect(strstr(p.out, want), "no \"%s\" in: %s", want, p.out);
+}
+
+Test(cli, configuration_errors_name_file_line_and_setting) {
+        expect_config_error("threads = 2;\njob = \"/nonexistent/ravnest-test.job\";\n",
+                            "2: job: cannot read /nonexistent/ravnest-test.job: No such file or directory");
+        expect_config_error("threads = 99999999999;\n", "1: threads: out of range");
+        expect_config_error("checkpoint = {\n  interval = 600;\n  load = true;\n  interval = 60;\n};\n",
+                            "4: interval: set twice");
+        expect_config_error("threads = 2;\nidle = { enabled = fals; };\n",
+                            "2: syntax error in \"idle = { enabled = fals; };\"");
+}
