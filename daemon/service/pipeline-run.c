@@ -169,7 +169,7 @@ static double busy_while_training(const PipeStats *st, char *why, size_t len) {
                wait = pipe_percent(st->train_wait_ns, st->train_ns);
         snprintf(why, len, "computing %.0f%%, moving tensors %.0f%%, waiting %.0f%%", compute,
                  MAX(100 - compute - wait, 0.0), wait);
-        return 100 - wait;
+        return MIN(MAX(100 - wait, 0.0), 100.0);
 }
 
 /* The stage dials the next one, again and again until it answers. */
@@ -516,8 +516,11 @@ int pipeline_run(const Config *c, const Job *job, const Identity *id, const Loca
                 }
                 if (o->progress_interval_ms && now - last_log >= (uint64_t)o->progress_interval_ms * 1000000ull) {
                         double dt = ns_to_sec(now - last_t);
+                        /* fractions of the interval, whose clock may differ from the counters' by a hair */
                         double busy = 1 - (double)(st.wait_ns - prev_st.wait_ns) / (double)(now - last_t);
                         double compute = (double)(st.compute_ns - prev_st.compute_ns) / (double)(now - last_t);
+                        busy = MIN(MAX(busy, 0.0), 1.0);
+                        compute = MIN(MAX(compute, 0.0), 1.0);
                         uint64_t scored = st.scored - prev_st.scored;
                         if (run.next)
                                 log_info("stage %u/%u: %lu micro-batches, %.0f samples/s, busy %.0f%% (computing "
@@ -571,11 +574,11 @@ int pipeline_run(const Config *c, const Job *job, const Identity *id, const Loca
                          "busy %.0f%% while training (%s), %.0f%% in all",
                          job->name, 100 * st.test_acc, stage + 1, cl->n_stages, cluster + 1,
                          (double)st.samples / total, busy_while_training(&st, why, sizeof why), why,
-                         100 - pipe_percent(st.wait_ns, st.elapsed_ns));
+                         MIN(MAX(100 - pipe_percent(st.wait_ns, st.elapsed_ns), 0.0), 100.0));
         else
                 log_info("Finished stage %u of %u in cluster %u: %lu updates, busy %.0f%% while training (%s), %.0f%% in all",
                          stage + 1, cl->n_stages, cluster + 1, (unsigned long)st.updates,
                          busy_while_training(&st, why, sizeof why), why,
-                         100 - pipe_percent(st.wait_ns, st.elapsed_ns));
+                         MIN(MAX(100 - pipe_percent(st.wait_ns, st.elapsed_ns), 0.0), 100.0));
         return 0;
 }

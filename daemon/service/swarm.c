@@ -403,7 +403,10 @@ int swarm_run(const SwarmOptions *o, const volatile sig_atomic_t *stop, SwarmRes
                 res.rounds += nodes[i].rounds;
                 if (nodes[i].last_stage)
                         res.samples_per_sec += nodes[i].rate;
-                printf("swarm: %-5s %4.0f%% %5.0f MiB\n", nodes[i].name, nodes[i].busy, res.rss_mib[i]);
+                char busy[16] = "-"; /* a node stopped before its last line has no figure */
+                if (nodes[i].busy >= 0)
+                        snprintf(busy, sizeof busy, "%.0f%%", MIN(MAX(nodes[i].busy, 0.0), 100.0));
+                printf("swarm: %-5s %5s %5.0f MiB\n", nodes[i].name, busy, res.rss_mib[i]);
         }
         bool same = o->clusters > 1;
         for (unsigned c = 0; c < o->clusters; c++) {

@@ -4,6 +4,7 @@
 #include <criterion/criterion.h>
 
 #include "../lib/proc.h"
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -147,4 +148,79 @@ Test(cli, configuration_errors_name_file_line_and_setting) {
                             "4: interval: set twice");
         expect_config_error("threads = 2;\nidle = { enabled = fals; };\n",
                             "2: syntax error in \"idle = { enabled = fals; };\"");
+}
+
+/* ---- figures that mislead ------------------------------------------------ */
+
+/* The swarm's table: a node stopped before its last line has no busy
+ * figure ("-", not -1%), and a figure is shown within 0..100% (not -0%).
+ * The nodes here are a script: one says it finished, busy "-0%"; the
+ * others end without a word. */
+Test(cli, swarm_table_shows_busy_within_0_to_100) {
+        char dir[] = "/tmp/ravnest-test-cli-XXXXXX", fake[128];
+        cr_assert_not_null(mkdtemp(dir));
+        snprintf(fake, sizeof fake, "%s/ravnestd", dir);
+        test_write_file(fake,
+                        "#!/bin/sh\n"
+                        "case \"$2\" in\n"
+                        "*/c1s2.conf) echo '<6>Finished fashion-mnist-mlp: test accuracy 10.00% (stage 2 of 2 in "
+                        "cluster 1), 5 samples/s, busy -0% while training (computing 0%), -0% in all' >&2 ;;\n"
+                        "esac\n",
+                        0755);
+        char swarm_dir[160];
+        snprintf(swarm_dir, sizeof swarm_dir, "%s/swarm", dir);
+        Proc p;
+        int code = run(&p, (char *[]){ RAVNESTCTL, "swarm", "--ravnestd", fake, "--dir", swarm_dir, "--job",
+                                       SOURCE_ROOT "/config/jobs/fashion-mnist-mlp.job", NULL });
+        char cmd[200];
+        snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+        cr_assert_eq(system(cmd), 0);
+        cr_assert_eq(code, 0, "exit %d: %s", code, p.out);
+        const char *table = strstr(p.out, "swarm: node   busy");
+        cr_assert(table, "no table: %s", p.out);
+        cr_expect(!strstr(table, "-1%") && !strstr(table, "-0%"), "%s", p.out);
+        cr_expect(strstr(table, "swarm: c1s2     0%"), "%s", p.out);
+        cr_expect(strstr(table, "swarm: c1s1      -"), "%s", p.out);
+}
+
+static void skip_without_dataset(void) {
+        if (access(FASHION_MNIST_DIR "/train-images-idx3-ubyte.gz", R_OK) < 0)
+                cr_skip_test("SKIP: %s missing: install Debian's dataset-fashion-mnist to run this test",
+                             FASHION_MNIST_DIR);
+}
+
+/* The averaging cadence as configured: 0.25 s, not "every 0.2 s". */
+Test(cli, averaging_interval_is_logged_as_configured, .timeout = 120) {
+        skip_without_dataset();
+        char dir[] = "/tmp/ravnest-test-cli-XXXXXX", secret[128], conf[128], text[2048], hex[IDENTITY_HEX_SIZE];
+        cr_assert_not_null(mkdtemp(dir));
+        snprintf(secret, sizeof secret, "%s/secret", dir);
+        test_write_file(secret, "00112233445566778899aabbccddeeff00112233445566778899aabbccddeeff\n", 0600);
+        test_make_identity(dir, "a", hex);
+        snprintf(conf, sizeof conf, "%s/a.conf", dir);
+        snprintf(text, sizeof text,
+                 "state_directory = \"%s/state-a\";\n"
+                 "control_socket = \"\";\n"
+                 "idle = { enabled = false; };\n"
+                 "threads = 1;\n"
+                 "checkpoint = { interval = 0; load = false; };\n"
+                 "network = { secret_file = \"%s\"; };\n"
+                 "averaging = {\n"
+                 "  interval = 0.25;\n"
+                 "  listen = \"127.0.0.1:%u\";\n"
+                 "  members = [ \"%s@127.0.0.1:%u\", \"%s@127.0.0.1:1\" ];\n"
+                 "};\n",
+                 dir, secret, test_free_port(), hex, test_free_port(),
+                 "22222222222222222222222222222222222222222222222222222222222222bb");
+        test_write_file(conf, text, 0644);
+        Proc p;
+        proc_start(&p, (char *[]){ RAVNESTD, "--config", conf, "--job", SOURCE_ROOT "/config/jobs/fashion-mnist-mlp.job",
+                                   "--epochs", "1", "--progress", "0", NULL }, NULL);
+        bool seen = proc_wait_for(&p, "Averaging with ", 60000) && proc_wait_for(&p, " s, listening", 5000);
+        kill(p.pid, SIGTERM);
+        proc_exit(&p);
+        snprintf(text, sizeof text, "rm -rf %s", dir);
+        cr_assert_eq(system(text), 0);
+        cr_assert(seen, "%s", p.out);
+        cr_assert(strstr(p.out, "every 0.25 s, listening"), "%s", p.out);
 }
