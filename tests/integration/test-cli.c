@@ -224,3 +224,27 @@ Test(cli, averaging_interval_is_logged_as_configured, .timeout = 120) {
         cr_assert(seen, "%s", p.out);
         cr_assert(strstr(p.out, "every 0.25 s, listening"), "%s", p.out);
 }
+
+/* ravnestd --help names the configuration it reads by default; the man
+ * pages this build installs name the same file (for prefix /usr:
+ * /etc/ravnest/ravnestd.conf, as the packages have it). */
+Test(cli, help_and_man_pages_name_the_same_configuration) {
+        Proc p;
+        cr_assert_eq(run(&p, (char *[]){ RAVNESTD, "--help", NULL }), 0, "%s", p.out);
+        const char *at = strstr(p.out, "configuration (default ");
+        cr_assert(at, "%s", p.out);
+        char path[256];
+        cr_assert_eq(sscanf(at + strlen("configuration (default "), "%255[^) ]", path), 1, "%s", p.out);
+        cr_assert(strstr(path, "/ravnest/ravnestd.conf"), "%s", path);
+        static const char *const pages[] = { "ravnestd.8", "ravnestd.conf.5", "ravnestctl.1", NULL };
+        for (const char *const *m = pages; *m; m++) {
+                char file[512], text[65536];
+                snprintf(file, sizeof file, "%s/%s", BUILD_ROOT, *m);
+                FILE *f = fopen(file, "re");
+                cr_assert_not_null(f, "%s: not built", file);
+                size_t n = fread(text, 1, sizeof text - 1, f);
+                fclose(f);
+                text[n] = 0;
+                cr_expect(strstr(text, path), "%s does not name %s", file, path);
+        }
+}
