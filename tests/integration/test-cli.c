@@ -248,3 +248,53 @@ Test(cli, help_and_man_pages_name_the_same_configuration) {
                 cr_expect(strstr(text, path), "%s does not name %s", file, path);
         }
 }
+
+/* ---- scripts/install-deps installs for a purpose ------------------------ */
+
+static bool listed(const char *out, const char *package) {
+        char line[128];
+        snprintf(line, sizeof line, "\n%s\n", package);
+        char text[sizeof ((Proc *)0)->out + 2];
+        snprintf(text, sizeof text, "\n%s", out);
+        return strstr(text, line) != NULL;
+}
+
+Test(cli, install_deps_installs_for_a_purpose) {
+        Proc p;
+        /* training: the build and the dataset, no test or container tools */
+        cr_assert_eq(run(&p, (char *[]){ "/bin/sh", SOURCE_ROOT "/scripts/install-deps", "--run", "--print", NULL }), 0,
+                     "%s", p.out);
+        cr_expect(listed(p.out, "meson") && listed(p.out, "libopenblas-dev") && listed(p.out, "dataset-fashion-mnist"),
+                  "%s", p.out);
+        static const char *const test_only[] = { "libcriterion-dev", "podman", "debhelper", "lintian", "rpm",
+                                                 "debootstrap", "python3-torch", NULL };
+        for (const char *const *t = test_only; *t; t++)
+                cr_expect(!listed(p.out, *t), "--run lists %s:\n%s", *t, p.out);
+        /* the default: everything the tests need */
+        cr_assert_eq(run(&p, (char *[]){ "/bin/sh", SOURCE_ROOT "/scripts/install-deps", "--print", NULL }), 0, "%s",
+                     p.out);
+        for (const char *const *t = test_only; t[1]; t++)
+                cr_expect(listed(p.out, *t), "the default lacks %s:\n%s", *t, p.out);
+        cr_expect(!listed(p.out, "python3-torch"), "%s", p.out);
+        cr_assert_eq(run(&p, (char *[]){ "/bin/sh", SOURCE_ROOT "/scripts/install-deps", "--bench", "--print", NULL }),
+                     0, "%s", p.out);
+        cr_expect(listed(p.out, "python3-torch") && listed(p.out, "podman"), "%s", p.out);
+        cr_expect_eq(run(&p, (char *[]){ "/bin/sh", SOURCE_ROOT "/scripts/install-deps", "--bogus", NULL }), 64, "%s",
+                     p.out);
+        cr_expect_eq(run(&p, (char *[]){ "/bin/sh", SOURCE_ROOT "/scripts/install-deps", "--help", NULL }), 0, "%s",
+                     p.out);
+        cr_expect(strstr(p.out, "Usage: scripts/install-deps"), "%s", p.out);
+
+        /* the demo installs what training needs only */
+        FILE *f = fopen(SOURCE_ROOT "/scripts/demo", "re");
+        cr_assert_not_null(f);
+        char line[256];
+        bool run_only = false, other = false;
+        while (fgets(line, sizeof line, f))
+                if (!strncmp(line, "scripts/install-deps", 20)) {
+                        run_only |= !strncmp(line, "scripts/install-deps --run", 26);
+                        other |= strncmp(line, "scripts/install-deps --run", 26) != 0;
+                }
+        fclose(f);
+        cr_expect(run_only && !other, "scripts/demo does not run scripts/install-deps --run alone");
+}
