@@ -302,7 +302,9 @@ static void help(void) {
                "               these four take --socket PATH when the node is not on the system bus\n"
                "               and not on " CONFIG_CONTROL_SOCKET "\n"
                "  version      show the version\n"
-               "  help         show this help\n");
+               "  help         show this help\n"
+               "\n"
+               "Every command answers -h and --help with its usage.\n");
 }
 
 int main(int argc, char *argv[]) {
