@@ -252,7 +252,7 @@ static int simple_command(int argc, char *argv[], const char *usage, int min_arg
         int c;
 
         optind = 1;
-        while ((c = getopt_long(argc, argv, "+h", options, NULL)) >= 0)
+        while ((c = getopt_long(argc, argv, "h", options, NULL)) >= 0)
                 if (c == 'h') {
                         printf("Usage: %s\n", usage);
                         return 0;
