@@ -12,6 +12,7 @@
 #include "service/config.h"
 #include "service/daemon.h"
 #include "service/job.h"
+#include "service/option.h"
 #include "util/log.h"
 
 static void help(void) {
@@ -22,11 +23,11 @@ static void help(void) {
                "  -c, --config=FILE     configuration (default %s)\n"
                "      --check-config    check the configuration and the job, then exit\n"
                "  -j, --job=FILE        job to train (default: the configuration's job)\n"
-               "  -t, --threads=N       compute threads (default: the configuration's, else online CPUs)\n"
-               "  -e, --epochs=N        override the job's number of epochs\n"
+               "  -t, --threads=N       compute threads, 1..256 (default: the configuration's, else online CPUs)\n"
+               "  -e, --epochs=N        override the job's number of epochs, 1..1000000\n"
                "  -d, --data-dir=DIR    override the job's dataset directory\n"
                "      --check-job       check the job file, print it and exit\n"
-               "      --progress=MS     progress line interval in ms (0: epochs only; default 1000)\n"
+               "      --progress=MS     progress line interval in ms, 0..1000000 (0: epochs only; default 1000)\n"
                "      --no-idle         train whatever the machine's load (no idle detection)\n"
                "      --control-socket=PATH\n"
                "                        serve status and control on PATH (\"none\": not at all; default: the\n"
@@ -65,8 +66,7 @@ int main(int argc, char *argv[]) {
         int c, r;
 
         while ((c = getopt_long(argc, argv, "c:j:t:e:d:vh", options, NULL)) >= 0) {
-                char *end;
-                long v;
+                long long v;
                 switch (c) {
                 case 'c':
                         config_path = optarg;
@@ -78,21 +78,19 @@ int main(int argc, char *argv[]) {
                         job_path = optarg;
                         break;
                 case 't':
-                case 'e':
-                case ARG_PROGRESS:
-                        errno = 0;
-                        v = strtol(optarg, &end, 10);
-                        if (errno || *end || v < (c == ARG_PROGRESS ? 0 : 1) || v > (c == 't' ? 256 : 1000000)) {
-                                log_error("Invalid value for --%s: %s",
-                                          c == 't' ? "threads" : c == 'e' ? "epochs" : "progress", optarg);
+                        if (option_int("threads", optarg, 1, 256, &v) < 0)
                                 return EX_USAGE;
-                        }
-                        if (c == 't')
-                                o.threads = (int)v;
-                        else if (c == 'e')
-                                o.epochs = (int)v;
-                        else
-                                o.progress_interval_ms = (unsigned)v;
+                        o.threads = (int)v;
+                        break;
+                case 'e':
+                        if (option_int("epochs", optarg, 1, 1000000, &v) < 0)
+                                return EX_USAGE;
+                        o.epochs = (int)v;
+                        break;
+                case ARG_PROGRESS:
+                        if (option_int("progress", optarg, 0, 1000000, &v) < 0)
+                                return EX_USAGE;
+                        o.progress_interval_ms = (unsigned)v;
                         break;
                 case 'd':
                         o.data_dir = optarg;

@@ -20,6 +20,7 @@
 #include "service/ctl-plan.h"
 #include "service/ctl-predict.h"
 #include "service/job.h"
+#include "service/option.h"
 #include "service/swarm.h"
 
 static int describe_job(const char *path) {
@@ -149,6 +150,38 @@ static void find_ravnestd(char *out, size_t n) {
         snprintf(out, n, "%s/ravnestd", SBIN_DIR);
 }
 
+static void swarm_usage(FILE *f) {
+        fprintf(f, "Usage: ravnestctl swarm [OPTIONS]\n"
+                   "\n"
+                   "Start CLUSTERS x STAGES ravnestd processes on loopback and train a job; Ctrl-C stops them.\n"
+                   "\n"
+                   "  --clusters N          clusters, 1 to 64 (default 2)\n"
+                   "  --stages N            pipeline stages per cluster, 1 to 64 (default 2; at most 64 nodes)\n"
+                   "  --job FILE            the job (default %s)\n"
+                   "  --epochs N            epochs of each cluster's shard, 1 to 1000000 (default: the job's)\n"
+                   "  --data-dir DIR        the dataset (default: the job's)\n"
+                   "  --micro-batch N       samples per micro-batch, 1 to 65536 (default 32)\n"
+                   "  --staleness N         micro-batches in flight, 1 to 1024 (default 4)\n"
+                   "  --update-frequency N  micro-batches per update, 1 to 1024 (default: the job's batch over the\n"
+                   "                        micro-batch)\n"
+                   "  --sync                the synchronous schedule\n"
+                   "  --interval S          seconds between averaging rounds, 0.05 to 86400 (default 0.25)\n"
+                   "  --progress MS         progress lines every MS ms, 0 to 1000000 (default 2000; 0: none)\n"
+                   "  --dir DIR             keys and configurations there, kept\n"
+                   "  --keep                keep the generated directory\n"
+                   "  --keep-going          a node that fails does not stop the others\n"
+                   "  --restart             a node that fails is started again (at most 5 times), from its checkpoint\n"
+                   "  --resume              with --dir: go on from the checkpoints an earlier swarm left there\n"
+                   "  --checkpoint-interval S\n"
+                   "                        seconds between each node's checkpoints, 0 to 604800 (default 10)\n"
+                   "  --neighbour-timeout S a stage gives up on a neighbour gone this long, 0 to 604800 (default 600;\n"
+                   "                        0: never)\n"
+                   "  --pin                 node i on CPU i modulo the CPUs\n"
+                   "  --ravnestd PATH       the daemon to start (default: beside ravnestctl, else %s/ravnestd)\n"
+                   "  -h, --help            show this help\n",
+                JOBS_DIR "/fashion-mnist-mlp.job", SBIN_DIR);
+}
+
 static int swarm(int argc, char *argv[]) {
         static const struct option options[] = {
                 { "clusters", required_argument, NULL, 'c' },
@@ -171,50 +204,61 @@ static int swarm(int argc, char *argv[]) {
                 { "checkpoint-interval", required_argument, NULL, 'C' },
                 { "pin", no_argument, NULL, 'P' },
                 { "ravnestd", required_argument, NULL, 'r' },
+                { "help", no_argument, NULL, 'h' },
                 {},
         };
         char ravnestd[PATH_MAX + 16];
         SwarmOptions o = { .clusters = 2, .stages = 2, .job = JOBS_DIR "/fashion-mnist-mlp.job", .micro_batch = 32,
                            .staleness = 4, .interval = 0.25, .progress_ms = 2000, .neighbour_timeout_s = 600,
                            .checkpoint_interval_s = 10 };
+        long long v = 0;
         int c;
 
         find_ravnestd(ravnestd, sizeof ravnestd);
         o.ravnestd = ravnestd;
         optind = 1;
-        while ((c = getopt_long(argc, argv, "", options, NULL)) >= 0) {
+        while ((c = getopt_long(argc, argv, "h", options, NULL)) >= 0) {
+                int r = 0;
                 switch (c) {
-                case 'c': o.clusters = (unsigned)atoi(optarg); break;
-                case 's': o.stages = (unsigned)atoi(optarg); break;
+                case 'c': r = option_int("clusters", optarg, 1, 64, &v); o.clusters = (unsigned)v; break;
+                case 's': r = option_int("stages", optarg, 1, 64, &v); o.stages = (unsigned)v; break;
                 case 'j': o.job = optarg; break;
-                case 'e': o.epochs = atoi(optarg); break;
+                case 'e': r = option_int("epochs", optarg, 1, 1000000, &v); o.epochs = (int)v; break;
                 case 'd': o.data_dir = optarg; break;
-                case 'm': o.micro_batch = atoi(optarg); break;
-                case 't': o.staleness = atoi(optarg); break;
-                case 'u': o.update_frequency = atoi(optarg); break;
+                case 'm': r = option_int("micro-batch", optarg, 1, 65536, &v); o.micro_batch = (int)v; break;
+                case 't': r = option_int("staleness", optarg, 1, 1024, &v); o.staleness = (int)v; break;
+                case 'u': r = option_int("update-frequency", optarg, 1, 1024, &v); o.update_frequency = (int)v; break;
                 case 'S': o.synchronous = true; break;
-                case 'i': o.interval = atof(optarg); break;
-                case 'p': o.progress_ms = (unsigned)atoi(optarg); break;
+                case 'i': r = option_double("interval", optarg, 0.05, 86400, &o.interval); break;
+                case 'p': r = option_int("progress", optarg, 0, 1000000, &v); o.progress_ms = (unsigned)v; break;
                 case 'D': o.dir = optarg; break;
                 case 'k': o.keep = true; break;
                 case 'K': o.keep_going = true; break;
                 case 'R': o.restart = true; break;
                 case 'E': o.resume = true; break;
-                case 'N': o.neighbour_timeout_s = (unsigned)atoi(optarg); break;
-                case 'C': o.checkpoint_interval_s = (unsigned)atoi(optarg); break;
+                case 'N':
+                        r = option_int("neighbour-timeout", optarg, 0, 7 * 86400, &v);
+                        o.neighbour_timeout_s = (unsigned)v;
+                        break;
+                case 'C':
+                        r = option_int("checkpoint-interval", optarg, 0, 7 * 86400, &v);
+                        o.checkpoint_interval_s = (unsigned)v;
+                        break;
                 case 'P': o.pin = true; break;
                 case 'r': o.ravnestd = optarg; break;
-                default:
-                        fprintf(stderr, "Usage: ravnestctl swarm [--clusters N] [--stages N] [--job FILE] [--epochs N] "
-                                        "[--data-dir DIR] [--micro-batch N] [--staleness N] [--update-frequency N] [--sync] [--interval S] "
-                                        "[--progress MS] [--dir DIR] [--keep] [--keep-going] [--restart] [--resume] [--neighbour-timeout S] [--checkpoint-interval S] "
-                                        "[--pin] [--ravnestd PATH]\n");
-                        return EX_USAGE;
+                case 'h': swarm_usage(stdout); return 0;
+                default: swarm_usage(stderr); return EX_USAGE;
                 }
+                if (r < 0)
+                        return EX_USAGE;
         }
-        if (o.micro_batch < 1 || o.staleness < 1 || o.update_frequency < 0 || !(o.interval >= 0.05) || o.epochs < 0) {
-                fprintf(stderr, "ravnestctl swarm: --micro-batch and --staleness must be positive, --interval at "
-                                "least 0.05 s\n");
+        if (optind < argc) {
+                fprintf(stderr, "ravnestctl swarm: unexpected argument \"%s\"\n", argv[optind]);
+                return EX_USAGE;
+        }
+        if (o.clusters * o.stages > 64) {
+                fprintf(stderr, "Invalid values for --clusters and --stages: %u x %u nodes (a swarm has at most 64)\n",
+                        o.clusters, o.stages);
                 return EX_USAGE;
         }
         struct sigaction sa = { .sa_handler = on_stop };
@@ -228,6 +272,41 @@ static int swarm(int argc, char *argv[]) {
         sigprocmask(SIG_UNBLOCK, &stop_signals, NULL);
         int r = swarm_run(&o, &stop_requested, NULL);
         return r == -ECANCELED ? 130 : r == -EINVAL ? EX_CONFIG : r < 0 ? EXIT_FAILURE : 0;
+}
+
+/* The commands without options: -h and --help print usage, any other option
+ * or a wrong number of arguments is a usage error; then the command. */
+static int simple_command(int argc, char *argv[], const char *usage, int min_args, int max_args) {
+        static const struct option options[] = {
+                { "help", no_argument, NULL, 'h' },
+                {},
+        };
+        int c;
+
+        optind = 1;
+        while ((c = getopt_long(argc, argv, "h", options, NULL)) >= 0)
+                if (c == 'h') {
+                        printf("Usage: %s\n", usage);
+                        return 0;
+                } else {
+                        fprintf(stderr, "Usage: %s\n", usage);
+                        return EX_USAGE;
+                }
+        int n = argc - optind;
+        if (n < min_args || n > max_args) {
+                if (n > max_args)
+                        fprintf(stderr, "%s: unexpected argument \"%s\"\n", argv[0], argv[optind + max_args]);
+                else
+                        fprintf(stderr, "%s: missing argument\n", argv[0]);
+                fprintf(stderr, "Usage: %s\n", usage);
+                return EX_USAGE;
+        }
+        if (!strcmp(argv[0], "job"))
+                return describe_job(argv[optind]);
+        if (!strcmp(argv[0], "identity"))
+                return show_identity(n ? argv[optind] : NULL);
+        printf("ravnestctl %s\n", RAVNEST_VERSION);
+        return 0;
 }
 
 static void help(void) {
@@ -255,7 +334,9 @@ static void help(void) {
                "               these four take --socket PATH when the node is not on the system bus\n"
                "               and not on " CONFIG_CONTROL_SOCKET "\n"
                "  version      show the version\n"
-               "  help         show this help\n");
+               "  help         show this help\n"
+               "\n"
+               "Every command answers -h and --help with its usage.\n");
 }
 
 int main(int argc, char *argv[]) {
@@ -264,24 +345,12 @@ int main(int argc, char *argv[]) {
                 help();
                 return argc < 2 ? EX_USAGE : 0;
         }
-        if (strcmp(argv[1], "version") == 0 || strcmp(argv[1], "--version") == 0) {
-                printf("ravnestctl %s\n", RAVNEST_VERSION);
-                return 0;
-        }
-        if (strcmp(argv[1], "job") == 0) {
-                if (argc != 3) {
-                        fprintf(stderr, "Usage: ravnestctl job FILE\n");
-                        return EX_USAGE;
-                }
-                return describe_job(argv[2]);
-        }
-        if (strcmp(argv[1], "identity") == 0) {
-                if (argc > 3) {
-                        fprintf(stderr, "Usage: ravnestctl identity [STATE_DIR]\n");
-                        return EX_USAGE;
-                }
-                return show_identity(argc == 3 ? argv[2] : NULL);
-        }
+        if (strcmp(argv[1], "version") == 0 || strcmp(argv[1], "--version") == 0)
+                return simple_command(argc - 1, argv + 1, "ravnestctl version", 0, 0);
+        if (strcmp(argv[1], "job") == 0)
+                return simple_command(argc - 1, argv + 1, "ravnestctl job FILE", 1, 1);
+        if (strcmp(argv[1], "identity") == 0)
+                return simple_command(argc - 1, argv + 1, "ravnestctl identity [STATE_DIR]", 0, 1);
         if (strcmp(argv[1], "swarm") == 0)
                 return swarm(argc - 1, argv + 1);
         if (strcmp(argv[1], "plan") == 0)

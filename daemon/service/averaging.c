@@ -96,7 +96,7 @@ int averaging_start(Averaging *a, const Config *c, const Identity *id, size_t n_
                          ca->fp16 ? ", binary16" : "", a->self + 1, ca->interval_steps, ca->listen.host,
                          ca->listen.port);
         else
-                log_info("Averaging with %u members (%s%s), member %u, every %.1f s, listening on %s:%u",
+                log_info("Averaging with %u members (%s%s), member %u, every %g s, listening on %s:%u",
                          a->n_members, ca->method == CONFIG_AVERAGING_MOSHPIT ? "moshpit" : "ring",
                          ca->fp16 ? ", binary16" : "", a->self + 1, ca->interval_ms / 1000.0, ca->listen.host,
                          ca->listen.port);

@@ -18,7 +18,9 @@
 
 #include "util/diag.h"
 
-/* Read path into c. On a syntax error d says "file:line: message". */
+/* Read path into c. On a syntax error d says "file:line: message in "the
+ * line's text"", for a duplicate "file:line: name: set twice in the same
+ * group". */
 int conf_read_file(config_t *c, const char *path, Diag *d);
 
 /* Error about setting s (or about `name` missing from group s). */
@@ -30,7 +32,9 @@ int conf_check_keys(const config_setting_t *group, const char *const *allowed, D
 
 /* Each getter: if the setting is absent, *ret = def and 0 is returned (or,
  * with required, an error). Values of the wrong type or out of range are
- * errors. */
+ * errors. An integer libconfig 1.5 cut to 32 bits (written past that
+ * without the L suffix) is read back from its line and reported as out of
+ * range. */
 int conf_get_int(const config_setting_t *group, const char *name, bool required, long long lo,
                  long long hi, long long def, long long *ret, Diag *d);
 int conf_get_double(const config_setting_t *group, const char *name, bool required, double lo,

@@ -81,6 +81,26 @@ static int get_path(const config_setting_t *g, const char *name, char *buf, size
         return 0;
 }
 
+/* The job to train, when the file names one: an absolute path to a file
+ * the daemon can read (job_load() checks what is in it when training
+ * starts), so a missing job names this file and line. */
+static int get_job(const config_setting_t *root, char *buf, size_t len, Diag *d) {
+        const config_setting_t *s = member(root, "job");
+        struct stat st;
+        int r;
+
+        if (!s || (r = get_path(root, "job", buf, len, d)) < 0)
+                return s ? r : 0;
+        _cleanup_(closep) int fd = open(buf, O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK);
+        if (fd < 0 || fstat(fd, &st) < 0) {
+                r = -errno;
+                return conf_error(s, NULL, r, d, "cannot read %s: %s", buf, strerror(-r));
+        }
+        if (!S_ISREG(st.st_mode))
+                return conf_error(s, NULL, -EINVAL, d, "cannot read %s: not a regular file", buf);
+        return 0;
+}
+
 /* A string from names (NULL-terminated); *ret is its index, and the default. */
 static int get_choice(const config_setting_t *g, const char *name, const char *const *names, int *ret, Diag *d) {
         char v[64], known[128] = "";
@@ -778,7 +798,7 @@ int config_load(const char *path, Config *ret, Diag *d) {
         threads = 0;
         CHECK(conf_check_keys(root, keys, &one));
         CHECK(get_path(root, "state_directory", c.state_directory, sizeof c.state_directory, &one));
-        CHECK(get_path(root, "job", c.job, sizeof c.job, &one));
+        CHECK(get_job(root, c.job, sizeof c.job, &one));
         CHECK(get_socket_path(root, c.control_socket, sizeof c.control_socket, &one));
         CHECK(parse_idle(root, &c, &one));
         CHECK(parse_checkpoint(root, &c, &one));

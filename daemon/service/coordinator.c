@@ -531,8 +531,8 @@ int coordinator_start(Coordinator *co, const Config *c, const Job *job, const Id
         }
         co->state = s;
         co->running = true;
-        log_info("Coordinator listening on %s:%u: first plan at %u members, %.1f s after the last change; members "
-                 "silent for %.1f s leave",
+        log_info("Coordinator listening on %s:%u: first plan at %u members, %g s after the last change; members "
+                 "silent for %g s leave",
                  cm->coordinator.address.host, port, cm->min_nodes, cm->settle_ms / 1000.0,
                  cm->deadline_ms / 1000.0);
         return 0;

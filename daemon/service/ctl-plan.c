@@ -3,6 +3,7 @@
 
 #include <getopt.h>
 #include <inttypes.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -12,6 +13,7 @@
 #include "cluster/formation.h"
 #include "job.h"
 #include "nodes-file.h"
+#include "option.h"
 #include "util/json.h"
 
 static void print_json(const Job *job, const NodesFile *nf, const Formation *f, const FormationModel *fm,
@@ -74,10 +76,19 @@ static void print_table(const Job *job, const NodesFile *nf, const Formation *f,
                f->samples_per_s, f->fitness, f->greedy_fitness, ravnest);
 }
 
-static int usage(void) {
-        fprintf(stderr, "Usage: ravnestctl plan NODES_FILE [--job FILE] [--json] [--seed N] [--micro-batch N] "
-                        "[--staleness N] [--similarity W]\n");
-        return EX_USAGE;
+static void usage(FILE *f) {
+        fprintf(f, "Usage: ravnestctl plan NODES_FILE [OPTIONS]\n"
+                   "\n"
+                   "Form clusters from the nodes listed in NODES_FILE and cut the job's model in each.\n"
+                   "\n"
+                   "  --job FILE         the job (default %s)\n"
+                   "  --json             print the plan as JSON\n"
+                   "  --seed N           the genetic algorithm's seed, 0 to %lld (default 1)\n"
+                   "  --micro-batch N    samples per micro-batch, 1 to 65536 (default 32)\n"
+                   "  --staleness N      micro-batches in flight, 1 to 1024 (default 4)\n"
+                   "  --similarity W     weight of the spread of a cluster's speeds, 0 to 1 (default 0.1)\n"
+                   "  -h, --help         show this help\n",
+                JOBS_DIR "/fashion-mnist-mlp.job", LLONG_MAX);
 }
 
 int ctl_plan(int argc, char *argv[]) {
@@ -88,6 +99,7 @@ int ctl_plan(int argc, char *argv[]) {
                 { "micro-batch", required_argument, NULL, 'm' },
                 { "staleness", required_argument, NULL, 't' },
                 { "similarity", required_argument, NULL, 'w' },
+                { "help", no_argument, NULL, 'h' },
                 {},
         };
         const char *job_path = JOBS_DIR "/fashion-mnist-mlp.job";
@@ -95,31 +107,32 @@ int ctl_plan(int argc, char *argv[]) {
         int micro_batch = 32, staleness = 4, c;
         double similarity = 0.1;
         bool json = false;
-        char *end;
+        long long v = 0;
 
         optind = 1;
-        while ((c = getopt_long(argc, argv, "", options, NULL)) >= 0) {
+        while ((c = getopt_long(argc, argv, "h", options, NULL)) >= 0) {
+                int r = 0;
                 switch (c) {
                 case 'j': job_path = optarg; break;
                 case 'J': json = true; break;
-                case 's':
-                        seed = strtoull(optarg, &end, 10);
-                        if (*end || !optarg[0])
-                                return usage();
-                        break;
-                case 'm': micro_batch = atoi(optarg); break;
-                case 't': staleness = atoi(optarg); break;
-                case 'w':
-                        similarity = strtod(optarg, &end);
-                        if (*end || !(similarity >= 0 && similarity <= 1))
-                                return usage();
-                        break;
-                default:
-                        return usage();
+                case 's': r = option_int("seed", optarg, 0, LLONG_MAX, &v); seed = (unsigned long long)v; break;
+                case 'm': r = option_int("micro-batch", optarg, 1, 65536, &v); micro_batch = (int)v; break;
+                case 't': r = option_int("staleness", optarg, 1, 1024, &v); staleness = (int)v; break;
+                case 'w': r = option_double("similarity", optarg, 0, 1, &similarity); break;
+                case 'h': usage(stdout); return 0;
+                default: usage(stderr); return EX_USAGE;
                 }
+                if (r < 0)
+                        return EX_USAGE;
         }
-        if (optind != argc - 1 || micro_batch < 1 || micro_batch > 65536 || staleness < 1 || staleness > 1024)
-                return usage();
+        if (optind != argc - 1) {
+                if (optind < argc)
+                        fprintf(stderr, "ravnestctl plan: unexpected argument \"%s\"\n", argv[optind + 1]);
+                else
+                        fprintf(stderr, "ravnestctl plan: missing NODES_FILE\n");
+                usage(stderr);
+                return EX_USAGE;
+        }
 
         Job job;
         NodesFile nf = {};

@@ -13,6 +13,7 @@
 #include "service/ctl-node.h"
 #include "service/gossip-run.h"
 #include "service/job.h"
+#include "service/option.h"
 
 static void usage(FILE *f) {
         fprintf(f,
@@ -20,17 +21,6 @@ static void usage(FILE *f) {
                 "                          [--compute-sd-ms MS] [--latency-ms MS] [--update-ms MS] [--fp16]\n"
                 "                          [--plaintext] [--cpu-gbs GB/S] [--json]\n"
                 "       ravnestctl predict [--node] [--socket PATH] [any figure above]   (the local node's figures)\n");
-}
-
-/* A positive finite number, whole argument. */
-static int parse_number(const char *s, double lo, double *ret) {
-        char *end;
-        errno = 0;
-        double v = strtod(s, &end);
-        if (errno || end == s || *end || !isfinite(v) || v < lo)
-                return -EINVAL;
-        *ret = v;
-        return 0;
 }
 
 int ctl_predict(int argc, char *argv[]) {
@@ -54,7 +44,7 @@ int ctl_predict(int argc, char *argv[]) {
         };
         RuntimeModelInput in;
         const char *job_path = NULL, *socket_path = NULL;
-        double v;
+        long long n = 0;
         bool json = false, have_params = false, ask_node = false;
         unsigned given = 0; /* bits: the option letters given, for the node's figures */
         int c;
@@ -62,7 +52,7 @@ int ctl_predict(int argc, char *argv[]) {
         runtime_model_defaults(&in);
         in.nodes = 0;
         optind = 1;
-        while ((c = getopt_long(argc, argv, "", opts, NULL)) >= 0) {
+        while ((c = getopt_long(argc, argv, "h", opts, NULL)) >= 0) {
                 double *dst = NULL, lo = 0;
                 if (c > 0 && c < 128 && strchr("csblnpj", c))
                         given |= 1u << (strchr("csblnpj", c) - "csblnpj");
@@ -74,18 +64,15 @@ int ctl_predict(int argc, char *argv[]) {
                 case 'l': dst = &in.latency_ms; break;
                 case 'C': dst = &in.cpu_gbyte_s; lo = 1e-6; break;
                 case 'n':
-                case 'p':
-                        if (parse_number(optarg, 1, &v) < 0 || v != floor(v) || v > (c == 'n' ? 65536 : 1e12)) {
-                                fprintf(stderr, "--%s: a whole number%s, got \"%s\"\n", c == 'n' ? "nodes" : "params",
-                                        c == 'n' ? " in [1, 65536]" : " above 0", optarg);
+                        if (option_int("nodes", optarg, 1, 65536, &n) < 0)
                                 return EX_USAGE;
-                        }
-                        if (c == 'n')
-                                in.nodes = (unsigned)v;
-                        else {
-                                in.params = (size_t)v;
-                                have_params = true;
-                        }
+                        in.nodes = (unsigned)n;
+                        continue;
+                case 'p':
+                        if (option_int("params", optarg, 1, 1000000000000LL, &n) < 0)
+                                return EX_USAGE;
+                        in.params = (size_t)n;
+                        have_params = true;
                         continue;
                 case 'j': job_path = optarg; continue;
                 case 'f': in.fp16 = true; continue;
@@ -96,14 +83,12 @@ int ctl_predict(int argc, char *argv[]) {
                 case 'h': usage(stdout); return 0;
                 default: usage(stderr); return EX_USAGE;
                 }
-                if (parse_number(optarg, lo, dst) < 0) {
-                        const char *name = "?";
-                        for (const struct option *o = opts; o->name; o++)
-                                if (o->val == c)
-                                        name = o->name;
-                        fprintf(stderr, "--%s: a number%s, got \"%s\"\n", name, lo > 0 ? " above 0" : " >= 0", optarg);
+                const char *name = "?";
+                for (const struct option *o = opts; o->name; o++)
+                        if (o->val == c)
+                                name = o->name;
+                if (option_double(name, optarg, lo, 1e12, dst) < 0)
                         return EX_USAGE;
-                }
         }
         if (optind < argc) {
                 fprintf(stderr, "predict: unexpected argument \"%s\"\n", argv[optind]);

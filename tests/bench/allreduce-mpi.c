@@ -103,11 +103,20 @@ int main(int argc, char **argv) {
                 { "mib", required_argument, NULL, 'm' },
                 { "runs", required_argument, NULL, 'r' },
                 { "warmup", required_argument, NULL, 'w' },
+                { "help", no_argument, NULL, 'h' },
                 { 0 },
         };
         double mib[MAX_SIZES];
         int n_sizes = 0, runs = 0, warmup = 2, ok = 1, c;
-        while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
+        while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
+                if (c == 'h') {
+                        if (rank == 0)
+                                printf("Usage: mpirun -np N (N >= 2) allreduce-mpi --mib M [--mib M2 ...] --runs R "
+                                       "[--warmup W]\n"
+                                       "OpenMPI's MPI_Allreduce, a reference of bench-allreduce.\n");
+                        MPI_Finalize();
+                        return 0;
+                }
                 if (c == 'm' && n_sizes < MAX_SIZES)
                         mib[n_sizes++] = atof(optarg);
                 else if (c == 'r')
@@ -122,12 +131,12 @@ int main(int argc, char **argv) {
         if (!ok || optind != argc || n_sizes == 0 || runs < 1 || warmup < 0 || procs < 2) {
                 if (rank == 0)
                         fprintf(stderr,
-                                "usage: mpirun -np N (N >= 2) allreduce-mpi --mib M [--mib M2 ...] --runs R "
+                                "Usage: mpirun -np N (N >= 2) allreduce-mpi --mib M [--mib M2 ...] --runs R "
                                 "[--warmup W]\n"
                                 "       (at most %d sizes, each > 0 and under 8 GiB)\n",
                                 MAX_SIZES);
                 MPI_Finalize();
-                return 2;
+                return 64; /* EX_USAGE */
         }
 
         int bad = 0;

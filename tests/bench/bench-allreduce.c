@@ -30,6 +30,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sysexits.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/wait.h>
@@ -37,6 +38,7 @@
 
 #include "collective/coll.h"
 #include "net/handshake.h"
+#include "service/option.h"
 #include "util/time-util.h"
 
 #define MAX_RUNS 32
@@ -365,6 +367,12 @@ static void ratio(char *buf, size_t n, double ref, double ours) {
                 snprintf(buf, n, "%7.2fx", ref / ours);
 }
 
+static void usage(FILE *f) {
+        fprintf(f, "Usage: bench-allreduce [--runs N] [--no-reference] [--python PATH] [--procs N] [--mib N] "
+                   "[--piece BYTES] [--netns MBIT]\n"
+                   "Ring all-reduce of ravnest against Gloo (PyTorch) and OpenMPI, the references.\n");
+}
+
 int main(int argc, char **argv) {
         static const struct option opts[] = {
                 { "runs", required_argument, NULL, 'r' },
@@ -374,6 +382,7 @@ int main(int argc, char **argv) {
                 { "mib", required_argument, NULL, 'm' },
                 { "piece", required_argument, NULL, 'b' },
                 { "netns", required_argument, NULL, 'N' },
+                { "help", no_argument, NULL, 'h' },
                 {},
         };
         const char *python = "/usr/bin/python3";
@@ -382,25 +391,27 @@ int main(int argc, char **argv) {
         unsigned sizes[] = { 1, 16, 64 }, procs[] = { 2, 4 };
         int o;
 
-        while ((o = getopt_long(argc, argv, "", opts, NULL)) >= 0)
+        long long v = 0;
+        while ((o = getopt_long(argc, argv, "h", opts, NULL)) >= 0) {
+                int r = 0;
                 switch (o) {
-                case 'r':
-                        runs = atoi(optarg);
-                        if (runs < 1 || runs > MAX_RUNS) {
-                                fprintf(stderr, "bench-allreduce: --runs is 1..%d\n", MAX_RUNS);
-                                return 2;
-                        }
-                        break;
+                case 'r': r = option_int("runs", optarg, 1, MAX_RUNS, &v); runs = (int)v; break;
                 case 'n': reference = false; break;
                 case 'p': python = optarg; break;
-                case 'P': only_procs = (unsigned)atoi(optarg); break;
-                case 'm': only_mib = (unsigned)atoi(optarg); break;
-                case 'b': piece_bytes = strtoul(optarg, NULL, 0); break;
-                case 'N': netns_mbit = (unsigned)atoi(optarg); break;
-                default:
-                        fprintf(stderr, "Usage: bench-allreduce [--runs N] [--no-reference] [--python PATH]\n");
-                        return 2;
+                case 'P': r = option_int("procs", optarg, 2, 64, &v); only_procs = (unsigned)v; break;
+                case 'm': r = option_int("mib", optarg, 1, 4096, &v); only_mib = (unsigned)v; break;
+                case 'b': r = option_int("piece", optarg, 1, 1 << 30, &v); piece_bytes = (size_t)v; break;
+                case 'N': r = option_int("netns", optarg, 1, 100000, &v); netns_mbit = (unsigned)v; break;
+                case 'h': usage(stdout); return 0;
+                default: usage(stderr); return EX_USAGE;
                 }
+                if (r < 0)
+                        return EX_USAGE;
+        }
+        if (optind < argc) {
+                fprintf(stderr, "%s: unexpected argument \"%s\"\n", argv[0], argv[optind]);
+                return EX_USAGE;
+        }
 
         if (netns_mbit) {
                 /* Multi-ring where it pays: every node has its own link, so

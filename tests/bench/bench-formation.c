@@ -30,9 +30,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sysexits.h>
 #include <time.h>
 
 #include "cluster/formation.h"
+#include "service/option.h"
 #include "util/rng.h"
 #include "bench.h"
 
@@ -252,23 +254,36 @@ static void large_sets(const FormationModel *fm, int seeds, int max_n) {
         printf("(GA s: the whole formation_run, greedy seed and plan included; target under 5 s at 10,000)\n");
 }
 
+static void usage(FILE *f) {
+        fprintf(f, "Usage: bench-formation [--seeds N] [--large-seeds N] [--max-large N]\n"
+                   "The genetic algorithm's plans against the greedy start and Ravnest's own clustering.\n");
+}
+
 int main(int argc, char *argv[]) {
         static const struct option options[] = {
                 { "seeds", required_argument, NULL, 's' },
                 { "large-seeds", required_argument, NULL, 'l' },
                 { "max-large", required_argument, NULL, 'm' },
+                { "help", no_argument, NULL, 'h' },
                 {},
         };
         int seeds = 30, large = 3, max_large = 10000, c;
-        while ((c = getopt_long(argc, argv, "", options, NULL)) >= 0) {
+        long long v = 0;
+        while ((c = getopt_long(argc, argv, "h", options, NULL)) >= 0) {
+                int r = 0;
                 switch (c) {
-                case 's': seeds = MAX(1, MIN(256, atoi(optarg))); break;
-                case 'l': large = MAX(0, MIN(16, atoi(optarg))); break;
-                case 'm': max_large = atoi(optarg); break;
-                default:
-                        fprintf(stderr, "Usage: bench-formation [--seeds N] [--large-seeds N] [--max-large N]\n");
-                        return 2;
+                case 's': r = option_int("seeds", optarg, 1, 256, &v); seeds = (int)v; break;
+                case 'l': r = option_int("large-seeds", optarg, 0, 16, &v); large = (int)v; break;
+                case 'm': r = option_int("max-large", optarg, 1, 1000000, &v); max_large = (int)v; break;
+                case 'h': usage(stdout); return 0;
+                default: usage(stderr); return EX_USAGE;
                 }
+                if (r < 0)
+                        return EX_USAGE;
+        }
+        if (optind < argc) {
+                fprintf(stderr, "%s: unexpected argument \"%s\"\n", argv[0], argv[optind]);
+                return EX_USAGE;
         }
         FormationModel fm;
         model(&fm);

@@ -38,6 +38,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sysexits.h>
 #include <sys/resource.h>
 #include <sys/wait.h>
 #include <fcntl.h>
@@ -49,6 +50,7 @@
 #include "nn/loss.h"
 #include "pipeline/trainer.h"
 #include "service/job.h"
+#include "service/option.h"
 #include "tensor/ops.h"
 #include "util/time-util.h"
 
@@ -617,6 +619,14 @@ static void netns_timing(const Options *o, const Job *job) {
         netns_down(o->nodes);
 }
 
+static void usage(FILE *f) {
+        fprintf(f, "Usage: bench-gossip [--job FILE] [--nodes N] [--epochs N] [--lr X] [--accum N] [--topology NAME]\n"
+                   "                    [--also-adam] [--netns] [--rates MBIT,...] [--timing-steps N] [--no-accuracy]\n"
+                   "                    [--repeats N]\n"
+                   "Gossip topologies against all-reduce (the reference): accuracy, and time per step against the\n"
+                   "runtime model's prediction.\n");
+}
+
 int main(int argc, char **argv) {
         Options o = {
                 .job_path = SOURCE_ROOT "/config/jobs/fashion-mnist-mlp.job",
@@ -636,34 +646,42 @@ int main(int argc, char **argv) {
                 { "also-adam", no_argument, NULL, 'a' },      { "netns", no_argument, NULL, 'N' },
                 { "rates", required_argument, NULL, 'r' },    { "timing-steps", required_argument, NULL, 's' },
                 { "no-accuracy", no_argument, NULL, 'A' },    { "repeats", required_argument, NULL, 'R' },
+                { "help", no_argument, NULL, 'h' },
                 {}
         };
+        long long v = 0;
         int c;
-        while ((c = getopt_long(argc, argv, "", opts, NULL)) >= 0)
+        while ((c = getopt_long(argc, argv, "h", opts, NULL)) >= 0) {
+                int r = 0;
                 switch (c) {
                 case 'j': o.job_path = optarg; break;
-                case 'n': o.nodes = (unsigned)atoi(optarg); break;
-                case 'e': o.epochs = atoi(optarg); break;
-                case 'l': o.lr = atof(optarg); break;
-                case 'k': o.accum = (unsigned)atoi(optarg); break;
+                case 'n': r = option_int("nodes", optarg, 2, MAX_NODES, &v); o.nodes = (unsigned)v; break;
+                case 'e': r = option_int("epochs", optarg, 1, 1000000, &v); o.epochs = (int)v; break;
+                case 'l': r = option_double("lr", optarg, 1e-9, 10, &o.lr); break;
+                case 'k': r = option_int("accum", optarg, 1, 1024, &v); o.accum = (unsigned)v; break;
                 case 't':
                         o.topology = gossip_topology_from_string(optarg);
                         if (o.topology == _GOSSIP_TOPOLOGY_INVALID) {
-                                fprintf(stderr, "unknown topology %s\n", optarg);
-                                return 1;
+                                fprintf(stderr, "Invalid value for --topology: %s (complete, ring, exp or "
+                                        "alt-exp-ring)\n", optarg);
+                                return EX_USAGE;
                         }
                         break;
                 case 'a': o.also_adam = true; break;
                 case 'N': o.netns = true; break;
                 case 'r': o.rates = optarg; break;
-                case 's': o.timing_steps = atoi(optarg); break;
+                case 's': r = option_int("timing-steps", optarg, 1, 1000000, &v); o.timing_steps = (int)v; break;
                 case 'A': accuracy = false; break;
-                case 'R': o.repeats = atoi(optarg); break;
-                default: return 1;
+                case 'R': r = option_int("repeats", optarg, 1, 1000, &v); o.repeats = (int)v; break;
+                case 'h': usage(stdout); return 0;
+                default: usage(stderr); return EX_USAGE;
                 }
-        if (o.nodes < 2 || o.nodes > MAX_NODES || o.accum < 1) {
-                fprintf(stderr, "--nodes 2..%d, --accum >= 1\n", MAX_NODES);
-                return 1;
+                if (r < 0)
+                        return EX_USAGE;
+        }
+        if (optind < argc) {
+                fprintf(stderr, "%s: unexpected argument \"%s\"\n", argv[0], argv[optind]);
+                return EX_USAGE;
         }
         struct sigaction sa = { .sa_handler = on_stop };
         sigaction(SIGINT, &sa, NULL);

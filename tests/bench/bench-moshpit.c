@@ -39,13 +39,16 @@
 #include <errno.h>
 #include <getopt.h>
 #include <inttypes.h>
+#include <limits.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sysexits.h>
 #include <time.h>
 
 #include "collective/moshpit-sim.h"
+#include "service/option.h"
 #include "bench.h"
 
 typedef struct Setting {
@@ -167,33 +170,27 @@ int main(int argc, char **argv) {
                 { "help", no_argument, NULL, 'h' },
                 {},
         };
+        long long v = 0;
         int o;
         while ((o = getopt_long(argc, argv, "r:s:h", options, NULL)) >= 0) {
-                char *end;
+                int r = 0;
                 switch (o) {
-                case 'r': {
-                        unsigned long v = strtoul(optarg, &end, 10);
-                        if (*end || v < 1 || v > 100000) {
-                                fprintf(stderr, "--restarts must be 1..100000\n");
-                                return 2;
-                        }
-                        restarts = (unsigned)v;
-                        break;
-                }
-                case 's':
-                        errno = 0;
-                        seed = strtoull(optarg, &end, 0);
-                        if (*end || errno) {
-                                fprintf(stderr, "--seed must be an integer\n");
-                                return 2;
-                        }
-                        break;
+                case 'r': r = option_int("restarts", optarg, 1, 100000, &v); restarts = (unsigned)v; break;
+                case 's': r = option_int("seed", optarg, 0, LLONG_MAX, &v); seed = (uint64_t)v; break;
                 case 'h':
-                        printf("bench-moshpit [--restarts N] [--seed S]\n");
+                        printf("Usage: bench-moshpit [--restarts N] [--seed S]\n"
+                               "Moshpit averaging in simulation, against the published figures and all-reduce.\n");
                         return 0;
                 default:
-                        return 2;
+                        fprintf(stderr, "Usage: bench-moshpit [--restarts N] [--seed S]\n");
+                        return EX_USAGE;
                 }
+                if (r < 0)
+                        return EX_USAGE;
+        }
+        if (optind < argc) {
+                fprintf(stderr, "%s: unexpected argument \"%s\"\n", argv[0], argv[optind]);
+                return EX_USAGE;
         }
 
         double *rounds = calloc(restarts, sizeof *rounds);

@@ -15,9 +15,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sysexits.h>
 #include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
+
+#include "service/option.h"
 
 #define BUILD_DAEMON BUILD_ROOT "/daemon"
 
@@ -207,25 +210,39 @@ static void bubbles(char *job, char *epochs, double one_rate) {
         bubble(job, epochs, "32", one_rate, 0);
 }
 
+static void usage(FILE *f) {
+        fprintf(f, "Usage: bench-pipeline [--epochs N] [--job FILE] [--bubble-only]\n"
+                   "One node against swarms of 2 clusters x 2 stages (async and sync), and the pipeline's bubble.\n");
+}
+
 int main(int argc, char **argv) {
         static const struct option opts[] = {
                 { "epochs", required_argument, NULL, 'e' },
                 { "job", required_argument, NULL, 'j' },
                 { "bubble-only", no_argument, NULL, 'b' },
+                { "help", no_argument, NULL, 'h' },
                 {},
         };
         char epochs[16] = "5", *job = SOURCE_ROOT "/config/jobs/fashion-mnist-mlp.job";
         bool bubble_only = false;
         int o;
-        while ((o = getopt_long(argc, argv, "", opts, NULL)) >= 0)
+        long long v = 0;
+        while ((o = getopt_long(argc, argv, "h", opts, NULL)) >= 0)
                 switch (o) {
-                case 'e': snprintf(epochs, sizeof epochs, "%s", optarg); break;
+                case 'e':
+                        if (option_int("epochs", optarg, 1, 1000000, &v) < 0)
+                                return EX_USAGE;
+                        snprintf(epochs, sizeof epochs, "%lld", v);
+                        break;
                 case 'j': job = optarg; break;
                 case 'b': bubble_only = true; break;
-                default:
-                        fprintf(stderr, "Usage: bench-pipeline [--epochs N] [--job FILE] [--bubble-only]\n");
-                        return 2;
+                case 'h': usage(stdout); return 0;
+                default: usage(stderr); return EX_USAGE;
                 }
+        if (optind < argc) {
+                fprintf(stderr, "%s: unexpected argument \"%s\"\n", argv[0], argv[optind]);
+                return EX_USAGE;
+        }
 
         long rss;
         printf("%s epochs of %s: one node, then 2 clusters x 2 stages (async, then sync)\n", epochs, job);

@@ -15,11 +15,13 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sysexits.h>
 #include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include "service/job.h"
+#include "service/option.h"
 #include "service/local-run.h"
 #include "util/log.h"
 
@@ -163,6 +165,11 @@ static Result run_torch(const char *python, const char *script, const Job *job, 
         return res;
 }
 
+static void usage(FILE *f) {
+        fprintf(f, "Usage: bench-train [--job FILE] [--runs N] [--threads N] [--epochs N] [--python PATH] [--no-reference]\n"
+                   "Train the job with ravnest and with PyTorch (the reference) and compare samples/s and accuracy.\n");
+}
+
 int main(int argc, char *argv[]) {
         static const struct option options[] = {
                 { "job", required_argument, NULL, 'j' },
@@ -171,6 +178,7 @@ int main(int argc, char *argv[]) {
                 { "epochs", required_argument, NULL, 'e' },
                 { "python", required_argument, NULL, 'p' },
                 { "no-reference", no_argument, NULL, 'n' },
+                { "help", no_argument, NULL, 'h' },
                 {},
         };
         const char *job_path = SOURCE_ROOT "/config/jobs/fashion-mnist-mlp.job";
@@ -180,18 +188,26 @@ int main(int argc, char *argv[]) {
         Job job;
         Diag d = {};
 
-        while ((c = getopt_long(argc, argv, "j:r:t:e:p:n", options, NULL)) >= 0)
+        long long v = 0;
+        while ((c = getopt_long(argc, argv, "j:r:t:e:p:nh", options, NULL)) >= 0) {
+                int r = 0;
                 switch (c) {
                 case 'j': job_path = optarg; break;
-                case 'r': runs = MAX(1, MIN(atoi(optarg), MAX_RUNS)); break;
-                case 't': threads = MAX(1, atoi(optarg)); break;
-                case 'e': epochs = MAX(1, atoi(optarg)); break;
+                case 'r': r = option_int("runs", optarg, 1, MAX_RUNS, &v); runs = (int)v; break;
+                case 't': r = option_int("threads", optarg, 1, 256, &v); threads = (int)v; break;
+                case 'e': r = option_int("epochs", optarg, 1, 1000000, &v); epochs = (int)v; break;
                 case 'p': python = optarg; break;
                 case 'n': reference = 0; break;
-                default:
-                        fprintf(stderr, "Usage: bench-train [--job FILE] [--runs N] [--threads N] [--epochs N] [--python PATH] [--no-reference]\n");
-                        return 2;
+                case 'h': usage(stdout); return 0;
+                default: usage(stderr); return EX_USAGE;
                 }
+                if (r < 0)
+                        return EX_USAGE;
+        }
+        if (optind < argc) {
+                fprintf(stderr, "%s: unexpected argument \"%s\"\n", argv[0], argv[optind]);
+                return EX_USAGE;
+        }
         if (job_load(job_path, &job, &d) < 0) {
                 fprintf(stderr, "%s\n", d.text);
                 return 1;

@@ -16,6 +16,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sysexits.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/wait.h>
@@ -23,6 +24,7 @@
 #include <unistd.h>
 
 #include "net/net.h"
+#include "service/option.h"
 #include "bench.h"
 
 #define MAX_RUNS 32
@@ -279,24 +281,38 @@ static void memory_figure(void) {
         waitpid(pid, NULL, 0);
 }
 
+static void usage(FILE *f) {
+        fprintf(f, "Usage: bench-transport [--runs N] [--bytes MiB] [--no-iperf]\n"
+                   "Throughput of the transport on loopback, against iperf3 (the reference).\n");
+}
+
 int main(int argc, char *argv[]) {
         static const struct option options[] = {
                 { "runs", required_argument, NULL, 'r' },
                 { "bytes", required_argument, NULL, 'b' },
                 { "no-iperf", no_argument, NULL, 'n' },
+                { "help", no_argument, NULL, 'h' },
                 {},
         };
         int runs = 5, use_iperf = 1, c;
         uint64_t total = 1024ull << 20;
-        while ((c = getopt_long(argc, argv, "r:b:n", options, NULL)) >= 0)
+        long long n = 0;
+        while ((c = getopt_long(argc, argv, "r:b:nh", options, NULL)) >= 0) {
+                int r = 0;
                 switch (c) {
-                case 'r': runs = MAX(1, MIN(atoi(optarg), MAX_RUNS)); break;
-                case 'b': total = (uint64_t)MAX(16, atoi(optarg)) << 20; break;
+                case 'r': r = option_int("runs", optarg, 1, MAX_RUNS, &n); runs = (int)n; break;
+                case 'b': r = option_int("bytes", optarg, 16, 1 << 20, &n); total = (uint64_t)n << 20; break;
                 case 'n': use_iperf = 0; break;
-                default:
-                        fprintf(stderr, "Usage: bench-transport [--runs N] [--bytes MiB] [--no-iperf]\n");
-                        return 2;
+                case 'h': usage(stdout); return 0;
+                default: usage(stderr); return EX_USAGE;
                 }
+                if (r < 0)
+                        return EX_USAGE;
+        }
+        if (optind < argc) {
+                fprintf(stderr, "%s: unexpected argument \"%s\"\n", argv[0], argv[optind]);
+                return EX_USAGE;
+        }
         if (use_iperf && system("command -v iperf3 >/dev/null") != 0) {
                 fprintf(stderr, "bench-transport: iperf3 not found (apt-get install iperf3), or pass --no-iperf\n");
                 return 1;

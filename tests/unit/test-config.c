@@ -333,6 +333,41 @@ Test(config, errors_name_file_line_and_setting) {
                      "7: network.secret_file: /nonexistent/secret: cannot open: No such file or directory");
 }
 
+/* What libconfig 1.5 itself reports names the setting too: it cuts an
+ * integer past 32 bits to its low bits, and names only the line of a
+ * duplicate or a syntax error. */
+Test(config, libconfig_errors_name_the_setting) {
+        expect_error("threads = 2;", "threads = 99999999999;",
+                     "2: threads: out of range: must be an integer in [0, 256], got 99999999999");
+        expect_error("threads = 2;", "threads = 4294967298;", /* its low 32 bits are 2 */
+                     "2: threads: out of range: must be an integer in [0, 256], got 4294967298");
+        expect_error("threads = 2;", "threads = -99999999999;", "2: threads: out of range");
+        expect_error("threads = 2;", "threads = 0x100000002;", "2: threads: out of range");
+        expect_error("idle_timeout = 30000;", "idle_timeout = 99999999999;",
+                     "11: network.idle_timeout: out of range: must be an integer in [0, 86400000], got 99999999999");
+        expect_error("threads = 2;", "threads = 2; idle = { busy_time = 99999999999; };",
+                     "2: idle.busy_time: out of range: must be a number in [0, 60], got 99999999999");
+        /* the same name in another group on the line is not this setting's text */
+        expect_error("threads = 2;", "idle = { busy_time = 1; }; checkpoint = { interval = 99999999999; };",
+                     "2: checkpoint.interval: out of range");
+        expect_error("threads = 2;", "threads = 2;\nthreads = 3;", "3: threads: set twice in the same group");
+        expect_error("max_frame = 65536;", "max_frame = 65536; max_frame = 4096;",
+                     "10: max_frame: set twice in the same group");
+        expect_error("threads = 2;", "threads = 2 +;", "2: syntax error in \"threads = 2 +;\"");
+        expect_error("threads = 2;", "threads = 2;\njob = \"/nonexistent/x.job\";",
+                     "3: job: cannot read /nonexistent/x.job: No such file or directory");
+        expect_error("threads = 2;", "threads = 2;\njob = \"/tmp\";", "3: job: cannot read /tmp: not a regular file");
+
+        /* in range, and a job that is there: no error */
+        char path[64];
+        Config c;
+        Diag d = {};
+        cr_assert_eq(load_variant("threads = 2;", "threads = 256;\njob = \"" SOURCE_ROOT
+                                  "/config/jobs/fashion-mnist-mlp.job\";", &c, &d, path), 0, "%s", d.text);
+        cr_expect_eq(c.threads, 256);
+        config_free(&c);
+}
+
 /* the averaging group, appended to base from line 13 */
 static const char *base_end = "  idle_timeout = 30000;\n};\n";
 

@@ -1,0 +1,300 @@
+/* ravnestd and ravnestctl as an operator meets them: every command answers
+ * --help and -h with its usage and exit 0; a bad argument exits 64
+ * (EX_USAGE) with a message naming that argument. */
+#include <criterion/criterion.h>
+
+#include "../lib/proc.h"
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+/* Run argv to its end: the exit status; p->out holds what it printed. */
+static int run(Proc *p, char *const argv[]) {
+        proc_start(p, argv, NULL);
+        return proc_exit(p);
+}
+
+Test(cli, every_command_answers_help) {
+        static const char *const commands[] = { "job", "identity", "plan", "swarm", "predict", "status", "pause",
+                                                "resume", "checkpoint", "version", "help", NULL };
+        static const char *const flags[] = { "--help", "-h" };
+        for (const char *const *c = commands; *c; c++)
+                for (int f = 0; f < 2; f++) {
+                        Proc p;
+                        int code = run(&p, (char *[]){ RAVNESTCTL, (char *)*c, (char *)flags[f], NULL });
+                        cr_expect_eq(code, 0, "ravnestctl %s %s: exit %d: %s", *c, flags[f], code, p.out);
+                        cr_expect(strstr(p.out, "Usage: ravnestctl"), "ravnestctl %s %s: %s", *c, flags[f], p.out);
+                }
+        for (int f = 0; f < 2; f++) {
+                Proc p;
+                int code = run(&p, (char *[]){ RAVNESTD, (char *)flags[f], NULL });
+                cr_expect_eq(code, 0, "ravnestd %s: exit %d: %s", flags[f], code, p.out);
+                cr_expect(strstr(p.out, "Usage: ravnestd"), "ravnestd %s: %s", flags[f], p.out);
+        }
+}
+
+/* A missing job makes any swarm that got past its options fail at once
+ * (exit 1), never train. */
+#define NO_JOB "--job", "/nonexistent/ravnest-test.job"
+
+typedef struct BadArgs {
+        const char *argv[12];
+        const char *says; /* the message names the argument */
+} BadArgs;
+
+static const BadArgs bad_args[] = {
+        { { RAVNESTCTL, "swarm", "--clusters", "abc", NO_JOB }, "Invalid value for --clusters: abc (an integer from 1 to 64)" },
+        { { RAVNESTCTL, "swarm", "--epochs", "-3", NO_JOB }, "Invalid value for --epochs: -3 (an integer from 1 to" },
+        { { RAVNESTCTL, "swarm", "--epochs", "0", NO_JOB }, "Invalid value for --epochs: 0 (an integer from 1 to" },
+        { { RAVNESTCTL, "swarm", "--stages", "0", NO_JOB }, "Invalid value for --stages: 0" },
+        { { RAVNESTCTL, "swarm", "--clusters", "9", "--stages", "8", NO_JOB }, "--clusters and --stages: 9 x 8" },
+        { { RAVNESTCTL, "swarm", "--micro-batch", "x", NO_JOB }, "Invalid value for --micro-batch: x" },
+        { { RAVNESTCTL, "swarm", "--staleness", "0", NO_JOB }, "Invalid value for --staleness: 0" },
+        { { RAVNESTCTL, "swarm", "--update-frequency", "-1", NO_JOB }, "Invalid value for --update-frequency: -1" },
+        { { RAVNESTCTL, "swarm", "--interval", "0.01", NO_JOB }, "Invalid value for --interval: 0.01 (a number from 0.05" },
+        { { RAVNESTCTL, "swarm", "--progress", "2s", NO_JOB }, "Invalid value for --progress: 2s" },
+        { { RAVNESTCTL, "swarm", "--bogus", NO_JOB }, "'--bogus'" },
+        { { RAVNESTCTL, "swarm", NO_JOB, "extra" }, "\"extra\"" },
+        { { RAVNESTCTL, "plan", "--micro-batch", "0", "nodes.conf" }, "Invalid value for --micro-batch: 0" },
+        { { RAVNESTCTL, "plan", "--staleness", "many", "nodes.conf" }, "Invalid value for --staleness: many" },
+        { { RAVNESTCTL, "plan", "--seed", "x", "nodes.conf" }, "Invalid value for --seed: x" },
+        { { RAVNESTCTL, "plan", "--similarity", "2", "nodes.conf" }, "Invalid value for --similarity: 2 (a number from 0 to 1)" },
+        { { RAVNESTCTL, "plan", "nodes.conf", "extra" }, "\"extra\"" },
+        { { RAVNESTCTL, "plan" }, "NODES_FILE" },
+        { { RAVNESTCTL, "predict", "--nodes", "0" }, "Invalid value for --nodes: 0 (an integer from 1 to 65536)" },
+        { { RAVNESTCTL, "predict", "--params", "1.5" }, "Invalid value for --params: 1.5" },
+        { { RAVNESTCTL, "predict", "--compute-ms", "abc" }, "Invalid value for --compute-ms: abc" },
+        { { RAVNESTCTL, "predict", "--bandwidth", "0" }, "Invalid value for --bandwidth: 0" },
+        { { RAVNESTCTL, "predict", "--bogus" }, "'--bogus'" },
+        { { RAVNESTCTL, "job", "-x" }, "'x'" },
+        { { RAVNESTCTL, "job" }, "Usage: ravnestctl job FILE" },
+        { { RAVNESTCTL, "job", "a.job", "b.job" }, "\"b.job\"" },
+        { { RAVNESTCTL, "identity", "--bogus" }, "'--bogus'" },
+        { { RAVNESTCTL, "identity", "/a", "/b" }, "\"/b\"" },
+        { { RAVNESTCTL, "status", "--bogus" }, "'--bogus'" },
+        { { RAVNESTCTL, "status", "extra" }, "extra" },
+        { { RAVNESTCTL, "version", "extra" }, "\"extra\"" },
+        { { RAVNESTD, "--epochs", "0" }, "Invalid value for --epochs: 0 (an integer from 1 to 1000000)" },
+        { { RAVNESTD, "--threads", "abc" }, "Invalid value for --threads: abc (an integer from 1 to 256)" },
+        { { RAVNESTD, "--progress", "-5" }, "Invalid value for --progress: -5 (an integer from 0 to" },
+        { { RAVNESTD, "--bogus" }, "'--bogus'" },
+        { { RAVNESTD, "extra" }, "extra" },
+        {},
+};
+
+Test(cli, bad_arguments_exit_64_naming_them) {
+        for (const BadArgs *b = bad_args; b->argv[0]; b++) {
+                char line[256] = "";
+                for (int i = 1; b->argv[i]; i++)
+                        snprintf(line + strlen(line), sizeof line - strlen(line), " %s", b->argv[i]);
+                Proc p;
+                int code = run(&p, (char *const *)b->argv);
+                cr_expect_eq(code, 64, "%s%s: exit %d: %s", strrchr(b->argv[0], '/') + 1, line, code, p.out);
+                cr_expect(strstr(p.out, b->says), "%s%s: no \"%s\" in: %s", strrchr(b->argv[0], '/') + 1, line,
+                          b->says, p.out);
+        }
+}
+
+/* The benchmarks too (built with -Dbenchmarks=true, the default). */
+Test(cli, benchmarks_answer_help_and_refuse_unknown_arguments) {
+        static const char *const benches[] = { "bench-allreduce", "bench-formation", "bench-gossip", "bench-moshpit",
+                                               "bench-pipeline", "bench-train", "bench-transport", NULL };
+        for (const char *const *b = benches; *b; b++) {
+                char path[512];
+                snprintf(path, sizeof path, "%s/tests/bench/%s", BUILD_ROOT, *b);
+                if (access(path, X_OK) < 0)
+                        cr_skip_test("SKIP: %s not built (meson configure -Dbenchmarks=true)", path);
+                Proc p;
+                for (int f = 0; f < 2; f++) {
+                        const char *flag = f ? "-h" : "--help";
+                        int code = run(&p, (char *[]){ path, (char *)flag, NULL });
+                        cr_assert_eq(code, 0, "%s %s: exit %d: %s", *b, flag, code, p.out);
+                        cr_assert(strstr(p.out, "Usage: "), "%s %s: %s", *b, flag, p.out);
+                }
+                int code = run(&p, (char *[]){ path, "--bogus", NULL });
+                cr_assert_eq(code, 64, "%s --bogus: exit %d: %s", *b, code, p.out);
+                cr_expect(strstr(p.out, "'--bogus'"), "%s --bogus: %s", *b, p.out);
+                code = run(&p, (char *[]){ path, "extra", NULL });
+                cr_expect_eq(code, 64, "%s extra: exit %d: %s", *b, code, p.out);
+                cr_expect(strstr(p.out, "\"extra\""), "%s extra: %s", *b, p.out);
+        }
+}
+
+/* ---- configuration messages, as ravnestd --check-config prints them ----- */
+
+/* text into <dir>/ravnestd.conf; ravnestd --check-config on it must exit 78
+ * (EX_CONFIG) and say "<file>:<says>". */
+static void expect_config_error(const char *text, const char *says) {
+        char dir[] = "/tmp/ravnest-test-cli-XXXXXX", path[128], want[512];
+        cr_assert_not_null(mkdtemp(dir));
+        snprintf(path, sizeof path, "%s/ravnestd.conf", dir);
+        test_write_file(path, text, 0644);
+        Proc p;
+        int code = run(&p, (char *[]){ RAVNESTD, "--check-config", "--config", path, NULL });
+        unlink(path);
+        rmdir(dir);
+        snprintf(want, sizeof want, "%s:%s", path, says);
+        cr_expect_eq(code, 78, "exit %d for:\n%s\n%s", code, text, p.out);
+        cr_expect(strstr(p.out, want), "no \"%s\" in: %s", want, p.out);
+}
+
+Test(cli, configuration_errors_name_file_line_and_setting) {
+        expect_config_error("threads = 2;\njob = \"/nonexistent/ravnest-test.job\";\n",
+                            "2: job: cannot read /nonexistent/ravnest-test.job: No such file or directory");
+        expect_config_error("threads = 99999999999;\n", "1: threads: out of range");
+        expect_config_error("checkpoint = {\n  interval = 600;\n  load = true;\n  interval = 60;\n};\n",
+                            "4: interval: set twice");
+        expect_config_error("threads = 2;\nidle = { enabled = fals; };\n",
+                            "2: syntax error in \"idle = { enabled = fals; };\"");
+}
+
+/* ---- figures that mislead ------------------------------------------------ */
+
+/* The swarm's table: a node stopped before its last line has no busy
+ * figure ("-", not -1%), and a figure is shown within 0..100% (not -0%).
+ * The nodes here are a script: one says it finished, busy "-0%"; the
+ * others end without a word. */
+Test(cli, swarm_table_shows_busy_within_0_to_100) {
+        char dir[] = "/tmp/ravnest-test-cli-XXXXXX", fake[128];
+        cr_assert_not_null(mkdtemp(dir));
+        snprintf(fake, sizeof fake, "%s/ravnestd", dir);
+        test_write_file(fake,
+                        "#!/bin/sh\n"
+                        "case \"$2\" in\n"
+                        "*/c1s2.conf) echo '<6>Finished fashion-mnist-mlp: test accuracy 10.00% (stage 2 of 2 in "
+                        "cluster 1), 5 samples/s, busy -0% while training (computing 0%), -0% in all' >&2 ;;\n"
+                        "esac\n",
+                        0755);
+        char swarm_dir[160];
+        snprintf(swarm_dir, sizeof swarm_dir, "%s/swarm", dir);
+        Proc p;
+        int code = run(&p, (char *[]){ RAVNESTCTL, "swarm", "--ravnestd", fake, "--dir", swarm_dir, "--job",
+                                       SOURCE_ROOT "/config/jobs/fashion-mnist-mlp.job", NULL });
+        char cmd[200];
+        snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+        cr_assert_eq(system(cmd), 0);
+        cr_assert_eq(code, 0, "exit %d: %s", code, p.out);
+        const char *table = strstr(p.out, "swarm: node   busy");
+        cr_assert(table, "no table: %s", p.out);
+        cr_expect(!strstr(table, "-1%") && !strstr(table, "-0%"), "%s", p.out);
+        cr_expect(strstr(table, "swarm: c1s2     0%"), "%s", p.out);
+        cr_expect(strstr(table, "swarm: c1s1      -"), "%s", p.out);
+}
+
+static void skip_without_dataset(void) {
+        if (access(FASHION_MNIST_DIR "/train-images-idx3-ubyte.gz", R_OK) < 0)
+                cr_skip_test("SKIP: %s missing: install Debian's dataset-fashion-mnist to run this test",
+                             FASHION_MNIST_DIR);
+}
+
+/* The averaging cadence as configured: 0.25 s, not "every 0.2 s". */
+Test(cli, averaging_interval_is_logged_as_configured, .timeout = 120) {
+        skip_without_dataset();
+        char dir[] = "/tmp/ravnest-test-cli-XXXXXX", secret[128], conf[128], text[2048], hex[IDENTITY_HEX_SIZE];
+        cr_assert_not_null(mkdtemp(dir));
+        snprintf(secret, sizeof secret, "%s/secret", dir);
+        test_write_file(secret, "00112233445566778899aabbccddeeff00112233445566778899aabbccddeeff\n", 0600);
+        test_make_identity(dir, "a", hex);
+        snprintf(conf, sizeof conf, "%s/a.conf", dir);
+        snprintf(text, sizeof text,
+                 "state_directory = \"%s/state-a\";\n"
+                 "control_socket = \"\";\n"
+                 "idle = { enabled = false; };\n"
+                 "threads = 1;\n"
+                 "checkpoint = { interval = 0; load = false; };\n"
+                 "network = { secret_file = \"%s\"; };\n"
+                 "averaging = {\n"
+                 "  interval = 0.25;\n"
+                 "  listen = \"127.0.0.1:%u\";\n"
+                 "  members = [ \"%s@127.0.0.1:%u\", \"%s@127.0.0.1:1\" ];\n"
+                 "};\n",
+                 dir, secret, test_free_port(), hex, test_free_port(),
+                 "22222222222222222222222222222222222222222222222222222222222222bb");
+        test_write_file(conf, text, 0644);
+        Proc p;
+        proc_start(&p, (char *[]){ RAVNESTD, "--config", conf, "--job", SOURCE_ROOT "/config/jobs/fashion-mnist-mlp.job",
+                                   "--epochs", "1", "--progress", "0", NULL }, NULL);
+        bool seen = proc_wait_for(&p, "Averaging with ", 60000) && proc_wait_for(&p, " s, listening", 5000);
+        kill(p.pid, SIGTERM);
+        proc_exit(&p);
+        snprintf(text, sizeof text, "rm -rf %s", dir);
+        cr_assert_eq(system(text), 0);
+        cr_assert(seen, "%s", p.out);
+        cr_assert(strstr(p.out, "every 0.25 s, listening"), "%s", p.out);
+}
+
+/* ravnestd --help names the configuration it reads by default; the man
+ * pages this build installs name the same file (for prefix /usr:
+ * /etc/ravnest/ravnestd.conf, as the packages have it). */
+Test(cli, help_and_man_pages_name_the_same_configuration) {
+        Proc p;
+        cr_assert_eq(run(&p, (char *[]){ RAVNESTD, "--help", NULL }), 0, "%s", p.out);
+        const char *at = strstr(p.out, "configuration (default ");
+        cr_assert(at, "%s", p.out);
+        char path[256];
+        cr_assert_eq(sscanf(at + strlen("configuration (default "), "%255[^) ]", path), 1, "%s", p.out);
+        cr_assert(strstr(path, "/ravnest/ravnestd.conf"), "%s", path);
+        static const char *const pages[] = { "ravnestd.8", "ravnestd.conf.5", "ravnestctl.1", NULL };
+        for (const char *const *m = pages; *m; m++) {
+                char file[512], text[65536];
+                snprintf(file, sizeof file, "%s/%s", BUILD_ROOT, *m);
+                FILE *f = fopen(file, "re");
+                cr_assert_not_null(f, "%s: not built", file);
+                size_t n = fread(text, 1, sizeof text - 1, f);
+                fclose(f);
+                text[n] = 0;
+                cr_expect(strstr(text, path), "%s does not name %s", file, path);
+        }
+}
+
+/* ---- scripts/install-deps installs for a purpose ------------------------ */
+
+static bool listed(const char *out, const char *package) {
+        char line[128];
+        snprintf(line, sizeof line, "\n%s\n", package);
+        char text[sizeof ((Proc *)0)->out + 2];
+        snprintf(text, sizeof text, "\n%s", out);
+        return strstr(text, line) != NULL;
+}
+
+Test(cli, install_deps_installs_for_a_purpose) {
+        Proc p;
+        /* training: the build and the dataset, no test or container tools */
+        cr_assert_eq(run(&p, (char *[]){ "/bin/sh", SOURCE_ROOT "/scripts/install-deps", "--run", "--print", NULL }), 0,
+                     "%s", p.out);
+        cr_expect(listed(p.out, "meson") && listed(p.out, "libopenblas-dev") && listed(p.out, "dataset-fashion-mnist"),
+                  "%s", p.out);
+        static const char *const test_only[] = { "libcriterion-dev", "podman", "debhelper", "lintian", "rpm",
+                                                 "debootstrap", "python3-torch", NULL };
+        for (const char *const *t = test_only; *t; t++)
+                cr_expect(!listed(p.out, *t), "--run lists %s:\n%s", *t, p.out);
+        /* the default: everything the tests need */
+        cr_assert_eq(run(&p, (char *[]){ "/bin/sh", SOURCE_ROOT "/scripts/install-deps", "--print", NULL }), 0, "%s",
+                     p.out);
+        for (const char *const *t = test_only; t[1]; t++)
+                cr_expect(listed(p.out, *t), "the default lacks %s:\n%s", *t, p.out);
+        cr_expect(!listed(p.out, "python3-torch"), "%s", p.out);
+        cr_assert_eq(run(&p, (char *[]){ "/bin/sh", SOURCE_ROOT "/scripts/install-deps", "--bench", "--print", NULL }),
+                     0, "%s", p.out);
+        cr_expect(listed(p.out, "python3-torch") && listed(p.out, "podman"), "%s", p.out);
+        cr_expect_eq(run(&p, (char *[]){ "/bin/sh", SOURCE_ROOT "/scripts/install-deps", "--bogus", NULL }), 64, "%s",
+                     p.out);
+        cr_expect_eq(run(&p, (char *[]){ "/bin/sh", SOURCE_ROOT "/scripts/install-deps", "--help", NULL }), 0, "%s",
+                     p.out);
+        cr_expect(strstr(p.out, "Usage: scripts/install-deps"), "%s", p.out);
+
+        /* the demo installs what training needs only */
+        FILE *f = fopen(SOURCE_ROOT "/scripts/demo", "re");
+        cr_assert_not_null(f);
+        char line[256];
+        bool run_only = false, other = false;
+        while (fgets(line, sizeof line, f))
+                if (!strncmp(line, "scripts/install-deps", 20)) {
+                        run_only |= !strncmp(line, "scripts/install-deps --run", 26);
+                        other |= strncmp(line, "scripts/install-deps --run", 26) != 0;
+                }
+        fclose(f);
+        cr_expect(run_only && !other, "scripts/demo does not run scripts/install-deps --run alone");
+}
