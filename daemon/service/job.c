@@ -76,6 +76,13 @@ static int parse_layer(const config_setting_t *s, LayerSpec *l, Diag *d) {
         return 0;
 }
 
+/* Shapes must chain; report against the setting that holds the layers. */
+static int check_shapes(const config_setting_t *where, const ModelSpec *m, Diag *d) {
+        Diag md = {};
+        int r = model_spec_check(m, NULL, &md);
+        return r < 0 ? conf_error(where, NULL, r, d, "%s", md.text) : 0;
+}
+
 /* model = { type = "gpt"; vocab; context; layers; heads; dim; }: an
  * embedding, `layers` pre-LN blocks and the LM head (nn/transformer.h). */
 static int parse_gpt(const config_setting_t *g, ModelSpec *m, Diag *d) {
@@ -98,7 +105,7 @@ static int parse_gpt(const config_setting_t *g, ModelSpec *m, Diag *d) {
         for (int i = 1; i <= layers; i++)
                 m->layers[i] = (LayerSpec){ .kind = LAYER_BLOCK, .heads = (int)heads };
         m->layers[layers + 1] = (LayerSpec){ .kind = LAYER_LM_HEAD, .out = (int)vocab };
-        return 0;
+        return check_shapes(g, m, d);
 }
 
 /* model = { input = [C, H, W]; layers = ( { type = ...; }, ... ); } */
@@ -135,7 +142,7 @@ static int parse_layers(config_setting_t *g, ModelSpec *m, int classes, Diag *d)
                         return r;
         if (m->layers[0].kind == LAYER_EMBED || m->layers[0].kind == LAYER_BLOCK || m->layers[0].kind == LAYER_LM_HEAD)
                 return conf_error(layers, NULL, -EINVAL, d, "a transformer is written model = { type = \"gpt\"; ... }");
-        return 0;
+        return check_shapes(layers, m, d);
 }
 
 static int parse_model(const config_setting_t *root, ModelSpec *m, JobData *data, Diag *d) {
@@ -158,12 +165,6 @@ static int parse_model(const config_setting_t *root, ModelSpec *m, JobData *data
                 return r;
         if (gpt)
                 data->classes = m->n_classes;
-
-        /* Shapes must chain; report against the model that breaks them. */
-        Diag md = {};
-        r = model_spec_check(m, NULL, &md);
-        if (r < 0)
-                return conf_error(g, NULL, r, d, "%s", md.text);
         return 0;
 }
 

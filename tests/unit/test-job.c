@@ -121,3 +121,55 @@ Test(job, accumadam_and_its_accum_steps) {
                      "10: optimizer.accum_steps: must be an integer in [1, 1024], got 0");
         expect_error("type = \"sgd\"; lr = 0.1;", "type = \"sgd\"; beta1 = 0.8;", "10: optimizer: beta1, beta2 and eps are settings of adamw and accumadam");
 }
+
+/* A GPT on text: its short form expands into embed, blocks and the head;
+ * every bad combination names the file, the line and the setting. */
+static const char *gpt_base =
+        "name = \"g\";\n"                                                                 /* 1 */
+        "dataset = { name = \"text\"; path = \"/usr/share/games/fortunes\"; };\n"        /* 2 */
+        "model = { type = \"gpt\"; vocab = 256; context = 64; layers = 3; heads = 4; dim = 64; };\n" /* 3 */
+        "optimizer = { type = \"adamw\"; lr = 0.001; };\n"                               /* 4 */
+        "training = { batch_size = 8; epochs = 1; };\n";                                 /* 5 */
+
+static void gpt_expect(const char *from, const char *to, const char *where) {
+        char text[2048], path[64] = "/tmp/ravnest-test-job-XXXXXX", want[256];
+        const char *at = strstr(gpt_base, from);
+        cr_assert_not_null(at);
+        snprintf(text, sizeof text, "%.*s%s%s", (int)(at - gpt_base), gpt_base, to, at + strlen(from));
+        int fd = mkstemp(path);
+        cr_assert_eq(write(fd, text, strlen(text)), (ssize_t)strlen(text));
+        close(fd);
+        Job j;
+        Diag d = {};
+        int r = job_load(path, &j, &d);
+        unlink(path);
+        if (!where) {
+                cr_assert_eq(r, 0, "%s", d.text);
+                cr_assert(j.model.lm);
+                cr_assert_eq(j.model.n_layers, 5);
+                cr_assert_eq(j.model.layers[0].kind, LAYER_EMBED);
+                cr_assert_eq(j.model.layers[1].kind, LAYER_BLOCK);
+                cr_assert_eq(j.model.layers[4].kind, LAYER_LM_HEAD);
+                cr_assert_eq(j.model.input.c, 64);
+                cr_assert_eq(j.data.kind, JOB_DATA_TEXT);
+                cr_assert_eq(j.data.classes, 256);
+                return;
+        }
+        cr_expect_lt(r, 0, "variant \"%s\" loaded", to);
+        snprintf(want, sizeof want, "%s:%s", path, where);
+        cr_expect(strstr(d.text, want), "variant \"%s\": message \"%s\" lacks \"%s\"", to, d.text, want);
+}
+
+Test(job, gpt_on_text) {
+        gpt_expect("name", "name", NULL);
+        gpt_expect("dim = 64", "dim = 66", "3: model.dim: 66 is not divisible by heads (4)");
+        gpt_expect("vocab = 256", "vocab = 300", "3: model.vocab: must be an integer in [2, 256]");
+        gpt_expect("context = 64", "context = 0", "3: model.context: must be an integer in [1, 4096]");
+        gpt_expect("type = \"gpt\"", "type = \"bert\"", "3: model.type: unknown model type \"bert\"");
+        gpt_expect("layers = 3; ", "", "3: model.layers: missing");
+        gpt_expect("dim = 64;", "dim = 64; width = 3;", "3: model.width: unknown setting");
+        gpt_expect("name = \"text\"; path = \"/usr/share/games/fortunes\";", "name = \"fashion-mnist\";",
+                   "3: model.type: a gpt trains on a text dataset");
+        gpt_expect("path = \"/usr/share/games/fortunes\"; ", "", "2: dataset.path: missing");
+        gpt_expect("name = \"text\";", "name = \"text\"; classes = 10;", "2: dataset: classes, mean and std");
+}
