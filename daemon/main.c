@@ -9,10 +9,10 @@
 #include <sysexits.h>
 #include <unistd.h>
 
-#include "service/config.h"
+#include "conf/config.h"
+#include "conf/job.h"
+#include "conf/option.h"
 #include "service/daemon.h"
-#include "service/job.h"
-#include "service/option.h"
 #include "util/log.h"
 
 static void help(void) {

@@ -21,7 +21,7 @@
 #include <systemd/sd-bus.h>
 #include <systemd/sd-event.h>
 
-#include "control.h"
+#include "run/control.h"
 
 #define BUS_NAME "org.ravnest.Node1"
 #define BUS_PATH "/org/ravnest/Node1"

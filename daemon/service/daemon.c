@@ -11,10 +11,10 @@
 #include <systemd/sd-daemon.h>
 #include <unistd.h>
 
-#include "coordinator.h"
-#include "events.h"
-#include "membership.h"
-#include "pipeline-run.h"
+#include "run/coordinator.h"
+#include "run/events.h"
+#include "run/membership.h"
+#include "run/pipeline-run.h"
 #include "util/log.h"
 #include "util/time-util.h"
 

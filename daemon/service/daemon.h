@@ -11,15 +11,15 @@
 #include <pthread.h>
 #include <systemd/sd-event.h>
 
-#include "averaging.h"
-#include "gossip-run.h"
+#include "run/averaging.h"
+#include "run/gossip-run.h"
 #include "bus.h"
-#include "config.h"
-#include "control.h"
-#include "idle.h"
-#include "job.h"
-#include "local-run.h"
-#include "node.h"
+#include "conf/config.h"
+#include "run/control.h"
+#include "host/idle.h"
+#include "conf/job.h"
+#include "run/local-run.h"
+#include "run/node.h"
 
 typedef struct DaemonOptions {
         const char *job_path;      /* NULL: the configuration's job */

@@ -2,7 +2,8 @@
  * prefixes ("<6>..."), which journald turns into priorities when the daemon
  * runs under systemd and which read fine on a terminal.
  *
- * Only service/ and the programs' main() log above debug; library code returns
+ * Only the roles above the layers (conf/, run/, service/, ctl/) and the
+ * programs' main() log above debug; library code returns
  * -errno and lets its caller log once:
  *
  *     r = idx_load(path, &images);
@@ -28,7 +29,7 @@ int log_internal(int level, int error, const char *fmt, ...) _printf_(3, 4);
 /* An event operators filter on: under journald a structured entry with
  * MESSAGE_ID and the extra fields (newline-separated "KEY=value" lines, or
  * NULL), elsewhere the same line on stderr. The IDs are in
- * service/events.h, their explanations in units/ravnest.catalog. */
+ * run/events.h, their explanations in units/ravnest.catalog. */
 int log_event(int level, const char *message_id, const char *fields, const char *fmt, ...) _printf_(4, 5);
 /* Whether stderr is connected to the journal (JOURNAL_STREAM). */
 int log_to_journal(void);

@@ -37,8 +37,8 @@
 #include <unistd.h>
 
 #include "collective/coll.h"
+#include "conf/option.h"
 #include "net/handshake.h"
-#include "service/option.h"
 #include "util/time-util.h"
 
 #define MAX_RUNS 32

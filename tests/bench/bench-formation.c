@@ -34,7 +34,7 @@
 #include <time.h>
 
 #include "cluster/formation.h"
-#include "service/option.h"
+#include "conf/option.h"
 #include "util/rng.h"
 #include "bench.h"
 

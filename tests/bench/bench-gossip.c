@@ -46,11 +46,11 @@
 
 #include "collective/gossip.h"
 #include "collective/runtime-model.h"
+#include "conf/job.h"
+#include "conf/option.h"
 #include "net/handshake.h"
 #include "nn/loss.h"
 #include "pipeline/trainer.h"
-#include "service/job.h"
-#include "service/option.h"
 #include "tensor/ops.h"
 #include "util/time-util.h"
 

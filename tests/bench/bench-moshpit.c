@@ -48,7 +48,7 @@
 #include <time.h>
 
 #include "collective/moshpit-sim.h"
-#include "service/option.h"
+#include "conf/option.h"
 #include "bench.h"
 
 typedef struct Setting {

@@ -20,7 +20,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "service/option.h"
+#include "conf/option.h"
 
 #define BUILD_DAEMON BUILD_ROOT "/daemon"
 

@@ -20,9 +20,9 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "service/job.h"
-#include "service/option.h"
-#include "service/local-run.h"
+#include "conf/job.h"
+#include "conf/option.h"
+#include "run/local-run.h"
 #include "util/log.h"
 
 #define MAX_RUNS 64

@@ -24,7 +24,7 @@
 #include <unistd.h>
 
 #include "net/net.h"
-#include "service/option.h"
+#include "conf/option.h"
 #include "bench.h"
 
 #define MAX_RUNS 32

@@ -5,7 +5,7 @@
 #include <criterion/criterion.h>
 
 #include "../lib/proc.h"
-#include "service/idle.h"
+#include "host/idle.h"
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>

@@ -4,9 +4,9 @@
 #include <stdio.h>
 #include <unistd.h>
 
+#include "conf/job.h"
 #include "nn/loss.h"
 #include "pipeline/trainer.h"
-#include "service/job.h"
 #include "tensor/ops.h"
 
 static Dataset *load_or_skip(const char *split) {

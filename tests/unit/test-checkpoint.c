@@ -17,7 +17,7 @@
 #include <unistd.h>
 
 #include "nn/optim.h"
-#include "service/checkpoint.h"
+#include "run/checkpoint.h"
 #include "util/rng.h"
 
 static char dir[] = "/tmp/ravnest-test-checkpoint-XXXXXX";

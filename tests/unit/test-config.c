@@ -10,7 +10,7 @@
 #include <unistd.h>
 
 #include "collective/topology.h"
-#include "service/config.h"
+#include "conf/config.h"
 
 #define K1 "00112233445566778899aabbccddeeff00112233445566778899aabbccddeeff"
 #define K2 "ffeeddccbbaa99887766554433221100ffeeddccbbaa99887766554433221100"

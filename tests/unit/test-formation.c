@@ -10,7 +10,7 @@
 #include <stdio.h>
 
 #include "cluster/formation.h"
-#include "service/nodes-file.h"
+#include "conf/nodes-file.h"
 #include "util/rng.h"
 
 /* 784-1024x3-10 with ReLUs, Adam and 4 stashed versions: about 186 MiB a replica */

@@ -9,7 +9,7 @@
 #include <sys/stat.h>
 #include <sys/wait.h>
 
-#include "service/idle.h"
+#include "host/idle.h"
 #include "util/time-util.h"
 
 #define MS 1000000ULL

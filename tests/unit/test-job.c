@@ -6,7 +6,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "service/job.h"
+#include "conf/job.h"
 
 Test(job, shipped_jobs_parse) {
         Job j;

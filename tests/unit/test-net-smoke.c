@@ -1,7 +1,7 @@
 #include <criterion/criterion.h>
 #include <string.h>
-#include "net/net.h"
 #include "net/handshake.h"
+#include "net/net.h"
 
 typedef struct Side { Net *n; uint32_t peer; int connected, closed, got; NetTensor *t; uint64_t sent; int reason; } Side;
 static void on_conn(void *ud, uint32_t peer, const uint8_t id[32]) { Side *s = ud; s->connected++; s->peer = peer; }

@@ -1,4 +1,4 @@
-/* service/node.c: this node on the network, driven in this process against
+/* run/node.c: this node on the network, driven in this process against
  * a Net that plays the peer. */
 #include <criterion/criterion.h>
 #include <stdio.h>
@@ -7,7 +7,7 @@
 #include <unistd.h>
 
 #include "../lib/proc.h"
-#include "service/node.h"
+#include "run/node.h"
 
 typedef struct Peer {
         Net *n;

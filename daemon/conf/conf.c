@@ -1,0 +1,342 @@
+/* conf/conf.c */
+#include "conf.h"
+
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "util/macro.h"
+
+/* Line n (from 1) of path, without its newline and leading blanks; "" if
+ * there is none. */
+static void source_line(const char *path, int n, char *buf, size_t len) {
+        FILE *f = path ? fopen(path, "re") : NULL;
+        _cleanup_(freep) char *line = NULL;
+        size_t cap = 0;
+        ssize_t k = -1;
+
+        buf[0] = '\0';
+        if (!f)
+                return;
+        for (int i = 0; i < n && (k = getline(&line, &cap, f)) >= 0; i++)
+                ;
+        fclose(f);
+        if (k < 0)
+                return;
+        while (k > 0 && (line[k - 1] == '\n' || line[k - 1] == '\r'))
+                line[--k] = '\0';
+        snprintf(buf, len, "%s", line + strspn(line, " \t"));
+}
+
+static bool name_start(char ch) {
+        return (ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || ch == '*';
+}
+
+static bool name_char(char ch) {
+        return name_start(ch) || (ch >= '0' && ch <= '9') || ch == '-' || ch == '_';
+}
+
+/* The settings a line names ("name =" or "name :"), outside strings and
+ * comments: calls found(name, length, the text after the = or :) for each
+ * until it returns true; that one's name is the result, else NULL. */
+static const char *find_name(const char *line, bool (*found)(const char *name, size_t n, const char *value,
+                                                              void *userdata),
+                             void *userdata, size_t *ret_n) {
+        for (const char *p = line; *p; p++) {
+                if (*p == '"') { /* a string: to its closing quote */
+                        for (p++; *p && *p != '"'; p++)
+                                if (*p == '\\' && p[1])
+                                        p++;
+                        if (!*p)
+                                break;
+                        continue;
+                }
+                if (*p == '#' || (p[0] == '/' && (p[1] == '/' || p[1] == '*')))
+                        break;
+                if (!name_start(*p) || (p > line && name_char(p[-1])))
+                        continue;
+                const char *start = p;
+                while (name_char(*p))
+                        p++;
+                size_t n = (size_t)(p - start);
+                const char *after = p + strspn(p, " \t");
+                if ((*after == '=' || *after == ':') && found(start, n, after + 1, userdata)) {
+                        *ret_n = n;
+                        return start;
+                }
+                p--;
+        }
+        return NULL;
+}
+
+/* The name a duplicate is about: one named twice on the line, else the
+ * first the line names. */
+typedef struct Names {
+        const char *first;
+        size_t first_n;
+        const char *line;
+} Names;
+
+static bool named_twice(const char *name, size_t n, const char *value, void *userdata) {
+        Names *names = userdata;
+        if (!names->first) {
+                names->first = name;
+                names->first_n = n;
+        }
+        for (const char *p = names->line; p < name; p++)
+                if (strncmp(p, name, n) == 0 && !name_char(p[n]) && (p == names->line || !name_char(p[-1])))
+                        return true;
+        return false;
+}
+
+int conf_read_file(config_t *c, const char *path, Diag *d) {
+        /* config_read_file() records the file name, which every later error
+         * message about a setting needs. */
+        if (config_read_file(c, path) == CONFIG_TRUE)
+                return 0;
+        if (config_error_type(c) == CONFIG_ERR_FILE_IO) {
+                int r = errno > 0 ? -errno : -EIO;
+                return diag_set(d, r, "%s: cannot read: %s", path, strerror(-r));
+        }
+        /* libconfig names the line only: name the setting of a duplicate,
+         * and quote the line of a syntax error. */
+        const char *file = config_error_file(c) ?: path, *text = config_error_text(c) ?: "syntax error";
+        int line = config_error_line(c);
+        char quote[160];
+        source_line(file, line, quote, sizeof quote);
+        if (strstr(text, "duplicate setting")) {
+                Names names = { .line = quote };
+                size_t n = 0;
+                const char *name = find_name(quote, named_twice, &names, &n);
+                if (!name) {
+                        name = names.first;
+                        n = names.first_n;
+                }
+                if (name)
+                        return diag_set(d, -EINVAL, "%s:%d: %.*s: set twice in the same group", file, line, (int)n,
+                                        name);
+        }
+        if (quote[0])
+                return diag_set(d, -EINVAL, "%s:%d: %s in \"%s\"", file, line, text, quote);
+        return diag_set(d, -EINVAL, "%s:%d: %s", file, line, text);
+}
+
+/* libconfig 1.5 keeps an integer written without the L suffix as an int,
+ * its bits past 32 cut off (99999999999 reads as 1215752191). Read the
+ * setting's text back from its line: true, and the text in buf, when it is
+ * not the number libconfig kept. */
+typedef struct Wrapped {
+        const char *name;
+        long long value;
+        char *buf;
+        size_t len;
+        bool same, other; /* a text that reads as value; one that does not (in buf) */
+} Wrapped;
+
+static bool check_value(const char *name, size_t n, const char *value, void *userdata) {
+        Wrapped *w = userdata;
+        char text[64], *end;
+
+        if (strlen(w->name) != n || strncmp(name, w->name, n))
+                return false;
+        value += strspn(value, " \t");
+        size_t k = strspn(value, "+-0123456789abcdefABCDEFxX");
+        snprintf(text, sizeof text, "%.*s", (int)k, value);
+        bool hex = strpbrk(text, "xX") != NULL;
+        errno = 0;
+        long long v = strtoll(text, &end, hex ? 16 : 10);
+        if (k == 0 || *end)
+                return false;
+        if (errno != ERANGE && v == w->value) {
+                w->same = true;
+                return true; /* the setting's own text (another group's may share the line) */
+        }
+        w->other = true;
+        snprintf(w->buf, w->len, "%s", text);
+        return false;
+}
+
+static bool int_wrapped(const config_setting_t *s, long long v, char *buf, size_t len) {
+        char line[1024];
+        size_t n;
+        Wrapped w = { .name = config_setting_name(s), .value = v, .buf = buf, .len = len };
+
+        if (!w.name || config_setting_type(s) != CONFIG_TYPE_INT)
+                return false;
+        source_line(config_setting_source_file(s), (int)config_setting_source_line(s), line, sizeof line);
+        find_name(line, check_value, &w, &n);
+        return !w.same && w.other;
+}
+
+/* "optimizer.lr" or "model.layers.[2].out" */
+static void setting_path(const config_setting_t *s, char *buf, size_t len) {
+        const config_setting_t *chain[64];
+        int n = 0;
+        for (; s && !config_setting_is_root(s) && n < 64; s = config_setting_parent(s))
+                chain[n++] = s;
+        buf[0] = 0;
+        for (int i = n - 1; i >= 0; i--) {
+                size_t used = strlen(buf);
+                const char *name = config_setting_name(chain[i]);
+                if (name)
+                        snprintf(buf + used, len - used, "%s%s", used ? "." : "", name);
+                else
+                        snprintf(buf + used, len - used, "%s[%d]", used ? "." : "",
+                                 config_setting_index(chain[i]));
+        }
+}
+
+int conf_error(const config_setting_t *s, const char *name, int r, Diag *d, const char *fmt, ...) {
+        char path[512], msg[384];
+        const char *file = config_setting_source_file(s);
+        va_list ap;
+
+        setting_path(s, path, sizeof path);
+        if (name) {
+                size_t used = strlen(path);
+                snprintf(path + used, sizeof path - used, "%s%s", used ? "." : "", name);
+        }
+        va_start(ap, fmt);
+        vsnprintf(msg, sizeof msg, fmt, ap);
+        va_end(ap);
+        /* The member's own line when it exists (groups span many lines). */
+        const config_setting_t *m = name && config_setting_is_group(s) ? config_setting_get_member(s, name) : NULL;
+        return diag_set(d, r, "%s:%u: %s: %s", file ?: "(config)", config_setting_source_line(m ?: s),
+                        path[0] ? path : "(top level)", msg);
+}
+
+int conf_check_keys(const config_setting_t *group, const char *const *allowed, Diag *d) {
+        int n = config_setting_length(group);
+        for (int i = 0; i < n; i++) {
+                const config_setting_t *m = config_setting_get_elem(group, (unsigned)i);
+                const char *name = config_setting_name(m);
+                bool ok = false;
+                for (const char *const *a = allowed; *a; a++)
+                        if (name && strcmp(name, *a) == 0)
+                                ok = true;
+                if (!ok)
+                        return conf_error(m, NULL, -EINVAL, d, "unknown setting");
+        }
+        return 0;
+}
+
+static config_setting_t *member(const config_setting_t *group, const char *name) {
+        return group ? config_setting_get_member(group, name) : NULL;
+}
+
+int conf_get_int(const config_setting_t *group, const char *name, bool required, long long lo,
+                 long long hi, long long def, long long *ret, Diag *d) {
+        config_setting_t *s = member(group, name);
+        char text[64];
+        long long v;
+
+        if (!s) {
+                if (required)
+                        return conf_error(group, name, -EINVAL, d, "missing (required)");
+                *ret = def;
+                return 0;
+        }
+        switch (config_setting_type(s)) {
+        case CONFIG_TYPE_INT:
+                v = config_setting_get_int(s);
+                break;
+        case CONFIG_TYPE_INT64:
+                v = config_setting_get_int64(s);
+                break;
+        default:
+                return conf_error(s, NULL, -EINVAL, d, "must be an integer in [%lld, %lld]", lo, hi);
+        }
+        if (int_wrapped(s, v, text, sizeof text))
+                return conf_error(s, NULL, -ERANGE, d, "out of range: must be an integer in [%lld, %lld], got %s",
+                                  lo, hi, text);
+        if (v < lo || v > hi)
+                return conf_error(s, NULL, -ERANGE, d, "must be an integer in [%lld, %lld], got %lld",
+                                  lo, hi, v);
+        *ret = v;
+        return 0;
+}
+
+int conf_get_double(const config_setting_t *group, const char *name, bool required, double lo,
+                    double hi, double def, double *ret, Diag *d) {
+        config_setting_t *s = member(group, name);
+        char text[64];
+        double v;
+
+        if (!s) {
+                if (required)
+                        return conf_error(group, name, -EINVAL, d, "missing (required)");
+                *ret = def;
+                return 0;
+        }
+        switch (config_setting_type(s)) {
+        case CONFIG_TYPE_INT:
+                v = config_setting_get_int(s);
+                break;
+        case CONFIG_TYPE_INT64:
+                v = (double)config_setting_get_int64(s);
+                break;
+        case CONFIG_TYPE_FLOAT:
+                v = config_setting_get_float(s);
+                break;
+        default:
+                return conf_error(s, NULL, -EINVAL, d, "must be a number in [%g, %g]", lo, hi);
+        }
+        if (int_wrapped(s, (long long)v, text, sizeof text))
+                return conf_error(s, NULL, -ERANGE, d, "out of range: must be a number in [%g, %g], got %s", lo,
+                                  hi, text);
+        if (!(v >= lo && v <= hi))
+                return conf_error(s, NULL, -ERANGE, d, "must be a number in [%g, %g], got %g", lo, hi,
+                                  v);
+        *ret = v;
+        return 0;
+}
+
+int conf_get_bool(const config_setting_t *group, const char *name, bool def, bool *ret, Diag *d) {
+        config_setting_t *s = member(group, name);
+        if (!s) {
+                *ret = def;
+                return 0;
+        }
+        if (config_setting_type(s) != CONFIG_TYPE_BOOL)
+                return conf_error(s, NULL, -EINVAL, d, "must be true or false");
+        *ret = config_setting_get_bool(s);
+        return 0;
+}
+
+int conf_get_string(const config_setting_t *group, const char *name, bool required,
+                    const char *def, char *buf, size_t len, Diag *d) {
+        config_setting_t *s = member(group, name);
+        const char *v;
+
+        if (!s) {
+                if (required)
+                        return conf_error(group, name, -EINVAL, d, "missing (required)");
+                v = def ?: "";
+        } else {
+                if (config_setting_type(s) != CONFIG_TYPE_STRING)
+                        return conf_error(s, NULL, -EINVAL, d, "must be a string");
+                v = config_setting_get_string(s);
+        }
+        if (strlen(v) >= len)
+                return conf_error(s ?: group, s ? NULL : name, -ENAMETOOLONG, d,
+                                  "longer than %zu characters", len - 1);
+        strcpy(buf, v);
+        return 0;
+}
+
+int conf_get_group(const config_setting_t *group, const char *name, bool required, bool want_list,
+                   config_setting_t **ret, Diag *d) {
+        config_setting_t *s = member(group, name);
+        if (!s) {
+                if (required)
+                        return conf_error(group, name, -EINVAL, d, "missing (required)");
+                *ret = NULL;
+                return 0;
+        }
+        if (want_list ? !config_setting_is_list(s) : !config_setting_is_group(s))
+                return conf_error(s, NULL, -EINVAL, d, want_list ? "must be a list ( ... )"
+                                                                 : "must be a group { ... }");
+        *ret = s;
+        return 0;
+}

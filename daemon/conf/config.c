@@ -1,0 +1,843 @@
+/* conf/config.c */
+#include "config.h"
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <math.h>
+#include <sodium.h>
+#include <stdio.h>
+#include <string.h>
+#include <strings.h>
+#include <sys/stat.h>
+
+#include "collective/topology.h"
+#include "conf.h"
+#include "nodes-file.h"
+
+static const char *const admission_names[] = { "secret", "allowlist", "both", NULL };
+static const char *const backend_names[] = { "auto", "io_uring", "epoll", NULL }; /* NetBackendKind */
+
+void config_defaults(Config *c) {
+        *c = (Config){
+                .state_directory = "/var/lib/ravnest",
+                .control_socket = CONFIG_CONTROL_SOCKET,
+                .checkpoint = { .interval_s = 600, .load = true },
+                .job = JOBS_DIR "/fashion-mnist-mlp.job",
+                .admission = CONFIG_ADMISSION_SECRET,
+                .pipeline = {
+                        .micro_batch = 32,
+                        .staleness = 4,
+                        .update_frequency = 1,
+                        .neighbour_timeout_s = 600,
+                },
+                .membership = {
+                        .probe_ms = 300,
+                        .min_nodes = 2,
+                        .settle_ms = 2000,
+                        .heartbeat_ms = 1000,
+                        .deadline_ms = 10000,
+                        .handover_timeout_ms = 10000,
+                        .train = true,
+                },
+                .averaging = {
+                        .interval_ms = 5000,
+                        .join_timeout_ms = 10000,
+                        .round_timeout_ms = 30000,
+                        .topology = GOSSIP_ALT_EXP_RING,
+                },
+        };
+        net_config_defaults(&c->net);
+        idle_settings_default(&c->idle);
+}
+
+void config_free(Config *c) {
+        if (!c)
+                return;
+        c->peers = mfree(c->peers);
+        c->allowed = mfree(c->allowed);
+        c->averaging.members = mfree(c->averaging.members);
+        c->pipeline.clusters = mfree(c->pipeline.clusters);
+        c->pipeline.n_clusters = 0;
+        c->averaging.n_members = 0;
+        c->n_peers = c->n_allowed = 0;
+        sodium_memzero(c->secret, sizeof c->secret);
+        c->has_secret = false;
+}
+
+static config_setting_t *member(const config_setting_t *g, const char *name) {
+        return g ? config_setting_get_member(g, name) : NULL;
+}
+
+/* A string that, when set, must be an absolute path. */
+static int get_path(const config_setting_t *g, const char *name, char *buf, size_t len, Diag *d) {
+        int r;
+
+        if (!member(g, name)) /* keep the default in buf */
+                return 0;
+        if ((r = conf_get_string(g, name, true, NULL, buf, len, d)) < 0)
+                return r;
+        if (buf[0] != '/')
+                return conf_error(member(g, name), NULL, -EINVAL, d, "must be an absolute path, got \"%s\"", buf);
+        return 0;
+}
+
+/* The job to train, when the file names one: an absolute path to a file
+ * the daemon can read (job_load() checks what is in it when training
+ * starts), so a missing job names this file and line. */
+static int get_job(const config_setting_t *root, char *buf, size_t len, Diag *d) {
+        const config_setting_t *s = member(root, "job");
+        struct stat st;
+        int r;
+
+        if (!s || (r = get_path(root, "job", buf, len, d)) < 0)
+                return s ? r : 0;
+        _cleanup_(closep) int fd = open(buf, O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK);
+        if (fd < 0 || fstat(fd, &st) < 0) {
+                r = -errno;
+                return conf_error(s, NULL, r, d, "cannot read %s: %s", buf, strerror(-r));
+        }
+        if (!S_ISREG(st.st_mode))
+                return conf_error(s, NULL, -EINVAL, d, "cannot read %s: not a regular file", buf);
+        return 0;
+}
+
+/* A string from names (NULL-terminated); *ret is its index, and the default. */
+static int get_choice(const config_setting_t *g, const char *name, const char *const *names, int *ret, Diag *d) {
+        char v[64], known[128] = "";
+        int r = conf_get_string(g, name, false, names[*ret], v, sizeof v, d);
+        if (r < 0)
+                return r;
+        for (int i = 0; names[i]; i++) {
+                if (strcmp(v, names[i]) == 0) {
+                        *ret = i;
+                        return 0;
+                }
+                snprintf(known + strlen(known), sizeof known - strlen(known), "%s%s", i ? ", " : "", names[i]);
+        }
+        return conf_error(member(g, name), NULL, -EINVAL, d, "unknown value \"%s\" (known: %s)", v, known);
+}
+
+/* A list ( ... ) or array [ ... ] of at most max strings; *ret NULL when absent. */
+static int get_strings(const config_setting_t *g, const char *name, int max, config_setting_t **ret, Diag *d) {
+        config_setting_t *s = member(g, name);
+        *ret = s;
+        if (!s)
+                return 0;
+        if (!config_setting_is_array(s) && !config_setting_is_list(s))
+                return conf_error(s, NULL, -EINVAL, d, "must be a list of strings [ \"...\", ... ]");
+        if (config_setting_length(s) > max)
+                return conf_error(s, NULL, -E2BIG, d, "more than %d entries", max);
+        for (int i = 0; i < config_setting_length(s); i++) {
+                const config_setting_t *e = config_setting_get_elem(s, (unsigned)i);
+                if (config_setting_type(e) != CONFIG_TYPE_STRING)
+                        return conf_error(e, NULL, -EINVAL, d, "must be a string");
+        }
+        return 0;
+}
+
+/* "auto" or a number of bytes. */
+static int get_zerocopy(const config_setting_t *g, size_t *ret, Diag *d) {
+        const config_setting_t *s = member(g, "zerocopy_threshold");
+        long long v;
+        int r;
+
+        if (!s)
+                return 0;
+        if (config_setting_type(s) == CONFIG_TYPE_STRING && strcmp(config_setting_get_string(s), "auto") == 0) {
+                *ret = NET_ZC_AUTO;
+                return 0;
+        }
+        if (config_setting_type(s) != CONFIG_TYPE_INT && config_setting_type(s) != CONFIG_TYPE_INT64)
+                return conf_error(s, NULL, -EINVAL, d, "must be \"auto\" or an integer in [0, %d]", 1 << 30);
+        if ((r = conf_get_int(g, "zerocopy_threshold", false, 0, 1 << 30, 0, &v, d)) < 0)
+                return r;
+        *ret = (size_t)v;
+        return 0;
+}
+
+/* "host:port" or "[IPv6]:port"; NULL, or what is wrong with it. */
+static const char *parse_address(const char *text, ConfigAddress *ret) {
+        static const char host_chars[] = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789.-";
+        const char *colon = strrchr(text, ':'), *host = text, *port;
+        bool bracket = text[0] == '[';
+        ConfigAddress a = {};
+        struct in6_addr in6;
+        size_t len;
+
+        if (!colon)
+                return "must be \"host:port\"";
+        if (bracket && colon[-1] != ']')
+                return "must be \"[IPv6 address]:port\"";
+        if (bracket)
+                host++;
+        len = (size_t)(colon - host) - bracket;
+        if (len == 0)
+                return "must be \"host:port\"";
+        if (len >= sizeof a.host)
+                return "host name too long";
+        memcpy(a.host, host, len);
+        if (bracket && inet_pton(AF_INET6, a.host, &in6) != 1)
+                return "not an IPv6 address in brackets";
+        if (!bracket && strchr(a.host, ':'))
+                return "IPv6 addresses go in brackets: \"[::1]:7000\"";
+        if (!bracket && (strspn(a.host, host_chars) != len || a.host[0] == '-' || a.host[0] == '.'))
+                return "not a host name or address";
+
+        port = colon + 1;
+        len = strlen(port);
+        unsigned long p = len >= 1 && len <= 5 && strspn(port, "0123456789") == len ? strtoul(port, NULL, 10) : 0;
+        if (p < 1 || p > 65535)
+                return "port must be in [1, 65535]";
+        a.port = (uint16_t)p;
+        *ret = a;
+        return NULL;
+}
+
+static int get_address(const config_setting_t *s, ConfigAddress *ret, Diag *d) {
+        const char *text = config_setting_get_string(s), *why = parse_address(text, ret);
+        return why ? conf_error(s, NULL, -EINVAL, d, "%s, got \"%s\"", why, text) : 0;
+}
+
+/* Only what the address says: a name other than localhost may resolve to
+ * anything. (The transport checks the real address of every link too.) */
+static bool address_is_loopback(const ConfigAddress *a) {
+        struct in_addr in4;
+        struct in6_addr in6;
+
+        if (strcasecmp(a->host, "localhost") == 0)
+                return true;
+        if (inet_pton(AF_INET, a->host, &in4) == 1)
+                return (ntohl(in4.s_addr) >> 24) == 127;
+        if (inet_pton(AF_INET6, a->host, &in6) == 1)
+                return IN6_IS_ADDR_LOOPBACK(&in6) || (IN6_IS_ADDR_V4MAPPED(&in6) && in6.s6_addr[12] == 127);
+        return false;
+}
+
+/* 64 hex digits and an optional newline, in a file only its owner can read
+ * (the same rule as the identity key, net/identity.c). */
+static int load_secret(const config_setting_t *s, const char *path, uint8_t ret[HANDSHAKE_SECRET_SIZE], Diag *d) {
+        char text[2 * HANDSHAKE_SECRET_SIZE + 3] = {};
+        struct stat st;
+        size_t bin;
+        int r;
+
+        _cleanup_(closep) int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOCTTY);
+        if (fd < 0 || fstat(fd, &st) < 0) {
+                r = -errno;
+                return conf_error(s, NULL, r, d, "%s: cannot open: %s", path, strerror(-r));
+        }
+        if (!S_ISREG(st.st_mode))
+                return conf_error(s, NULL, -EINVAL, d, "%s: not a regular file", path);
+        if (st.st_mode & 077)
+                return conf_error(s, NULL, -EPERM, d, "%s: readable by others (mode %04o): chmod 600 it", path,
+                                  (unsigned)(st.st_mode & 07777));
+        ssize_t n = read(fd, text, sizeof text - 1);
+        if (n < 0) {
+                r = -errno;
+                return conf_error(s, NULL, r, d, "%s: cannot read: %s", path, strerror(-r));
+        }
+        if (n > 0 && text[n - 1] == '\n')
+                n--;
+        r = n == 2 * HANDSHAKE_SECRET_SIZE &&
+            sodium_hex2bin(ret, HANDSHAKE_SECRET_SIZE, text, (size_t)n, NULL, &bin, NULL) == 0 &&
+            bin == HANDSHAKE_SECRET_SIZE ? 0 : -EBADMSG;
+        sodium_memzero(text, sizeof text);
+        if (r < 0)
+                return conf_error(s, NULL, r, d,
+                                  "%s: must hold %d hex digits (make one with \"openssl rand -hex %d\")", path,
+                                  2 * HANDSHAKE_SECRET_SIZE, HANDSHAKE_SECRET_SIZE);
+        return 0;
+}
+
+static int parse_peers(const config_setting_t *list, Config *c, Diag *d) {
+        int n = list ? config_setting_length(list) : 0;
+        int r;
+
+        if (n == 0)
+                return 0;
+        c->peers = calloc((size_t)n, sizeof *c->peers);
+        if (!c->peers)
+                return -ENOMEM;
+        for (int i = 0; i < n; i++)
+                if ((r = get_address(config_setting_get_elem(list, (unsigned)i), &c->peers[i], d)) < 0)
+                        return r;
+        c->n_peers = (size_t)n;
+        return 0;
+}
+
+static int parse_allowed(const config_setting_t *list, Config *c, Diag *d) {
+        int n = list ? config_setting_length(list) : 0;
+
+        if (n == 0)
+                return 0;
+        c->allowed = calloc((size_t)n, sizeof *c->allowed);
+        if (!c->allowed)
+                return -ENOMEM;
+        for (int i = 0; i < n; i++) {
+                const config_setting_t *e = config_setting_get_elem(list, (unsigned)i);
+                if (identity_from_hex(config_setting_get_string(e), c->allowed[i]) < 0)
+                        return conf_error(e, NULL, -EINVAL, d,
+                                          "must be an Ed25519 public key in %d hex digits, got \"%s\"",
+                                          2 * IDENTITY_PK_SIZE, config_setting_get_string(e));
+        }
+        c->n_allowed = (size_t)n;
+        return 0;
+}
+
+/* Plaintext is for benchmarks on one machine: every end must be loopback. */
+static int check_plaintext(const config_setting_t *g, const Config *c, Diag *d) {
+        const char *what = "listen address", *host = NULL;
+
+        if (!c->net.plaintext)
+                return 0;
+        if (c->listen.port && !address_is_loopback(&c->listen))
+                host = c->listen.host;
+        for (size_t i = 0; !host && i < c->n_peers; i++)
+                if (!address_is_loopback(&c->peers[i])) {
+                        what = "peer";
+                        host = c->peers[i].host;
+                }
+        if (host)
+                return conf_error(member(g, "plaintext"), NULL, -EINVAL, d,
+                                  "refused: %s %s is not loopback (plaintext is for benchmarks on one machine)",
+                                  what, host);
+        return 0;
+}
+
+/* The secret file and the allowlist, as admission asks. A node that neither
+ * listens nor has peers needs neither, so the sample file parses as shipped. */
+static int check_admission(const config_setting_t *g, const config_setting_t *allowed, const Config *c, Diag *d) {
+        bool want_secret = c->admission != CONFIG_ADMISSION_ALLOWLIST;
+        bool want_list = c->admission != CONFIG_ADMISSION_SECRET;
+        bool networked = c->listen.port || c->n_peers || c->averaging.enabled || c->pipeline.enabled ||
+                         c->membership.enabled;
+        const char *mode = admission_names[c->admission];
+
+        if (c->secret_file[0] && !want_secret)
+                return conf_error(member(g, "secret_file"), NULL, -EINVAL, d,
+                                  "only used with admission = \"secret\" or \"both\"");
+        if (allowed && !want_list)
+                return conf_error(allowed, NULL, -EINVAL, d, "only used with admission = \"allowlist\" or \"both\"");
+        if (networked && want_secret && !c->secret_file[0])
+                return conf_error(g, "secret_file", -EINVAL, d, "missing (required with admission = \"%s\")", mode);
+        if (networked && want_list && !allowed)
+                return conf_error(g, "allowed_peers", -EINVAL, d, "missing (required with admission = \"%s\")", mode);
+        if (networked && want_list && config_setting_length(allowed) == 0)
+                return conf_error(allowed, NULL, -EINVAL, d, "empty (admission = \"%s\" needs a key)", mode);
+        return 0;
+}
+
+static int parse_network(const config_setting_t *root, Config *c, Diag *d) {
+        static const char *const keys[] = {
+                "listen", "peers", "admission", "secret_file", "allowed_peers", "plaintext", "io_backend",
+                "zerocopy_threshold", "max_frame", "max_tensor", "max_queued", "max_links",
+                "max_links_per_address", "handshake_timeout", "idle_timeout", "stall_timeout", "receive_pool",
+                "max_receive", NULL,
+        };
+        NetConfig *n = &c->net;
+        config_setting_t *g, *s, *peers, *allowed;
+        long long frame, tensor, queued, links, per_addr, hs, idle, stall, pool, receive;
+        const long long max_bytes = 1LL << 36;
+        int admission = c->admission, backend = n->backend, r;
+
+        if ((r = conf_get_group(root, "network", false, false, &g, d)) < 0 || !g)
+                return r;
+        if ((r = conf_check_keys(g, keys, d)) < 0 ||
+            (r = get_strings(g, "peers", CONFIG_MAX_PEERS, &peers, d)) < 0 ||
+            (r = get_choice(g, "admission", admission_names, &admission, d)) < 0 ||
+            (r = get_path(g, "secret_file", c->secret_file, sizeof c->secret_file, d)) < 0 ||
+            (r = get_strings(g, "allowed_peers", CONFIG_MAX_ALLOWED, &allowed, d)) < 0 ||
+            (r = conf_get_bool(g, "plaintext", n->plaintext, &n->plaintext, d)) < 0 ||
+            (r = get_choice(g, "io_backend", backend_names, &backend, d)) < 0 ||
+            (r = get_zerocopy(g, &n->zc_threshold, d)) < 0 ||
+            (r = conf_get_int(g, "max_frame", false, 4096, 64 << 20, n->limits.max_payload, &frame, d)) < 0 ||
+            (r = conf_get_int(g, "max_tensor", false, 1, max_bytes, n->limits.max_tensor_bytes, &tensor, d)) < 0 ||
+            (r = conf_get_int(g, "max_queued", false, 4096, max_bytes, n->max_queued, &queued, d)) < 0 ||
+            (r = conf_get_int(g, "max_links", false, 1, 65536, n->max_links, &links, d)) < 0 ||
+            (r = conf_get_int(g, "max_links_per_address", false, 1, 65536, n->max_links_per_addr, &per_addr,
+                              d)) < 0 ||
+            (r = conf_get_int(g, "handshake_timeout", false, 100, 600000, n->handshake_timeout_ms, &hs, d)) < 0 ||
+            (r = conf_get_int(g, "idle_timeout", false, 0, 86400000, n->idle_timeout_ms, &idle, d)) < 0 ||
+            (r = conf_get_int(g, "stall_timeout", false, 0, 3600000, n->stall_timeout_ms, &stall, d)) < 0 ||
+            (r = conf_get_int(g, "receive_pool", false, 0, 1 << 30, (long long)n->pool_bytes, &pool, d)) < 0 ||
+            (r = conf_get_int(g, "max_receive", false, 4096, max_bytes, (long long)n->max_receive_bytes, &receive,
+                              d)) < 0)
+                return r;
+
+        s = member(g, "listen");
+        if (s && config_setting_type(s) != CONFIG_TYPE_STRING)
+                return conf_error(s, NULL, -EINVAL, d, "must be a string \"host:port\"");
+        if (s && config_setting_get_string(s)[0] && (r = get_address(s, &c->listen, d)) < 0)
+                return r;
+        if ((r = parse_peers(peers, c, d)) < 0)
+                return r;
+        c->admission = (ConfigAdmission)admission;
+        if ((r = check_plaintext(g, c, d)) < 0 ||
+            (r = check_admission(g, allowed, c, d)) < 0)
+                return r;
+        if (c->secret_file[0]) {
+                if ((r = load_secret(member(g, "secret_file"), c->secret_file, c->secret, d)) < 0)
+                        return r;
+                c->has_secret = true;
+        }
+        if ((r = parse_allowed(allowed, c, d)) < 0)
+                return r;
+
+        n->backend = (NetBackendKind)backend;
+        if (member(g, "max_frame")) /* else keep the transport's own chunk */
+                n->limits.max_payload = n->chunk = (uint32_t)frame;
+        n->limits.max_tensor_bytes = (uint64_t)tensor;
+        n->max_queued = (uint64_t)queued;
+        n->max_links = (unsigned)links;
+        n->max_links_per_addr = (unsigned)per_addr;
+        n->handshake_timeout_ms = (unsigned)hs;
+        n->idle_timeout_ms = (unsigned)idle;
+        n->stall_timeout_ms = (unsigned)stall;
+        n->pool_bytes = (size_t)pool;
+        n->max_receive_bytes = (uint64_t)receive;
+        return 0;
+}
+
+static const char *const method_names[] = { "ring", "moshpit", "gossip", "auto", NULL };
+/* in the order of GossipTopology */
+static const char *const topology_names[] = { "complete", "ring", "exp", "alt-exp-ring", NULL };
+
+/* "<64 hex digits>@host:port" */
+static int get_member(const config_setting_t *s, ConfigMember *ret, Diag *d) {
+        const char *text = config_setting_get_string(s), *at = strchr(text, '@'), *why;
+        char hex[IDENTITY_HEX_SIZE];
+
+        if (!at || at - text != IDENTITY_HEX_SIZE - 1)
+                return conf_error(s, NULL, -EINVAL, d, "must be \"<public key, 64 hex digits>@host:port\", got \"%s\"",
+                                  text);
+        memcpy(hex, text, IDENTITY_HEX_SIZE - 1);
+        hex[IDENTITY_HEX_SIZE - 1] = 0;
+        if (identity_from_hex(hex, ret->id) < 0)
+                return conf_error(s, NULL, -EINVAL, d, "not a public key (64 hex digits): \"%s\"", hex);
+        if ((why = parse_address(at + 1, &ret->address)))
+                return conf_error(s, NULL, -EINVAL, d, "%s, got \"%s\"", why, at + 1);
+        return 0;
+}
+
+/* gossip and auto: a topology (gossip) and a weight; every step, so no
+ * cadence; a member training alone (a pipeline stage averages its segments
+ * with rings). */
+static int parse_gossip(const config_setting_t *root, const config_setting_t *g, ConfigAveraging *a, Diag *d) {
+        bool gossip = a->method == CONFIG_AVERAGING_GOSSIP, any = gossip || a->method == CONFIG_AVERAGING_AUTO;
+        config_setting_t *s;
+        int topology = a->topology, r;
+
+        if ((s = member(g, "topology")) && !gossip)
+                return conf_error(s, NULL, -EINVAL, d, "only used with method = \"gossip\"%s",
+                                  a->method == CONFIG_AVERAGING_AUTO ? " (auto chooses the topology)" : "");
+        if ((s = member(g, "weight")) && !any)
+                return conf_error(s, NULL, -EINVAL, d, "only used with method = \"gossip\" or \"auto\"");
+        if ((r = get_choice(g, "topology", topology_names, &topology, d)) < 0 ||
+            (r = conf_get_double(g, "weight", false, 0, 0.99, a->weight, &a->weight, d)) < 0)
+                return r;
+        a->topology = topology;
+        if (!any)
+                return 0;
+        if ((s = member(g, "interval")) || (s = member(g, "interval_steps")))
+                return conf_error(s, NULL, -EINVAL, d, "not used with method = \"%s\": it mixes every step",
+                                  method_names[a->method]);
+        if (member(root, "pipeline") || member(root, "membership"))
+                return conf_error(member(g, "method"), NULL, -EINVAL, d,
+                                  "\"%s\" is for members training the whole model alone, not with %s",
+                                  method_names[a->method], member(root, "pipeline") ? "a pipeline" : "membership");
+        return 0;
+}
+
+static int parse_averaging(const config_setting_t *root, Config *c, Diag *d) {
+        static const char *const keys[] = {
+                "method", "interval", "interval_steps", "listen", "members", "fp16", "join_timeout",
+                "round_timeout", "grid", "topology", "weight", NULL,
+        };
+        ConfigAveraging *a = &c->averaging;
+        config_setting_t *g, *s, *members;
+        long long steps, join, round;
+        double interval;
+        int method = a->method, r;
+
+        if ((r = conf_get_group(root, "averaging", false, false, &g, d)) < 0 || !g)
+                return r;
+        if ((r = conf_check_keys(g, keys, d)) < 0 ||
+            (r = get_choice(g, "method", method_names, &method, d)) < 0 ||
+            (r = conf_get_double(g, "interval", false, 0.05, 86400, a->interval_ms / 1000.0, &interval, d)) < 0 ||
+            (r = conf_get_int(g, "interval_steps", false, 0, 1 << 30, 0, &steps, d)) < 0 ||
+            (r = conf_get_bool(g, "fp16", false, &a->fp16, d)) < 0 ||
+            (r = conf_get_int(g, "join_timeout", false, 100, 3600000, a->join_timeout_ms, &join, d)) < 0 ||
+            (r = conf_get_int(g, "round_timeout", false, 100, 3600000, a->round_timeout_ms, &round, d)) < 0 ||
+            (r = get_strings(g, "members", CONFIG_MAX_PEERS, &members, d)) < 0)
+                return r;
+        a->method = (ConfigAveragingMethod)method;
+        if ((r = parse_gossip(root, g, a, d)) < 0)
+                return r;
+        a->interval_ms = (unsigned)(interval * 1000);
+        a->interval_steps = (unsigned)steps;
+        a->join_timeout_ms = (unsigned)join;
+        a->round_timeout_ms = (unsigned)round;
+
+        s = member(g, "listen");
+        if (!s)
+                return conf_error(g, "listen", -EINVAL, d, "missing (\"host:port\" for the averaging links)");
+        if (config_setting_type(s) != CONFIG_TYPE_STRING)
+                return conf_error(s, NULL, -EINVAL, d, "must be a string \"host:port\"");
+        if ((r = get_address(s, &a->listen, d)) < 0)
+                return r;
+
+        if (c->membership.enabled) { /* the plan names the members */
+                if (members)
+                        return conf_error(members, NULL, -EINVAL, d,
+                                          "not with membership: the coordinator's plan names the members");
+                if (a->method != CONFIG_AVERAGING_RING)
+                        return conf_error(member(g, "method"), NULL, -EINVAL, d,
+                                          "only \"ring\" with membership (the plan's rings)");
+                return 0;
+        }
+        int n = members ? config_setting_length(members) : 0;
+        if (n < 2)
+                return conf_error(members ? members : g, members ? NULL : "members", -EINVAL, d,
+                                  "needs every member, this node included: at least two");
+        unsigned max = a->method == CONFIG_AVERAGING_MOSHPIT ? CONFIG_MAX_PEERS : 64; /* a coll round's map */
+        if ((unsigned)n > max)
+                return conf_error(members, NULL, -E2BIG, d, "at most %u members with method \"%s\"", max,
+                                  method_names[a->method]);
+        a->members = calloc((size_t)n, sizeof *a->members);
+        if (!a->members)
+                return -ENOMEM;
+        a->n_members = (size_t)n;
+        for (int i = 0; i < n; i++) {
+                config_setting_t *e = config_setting_get_elem(members, (unsigned)i);
+                if ((r = get_member(e, &a->members[i], d)) < 0)
+                        return r;
+                for (int j = 0; j < i; j++)
+                        if (memcmp(a->members[j].id, a->members[i].id, IDENTITY_PK_SIZE) == 0)
+                                return conf_error(e, NULL, -EINVAL, d, "the same key as member %d", j + 1);
+        }
+
+        /* grid = [ dims, side ]: the Moshpit grid; by default 2 dimensions */
+        s = member(g, "grid");
+        if (s && (config_setting_type(s) != CONFIG_TYPE_ARRAY || config_setting_length(s) != 2 ||
+                  config_setting_type(config_setting_get_elem(s, 0)) != CONFIG_TYPE_INT))
+                return conf_error(s, NULL, -EINVAL, d, "must be [ dimensions, side ]");
+        if (s && a->method != CONFIG_AVERAGING_MOSHPIT)
+                return conf_error(s, NULL, -EINVAL, d, "only used with method = \"moshpit\"");
+        if (s) {
+                long long dims = config_setting_get_int_elem(s, 0), side = config_setting_get_int_elem(s, 1);
+                double cells = pow((double)side, (double)dims);
+                if (dims < 1 || dims > 8 || side < 2 || side > 65536 || cells > 65536 || cells < n)
+                        return conf_error(s, NULL, -EINVAL, d,
+                                          "needs 1..8 dimensions, a side of at least 2, side^dimensions at most 65536 "
+                                          "and at least the %d members", n);
+                a->grid_dims = (unsigned)dims;
+                a->grid_side = (unsigned)side;
+        } else if (a->method == CONFIG_AVERAGING_MOSHPIT) {
+                a->grid_dims = 2;
+                a->grid_side = 2;
+                while (a->grid_side * a->grid_side < (unsigned)n)
+                        a->grid_side++;
+        }
+        a->enabled = true;
+        return 0;
+}
+
+static const char *const schedule_names[] = { "async", "sync", NULL };
+
+static int parse_cluster(const config_setting_t *e, ConfigCluster *k, Diag *d) {
+        static const char *const keys[] = { "nodes", "stages", NULL };
+        config_setting_t *nodes, *stages;
+        int r;
+
+        if (config_setting_type(e) != CONFIG_TYPE_GROUP)
+                return conf_error(e, NULL, -EINVAL, d, "must be a group { nodes = [ ... ]; stages = [ ... ]; }");
+        if ((r = conf_check_keys(e, keys, d)) < 0 || (r = get_strings(e, "nodes", CONFIG_MAX_STAGES, &nodes, d)) < 0)
+                return r;
+        if (!nodes || config_setting_length(nodes) < 1)
+                return conf_error(e, "nodes", -EINVAL, d, "missing: the cluster's nodes, \"<key>@host:port\", in stage order");
+        k->n_stages = (unsigned)config_setting_length(nodes);
+        for (unsigned i = 0; i < k->n_stages; i++)
+                if ((r = get_member(config_setting_get_elem(nodes, i), &k->nodes[i], d)) < 0)
+                        return r;
+        stages = member(e, "stages");
+        if (!stages)
+                return conf_error(e, "stages", -EINVAL, d, "missing: the first layer of each stage, then the layer count");
+        if (!config_setting_is_array(stages) || config_setting_length(stages) != (int)k->n_stages + 1)
+                return conf_error(stages, NULL, -EINVAL, d, "must be an array of %u integers: 0, the first layer of "
+                                  "each further stage, the number of layers", k->n_stages + 1);
+        for (unsigned i = 0; i <= k->n_stages; i++) {
+                config_setting_t *b = config_setting_get_elem(stages, i);
+                if (config_setting_type(b) != CONFIG_TYPE_INT)
+                        return conf_error(stages, NULL, -EINVAL, d, "must hold integers");
+                k->bounds[i] = config_setting_get_int(b);
+                if ((i == 0 && k->bounds[0] != 0) || (i > 0 && k->bounds[i] <= k->bounds[i - 1]))
+                        return conf_error(stages, NULL, -EINVAL, d, "must start at 0 and increase");
+        }
+        return 0;
+}
+
+static int parse_pipeline(const config_setting_t *root, Config *c, Diag *d) {
+        static const char *const keys[] = {
+                "micro_batch", "staleness", "update_frequency", "schedule", "neighbour_timeout", "listen", "clusters",
+                NULL,
+        };
+        ConfigPipeline *p = &c->pipeline;
+        config_setting_t *g, *s, *clusters;
+        long long mb, tau, uf, lost;
+        int sched = 0, r;
+
+        if ((r = conf_get_group(root, "pipeline", false, false, &g, d)) < 0 || !g)
+                return r;
+        if ((r = conf_check_keys(g, keys, d)) < 0 ||
+            (r = conf_get_int(g, "micro_batch", false, 1, 65536, p->micro_batch, &mb, d)) < 0 ||
+            (r = conf_get_int(g, "staleness", false, 1, 1024, p->staleness, &tau, d)) < 0 ||
+            (r = conf_get_int(g, "update_frequency", false, 1, 1024, p->update_frequency, &uf, d)) < 0 ||
+            (r = conf_get_int(g, "neighbour_timeout", false, 0, 7 * 86400, p->neighbour_timeout_s, &lost, d)) < 0 ||
+            (r = get_choice(g, "schedule", schedule_names, &sched, d)) < 0 ||
+            (r = conf_get_group(g, "clusters", !c->membership.enabled, true, &clusters, d)) < 0)
+                return r;
+        if (clusters && c->membership.enabled)
+                return conf_error(clusters, NULL, -EINVAL, d,
+                                  "not with membership: the coordinator's plan forms the clusters");
+        p->micro_batch = (int)mb;
+        p->staleness = (int)tau;
+        p->update_frequency = (int)uf;
+        p->neighbour_timeout_s = (unsigned)lost;
+        p->synchronous = sched == 1;
+        s = member(g, "listen");
+        if (!s)
+                return conf_error(g, "listen", -EINVAL, d, "missing (\"host:port\" for the links of the pipeline)");
+        if (config_setting_type(s) != CONFIG_TYPE_STRING)
+                return conf_error(s, NULL, -EINVAL, d, "must be a string \"host:port\"");
+        if ((r = get_address(s, &p->listen, d)) < 0)
+                return r;
+        if (!clusters)
+                return 0;
+        int n = config_setting_length(clusters);
+        if (n < 1 || n > CONFIG_MAX_CLUSTERS)
+                return conf_error(clusters, NULL, -EINVAL, d, "needs 1 to %d clusters", CONFIG_MAX_CLUSTERS);
+        p->clusters = calloc((size_t)n, sizeof *p->clusters);
+        if (!p->clusters)
+                return -ENOMEM;
+        p->n_clusters = (unsigned)n;
+        for (int i = 0; i < n; i++)
+                if ((r = parse_cluster(config_setting_get_elem(clusters, (unsigned)i), &p->clusters[i], d)) < 0)
+                        return r;
+        p->enabled = true;
+        return 0;
+}
+
+/* The coordinator's "<key>@host:port", who coordinates, and the timings. */
+static int parse_membership(const config_setting_t *root, Config *c, Diag *d) {
+        static const char *const keys[] = {
+                "coordinator", "coordinate", "train", "memory", "probe", "min_nodes", "settle", "heartbeat",
+                "deadline", "handover_timeout", NULL,
+        };
+        ConfigMembership *m = &c->membership;
+        config_setting_t *g, *s;
+        double probe, settle, heartbeat, deadline, handover;
+        long long min_nodes;
+        int r;
+
+        if ((r = conf_get_group(root, "membership", false, false, &g, d)) < 0 || !g)
+                return r;
+        if ((r = conf_check_keys(g, keys, d)) < 0 ||
+            (r = conf_get_bool(g, "coordinate", false, &m->coordinate, d)) < 0 ||
+            (r = conf_get_bool(g, "train", true, &m->train, d)) < 0 ||
+            (r = conf_get_double(g, "probe", false, 0.01, 10, m->probe_ms / 1000.0, &probe, d)) < 0 ||
+            (r = conf_get_int(g, "min_nodes", false, 1, 64, m->min_nodes, &min_nodes, d)) < 0 ||
+            (r = conf_get_double(g, "settle", false, 0, 3600, m->settle_ms / 1000.0, &settle, d)) < 0 ||
+            (r = conf_get_double(g, "heartbeat", false, 0.05, 600, m->heartbeat_ms / 1000.0, &heartbeat, d)) < 0 ||
+            (r = conf_get_double(g, "deadline", false, 0.2, 3600, m->deadline_ms / 1000.0, &deadline, d)) < 0 ||
+            (r = conf_get_double(g, "handover_timeout", false, 0.1, 3600, m->handover_timeout_ms / 1000.0,
+                                 &handover, d)) < 0)
+                return r;
+        s = member(g, "coordinator");
+        if (!s)
+                return conf_error(g, "coordinator", -EINVAL, d,
+                                  "missing: the coordinator's \"<public key>@host:port\"");
+        if (config_setting_type(s) != CONFIG_TYPE_STRING)
+                return conf_error(s, NULL, -EINVAL, d, "must be a string \"<public key>@host:port\"");
+        if ((r = get_member(s, &m->coordinator, d)) < 0)
+                return r;
+        if (!m->train && !m->coordinate)
+                return conf_error(member(g, "train"), NULL, -EINVAL, d,
+                                  "false only with coordinate = true (a node that neither trains nor coordinates)");
+        if (heartbeat * 2 > deadline)
+                return conf_error(member(g, "deadline") ?: member(g, "heartbeat"), NULL, -EINVAL, d,
+                                  "the deadline (%.3g s) must be at least two heartbeats (%.3g s)", deadline,
+                                  heartbeat);
+        s = member(g, "memory");
+        if (s) { /* bytes, or a string with K, M, G or T */
+                uint64_t v;
+                if (config_setting_type(s) == CONFIG_TYPE_INT || config_setting_type(s) == CONFIG_TYPE_INT64) {
+                        long long ll = config_setting_get_int64(s);
+                        if (ll < 0)
+                                return conf_error(s, NULL, -EINVAL, d, "must not be negative");
+                        v = (uint64_t)ll;
+                } else if (config_setting_type(s) != CONFIG_TYPE_STRING ||
+                           nodes_file_parse_size(config_setting_get_string(s), &v) < 0)
+                        return conf_error(s, NULL, -EINVAL, d,
+                                          "must be bytes, or a size like \"512M\" or \"2G\"");
+                m->memory = v;
+        }
+        m->probe_ms = (unsigned)(probe * 1000 + 0.5);
+        m->min_nodes = (unsigned)min_nodes;
+        m->settle_ms = (unsigned)(settle * 1000 + 0.5);
+        m->heartbeat_ms = (unsigned)(heartbeat * 1000 + 0.5);
+        m->deadline_ms = (unsigned)(deadline * 1000 + 0.5);
+        m->handover_timeout_ms = (unsigned)(handover * 1000 + 0.5);
+        m->enabled = true;
+        return 0;
+}
+
+/* Membership needs the pipeline's and the averaging's listen addresses:
+ * they go to the coordinator, and into the plan. */
+static int check_membership(const config_setting_t *root, const Config *c, Diag *d) {
+        const config_setting_t *g = member(root, "membership");
+        if (!c->membership.enabled || !c->membership.train)
+                return 0;
+        if (!member(root, "pipeline"))
+                return conf_error(g, NULL, -EINVAL, d, "needs a pipeline section with listen (where its stage listens)");
+        if (!member(root, "averaging"))
+                return conf_error(g, NULL, -EINVAL, d,
+                                  "needs an averaging section with listen (where it averages with other clusters)");
+        return 0;
+}
+
+/* control_socket: an absolute path, or "" for none. */
+static int get_socket_path(const config_setting_t *root, char *buf, size_t len, Diag *d) {
+        const config_setting_t *s = member(root, "control_socket");
+        if (s && config_setting_type(s) == CONFIG_TYPE_STRING && !config_setting_get_string(s)[0]) {
+                buf[0] = '\0';
+                return 0;
+        }
+        int r = get_path(root, "control_socket", buf, len, d);
+        if (r >= 0 && strlen(buf) >= 108) /* sun_path */
+                return conf_error(s, NULL, -ENAMETOOLONG, d, "a unix socket path has at most 107 characters");
+        return r;
+}
+
+static int parse_idle(const config_setting_t *root, Config *c, Diag *d) {
+        static const char *const keys[] = {
+                "enabled", "max_other_cpu", "max_pressure", "busy_time", "resume_after", "run_on_battery",
+                "use_logind", "max_duty", NULL,
+        };
+        IdleSettings *i = &c->idle;
+        config_setting_t *g;
+        double busy, resume;
+        int r;
+
+        if ((r = conf_get_group(root, "idle", false, false, &g, d)) < 0 || !g)
+                return r;
+        if ((r = conf_check_keys(g, keys, d)) < 0 || (r = conf_get_bool(g, "enabled", i->enabled, &i->enabled, d)) < 0 ||
+            (r = conf_get_double(g, "max_other_cpu", false, 0.01, 4096, i->max_other_cpu, &i->max_other_cpu, d)) < 0 ||
+            (r = conf_get_double(g, "max_pressure", false, 0.0, 1.0, i->max_pressure, &i->max_pressure, d)) < 0 ||
+            (r = conf_get_double(g, "busy_time", false, 0.0, 60, i->busy_ms / 1000.0, &busy, d)) < 0 ||
+            (r = conf_get_double(g, "resume_after", false, 0.0, 86400, i->resume_ms / 1000.0, &resume, d)) < 0 ||
+            (r = conf_get_bool(g, "run_on_battery", i->run_on_battery, &i->run_on_battery, d)) < 0 ||
+            (r = conf_get_bool(g, "use_logind", i->use_logind, &i->use_logind, d)) < 0 ||
+            (r = conf_get_double(g, "max_duty", false, 0.01, 1.0, i->max_duty, &i->max_duty, d)) < 0)
+                return r;
+        i->busy_ms = (unsigned)(busy * 1000 + 0.5);
+        i->resume_ms = (unsigned)(resume * 1000 + 0.5);
+        return 0;
+}
+
+static int parse_checkpoint(const config_setting_t *root, Config *c, Diag *d) {
+        static const char *const keys[] = { "interval", "load", NULL };
+        config_setting_t *g;
+        long long interval;
+        int r;
+
+        if ((r = conf_get_group(root, "checkpoint", false, false, &g, d)) < 0 || !g)
+                return r;
+        if ((r = conf_check_keys(g, keys, d)) < 0 ||
+            (r = conf_get_int(g, "interval", false, 0, 7 * 86400, c->checkpoint.interval_s, &interval, d)) < 0 ||
+            (r = conf_get_bool(g, "load", c->checkpoint.load, &c->checkpoint.load, d)) < 0)
+                return r;
+        c->checkpoint.interval_s = (unsigned)interval;
+        return 0;
+}
+
+int config_load(const char *path, Config *ret, Diag *d) {
+        static const char *const keys[] = {
+                "state_directory", "job", "threads", "control_socket", "network", "averaging", "pipeline", "idle",
+                "checkpoint", "membership", NULL,
+        };
+        _cleanup_(config_free) Config c;
+        _cleanup_(config_destroy) config_t cf;
+        const config_setting_t *root;
+        long long threads;
+        int r;
+
+        config_init(&cf);
+        config_defaults(&c);
+        if (strlen(path) >= sizeof c.path)
+                return diag_set(d, -ENAMETOOLONG, "%s: path too long", path);
+        strcpy(c.path, path);
+
+        if ((r = conf_read_file(&cf, path, d)) < 0)
+                return r;
+        root = config_root_setting(&cf);
+        /* Every section is checked even after an error in another, so one
+         * run of --check-config lists every error (one per section). */
+        Diag one;
+        int first = 0;
+#define CHECK(call)                                        \
+        do {                                               \
+                one.text[0] = '\0';                        \
+                int k_ = (call);                           \
+                if (k_ < 0) {                              \
+                        first = first ?: k_;               \
+                        diag_append(d, "%s", one.text);    \
+                }                                          \
+        } while (0)
+        if (d)
+                d->text[0] = '\0';
+        threads = 0;
+        CHECK(conf_check_keys(root, keys, &one));
+        CHECK(get_path(root, "state_directory", c.state_directory, sizeof c.state_directory, &one));
+        CHECK(get_job(root, c.job, sizeof c.job, &one));
+        CHECK(get_socket_path(root, c.control_socket, sizeof c.control_socket, &one));
+        CHECK(parse_idle(root, &c, &one));
+        CHECK(parse_checkpoint(root, &c, &one));
+        CHECK(conf_get_int(root, "threads", false, 0, 256, 0, &threads, &one));
+        CHECK(parse_membership(root, &c, &one));
+        CHECK(parse_averaging(root, &c, &one));
+        CHECK(parse_pipeline(root, &c, &one));
+        CHECK(check_membership(root, &c, &one));
+        CHECK(parse_network(root, &c, &one));
+#undef CHECK
+        if (first < 0)
+                return first;
+        c.threads = (unsigned)threads;
+
+        *ret = c;
+        c.peers = NULL; /* now ret's; the cleanup wipes this copy of the secret */
+        c.allowed = NULL;
+        c.averaging.members = NULL;
+        c.pipeline.clusters = NULL;
+        return 0;
+}
+
+int config_net(const Config *c, const Identity *id, NetConfig *ret, Diag *d) {
+        bool secret = c->admission != CONFIG_ADMISSION_ALLOWLIST;
+        bool list = c->admission != CONFIG_ADMISSION_SECRET;
+        NetConfig n = c->net;
+
+        if (!id)
+                return -EINVAL;
+        if (secret && !c->has_secret)
+                return diag_set(d, -EINVAL, "%s: network.secret_file: missing (required with admission = \"%s\")",
+                                c->path, admission_names[c->admission]);
+        if (list && c->n_allowed == 0)
+                return diag_set(d, -EINVAL, "%s: network.allowed_peers: missing (required with admission = \"%s\")",
+                                c->path, admission_names[c->admission]);
+        n.identity = id;
+        n.secret = secret ? c->secret : NULL;
+        n.allowed = list ? (const uint8_t(*)[IDENTITY_PK_SIZE])c->allowed : NULL;
+        n.n_allowed = list ? c->n_allowed : 0;
+        *ret = n;
+        return 0;
+}

@@ -1,0 +1,36 @@
+/* conf/option.c — see option.h. */
+#include "option.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdlib.h>
+
+#include "util/log.h"
+
+int option_int(const char *name, const char *value, long long min, long long max, long long *ret) {
+        char *end;
+        long long v;
+
+        errno = 0;
+        v = value ? strtoll(value, &end, 10) : 0;
+        if (!value || end == value || *end || errno == ERANGE || v < min || v > max)
+                return log_error_errno(!value || end == value || *end ? -EINVAL : -ERANGE,
+                                       "Invalid value for --%s: %s (an integer from %lld to %lld)", name,
+                                       value ?: "(none)", min, max);
+        *ret = v;
+        return 0;
+}
+
+int option_double(const char *name, const char *value, double min, double max, double *ret) {
+        char *end;
+        double v;
+
+        errno = 0;
+        v = value ? strtod(value, &end) : 0;
+        if (!value || end == value || *end || !isfinite(v) || !(v >= min && v <= max))
+                return log_error_errno(!value || end == value || *end ? -EINVAL : -ERANGE,
+                                       "Invalid value for --%s: %s (a number from %g to %g)", name,
+                                       value ?: "(none)", min, max);
+        *ret = v;
+        return 0;
+}

@@ -1,0 +1,365 @@
+/* ravnestctl — inspect and control ravnest.
+ *
+ * Describe a job (layers, shapes, parameters, memory), print a node's key,
+ * start a whole swarm on this machine, and show and steer the local node
+ * (status, pause, resume, checkpoint). */
+#include <getopt.h>
+#include <limits.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sysexits.h>
+#include <unistd.h>
+
+#include "net/identity.h"
+#include "nn/stage.h"
+#include "conf/config.h"
+#include "ctl-node.h"
+#include "ctl-plan.h"
+#include "ctl-predict.h"
+#include "conf/job.h"
+#include "conf/option.h"
+#include "swarm.h"
+
+static int describe_job(const char *path) {
+        Layer layers[MODEL_MAX_LAYERS];
+        Job job;
+        Diag d = {};
+        int r;
+
+        r = job_load(path, &job, &d);
+        if (r < 0) {
+                fprintf(stderr, "%s\n", d.text);
+                return EX_CONFIG;
+        }
+        r = model_spec_check(&job.model, layers, &d);
+        if (r < 0) {
+                fprintf(stderr, "%s\n", d.text);
+                return EX_CONFIG;
+        }
+        /* what the daemon checks before it trains */
+        r = job_check_data(&job, NULL, &d);
+        if (r < 0 && r != -ENOENT) {
+                fprintf(stderr, "%s\n", d.text);
+                return EX_CONFIG;
+        }
+        const char *data_note = r < 0 ? d.text : NULL;
+
+        printf("job %s (%s)\n", job.name, path);
+        printf("dataset %s, %d classes, from %s\n", job.data.name, job.data.classes, job.data.path);
+        if (data_note)
+                printf("data not there to check: %s\n", data_note);
+        else
+                printf("the model fits the data there (shapes and labels of both splits)\n");
+        printf("\n%-3s %-10s %-16s %-16s %12s\n", "#", "layer", "input", "output", "parameters");
+        size_t total = 0, acts = shape_numel(job.model.input);
+        for (int i = 0; i < job.model.n_layers; i++) {
+                const Layer *l = &layers[i];
+                char in[32], out[32];
+                snprintf(in, sizeof in, "%dx%dx%d", l->in.c, l->in.h, l->in.w);
+                snprintf(out, sizeof out, "%dx%dx%d", l->out.c, l->out.h, l->out.w);
+                printf("%-3d %-10s %-16s %-16s %12zu\n", i + 1, layer_kind_to_string(l->kind), in,
+                       out, l->n_params);
+                total += l->n_params;
+                acts += shape_numel(l->out);
+        }
+        size_t state = optim_state_floats(job.optim.kind, total);
+        printf("\nparameters %zu (%.2f MiB), gradients the same, %s state %.2f MiB\n", total,
+               total * 4.0 / (1 << 20), optim_kind_to_string(job.optim.kind), state * 4.0 / (1 << 20));
+        printf("activations per batch of %d: %.2f MiB\n", job.train.batch_size,
+               (double)acts * job.train.batch_size * 4.0 / (1 << 20));
+        printf("optimizer %s lr %g, batch %d, %d epochs, seed %llu\n",
+               optim_kind_to_string(job.optim.kind), (double)job.optim.lr, job.train.batch_size,
+               job.train.epochs, (unsigned long long)job.train.seed);
+        return 0;
+}
+
+/* The node's public key, for other nodes' allowlists (created if absent,
+ * as ravnestd would on its first start). */
+static int show_identity(const char *state_dir) {
+        char path[PATH_MAX + 16], hex[IDENTITY_HEX_SIZE];
+        Identity id;
+        bool created;
+        Diag d = {};
+        Config c;
+
+        if (!state_dir) {
+                int r = config_load(CONFIG_PATH, &c, &d);
+                if (r == -ENOENT)
+                        config_defaults(&c);
+                else if (r < 0) {
+                        fprintf(stderr, "%s\n", d.text);
+                        return EX_CONFIG;
+                }
+                snprintf(path, sizeof path, "%s/identity", c.state_directory);
+                config_free(&c);
+        } else
+                snprintf(path, sizeof path, "%s/identity", state_dir);
+
+        if (identity_load_or_create(path, &id, &created, &d) < 0) {
+                fprintf(stderr, "%s\n", d.text);
+                return 1;
+        }
+        identity_to_hex(id.pk, hex);
+        identity_clear(&id);
+        if (created && geteuid() == 0) {
+                /* root asked before the daemon's first start: the key
+                 * belongs to whoever owns the state directory (the user
+                 * ravnest, from StateDirectory=), or the daemon could not
+                 * read it. */
+                char dir[PATH_MAX + 16];
+                struct stat st;
+                snprintf(dir, sizeof dir, "%s", path);
+                char *slash = strrchr(dir, '/');
+                if (slash)
+                        *slash = 0;
+                if (slash && stat(dir[0] ? dir : "/", &st) == 0 && st.st_uid != 0 &&
+                    chown(path, st.st_uid, st.st_gid) < 0) {
+                        fprintf(stderr, "cannot give %s to uid %u: %m\n", path, (unsigned)st.st_uid);
+                        return 1;
+                }
+        }
+        printf("%s\n", hex);
+        if (created)
+                fprintf(stderr, "created %s\n", path);
+        return 0;
+}
+
+static volatile sig_atomic_t stop_requested;
+
+static void on_stop(int sig) {
+        stop_requested = sig;
+}
+
+/* ravnestd beside this binary (a build tree), else the installed one. */
+static void find_ravnestd(char *out, size_t n) {
+        char self[PATH_MAX];
+        ssize_t k = readlink("/proc/self/exe", self, sizeof self - 1);
+        if (k > 0) {
+                self[k] = 0;
+                char *slash = strrchr(self, '/');
+                if (slash) {
+                        *slash = 0;
+                        snprintf(out, n, "%s/ravnestd", self);
+                        if (access(out, X_OK) == 0)
+                                return;
+                }
+        }
+        snprintf(out, n, "%s/ravnestd", SBIN_DIR);
+}
+
+static void swarm_usage(FILE *f) {
+        fprintf(f, "Usage: ravnestctl swarm [OPTIONS]\n"
+                   "\n"
+                   "Start CLUSTERS x STAGES ravnestd processes on loopback and train a job; Ctrl-C stops them.\n"
+                   "\n"
+                   "  --clusters N          clusters, 1 to 64 (default 2)\n"
+                   "  --stages N            pipeline stages per cluster, 1 to 64 (default 2; at most 64 nodes)\n"
+                   "  --job FILE            the job (default %s)\n"
+                   "  --epochs N            epochs of each cluster's shard, 1 to 1000000 (default: the job's)\n"
+                   "  --data-dir DIR        the dataset (default: the job's)\n"
+                   "  --micro-batch N       samples per micro-batch, 1 to 65536 (default 32)\n"
+                   "  --staleness N         micro-batches in flight, 1 to 1024 (default 4)\n"
+                   "  --update-frequency N  micro-batches per update, 1 to 1024 (default: the job's batch over the\n"
+                   "                        micro-batch)\n"
+                   "  --sync                the synchronous schedule\n"
+                   "  --interval S          seconds between averaging rounds, 0.05 to 86400 (default 0.25)\n"
+                   "  --progress MS         progress lines every MS ms, 0 to 1000000 (default 2000; 0: none)\n"
+                   "  --dir DIR             keys and configurations there, kept\n"
+                   "  --keep                keep the generated directory\n"
+                   "  --keep-going          a node that fails does not stop the others\n"
+                   "  --restart             a node that fails is started again (at most 5 times), from its checkpoint\n"
+                   "  --resume              with --dir: go on from the checkpoints an earlier swarm left there\n"
+                   "  --checkpoint-interval S\n"
+                   "                        seconds between each node's checkpoints, 0 to 604800 (default 10)\n"
+                   "  --neighbour-timeout S a stage gives up on a neighbour gone this long, 0 to 604800 (default 600;\n"
+                   "                        0: never)\n"
+                   "  --pin                 node i on CPU i modulo the CPUs\n"
+                   "  --ravnestd PATH       the daemon to start (default: beside ravnestctl, else %s/ravnestd)\n"
+                   "  -h, --help            show this help\n",
+                JOBS_DIR "/fashion-mnist-mlp.job", SBIN_DIR);
+}
+
+static int swarm(int argc, char *argv[]) {
+        static const struct option options[] = {
+                { "clusters", required_argument, NULL, 'c' },
+                { "stages", required_argument, NULL, 's' },
+                { "job", required_argument, NULL, 'j' },
+                { "epochs", required_argument, NULL, 'e' },
+                { "data-dir", required_argument, NULL, 'd' },
+                { "micro-batch", required_argument, NULL, 'm' },
+                { "staleness", required_argument, NULL, 't' },
+                { "update-frequency", required_argument, NULL, 'u' },
+                { "sync", no_argument, NULL, 'S' },
+                { "interval", required_argument, NULL, 'i' },
+                { "progress", required_argument, NULL, 'p' },
+                { "dir", required_argument, NULL, 'D' },
+                { "keep", no_argument, NULL, 'k' },
+                { "keep-going", no_argument, NULL, 'K' },
+                { "restart", no_argument, NULL, 'R' },
+                { "resume", no_argument, NULL, 'E' },
+                { "neighbour-timeout", required_argument, NULL, 'N' },
+                { "checkpoint-interval", required_argument, NULL, 'C' },
+                { "pin", no_argument, NULL, 'P' },
+                { "ravnestd", required_argument, NULL, 'r' },
+                { "help", no_argument, NULL, 'h' },
+                {},
+        };
+        char ravnestd[PATH_MAX + 16];
+        SwarmOptions o = { .clusters = 2, .stages = 2, .job = JOBS_DIR "/fashion-mnist-mlp.job", .micro_batch = 32,
+                           .staleness = 4, .interval = 0.25, .progress_ms = 2000, .neighbour_timeout_s = 600,
+                           .checkpoint_interval_s = 10 };
+        long long v = 0;
+        int c;
+
+        find_ravnestd(ravnestd, sizeof ravnestd);
+        o.ravnestd = ravnestd;
+        optind = 1;
+        while ((c = getopt_long(argc, argv, "h", options, NULL)) >= 0) {
+                int r = 0;
+                switch (c) {
+                case 'c': r = option_int("clusters", optarg, 1, 64, &v); o.clusters = (unsigned)v; break;
+                case 's': r = option_int("stages", optarg, 1, 64, &v); o.stages = (unsigned)v; break;
+                case 'j': o.job = optarg; break;
+                case 'e': r = option_int("epochs", optarg, 1, 1000000, &v); o.epochs = (int)v; break;
+                case 'd': o.data_dir = optarg; break;
+                case 'm': r = option_int("micro-batch", optarg, 1, 65536, &v); o.micro_batch = (int)v; break;
+                case 't': r = option_int("staleness", optarg, 1, 1024, &v); o.staleness = (int)v; break;
+                case 'u': r = option_int("update-frequency", optarg, 1, 1024, &v); o.update_frequency = (int)v; break;
+                case 'S': o.synchronous = true; break;
+                case 'i': r = option_double("interval", optarg, 0.05, 86400, &o.interval); break;
+                case 'p': r = option_int("progress", optarg, 0, 1000000, &v); o.progress_ms = (unsigned)v; break;
+                case 'D': o.dir = optarg; break;
+                case 'k': o.keep = true; break;
+                case 'K': o.keep_going = true; break;
+                case 'R': o.restart = true; break;
+                case 'E': o.resume = true; break;
+                case 'N':
+                        r = option_int("neighbour-timeout", optarg, 0, 7 * 86400, &v);
+                        o.neighbour_timeout_s = (unsigned)v;
+                        break;
+                case 'C':
+                        r = option_int("checkpoint-interval", optarg, 0, 7 * 86400, &v);
+                        o.checkpoint_interval_s = (unsigned)v;
+                        break;
+                case 'P': o.pin = true; break;
+                case 'r': o.ravnestd = optarg; break;
+                case 'h': swarm_usage(stdout); return 0;
+                default: swarm_usage(stderr); return EX_USAGE;
+                }
+                if (r < 0)
+                        return EX_USAGE;
+        }
+        if (optind < argc) {
+                fprintf(stderr, "ravnestctl swarm: unexpected argument \"%s\"\n", argv[optind]);
+                return EX_USAGE;
+        }
+        if (o.clusters * o.stages > 64) {
+                fprintf(stderr, "Invalid values for --clusters and --stages: %u x %u nodes (a swarm has at most 64)\n",
+                        o.clusters, o.stages);
+                return EX_USAGE;
+        }
+        struct sigaction sa = { .sa_handler = on_stop };
+        sigemptyset(&sa.sa_mask);
+        sigaction(SIGINT, &sa, NULL);
+        sigaction(SIGTERM, &sa, NULL);
+        sigset_t stop_signals; /* whoever started us may have blocked them; the nodes inherit this */
+        sigemptyset(&stop_signals);
+        sigaddset(&stop_signals, SIGINT);
+        sigaddset(&stop_signals, SIGTERM);
+        sigprocmask(SIG_UNBLOCK, &stop_signals, NULL);
+        int r = swarm_run(&o, &stop_requested, NULL);
+        return r == -ECANCELED ? 130 : r == -EINVAL ? EX_CONFIG : r < 0 ? EXIT_FAILURE : 0;
+}
+
+/* The commands without options: -h and --help print usage, any other option
+ * or a wrong number of arguments is a usage error; then the command. */
+static int simple_command(int argc, char *argv[], const char *usage, int min_args, int max_args) {
+        static const struct option options[] = {
+                { "help", no_argument, NULL, 'h' },
+                {},
+        };
+        int c;
+
+        optind = 1;
+        while ((c = getopt_long(argc, argv, "h", options, NULL)) >= 0)
+                if (c == 'h') {
+                        printf("Usage: %s\n", usage);
+                        return 0;
+                } else {
+                        fprintf(stderr, "Usage: %s\n", usage);
+                        return EX_USAGE;
+                }
+        int n = argc - optind;
+        if (n < min_args || n > max_args) {
+                if (n > max_args)
+                        fprintf(stderr, "%s: unexpected argument \"%s\"\n", argv[0], argv[optind + max_args]);
+                else
+                        fprintf(stderr, "%s: missing argument\n", argv[0]);
+                fprintf(stderr, "Usage: %s\n", usage);
+                return EX_USAGE;
+        }
+        if (!strcmp(argv[0], "job"))
+                return describe_job(argv[optind]);
+        if (!strcmp(argv[0], "identity"))
+                return show_identity(n ? argv[optind] : NULL);
+        printf("ravnestctl %s\n", RAVNEST_VERSION);
+        return 0;
+}
+
+static void help(void) {
+        printf("Usage: ravnestctl COMMAND [ARGS]\n"
+               "\n"
+               "Commands:\n"
+               "  job FILE     describe a job: layers, shapes, parameters, memory\n"
+               "  plan NODES_FILE [--job FILE] [--json] [--seed N]\n"
+               "               form clusters from a list of nodes (genetic algorithm) and\n"
+               "               cut the job's model in each; print the plan\n"
+               "  predict --compute-ms MS --bandwidth MBIT --nodes N (--params P | --job FILE) ...\n"
+               "               predict the time per iteration of all-reduce and of each gossip\n"
+               "               topology, and recommend one\n"
+               "  identity [STATE_DIR]\n"
+               "               print this node's public key (for other nodes' allowed_peers),\n"
+               "               creating the key pair if there is none yet\n"
+               "  swarm [--clusters N] [--stages N] [--job FILE] [--epochs N] ...\n"
+               "               start a swarm of ravnestd processes on loopback (N clusters of N\n"
+               "               stages, keys and configs generated) and train the job; Ctrl-C stops it\n"
+               "  status [--json]\n"
+               "               the local node's state and progress (exit 0 while it is healthy)\n"
+               "  pause, resume\n"
+               "               stop training for now, and go on (root)\n"
+               "  checkpoint   write a checkpoint now and print its step (root)\n"
+               "               these four take --socket PATH when the node is not on the system bus\n"
+               "               and not on " CONFIG_CONTROL_SOCKET "\n"
+               "  version      show the version\n"
+               "  help         show this help\n"
+               "\n"
+               "Every command answers -h and --help with its usage.\n");
+}
+
+int main(int argc, char *argv[]) {
+        if (argc < 2 || strcmp(argv[1], "help") == 0 || strcmp(argv[1], "--help") == 0 ||
+            strcmp(argv[1], "-h") == 0) {
+                help();
+                return argc < 2 ? EX_USAGE : 0;
+        }
+        if (strcmp(argv[1], "version") == 0 || strcmp(argv[1], "--version") == 0)
+                return simple_command(argc - 1, argv + 1, "ravnestctl version", 0, 0);
+        if (strcmp(argv[1], "job") == 0)
+                return simple_command(argc - 1, argv + 1, "ravnestctl job FILE", 1, 1);
+        if (strcmp(argv[1], "identity") == 0)
+                return simple_command(argc - 1, argv + 1, "ravnestctl identity [STATE_DIR]", 0, 1);
+        if (strcmp(argv[1], "swarm") == 0)
+                return swarm(argc - 1, argv + 1);
+        if (strcmp(argv[1], "plan") == 0)
+                return ctl_plan(argc - 1, argv + 1);
+        if (strcmp(argv[1], "predict") == 0)
+                return ctl_predict(argc - 1, argv + 1);
+        if (!strcmp(argv[1], "status") || !strcmp(argv[1], "pause") || !strcmp(argv[1], "resume") ||
+            !strcmp(argv[1], "checkpoint"))
+                return ctl_node(argc - 1, argv + 1);
+        fprintf(stderr, "Unknown command \"%s\"; see ravnestctl help\n", argv[1]);
+        return EX_USAGE;
+}

@@ -1,0 +1,601 @@
+/* ctl/swarm.c */
+#include "swarm.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sched.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "cluster/partition.h"
+#include "conf/job.h"
+#include "net/handshake.h"
+#include "net/identity.h"
+#include "util/log.h"
+#include "util/macro.h"
+#include "util/time-util.h"
+
+#include <sodium.h>
+
+#define MAX_NODES 64
+
+typedef struct SwarmNode {
+        char name[16];
+        char hex[IDENTITY_HEX_SIZE];
+        uint16_t pipe_port, avg_port;
+        pid_t pid;
+        int out;        /* read end of its stderr */
+        char line[4096];
+        size_t len;
+        bool last_stage;
+        unsigned cluster;
+        bool done;               /* exited for good */
+        int status;              /* its last exit, as wait4() gave it */
+        unsigned restarts;
+        uint64_t restart_ns;     /* when to start it again; 0: not waiting to */
+        double busy;             /* from its last line, percent; < 0 unknown */
+        double rate;             /* last stage: samples/s */
+        long rss_kib;            /* peak, from wait4() */
+        unsigned rounds;         /* averaging rounds, from the last round line */
+        int last_round;          /* its last averaging round: 1 with every member, 0 without, -1 no line */
+} SwarmNode;
+
+typedef struct Swarm {
+        const SwarmOptions *o;
+        Job job;
+        int bounds[MAX_NODES + 1];
+        char dir[256];
+        SwarmNode nodes[MAX_NODES];
+        unsigned n;
+        SwarmResult res;
+        bool stopping;
+} Swarm;
+
+/* Bind a loopback socket to port (0: any) and close it: the port bound,
+ * or 0 if it was taken. */
+static uint16_t probe_port(uint16_t port) {
+        int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+        struct sockaddr_in sa = { .sin_family = AF_INET, .sin_port = htons(port),
+                                  .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
+        socklen_t len = sizeof sa;
+        bool ok = fd >= 0 && bind(fd, (struct sockaddr *)&sa, sizeof sa) == 0 &&
+                  getsockname(fd, (struct sockaddr *)&sa, &len) == 0;
+        if (fd >= 0)
+                close(fd);
+        return ok ? ntohs(sa.sin_port) : 0;
+}
+
+/* A port for a node to listen on, below the kernel's range of ephemeral
+ * ports: the nodes' own outgoing connections take their source ports from
+ * that range, and one could take a listening port picked there before its
+ * node binds it. Not one of the ports given to nodes[0..n) already. */
+static uint16_t free_port(const SwarmNode *nodes, unsigned n) {
+        unsigned low = 32768, high = 60999;
+        FILE *f = fopen("/proc/sys/net/ipv4/ip_local_port_range", "re");
+        if (f) {
+                if (fscanf(f, "%u %u", &low, &high) != 2)
+                        low = 32768;
+                fclose(f);
+        }
+        if (low > 20000 + 100)
+                for (int i = 0; i < 200; i++) {
+                        uint16_t port = (uint16_t)(20000 + randombytes_uniform(low - 20000));
+                        bool taken = false;
+                        for (unsigned k = 0; k < n && !taken; k++)
+                                taken = nodes[k].pipe_port == port || nodes[k].avg_port == port;
+                        if (!taken && probe_port(port))
+                                return port;
+                }
+        return probe_port(0); /* no room below the range: let the kernel pick */
+}
+
+static int write_file(const char *path, const char *text, mode_t mode) {
+        int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, mode);
+        if (fd < 0)
+                return -errno;
+        size_t n = strlen(text);
+        ssize_t k = write(fd, text, n);
+        close(fd);
+        return k == (ssize_t)n ? 0 : -EIO;
+}
+
+/* Equal nodes: the partitioner's cut by compute, the same in every cluster. */
+static int plan_cut(const Job *job, unsigned stages, int *bounds) {
+        PartitionCosts costs;
+        PartitionNode nodes[MAX_NODES];
+        Diag d = {};
+        int r = partition_costs(&job->model, &(PartitionParams){ .micro_batch = 32, .in_flight = 4, .optim_floats = 2,
+                                                                  .stashed = 4 },
+                                &costs, &d);
+        if (r < 0)
+                return r;
+        for (unsigned i = 0; i < stages; i++)
+                nodes[i] = (PartitionNode){ .gflops = 10, .memory = UINT64_MAX / 2 };
+        r = partition_plan(&costs, nodes, (int)stages, bounds, &d);
+        if (r < 0)
+                return log_error_errno(r, "Cannot cut %s into %u stages: %s", job->name, stages, d.text);
+        /* a stage without parameters has nothing to average: move the cut */
+        for (unsigned i = 1; i < stages; i++)
+                while (model_spec_params(&job->model, bounds[i - 1], bounds[i]) == 0 && bounds[i] < bounds[i + 1] - 1)
+                        bounds[i]++;
+        return 0;
+}
+
+static void print_line(SwarmNode *n, const char *line, SwarmResult *res) {
+        const char *text = line;
+        if (text[0] == '<' && text[1] && text[2] == '>')
+                text += 3; /* the sd-daemon priority */
+        bool finished = strstr(text, "Finished") != NULL;
+        const char *acc = strstr(text, "test accuracy ");
+        if (acc && finished)
+                res->accuracy[n->cluster] = strtod(acc + 14, NULL);
+        const char *busy = strstr(text, "busy ");
+        if (busy && finished)
+                n->busy = strtod(busy + 5, NULL);
+        const char *rate = acc ? strstr(acc, "), ") : NULL;
+        if (rate && finished)
+                n->rate = strtod(rate + 3, NULL);
+        const char *round = strstr(text, "Averaging round ");
+        if (round && strstr(text, "done")) /* rounds are numbered: not every one has a line */
+                n->rounds = MAX(n->rounds, (unsigned)strtoul(round + 16, NULL, 10));
+        if (strstr(text, "The last averaging round included all "))
+                n->last_round = 1;
+        else if (strstr(text, "The last averaging round "))
+                n->last_round = 0;
+        printf("%-6s %s\n", n->name, text);
+        fflush(stdout);
+}
+
+static void drain(SwarmNode *n, SwarmResult *res) {
+        ssize_t k = read(n->out, n->line + n->len, sizeof n->line - 1 - n->len);
+        if (k <= 0) {
+                if (n->len) {
+                        n->line[n->len] = 0;
+                        print_line(n, n->line, res);
+                        n->len = 0;
+                }
+                close(n->out);
+                n->out = -1;
+                return;
+        }
+        n->len += (size_t)k;
+        n->line[n->len] = 0;
+        char *start = n->line, *nl;
+        while ((nl = strchr(start, '\n'))) {
+                *nl = 0;
+                print_line(n, start, res);
+                start = nl + 1;
+        }
+        n->len = strlen(start);
+        memmove(n->line, start, n->len + 1);
+        if (n->len == sizeof n->line - 1) { /* a line too long: print what there is */
+                print_line(n, n->line, res);
+                n->len = 0;
+        }
+}
+
+/* The job, checked against its data as every node will check it, and its
+ * cut into stages. */
+static int swarm_plan(Swarm *s) {
+        const SwarmOptions *o = s->o;
+        Diag d = {};
+        int r;
+
+        s->n = o->clusters * o->stages;
+        if (o->clusters < 1 || o->stages < 1 || s->n > MAX_NODES)
+                return log_error_errno(-EINVAL, "A swarm has 1 to %d nodes (clusters x stages)", MAX_NODES);
+        if ((r = job_load(o->job, &s->job, &d)) < 0 || (r = job_check_data(&s->job, o->data_dir, &d)) < 0)
+                return log_error_errno(r == -ENOENT ? r : -EINVAL, "Invalid job: %s", d.text);
+        if ((int)o->stages > s->job.model.n_layers)
+                return log_error_errno(-EINVAL, "%s has %d layers: at most that many stages", s->job.name,
+                                       s->job.model.n_layers);
+        return plan_cut(&s->job, o->stages, s->bounds);
+}
+
+static int make_dir(Swarm *s) {
+        if (s->o->dir) {
+                snprintf(s->dir, sizeof s->dir, "%s", s->o->dir);
+                if (mkdir(s->dir, 0700) < 0 && errno != EEXIST)
+                        return log_error_errno(-errno, "Failed to create %s: %m", s->dir);
+                return 0;
+        }
+        snprintf(s->dir, sizeof s->dir, "/tmp/ravnest-swarm-XXXXXX");
+        if (!mkdtemp(s->dir))
+                return log_error_errno(-errno, "Failed to create a directory in /tmp: %m");
+        return 0;
+}
+
+/* A directory kept from an earlier swarm (--dir) holds its checkpoints: a
+ * new swarm starts afresh unless told to resume. */
+static void clear_checkpoints(const char *state_dir) {
+        DIR *dir = opendir(state_dir);
+        struct dirent *e;
+        if (!dir)
+                return;
+        while ((e = readdir(dir))) {
+                size_t len = strlen(e->d_name);
+                if (len > 5 && strcmp(e->d_name + len - 5, ".ckpt") == 0)
+                        (void)unlinkat(dirfd(dir), e->d_name, 0);
+        }
+        closedir(dir);
+}
+
+/* The network secret, then each node's key and ports. */
+static int make_nodes(Swarm *s) {
+        uint8_t secret[HANDSHAKE_SECRET_SIZE];
+        char hex[2 * HANDSHAKE_SECRET_SIZE + 2], path[512];
+        Diag d = {};
+        int r;
+
+        randombytes_buf(secret, sizeof secret);
+        for (size_t i = 0; i < sizeof secret; i++)
+                snprintf(hex + 2 * i, 3, "%02x", secret[i]);
+        strcat(hex, "\n");
+        snprintf(path, sizeof path, "%s/secret", s->dir);
+        if ((r = write_file(path, hex, 0600)) < 0)
+                return log_error_errno(r, "Failed to write %s: %m", path);
+        for (unsigned i = 0; i < s->n; i++) {
+                SwarmNode *nd = &s->nodes[i];
+                Identity id;
+                bool created;
+                *nd = (SwarmNode){ .busy = -1, .out = -1, .last_round = -1, .cluster = i / s->o->stages,
+                                   .last_stage = i % s->o->stages == s->o->stages - 1 };
+                snprintf(nd->name, sizeof nd->name, "c%us%u", nd->cluster + 1, i % s->o->stages + 1);
+                snprintf(path, sizeof path, "%s/%.15s", s->dir, nd->name);
+                (void)mkdir(path, 0700);
+                if (!s->o->resume)
+                        clear_checkpoints(path);
+                snprintf(path, sizeof path, "%s/%.15s/identity", s->dir, nd->name);
+                if ((r = identity_load_or_create(path, &id, &created, &d)) < 0)
+                        return log_error_errno(r, "Failed to create a key: %s", d.text);
+                identity_to_hex(id.pk, nd->hex);
+                identity_clear(&id);
+                nd->pipe_port = free_port(s->nodes, i);
+                nd->avg_port = free_port(s->nodes, i + 1);
+                if (!nd->pipe_port || !nd->avg_port)
+                        return log_error_errno(-EADDRNOTAVAIL, "No free port on loopback");
+        }
+        return 0;
+}
+
+/* The plan every node's configuration holds: its clusters' nodes and cuts,
+ * and the averaging members. */
+static void format_plan(const Swarm *s, char *plan, char *members, size_t cap) {
+        const SwarmOptions *o = s->o;
+        size_t k = 0;
+        for (unsigned c = 0; c < o->clusters; c++) {
+                k += (size_t)snprintf(plan + k, cap - k, "    { nodes = [");
+                for (unsigned st = 0; st < o->stages; st++) {
+                        const SwarmNode *nd = &s->nodes[c * o->stages + st];
+                        k += (size_t)snprintf(plan + k, cap - k, "%s\"%s@127.0.0.1:%u\"", st ? ", " : " ", nd->hex,
+                                              nd->pipe_port);
+                }
+                k += (size_t)snprintf(plan + k, cap - k, " ];\n      stages = [");
+                for (unsigned st = 0; st <= o->stages; st++)
+                        k += (size_t)snprintf(plan + k, cap - k, "%s%d", st ? ", " : " ", s->bounds[st]);
+                k += (size_t)snprintf(plan + k, cap - k, " ]; }%s\n", c + 1 < o->clusters ? "," : "");
+        }
+        k = 0;
+        for (unsigned i = 0; i < s->n; i++)
+                k += (size_t)snprintf(members + k, cap - k, "%s\"%s@127.0.0.1:%u\"", i ? ",\n    " : "    ",
+                                      s->nodes[i].hex, s->nodes[i].avg_port);
+}
+
+/* Micro-batches per update: as many samples as the job's batch, by default. */
+static int update_frequency(const Swarm *s) {
+        const SwarmOptions *o = s->o;
+        return o->update_frequency > 0 ? o->update_frequency : MAX(s->job.train.batch_size / o->micro_batch, 1);
+}
+
+/* One configuration per node, the same plan in each. Checkpoints on a
+ * cadence, loaded at start: a node that is restarted goes on from its own. */
+static int write_config(const Swarm *s, const SwarmNode *nd, const char *plan, const char *members, char *conf,
+                        size_t cap) {
+        const SwarmOptions *o = s->o;
+        const char *dir = s->dir;
+        char path[512];
+        int r;
+
+        snprintf(conf, cap,
+                 "# generated by ravnestctl swarm: node %.15s\n"
+                 "state_directory = \"%s/%.15s\";\n"
+                 "threads = 1;\n"
+                 "control_socket = \"%s/%.15s.sock\";\n"
+                 "idle = { enabled = false; };  # the swarm's nodes keep each other busy\n"
+                 "checkpoint = { interval = %u; load = true; };  # a restarted node goes on from its own\n"
+                 "network = { secret_file = \"%s/secret\"; };\n"
+                 "pipeline = {\n"
+                 "  micro_batch = %d;\n  staleness = %d;\n  update_frequency = %d;\n  schedule = \"%s\";\n"
+                 "  neighbour_timeout = %u;\n"
+                 "  listen = \"127.0.0.1:%u\";\n"
+                 "  clusters = (\n%s  );\n"
+                 "};\n",
+                 nd->name, dir, nd->name, dir, nd->name, o->checkpoint_interval_s, dir, o->micro_batch, o->staleness, update_frequency(s),
+                 o->synchronous ? "sync" : "async", o->neighbour_timeout_s, nd->pipe_port, plan);
+        if (o->clusters > 1) { /* one cluster has nothing to average with */
+                size_t used = strlen(conf);
+                snprintf(conf + used, cap - used,
+                         "averaging = {\n"
+                         "  interval = %g;\n"
+                         "  listen = \"127.0.0.1:%u\";\n"
+                         "  members = [\n%s\n  ];\n"
+                         "};\n",
+                         o->interval, nd->avg_port, members);
+        }
+        snprintf(path, sizeof path, "%s/%.15s.conf", dir, nd->name);
+        if ((r = write_file(path, conf, 0644)) < 0)
+                return log_error_errno(r, "Failed to write %s: %m", path);
+        return 0;
+}
+
+static int write_configs(const Swarm *s) {
+        size_t cap = 4096 + (size_t)s->n * 512;
+        _cleanup_(freep) char *conf = malloc(cap), *plan = malloc(cap), *members = malloc(cap);
+        int r;
+
+        if (!conf || !plan || !members)
+                return log_error_errno(-ENOMEM, "Out of memory");
+        format_plan(s, plan, members, cap);
+        for (unsigned i = 0; i < s->n; i++)
+                if ((r = write_config(s, &s->nodes[i], plan, members, conf, cap)) < 0)
+                        return r;
+        return 0;
+}
+
+static void print_plan(const Swarm *s) {
+        const SwarmOptions *o = s->o;
+        printf("swarm: %u clusters x %u stages of %s in %s; micro-batch %d, %s, %d micro-batches per update; "
+               "layers per stage:", o->clusters, o->stages, s->job.name, s->dir, o->micro_batch,
+               o->synchronous ? "synchronous" : "asynchronous", o->synchronous ? o->staleness : update_frequency(s));
+        for (unsigned st = 0; st < o->stages; st++)
+                printf(" %d-%d", s->bounds[st], s->bounds[st + 1] - 1);
+        printf("\n");
+        fflush(stdout);
+}
+
+/* Fork and exec node i's ravnestd, its stderr into a pipe of ours. */
+static int start_node(Swarm *s, unsigned i) {
+        const SwarmOptions *o = s->o;
+        SwarmNode *nd = &s->nodes[i];
+        char conf_path[512], epochs[16], progress[16];
+        int fds[2];
+
+        if (pipe2(fds, O_CLOEXEC) < 0)
+                return log_error_errno(-errno, "pipe: %m");
+        snprintf(conf_path, sizeof conf_path, "%s/%.15s.conf", s->dir, nd->name);
+        snprintf(epochs, sizeof epochs, "%d", o->epochs);
+        snprintf(progress, sizeof progress, "%u", o->progress_ms);
+        nd->pid = fork();
+        if (nd->pid < 0)
+                return log_error_errno(-errno, "fork: %m");
+        if (nd->pid == 0) {
+                if (o->pin) {
+                        cpu_set_t set;
+                        long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
+                        CPU_ZERO(&set);
+                        CPU_SET((int)(i % (unsigned)MAX(ncpu, 1L)), &set);
+                        sched_setaffinity(0, sizeof set, &set);
+                }
+                dup2(fds[1], STDERR_FILENO);
+                prctl(PR_SET_PDEATHSIG, SIGTERM);
+                char *argv[16] = { (char *)o->ravnestd, "--config", conf_path, "--job", (char *)o->job,
+                                   "--progress", progress };
+                int a = 7;
+                if (o->epochs > 0) {
+                        argv[a++] = "--epochs";
+                        argv[a++] = epochs;
+                }
+                if (o->data_dir) {
+                        argv[a++] = "--data-dir";
+                        argv[a++] = (char *)o->data_dir;
+                }
+                argv[a] = NULL;
+                execv(o->ravnestd, argv);
+                _exit(127);
+        }
+        close(fds[1]);
+        nd->out = fds[0];
+        nd->done = false;
+        nd->restart_ns = 0;
+        nd->last_round = -1;
+        printf("swarm: started %s (pid %d)%s\n", nd->name, (int)nd->pid, nd->restarts ? ", again" : "");
+        fflush(stdout);
+        return 0;
+}
+
+static void stop_all(Swarm *s) {
+        s->stopping = true;
+        for (unsigned i = 0; i < s->n; i++) {
+                SwarmNode *nd = &s->nodes[i];
+                if (nd->restart_ns) { /* not started again after all */
+                        nd->restart_ns = 0;
+                        nd->done = true;
+                } else if (!nd->done && nd->pid > 0)
+                        kill(nd->pid, SIGTERM);
+        }
+}
+
+static const char *describe_exit(int status, char *buf, size_t len) {
+        snprintf(buf, len, "%s %d", WIFEXITED(status) ? "status" : "signal",
+                 WIFEXITED(status) ? WEXITSTATUS(status) : WTERMSIG(status));
+        return buf;
+}
+
+#define SWARM_MAX_RESTARTS 5
+
+/* A node exited: done, restarted in a second (--restart, as systemd's
+ * Restart=on-failure would), left out (--keep-going), or the end of the
+ * swarm. */
+static void on_node_exit(Swarm *s, unsigned i, int status, long rss_kib) {
+        SwarmNode *nd = &s->nodes[i];
+        char why[32];
+
+        nd->rss_kib = MAX(nd->rss_kib, rss_kib);
+        nd->status = status;
+        nd->done = true;
+        if (WIFEXITED(status) && WEXITSTATUS(status) == 0)
+                return;
+        describe_exit(status, why, sizeof why);
+        if (s->stopping)
+                printf("swarm: %s ended with %s\n", nd->name, why);
+        else if (s->o->restart && nd->restarts < SWARM_MAX_RESTARTS) {
+                printf("swarm: %s ended with %s; starting it again in 1 s, from its checkpoint if it wrote one\n",
+                       nd->name, why);
+                nd->restarts++;
+                nd->done = false;
+                nd->restart_ns = now_ns() + NSEC_PER_SEC;
+        } else if (s->o->keep_going)
+                printf("swarm: %s ended with %s\n", nd->name, why);
+        else {
+                printf("swarm: %s ended with %s; stopping the others\n", nd->name, why);
+                stop_all(s);
+        }
+        fflush(stdout);
+}
+
+/* Relay every node's output until all have exited for good. */
+static int supervise(Swarm *s, const volatile sig_atomic_t *stop) {
+        int r;
+        for (;;) {
+                if (*stop && !s->stopping) {
+                        printf("swarm: stopping every node\n");
+                        stop_all(s);
+                }
+                struct pollfd pfd[MAX_NODES];
+                unsigned map[MAX_NODES], np = 0, left = 0;
+                for (unsigned i = 0; i < s->n; i++) {
+                        if (s->nodes[i].out >= 0) {
+                                pfd[np] = (struct pollfd){ .fd = s->nodes[i].out, .events = POLLIN };
+                                map[np++] = i;
+                        }
+                        left += !s->nodes[i].done;
+                }
+                if (!left)
+                        return 0;
+                if (np == 0 || poll(pfd, np, 200) <= 0)
+                        usleep(np ? 0 : 200 * 1000);
+                else
+                        for (unsigned i = 0; i < np; i++)
+                                if (pfd[i].revents)
+                                        drain(&s->nodes[map[i]], &s->res);
+                for (unsigned i = 0; i < s->n; i++) {
+                        SwarmNode *nd = &s->nodes[i];
+                        struct rusage ru;
+                        int status;
+                        if (nd->restart_ns && now_ns() >= nd->restart_ns && (r = start_node(s, i)) < 0)
+                                return r;
+                        if (!nd->done && !nd->restart_ns && nd->out < 0 &&
+                            wait4(nd->pid, &status, WNOHANG, &ru) == nd->pid)
+                                on_node_exit(s, i, status, ru.ru_maxrss);
+                }
+        }
+}
+
+/* Why the clusters did not end as one averaged model, or NULL when they did. */
+static const char *why_not_averaged(const Swarm *s, char *buf, size_t len) {
+        const SwarmOptions *o = s->o;
+        for (unsigned c = 0; c < o->clusters; c++)
+                if (s->res.accuracy[c] < 0) {
+                        const SwarmNode *last = &s->nodes[c * o->stages + o->stages - 1];
+                        char why[32];
+                        if (last->status)
+                                describe_exit(last->status, why, sizeof why);
+                        snprintf(buf, len, "cluster %u has no result (its last stage %s %s%s)", c + 1, last->name,
+                                 last->status ? "ended with " : "said none", last->status ? why : "");
+                        return buf;
+                }
+        if (o->clusters < 2)
+                return NULL;
+        for (unsigned i = 0; i < s->n; i++)
+                if (s->nodes[i].last_round != 1) {
+                        snprintf(buf, len, "the last averaging round of %s %s", s->nodes[i].name,
+                                 s->nodes[i].last_round == 0 ? "went on without some clusters" : "did not happen");
+                        return buf;
+                }
+        for (unsigned c = 1; c < o->clusters; c++)
+                if (s->res.accuracy[c] != s->res.accuracy[0]) {
+                        snprintf(buf, len, "the clusters' replicas differ after the last round");
+                        return buf;
+                }
+        return NULL;
+}
+
+static int summarize(Swarm *s) {
+        SwarmResult *res = &s->res;
+        char why[160];
+
+        printf("swarm: node   busy  peak RSS  restarts\n");
+        for (unsigned i = 0; i < s->n; i++) {
+                const SwarmNode *nd = &s->nodes[i];
+                res->busy[i] = nd->busy;
+                res->rss_mib[i] = (double)nd->rss_kib / 1024;
+                res->rounds += nd->rounds;
+                if (nd->last_stage)
+                        res->samples_per_sec += nd->rate;
+                if (nd->busy >= 0)
+                        printf("swarm: %-5s %4.0f%% %5.0f MiB  %u\n", nd->name, MIN(nd->busy, 100.0),
+                               res->rss_mib[i], nd->restarts);
+                else /* it never said: it did not finish */
+                        printf("swarm: %-5s    - %5.0f MiB  %u\n", nd->name, res->rss_mib[i], nd->restarts);
+        }
+        for (unsigned c = 0; c < s->o->clusters; c++)
+                if (res->accuracy[c] >= 0)
+                        printf("swarm: cluster %u: test accuracy %.2f%%\n", c + 1, res->accuracy[c]);
+        printf("swarm: %.0f samples/s, all clusters together\n", res->samples_per_sec);
+        printf("swarm: %u averaging rounds done across the nodes\n", res->rounds);
+        const char *bad = why_not_averaged(s, why, sizeof why);
+        if (!bad && s->o->clusters > 1)
+                printf("swarm: the averaged model (every cluster's replica after the last round): test accuracy "
+                       "%.2f%%\n", res->accuracy[0]);
+        else if (bad)
+                printf("swarm: no %s: %s\n", s->o->clusters > 1 ? "averaged model" : "trained model", bad);
+        fflush(stdout);
+        return bad ? -EUCLEAN : 0;
+}
+
+static void remove_dir(const Swarm *s) {
+        char cmd[300];
+        if (s->o->keep || s->o->dir || !s->dir[0])
+                return;
+        snprintf(cmd, sizeof cmd, "rm -rf '%s'", s->dir);
+        if (system(cmd) != 0)
+                log_warning("Failed to remove %s", s->dir);
+}
+
+int swarm_run(const SwarmOptions *o, const volatile sig_atomic_t *stop, SwarmResult *ret) {
+        _cleanup_(freep) Swarm *s = calloc(1, sizeof *s);
+        int r;
+
+        if (!s)
+                return log_error_errno(-ENOMEM, "Out of memory");
+        s->o = o;
+        s->res.clusters = o->clusters;
+        for (unsigned c = 0; c < MAX_NODES; c++)
+                s->res.accuracy[c] = -1;
+        if ((r = swarm_plan(s)) < 0 || (r = make_dir(s)) < 0)
+                return r;
+        if ((r = make_nodes(s)) >= 0 && (r = write_configs(s)) >= 0) {
+                print_plan(s);
+                /* last stages first, so the links find them listening */
+                for (unsigned j = 0; j < s->n && r >= 0; j++)
+                        r = start_node(s, s->n - 1 - j);
+                if (r < 0)
+                        stop_all(s);
+                int k = supervise(s, stop);
+                r = r < 0 ? r : k < 0 ? k : summarize(s);
+        }
+        remove_dir(s);
+        if (ret)
+                *ret = s->res;
+        return *stop ? -ECANCELED : r;
+}

@@ -1,0 +1,172 @@
+/* run/averaging.c */
+#include "averaging.h"
+
+#include <string.h>
+
+#include "events.h"
+#include "util/log.h"
+#include "util/time-util.h"
+
+int averaging_coll_config(const Config *c, const Identity *id, size_t n_params, CollConfig *cc, NetConfig *nc,
+                          CollMember **ret_members) {
+        const ConfigAveraging *ca = &c->averaging;
+        _cleanup_(freep) CollMember *members = calloc(ca->n_members, sizeof *members);
+        unsigned self = UINT32_MAX;
+        Diag d = {};
+        int r;
+
+        if (!members)
+                return log_error_errno(-ENOMEM, "Out of memory");
+        for (size_t i = 0; i < ca->n_members; i++) {
+                memcpy(members[i].id, ca->members[i].id, IDENTITY_PK_SIZE);
+                snprintf(members[i].host, sizeof members[i].host, "%s", ca->members[i].address.host);
+                members[i].port = ca->members[i].address.port;
+                if (memcmp(ca->members[i].id, id->pk, IDENTITY_PK_SIZE) == 0)
+                        self = (unsigned)i;
+        }
+        if (self == UINT32_MAX) {
+                char hex[IDENTITY_HEX_SIZE];
+                identity_to_hex(id->pk, hex);
+                log_error("%s: averaging.members: this node's key %s is not among them", c->path, hex);
+                return -EINVAL;
+        }
+        r = config_net(c, id, nc, &d);
+        if (r < 0)
+                return log_error_errno(r, "Invalid configuration: %s", d.text);
+        /* The receive pool holds the averages a round keeps and the sums in flight. */
+        nc->pool_bytes = MIN(n_params * sizeof(float) + (16u << 20), (size_t)1 << 30);
+
+        cc->net = nc;
+        cc->members = members;
+        cc->n_members = (unsigned)ca->n_members;
+        cc->self = self;
+        cc->listen_host = ca->listen.host;
+        cc->fp16 = ca->fp16;
+        cc->join_timeout_ms = ca->join_timeout_ms;
+        cc->round_timeout_ms = ca->round_timeout_ms;
+        *ret_members = TAKE_PTR(members);
+        return 0;
+}
+
+int averaging_start(Averaging *a, const Config *c, const Identity *id, size_t n_params, const AveragerRing *rings,
+                    unsigned n_rings) {
+        const ConfigAveraging *ca = &c->averaging;
+        _cleanup_(freep) CollMember *members = NULL;
+        AveragerConfig ac;
+        NetConfig nc;
+        AveragerRing ring = { .group = 1, .len = n_params };
+        int r;
+
+        memset(a, 0, sizeof *a);
+        if (!ca->enabled)
+                return 0;
+        averager_config_defaults(&ac);
+        r = averaging_coll_config(c, id, n_params, &ac.coll, &nc, &members);
+        if (r < 0)
+                return r;
+        a->self = ac.coll.self;
+        for (size_t i = 0; i < ca->n_members && i < COLL_MAX_MEMBERS; i++)
+                ring.members[ring.n++] = (unsigned)i;
+        ac.method = ca->method == CONFIG_AVERAGING_MOSHPIT ? AVERAGER_MOSHPIT : AVERAGER_RING;
+        ac.grid = (MoshpitGrid){ .dims = ca->grid_dims, .side = ca->grid_side };
+        ac.len = n_params;
+        ac.rings = rings ? rings : &ring;
+        ac.n_rings = rings ? n_rings : 1;
+        ac.interval_ms = ca->interval_ms;
+        ac.interval_steps = ca->interval_steps;
+        ac.listen_port = ca->listen.port;
+        r = averager_new(&ac, &a->av);
+        if (r < 0)
+                return log_error_errno(r, "Failed to start averaging on %s:%u: %m", ca->listen.host, ca->listen.port);
+        r = averager_start(a->av);
+        if (r < 0) {
+                a->av = averager_free(a->av);
+                return log_error_errno(r, "Failed to start the averaging thread: %m");
+        }
+        a->n_members = (unsigned)ca->n_members;
+        a->join_timeout_ms = ca->join_timeout_ms;
+        a->round_timeout_ms = ca->round_timeout_ms;
+        a->ring_size = ca->method == CONFIG_AVERAGING_MOSHPIT ? ca->grid_side : a->n_members;
+        for (unsigned i = 0; rings && i < n_rings; i++)
+                a->ring_size = MIN(a->ring_size, rings[i].n);
+        a->active = true;
+        if (ca->interval_steps)
+                log_info("Averaging with %u members (%s%s), member %u, every %u steps, listening on %s:%u",
+                         a->n_members, ca->method == CONFIG_AVERAGING_MOSHPIT ? "moshpit" : "ring",
+                         ca->fp16 ? ", binary16" : "", a->self + 1, ca->interval_steps, ca->listen.host,
+                         ca->listen.port);
+        else
+                log_info("Averaging with %u members (%s%s), member %u, every %g s, listening on %s:%u",
+                         a->n_members, ca->method == CONFIG_AVERAGING_MOSHPIT ? "moshpit" : "ring",
+                         ca->fp16 ? ", binary16" : "", a->self + 1, ca->interval_ms / 1000.0, ca->listen.host,
+                         ca->listen.port);
+        return 0;
+}
+
+void averaging_step(Averaging *a, float *params, uint64_t samples) {
+        AveragerStats s;
+        if (!a->active)
+                return;
+        averager_sync(a->av, params, samples);
+        averager_get_stats(a->av, &s);
+        uint64_t now = now_ns();
+        /* The first rounds, then at most one line every 2 s: frequent rounds
+         * would drown the rest of the log. */
+        if (s.rounds_done != a->seen.rounds_done &&
+            (s.rounds_done <= 3 || now - a->logged_ns >= 2 * NSEC_PER_SEC)) {
+                unsigned long round = (unsigned long)(s.rounds_done + s.rounds_failed);
+                uint64_t since = s.rounds_done - a->logged_rounds;
+                char fields[128], more[64] = "";
+                snprintf(fields, sizeof fields, "ROUND=%lu\nDURATION_USEC=%llu\nPARTICIPANTS=%u", round,
+                         (unsigned long long)(s.last_round_ns / 1000), s.last_participants);
+                if (since > 1)
+                        snprintf(more, sizeof more, " (%llu rounds since the last line)", (unsigned long long)since);
+                log_event(LOG_INFO, EVENT_AVERAGING_ROUND, fields,
+                          "Averaging round %lu done: %u of %u members, %.1f MiB sent, %.0f ms%s", round,
+                          s.last_participants, a->n_members, (double)(s.bytes_sent - a->seen.bytes_sent) / (1 << 20),
+                          (double)s.last_round_ns / 1e6, more);
+                a->logged_ns = now;
+                a->logged_rounds = s.rounds_done;
+        } else if (s.rounds_failed != a->seen.rounds_failed)
+                log_warning("Averaging round %lu failed: %s (%u of %u members took part); parameters not averaged "
+                            "kept their values",
+                            (unsigned long)(s.rounds_done + s.rounds_failed), strerror(-s.last_error),
+                            s.last_participants, a->n_members);
+        if (s.connected != a->seen.connected)
+                log_info("Averaging: %u of %u other members connected", s.connected, a->n_members - 1);
+        a->seen = s;
+}
+
+void averaging_stop(Averaging *a) {
+        a->av = averager_free(a->av);
+        a->active = false;
+}
+
+int averaging_final(Averaging *a, float *params, void (*poll)(void *ud), void *ud) {
+        if (!a->active)
+                return 0;
+        /* everyone comes to this round when their training ends: wait for
+         * the others as long as a round may take */
+        AveragerStats before, s;
+        averager_get_stats(a->av, &before);
+        uint64_t ticket = averager_request(a->av, a->round_timeout_ms);
+        uint64_t deadline = now_ns() + (uint64_t)2 * a->round_timeout_ms * 1000000ull + 1000000000ull;
+        while (averager_done_ticket(a->av) < ticket && now_ns() < deadline) {
+                averaging_step(a, params, 0);
+                if (poll)
+                        poll(ud);
+        }
+        if (averager_done_ticket(a->av) < ticket) {
+                log_warning("The last averaging round did not finish in time: this replica is evaluated as it is");
+                return -ETIMEDOUT;
+        }
+        averager_get_stats(a->av, &s);
+        bool done = s.rounds_done > before.rounds_done && s.rounds_failed == before.rounds_failed;
+        if (!done || s.last_participants < a->ring_size) {
+                log_warning("The last averaging round included %u of %u members: this replica is evaluated "
+                            "without the others' last updates", done ? s.last_participants : 1, a->ring_size);
+                return -EUCLEAN;
+        }
+        log_info("The last averaging round included all %u members", a->ring_size);
+        return 0;
+}

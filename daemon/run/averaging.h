@@ -1,0 +1,50 @@
+/* run/averaging.h — averaging replicas of the whole model with the
+ * members of the config's averaging group, as the daemon runs it: this
+ * node's place among the members, the averaging thread, and every round
+ * logged once.
+ *
+ *     Averaging av;
+ *     r = averaging_start(&av, &config, &node.identity, n_params, NULL, 0);   // logs
+ *     // after every training step:
+ *     averaging_step(&av, params, samples);
+ *     averaging_stop(&av);
+ */
+#pragma once
+
+#include "collective/averager.h"
+#include "conf/config.h"
+
+typedef struct Averaging {
+        Averager *av;
+        unsigned self, n_members;
+        AveragerStats seen;         /* as of the last averaging_step() */
+        uint64_t logged_ns, logged_rounds; /* the last round that had a log line */
+        unsigned join_timeout_ms, round_timeout_ms;
+        unsigned ring_size;         /* members of this node's smallest ring: a complete round */
+        bool active;
+} Averaging;
+
+/* 0 and nothing started when the config has no averaging group. rings:
+ * this node's rings over its n_params values (a pipeline stage's segments);
+ * NULL: one ring of every member over the whole model. */
+/* The averaging group of ravnestd.conf as the collective sees it: the
+ * members (a new array in *ret_members, the caller frees it), this node's
+ * index in cc->self, and the transport in nc with a receive pool for one
+ * vector of n_params and the pieces in flight; nc must outlive cc. Logs;
+ * -EINVAL when this node's key is not a member. */
+int averaging_coll_config(const Config *c, const Identity *id, size_t n_params, CollConfig *cc, NetConfig *nc,
+                          CollMember **ret_members);
+int averaging_start(Averaging *a, const Config *c, const Identity *id, size_t n_params, const AveragerRing *rings,
+                    unsigned n_rings);
+/* Between steps: hand over a snapshot or apply a finished round, and log
+ * rounds as they finish. */
+void averaging_step(Averaging *a, float *params, uint64_t samples);
+void averaging_stop(Averaging *a);
+/* One more round now, with the others doing the same, and its delta added
+ * to params: the replicas leave training as one averaged model. poll runs
+ * the caller's links meanwhile. The round waits for every member of the
+ * rings for half the round timeout, then goes on with those there; the
+ * whole call gives up after twice the round timeout. Returns 0 when every
+ * member took part, -EUCLEAN when the round went on without some (logged
+ * either way: "The last averaging round included all ..." or a warning). */
+int averaging_final(Averaging *a, float *params, void (*poll)(void *ud), void *ud);

@@ -1,0 +1,209 @@
+/* run/control.c */
+#include "control.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include "host/idle.h"
+#include "util/macro.h"
+#include "util/time-util.h"
+
+static const char *const state_names[_NODE_STATE_MAX] = {
+        [NODE_UNCONFIGURED] = "unconfigured",
+        [NODE_STARTING] = "starting",
+        [NODE_TRAINING] = "training",
+        [NODE_PAUSED] = "paused",
+        [NODE_FINISHED] = "finished",
+        [NODE_FAILED] = "failed",
+        [NODE_STOPPING] = "stopping",
+};
+
+const char *node_state_to_string(NodeState s) {
+        return s >= 0 && s < _NODE_STATE_MAX ? state_names[s] : "unknown";
+}
+
+int control_init(Control *c) {
+        *c = (Control){ .max_duty = 1.0, .state = NODE_STARTING };
+        c->status.training.cluster = c->status.training.stage = -1;
+        c->status.training.test_accuracy = -1.0;
+        c->event_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+        if (c->event_fd < 0)
+                return -errno;
+        pthread_mutex_init(&c->lock, NULL);
+        pthread_cond_init(&c->cond, NULL);
+        return 0;
+}
+
+void control_done(Control *c) {
+        if (c->event_fd >= 0)
+                close(c->event_fd);
+        c->event_fd = -1;
+        pthread_mutex_destroy(&c->lock);
+        pthread_cond_destroy(&c->cond);
+}
+
+static void notify(Control *c) {
+        uint64_t one = 1;
+        if (c->event_fd >= 0)
+                (void)!write(c->event_fd, &one, sizeof one);
+}
+
+void control_clear_event(Control *c) {
+        uint64_t v;
+        (void)!read(c->event_fd, &v, sizeof v);
+}
+
+void control_set_pause(Control *c, unsigned bit, bool on, const char *reason) {
+        pthread_mutex_lock(&c->lock);
+        if (on)
+                c->pause |= bit;
+        else
+                c->pause &= ~bit;
+        if (bit == CONTROL_PAUSE_IDLE)
+                snprintf(c->idle_reason, sizeof c->idle_reason, "%s", on && reason ? reason : "");
+        /* the operator's word first: Resume() is what lifts it */
+        snprintf(c->pause_reason, sizeof c->pause_reason, "%s",
+                 c->pause & CONTROL_PAUSE_OPERATOR ? "paused by the operator" :
+                 c->pause & CONTROL_PAUSE_IDLE ? c->idle_reason : "");
+        pthread_cond_broadcast(&c->cond);
+        pthread_mutex_unlock(&c->lock);
+}
+
+void control_set_max_duty(Control *c, double d) {
+        pthread_mutex_lock(&c->lock);
+        c->max_duty = d > 0 && d <= 1 ? d : 1.0;
+        pthread_mutex_unlock(&c->lock);
+}
+
+uint64_t control_request_checkpoint(Control *c) {
+        pthread_mutex_lock(&c->lock);
+        uint64_t ticket = ++c->checkpoints_wanted;
+        pthread_cond_broadcast(&c->cond);
+        pthread_mutex_unlock(&c->lock);
+        return ticket;
+}
+
+void control_request_stop(Control *c) {
+        pthread_mutex_lock(&c->lock);
+        c->stop = 1;
+        pthread_cond_broadcast(&c->cond);
+        pthread_mutex_unlock(&c->lock);
+}
+
+void control_snapshot(Control *c, NodeState *ret_state, NodeStatus *ret_status, char ret_reason[128],
+                      uint64_t *ret_checkpoints_done, int *ret_checkpoint_error) {
+        pthread_mutex_lock(&c->lock);
+        if (ret_state)
+                *ret_state = c->state;
+        if (ret_status)
+                *ret_status = c->status;
+        if (ret_reason)
+                memcpy(ret_reason, c->pause_reason, sizeof c->pause_reason);
+        if (ret_checkpoints_done)
+                *ret_checkpoints_done = c->checkpoints_done;
+        if (ret_checkpoint_error)
+                *ret_checkpoint_error = c->checkpoint_error;
+        pthread_mutex_unlock(&c->lock);
+}
+
+static void set_state_locked(Control *c, NodeState s) {
+        if (c->state == s)
+                return;
+        c->state = s;
+        notify(c);
+}
+
+void control_set_state(Control *c, NodeState s) {
+        pthread_mutex_lock(&c->lock);
+        set_state_locked(c, s);
+        pthread_mutex_unlock(&c->lock);
+}
+
+void control_report_training(Control *c, const NodeTraining *t) {
+        pthread_mutex_lock(&c->lock);
+        c->status.training = *t;
+        pthread_mutex_unlock(&c->lock);
+}
+
+void control_report_network(Control *c, const NodeNetwork *n) {
+        pthread_mutex_lock(&c->lock);
+        c->status.network = *n;
+        pthread_mutex_unlock(&c->lock);
+}
+
+void control_report_averaging(Control *c, const NodeAveraging *a) {
+        pthread_mutex_lock(&c->lock);
+        c->status.averaging = *a;
+        pthread_mutex_unlock(&c->lock);
+}
+
+void control_report_checkpoint(Control *c, uint64_t step) {
+        pthread_mutex_lock(&c->lock);
+        c->status.checkpoint_step = step;
+        pthread_mutex_unlock(&c->lock);
+}
+
+void control_report_plan(Control *c, uint64_t epoch) {
+        pthread_mutex_lock(&c->lock);
+        c->status.plan_epoch = epoch;
+        pthread_mutex_unlock(&c->lock);
+}
+
+void control_checkpoint_done(Control *c, int r, uint64_t step) {
+        pthread_mutex_lock(&c->lock);
+        c->checkpoints_done = c->checkpoints_wanted;
+        c->checkpoint_error = r < 0 ? r : 0;
+        if (r >= 0)
+                c->status.checkpoint_step = step;
+        notify(c);
+        pthread_mutex_unlock(&c->lock);
+}
+
+static struct timespec deadline_in(uint64_t ns) {
+        struct timespec t;
+        clock_gettime(CLOCK_REALTIME, &t);
+        t.tv_sec += (time_t)(ns / NSEC_PER_SEC);
+        t.tv_nsec += (long)(ns % NSEC_PER_SEC);
+        if (t.tv_nsec >= (long)NSEC_PER_SEC) {
+                t.tv_sec++;
+                t.tv_nsec -= (long)NSEC_PER_SEC;
+        }
+        return t;
+}
+
+int control_gate(Control *c, void (*serve)(void *userdata), void *userdata) {
+        uint64_t now = now_ns();
+        int r = 0;
+
+        pthread_mutex_lock(&c->lock);
+        /* The duty-cycle cap: after working busy ns, rest busy (1 - d) / d. */
+        if (c->max_duty < 1.0 && c->gate_ns && !c->pause && !c->stop) {
+                uint64_t busy = now - c->gate_ns;
+                uint64_t rest = MIN(idle_duty_sleep_ns(busy, c->max_duty), 5 * NSEC_PER_SEC);
+                struct timespec until = deadline_in(rest);
+                while (!c->stop && !c->pause && pthread_cond_timedwait(&c->cond, &c->lock, &until) != ETIMEDOUT)
+                        ;
+        }
+        while (c->pause && !c->stop && c->checkpoints_wanted == c->checkpoints_done) {
+                set_state_locked(c, NODE_PAUSED);
+                pthread_mutex_unlock(&c->lock);
+                if (serve) /* the links stay up while paused */
+                        serve(userdata);
+                pthread_mutex_lock(&c->lock);
+                struct timespec until = deadline_in(100 * 1000000ULL);
+                if (c->pause && !c->stop && c->checkpoints_wanted == c->checkpoints_done)
+                        pthread_cond_timedwait(&c->cond, &c->lock, &until);
+        }
+        if (c->stop)
+                r = -ECANCELED;
+        else if (c->checkpoints_wanted != c->checkpoints_done)
+                r = CONTROL_CHECKPOINT; /* a paused node still writes the checkpoint it is asked for */
+        else
+                set_state_locked(c, NODE_TRAINING);
+        pthread_mutex_unlock(&c->lock);
+        c->gate_ns = now_ns();
+        return r;
+}

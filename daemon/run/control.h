@@ -1,0 +1,140 @@
+/* run/control.h — what the control thread and the compute thread share.
+ *
+ * ravnestd runs two threads of its own. The control thread (main(), an
+ * sd-event loop) serves D-Bus, signals, the systemd watchdog, the idle
+ * monitor and the checkpoint timer; it never computes, so a long training
+ * step or averaging round cannot starve the watchdog. The compute thread runs
+ * the job and, between two steps, passes through control_gate(): that is
+ * where it stops, pauses, throttles to the duty-cycle cap and writes the
+ * checkpoints the control thread asked for.
+ *
+ *     // compute thread, between steps
+ *     r = control_gate(ctl, serve_links, run);
+ *     if (r == -ECANCELED) return r;           // stop requested
+ *     if (r == CONTROL_CHECKPOINT) control_checkpoint_done(ctl, write_checkpoint(...), step);
+ *     control_report_training(ctl, &t);        // step, loss, samples/s, ...
+ *
+ *     // control thread
+ *     control_set_pause(ctl, CONTROL_PAUSE_IDLE, true, "other processes use 1.0 CPU");
+ *     control_request_checkpoint(ctl);
+ *
+ * The compute thread writes to event_fd whenever the state changes or a
+ * checkpoint is done, so the control thread can emit PropertiesChanged and
+ * answer pending Checkpoint() calls without polling.
+ */
+#pragma once
+
+#include <pthread.h>
+#include <signal.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+typedef enum NodeState {
+        NODE_UNCONFIGURED, /* no network in the configuration: nothing to do, no CPU used */
+        NODE_STARTING,     /* loading data, binding sockets */
+        NODE_TRAINING,
+        NODE_PAUSED,       /* the owner needs the machine, or the operator asked */
+        NODE_FINISHED,     /* the job is trained; serving peers */
+        NODE_FAILED,
+        NODE_STOPPING,
+        _NODE_STATE_MAX,
+} NodeState;
+
+const char *node_state_to_string(NodeState s);
+
+/* What the compute thread reports, for D-Bus and `ravnestctl status`: the
+ * training loop fills the first part, whoever serves the links the second. */
+typedef struct NodeTraining {
+        char role[16];             /* "standalone", "member" (replica averaging) or "stage" */
+        char job[64];
+        int32_t cluster, stage;    /* 0-based; -1 when not in a pipeline */
+        int32_t epoch, epochs;     /* epoch 1-based; <= 0 where the stage does not read the data */
+        uint64_t step;             /* steps (updates) since the start, checkpoints included */
+        double loss;               /* training loss over the last progress interval; < 0: not known here */
+        double samples_per_sec;
+        double test_accuracy;      /* of the last evaluation; < 0 before one */
+} NodeTraining;
+
+typedef struct NodeNetwork {
+        uint32_t peers;            /* connected links */
+        uint32_t paused_peers;     /* neighbours that said they are paused */
+        uint64_t bytes_sent, bytes_received;
+        uint64_t last_averaging_usec; /* CLOCK_REALTIME of the last averaging round; 0: none */
+        char io_backend[16];
+} NodeNetwork;
+
+/* What the runtime model needs (collective/runtime-model.h), as measured
+ * here, for `ravnestctl predict` without figures. Zeros: not measured. */
+typedef struct NodeAveraging {
+        char method[32];           /* in use: "ring", "moshpit", "gossip alt-exp-ring", "auto: exp", ... */
+        uint32_t nodes;            /* members of the averaging group, this node included */
+        uint64_t params;           /* values averaged */
+        double compute_ms;         /* forward, backward and update per step, mean */
+        double compute_sd_ms;
+        double bandwidth_mbit;     /* fitted from the probe rounds */
+        double latency_ms;
+        double cores;              /* per node, as the runtime model took it */
+} NodeAveraging;
+
+typedef struct NodeStatus {
+        NodeTraining training;
+        NodeNetwork network;
+        NodeAveraging averaging;
+        uint64_t checkpoint_step;  /* step of the last checkpoint written or loaded */
+        uint64_t plan_epoch;       /* of the coordinator's plan held (membership); 0: none */
+} NodeStatus;
+
+#define CONTROL_PAUSE_OPERATOR 1u /* Pause() over D-Bus */
+#define CONTROL_PAUSE_IDLE 2u     /* the idle monitor: the owner is using the machine */
+
+#define CONTROL_CHECKPOINT 1
+
+typedef struct Control {
+        pthread_mutex_t lock;
+        pthread_cond_t cond;
+        volatile sig_atomic_t stop; /* the run loops' stop flag */
+        int event_fd;
+
+        /* set by the control thread */
+        unsigned pause;             /* CONTROL_PAUSE_* bits */
+        char pause_reason[128];     /* of the pause in force, "" when running */
+        char idle_reason[128];
+        double max_duty;            /* 0 < d <= 1 */
+        uint64_t checkpoints_wanted;
+
+        /* set by the compute thread */
+        NodeState state;
+        NodeStatus status;
+        uint64_t checkpoints_done;
+        int checkpoint_error;       /* of the last one */
+        uint64_t gate_ns;           /* when the compute thread last left the gate */
+} Control;
+
+int control_init(Control *c);
+void control_done(Control *c);
+
+/* Control thread. */
+void control_set_pause(Control *c, unsigned bit, bool on, const char *reason);
+void control_set_max_duty(Control *c, double d);
+/* Returns the ticket the matching control_checkpoint_done() reaches. */
+uint64_t control_request_checkpoint(Control *c);
+void control_request_stop(Control *c);
+/* A consistent copy of what the compute thread reported. */
+void control_snapshot(Control *c, NodeState *ret_state, NodeStatus *ret_status, char ret_reason[128],
+                      uint64_t *ret_checkpoints_done, int *ret_checkpoint_error);
+/* Drain event_fd (after it polled readable). */
+void control_clear_event(Control *c);
+
+/* Compute thread. serve() keeps the links alive while paused (may be NULL).
+ * Returns 0 to go on, CONTROL_CHECKPOINT when a checkpoint is wanted, or
+ * -ECANCELED when stopping. */
+int control_gate(Control *c, void (*serve)(void *userdata), void *userdata);
+void control_set_state(Control *c, NodeState s);
+void control_report_training(Control *c, const NodeTraining *t);
+void control_report_network(Control *c, const NodeNetwork *n);
+void control_report_averaging(Control *c, const NodeAveraging *a);
+/* A checkpoint was loaded at start. */
+void control_report_checkpoint(Control *c, uint64_t step);
+/* Membership: the epoch of the plan this node took. */
+void control_report_plan(Control *c, uint64_t epoch);
+void control_checkpoint_done(Control *c, int r, uint64_t step);

@@ -1,0 +1,186 @@
+/* run/local-run.c */
+#include "local-run.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "control.h"
+#include "stage-checkpoint.h"
+#include "tensor/ops.h"
+#include "util/log.h"
+#include "util/time-util.h"
+
+typedef struct Progress {
+        const LocalRunOptions *o;
+        Trainer *trainer;
+        uint64_t samples; /* this epoch, at the last step */
+        unsigned interval_ms;
+        uint64_t last_ns;
+        uint64_t start_ns;
+        double rates[64];
+        int n_rates;
+        double test_acc, test_loss;
+        const Job *job;
+        CheckpointInfo at;   /* where training is: what a checkpoint records */
+        uint64_t last_report_ns;
+} Progress;
+
+static int save_checkpoint(Progress *pr) {
+        const LocalRunOptions *o = pr->o;
+        return stage_checkpoint_save(o->checkpoint_dir, pr->job->name, pr->trainer->stage, &pr->trainer->optim,
+                                     &pr->at);
+}
+
+/* Between two steps: the daemon's status, pause, stop and checkpoints. */
+static int pass_gate(Progress *pr, const TrainProgress *p, uint64_t now) {
+        const LocalRunOptions *o = pr->o;
+        int r;
+
+        if (now - pr->last_report_ns >= 250 * 1000000ULL || p->epoch_done) {
+                NodeTraining t = {
+                        .cluster = -1,
+                        .stage = -1,
+                        .epoch = p->epoch,
+                        .epochs = p->epochs,
+                        .step = pr->at.step,
+                        .loss = p->loss,
+                        .samples_per_sec = p->samples_per_sec,
+                        .test_accuracy = pr->test_acc,
+                };
+                snprintf(t.role, sizeof t.role, "%s", o->n_shards > 1 ? "member" : "standalone");
+                snprintf(t.job, sizeof t.job, "%s", pr->job->name);
+                control_report_training(o->control, &t);
+                pr->last_report_ns = now;
+        }
+        r = control_gate(o->control, o->poll, o->poll_userdata);
+        if (r == CONTROL_CHECKPOINT) {
+                int k = o->checkpoint_dir ? save_checkpoint(pr) : -EOPNOTSUPP;
+                control_checkpoint_done(o->control, k, pr->at.step);
+                r = 0;
+        }
+        return r;
+}
+
+static int cmp_double(const void *a, const void *b) {
+        double x = *(const double *)a, y = *(const double *)b;
+        return (x > y) - (x < y);
+}
+
+static int on_progress(const TrainProgress *p, void *userdata) {
+        Progress *pr = userdata;
+        uint64_t now = now_ns();
+
+        if (pr->o->poll)
+                pr->o->poll(pr->o->poll_userdata);
+        if (pr->o->step && !p->epoch_done) {
+                uint64_t step = p->samples >= pr->samples ? p->samples - pr->samples : p->samples;
+                pr->o->step(pr->o->step_userdata, pr->trainer->stage->params, step);
+        }
+        if (!p->epoch_done) {
+                pr->at.samples += p->samples - pr->samples;
+                pr->at.step++;
+        }
+        pr->samples = p->epoch_done ? 0 : p->samples;
+        /* a resumed run starts after the last step done */
+        pr->at.epoch = (uint64_t)p->epoch - (p->epoch_done ? 0 : 1);
+        pr->at.step_in_epoch = p->epoch_done ? 0 : p->step;
+        if (p->epoch_done) {
+                log_info("epoch %d/%d done: train loss %.4f, train acc %.2f%%, %.0f samples/s, "
+                         "test acc %.2f%%, test loss %.4f (%.1fs)",
+                         p->epoch, p->epochs, p->loss, 100.0 * p->train_acc, p->samples_per_sec,
+                         100.0 * p->test_acc, p->test_loss, ns_to_sec(now - pr->start_ns));
+                if (pr->n_rates < (int)ELEMENTSOF(pr->rates))
+                        pr->rates[pr->n_rates++] = p->samples_per_sec;
+                pr->test_acc = p->test_acc;
+                pr->test_loss = p->test_loss;
+                pr->last_ns = now;
+                return pr->o->control ? pass_gate(pr, p, now) : 0;
+        }
+        if (pr->interval_ms && now - pr->last_ns >= (uint64_t)pr->interval_ms * 1000000ULL) {
+                log_info("epoch %d/%d step %zu/%zu: loss %.4f, acc %.2f%%, %.0f samples/s",
+                         p->epoch, p->epochs, p->step, p->steps_per_epoch, p->loss,
+                         100.0 * p->train_acc, p->samples_per_sec);
+                pr->last_ns = now;
+        }
+        return pr->o->control ? pass_gate(pr, p, now) : 0;
+}
+
+int local_run(const Job *job, const LocalRunOptions *o, const volatile sig_atomic_t *stop,
+              LocalRunResult *ret) {
+        _cleanup_(dataset_freep) Dataset *train = NULL, *test = NULL;
+        _cleanup_(trainer_freep) Trainer *t = NULL;
+        const char *dir = o->data_dir ?: job->data.path;
+        TrainSpec spec = job->train;
+        Diag d = {};
+        int r;
+
+        r = ops_blas_set_threads(o->threads);
+        if (r < 0)
+                return log_error_errno(r, "Failed to start %d compute threads: %m", o->threads);
+        if (o->epochs > 0)
+                spec.epochs = o->epochs;
+        if (o->n_shards > 0) {
+                spec.shard = o->shard;
+                spec.n_shards = o->n_shards;
+        }
+
+        r = job_load_split(job, o->data_dir, false, &train, &d);
+        if (r >= 0)
+                r = job_load_split(job, o->data_dir, true, &test, &d);
+        if (r < 0) {
+                if (r == -ENOENT)
+                        log_error("Dataset %s not found in %s (install Debian's dataset-fashion-mnist "
+                                  "or set dataset.path in %s)", job->data.name, dir, job->path);
+                return log_error_errno(r, "Failed to load the dataset: %s", d.text);
+        }
+
+        r = trainer_new(&job->model, &job->optim, &spec, train, test, &ops_blas, &t, &d);
+        if (r < 0)
+                return log_error_errno(r, "Failed to set up job %s: %s", job->name, d.text);
+
+        log_info("Training %s: %d layers, %zu parameters (%.1f MiB), %s lr %g, batch %d, %d epochs, "
+                 "%zu training and %zu test samples%s, %d BLAS threads",
+                 job->name, job->model.n_layers, t->stage->n_params,
+                 (double)t->stage->n_params * 4 / (1 << 20), optim_kind_to_string(job->optim.kind),
+                 (double)job->optim.lr, spec.batch_size, spec.epochs, train->n, test->n,
+                 spec.n_shards > 1 ? " (this node reads its shard)" : "", ops_blas_get_threads());
+
+        Progress pr = { .o = o, .trainer = t, .interval_ms = o->progress_interval_ms, .start_ns = now_ns(),
+                        .job = job, .test_acc = -1.0 };
+        pr.last_ns = pr.start_ns;
+        if (o->checkpoint_dir && o->load_checkpoint &&
+            stage_checkpoint_load(o->checkpoint_dir, job->name, t->stage, &t->optim, &pr.at) >= 0) {
+                t->start_epoch = (int)MIN(pr.at.epoch, (uint64_t)spec.epochs);
+                t->start_step = (size_t)pr.at.step_in_epoch;
+                if (o->control)
+                        control_report_checkpoint(o->control, pr.at.step);
+        }
+        r = trainer_run(t, on_progress, &pr, stop);
+        if (o->checkpoint_dir && o->control && (r >= 0 || r == -ECANCELED)) {
+                /* on the way out, so a restart goes on from here */
+                int k = save_checkpoint(&pr);
+                if (k >= 0)
+                        control_report_checkpoint(o->control, pr.at.step);
+        }
+        if (r >= 0 && t->start_epoch >= spec.epochs) {
+                log_info("The checkpoint holds the trained job: evaluating it");
+                trainer_evaluate(t, test, &pr.test_acc, &pr.test_loss);
+        }
+        if (r == -ECANCELED)
+                log_notice("Stopped after %d complete epochs", pr.n_rates);
+        else if (r < 0)
+                return log_error_errno(r, "Training failed: %m");
+        else
+                log_info("Finished %s: test accuracy %.2f%%", job->name, 100.0 * pr.test_acc);
+
+        if (ret) {
+                qsort(pr.rates, (size_t)pr.n_rates, sizeof(double), cmp_double);
+                *ret = (LocalRunResult){
+                        .test_acc = pr.test_acc,
+                        .test_loss = pr.test_loss,
+                        .samples_per_sec = pr.n_rates ? pr.rates[pr.n_rates / 2] : 0.0,
+                        .epochs_done = pr.n_rates,
+                };
+        }
+        return r;
+}

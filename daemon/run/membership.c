@@ -1,0 +1,474 @@
+/* run/membership.c — join the coordinator, hold the newest signed plan,
+ * run this node's part of it (see membership.h). */
+#include "membership.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cluster/capability.h"
+#include "cluster/plan.h"
+#include "control.h"
+#include "node.h"
+#include "pipeline-run.h"
+#include "util/log.h"
+#include "util/time-util.h"
+
+/* Until links measure them: what the formation assumes of a node's link. */
+#define DEFAULT_BANDWIDTH 125e6 /* bytes/s: 1 Gbit/s */
+#define DEFAULT_LATENCY 5e-4    /* s */
+
+typedef struct Membership {
+        const Config *c;
+        const Job *job;
+        const Identity *id;
+        const LocalRunOptions *o;
+        const volatile sig_atomic_t *stop;
+        Net *net;
+        int64_t coord;            /* the link to the coordinator, -1 without */
+        bool dial_pending;
+        uint32_t dialing;
+        uint64_t next_dial_ns, last_heartbeat_ns;
+        PlanJoin join;            /* what this node measured; bandwidth and latency refreshed */
+        double sent_bandwidth, sent_latency; /* as the coordinator last heard them */
+        LinkFigures links;        /* the stage's pipeline links, as pipeline_run() measured them */
+        Plan *plan;               /* held; epoch 0 before the first */
+        Plan *next;               /* received, newer, not yet taken */
+        Plan *scratch;            /* a plan being checked */
+        char next_sig[9];         /* its signature's first bytes, to tell plans apart in the log */
+        bool have_next;
+        uint64_t stop_epoch;      /* the coordinator asked to stop for this epoch */
+        bool training;            /* inside pipeline_run() */
+        volatile sig_atomic_t restart; /* pipeline_run()'s stop flag */
+        bool finished;
+        size_t layer_off[PLAN_MAX_LAYERS + 1];
+        float *model;             /* the whole model, by layer offsets: what the stage trains from and hands in */
+        float *incoming;          /* layers handed over for stop_epoch */
+        uint64_t got[PLAN_MAX_LAYERS]; /* the epoch each layer of incoming came for */
+        uint64_t sends;           /* layers handed in, not yet sent */
+        uint64_t joined_ns;
+} Membership;
+
+/* This node's links as the kernel measured them on their real traffic
+ * (TCP_INFO): the link to the coordinator, and those of the stage it runs
+ * (m->links). The one-way latency is half the smoothed round trip, the
+ * largest over the links; the bandwidth is the smallest delivery rate of
+ * the latest transfers where the sender was not holding back. While only
+ * app-limited rates are known (the sender had too little to send for the
+ * rate to show the path), they can only raise it. Until anything is
+ * measured the JOIN carries the defaults. True when a figure moved by more
+ * than a tenth since it was last sent. */
+static bool measure_link(Membership *m) {
+        double rtt, rate, bw = 0, lat = 0, floor = 0;
+        bool app_limited;
+        if (m->coord < 0 || net_peer_link_info(m->net, (uint32_t)m->coord, &rtt, &rate, &app_limited) < 0)
+                return false;
+        lat = rtt / 2;
+        if (rate > 0 && !app_limited)
+                bw = rate;
+        else
+                floor = rate;
+        if (m->links.bandwidth > 0)
+                bw = bw > 0 ? MIN(bw, m->links.bandwidth) : m->links.bandwidth;
+        lat = MAX(lat, m->links.latency);
+        if (lat > 0)
+                m->join.latency = MIN(lat, 60.0);
+        m->join.bandwidth = MIN(bw > 0 ? bw : MAX(m->join.bandwidth, floor), 1e13);
+        return fabs(m->join.bandwidth - m->sent_bandwidth) > 0.1 * m->sent_bandwidth ||
+               fabs(m->join.latency - m->sent_latency) > 0.1 * m->sent_latency;
+}
+
+static void send_link(Membership *m) {
+        uint8_t buf[PLAN_LINK_SIZE];
+        plan_link_encode(m->join.bandwidth, m->join.latency, buf);
+        if (net_send_control(m->net, (uint32_t)m->coord, FRAME_CONTROL, buf, sizeof buf) == 0) {
+                m->sent_bandwidth = m->join.bandwidth;
+                m->sent_latency = m->join.latency;
+        }
+}
+
+static void send_join(Membership *m) {
+        uint8_t buf[PLAN_JOIN_MAX_SIZE];
+        m->join.epoch = m->plan->epoch;
+        measure_link(m); /* the handshake's round trips, at least */
+        int n = plan_join_encode(&m->join, buf, sizeof buf);
+        if (n > 0 && net_send_control(m->net, (uint32_t)m->coord, FRAME_CONTROL, buf, (size_t)n) == 0) {
+                m->sent_bandwidth = m->join.bandwidth;
+                m->sent_latency = m->join.latency;
+        }
+}
+
+static void on_connected(void *ud, uint32_t peer, const uint8_t id[IDENTITY_PK_SIZE]) {
+        Membership *m = ud;
+        if (memcmp(id, m->c->membership.coordinator.id, IDENTITY_PK_SIZE) != 0 || m->coord >= 0) {
+                net_close_peer(m->net, peer);
+                return;
+        }
+        m->coord = peer;
+        m->dial_pending = false;
+        m->joined_ns = now_ns();
+        send_join(m);
+        log_info("Joined the coordinator at %s:%u%s", m->c->membership.coordinator.address.host,
+                 m->c->membership.coordinator.address.port, m->plan->epoch ? " again" : "");
+}
+
+static void on_closed(void *ud, uint32_t peer, int reason, const uint8_t id[IDENTITY_PK_SIZE]) {
+        Membership *m = ud;
+        if (m->dial_pending && peer == m->dialing)
+                m->dial_pending = false;
+        if ((int64_t)peer != m->coord)
+                return;
+        m->coord = -1;
+        char why[128];
+        NetPeerInfo info = {};
+        (void)net_peer_describe(m->net, peer, &info);
+        if (reason == 0)
+                snprintf(why, sizeof why, "it said goodbye");
+        else
+                node_close_reason(reason, &info, why, sizeof why);
+        if (!*m->stop)
+                log_warning("Lost the coordinator (%s): %s", why,
+                            m->plan->epoch ? "training goes on with the plan held; changes wait for it" :
+                                             "dialling again");
+}
+
+static void send_done(Membership *m, uint64_t samples) {
+        uint8_t msg[PLAN_DONE_SIZE];
+        plan_done_encode(m->stop_epoch, samples, msg);
+        if (m->coord >= 0)
+                net_send_control(m->net, (uint32_t)m->coord, FRAME_CONTROL, msg, sizeof msg);
+}
+
+static void on_control(void *ud, uint32_t peer, uint8_t type, const uint8_t *p, size_t len) {
+        Membership *m = ud;
+        uint64_t epoch;
+        int r;
+
+        if ((int64_t)peer != m->coord)
+                return;
+        if (type == FRAME_PLAN) {
+                r = plan_decode(p, len, m->c->membership.coordinator.id, m->scratch);
+                if (r < 0) {
+                        log_warning_errno(r, "Dropped the coordinator's link: a plan that does not check (%m)");
+                        net_close_peer(m->net, peer);
+                        return;
+                }
+                uint64_t held = m->have_next ? m->next->epoch : m->plan->epoch;
+                if (m->scratch->epoch <= held) { /* never back to an older plan */
+                        log_warning("Ignored plan epoch %llu: this node holds epoch %llu already",
+                                    (unsigned long long)m->scratch->epoch, (unsigned long long)held);
+                        return;
+                }
+                if (m->scratch->n_layers != (unsigned)m->job->model.n_layers) {
+                        log_warning("Ignored plan epoch %llu: %u layers, job %s has %d",
+                                    (unsigned long long)m->scratch->epoch, m->scratch->n_layers, m->job->name,
+                                    m->job->model.n_layers);
+                        return;
+                }
+                Plan *t = m->next;
+                m->next = m->scratch;
+                m->scratch = t;
+                for (int i = 0; i < 4; i++)
+                        snprintf(m->next_sig + 2 * i, 3, "%02x", p[len - PLAN_SIG_SIZE + (size_t)i]);
+                m->have_next = true;
+                m->restart = 1; /* a stage of an older plan stops */
+                return;
+        }
+        if (type == FRAME_CONTROL && plan_stop_decode(p, len, &epoch) == 0) {
+                if (epoch <= m->plan->epoch || epoch <= m->stop_epoch)
+                        return;
+                m->stop_epoch = epoch;
+                if (m->training) {
+                        log_info("The coordinator asks for epoch %llu: stopping at the next safe point",
+                                 (unsigned long long)epoch);
+                        m->restart = 1;
+                } else
+                        send_done(m, 0);
+                return;
+        }
+        if (type == FRAME_CONTROL) {
+                log_warning("Dropped the coordinator's link: a message this node does not take");
+                net_close_peer(m->net, peer);
+        }
+}
+
+/* Layers of the new stage: only from the coordinator, only after it asked
+ * for a new epoch, one float32 vector of exactly that layer's size. */
+static void on_tensor(void *ud, NetTensor *t) {
+        Membership *m = ud;
+        uint32_t l = t->stream, peer = t->peer;
+        bool ok = (int64_t)peer == m->coord && m->stop_epoch > m->plan->epoch && !m->training &&
+                  l < (uint32_t)m->job->model.n_layers && t->desc.dtype == DTYPE_F32 && t->desc.ndim == 1 &&
+                  t->desc.dims[0] > 0 && t->desc.dims[0] == m->layer_off[l + 1] - m->layer_off[l];
+        if (ok) {
+                const float *v = (const float *)t->data;
+                for (uint32_t i = 0; ok && i < t->desc.dims[0]; i++)
+                        ok = isfinite(v[i]);
+        }
+        if (ok) {
+                memcpy(m->incoming + m->layer_off[l], t->data, t->desc.bytes);
+                m->got[l] = m->stop_epoch;
+        }
+        net_tensor_release(m->net, t);
+        if (!ok) {
+                log_warning("Dropped a link: it sent a tensor that is not a layer handed over by the coordinator");
+                net_close_peer(m->net, peer);
+        }
+}
+
+static void on_sent(void *ud, uint32_t peer, uint64_t cookie) {
+        Membership *m = ud;
+        if (m->sends)
+                m->sends--;
+}
+
+static const NetCallbacks callbacks = {
+        .connected = on_connected,
+        .closed = on_closed,
+        .control = on_control,
+        .tensor = on_tensor,
+        .sent = on_sent,
+};
+
+/* Dial, heartbeat, serve the link for up to timeout_ms. */
+static void serve(Membership *m, int timeout_ms) {
+        const ConfigMembership *cm = &m->c->membership;
+        uint64_t now = now_ns();
+        if (m->coord < 0 && !m->dial_pending && now >= m->next_dial_ns) {
+                m->next_dial_ns = now + NSEC_PER_SEC;
+                if (net_connect(m->net, cm->coordinator.address.host, cm->coordinator.address.port, &m->dialing) == 0)
+                        m->dial_pending = true;
+        }
+        if (m->coord >= 0 && now - m->last_heartbeat_ns >= (uint64_t)cm->heartbeat_ms * 1000000ULL) {
+                m->last_heartbeat_ns = now;
+                net_send_control(m->net, (uint32_t)m->coord, FRAME_HEARTBEAT, NULL, 0);
+                if (measure_link(m)) /* refreshed while running: the next plan uses them */
+                        send_link(m);
+        }
+        net_run(m->net, timeout_ms);
+}
+
+/* pipeline_run()'s poll: the daemon's own, then the coordinator's link. */
+static void poll_member(void *ud) {
+        Membership *m = ud;
+        if (m->o->poll)
+                m->o->poll(m->o->poll_userdata);
+        serve(m, 0);
+}
+
+/* The plan as the pipeline's and the averaging's configuration. */
+static int plan_config(const Membership *m, const Plan *p, Config *ret) {
+        Config c2 = *m->c;
+        unsigned n = 0;
+
+        c2.pipeline.clusters = calloc(p->n_clusters, sizeof *c2.pipeline.clusters);
+        c2.averaging.members = calloc(p->n_nodes, sizeof *c2.averaging.members);
+        if (!c2.pipeline.clusters || !c2.averaging.members) {
+                free(c2.pipeline.clusters);
+                free(c2.averaging.members);
+                return -ENOMEM;
+        }
+        for (unsigned k = 0; k < p->n_clusters; k++) {
+                ConfigCluster *cl = &c2.pipeline.clusters[k];
+                cl->n_stages = p->clusters[k].n_stages;
+                for (unsigned s = 0; s < cl->n_stages; s++) {
+                        const PlanNode *pn = &p->nodes[p->clusters[k].nodes[s]];
+                        memcpy(cl->nodes[s].id, pn->key, IDENTITY_PK_SIZE);
+                        snprintf(cl->nodes[s].address.host, sizeof cl->nodes[s].address.host, "%s", pn->host);
+                        cl->nodes[s].address.port = pn->pipeline_port;
+                        cl->bounds[s] = p->clusters[k].bounds[s];
+                        ConfigMember *am = &c2.averaging.members[n++];
+                        memcpy(am->id, pn->key, IDENTITY_PK_SIZE);
+                        snprintf(am->address.host, sizeof am->address.host, "%s", pn->host);
+                        am->address.port = pn->averaging_port;
+                }
+                cl->bounds[cl->n_stages] = p->clusters[k].bounds[cl->n_stages];
+        }
+        c2.pipeline.n_clusters = p->n_clusters;
+        c2.pipeline.enabled = true;
+        c2.pipeline.micro_batch = (int)p->micro_batch;
+        c2.pipeline.staleness = (int)p->staleness;
+        c2.pipeline.update_frequency = (int)p->update_frequency;
+        c2.pipeline.synchronous = p->synchronous;
+        c2.averaging.n_members = n;
+        c2.averaging.enabled = p->n_clusters > 1; /* one cluster has nothing to average with */
+        *ret = c2;
+        return 0;
+}
+
+/* Hand in the layers this stage held, then say so. */
+static void hand_in(Membership *m, int lo, int hi, uint64_t samples) {
+        unsigned n = 0;
+        for (int l = lo; l < hi && m->coord >= 0; l++) {
+                size_t len = m->layer_off[l + 1] - m->layer_off[l];
+                TensorDesc desc;
+                if (!len || tensor_desc_init(&desc, DTYPE_F32, 1, (uint32_t[]){ (uint32_t)len }) < 0)
+                        continue;
+                if (net_send_tensor(m->net, (uint32_t)m->coord, (uint32_t)l, &desc, m->model + m->layer_off[l], 0) ==
+                    0) {
+                        m->sends++;
+                        n++;
+                }
+        }
+        send_done(m, samples);
+        log_info("Handed in layers %d-%d (%u tensors) for epoch %llu", lo, hi - 1, n,
+                 (unsigned long long)m->stop_epoch);
+}
+
+/* Run this node's stage of m->plan until training ends or a new epoch. */
+static int run_stage(Membership *m, unsigned cluster, unsigned stage, bool handed_over) {
+        const PlanCluster *pc = &m->plan->clusters[cluster];
+        int lo = pc->bounds[stage], hi = pc->bounds[stage + 1];
+        LocalRunOptions o = *m->o;
+        o.links = &m->links;
+        uint64_t samples = 0;
+        Config c2;
+        int r;
+
+        if ((r = plan_config(m, m->plan, &c2)) < 0)
+                return log_error_errno(r, "Out of memory");
+        o.poll = poll_member;
+        o.poll_userdata = m;
+        o.checkpoint_dir = NULL; /* a stage's layers change with the plan: the hand-over carries them */
+        o.load_checkpoint = false;
+        o.model_params = m->model;
+        o.load_model_params = handed_over;
+        o.resume_samples = m->plan->samples;
+        o.ret_samples = &samples;
+        o.quiesce = &m->restart;
+        m->restart = m->stop_epoch > m->plan->epoch || m->have_next; /* asked already: start, hand in */
+        m->training = true;
+        r = pipeline_run(&c2, m->job, m->id, &o, m->stop);
+        m->training = false;
+        free(c2.pipeline.clusters);
+        free(c2.averaging.members);
+        if (r == 0) {
+                m->finished = true;
+                log_info("Training is over (plan epoch %llu); serving the coordinator until stopped",
+                         (unsigned long long)m->plan->epoch);
+                return 0;
+        }
+        if (*m->stop)
+                return 0;
+        if (r != -ECANCELED)
+                log_warning_errno(r, "Stage %u of cluster %u ended (%m); waiting for the next plan", stage + 1,
+                                  cluster + 1);
+        /* pipeline_run() wrote the stage's parameters back into model */
+        if (m->stop_epoch > m->plan->epoch)
+                hand_in(m, lo, hi, samples);
+        return 0;
+}
+
+/* Take the newest plan received: the handed-over layers of this node's
+ * stage, then the stage. */
+static int take_plan(Membership *m) {
+        Plan *t = m->plan;
+        unsigned cluster, stage;
+        int index;
+
+        m->plan = m->next;
+        m->next = t;
+        m->have_next = false;
+        if (m->o->control)
+                control_report_plan(m->o->control, m->plan->epoch);
+        bool handed_over = false;
+        if (plan_find(m->plan, m->id->pk, &index, &cluster, &stage) < 0) {
+                log_info("Holds plan epoch %llu (signature %s…): a spare (%u nodes, %u clusters)",
+                         (unsigned long long)m->plan->epoch, m->next_sig, m->plan->n_nodes, m->plan->n_clusters);
+                return 0;
+        }
+        const PlanCluster *pc = &m->plan->clusters[cluster];
+        int lo = pc->bounds[stage], hi = pc->bounds[stage + 1], missing = 0;
+        for (int l = lo; l < hi; l++) {
+                if (m->layer_off[l + 1] == m->layer_off[l])
+                        continue;
+                if (m->got[l] == m->plan->epoch)
+                        memcpy(m->model + m->layer_off[l], m->incoming + m->layer_off[l],
+                               (m->layer_off[l + 1] - m->layer_off[l]) * sizeof(float));
+                else
+                        missing++;
+        }
+        /* all or nothing: a stage of layers from one model */
+        handed_over = missing == 0 && m->plan->samples > 0;
+        log_info("Holds plan epoch %llu (signature %s…): cluster %u of %u, stage %u of %u, layers %d-%d, %s",
+                 (unsigned long long)m->plan->epoch, m->next_sig, cluster + 1, m->plan->n_clusters, stage + 1,
+                 pc->n_stages, lo, hi - 1,
+                 handed_over ? "starting from the layers handed over" :
+                 m->plan->samples ? "layers missing from the hand-over: starting from the job's initialization" :
+                                    "starting from the job's initialization");
+        if (m->finished) {
+                log_info("Training is over here: plan epoch %llu not run", (unsigned long long)m->plan->epoch);
+                return 0;
+        }
+        return run_stage(m, cluster, stage, handed_over);
+}
+
+static void member_done(Membership *m) {
+        m->net = net_free(m->net);
+        m->plan = plan_free(m->plan);
+        m->next = plan_free(m->next);
+        m->scratch = plan_free(m->scratch);
+        m->model = mfree(m->model);
+        m->incoming = mfree(m->incoming);
+}
+
+int membership_run(const Config *c, const Job *job, const Identity *id, const LocalRunOptions *o,
+                   const volatile sig_atomic_t *stop) {
+        const ConfigMembership *cm = &c->membership;
+        _cleanup_(member_done) Membership m = { .c = c, .job = job, .id = id, .o = o, .stop = stop, .coord = -1 };
+        NetConfig nc;
+        Diag d = {};
+        int r;
+
+        if (!strcmp(c->pipeline.listen.host, "0.0.0.0") || !strcmp(c->pipeline.listen.host, "::") ||
+            !strcmp(c->averaging.listen.host, "0.0.0.0") || !strcmp(c->averaging.listen.host, "::")) {
+                log_error("%s: pipeline.listen, averaging.listen: membership hands these addresses to the other "
+                          "nodes: a wildcard address does not reach this one", c->path);
+                return -EINVAL;
+        }
+        for (int l = 0; l < job->model.n_layers; l++)
+                m.layer_off[l + 1] = m.layer_off[l] + model_spec_params(&job->model, l, l + 1);
+        size_t n_params = m.layer_off[job->model.n_layers];
+        m.plan = plan_new();
+        m.next = plan_new();
+        m.scratch = plan_new();
+        m.model = calloc(n_params, sizeof(float));
+        m.incoming = calloc(n_params, sizeof(float));
+        if (!m.plan || !m.next || !m.scratch || !m.model || !m.incoming)
+                return log_error_errno(-ENOMEM, "Out of memory");
+
+        /* what this node can give, measured */
+        m.join = (PlanJoin){ .bandwidth = DEFAULT_BANDWIDTH, .latency = DEFAULT_LATENCY,
+                             .n_layers = (unsigned)job->model.n_layers, .n_params = n_params,
+                             .pipeline_port = c->pipeline.listen.port, .averaging_port = c->averaging.listen.port };
+        snprintf(m.join.host, sizeof m.join.host, "%s", c->pipeline.listen.host);
+        if ((r = capability_memory(cm->memory, NULL, &m.join.memory)) < 0)
+                return log_error_errno(r, "Failed to read the memory available: %m");
+        if ((r = capability_probe_gflops(cm->probe_ms / 1000.0, &m.join.gflops)) < 0)
+                return log_error_errno(r, "Failed to measure the compute speed: %m");
+        log_info("Capabilities: %.1f GFLOP/s (sgemm, one thread), %.0f MiB to give%s", m.join.gflops,
+                 (double)m.join.memory / (1 << 20), cm->memory ? " (membership.memory)" : "");
+
+        if ((r = config_net(c, id, &nc, &d)) < 0)
+                return log_error_errno(r, "Invalid configuration: %s", d.text);
+        nc.idle_timeout_ms = cm->deadline_ms; /* the coordinator heartbeats */
+        nc.pool_bytes = MIN(n_params * sizeof(float) + (1u << 20), (size_t)1 << 30); /* a stage's layers */
+        nc.max_receive_bytes = MAX(nc.max_receive_bytes, (uint64_t)nc.pool_bytes);
+        if ((r = net_new(&nc, &callbacks, &m, &m.net)) < 0)
+                return log_error_errno(r, "Failed to start the membership transport: %m");
+
+        while (!*stop) {
+                serve(&m, 100);
+                if (o->poll)
+                        o->poll(o->poll_userdata);
+                if (m.have_next && (r = take_plan(&m)) < 0)
+                        return r;
+        }
+        /* a last word to the coordinator: this node leaves */
+        if (m.coord >= 0) {
+                net_send_control(m.net, (uint32_t)m.coord, FRAME_BYE, NULL, 0);
+                for (int i = 0; i < 20; i++)
+                        net_run(m.net, 5);
+        }
+        return 0;
+}

@@ -1,0 +1,212 @@
+/* run/node.c */
+#include "node.h"
+
+#include <stdio.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "events.h"
+#include "util/log.h"
+
+bool node_configured(const Config *c) {
+        return c->listen.port != 0 || c->n_peers > 0 || c->averaging.enabled || c->pipeline.enabled ||
+               c->membership.enabled;
+}
+
+static const char *reason_text(int reason) {
+        switch (reason) {
+        case 0: return "said goodbye";
+        case -EACCES: return "not admitted (unknown identity or wrong network secret)";
+        case -EOPNOTSUPP: return "no cipher in common";
+        case -EKEYREJECTED: return "sent an ephemeral key of small order";
+        case -EBADMSG: return "sent a malformed, forged, replayed or reordered frame";
+        case -EPROTO: return "broke the handshake";
+        case -EMSGSIZE: return "sent a frame or tensor over the size limits";
+        case -ECONNRESET: return "closed the connection";
+        default: return NULL;
+        }
+}
+
+const char *node_close_reason(int reason, const NetPeerInfo *info, char *buf, size_t size) {
+        if (reason == -ETIMEDOUT)
+                snprintf(buf, size, "timed out (%s deadline)", net_timeout_to_string(info->timeout));
+        else if (reason == -EPROTONOSUPPORT)
+                snprintf(buf, size, "peer speaks protocol version %u, this node speaks %u", info->peer_version,
+                         FRAME_VERSION);
+        else
+                snprintf(buf, size, "%s", reason_text(reason) ?: strerror(-reason));
+        return buf;
+}
+
+static const uint8_t msg_paused[4] = { 'R', 'V', 'P', 'Z' }, msg_resumed[4] = { 'R', 'V', 'P', 'R' };
+
+static void on_connected(void *userdata, uint32_t peer, const uint8_t id[IDENTITY_PK_SIZE]) {
+        Node *node = userdata;
+        char hex[IDENTITY_HEX_SIZE];
+        int c = net_peer_cipher(node->net, peer);
+        NetPeerInfo info = {};
+        char fields[192];
+        if (net_peer_describe(node->net, peer, &info) < 0)
+                snprintf(info.address, sizeof info.address, "?");
+        identity_to_hex(id, hex);
+        snprintf(fields, sizeof fields, "PEER=%s\nPEER_ADDRESS=%s", hex, info.address);
+        log_event(LOG_INFO, EVENT_PEER_JOINED, fields, "Peer %s at %s joined (link %u, %s)", hex, info.address, peer,
+                  c >= 0 ? cipher_to_string((Cipher)c) : "?");
+        if (node->told_paused) /* the others heard it when this node paused */
+                (void)net_send_control(node->net, peer, FRAME_CONTROL, msg_paused, 4);
+}
+
+static void forget_paused(Node *node, uint32_t peer);
+
+/* Who the peer is, for a log line: its key when it proved one (even if it
+ * was then refused), and its address: "<key> at 192.0.2.7:41234". */
+static void describe_peer(const NetPeerInfo *info, char *out, size_t size) {
+        char hex[IDENTITY_HEX_SIZE];
+        if (!info->key_known) {
+                snprintf(out, size, "%s", info->address);
+                return;
+        }
+        identity_to_hex(info->key, hex);
+        snprintf(out, size, "%s at %s", hex, info->address);
+}
+
+static void on_closed(void *userdata, uint32_t peer, int reason, const uint8_t id[IDENTITY_PK_SIZE]) {
+        Node *node = userdata;
+        NetPeerInfo info = {};
+        char who[IDENTITY_HEX_SIZE + 80], why[128], hex[IDENTITY_HEX_SIZE], fields[384];
+
+        forget_paused(node, peer);
+        if (net_peer_describe(node->net, peer, &info) < 0)
+                snprintf(info.address, sizeof info.address, "?");
+        describe_peer(&info, who, sizeof who);
+        if (info.key_known)
+                identity_to_hex(info.key, hex);
+        else /* the journal's PEER: the key, or the address before it proved one */
+                snprintf(hex, sizeof hex, "%s", info.address);
+        node_close_reason(reason, &info, why, sizeof why);
+        snprintf(fields, sizeof fields, "PEER=%s\nPEER_ADDRESS=%s\nREASON=%s", hex, info.address, why);
+
+        if (!info.open && (reason == 0 || reason == -ECONNRESET))
+                /* The initiator checks the responder first: a link that ends
+                 * here usually means the other side refused this node. */
+                log_event(LOG_WARNING, EVENT_AUTH_FAILED, fields,
+                          "Link %u with %s closed during the handshake: the peer did not admit this node "
+                          "(different network secret, or not on its allowlist) or gave up", peer, who);
+        else if ((!info.open && reason != -ETIMEDOUT) || reason == -EACCES || reason == -EOPNOTSUPP ||
+                 reason == -EKEYREJECTED)
+                log_event(LOG_WARNING, EVENT_AUTH_FAILED, fields, "Authentication failed on link %u with %s: %s",
+                          peer, who, why);
+        else if (reason == 0 || reason == -ECONNRESET)
+                log_event(LOG_INFO, EVENT_PEER_LEFT, fields, "Peer %s left (link %u): %s", who, peer, why);
+        else
+                log_event(LOG_WARNING, EVENT_PEER_LEFT, fields, "Dropped link %u with peer %s: %s", peer, who, why);
+}
+
+static void on_control(void *userdata, uint32_t peer, uint8_t type, const uint8_t *payload, size_t len) {
+        Node *node = userdata;
+        if (type != FRAME_CONTROL || len != 4 || peer >= 256)
+                return;
+        bool paused = !memcmp(payload, msg_paused, 4);
+        if (!paused && memcmp(payload, msg_resumed, 4))
+                return;
+        uint64_t bit = 1ull << (peer % 64), *w = &node->paused_mask[peer / 64];
+        if (paused == !!(*w & bit))
+                return;
+        *w ^= bit;
+        node->paused_peers += paused ? 1 : (uint32_t)-1;
+        log_info("Peer on link %u %s", peer, paused ? "paused: its owner needs the machine" : "resumed");
+}
+
+static void forget_paused(Node *node, uint32_t peer) {
+        if (peer < 256 && node->paused_mask[peer / 64] & (1ull << (peer % 64))) {
+                node->paused_mask[peer / 64] &= ~(1ull << (peer % 64));
+                node->paused_peers--;
+        }
+}
+
+void node_tell_paused(Node *node, bool paused) {
+        if (!node->active || node->told_paused == paused)
+                return;
+        node->told_paused = paused;
+        net_broadcast_control(node->net, FRAME_CONTROL, paused ? msg_paused : msg_resumed, 4);
+}
+
+static void on_tensor(void *userdata, NetTensor *t) {
+        Node *node = userdata;
+        /* Nothing consumes tensors yet: the pipeline will. */
+        log_debug("Tensor of %llu bytes from link %u, stream %u", (unsigned long long)t->desc.bytes, t->peer,
+                  t->stream);
+        net_tensor_release(node->net, t);
+}
+
+int node_start(Node *node, const Config *c) {
+        char path[PATH_MAX + 16], hex[IDENTITY_HEX_SIZE];
+        NetConfig nc;
+        bool created;
+        Diag d = {};
+        int r;
+
+        memset(node, 0, sizeof *node);
+        if (!node_configured(c))
+                return 0;
+
+        if (mkdir(c->state_directory, 0700) < 0 && errno != EEXIST)
+                return log_error_errno(-errno, "Failed to create %s: %m", c->state_directory);
+        snprintf(path, sizeof path, "%s/identity", c->state_directory);
+        r = identity_load_or_create(path, &node->identity, &created, &d);
+        if (r < 0)
+                return log_error_errno(r, "Failed to load the identity: %s", d.text);
+        identity_to_hex(node->identity.pk, hex);
+        log_info("%s identity %s (%s)", created ? "Created" : "Loaded", hex, path);
+        if (c->membership.enabled && !c->listen.port && !c->n_peers)
+                return 0; /* membership has links of its own: no transport (and receive pool) idle here */
+
+        r = config_net(c, &node->identity, &nc, &d);
+        if (r < 0)
+                return log_error_errno(r, "Invalid network configuration: %s", d.text);
+        NetCallbacks cb = { .connected = on_connected, .closed = on_closed, .tensor = on_tensor, .control = on_control };
+        r = net_new(&nc, &cb, node, &node->net);
+        if (r < 0)
+                return log_error_errno(r, "Failed to start the transport: %m");
+
+        NetStats st;
+        net_get_stats(node->net, &st);
+        if (st.fallback)
+                log_warning_errno(st.fallback_error,
+                                  "io_uring is not available (%m): using the epoll backend. Containers: see "
+                                  "containers/ for a seccomp profile that allows io_uring.");
+        log_info("Transport: %s backend, admission by %s%s", net_backend_name(node->net),
+                 c->admission == CONFIG_ADMISSION_SECRET ? "network secret" :
+                 c->admission == CONFIG_ADMISSION_ALLOWLIST ? "allowlist" : "network secret and allowlist",
+                 nc.plaintext ? ", plaintext allowed on loopback (benchmarks only)" : "");
+
+        if (c->listen.port) {
+                uint16_t port;
+                r = net_listen(node->net, c->listen.host, c->listen.port, &port);
+                if (r < 0)
+                        return log_error_errno(r, "Failed to listen on %s:%u: %m", c->listen.host, c->listen.port);
+                log_info("Listening on %s:%u", c->listen.host, port);
+        }
+        for (size_t i = 0; i < c->n_peers; i++) {
+                uint32_t peer;
+                r = net_connect(node->net, c->peers[i].host, c->peers[i].port, &peer);
+                if (r < 0)
+                        log_warning_errno(r, "Failed to connect to %s:%u: %m", c->peers[i].host, c->peers[i].port);
+        }
+        node->active = true;
+        return 0;
+}
+
+void node_poll(Node *node, int timeout_ms) {
+        if (!node->active)
+                return;
+        net_run(node->net, timeout_ms); /* which heartbeats quiet links */
+}
+
+void node_stop(Node *node) {
+        if (!node->active)
+                return;
+        node->net = net_free(node->net);
+        identity_clear(&node->identity);
+        node->active = false;
+}

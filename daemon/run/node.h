@@ -1,0 +1,41 @@
+/* run/node.h — this node on the network: its identity, its listener
+ * and its links, with every event an operator cares about logged once
+ * (peer joined or left, authentication failures, dropped links).
+ *
+ * Its links carry heartbeats and pause notices; the training loop polls
+ * the node between steps so the links stay served.
+ *
+ *     Node node;
+ *     r = node_start(&node, &config);     // no-op (0) when no network is configured
+ *     node_poll(&node, 0);                // between training steps
+ *     node_stop(&node);
+ */
+#pragma once
+
+#include "conf/config.h"
+#include "net/net.h"
+
+typedef struct Node {
+        Net *net;
+        Identity identity;
+        bool active;
+        bool told_paused;              /* the peers know this node is paused */
+        uint32_t paused_peers;         /* peers that said they are paused */
+        uint64_t paused_mask[4];       /* which links (ids below 256) */
+} Node;
+
+/* Whether the configuration asks for a network at all. */
+bool node_configured(const Config *c);
+/* Load or create the identity, start the transport, listen, connect to the
+ * configured peers. Logs; returns -errno on failure. */
+int node_start(Node *node, const Config *c);
+/* Serve the links for up to timeout_ms (the transport heartbeats quiet
+ * links). */
+void node_poll(Node *node, int timeout_ms);
+void node_stop(Node *node);
+/* Tell the peers this node paused (true) or resumed; once per change. */
+void node_tell_paused(Node *node, bool paused);
+/* Why a link closed, for a log line: reason as closed() gives it, info from
+ * net_peer_describe() in that callback ("said goodbye", "timed out (idle
+ * link deadline)", "peer speaks protocol version 2, this node speaks 1", ...). */
+const char *node_close_reason(int reason, const NetPeerInfo *info, char *buf, size_t size);

@@ -1,0 +1,718 @@
+/* run/pipeline-run.c — this node's stage of a cluster's pipeline, as
+ * the daemon runs it: its place in the plan, its links to the previous and
+ * next stages, its rings with the same layers in the other clusters, and
+ * progress in the log. */
+#include "pipeline-run.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "averaging.h"
+#include "collective/segments.h"
+#include "control.h"
+#include "stage-checkpoint.h"
+#include "pipeline/pipe.h"
+#include "tensor/ops.h"
+#include "util/log.h"
+#include "util/time-util.h"
+
+typedef struct Run {
+        /* its inputs */
+        const Config *c;
+        const Job *job;
+        const LocalRunOptions *o;    /* its poll runs during the last averaging round too */
+        int epochs;
+        /* its place in the plan */
+        const ConfigCluster *cl;
+        unsigned cluster, stage, n_stages;
+        const ConfigMember *prev, *next; /* NULL at the ends */
+        PipeConfig pc;
+        Dataset *train, *test;
+        /* the stage and its links */
+        Pipe *pipe;
+        Net *net;
+        int64_t prev_peer, next_peer;
+        uint32_t dialing;
+        bool dial_pending;
+        uint64_t next_dial_ns;
+        bool finished; /* the neighbours may go now */
+        Averaging av;
+        bool told_paused;            /* the neighbours know this stage is paused */
+        uint64_t lost_told;          /* micro-batches lost with broken links, as logged */
+        bool prev_paused, next_paused;
+        bool prev_quiesced;           /* the stages before finished their micro-batches */
+        uint64_t missing_since_ns;    /* a neighbour has been gone (or not come) since; 0: both there */
+        bool quiescing, quiesced;
+        uint64_t quiesce_deadline_ns;
+        /* progress: the log, the daemon's status, the averaging hand-off */
+        uint64_t start_ns, last_log_ns, last_report_ns, last_links_ns;
+        uint64_t last_samples, updates_seen, samples_synced;
+        double last_loss, last_rate; /* only the last stage knows the loss */
+        PipeStats prev_st;
+} Run;
+
+/* Control payloads of the daemon's own, beside the pipe's: a stage tells its
+ * neighbours it pauses (the owner needs the machine) and resumes. */
+static const uint8_t msg_paused[4] = { 'R', 'V', 'P', 'Z' };
+static const uint8_t msg_resumed[4] = { 'R', 'V', 'P', 'R' };
+/* ... and that every micro-batch it sent came back: the next may stop. */
+static const uint8_t msg_quiesced[4] = { 'R', 'V', 'P', 'Q' };
+
+static void tell_neighbours(Run *r, const uint8_t msg[4]) {
+        if (r->prev_peer >= 0)
+                (void)net_send_control(r->net, (uint32_t)r->prev_peer, FRAME_CONTROL, msg, 4);
+        if (r->next_peer >= 0)
+                (void)net_send_control(r->net, (uint32_t)r->next_peer, FRAME_CONTROL, msg, 4);
+}
+
+/* While the gate holds the stage: keep the links served. */
+static void serve_paused(void *ud) {
+        Run *r = ud;
+        if (!r->told_paused) {
+                tell_neighbours(r, msg_paused);
+                r->told_paused = true;
+        }
+        net_run(r->net, 50);
+        if (r->o && r->o->poll) /* a paused node is still a member */
+                r->o->poll(r->o->poll_userdata);
+}
+
+/* In this order: the averaging thread, the tensors the pipe still holds
+ * (back to the Net they came from), the Net (its last sent() calls still
+ * reach the pipe), the pipe. */
+static void run_done(Run *r) {
+        averaging_stop(&r->av);
+        if (r->pipe)
+                pipe_drop_queued(r->pipe);
+        r->net = net_free(r->net);
+        r->pipe = pipe_free(r->pipe);
+        r->train = dataset_free(r->train);
+        r->test = dataset_free(r->test);
+}
+
+static void run_connected(void *ud, uint32_t peer, const uint8_t id[IDENTITY_PK_SIZE]) {
+        Run *r = ud;
+        char hex[IDENTITY_HEX_SIZE];
+        identity_to_hex(id, hex);
+        if (r->prev && memcmp(id, r->prev->id, IDENTITY_PK_SIZE) == 0 && r->prev_peer < 0) {
+                r->prev_peer = peer;
+                log_info("Previous stage %.16s… joined", hex);
+        } else if (r->next && memcmp(id, r->next->id, IDENTITY_PK_SIZE) == 0 && r->next_peer < 0) {
+                r->next_peer = peer;
+                r->dial_pending = false;
+                log_info("Next stage %.16s… joined", hex);
+        } else {
+                log_warning("Dropped pipeline link from %.16s…: not a neighbouring stage of this node", hex);
+                net_close_peer(r->net, peer);
+                return;
+        }
+        pipe_connect(r->pipe, r->net, r->prev_peer, r->next_peer);
+        if (r->told_paused) /* it joined while this stage is paused */
+                (void)net_send_control(r->net, peer, FRAME_CONTROL, msg_paused, 4);
+}
+
+/* Micro-batches a broken link took with it (here, or further down or up
+ * the pipeline: its FLUSH reached us). */
+static void run_tell_lost(Run *r) {
+        PipeStats st;
+        pipe_get_stats(r->pipe, &st);
+        if (st.lost > r->lost_told) {
+                log_info("Dropped %llu micro-batches that were on the way through the broken link",
+                         (unsigned long long)(st.lost - r->lost_told));
+                r->lost_told = st.lost;
+        }
+}
+
+static void run_closed(void *ud, uint32_t peer, int reason, const uint8_t id[IDENTITY_PK_SIZE]) {
+        Run *r = ud;
+        if (r->dial_pending && peer == r->dialing)
+                r->dial_pending = false;
+        if ((int64_t)peer == r->prev_peer || (int64_t)peer == r->next_peer) {
+                bool prev = (int64_t)peer == r->prev_peer;
+                if (!r->finished)
+                        log_warning("%s stage left (%s); waiting for it to come back", prev ? "Previous" : "Next",
+                            reason ? strerror(-reason) : "said goodbye");
+                if (prev)
+                        r->prev_peer = -1;
+                else
+                        r->next_peer = -1;
+                pipe_connect(r->pipe, r->net, r->prev_peer, r->next_peer);
+                run_tell_lost(r);
+        }
+}
+
+static void run_tensor(void *ud, NetTensor *t) {
+        Run *r = ud;
+        uint32_t peer = t->peer;
+        if (pipe_on_tensor(r->pipe, t) == -EBADMSG) {
+                log_warning("Dropped a pipeline link: it sent a tensor this stage does not expect");
+                net_close_peer(r->net, peer);
+        }
+}
+
+static void run_sent(void *ud, uint32_t peer, uint64_t cookie) {
+        pipe_on_sent(((Run *)ud)->pipe, cookie);
+}
+
+static void run_control(void *ud, uint32_t peer, uint8_t type, const uint8_t *p, size_t len) {
+        Run *r = ud;
+        bool from_prev = (int64_t)peer == r->prev_peer, from_next = (int64_t)peer == r->next_peer;
+        if (type == FRAME_CONTROL && len == 4 && (from_prev || from_next) &&
+            (!memcmp(p, msg_paused, 4) || !memcmp(p, msg_resumed, 4))) {
+                bool paused = !memcmp(p, msg_paused, 4);
+                *(from_prev ? &r->prev_paused : &r->next_paused) = paused;
+                log_info("%s stage %s", from_prev ? "Previous" : "Next",
+                         paused ? "paused: its owner needs the machine" : "resumed");
+                return;
+        }
+        if (type == FRAME_CONTROL && len == 4 && from_prev && !memcmp(p, msg_quiesced, 4)) {
+                r->prev_quiesced = true;
+                return;
+        }
+        if (type == FRAME_CONTROL && pipe_on_control(r->pipe, peer, p, len) < 0)
+                net_close_peer(r->net, peer);
+        run_tell_lost(r);
+}
+
+static const NetCallbacks run_callbacks = {
+        .connected = run_connected,
+        .closed = run_closed,
+        .tensor = run_tensor,
+        .sent = run_sent,
+        .control = run_control,
+};
+
+/* The busy fraction of the training window, and what it was made of. */
+static double busy_while_training(const PipeStats *st, char *why, size_t len) {
+        double compute = pipe_percent(st->train_compute_ns, st->train_ns),
+               wait = pipe_percent(st->train_wait_ns, st->train_ns);
+        snprintf(why, len, "computing %.0f%%, moving tensors %.0f%%, waiting %.0f%%", compute,
+                 MAX(100 - compute - wait, 0.0), wait);
+        return MIN(MAX(100 - wait, 0.0), 100.0);
+}
+
+/* A neighbour gone, or not yet come, for longer than
+ * pipeline.neighbour_timeout: the stage gives up (it could only wait). */
+static bool neighbour_gone_too_long(Run *r, unsigned timeout_s) {
+        bool prev_gone = r->prev && r->prev_peer < 0, next_gone = r->next && r->next_peer < 0;
+        uint64_t now = now_ns();
+        if ((!prev_gone && !next_gone) || timeout_s == 0) {
+                r->missing_since_ns = 0;
+                return false;
+        }
+        if (!r->missing_since_ns)
+                r->missing_since_ns = now;
+        if (now - r->missing_since_ns < (uint64_t)timeout_s * NSEC_PER_SEC)
+                return false;
+        const ConfigMember *m = prev_gone ? r->prev : r->next;
+        char hex[IDENTITY_HEX_SIZE];
+        identity_to_hex(m->id, hex);
+        log_error("Gave up on the %s stage %.16s… (%s:%u): not connected for %u s (pipeline.neighbour_timeout)",
+                  prev_gone ? "previous" : "next", hex, m->address.host, m->address.port, timeout_s);
+        return true;
+}
+
+/* The stage dials the next one, again and again until it answers. */
+static void dial_next(Run *r) {
+        uint64_t now = now_ns();
+        if (!r->next || r->next_peer >= 0 || r->dial_pending || now < r->next_dial_ns)
+                return;
+        r->next_dial_ns = now + NSEC_PER_SEC;
+        if (net_connect(r->net, r->next->address.host, r->next->address.port, &r->dialing) == 0)
+                r->dial_pending = true;
+}
+
+static void poll_run(void *ud) {
+        Run *r = ud;
+        net_run(r->net, 1);
+        if (r->o && r->o->poll)
+                r->o->poll(r->o->poll_userdata);
+}
+
+/* Its links to the neighbouring stages as the kernel measured them. */
+static void measure_links(const Run *r, LinkFigures *f) {
+        int64_t peers[2] = { r->prev_peer, r->next_peer };
+        double bw = 0, lat = 0, rtt, rate;
+        bool app_limited;
+        for (int i = 0; i < 2; i++) {
+                if (peers[i] < 0 || net_peer_link_info(r->net, (uint32_t)peers[i], &rtt, &rate, &app_limited) < 0)
+                        continue;
+                lat = MAX(lat, rtt / 2);
+                if (rate > 0 && !app_limited)
+                        bw = bw > 0 ? MIN(bw, rate) : rate;
+        }
+        if (lat > 0)
+                f->latency = lat;
+        if (bw > 0)
+                f->bandwidth = bw;
+}
+
+/* Where the stage is, for a checkpoint. */
+static CheckpointInfo position(Pipe *pipe) {
+        PipeStats st;
+        pipe_get_stats(pipe, &st);
+        return (CheckpointInfo){
+                .epoch = (uint64_t)MAX(st.epoch - 1, 0),
+                .step_in_epoch = st.step_in_epoch,
+                .samples = st.samples,
+                .updates = st.updates,
+                .step = st.updates,
+        };
+}
+
+static int save_checkpoint(Run *run) {
+        const LocalRunOptions *o = run->o;
+        CheckpointInfo at = position(run->pipe);
+        int r = stage_checkpoint_save(o->checkpoint_dir, run->job->name, pipe_stage(run->pipe), pipe_optim(run->pipe),
+                                      &at);
+        if (r >= 0 && o->control)
+                control_report_checkpoint(o->control, at.step);
+        return r;
+}
+
+/* The daemon's status: every quarter second. */
+static void report(Run *run, const PipeStats *st) {
+        const LocalRunOptions *o = run->o;
+        NodeTraining t = {
+                .cluster = (int32_t)run->cluster,
+                .stage = (int32_t)run->stage,
+                .epoch = st->epoch ? st->epoch : -1,
+                .epochs = run->epochs,
+                .step = st->updates,
+                .loss = run->last_loss,
+                .samples_per_sec = run->last_rate,
+                .test_accuracy = st->test_acc,
+        };
+        snprintf(t.role, sizeof t.role, "stage");
+        snprintf(t.job, sizeof t.job, "%s", run->job->name);
+        control_report_training(o->control, &t);
+
+        NetStats ns;
+        NodeNetwork n = {};
+        net_get_stats(run->net, &ns);
+        n.peers = ns.links + (run->av.active ? run->av.seen.connected : 0);
+        n.paused_peers = run->prev_paused + run->next_paused;
+        n.bytes_sent = ns.bytes_sent + (run->av.active ? run->av.seen.bytes_sent : 0);
+        n.bytes_received = ns.bytes_received + (run->av.active ? run->av.seen.bytes_received : 0);
+        n.last_averaging_usec = run->av.active ? run->av.seen.last_done_realtime_us : 0;
+        snprintf(n.io_backend, sizeof n.io_backend, "%s", net_backend_name(run->net));
+        control_report_network(o->control, &n);
+}
+
+static int find_self(const ConfigPipeline *p, const Identity *id, unsigned *ret_cluster, unsigned *ret_stage) {
+        for (unsigned k = 0; k < p->n_clusters; k++)
+                for (unsigned s = 0; s < p->clusters[k].n_stages; s++)
+                        if (memcmp(p->clusters[k].nodes[s].id, id->pk, IDENTITY_PK_SIZE) == 0) {
+                                *ret_cluster = k;
+                                *ret_stage = s;
+                                return 0;
+                        }
+        return -ENOENT;
+}
+
+static int member_index(const ConfigAveraging *a, const uint8_t id[IDENTITY_PK_SIZE]) {
+        for (size_t i = 0; i < a->n_members; i++)
+                if (memcmp(a->members[i].id, id, IDENTITY_PK_SIZE) == 0)
+                        return (int)i;
+        return -ENOENT;
+}
+
+/* This stage's rings: the parameter vector cut at every stage boundary of
+ * every cluster, the owners found among the averaging members. */
+static int plan_rings(const Config *c, const ModelSpec *m, unsigned cluster, unsigned stage, AveragerRing *rings,
+                      unsigned *n_rings) {
+        const ConfigPipeline *p = &c->pipeline;
+        size_t bounds[CONFIG_MAX_CLUSTERS][CONFIG_MAX_STAGES + 1];
+        unsigned owners[CONFIG_MAX_CLUSTERS][CONFIG_MAX_STAGES];
+        ClusterCut cuts[CONFIG_MAX_CLUSTERS];
+        size_t total = model_spec_params(m, 0, m->n_layers), n_seg;
+        Segment *seg;
+        int r;
+
+        for (unsigned k = 0; k < p->n_clusters; k++) {
+                const ConfigCluster *cl = &p->clusters[k];
+                for (unsigned s = 0; s <= cl->n_stages; s++)
+                        bounds[k][s] = model_spec_params(m, 0, cl->bounds[s]);
+                for (unsigned s = 0; s < cl->n_stages; s++) {
+                        int i = member_index(&c->averaging, cl->nodes[s].id);
+                        if (i < 0) {
+                                log_error("%s: averaging.members: node %u of cluster %u is not among them", c->path,
+                                          s + 1, k + 1);
+                                return -EINVAL;
+                        }
+                        owners[k][s] = (unsigned)i;
+                }
+                cuts[k] = (ClusterCut){ bounds[k], owners[k], cl->n_stages };
+        }
+        r = segments_plan(cuts, p->n_clusters, total, &seg, &n_seg);
+        if (r < 0) {
+                log_error("%s: pipeline.clusters: the cuts do not make rings (a stage without parameters, or one node "
+                          "in two clusters)", c->path);
+                return r;
+        }
+        size_t lo = bounds[cluster][stage], hi = bounds[cluster][stage + 1];
+        *n_rings = 0;
+        for (size_t i = 0; i < n_seg && *n_rings < COLL_MAX_MEMBERS; i++) {
+                if (seg[i].off < lo || seg[i].off >= hi)
+                        continue;
+                AveragerRing *g = &rings[(*n_rings)++];
+                *g = (AveragerRing){ .group = seg[i].group, .n = seg[i].n_owners, .off = seg[i].off - lo,
+                                     .len = seg[i].len };
+                memcpy(g->members, seg[i].owners, seg[i].n_owners * sizeof *g->members);
+        }
+        free(seg);
+        return 0;
+}
+
+
+/* ---- the life of a stage, step by step ------------------------------------ */
+
+/* Plan: this node's cluster and stage, and its neighbours. */
+static int run_place(Run *run, const Identity *id) {
+        const ConfigPipeline *p = &run->c->pipeline;
+        const Job *job = run->job;
+
+        if (find_self(p, id, &run->cluster, &run->stage) < 0) {
+                char hex[IDENTITY_HEX_SIZE];
+                identity_to_hex(id->pk, hex);
+                log_error("%s: pipeline.clusters: this node's key %s is not in any cluster", run->c->path, hex);
+                return -EINVAL;
+        }
+        run->cl = &p->clusters[run->cluster];
+        if (run->cl->bounds[run->cl->n_stages] != job->model.n_layers) {
+                log_error("%s: pipeline.clusters: cluster %u cuts %d layers, job %s has %d", run->c->path,
+                          run->cluster + 1, run->cl->bounds[run->cl->n_stages], job->name, job->model.n_layers);
+                return -EINVAL;
+        }
+        run->n_stages = run->cl->n_stages;
+        run->prev = run->stage > 0 ? &run->cl->nodes[run->stage - 1] : NULL;
+        run->next = run->stage + 1 < run->cl->n_stages ? &run->cl->nodes[run->stage + 1] : NULL;
+        run->epochs = run->o->epochs > 0 ? run->o->epochs : job->train.epochs;
+        return 0;
+}
+
+/* Every stage reads the training set's size for the learning-rate
+ * schedule; the first stage trains on its cluster's shard of it and
+ * evaluates on the test set. */
+static int run_load_data(Run *run) {
+        Diag d = {};
+        int r;
+
+        r = job_load_split(run->job, run->o->data_dir, false, &run->train, &d);
+        if (r >= 0 && run->stage == 0)
+                r = job_load_split(run->job, run->o->data_dir, true, &run->test, &d);
+        if (r < 0)
+                return log_error_errno(r, "Failed to load the dataset: %s", d.text);
+        return 0;
+}
+
+/* Where a stage goes on from: the parameters handed over from the previous
+ * plan's owners, the clusters' progress, or its own checkpoint. */
+static void run_resume(Run *run, size_t steps, int U) {
+        const LocalRunOptions *o = run->o;
+        const ConfigPipeline *p = &run->c->pipeline;
+        Pipe *pipe = run->pipe;
+        CheckpointInfo at;
+
+        if (o->model_params && o->load_model_params)
+                memcpy(pipe_stage(pipe)->params, o->model_params + model_spec_params(&run->job->model, 0, run->pc.lo),
+                       pipe_stage(pipe)->n_params * sizeof(float));
+        if (o->resume_samples) { /* go on where the clusters were, in this plan's shards */
+                uint64_t per = (uint64_t)p->n_clusters * (uint64_t)p->micro_batch;
+                uint64_t n = (uint64_t)steps * per, done = o->resume_samples;
+                if (n)
+                        pipe_resume(pipe, (int)MIN(done / n, (uint64_t)INT32_MAX), (size_t)((done % n) / per),
+                                    done / per / (uint64_t)U);
+        }
+        if (o->checkpoint_dir && o->load_checkpoint &&
+            stage_checkpoint_load(o->checkpoint_dir, run->job->name, pipe_stage(pipe), pipe_optim(pipe), &at) >= 0) {
+                pipe_resume(pipe, (int)MIN(at.epoch, (uint64_t)INT32_MAX), (size_t)at.step_in_epoch, at.updates);
+                if (o->control)
+                        control_report_checkpoint(o->control, at.step);
+        }
+}
+
+/* Stage: its layers, schedule and data, and where it goes on from. */
+static int run_stage(Run *run) {
+        const ConfigPipeline *p = &run->c->pipeline;
+        const Job *job = run->job;
+        int U = p->synchronous ? p->staleness : p->update_frequency;
+        size_t steps = run->train->n / p->n_clusters / (size_t)p->micro_batch;
+        Diag d = {};
+        int r;
+
+        run->pc = (PipeConfig){
+                .model = &job->model,
+                .lo = run->cl->bounds[run->stage],
+                .hi = run->cl->bounds[run->stage + 1],
+                .seed = job->train.seed,
+                .optim = &job->optim,
+                .micro_batch = p->micro_batch,
+                .in_flight = p->staleness,
+                .update_frequency = p->update_frequency,
+                .schedule = p->synchronous ? PIPE_SYNC : PIPE_ASYNC,
+                .total_updates = (uint64_t)run->epochs * steps / (uint64_t)U,
+                .train = run->stage == 0 ? run->train : NULL,
+                .test = run->test,
+                .shard = (int)run->cluster,
+                .n_shards = (int)p->n_clusters,
+                .epochs = run->epochs,
+                .data_seed = job->train.seed,
+                .hold_after_training = run->c->averaging.enabled,
+        };
+        r = pipe_new(&run->pc, &ops_blas, &run->pipe, &d);
+        if (r < 0)
+                return log_error_errno(r, "Failed to set up stage %u: %s", run->stage + 1, d.text);
+        if (run->stage > 0) /* only the first stage trains on it */
+                run->train = dataset_free(run->train);
+        run_resume(run, steps, U);
+        return 0;
+}
+
+/* Links: the transport, listening for the previous stage (the stage dials
+ * the next one from the loop). */
+static int run_links(Run *run, const Identity *id) {
+        const ConfigPipeline *p = &run->c->pipeline;
+        NetConfig nc;
+        Diag d = {};
+        int r;
+
+        r = config_net(run->c, id, &nc, &d);
+        if (r < 0)
+                return log_error_errno(r, "Invalid configuration: %s", d.text);
+        r = net_new(&nc, &run_callbacks, run, &run->net);
+        if (r < 0)
+                return log_error_errno(r, "Failed to start the pipeline transport: %m");
+        pipe_connect(run->pipe, run->net, -1, -1);
+        if (run->prev && (r = net_listen(run->net, p->listen.host, p->listen.port, NULL)) < 0)
+                return log_error_errno(r, "Failed to listen on %s:%u for the previous stage: %m", p->listen.host,
+                                       p->listen.port);
+        return 0;
+}
+
+/* Rings: the same layers in the other clusters. */
+static int run_rings(Run *run, const Identity *id) {
+        AveragerRing rings[COLL_MAX_MEMBERS];
+        unsigned n_rings = 0;
+        int r;
+
+        if (!run->c->averaging.enabled)
+                return 0;
+        if ((r = plan_rings(run->c, &run->job->model, run->cluster, run->stage, rings, &n_rings)) < 0)
+                return r;
+        return averaging_start(&run->av, run->c, id, pipe_stage(run->pipe)->n_params, rings, n_rings);
+}
+
+/* A safe stop was asked for: the micro-batches on the way finish first,
+ * then the next stage hears that nothing more comes. True when stopped. */
+static bool run_quiesce(Run *run) {
+        const LocalRunOptions *o = run->o;
+        PipeStats st;
+
+        if (!run->quiescing && o->quiesce && *o->quiesce) {
+                log_info("Stopping at a safe point: the micro-batches on the way finish first");
+                pipe_quiesce(run->pipe, true);
+                run->quiescing = true;
+                run->quiesce_deadline_ns = now_ns() + 5 * NSEC_PER_SEC;
+        }
+        if (!run->quiescing)
+                return false;
+        /* the first stage's micro-batches are back, or the stage before says so
+         * (nothing comes from a previous stage that is gone) */
+        pipe_get_stats(run->pipe, &st);
+        bool late = now_ns() > run->quiesce_deadline_ns;
+        if (!(run->stage == 0 ? st.in_flight == 0 : run->prev_quiesced || run->prev_peer < 0) && !late)
+                return false;
+        if (run->next_peer >= 0)
+                (void)net_send_control(run->net, (uint32_t)run->next_peer, FRAME_CONTROL, msg_quiesced, 4);
+        log_info("Stopped at a safe point%s", late ? " (gave up waiting for the micro-batches on the way)" : "");
+        run->quiesced = true;
+        return true;
+}
+
+/* Pause, stop and checkpoints, as the daemon asks: -ECANCELED to stop. */
+static int run_gate(Run *run) {
+        const LocalRunOptions *o = run->o;
+        int r;
+
+        if (!o->control)
+                return 0;
+        r = control_gate(o->control, serve_paused, run);
+        if (run->told_paused) {
+                tell_neighbours(run, msg_resumed);
+                run->told_paused = false;
+        }
+        if (r == CONTROL_CHECKPOINT)
+                control_checkpoint_done(o->control, o->checkpoint_dir ? save_checkpoint(run) : -EOPNOTSUPP,
+                                        position(run->pipe).step);
+        return r == -ECANCELED ? r : 0;
+}
+
+/* A progress line: what the stage did since the last one. */
+static void run_log_progress(Run *run, const PipeStats *st, uint64_t now) {
+        const PipeStats *prev = &run->prev_st;
+        double dt = ns_to_sec(now - run->last_log_ns);
+        /* fractions of the interval, within [0, 1] whatever the clocks' rounding */
+        double busy = CLAMP(1 - (double)(st->wait_ns - prev->wait_ns) / (double)(now - run->last_log_ns), 0.0, 1.0);
+        double compute = CLAMP((double)(st->compute_ns - prev->compute_ns) / (double)(now - run->last_log_ns), 0.0,
+                               1.0);
+        uint64_t scored = st->scored - prev->scored;
+        double rate = (double)(st->samples - run->last_samples) / dt;
+
+        if (run->next)
+                log_info("stage %u/%u: %lu micro-batches, %.0f samples/s, busy %.0f%% (computing %.0f%%), "
+                         "%u in flight, %u stashed versions",
+                         run->stage + 1, run->n_stages, (unsigned long)st->forwards, rate, 100 * busy, 100 * compute,
+                         st->in_flight, st->versions);
+        else
+                log_info("stage %u/%u: %lu micro-batches, loss %.4f, acc %.2f%%, %.0f samples/s, busy %.0f%% "
+                         "(computing %.0f%%)",
+                         run->stage + 1, run->n_stages, (unsigned long)st->forwards,
+                         scored ? (st->loss_sum - prev->loss_sum) / (double)scored : 0.0,
+                         scored ? 100 * (st->correct - prev->correct) / (double)scored : 0.0, rate, 100 * busy,
+                         100 * compute);
+        run->last_rate = rate;
+        if (scored)
+                run->last_loss = (st->loss_sum - prev->loss_sum) / (double)scored;
+        run->prev_st = *st;
+        run->last_log_ns = now;
+        run->last_samples = st->samples;
+}
+
+/* Between two turns of the loop: the averaging hand-off after an update,
+ * the link figures, the daemon's status and the progress line. */
+static void run_after_step(Run *run) {
+        const LocalRunOptions *o = run->o;
+        Stage *s = pipe_stage(run->pipe);
+        uint64_t now = now_ns();
+        PipeStats st;
+
+        pipe_get_stats(run->pipe, &st);
+        if (st.updates != run->updates_seen) {
+                averaging_step(&run->av, s->params, st.samples - run->samples_synced);
+                run->samples_synced = st.samples;
+                run->updates_seen = st.updates;
+        }
+        if (o->links && now - run->last_links_ns >= NSEC_PER_SEC) {
+                measure_links(run, o->links);
+                run->last_links_ns = now;
+        }
+        if (o->control && now - run->last_report_ns >= 250 * 1000000ULL) {
+                report(run, &st);
+                run->last_report_ns = now;
+        }
+        if (o->progress_interval_ms && now - run->last_log_ns >= (uint64_t)o->progress_interval_ms * 1000000ull)
+                run_log_progress(run, &st, now);
+}
+
+/* Loop: train until the pipe finishes (the last averaging round and the
+ * evaluation happen inside), a stop, or an error. PIPE_FINISHED, or -errno. */
+static int run_loop(Run *run, const volatile sig_atomic_t *stop) {
+        const LocalRunOptions *o = run->o;
+        PipeStats st;
+        int r = 0;
+
+        run->start_ns = run->last_log_ns = now_ns();
+        run->last_loss = -1;
+        pipe_get_stats(run->pipe, &st);
+        run->updates_seen = st.updates;
+        while (!*stop && !run_quiesce(run)) {
+                dial_next(run);
+                if (neighbour_gone_too_long(run, run->c->pipeline.neighbour_timeout_s))
+                        return -ETIMEDOUT;
+                if ((r = run_gate(run)) < 0)
+                        return r;
+                r = pipe_work(run->pipe);
+                if (r == PIPE_FINISHED)
+                        return r;
+                if (r == PIPE_HELD) { /* the same final model in every cluster before the evaluation */
+                        log_info("Training done: a last averaging round before the evaluation");
+                        (void)averaging_final(&run->av, pipe_stage(run->pipe)->params, poll_run, run);
+                        pipe_release(run->pipe);
+                        continue;
+                }
+                if (r < 0)
+                        return log_error_errno(r, "Stage %u failed: %m", run->stage + 1);
+                net_run(run->net, r > 0 ? 0 : 2);
+                if (o->poll)
+                        o->poll(o->poll_userdata);
+                run_after_step(run);
+        }
+        return -ECANCELED;
+}
+
+/* The stage's parameters for the next plan's owners, its samples, and a
+ * checkpoint on the way out, so a restart goes on from here; then what the
+ * stage queued last (DONE, say) leaves. */
+static void run_hand_back(Run *run, int r, const volatile sig_atomic_t *stop) {
+        const LocalRunOptions *o = run->o;
+        Stage *s = pipe_stage(run->pipe);
+        PipeStats st;
+
+        averaging_stop(&run->av);
+        run->finished = r == PIPE_FINISHED;
+        if (o->model_params)
+                memcpy(o->model_params + model_spec_params(&run->job->model, 0, run->pc.lo), s->params,
+                       s->n_params * sizeof(float));
+        if (o->ret_samples) {
+                pipe_get_stats(run->pipe, &st);
+                *o->ret_samples = run->stage == 0 ? st.samples : 0;
+        }
+        if (o->checkpoint_dir && o->control && (r == PIPE_FINISHED || *stop))
+                save_checkpoint(run);
+        for (int i = 0; i < 100 && r == PIPE_FINISHED; i++)
+                net_run(run->net, 5);
+        for (int i = 0; i < 100 && run->quiesced && run->next_peer >= 0 &&
+                        net_queued(run->net, (uint32_t)run->next_peer) > 0; i++)
+                net_run(run->net, 5);
+}
+
+/* The last line: the test accuracy at the last stage, where the time went. */
+static void run_log_finished(Run *run) {
+        PipeStats st;
+        char why[96];
+
+        pipe_get_stats(run->pipe, &st);
+        if (run->o->control)
+                report(run, &st);
+        double total = ns_to_sec(now_ns() - run->start_ns);
+        double busy = busy_while_training(&st, why, sizeof why);
+        if (!run->next)
+                log_info("Finished %s: test accuracy %.2f%% (stage %u of %u in cluster %u), %.0f samples/s, "
+                         "busy %.0f%% while training (%s), %.0f%% in all",
+                         run->job->name, 100 * st.test_acc, run->stage + 1, run->n_stages, run->cluster + 1,
+                         (double)st.samples / total, busy, why, 100 - pipe_percent(st.wait_ns, st.elapsed_ns));
+        else
+                log_info("Finished stage %u of %u in cluster %u: %lu updates, busy %.0f%% while training (%s), "
+                         "%.0f%% in all",
+                         run->stage + 1, run->n_stages, run->cluster + 1, (unsigned long)st.updates, busy, why,
+                         100 - pipe_percent(st.wait_ns, st.elapsed_ns));
+}
+
+int pipeline_run(const Config *c, const Job *job, const Identity *id, const LocalRunOptions *o,
+                 const volatile sig_atomic_t *stop) {
+        _cleanup_(run_done) Run run = { .c = c, .job = job, .o = o, .prev_peer = -1, .next_peer = -1 };
+        int r;
+
+        if ((r = run_place(&run, id)) < 0)
+                return r;
+        if ((r = ops_blas_set_threads(o->threads)) < 0)
+                return log_error_errno(r, "Failed to start %d compute threads: %m", o->threads);
+        if ((r = run_load_data(&run)) < 0 || (r = run_stage(&run)) < 0 || (r = run_links(&run, id)) < 0 ||
+            (r = run_rings(&run, id)) < 0)
+                return r;
+        log_info("Stage %u of %u in cluster %u of %u: layers %d-%d, %zu parameters, micro-batch %d, %s schedule, "
+                 "at most %d in flight",
+                 run.stage + 1, run.n_stages, run.cluster + 1, c->pipeline.n_clusters, run.pc.lo, run.pc.hi - 1,
+                 pipe_stage(run.pipe)->n_params, c->pipeline.micro_batch,
+                 c->pipeline.synchronous ? "synchronous" : "asynchronous", c->pipeline.staleness);
+
+        r = run_loop(&run, stop);
+        run_hand_back(&run, r, stop);
+        if (*stop || run.quiesced)
+                return -ECANCELED;
+        if (r < 0)
+                return r;
+        run_log_finished(&run);
+        return 0;
+}

@@ -1,0 +1,69 @@
+/* run/stage-checkpoint.c */
+#include "stage-checkpoint.h"
+
+#include <errno.h>
+#include <limits.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "events.h"
+#include "util/log.h"
+#include "util/time-util.h"
+
+static void file_name(const char *job, const Stage *s, char *buf, size_t len) {
+        snprintf(buf, len, "%s.layers-%d-%d.ckpt", job, s->first_layer, s->first_layer + s->n_layers);
+        for (char *c = buf; *c; c++) /* a job's name is not a path */
+                if (*c == '/')
+                        *c = '_';
+}
+
+int stage_checkpoint_save(const char *dir, const char *job, const Stage *s, const Optim *o, const CheckpointInfo *at) {
+        CheckpointInfo info = *at;
+        char name[160], path[PATH_MAX + 200], fields[PATH_MAX + 300];
+        Diag d = {};
+        int r;
+
+        snprintf(info.job, sizeof info.job, "%s", job);
+        info.lo = s->first_layer;
+        info.hi = s->first_layer + s->n_layers;
+        info.n_params = s->n_params;
+        info.n_state = optim_state_floats(o->spec.kind, s->n_params);
+        info.optim_kind = (uint32_t)o->spec.kind;
+        info.optim_t = o->t;
+        file_name(job, s, name, sizeof name);
+        uint64_t t0 = now_ns();
+        r = checkpoint_write(dir, name, &info, s->params, o->state, &d);
+        if (r < 0)
+                return log_error_errno(r, "Failed to write the checkpoint: %s", d.text);
+        snprintf(path, sizeof path, "%s/%s", dir, name);
+        snprintf(fields, sizeof fields, "PATH=%s\nSTEP=%llu", path, (unsigned long long)info.step);
+        log_event(LOG_INFO, EVENT_CHECKPOINT, fields, "Checkpoint written: %s (step %llu, %llu epochs done; %.1f MiB in %.0f ms)",
+                  path, (unsigned long long)info.step, (unsigned long long)info.epoch,
+                  (double)(info.n_params + info.n_state) * 4 / (1 << 20), ns_to_sec(now_ns() - t0) * 1e3);
+        return 0;
+}
+
+int stage_checkpoint_load(const char *dir, const char *job, Stage *s, Optim *o, CheckpointInfo *ret) {
+        char name[160], path[PATH_MAX + 200];
+        CheckpointInfo info;
+        Diag d = {};
+        int r;
+
+        file_name(job, s, name, sizeof name);
+        snprintf(path, sizeof path, "%s/%s", dir, name);
+        r = checkpoint_read(path, &info, s->params, s->n_params, o->state,
+                            optim_state_floats(o->spec.kind, s->n_params), &d);
+        if (r == -ENOENT)
+                return r;
+        if (r >= 0 && info.optim_kind != (uint32_t)o->spec.kind)
+                r = diag_set(&d, -EINVAL, "%s: written by another optimizer", path);
+        if (r < 0) {
+                log_warning_errno(r, "Not resuming from the checkpoint, training starts afresh: %s", d.text);
+                return r;
+        }
+        o->t = info.optim_t;
+        log_info("Resuming from %s: step %llu, %llu epochs done", path, (unsigned long long)info.step,
+                 (unsigned long long)info.epoch);
+        *ret = info;
+        return 0;
+}

@@ -1,0 +1,25 @@
+/* run/stage-checkpoint.h — a stage's parameters, optimizer state and
+ * counters saved to and restored from <state_directory>, logged the way an
+ * operator reads it (the file format is run/checkpoint.h).
+ *
+ * One file per job and layer range, "<job>.layers-<lo>-<hi>.ckpt", so a node
+ * that moves to another stage or job never loads a checkpoint that is not
+ * its own.
+ *
+ *     CheckpointInfo at = { .epoch = e, .step_in_epoch = s, .step = step, ... };
+ *     r = stage_checkpoint_save(dir, job->name, stage, &optim, &at);   // logs the event
+ *     r = stage_checkpoint_load(dir, job->name, stage, &optim, &at);   // 0 loaded, -ENOENT none
+ */
+#pragma once
+
+#include "checkpoint.h"
+#include "nn/optim.h"
+#include "nn/stage.h"
+
+/* Save the stage's parameters and o's state with the counters in at (job,
+ * layers, sizes and optimizer fields are filled here). Logs. */
+int stage_checkpoint_save(const char *dir, const char *job, const Stage *s, const Optim *o, const CheckpointInfo *at);
+/* Restore them into s and o (o->t too) and return the counters in *ret.
+ * -ENOENT when there is none; any other error is logged and leaves s and o
+ * as they were, so training starts afresh. */
+int stage_checkpoint_load(const char *dir, const char *job, Stage *s, Optim *o, CheckpointInfo *ret);
