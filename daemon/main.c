@@ -38,7 +38,15 @@ static void help(void) {
                CONFIG_PATH, CONFIG_CONTROL_SOCKET);
 }
 
-int main(int argc, char *argv[]) {
+/* What the command line asks for. */
+typedef struct Args {
+        const char *job_path, *config_path, *control_socket;
+        LocalRunOptions run;
+        bool check_job, check_config, no_idle;
+} Args;
+
+/* The options into a: -1 to go on, else the exit status. */
+static int parse_args(int argc, char *argv[], Args *a) {
         enum { ARG_VERSION = 0x100, ARG_CHECK_JOB, ARG_CHECK_CONFIG, ARG_PROGRESS, ARG_NO_IDLE, ARG_CONTROL_SOCKET };
         static const struct option options[] = {
                 { "config", required_argument, NULL, 'c' },
@@ -56,121 +64,112 @@ int main(int argc, char *argv[]) {
                 { "version", no_argument, NULL, ARG_VERSION },
                 {},
         };
-        const char *job_path = NULL, *config_path = NULL, *control_socket = NULL;
-        LocalRunOptions o = { .progress_interval_ms = 1000 };
-        bool check_only = false, check_config = false, no_idle = false;
-        static Config config;
-        static Daemon daemon;
-        Job job;
-        Diag d = {};
-        int c, r;
+        long long v = 0;
+        int c;
 
         while ((c = getopt_long(argc, argv, "c:j:t:e:d:vh", options, NULL)) >= 0) {
-                long long v;
+                int r = 0;
                 switch (c) {
-                case 'c':
-                        config_path = optarg;
-                        break;
-                case ARG_CHECK_CONFIG:
-                        check_config = true;
-                        break;
-                case 'j':
-                        job_path = optarg;
-                        break;
-                case 't':
-                        if (option_int("threads", optarg, 1, 256, &v) < 0)
-                                return EX_USAGE;
-                        o.threads = (int)v;
-                        break;
-                case 'e':
-                        if (option_int("epochs", optarg, 1, 1000000, &v) < 0)
-                                return EX_USAGE;
-                        o.epochs = (int)v;
-                        break;
+                case 'c': a->config_path = optarg; break;
+                case ARG_CHECK_CONFIG: a->check_config = true; break;
+                case 'j': a->job_path = optarg; break;
+                case 't': r = option_int("threads", optarg, 1, 256, &v); a->run.threads = (int)v; break;
+                case 'e': r = option_int("epochs", optarg, 1, 1000000, &v); a->run.epochs = (int)v; break;
                 case ARG_PROGRESS:
-                        if (option_int("progress", optarg, 0, 1000000, &v) < 0)
-                                return EX_USAGE;
-                        o.progress_interval_ms = (unsigned)v;
+                        r = option_int("progress", optarg, 0, 1000000, &v);
+                        a->run.progress_interval_ms = (unsigned)v;
                         break;
-                case 'd':
-                        o.data_dir = optarg;
-                        break;
-                case ARG_CHECK_JOB:
-                        check_only = true;
-                        break;
-                case ARG_NO_IDLE:
-                        no_idle = true;
-                        break;
+                case 'd': a->run.data_dir = optarg; break;
+                case ARG_CHECK_JOB: a->check_job = true; break;
+                case ARG_NO_IDLE: a->no_idle = true; break;
                 case ARG_CONTROL_SOCKET:
                         if (strcmp(optarg, "none") && (optarg[0] != '/' || strlen(optarg) >= 108)) {
                                 log_error("Invalid value for --control-socket: %s (an absolute path, or \"none\")",
                                           optarg);
                                 return EX_USAGE;
                         }
-                        control_socket = optarg;
+                        a->control_socket = optarg;
                         break;
-                case 'v':
-                        log_set_max_level(LOG_DEBUG);
-                        break;
-                case 'h':
-                        help();
-                        return 0;
-                case ARG_VERSION:
-                        printf("ravnestd %s\n", RAVNEST_VERSION);
-                        return 0;
-                default:
-                        return EX_USAGE;
+                case 'v': log_set_max_level(LOG_DEBUG); break;
+                case 'h': help(); return 0;
+                case ARG_VERSION: printf("ravnestd %s\n", RAVNEST_VERSION); return 0;
+                default: return EX_USAGE;
                 }
+                if (r < 0)
+                        return EX_USAGE;
         }
         if (optind < argc) {
                 log_error("Unexpected argument: %s", argv[optind]);
                 return EX_USAGE;
         }
+        return -1;
+}
 
-        /* The default configuration file may be absent: defaults then. A
-         * file named on the command line must exist. */
-        r = config_load(config_path ?: CONFIG_PATH, &config, &d);
-        if (r == -ENOENT && !config_path) {
-                config_defaults(&config);
+/* The configuration file, or the defaults when the default file is absent
+ * (a file named on the command line must exist). */
+static int load_config(const Args *a, Config *config) {
+        Diag d = {};
+        int r = config_load(a->config_path ?: CONFIG_PATH, config, &d);
+        if (r == -ENOENT && !a->config_path) {
+                config_defaults(config);
                 r = 0;
         }
         if (r < 0) { /* every error, one per line */
                 for (char *save = NULL, *line = strtok_r(d.text, "\n", &save); line; line = strtok_r(NULL, "\n", &save))
                         log_error_errno(r, "Invalid configuration: %s", line);
-                return EX_CONFIG;
+                return r;
         }
-        if (control_socket)
-                snprintf(config.control_socket, sizeof config.control_socket, "%s",
-                         strcmp(control_socket, "none") ? control_socket : "");
-        /* The daemon loads the job when it starts training; the checks load it now. */
-        r = check_config || check_only ? job_load(job_path ?: config.job, &job, &d) : 0;
-        if (r < 0) {
+        if (a->control_socket)
+                snprintf(config->control_socket, sizeof config->control_socket, "%s",
+                         strcmp(a->control_socket, "none") ? a->control_socket : "");
+        return 0;
+}
+
+/* --check-config, --check-job: the job, and its data as the daemon checks
+ * it before training. The exit status. */
+static int check(const Args *a, const Config *config) {
+        const char *job_path = a->job_path ?: config->job;
+        Job job;
+        Diag d = {};
+        int r;
+
+        if ((r = job_load(job_path, &job, &d)) < 0) {
                 log_error_errno(r, "Invalid job: %s", d.text);
                 return EX_CONFIG;
         }
-        if (check_config || check_only) { /* the data, as the daemon checks it before training */
-                r = job_check_data(&job, o.data_dir, &d);
-                if (r == -ENOENT)
-                        log_notice("The job's data is not there to check: %s", d.text);
-                else if (r < 0) {
-                        log_error_errno(r, "Invalid job: %s", d.text);
-                        return EX_CONFIG;
-                }
+        r = job_check_data(&job, a->run.data_dir, &d);
+        if (r == -ENOENT)
+                log_notice("The job's data is not there to check: %s", d.text);
+        else if (r < 0) {
+                log_error_errno(r, "Invalid job: %s", d.text);
+                return EX_CONFIG;
         }
-        if (check_config) {
-                printf("configuration OK (%s), job \"%s\" OK (%s)\n", config.path[0] ? config.path : "defaults",
-                       job.name, job_path ?: config.job);
-                config_free(&config);
-                return 0;
-        }
-        if (check_only) {
-                printf("%s: job \"%s\" OK: %d layers, %zu parameters\n", job_path ?: config.job, job.name,
-                       job.model.n_layers, model_spec_params(&job.model, 0, job.model.n_layers));
-                config_free(&config);
-                return 0;
-        }
+        if (a->check_config)
+                printf("configuration OK (%s), job \"%s\" OK (%s)\n", config->path[0] ? config->path : "defaults",
+                       job.name, job_path);
+        else
+                printf("%s: job \"%s\" OK: %d layers, %zu parameters\n", job_path, job.name, job.model.n_layers,
+                       model_spec_params(&job.model, 0, job.model.n_layers));
+        return 0;
+}
 
-        DaemonOptions opts = { .job_path = job_path, .standalone = job_path != NULL, .no_idle = no_idle, .run = o };
+int main(int argc, char *argv[]) {
+        Args a = { .run = { .progress_interval_ms = 1000 } };
+        static Config config;
+        static Daemon daemon;
+        int r;
+
+        if ((r = parse_args(argc, argv, &a)) >= 0)
+                return r;
+        if (load_config(&a, &config) < 0)
+                return EX_CONFIG;
+        if (a.check_config || a.check_job) {
+                r = check(&a, &config);
+                config_free(&config);
+                return r;
+        }
+        DaemonOptions opts = { .job_path = a.job_path, .standalone = a.job_path != NULL, .no_idle = a.no_idle,
+                               .run = a.run };
         daemon_init(&daemon, &config, &opts);
         return daemon_run(&daemon);
 }

@@ -448,6 +448,60 @@ static int parse_gossip(const config_setting_t *root, const config_setting_t *g,
         return 0;
 }
 
+/* averaging.members: every member, this node included, each key once. */
+static int parse_members(config_setting_t *g, config_setting_t *members, ConfigAveraging *a, Diag *d) {
+        int n = members ? config_setting_length(members) : 0, r;
+        if (n < 2)
+                return conf_error(members ? members : g, members ? NULL : "members", -EINVAL, d,
+                                  "needs every member, this node included: at least two");
+        unsigned max = a->method == CONFIG_AVERAGING_MOSHPIT ? CONFIG_MAX_PEERS : 64; /* a coll round's map */
+        if ((unsigned)n > max)
+                return conf_error(members, NULL, -E2BIG, d, "at most %u members with method \"%s\"", max,
+                                  method_names[a->method]);
+        a->members = calloc((size_t)n, sizeof *a->members);
+        if (!a->members)
+                return -ENOMEM;
+        a->n_members = (size_t)n;
+        for (int i = 0; i < n; i++) {
+                config_setting_t *e = config_setting_get_elem(members, (unsigned)i);
+                if ((r = get_member(e, &a->members[i], d)) < 0)
+                        return r;
+                for (int j = 0; j < i; j++)
+                        if (memcmp(a->members[j].id, a->members[i].id, IDENTITY_PK_SIZE) == 0)
+                                return conf_error(e, NULL, -EINVAL, d, "the same key as member %d", j + 1);
+        }
+        return 0;
+}
+
+/* averaging.grid = [ dims, side ]: the Moshpit grid; by default 2
+ * dimensions with room for every member. */
+static int parse_grid(config_setting_t *g, ConfigAveraging *a, Diag *d) {
+        config_setting_t *s = member(g, "grid");
+        unsigned n = (unsigned)a->n_members;
+
+        if (s && (config_setting_type(s) != CONFIG_TYPE_ARRAY || config_setting_length(s) != 2 ||
+                  config_setting_type(config_setting_get_elem(s, 0)) != CONFIG_TYPE_INT))
+                return conf_error(s, NULL, -EINVAL, d, "must be [ dimensions, side ]");
+        if (s && a->method != CONFIG_AVERAGING_MOSHPIT)
+                return conf_error(s, NULL, -EINVAL, d, "only used with method = \"moshpit\"");
+        if (s) {
+                long long dims = config_setting_get_int_elem(s, 0), side = config_setting_get_int_elem(s, 1);
+                double cells = pow((double)side, (double)dims);
+                if (dims < 1 || dims > 8 || side < 2 || side > 65536 || cells > 65536 || cells < n)
+                        return conf_error(s, NULL, -EINVAL, d,
+                                          "needs 1..8 dimensions, a side of at least 2, side^dimensions at most 65536 "
+                                          "and at least the %u members", n);
+                a->grid_dims = (unsigned)dims;
+                a->grid_side = (unsigned)side;
+        } else if (a->method == CONFIG_AVERAGING_MOSHPIT) {
+                a->grid_dims = 2;
+                a->grid_side = 2;
+                while (a->grid_side * a->grid_side < n)
+                        a->grid_side++;
+        }
+        return 0;
+}
+
 static int parse_averaging(const config_setting_t *root, Config *c, Diag *d) {
         static const char *const keys[] = {
                 "method", "interval", "interval_steps", "listen", "members", "fp16", "join_timeout",
@@ -495,49 +549,8 @@ static int parse_averaging(const config_setting_t *root, Config *c, Diag *d) {
                                           "only \"ring\" with membership (the plan's rings)");
                 return 0;
         }
-        int n = members ? config_setting_length(members) : 0;
-        if (n < 2)
-                return conf_error(members ? members : g, members ? NULL : "members", -EINVAL, d,
-                                  "needs every member, this node included: at least two");
-        unsigned max = a->method == CONFIG_AVERAGING_MOSHPIT ? CONFIG_MAX_PEERS : 64; /* a coll round's map */
-        if ((unsigned)n > max)
-                return conf_error(members, NULL, -E2BIG, d, "at most %u members with method \"%s\"", max,
-                                  method_names[a->method]);
-        a->members = calloc((size_t)n, sizeof *a->members);
-        if (!a->members)
-                return -ENOMEM;
-        a->n_members = (size_t)n;
-        for (int i = 0; i < n; i++) {
-                config_setting_t *e = config_setting_get_elem(members, (unsigned)i);
-                if ((r = get_member(e, &a->members[i], d)) < 0)
-                        return r;
-                for (int j = 0; j < i; j++)
-                        if (memcmp(a->members[j].id, a->members[i].id, IDENTITY_PK_SIZE) == 0)
-                                return conf_error(e, NULL, -EINVAL, d, "the same key as member %d", j + 1);
-        }
-
-        /* grid = [ dims, side ]: the Moshpit grid; by default 2 dimensions */
-        s = member(g, "grid");
-        if (s && (config_setting_type(s) != CONFIG_TYPE_ARRAY || config_setting_length(s) != 2 ||
-                  config_setting_type(config_setting_get_elem(s, 0)) != CONFIG_TYPE_INT))
-                return conf_error(s, NULL, -EINVAL, d, "must be [ dimensions, side ]");
-        if (s && a->method != CONFIG_AVERAGING_MOSHPIT)
-                return conf_error(s, NULL, -EINVAL, d, "only used with method = \"moshpit\"");
-        if (s) {
-                long long dims = config_setting_get_int_elem(s, 0), side = config_setting_get_int_elem(s, 1);
-                double cells = pow((double)side, (double)dims);
-                if (dims < 1 || dims > 8 || side < 2 || side > 65536 || cells > 65536 || cells < n)
-                        return conf_error(s, NULL, -EINVAL, d,
-                                          "needs 1..8 dimensions, a side of at least 2, side^dimensions at most 65536 "
-                                          "and at least the %d members", n);
-                a->grid_dims = (unsigned)dims;
-                a->grid_side = (unsigned)side;
-        } else if (a->method == CONFIG_AVERAGING_MOSHPIT) {
-                a->grid_dims = 2;
-                a->grid_side = 2;
-                while (a->grid_side * a->grid_side < (unsigned)n)
-                        a->grid_side++;
-        }
+        if ((r = parse_members(g, members, a, d)) < 0 || (r = parse_grid(g, a, d)) < 0)
+                return r;
         a->enabled = true;
         return 0;
 }

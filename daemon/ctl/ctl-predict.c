@@ -23,7 +23,19 @@ static void usage(FILE *f) {
                 "       ravnestctl predict [--node] [--socket PATH] [any figure above]   (the local node's figures)\n");
 }
 
-int ctl_predict(int argc, char *argv[]) {
+/* What the command line said: the figures, and where the others come from. */
+typedef struct PredictArgs {
+        RuntimeModelInput in;
+        const char *job_path, *socket_path;
+        bool json, have_params, ask_node;
+        unsigned given; /* bits, in the order of GIVEN_LETTERS: the figures given */
+} PredictArgs;
+
+#define GIVEN_LETTERS "csblnpj"
+#define GIVEN(a, letter) ((a)->given & 1u << (strchr(GIVEN_LETTERS, letter) - GIVEN_LETTERS))
+
+/* The options into a: -1 to go on, else the exit status. */
+static int parse_args(int argc, char *argv[], PredictArgs *a) {
         static const struct option opts[] = {
                 { "compute-ms", required_argument, NULL, 'c' },
                 { "compute-sd-ms", required_argument, NULL, 's' },
@@ -42,44 +54,39 @@ int ctl_predict(int argc, char *argv[]) {
                 { "help", no_argument, NULL, 'h' },
                 {}
         };
-        RuntimeModelInput in;
-        const char *job_path = NULL, *socket_path = NULL;
+        RuntimeModelInput *in = &a->in;
         long long n = 0;
-        bool json = false, have_params = false, ask_node = false;
-        unsigned given = 0; /* bits: the option letters given, for the node's figures */
         int c;
 
-        runtime_model_defaults(&in);
-        in.nodes = 0;
         optind = 1;
         while ((c = getopt_long(argc, argv, "h", opts, NULL)) >= 0) {
                 double *dst = NULL, lo = 0;
-                if (c > 0 && c < 128 && strchr("csblnpj", c))
-                        given |= 1u << (strchr("csblnpj", c) - "csblnpj");
+                if (c > 0 && c < 128 && strchr(GIVEN_LETTERS, c))
+                        a->given |= 1u << (strchr(GIVEN_LETTERS, c) - GIVEN_LETTERS);
                 switch (c) {
-                case 'c': dst = &in.compute_ms; lo = 1e-6; break;
-                case 's': dst = &in.compute_sd_ms; break;
-                case 'u': dst = &in.update_ms; break;
-                case 'b': dst = &in.bandwidth_mbit; lo = 1e-6; break;
-                case 'l': dst = &in.latency_ms; break;
-                case 'C': dst = &in.cpu_gbyte_s; lo = 1e-6; break;
+                case 'c': dst = &in->compute_ms; lo = 1e-6; break;
+                case 's': dst = &in->compute_sd_ms; break;
+                case 'u': dst = &in->update_ms; break;
+                case 'b': dst = &in->bandwidth_mbit; lo = 1e-6; break;
+                case 'l': dst = &in->latency_ms; break;
+                case 'C': dst = &in->cpu_gbyte_s; lo = 1e-6; break;
                 case 'n':
                         if (option_int("nodes", optarg, 1, 65536, &n) < 0)
                                 return EX_USAGE;
-                        in.nodes = (unsigned)n;
+                        in->nodes = (unsigned)n;
                         continue;
                 case 'p':
                         if (option_int("params", optarg, 1, 1000000000000LL, &n) < 0)
                                 return EX_USAGE;
-                        in.params = (size_t)n;
-                        have_params = true;
+                        in->params = (size_t)n;
+                        a->have_params = true;
                         continue;
-                case 'j': job_path = optarg; continue;
-                case 'f': in.fp16 = true; continue;
-                case 'P': in.encrypted = false; continue;
-                case 'J': json = true; continue;
-                case 'N': ask_node = true; continue;
-                case 'S': socket_path = optarg; ask_node = true; continue;
+                case 'j': a->job_path = optarg; continue;
+                case 'f': in->fp16 = true; continue;
+                case 'P': in->encrypted = false; continue;
+                case 'J': a->json = true; continue;
+                case 'N': a->ask_node = true; continue;
+                case 'S': a->socket_path = optarg; a->ask_node = true; continue;
                 case 'h': usage(stdout); return 0;
                 default: usage(stderr); return EX_USAGE;
                 }
@@ -95,92 +102,81 @@ int ctl_predict(int argc, char *argv[]) {
                 usage(stderr);
                 return EX_USAGE;
         }
-        /* no figures: the swarm this node is in, as it measured it */
-        if (ask_node || !(given & 0x75u)) { /* none of compute, bandwidth, nodes, params, job */
-                NodeAveraging a;
-                _cleanup_(freep) char *where = NULL;
-                int r = ctl_node_averaging(socket_path, &a, &where);
-                if (r < 0) {
-                        fprintf(stderr, "predict: no figures given, and the local node is not reachable (%s): give "
-                                "--compute-ms, --bandwidth, --nodes and --params or --job\n", strerror(-r));
-                        return EX_UNAVAILABLE;
-                }
-                if (!a.nodes) {
-                        fprintf(stderr, "predict: the node (%s) is not in an averaging group: give the figures\n", where);
-                        return EX_UNAVAILABLE;
-                }
-                if (!(given & 1u << 0))
-                        in.compute_ms = a.compute_ms;
-                if (!(given & 1u << 1))
-                        in.compute_sd_ms = a.compute_sd_ms;
-                if (!(given & 1u << 2))
-                        in.bandwidth_mbit = a.bandwidth_mbit;
-                if (!(given & 1u << 3) && a.bandwidth_mbit > 0)
-                        in.latency_ms = a.latency_ms;
-                if (!(given & 1u << 4))
-                        in.nodes = a.nodes;
-                in.cores = a.cores;
-                if (!(given & (1u << 5 | 1u << 6))) {
-                        in.params = (size_t)a.params;
-                        have_params = true;
-                }
-                if (!json)
-                        printf("The node (%s): averaging %s; figures it measured%s\n", where,
-                               a.method[0] ? a.method : "(none)", given ? ", and those given" : "");
-                if (!(in.compute_ms > 0) || !(in.bandwidth_mbit > 0)) {
-                        fprintf(stderr, "predict: the node has not measured its %s yet (gossip and auto members "
-                                "measure after their first %d steps): give %s\n",
-                                !(in.compute_ms > 0) ? "compute time" : "links", GOSSIP_RUN_PROBE_STEPS,
-                                !(in.compute_ms > 0) ? "--compute-ms" : "--bandwidth and --latency-ms");
-                        return EX_TEMPFAIL;
-                }
-        }
-        if (job_path && !have_params) {
-                Job job;
-                Diag d = {};
-                if (job_load(job_path, &job, &d) < 0) {
-                        fprintf(stderr, "%s\n", d.text);
-                        return EX_CONFIG;
-                }
-                in.params = model_spec_params(&job.model, 0, job.model.n_layers);
-        }
-        if (!(in.compute_ms > 0) || !(in.bandwidth_mbit > 0) || in.nodes == 0 || in.params == 0) {
-                fprintf(stderr, "predict needs --compute-ms, --bandwidth, --nodes and --params or --job\n");
-                usage(stderr);
-                return EX_USAGE;
-        }
+        return -1;
+}
 
-        RuntimeModelResult res;
-        if (runtime_model_predict(&in, &res) < 0) {
-                fprintf(stderr, "predict: these figures cannot be modelled\n");
-                return EX_USAGE;
+/* The figures not given, from the swarm this node is in, as it measured
+ * them: -1 to go on, else the exit status. */
+static int figures_from_node(PredictArgs *a) {
+        RuntimeModelInput *in = &a->in;
+        _cleanup_(freep) char *where = NULL;
+        NodeAveraging av;
+        int r = ctl_node_averaging(a->socket_path, &av, &where);
+
+        if (r < 0) {
+                fprintf(stderr, "predict: no figures given, and the local node is not reachable (%s): give "
+                        "--compute-ms, --bandwidth, --nodes and --params or --job\n", strerror(-r));
+                return EX_UNAVAILABLE;
         }
-        if (json) {
-                printf("{\"nodes\":%u,\"params\":%zu,\"compute_ms\":%g,\"compute_sd_ms\":%g,\"bandwidth_mbit\":%g,"
-                       "\"latency_ms\":%g,\"methods\":[",
-                       in.nodes, in.params, in.compute_ms, in.compute_sd_ms, in.bandwidth_mbit, in.latency_ms);
-                for (int m = 0; m < _RUNTIME_METHOD_MAX; m++) {
-                        const RuntimeMethodPrediction *p = &res.method[m];
-                        printf("%s{\"method\":\"%s\",\"iter_ms\":%.3f,\"compute_ms\":%.3f,\"comm_ms\":%.3f,"
-                               "\"exposed_ms\":%.3f,",
-                               m ? "," : "", runtime_model_method_name(m), p->iter_ms, p->compute_ms, p->comm_ms,
-                               p->exposed_ms);
-                        if (isnan(p->spectral_gap))
-                                printf("\"spectral_gap\":null}");
-                        else
-                                printf("\"spectral_gap\":%.4f}", p->spectral_gap);
-                }
-                printf("],\"recommended\":\"%s\",\"speedup\":%.3f}\n", runtime_model_method_name(res.recommended),
-                       res.speedup);
-                return 0;
+        if (!av.nodes) {
+                fprintf(stderr, "predict: the node (%s) is not in an averaging group: give the figures\n", where);
+                return EX_UNAVAILABLE;
         }
+        if (!GIVEN(a, 'c'))
+                in->compute_ms = av.compute_ms;
+        if (!GIVEN(a, 's'))
+                in->compute_sd_ms = av.compute_sd_ms;
+        if (!GIVEN(a, 'b'))
+                in->bandwidth_mbit = av.bandwidth_mbit;
+        if (!GIVEN(a, 'l') && av.bandwidth_mbit > 0)
+                in->latency_ms = av.latency_ms;
+        if (!GIVEN(a, 'n'))
+                in->nodes = av.nodes;
+        in->cores = av.cores;
+        if (!GIVEN(a, 'p') && !GIVEN(a, 'j')) {
+                in->params = (size_t)av.params;
+                a->have_params = true;
+        }
+        if (!a->json)
+                printf("The node (%s): averaging %s; figures it measured%s\n", where,
+                       av.method[0] ? av.method : "(none)", a->given ? ", and those given" : "");
+        if (!(in->compute_ms > 0) || !(in->bandwidth_mbit > 0)) {
+                fprintf(stderr, "predict: the node has not measured its %s yet (gossip and auto members "
+                        "measure after their first %d steps): give %s\n",
+                        !(in->compute_ms > 0) ? "compute time" : "links", GOSSIP_RUN_PROBE_STEPS,
+                        !(in->compute_ms > 0) ? "--compute-ms" : "--bandwidth and --latency-ms");
+                return EX_TEMPFAIL;
+        }
+        return -1;
+}
+
+static void print_json(const RuntimeModelInput *in, const RuntimeModelResult *res) {
+        printf("{\"nodes\":%u,\"params\":%zu,\"compute_ms\":%g,\"compute_sd_ms\":%g,\"bandwidth_mbit\":%g,"
+               "\"latency_ms\":%g,\"methods\":[",
+               in->nodes, in->params, in->compute_ms, in->compute_sd_ms, in->bandwidth_mbit, in->latency_ms);
+        for (int m = 0; m < _RUNTIME_METHOD_MAX; m++) {
+                const RuntimeMethodPrediction *p = &res->method[m];
+                printf("%s{\"method\":\"%s\",\"iter_ms\":%.3f,\"compute_ms\":%.3f,\"comm_ms\":%.3f,"
+                       "\"exposed_ms\":%.3f,",
+                       m ? "," : "", runtime_model_method_name(m), p->iter_ms, p->compute_ms, p->comm_ms,
+                       p->exposed_ms);
+                if (isnan(p->spectral_gap))
+                        printf("\"spectral_gap\":null}");
+                else
+                        printf("\"spectral_gap\":%.4f}", p->spectral_gap);
+        }
+        printf("],\"recommended\":\"%s\",\"speedup\":%.3f}\n", runtime_model_method_name(res->recommended),
+               res->speedup);
+}
+
+static void print_table(const RuntimeModelInput *in, const RuntimeModelResult *res) {
         printf("%u nodes, %zu parameters (%.1f MiB as %s), compute %.1f ms (sd %.1f), %g Mbit/s, latency %g ms\n\n",
-               in.nodes, in.params, in.params * (in.fp16 ? 2.0 : 4.0) / (1 << 20), in.fp16 ? "binary16" : "float32",
-               in.compute_ms, in.compute_sd_ms, in.bandwidth_mbit, in.latency_ms);
+               in->nodes, in->params, in->params * (in->fp16 ? 2.0 : 4.0) / (1 << 20), in->fp16 ? "binary16" : "float32",
+               in->compute_ms, in->compute_sd_ms, in->bandwidth_mbit, in->latency_ms);
         printf("%-14s %12s %12s %12s %12s %13s\n", "method", "ms/iteration", "compute", "exchange", "not hidden",
                "spectral gap");
         for (int m = 0; m < _RUNTIME_METHOD_MAX; m++) {
-                const RuntimeMethodPrediction *p = &res.method[m];
+                const RuntimeMethodPrediction *p = &res->method[m];
                 char gap[32];
                 if (isnan(p->spectral_gap))
                         snprintf(gap, sizeof gap, "-");
@@ -188,9 +184,46 @@ int ctl_predict(int argc, char *argv[]) {
                         snprintf(gap, sizeof gap, "%.3f", p->spectral_gap);
                 printf("%-14s %12.1f %12.1f %12.1f %12.1f %13s%s\n", runtime_model_method_name(m), p->iter_ms,
                        p->compute_ms, p->comm_ms, p->exposed_ms, gap,
-                       (RuntimeMethod)m == res.recommended ? "  <- recommended" : "");
+                       (RuntimeMethod)m == res->recommended ? "  <- recommended" : "");
         }
         printf("\nrecommended: %s (%.2fx the iteration rate of all-reduce)\n",
-               runtime_model_method_name(res.recommended), res.speedup);
+               runtime_model_method_name(res->recommended), res->speedup);
+}
+
+int ctl_predict(int argc, char *argv[]) {
+        PredictArgs a = {};
+        RuntimeModelResult res;
+        int r;
+
+        runtime_model_defaults(&a.in);
+        a.in.nodes = 0;
+        if ((r = parse_args(argc, argv, &a)) >= 0)
+                return r;
+        /* no figures: the swarm this node is in, as it measured it */
+        if ((a.ask_node || !(GIVEN(&a, 'c') || GIVEN(&a, 'b') || GIVEN(&a, 'n') || GIVEN(&a, 'p') || GIVEN(&a, 'j'))) &&
+            (r = figures_from_node(&a)) >= 0)
+                return r;
+        if (a.job_path && !a.have_params) {
+                Job job;
+                Diag d = {};
+                if (job_load(a.job_path, &job, &d) < 0) {
+                        fprintf(stderr, "%s\n", d.text);
+                        return EX_CONFIG;
+                }
+                a.in.params = model_spec_params(&job.model, 0, job.model.n_layers);
+        }
+        if (!(a.in.compute_ms > 0) || !(a.in.bandwidth_mbit > 0) || a.in.nodes == 0 || a.in.params == 0) {
+                fprintf(stderr, "predict needs --compute-ms, --bandwidth, --nodes and --params or --job\n");
+                usage(stderr);
+                return EX_USAGE;
+        }
+        if (runtime_model_predict(&a.in, &res) < 0) {
+                fprintf(stderr, "predict: these figures cannot be modelled\n");
+                return EX_USAGE;
+        }
+        if (a.json)
+                print_json(&a.in, &res);
+        else
+                print_table(&a.in, &res);
         return 0;
 }

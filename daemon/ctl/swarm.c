@@ -543,10 +543,10 @@ static int summarize(Swarm *s) {
                 if (nd->last_stage)
                         res->samples_per_sec += nd->rate;
                 if (nd->busy >= 0)
-                        printf("swarm: %-5s %4.0f%% %5.0f MiB  %u\n", nd->name, MIN(nd->busy, 100.0),
+                        printf("swarm: %-5s %4.0f%% %5.0f MiB  %u\n", nd->name, CLAMP(nd->busy, 0.0, 100.0),
                                res->rss_mib[i], nd->restarts);
                 else /* it never said: it did not finish */
-                        printf("swarm: %-5s    - %5.0f MiB  %u\n", nd->name, res->rss_mib[i], nd->restarts);
+                        printf("swarm: %-5s %5s %5.0f MiB  %u\n", nd->name, "-", res->rss_mib[i], nd->restarts);
         }
         for (unsigned c = 0; c < s->o->clusters; c++)
                 if (res->accuracy[c] >= 0)
