@@ -16,6 +16,7 @@
 #include "net/identity.h"
 #include "nn/stage.h"
 #include "conf/config.h"
+#include "ctl-model.h"
 #include "ctl-node.h"
 #include "ctl-plan.h"
 #include "ctl-predict.h"
@@ -320,6 +321,10 @@ static void help(void) {
                "  predict --compute-ms MS --bandwidth MBIT --nodes N (--params P | --job FILE) ...\n"
                "               predict the time per iteration of all-reduce and of each gossip\n"
                "               topology, and recommend one\n"
+               "  generate --job FILE --checkpoint FILE ... [--prompt TEXT] [--tokens N]\n"
+               "               sample text from a trained language model\n"
+               "  export --job FILE --checkpoint FILE ... --output FILE\n"
+               "               write a trained model's weights as safetensors\n"
                "  identity [STATE_DIR]\n"
                "               print this node's public key (for other nodes' allowed_peers),\n"
                "               creating the key pair if there is none yet\n"
@@ -357,6 +362,10 @@ int main(int argc, char *argv[]) {
                 return ctl_plan(argc - 1, argv + 1);
         if (strcmp(argv[1], "predict") == 0)
                 return ctl_predict(argc - 1, argv + 1);
+        if (strcmp(argv[1], "generate") == 0)
+                return ctl_generate(argc - 1, argv + 1);
+        if (strcmp(argv[1], "export") == 0)
+                return ctl_export(argc - 1, argv + 1);
         if (!strcmp(argv[1], "status") || !strcmp(argv[1], "pause") || !strcmp(argv[1], "resume") ||
             !strcmp(argv[1], "checkpoint"))
                 return ctl_node(argc - 1, argv + 1);
