@@ -139,6 +139,9 @@ static void print_line(SwarmNode *n, const char *line, SwarmResult *res) {
         const char *acc = strstr(text, "test accuracy ");
         if (acc && finished)
                 res->accuracy[n->cluster] = strtod(acc + 14, NULL);
+        const char *loss = strstr(text, "test loss ");
+        if (loss && finished)
+                res->loss[n->cluster] = strtod(loss + 10, NULL);
         const char *busy = strstr(text, "busy ");
         if (busy && finished)
                 n->busy = strtod(busy + 5, NULL);
@@ -523,7 +526,7 @@ static const char *why_not_averaged(const Swarm *s, char *buf, size_t len) {
                         return buf;
                 }
         for (unsigned c = 1; c < o->clusters; c++)
-                if (s->res.accuracy[c] != s->res.accuracy[0]) {
+                if (s->res.accuracy[c] != s->res.accuracy[0] || s->res.loss[c] != s->res.loss[0]) {
                         snprintf(buf, len, "the clusters' replicas differ after the last round");
                         return buf;
                 }
@@ -550,13 +553,14 @@ static int summarize(Swarm *s) {
         }
         for (unsigned c = 0; c < s->o->clusters; c++)
                 if (res->accuracy[c] >= 0)
-                        printf("swarm: cluster %u: test accuracy %.2f%%\n", c + 1, res->accuracy[c]);
+                        printf("swarm: cluster %u: test accuracy %.2f%%, test loss %.4f\n", c + 1, res->accuracy[c],
+                               res->loss[c]);
         printf("swarm: %.0f samples/s, all clusters together\n", res->samples_per_sec);
         printf("swarm: %u averaging rounds done across the nodes\n", res->rounds);
         const char *bad = why_not_averaged(s, why, sizeof why);
         if (!bad && s->o->clusters > 1)
                 printf("swarm: the averaged model (every cluster's replica after the last round): test accuracy "
-                       "%.2f%%\n", res->accuracy[0]);
+                       "%.2f%%, test loss %.4f\n", res->accuracy[0], res->loss[0]);
         else if (bad)
                 printf("swarm: no %s: %s\n", s->o->clusters > 1 ? "averaged model" : "trained model", bad);
         fflush(stdout);
@@ -581,7 +585,7 @@ int swarm_run(const SwarmOptions *o, const volatile sig_atomic_t *stop, SwarmRes
         s->o = o;
         s->res.clusters = o->clusters;
         for (unsigned c = 0; c < MAX_NODES; c++)
-                s->res.accuracy[c] = -1;
+                s->res.accuracy[c] = s->res.loss[c] = -1;
         if ((r = swarm_plan(s)) < 0 || (r = make_dir(s)) < 0)
                 return r;
         if ((r = make_nodes(s)) >= 0 && (r = write_configs(s)) >= 0) {

@@ -38,6 +38,7 @@ typedef struct SwarmOptions {
 
 typedef struct SwarmResult {
         double accuracy[64];    /* per cluster, from its last stage; < 0 if none */
+        double loss[64];        /* per cluster, the test (validation) loss; < 0 if none */
         unsigned clusters;
         unsigned rounds;        /* averaging rounds, all nodes together (each node numbers its rounds) */
         double busy[64];        /* per node (cluster-major), percent of its run */

@@ -171,7 +171,8 @@ int local_run(const Job *job, const LocalRunOptions *o, const volatile sig_atomi
         else if (r < 0)
                 return log_error_errno(r, "Training failed: %m");
         else
-                log_info("Finished %s: test accuracy %.2f%%", job->name, 100.0 * pr.test_acc);
+                log_info("Finished %s: test accuracy %.2f%%, test loss %.4f", job->name, 100.0 * pr.test_acc,
+                         pr.test_loss);
 
         if (ret) {
                 qsort(pr.rates, (size_t)pr.n_rates, sizeof(double), cmp_double);

@@ -678,9 +678,9 @@ static void run_log_finished(Run *run) {
         double total = ns_to_sec(now_ns() - run->start_ns);
         double busy = busy_while_training(&st, why, sizeof why);
         if (!run->next)
-                log_info("Finished %s: test accuracy %.2f%% (stage %u of %u in cluster %u), %.0f samples/s, "
-                         "busy %.0f%% while training (%s), %.0f%% in all",
-                         run->job->name, 100 * st.test_acc, run->stage + 1, run->n_stages, run->cluster + 1,
+                log_info("Finished %s: test accuracy %.2f%%, test loss %.4f (stage %u of %u in cluster %u), "
+                         "%.0f samples/s, busy %.0f%% while training (%s), %.0f%% in all",
+                         run->job->name, 100 * st.test_acc, st.test_loss, run->stage + 1, run->n_stages, run->cluster + 1,
                          (double)st.samples / total, busy, why, 100 - pipe_percent(st.wait_ns, st.elapsed_ns));
         else
                 log_info("Finished stage %u of %u in cluster %u: %lu updates, busy %.0f%% while training (%s), "
