@@ -161,7 +161,7 @@ static void swarm_usage(FILE *f) {
                    "  --job FILE            the job (default %s)\n"
                    "  --epochs N            epochs of each cluster's shard, 1 to 1000000 (default: the job's)\n"
                    "  --data-dir DIR        the dataset (default: the job's)\n"
-                   "  --micro-batch N       samples per micro-batch, 1 to 65536 (default 32)\n"
+                   "  --micro-batch N       samples per micro-batch, 1 to 65536 (default: the job's batch, at most 32)\n"
                    "  --staleness N         micro-batches in flight, 1 to 1024 (default 4)\n"
                    "  --update-frequency N  micro-batches per update, 1 to 1024 (default: the job's batch over the\n"
                    "                        micro-batch)\n"
@@ -209,7 +209,7 @@ static int swarm(int argc, char *argv[]) {
                 {},
         };
         char ravnestd[PATH_MAX + 16];
-        SwarmOptions o = { .clusters = 2, .stages = 2, .job = JOBS_DIR "/fashion-mnist-mlp.job", .micro_batch = 32,
+        SwarmOptions o = { .clusters = 2, .stages = 2, .job = JOBS_DIR "/fashion-mnist-mlp.job",
                            .staleness = 4, .interval = 0.25, .progress_ms = 2000, .neighbour_timeout_s = 600,
                            .checkpoint_interval_s = 10 };
         long long v = 0;

@@ -294,10 +294,15 @@ static void format_plan(const Swarm *s, char *plan, char *members, size_t cap) {
                                       s->nodes[i].hex, s->nodes[i].avg_port);
 }
 
+/* Samples per micro-batch: the job's batch, at most 32, by default. */
+static int micro_batch(const Swarm *s) {
+        return s->o->micro_batch > 0 ? s->o->micro_batch : MIN(s->job.train.batch_size, 32);
+}
+
 /* Micro-batches per update: as many samples as the job's batch, by default. */
 static int update_frequency(const Swarm *s) {
         const SwarmOptions *o = s->o;
-        return o->update_frequency > 0 ? o->update_frequency : MAX(s->job.train.batch_size / o->micro_batch, 1);
+        return o->update_frequency > 0 ? o->update_frequency : MAX(s->job.train.batch_size / micro_batch(s), 1);
 }
 
 /* One configuration per node, the same plan in each. Checkpoints on a
@@ -323,7 +328,7 @@ static int write_config(const Swarm *s, const SwarmNode *nd, const char *plan, c
                  "  listen = \"127.0.0.1:%u\";\n"
                  "  clusters = (\n%s  );\n"
                  "};\n",
-                 nd->name, dir, nd->name, dir, nd->name, o->checkpoint_interval_s, dir, o->micro_batch, o->staleness, update_frequency(s),
+                 nd->name, dir, nd->name, dir, nd->name, o->checkpoint_interval_s, dir, micro_batch(s), o->staleness, update_frequency(s),
                  o->synchronous ? "sync" : "async", o->neighbour_timeout_s, nd->pipe_port, plan);
         if (o->clusters > 1) { /* one cluster has nothing to average with */
                 size_t used = strlen(conf);
@@ -358,7 +363,7 @@ static int write_configs(const Swarm *s) {
 static void print_plan(const Swarm *s) {
         const SwarmOptions *o = s->o;
         printf("swarm: %u clusters x %u stages of %s in %s; micro-batch %d, %s, %d micro-batches per update; "
-               "layers per stage:", o->clusters, o->stages, s->job.name, s->dir, o->micro_batch,
+               "layers per stage:", o->clusters, o->stages, s->job.name, s->dir, micro_batch(s),
                o->synchronous ? "synchronous" : "asynchronous", o->synchronous ? o->staleness : update_frequency(s));
         for (unsigned st = 0; st < o->stages; st++)
                 printf(" %d-%d", s->bounds[st], s->bounds[st + 1] - 1);

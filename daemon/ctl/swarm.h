@@ -22,7 +22,8 @@ typedef struct SwarmOptions {
         const char *dir;        /* where keys and configs go; NULL: a new directory in /tmp */
         const char *data_dir;   /* NULL: the job's */
         int epochs;             /* > 0 overrides the job */
-        int micro_batch, staleness;
+        int micro_batch;        /* 0: the job's batch, at most 32 */
+        int staleness;
         int update_frequency;   /* 0: the job's batch over the micro-batch, so updates see as many samples */
         bool synchronous;
         double interval;        /* seconds between averaging rounds */
