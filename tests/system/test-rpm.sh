@@ -75,7 +75,7 @@ for f in "$sbindir/ravnestd" /usr/bin/ravnestctl /usr/lib/systemd/system/ravnest
          /etc/ravnest /etc/ravnest/ravnestd.conf \
          /usr/share/dbus-1/system.d/org.ravnest.Node1.conf /usr/share/dbus-1/interfaces/org.ravnest.Node1.xml \
          /usr/share/ravnest/jobs/fashion-mnist-mlp.job /usr/share/ravnest/jobs/fashion-mnist-mlp-deep.job \
-         /usr/share/ravnest/jobs/fashion-mnist-cnn.job \
+         /usr/share/ravnest/jobs/fashion-mnist-cnn.job /usr/share/ravnest/jobs/fortunes-gpt.job \
          /usr/share/man/man8/ravnestd.8 /usr/share/man/man5/ravnestd.conf.5 /usr/share/man/man1/ravnestctl.1 \
          /usr/share/man/man5/ravnest-job.5 /usr/share/man/man7/ravnest-protocol.7; do
         printf '%s\n' "$list" | grep -q -x -e "$f" -e "$f.gz" -e "$f.xz" -e "$f.bz2" || missing="$missing $f"
