@@ -23,10 +23,11 @@
 #define CORPUS "/usr/share/games/fortunes/cookie" /* 245 kB: 3,638 training windows of 64 bytes */
 #define EPOCHS "4"
 
-/* PyTorch's validation loss for this job on CORPUS, EPOCHS epochs, measured
- * with (seeds 1, 2 and 3; their median):
- *   tests/gpt-train-reference.py /usr/share/games/fortunes/cookie 64 4 4 128 8 4 0.003 0.0 cosine SEED 2 */
-#define TORCH_VALID_LOSS 2.4600
+/* PyTorch's validation loss for this job on CORPUS, EPOCHS epochs: the
+ * median of seeds 1, 2 and 3 (2.4523, 2.4536, 2.5219), measured with
+ *   tests/gpt-train-reference.py /usr/share/games/fortunes/cookie 64 4 4 128 8 4 0.003 0.0 cosine SEED 2
+ * The bar is 2 % above it. */
+#define TORCH_VALID_LOSS 2.4536
 
 static void skip_without_corpus(void) {
         if (access(CORPUS, R_OK) < 0)
@@ -48,7 +49,7 @@ static double train_alone(const char *job, const char *epochs) {
         proc_start(&p, (char *[]){ RAVNESTD, "--no-idle", "--control-socket", "none", "--job", (char *)job,
                                    "--data-dir", CORPUS, "--epochs", (char *)epochs, "--threads", "2", "--progress",
                                    "0", NULL }, NULL);
-        int status = proc_exit(&p);
+        int status = proc_exit_within(&p, 840000);
         cr_assert_eq(status, 0, "%s", p.out);
         double loss = figure(p.out, "Finished fortunes-gpt: test accuracy ");
         cr_assert_gt(loss, 0, "%s", p.out);
@@ -85,7 +86,7 @@ Test(gpt, a_swarm_matches_one_node, .timeout = 900) {
         Proc p;
         proc_start(&p, (char *[]){ RAVNESTCTL, "swarm", "--ravnestd", RAVNESTD, "--job", JOB, "--data-dir", CORPUS,
                                    "--epochs", EPOCHS, "--staleness", "2", "--progress", "0", NULL }, NULL);
-        int status = proc_exit(&p);
+        int status = proc_exit_within(&p, 840000);
         cr_assert_eq(status, 0, "%s", p.out);
         const char *avg = strstr(p.out, "swarm: the averaged model");
         cr_assert(avg, "%s", p.out);
@@ -124,7 +125,7 @@ Test(gpt, generate_and_export, .timeout = 600) {
         proc_start(&p, (char *[]){ RAVNESTCTL, "swarm", "--ravnestd", RAVNESTD, "--job", JOB, "--data-dir",
                                    "/usr/share/games/fortunes/wisdom", "--epochs", "1", "--dir", swarm_dir,
                                    "--progress", "0", NULL }, NULL);
-        cr_assert_eq(proc_exit(&p), 0, "%s", p.out);
+        cr_assert_eq(proc_exit_within(&p, 540000), 0, "%s", p.out);
         find_checkpoint(swarm_dir, "c1s1", c1, sizeof c1);
         find_checkpoint(swarm_dir, "c1s2", c2, sizeof c2);
 

@@ -71,7 +71,11 @@ bool proc_wait_for(Proc *p, const char *what, int timeout_ms) {
 }
 
 int proc_exit(Proc *p) {
-        proc_wait_for(p, NULL, 120000);
+        return proc_exit_within(p, 120000);
+}
+
+int proc_exit_within(Proc *p, int timeout_ms) {
+        proc_wait_for(p, NULL, timeout_ms);
         int status;
         cr_assert_eq(waitpid(p->pid, &status, 0), p->pid);
         close(p->err);

@@ -20,8 +20,10 @@ typedef struct Proc {
 void proc_start(Proc *p, char *const argv[], void (*setup)(void));
 /* Read output until it contains what (or EOF, or timeout). */
 bool proc_wait_for(Proc *p, const char *what, int timeout_ms);
-/* Read to the end and reap: the exit status, or 128 + the signal. */
+/* Read to the end and reap: the exit status, or 128 + the signal. Output
+ * after 120 s (timeout_ms) is not read. */
 int proc_exit(Proc *p);
+int proc_exit_within(Proc *p, int timeout_ms);
 /* A loopback port that was free a moment ago (bound to port 0, let go). */
 unsigned short test_free_port(void);
 /* A process's peak resident memory (VmHWM), KiB; -1 if it is gone. */
