@@ -65,19 +65,41 @@ int model_from_checkpoints(const Job *job, char *const *paths, int n, Stage **re
         return 0;
 }
 
-/* --job and --checkpoint (repeated), shared by both commands: -1 to go on,
- * else the exit status. */
-static int load_model(const char *job_path, char *const *ckpt, int n_ckpt, Job *job, Stage **ret) {
+/* --job and --checkpoint (repeated), which both commands take. */
+typedef struct ModelArgs {
+        const char *job_path;
+        char *ckpt[MAX_CHECKPOINTS];
+        int n_ckpt;
+} ModelArgs;
+
+/* Option c with its argument, if it is one of ModelArgs': 1 taken, 0 not
+ * one of them, -1 too many checkpoints (said). */
+static int model_option(int c, char *arg, ModelArgs *m) {
+        if (c == 'j')
+                m->job_path = arg;
+        else if (c != 'c')
+                return 0;
+        else if (m->n_ckpt == MAX_CHECKPOINTS) {
+                fprintf(stderr, "at most %d checkpoints\n", MAX_CHECKPOINTS);
+                return -1;
+        } else
+                m->ckpt[m->n_ckpt++] = arg;
+        return 1;
+}
+
+/* The job and its model from the checkpoints: -1 to go on, else the exit
+ * status. */
+static int load_model(const ModelArgs *m, Job *job, Stage **ret) {
         Diag d = {};
-        if (!job_path || n_ckpt == 0) {
+        if (!m->job_path || m->n_ckpt == 0) {
                 fprintf(stderr, "needs --job FILE and at least one --checkpoint FILE\n");
                 return EX_USAGE;
         }
-        if (job_load(job_path, job, &d) < 0) {
+        if (job_load(m->job_path, job, &d) < 0) {
                 fprintf(stderr, "%s\n", d.text);
                 return EX_CONFIG;
         }
-        if (model_from_checkpoints(job, ckpt, n_ckpt, ret, &d) < 0) {
+        if (model_from_checkpoints(job, m->ckpt, m->n_ckpt, ret, &d) < 0) {
                 fprintf(stderr, "%s\n", d.text);
                 return EX_DATAERR;
         }
@@ -127,7 +149,7 @@ static int print_logits(const Job *job, Stage *s, const uint8_t *text, size_t le
 
 /* Append n tokens to text (len bytes so far), each from a forward pass over
  * the last T (the window slides once the text is longer than the context). */
-static int generate(const Job *job, Stage *s, uint8_t *text, size_t len, int n, double t, uint64_t seed) {
+int model_generate(const Job *job, Stage *s, uint8_t *text, size_t len, int n, double t, uint64_t seed) {
         int T = job->model.input.c, V = job->model.n_classes, r;
         Trace *tr;
         Rng rng;
@@ -169,24 +191,21 @@ int ctl_generate(int argc, char *argv[]) {
                 { "help", no_argument, NULL, 'h' },
                 {},
         };
-        char *ckpt[MAX_CHECKPOINTS];
-        const char *job_path = NULL, *prompt = "";
+        ModelArgs m = {};
+        const char *prompt = "";
         bool logits = false;
         long long tokens = 200, seed = 1;
         double temperature = 0.8;
-        int n_ckpt = 0, c, r = 0;
+        int c, r = 0;
 
         optind = 1;
         while ((c = getopt_long(argc, argv, "h", options, NULL)) >= 0) {
-                switch (c) {
-                case 'j': job_path = optarg; break;
-                case 'c':
-                        if (n_ckpt == MAX_CHECKPOINTS) {
-                                fprintf(stderr, "at most %d checkpoints\n", MAX_CHECKPOINTS);
+                if ((r = model_option(c, optarg, &m)) != 0) {
+                        if (r < 0)
                                 return EX_USAGE;
-                        }
-                        ckpt[n_ckpt++] = optarg;
-                        break;
+                        continue;
+                }
+                switch (c) {
                 case 'p': prompt = optarg; break;
                 case 'n': r = option_int("tokens", optarg, 1, 100000, &tokens); break;
                 case 't': r = option_double("temperature", optarg, 0, 10, &temperature); break;
@@ -204,7 +223,7 @@ int ctl_generate(int argc, char *argv[]) {
         }
         Job job;
         _cleanup_(stage_freep) Stage *s = NULL;
-        if ((r = load_model(job_path, ckpt, n_ckpt, &job, &s)) >= 0)
+        if ((r = load_model(&m, &job, &s)) >= 0)
                 return r;
         if (!job.model.lm) {
                 fprintf(stderr, "%s: not a language model: nothing to generate\n", job.path);
@@ -219,7 +238,7 @@ int ctl_generate(int argc, char *argv[]) {
         memcpy(text, prompt, len);
         if (logits)
                 return print_logits(&job, s, text, len) < 0 ? EX_OSERR : 0;
-        if (generate(&job, s, text, len, (int)tokens, temperature, (uint64_t)seed) < 0)
+        if (model_generate(&job, s, text, len, (int)tokens, temperature, (uint64_t)seed) < 0)
                 return EX_OSERR;
         fwrite(text, 1, len + (size_t)tokens, stdout);
         putchar('\n');
@@ -338,21 +357,18 @@ int ctl_export(int argc, char *argv[]) {
                 { "help", no_argument, NULL, 'h' },
                 {},
         };
-        char *ckpt[MAX_CHECKPOINTS];
-        const char *job_path = NULL, *output = NULL;
-        int n_ckpt = 0, c, r;
+        ModelArgs m = {};
+        const char *output = NULL;
+        int c, r;
 
         optind = 1;
         while ((c = getopt_long(argc, argv, "h", options, NULL)) >= 0) {
-                switch (c) {
-                case 'j': job_path = optarg; break;
-                case 'c':
-                        if (n_ckpt == MAX_CHECKPOINTS) {
-                                fprintf(stderr, "at most %d checkpoints\n", MAX_CHECKPOINTS);
+                if ((r = model_option(c, optarg, &m)) != 0) {
+                        if (r < 0)
                                 return EX_USAGE;
-                        }
-                        ckpt[n_ckpt++] = optarg;
-                        break;
+                        continue;
+                }
+                switch (c) {
                 case 'o': output = optarg; break;
                 case 'h': export_usage(stdout); return 0;
                 default: export_usage(stderr); return EX_USAGE;
@@ -365,7 +381,7 @@ int ctl_export(int argc, char *argv[]) {
         }
         Job job;
         _cleanup_(stage_freep) Stage *s = NULL;
-        if ((r = load_model(job_path, ckpt, n_ckpt, &job, &s)) >= 0)
+        if ((r = load_model(&m, &job, &s)) >= 0)
                 return r;
         _cleanup_(freep) Tensor *t = calloc(MODEL_MAX_LAYERS * 12 + 4, sizeof *t);
         int n = t ? name_tensors(&job.model, t) : -ENOMEM;

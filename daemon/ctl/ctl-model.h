@@ -16,5 +16,10 @@
  * of this job, each once. d says what does not fit. */
 int model_from_checkpoints(const Job *job, char *const *paths, int n, Stage **ret, Diag *d);
 
+/* Append n bytes to text (len bytes so far, room for len + n), each drawn
+ * from the model's prediction over the last context bytes at temperature t
+ * (0: the likeliest) with a generator seeded by seed. */
+int model_generate(const Job *job, Stage *s, uint8_t *text, size_t len, int n, double t, uint64_t seed);
+
 int ctl_generate(int argc, char *argv[]);
 int ctl_export(int argc, char *argv[]);

@@ -18,6 +18,7 @@
 #include <unistd.h>
 
 #include "cluster/partition.h"
+#include "ctl-model.h"
 #include "conf/job.h"
 #include "net/handshake.h"
 #include "net/identity.h"
@@ -572,6 +573,30 @@ static int summarize(Swarm *s) {
         return bad ? -EUCLEAN : 0;
 }
 
+/* A language model's swarm ends with a sample of its text: cluster 1's
+ * stages put together from the checkpoints they wrote on the way out. */
+static void print_sample(const Swarm *s) {
+        char *paths[MAX_NODES], buf[MAX_NODES][PATH_MAX];
+        _cleanup_(stage_freep) Stage *model = NULL;
+        uint8_t text[1 + 300];
+        Diag d = {};
+
+        for (unsigned st = 0; st < s->o->stages; st++) {
+                snprintf(buf[st], sizeof buf[st], "%s/%s/%s.layers-%d-%d.ckpt", s->dir, s->nodes[st].name,
+                         s->job.name, s->bounds[st], s->bounds[st + 1]);
+                paths[st] = buf[st];
+        }
+        text[0] = '\n';
+        if (model_from_checkpoints(&s->job, paths, (int)s->o->stages, &model, &d) < 0 ||
+            model_generate(&s->job, model, text, 1, 300, 0.8, 1) < 0) {
+                printf("swarm: no sample of the model's text: %s\n", d.text);
+                return;
+        }
+        printf("swarm: a sample of the averaged model's text (300 bytes, temperature 0.8):\n");
+        fwrite(text + 1, 1, 300, stdout);
+        printf("\n");
+}
+
 static void remove_dir(const Swarm *s) {
         char cmd[300];
         if (s->o->keep || s->o->dir || !s->dir[0])
@@ -602,6 +627,8 @@ int swarm_run(const SwarmOptions *o, const volatile sig_atomic_t *stop, SwarmRes
                         stop_all(s);
                 int k = supervise(s, stop);
                 r = r < 0 ? r : k < 0 ? k : summarize(s);
+                if (r >= 0 && s->job.model.lm && !*stop)
+                        print_sample(s);
         }
         remove_dir(s);
         if (ret)
