@@ -1,0 +1,100 @@
+/* ravnestctl generate samples from the stage checkpoints of one cluster of a
+ * GPT's swarm, and ravnestctl export writes weights that PyTorch loads and
+ * computes the same logits from (tests/gpt-export-check.py). */
+#include <criterion/criterion.h>
+#include <dirent.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "../lib/proc.h"
+
+#define JOB SOURCE_ROOT "/config/jobs/fortunes-gpt.job"
+#define CORPUS "/usr/share/games/fortunes/wisdom" /* 62 kB: a swarm of one epoch in seconds */
+
+static void skip_without_corpus(void) {
+        if (access(CORPUS, R_OK) < 0)
+                cr_skip_test("SKIP: %s missing: install Debian's fortunes to run this test", CORPUS);
+}
+
+static bool have_torch(void) {
+        return system("/usr/bin/python3 -c 'import torch' 2>/dev/null") == 0;
+}
+
+/* The checkpoint a swarm's node left in its directory. */
+static void find_checkpoint(const char *swarm_dir, const char *node, char *ret, size_t len) {
+        char dir[200];
+        snprintf(dir, sizeof dir, "%s/%s", swarm_dir, node);
+        DIR *d = opendir(dir);
+        struct dirent *e;
+        cr_assert(d, "%s missing", dir);
+        ret[0] = 0;
+        while ((e = readdir(d)))
+                if (strstr(e->d_name, ".ckpt") && !strstr(e->d_name, ".tmp") && strlen(dir) + strlen(e->d_name) + 2 <= len)
+                        snprintf(ret, len, "%s/%.255s", dir, e->d_name);
+        closedir(d);
+        cr_assert(ret[0], "no checkpoint in %s", dir);
+}
+
+/* A short swarm keeps its checkpoints: one cluster's stages make the model
+ * that generate samples from and export writes. */
+Test(gpt_model, generate_and_export, .timeout = 600) {
+        skip_without_corpus();
+        char dir[] = "/tmp/ravnest-test-gpt-XXXXXX", swarm_dir[128], c1[512], c2[512], out[160];
+        cr_assert(mkdtemp(dir));
+        snprintf(swarm_dir, sizeof swarm_dir, "%s/swarm", dir);
+        Proc p;
+        proc_start(&p, (char *[]){ RAVNESTCTL, "swarm", "--ravnestd", RAVNESTD, "--job", JOB, "--data-dir",
+                                   CORPUS, "--epochs", "1", "--dir", swarm_dir,
+                                   "--progress", "0", NULL }, NULL);
+        cr_assert_eq(proc_exit_within(&p, 540000), 0, "%s", p.out);
+        find_checkpoint(swarm_dir, "c1s1", c1, sizeof c1);
+        find_checkpoint(swarm_dir, "c1s2", c2, sizeof c2);
+
+        proc_start(&p, (char *[]){ RAVNESTCTL, "generate", "--job", JOB, "--checkpoint", c2, "--checkpoint", c1,
+                                   "--prompt", "The ", "--tokens", "120", "--seed", "3", NULL }, NULL);
+        cr_assert_eq(proc_exit(&p), 0, "%s", p.out);
+        cr_assert(strncmp(p.out, "The ", 4) == 0 && strlen(p.out) == 4 + 120 + 1, "%zu bytes: %s", strlen(p.out),
+                  p.out);
+        cr_log_info("generated: %s", p.out);
+        /* one stage alone is not a model */
+        proc_start(&p, (char *[]){ RAVNESTCTL, "generate", "--job", JOB, "--checkpoint", c1, NULL }, NULL);
+        cr_assert_eq(proc_exit(&p), 65, "%s", p.out);
+        cr_assert(strstr(p.out, "no checkpoint holds layer "), "%s", p.out);
+
+        snprintf(out, sizeof out, "%s/model.safetensors", dir);
+        proc_start(&p, (char *[]){ RAVNESTCTL, "export", "--job", JOB, "--checkpoint", c1, "--checkpoint", c2,
+                                   "--output", out, NULL }, NULL);
+        cr_assert_eq(proc_exit(&p), 0, "%s", p.out);
+        cr_assert(strstr(p.out, "53 tensors"), "%s", p.out); /* 2 + 4 blocks x 12 + 3 */
+        if (!have_torch()) {
+                char cmd[160];
+                snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+                (void)!system(cmd);
+                cr_skip_test("SKIP: PyTorch (python3-torch) missing: the exported weights were not loaded in it");
+        }
+        Proc ours, torch;
+        proc_start(&ours, (char *[]){ RAVNESTCTL, "generate", "--job", JOB, "--checkpoint", c1, "--checkpoint", c2,
+                                      "--prompt", "A fool and his ", "--logits", NULL }, NULL);
+        cr_assert_eq(proc_exit(&ours), 0, "%s", ours.out);
+        proc_start(&torch, (char *[]){ "/usr/bin/python3", SOURCE_ROOT "/tests/gpt-export-check.py", out, "64", "4",
+                                       "A fool and his ", NULL }, NULL);
+        cr_assert_eq(proc_exit(&torch), 0, "%s", torch.out);
+        char *a = ours.out, *t = torch.out;
+        int k = 0;
+        double worst = 0;
+        for (; k < 256; k++) {
+                char *ea, *et;
+                double x = strtod(a, &ea), y = strtod(t, &et);
+                cr_assert(ea != a && et != t, "logit %d missing:\n%s\n---\n%s", k, ours.out, torch.out);
+                worst = fmax(worst, fabs(x - y) / fmax(1.0, fabs(y)));
+                a = ea, t = et;
+        }
+        cr_log_info("exported logits against PyTorch's: largest relative difference %.2e\n", worst);
+        cr_assert_lt(worst, 1e-4, "logits differ by %.2e", worst);
+        char cmd[160];
+        snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+        (void)!system(cmd);
+}
