@@ -10,14 +10,19 @@
 
 #include "dataset.h"
 
-/* Valid UTF-8 without NUL bytes: 0, else the offset of the first bad byte + 1. */
+/* Valid UTF-8 (RFC 3629: no overlong forms, no surrogates, nothing past
+ * U+10FFFF) without NUL bytes: 0, else the offset of the first bad byte + 1. */
 static size_t first_bad_byte(const uint8_t *p, size_t n) {
         for (size_t i = 0; i < n;) {
                 uint8_t b = p[i];
-                size_t len = b < 0x80 ? 1 : (b & 0xe0) == 0xc0 ? 2 : (b & 0xf0) == 0xe0 ? 3 : (b & 0xf8) == 0xf0 ? 4 : 0;
-                if (b == 0 || len == 0 || (len == 2 && b < 0xc2) || i + len > n)
+                size_t len = b < 0x80 ? 1 : b >= 0xc2 && b <= 0xdf ? 2 : (b & 0xf0) == 0xe0 ? 3 : b >= 0xf0 && b <= 0xf4 ? 4 : 0;
+                if (b == 0 || len == 0 || i + len > n)
                         return i + 1;
-                for (size_t k = 1; k < len; k++)
+                /* the second byte's range, where the lead byte narrows it */
+                uint8_t lo = b == 0xe0 ? 0xa0 : b == 0xf0 ? 0x90 : 0x80, hi = b == 0xed ? 0x9f : b == 0xf4 ? 0x8f : 0xbf;
+                if (len > 1 && (p[i + 1] < lo || p[i + 1] > hi))
+                        return i + 1;
+                for (size_t k = 2; k < len; k++)
                         if ((p[i + k] & 0xc0) != 0x80)
                                 return i + 1;
                 i += len;

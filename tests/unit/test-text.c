@@ -105,6 +105,20 @@ Test(text, what_is_not_text_is_refused) {
         cr_assert_lt(dataset_load_text(path, false, 2, 256, &ds, &d), 0);
         cr_assert(strstr(d.text, "not UTF-8 text (byte 3 is 0xe9)"), "%s", d.text);
 
+        /* an overlong "/" (C0 AF), a surrogate (ED A0 80), past U+10FFFF (F4 90 80 80) */
+        static const char *const bad[] = { "ab\xc0\xaf cd", "ab\xed\xa0\x80 cd", "ab\xf4\x90\x80\x80 cd" };
+        for (int i = 0; i < 3; i++) {
+                write_bytes("bad", bad[i], strlen(bad[i]));
+                snprintf(path, sizeof path, "%s/bad", dir);
+                cr_assert_lt(dataset_load_text(path, false, 1, 256, &ds, &d), 0, "case %d", i);
+                cr_assert(strstr(d.text, "not UTF-8 text (byte 2 is"), "case %d: %s", i, d.text);
+        }
+        /* and what is valid: 2, 3 and 4 bytes (é, €, U+10348) */
+        write_bytes("good", "caf\xc3\xa9 \xe2\x82\xac \xf0\x90\x8d\x88 ok", 17);
+        snprintf(path, sizeof path, "%s/good", dir);
+        cr_assert_eq(dataset_load_text(path, false, 2, 256, &ds, &d), 0, "%s", d.text);
+        ds = dataset_free(ds);
+
         write_bytes("short", "too short for a context of 64", 29);
         snprintf(path, sizeof path, "%s/short", dir);
         cr_assert_lt(dataset_load_text(path, false, 64, 256, &ds, &d), 0);
