@@ -55,7 +55,7 @@ static int describe_job(const char *path) {
         else
                 printf("the model fits the data there (shapes and labels of both splits)\n");
         printf("\n%-3s %-10s %-16s %-16s %12s\n", "#", "layer", "input", "output", "parameters");
-        size_t total = 0, acts = shape_numel(job.model.input);
+        size_t total = 0, acts = shape_numel(job.model.input) * sizeof(float); /* bytes per sample */
         for (int i = 0; i < job.model.n_layers; i++) {
                 const Layer *l = &layers[i];
                 char in[32], out[32];
@@ -64,13 +64,13 @@ static int describe_job(const char *path) {
                 printf("%-3d %-10s %-16s %-16s %12zu\n", i + 1, layer_kind_to_string(l->kind), in,
                        out, l->n_params);
                 total += l->n_params;
-                acts += shape_numel(l->out);
+                acts += shape_numel(l->out) * sizeof(float) + l->saved_bytes; /* what backward keeps too */
         }
         size_t state = optim_state_floats(job.optim.kind, total);
         printf("\nparameters %zu (%.2f MiB), gradients the same, %s state %.2f MiB\n", total,
                total * 4.0 / (1 << 20), optim_kind_to_string(job.optim.kind), state * 4.0 / (1 << 20));
-        printf("activations per batch of %d: %.2f MiB\n", job.train.batch_size,
-               (double)acts * job.train.batch_size * 4.0 / (1 << 20));
+        printf("activations per batch of %d (outputs and what the backward pass keeps): %.2f MiB\n",
+               job.train.batch_size, (double)acts * job.train.batch_size / (1 << 20));
         printf("optimizer %s lr %g, batch %d, %d epochs, seed %llu\n",
                optim_kind_to_string(job.optim.kind), (double)job.optim.lr, job.train.batch_size,
                job.train.epochs, (unsigned long long)job.train.seed);
