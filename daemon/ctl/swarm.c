@@ -539,7 +539,7 @@ static const char *why_not_averaged(const Swarm *s, char *buf, size_t len) {
         return NULL;
 }
 
-static int summarize(Swarm *s) {
+static int summarize(Swarm *s, bool interrupted) {
         SwarmResult *res = &s->res;
         char why[160];
 
@@ -567,6 +567,8 @@ static int summarize(Swarm *s) {
         if (!bad && s->o->clusters > 1)
                 printf("swarm: the averaged model (every cluster's replica after the last round): test accuracy "
                        "%.2f%%, test loss %.4f\n", res->accuracy[0], res->loss[0]);
+        else if (bad && interrupted)
+                printf("swarm: stopped before the end: no %s\n", s->o->clusters > 1 ? "averaged model" : "trained model");
         else if (bad)
                 printf("swarm: no %s: %s\n", s->o->clusters > 1 ? "averaged model" : "trained model", bad);
         fflush(stdout);
@@ -626,7 +628,7 @@ int swarm_run(const SwarmOptions *o, const volatile sig_atomic_t *stop, SwarmRes
                 if (r < 0)
                         stop_all(s);
                 int k = supervise(s, stop);
-                r = r < 0 ? r : k < 0 ? k : summarize(s);
+                r = r < 0 ? r : k < 0 ? k : summarize(s, *stop);
                 if (r >= 0 && s->job.model.lm && !*stop)
                         print_sample(s);
         }
