@@ -7,13 +7,11 @@
 #include "util/log.h"
 #include "util/time-util.h"
 
-int averaging_coll_config(const Config *c, const Identity *id, size_t n_params, CollConfig *cc, NetConfig *nc,
+int averaging_coll_config(const AveragingGroup *g, const Identity *id, size_t n_params, CollConfig *cc, NetConfig *nc,
                           CollMember **ret_members) {
-        const ConfigAveraging *ca = &c->averaging;
+        const ConfigAveraging *ca = g->settings;
         _cleanup_(freep) CollMember *members = calloc(ca->n_members, sizeof *members);
         unsigned self = UINT32_MAX;
-        Diag d = {};
-        int r;
 
         if (!members)
                 return log_error_errno(-ENOMEM, "Out of memory");
@@ -27,12 +25,10 @@ int averaging_coll_config(const Config *c, const Identity *id, size_t n_params, 
         if (self == UINT32_MAX) {
                 char hex[IDENTITY_HEX_SIZE];
                 identity_to_hex(id->pk, hex);
-                log_error("%s: averaging.members: this node's key %s is not among them", c->path, hex);
+                log_error("%s: averaging.members: this node's key %s is not among them", g->source, hex);
                 return -EINVAL;
         }
-        r = config_net(c, id, nc, &d);
-        if (r < 0)
-                return log_error_errno(r, "Invalid configuration: %s", d.text);
+        *nc = *g->net;
         /* The receive pool holds the averages a round keeps and the sums in flight. */
         nc->pool_bytes = MIN(n_params * sizeof(float) + (16u << 20), (size_t)1 << 30);
 
@@ -48,9 +44,9 @@ int averaging_coll_config(const Config *c, const Identity *id, size_t n_params, 
         return 0;
 }
 
-int averaging_start(Averaging *a, const Config *c, const Identity *id, size_t n_params, const AveragerRing *rings,
-                    unsigned n_rings) {
-        const ConfigAveraging *ca = &c->averaging;
+int averaging_start(Averaging *a, const AveragingGroup *g, const Identity *id, size_t n_params,
+                    const AveragerRing *rings, unsigned n_rings) {
+        const ConfigAveraging *ca = g->settings;
         _cleanup_(freep) CollMember *members = NULL;
         AveragerConfig ac;
         NetConfig nc;
@@ -61,7 +57,7 @@ int averaging_start(Averaging *a, const Config *c, const Identity *id, size_t n_
         if (!ca->enabled)
                 return 0;
         averager_config_defaults(&ac);
-        r = averaging_coll_config(c, id, n_params, &ac.coll, &nc, &members);
+        r = averaging_coll_config(g, id, n_params, &ac.coll, &nc, &members);
         if (r < 0)
                 return r;
         a->self = ac.coll.self;

@@ -4,7 +4,8 @@
  * logged once.
  *
  *     Averaging av;
- *     r = averaging_start(&av, &config, &node.identity, n_params, NULL, 0);   // logs
+ *     AveragingGroup g = { &config.averaging, &net_config, config.path };
+ *     r = averaging_start(&av, &g, &node.identity, n_params, NULL, 0);   // logs
  *     // after every training step:
  *     averaging_step(&av, params, samples);
  *     averaging_stop(&av);
@@ -13,6 +14,15 @@
 
 #include "collective/averager.h"
 #include "conf/config.h"
+
+/* An averaging group as a run takes part in it: its members and settings
+ * (from ravnestd.conf, or from a coordinator's plan), the transport its
+ * links use, and where it came from, for messages. */
+typedef struct AveragingGroup {
+        const ConfigAveraging *settings;
+        const NetConfig *net;
+        const char *source;     /* "/etc/ravnest/ravnestd.conf", "the coordinator's plan" */
+} AveragingGroup;
 
 typedef struct Averaging {
         Averager *av;
@@ -32,10 +42,10 @@ typedef struct Averaging {
  * index in cc->self, and the transport in nc with a receive pool for one
  * vector of n_params and the pieces in flight; nc must outlive cc. Logs;
  * -EINVAL when this node's key is not a member. */
-int averaging_coll_config(const Config *c, const Identity *id, size_t n_params, CollConfig *cc, NetConfig *nc,
+int averaging_coll_config(const AveragingGroup *g, const Identity *id, size_t n_params, CollConfig *cc, NetConfig *nc,
                           CollMember **ret_members);
-int averaging_start(Averaging *a, const Config *c, const Identity *id, size_t n_params, const AveragerRing *rings,
-                    unsigned n_rings);
+int averaging_start(Averaging *a, const AveragingGroup *g, const Identity *id, size_t n_params,
+                    const AveragerRing *rings, unsigned n_rings);
 /* Between steps: hand over a snapshot or apply a finished round, and log
  * rounds as they finish. */
 void averaging_step(Averaging *a, float *params, uint64_t samples);

@@ -30,8 +30,8 @@ static void set_method(GossipRun *gr, const char *choice) {
         snprintf(gr->figures.method, sizeof gr->figures.method, "%s%s", gr->is_auto ? "auto: " : "gossip ", choice);
 }
 
-int gossip_run_start(GossipRun *gr, const Config *c, const Identity *id, size_t n_params, Control *control) {
-        const ConfigAveraging *ca = &c->averaging;
+int gossip_run_start(GossipRun *gr, const AveragingGroup *g, const Identity *id, size_t n_params, Control *control) {
+        const ConfigAveraging *ca = g->settings;
         _cleanup_(freep) CollMember *members = NULL;
         GossipConfig gc;
         NetConfig nc;
@@ -41,7 +41,7 @@ int gossip_run_start(GossipRun *gr, const Config *c, const Identity *id, size_t 
         if (!ca->enabled || (ca->method != CONFIG_AVERAGING_GOSSIP && ca->method != CONFIG_AVERAGING_AUTO))
                 return 0;
         gossip_config_defaults(&gc);
-        r = averaging_coll_config(c, id, n_params, &gc.coll, &nc, &members);
+        r = averaging_coll_config(g, id, n_params, &gc.coll, &nc, &members);
         if (r < 0)
                 return r;
         gr->self = gc.coll.self;

@@ -33,7 +33,7 @@
  * members train alone (they start from the job's same initialization).
  *
  *     GossipRun gr;
- *     r = gossip_run_start(&gr, &config, &node.identity, n_params, &control);   // logs
+ *     r = gossip_run_start(&gr, &group, &node.identity, n_params, &control);   // logs
  *     // LocalRunOptions.step, after every step:
  *     gossip_run_step(&gr, params, samples);
  *     gossip_run_finish(&gr, params);   // mix the last exchange, log a summary
@@ -46,6 +46,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "averaging.h"
 #include "collective/gossip.h"
 #include "conf/config.h"
 #include "control.h"
@@ -72,7 +73,7 @@ typedef struct GossipRun {
 
 /* 0 and nothing started unless the config's averaging method is gossip or
  * auto. Logs its errors. */
-int gossip_run_start(GossipRun *gr, const Config *c, const Identity *id, size_t n_params, Control *control);
+int gossip_run_start(GossipRun *gr, const AveragingGroup *g, const Identity *id, size_t n_params, Control *control);
 void gossip_run_step(GossipRun *gr, float *params, uint64_t samples);
 /* After training: wait for the exchange still out (its mix is dropped:
  * the model was evaluated) unless !wait (stopping), log a summary. */

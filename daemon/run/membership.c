@@ -25,6 +25,7 @@ typedef struct Membership {
         const LocalRunOptions *o;
         const volatile sig_atomic_t *stop;
         Net *net;
+        NetConfig links_net;      /* the transport of a stage's links and rings, from the file */
         int64_t coord;            /* the link to the coordinator, -1 without */
         bool dial_pending;
         uint32_t dialing;
@@ -256,20 +257,31 @@ static void poll_member(void *ud) {
         serve(m, 0);
 }
 
-/* The plan as the pipeline's and the averaging's configuration. */
-static int plan_config(const Membership *m, const Plan *p, Config *ret) {
-        Config c2 = *m->c;
+/* The coordinator's plan as a stage's inputs: its clusters, their nodes
+ * and cuts, and the averaging members, with this node's own settings from
+ * ravnestd.conf (neighbour timeout, averaging cadence and timeouts). */
+typedef struct PlanInputs {
+        ConfigPipeline pipeline;
+        ConfigAveraging averaging;
+} PlanInputs;
+
+static void plan_inputs_done(PlanInputs *in) {
+        in->pipeline.clusters = mfree(in->pipeline.clusters);
+        in->averaging.members = mfree(in->averaging.members);
+}
+
+static int plan_inputs(const Membership *m, const Plan *p, PlanInputs *ret) {
+        PlanInputs in = { .pipeline = m->c->pipeline, .averaging = m->c->averaging };
         unsigned n = 0;
 
-        c2.pipeline.clusters = calloc(p->n_clusters, sizeof *c2.pipeline.clusters);
-        c2.averaging.members = calloc(p->n_nodes, sizeof *c2.averaging.members);
-        if (!c2.pipeline.clusters || !c2.averaging.members) {
-                free(c2.pipeline.clusters);
-                free(c2.averaging.members);
+        in.pipeline.clusters = calloc(p->n_clusters, sizeof *in.pipeline.clusters);
+        in.averaging.members = calloc(p->n_nodes, sizeof *in.averaging.members);
+        if (!in.pipeline.clusters || !in.averaging.members) {
+                plan_inputs_done(&in);
                 return -ENOMEM;
         }
         for (unsigned k = 0; k < p->n_clusters; k++) {
-                ConfigCluster *cl = &c2.pipeline.clusters[k];
+                ConfigCluster *cl = &in.pipeline.clusters[k];
                 cl->n_stages = p->clusters[k].n_stages;
                 for (unsigned s = 0; s < cl->n_stages; s++) {
                         const PlanNode *pn = &p->nodes[p->clusters[k].nodes[s]];
@@ -277,22 +289,22 @@ static int plan_config(const Membership *m, const Plan *p, Config *ret) {
                         snprintf(cl->nodes[s].address.host, sizeof cl->nodes[s].address.host, "%s", pn->host);
                         cl->nodes[s].address.port = pn->pipeline_port;
                         cl->bounds[s] = p->clusters[k].bounds[s];
-                        ConfigMember *am = &c2.averaging.members[n++];
+                        ConfigMember *am = &in.averaging.members[n++];
                         memcpy(am->id, pn->key, IDENTITY_PK_SIZE);
                         snprintf(am->address.host, sizeof am->address.host, "%s", pn->host);
                         am->address.port = pn->averaging_port;
                 }
                 cl->bounds[cl->n_stages] = p->clusters[k].bounds[cl->n_stages];
         }
-        c2.pipeline.n_clusters = p->n_clusters;
-        c2.pipeline.enabled = true;
-        c2.pipeline.micro_batch = (int)p->micro_batch;
-        c2.pipeline.staleness = (int)p->staleness;
-        c2.pipeline.update_frequency = (int)p->update_frequency;
-        c2.pipeline.synchronous = p->synchronous;
-        c2.averaging.n_members = n;
-        c2.averaging.enabled = p->n_clusters > 1; /* one cluster has nothing to average with */
-        *ret = c2;
+        in.pipeline.n_clusters = p->n_clusters;
+        in.pipeline.enabled = true;
+        in.pipeline.micro_batch = (int)p->micro_batch;
+        in.pipeline.staleness = (int)p->staleness;
+        in.pipeline.update_frequency = (int)p->update_frequency;
+        in.pipeline.synchronous = p->synchronous;
+        in.averaging.n_members = n;
+        in.averaging.enabled = p->n_clusters > 1; /* one cluster has nothing to average with */
+        *ret = in;
         return 0;
 }
 
@@ -322,11 +334,14 @@ static int run_stage(Membership *m, unsigned cluster, unsigned stage, bool hande
         LocalRunOptions o = *m->o;
         o.links = &m->links;
         uint64_t samples = 0;
-        Config c2;
+        PlanInputs in;
         int r;
 
-        if ((r = plan_config(m, m->plan, &c2)) < 0)
+        if ((r = plan_inputs(m, m->plan, &in)) < 0)
                 return log_error_errno(r, "Out of memory");
+        StagePlan plan = { .source = "the coordinator's plan", .pipeline = &in.pipeline,
+                           .averaging = { .settings = &in.averaging, .net = &m->links_net,
+                                          .source = "the coordinator's plan" } };
         o.poll = poll_member;
         o.poll_userdata = m;
         o.checkpoint_dir = NULL; /* a stage's layers change with the plan: the hand-over carries them */
@@ -338,10 +353,9 @@ static int run_stage(Membership *m, unsigned cluster, unsigned stage, bool hande
         o.quiesce = &m->restart;
         m->restart = m->stop_epoch > m->plan->epoch || m->have_next; /* asked already: start, hand in */
         m->training = true;
-        r = pipeline_run(&c2, m->job, m->id, &o, m->stop);
+        r = pipeline_run(&plan, m->job, m->id, &o, m->stop);
         m->training = false;
-        free(c2.pipeline.clusters);
-        free(c2.averaging.members);
+        plan_inputs_done(&in);
         if (r == 0) {
                 m->finished = true;
                 log_info("Training is over (plan epoch %llu); serving the coordinator until stopped",
@@ -451,6 +465,7 @@ int membership_run(const Config *c, const Job *job, const Identity *id, const Lo
 
         if ((r = config_net(c, id, &nc, &d)) < 0)
                 return log_error_errno(r, "Invalid configuration: %s", d.text);
+        m.links_net = nc; /* a stage's links, as the file says */
         nc.idle_timeout_ms = cm->deadline_ms; /* the coordinator heartbeats */
         nc.pool_bytes = MIN(n_params * sizeof(float) + (1u << 20), (size_t)1 << 30); /* a stage's layers */
         nc.max_receive_bytes = MAX(nc.max_receive_bytes, (uint64_t)nc.pool_bytes);

@@ -18,7 +18,7 @@
 
 typedef struct Run {
         /* its inputs */
-        const Config *c;
+        const StagePlan *plan;
         const Job *job;
         const LocalRunOptions *o;    /* its poll runs during the last averaging round too */
         int epochs;
@@ -319,9 +319,9 @@ static int member_index(const ConfigAveraging *a, const uint8_t id[IDENTITY_PK_S
 
 /* This stage's rings: the parameter vector cut at every stage boundary of
  * every cluster, the owners found among the averaging members. */
-static int plan_rings(const Config *c, const ModelSpec *m, unsigned cluster, unsigned stage, AveragerRing *rings,
+static int plan_rings(const StagePlan *plan, const ModelSpec *m, unsigned cluster, unsigned stage, AveragerRing *rings,
                       unsigned *n_rings) {
-        const ConfigPipeline *p = &c->pipeline;
+        const ConfigPipeline *p = plan->pipeline;
         size_t bounds[CONFIG_MAX_CLUSTERS][CONFIG_MAX_STAGES + 1];
         unsigned owners[CONFIG_MAX_CLUSTERS][CONFIG_MAX_STAGES];
         ClusterCut cuts[CONFIG_MAX_CLUSTERS];
@@ -334,9 +334,9 @@ static int plan_rings(const Config *c, const ModelSpec *m, unsigned cluster, uns
                 for (unsigned s = 0; s <= cl->n_stages; s++)
                         bounds[k][s] = model_spec_params(m, 0, cl->bounds[s]);
                 for (unsigned s = 0; s < cl->n_stages; s++) {
-                        int i = member_index(&c->averaging, cl->nodes[s].id);
+                        int i = member_index(plan->averaging.settings, cl->nodes[s].id);
                         if (i < 0) {
-                                log_error("%s: averaging.members: node %u of cluster %u is not among them", c->path,
+                                log_error("%s: averaging.members: node %u of cluster %u is not among them", plan->source,
                                           s + 1, k + 1);
                                 return -EINVAL;
                         }
@@ -347,7 +347,7 @@ static int plan_rings(const Config *c, const ModelSpec *m, unsigned cluster, uns
         r = segments_plan(cuts, p->n_clusters, total, &seg, &n_seg);
         if (r < 0) {
                 log_error("%s: pipeline.clusters: the cuts do not make rings (a stage without parameters, or one node "
-                          "in two clusters)", c->path);
+                          "in two clusters)", plan->source);
                 return r;
         }
         size_t lo = bounds[cluster][stage], hi = bounds[cluster][stage + 1];
@@ -369,18 +369,18 @@ static int plan_rings(const Config *c, const ModelSpec *m, unsigned cluster, uns
 
 /* Plan: this node's cluster and stage, and its neighbours. */
 static int run_place(Run *run, const Identity *id) {
-        const ConfigPipeline *p = &run->c->pipeline;
+        const ConfigPipeline *p = run->plan->pipeline;
         const Job *job = run->job;
 
         if (find_self(p, id, &run->cluster, &run->stage) < 0) {
                 char hex[IDENTITY_HEX_SIZE];
                 identity_to_hex(id->pk, hex);
-                log_error("%s: pipeline.clusters: this node's key %s is not in any cluster", run->c->path, hex);
+                log_error("%s: pipeline.clusters: this node's key %s is not in any cluster", run->plan->source, hex);
                 return -EINVAL;
         }
         run->cl = &p->clusters[run->cluster];
         if (run->cl->bounds[run->cl->n_stages] != job->model.n_layers) {
-                log_error("%s: pipeline.clusters: cluster %u cuts %d layers, job %s has %d", run->c->path,
+                log_error("%s: pipeline.clusters: cluster %u cuts %d layers, job %s has %d", run->plan->source,
                           run->cluster + 1, run->cl->bounds[run->cl->n_stages], job->name, job->model.n_layers);
                 return -EINVAL;
         }
@@ -410,7 +410,7 @@ static int run_load_data(Run *run) {
  * plan's owners, the clusters' progress, or its own checkpoint. */
 static void run_resume(Run *run, size_t steps, int U) {
         const LocalRunOptions *o = run->o;
-        const ConfigPipeline *p = &run->c->pipeline;
+        const ConfigPipeline *p = run->plan->pipeline;
         Pipe *pipe = run->pipe;
         CheckpointInfo at;
 
@@ -434,7 +434,7 @@ static void run_resume(Run *run, size_t steps, int U) {
 
 /* Stage: its layers, schedule and data, and where it goes on from. */
 static int run_stage(Run *run) {
-        const ConfigPipeline *p = &run->c->pipeline;
+        const ConfigPipeline *p = run->plan->pipeline;
         const Job *job = run->job;
         int U = p->synchronous ? p->staleness : p->update_frequency;
         size_t steps = run->train->n / p->n_clusters / (size_t)p->micro_batch;
@@ -458,7 +458,7 @@ static int run_stage(Run *run) {
                 .n_shards = (int)p->n_clusters,
                 .epochs = run->epochs,
                 .data_seed = job->train.seed,
-                .hold_after_training = run->c->averaging.enabled,
+                .hold_after_training = run->plan->averaging.settings->enabled,
         };
         r = pipe_new(&run->pc, &ops_blas, &run->pipe, &d);
         if (r < 0)
@@ -471,16 +471,11 @@ static int run_stage(Run *run) {
 
 /* Links: the transport, listening for the previous stage (the stage dials
  * the next one from the loop). */
-static int run_links(Run *run, const Identity *id) {
-        const ConfigPipeline *p = &run->c->pipeline;
-        NetConfig nc;
-        Diag d = {};
+static int run_links(Run *run) {
+        const ConfigPipeline *p = run->plan->pipeline;
         int r;
 
-        r = config_net(run->c, id, &nc, &d);
-        if (r < 0)
-                return log_error_errno(r, "Invalid configuration: %s", d.text);
-        r = net_new(&nc, &run_callbacks, run, &run->net);
+        r = net_new(run->plan->averaging.net, &run_callbacks, run, &run->net);
         if (r < 0)
                 return log_error_errno(r, "Failed to start the pipeline transport: %m");
         pipe_connect(run->pipe, run->net, -1, -1);
@@ -496,11 +491,11 @@ static int run_rings(Run *run, const Identity *id) {
         unsigned n_rings = 0;
         int r;
 
-        if (!run->c->averaging.enabled)
+        if (!run->plan->averaging.settings->enabled)
                 return 0;
-        if ((r = plan_rings(run->c, &run->job->model, run->cluster, run->stage, rings, &n_rings)) < 0)
+        if ((r = plan_rings(run->plan, &run->job->model, run->cluster, run->stage, rings, &n_rings)) < 0)
                 return r;
-        return averaging_start(&run->av, run->c, id, pipe_stage(run->pipe)->n_params, rings, n_rings);
+        return averaging_start(&run->av, &run->plan->averaging, id, pipe_stage(run->pipe)->n_params, rings, n_rings);
 }
 
 /* A safe stop was asked for: the micro-batches on the way finish first,
@@ -618,7 +613,7 @@ static int run_loop(Run *run, const volatile sig_atomic_t *stop) {
         run->updates_seen = st.updates;
         while (!*stop && !run_quiesce(run)) {
                 dial_next(run);
-                if (neighbour_gone_too_long(run, run->c->pipeline.neighbour_timeout_s))
+                if (neighbour_gone_too_long(run, run->plan->pipeline->neighbour_timeout_s))
                         return -ETIMEDOUT;
                 if ((r = run_gate(run)) < 0)
                         return r;
@@ -689,23 +684,24 @@ static void run_log_finished(Run *run) {
                          100 - pipe_percent(st.wait_ns, st.elapsed_ns));
 }
 
-int pipeline_run(const Config *c, const Job *job, const Identity *id, const LocalRunOptions *o,
+int pipeline_run(const StagePlan *plan, const Job *job, const Identity *id, const LocalRunOptions *o,
                  const volatile sig_atomic_t *stop) {
-        _cleanup_(run_done) Run run = { .c = c, .job = job, .o = o, .prev_peer = -1, .next_peer = -1 };
+        const ConfigPipeline *p = plan->pipeline;
+        _cleanup_(run_done) Run run = { .plan = plan, .job = job, .o = o, .prev_peer = -1, .next_peer = -1 };
         int r;
 
         if ((r = run_place(&run, id)) < 0)
                 return r;
         if ((r = ops_blas_set_threads(o->threads)) < 0)
                 return log_error_errno(r, "Failed to start %d compute threads: %m", o->threads);
-        if ((r = run_load_data(&run)) < 0 || (r = run_stage(&run)) < 0 || (r = run_links(&run, id)) < 0 ||
+        if ((r = run_load_data(&run)) < 0 || (r = run_stage(&run)) < 0 || (r = run_links(&run)) < 0 ||
             (r = run_rings(&run, id)) < 0)
                 return r;
         log_info("Stage %u of %u in cluster %u of %u: layers %d-%d, %zu parameters, micro-batch %d, %s schedule, "
                  "at most %d in flight",
-                 run.stage + 1, run.n_stages, run.cluster + 1, c->pipeline.n_clusters, run.pc.lo, run.pc.hi - 1,
-                 pipe_stage(run.pipe)->n_params, c->pipeline.micro_batch,
-                 c->pipeline.synchronous ? "synchronous" : "asynchronous", c->pipeline.staleness);
+                 run.stage + 1, run.n_stages, run.cluster + 1, p->n_clusters, run.pc.lo, run.pc.hi - 1,
+                 pipe_stage(run.pipe)->n_params, p->micro_batch, p->synchronous ? "synchronous" : "asynchronous",
+                 p->staleness);
 
         r = run_loop(&run, stop);
         run_hand_back(&run, r, stop);

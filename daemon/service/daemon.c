@@ -65,6 +65,14 @@ static void step_gossip(void *userdata, float *params, uint64_t samples) {
         gossip_run_step(userdata, params, samples);
 }
 
+/* The transport's settings for this node's links (a pipeline's, an
+ * averaging group's). */
+static int net_config(const Config *c, const Identity *id, NetConfig *ret) {
+        Diag diag = {};
+        int r = config_net(c, id, ret, &diag);
+        return r < 0 ? log_error_errno(r, "Invalid configuration: %s", diag.text) : 0;
+}
+
 static int run_job(Daemon *d) {
         Config *c = &d->config;
         LocalRunOptions o = d->options.run;
@@ -97,14 +105,20 @@ static int run_job(Daemon *d) {
                 coordinator_stop(&co);
                 return r < 0 ? r : d->control.stop ? -ECANCELED : 0;
         }
-        if (c->pipeline.enabled) /* a stage of a cluster: averaging is the pipeline's */
-                return pipeline_run(c, &d->job, &d->node.identity, &o, &d->control.stop);
+        NetConfig nc = {};
+        if ((c->pipeline.enabled || c->averaging.enabled) && (r = net_config(c, &d->node.identity, &nc)) < 0)
+                return r;
+        AveragingGroup group = { .settings = &c->averaging, .net = &nc, .source = c->path };
+        if (c->pipeline.enabled) { /* a stage of a cluster: averaging is the pipeline's */
+                StagePlan plan = { .source = c->path, .pipeline = &c->pipeline, .averaging = group };
+                return pipeline_run(&plan, &d->job, &d->node.identity, &o, &d->control.stop);
+        }
 
         size_t n_params = model_spec_params(&d->job.model, 0, d->job.model.n_layers);
         if (c->averaging.method == CONFIG_AVERAGING_GOSSIP || c->averaging.method == CONFIG_AVERAGING_AUTO)
-                r = gossip_run_start(&d->gossip, c, &d->node.identity, n_params, &d->control);
+                r = gossip_run_start(&d->gossip, &group, &d->node.identity, n_params, &d->control);
         else
-                r = averaging_start(&d->averaging, c, &d->node.identity, n_params, NULL, 0);
+                r = averaging_start(&d->averaging, &group, &d->node.identity, n_params, NULL, 0);
         if (r < 0)
                 return r;
         if (d->averaging.active) { /* every member trains its own shard of the data */
