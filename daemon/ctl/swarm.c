@@ -4,6 +4,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <math.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <sched.h>
@@ -12,6 +13,7 @@
 #include <string.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
+#include <sys/un.h>
 #include <sys/stat.h>
 #include <sys/resource.h>
 #include <sys/wait.h>
@@ -20,6 +22,7 @@
 #include "cluster/partition.h"
 #include "ctl-model.h"
 #include "conf/job.h"
+#include "run/result.h"
 #include "net/handshake.h"
 #include "net/identity.h"
 #include "util/log.h"
@@ -42,6 +45,7 @@ typedef struct SwarmNode {
         unsigned cluster;
         bool done;               /* exited for good */
         int status;              /* its last exit, as wait4() gave it */
+        uint64_t ended_usec;     /* CLOCK_REALTIME of that exit */
         unsigned restarts;
         uint64_t restart_ns;     /* when to start it again; 0: not waiting to */
         double busy;             /* from its last line, percent; < 0 unknown */
@@ -451,6 +455,7 @@ static void on_node_exit(Swarm *s, unsigned i, int status, long rss_kib) {
 
         nd->rss_kib = MAX(nd->rss_kib, rss_kib);
         nd->status = status;
+        nd->ended_usec = now_realtime_usec();
         nd->done = true;
         if (WIFEXITED(status) && WEXITSTATUS(status) == 0)
                 return;
@@ -507,6 +512,51 @@ static int supervise(Swarm *s, const volatile sig_atomic_t *stop) {
                             wait4(nd->pid, &status, WNOHANG, &ru) == nd->pid)
                                 on_node_exit(s, i, status, ru.ru_maxrss);
                 }
+        }
+}
+
+/* Someone listens on the socket: a node started again outside the swarm. */
+static bool socket_answers(const char *path) {
+        struct sockaddr_un sa = { .sun_family = AF_UNIX };
+        if (strlen(path) >= sizeof sa.sun_path)
+                return false;
+        strcpy(sa.sun_path, path);
+        int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+        bool ok = fd >= 0 && connect(fd, (struct sockaddr *)&sa, sizeof sa) == 0;
+        if (fd >= 0)
+                close(fd);
+        return ok;
+}
+
+/* Nodes the swarm lost that an operator started again by hand, from their
+ * configurations: the swarm waits for each to finish (its control socket
+ * answers while it runs) and takes its result from its state directory
+ * (run/result.h), written after it was lost. */
+static void adopt_returned(Swarm *s, const volatile sig_atomic_t *stop) {
+        for (unsigned i = 0; i < s->n && !*stop; i++) {
+                SwarmNode *nd = &s->nodes[i];
+                char sock[300], state[300];
+                RunResult res;
+                uint64_t mtime;
+                if (nd->status == 0 || nd->restarts) /* it ended well, or the swarm started it again itself */
+                        continue;
+                snprintf(sock, sizeof sock, "%s/%s.sock", s->dir, nd->name);
+                snprintf(state, sizeof state, "%s/%s", s->dir, nd->name);
+                if (socket_answers(sock)) {
+                        printf("swarm: %s runs again, started outside the swarm: waiting for it to finish\n", nd->name);
+                        fflush(stdout);
+                        while (!*stop && socket_answers(sock))
+                                usleep(500 * 1000);
+                }
+                if (run_result_read(state, s->job.name, &res, &mtime) < 0 || mtime < nd->ended_usec)
+                        continue;
+                nd->last_round = res.averaged < 0 ? nd->last_round : res.averaged;
+                if (nd->last_stage && res.test_accuracy >= 0) { /* as its log line has them */
+                        s->res.accuracy[nd->cluster] = round(res.test_accuracy * 1e4) / 100;
+                        s->res.loss[nd->cluster] = round(res.test_loss * 1e4) / 1e4;
+                }
+                printf("swarm: %s finished outside the swarm%s\n", nd->name,
+                       nd->last_stage ? "; its cluster's result is the one it wrote" : "");
         }
 }
 
@@ -628,6 +678,7 @@ int swarm_run(const SwarmOptions *o, const volatile sig_atomic_t *stop, SwarmRes
                 if (r < 0)
                         stop_all(s);
                 int k = supervise(s, stop);
+                adopt_returned(s, stop);
                 r = r < 0 ? r : k < 0 ? k : summarize(s, *stop);
                 if (r >= 0 && s->job.model.lm && !*stop)
                         print_sample(s);

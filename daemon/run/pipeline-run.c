@@ -12,6 +12,7 @@
 #include "control.h"
 #include "stage-checkpoint.h"
 #include "pipeline/pipe.h"
+#include "result.h"
 #include "tensor/ops.h"
 #include "util/log.h"
 #include "util/time-util.h"
@@ -43,6 +44,7 @@ typedef struct Run {
         bool prev_quiesced;           /* the stages before finished their micro-batches */
         uint64_t missing_since_ns;    /* a neighbour has been gone (or not come) since; 0: both there */
         bool quiescing, quiesced;
+        int averaged;                 /* the last averaging round: 1 with every member, 0 without, -1 none */
         uint64_t quiesce_deadline_ns;
         /* progress: the log, the daemon's status, the averaging hand-off */
         uint64_t start_ns, last_log_ns, last_report_ns, last_links_ns;
@@ -622,7 +624,8 @@ static int run_loop(Run *run, const volatile sig_atomic_t *stop) {
                         return r;
                 if (r == PIPE_HELD) { /* the same final model in every cluster before the evaluation */
                         log_info("Training done: a last averaging round before the evaluation");
-                        (void)averaging_final(&run->av, pipe_stage(run->pipe)->params, poll_run, run);
+                        run->averaged = averaging_final(&run->av, pipe_stage(run->pipe)->params, poll_run, run) < 0
+                                                ? 0 : 1;
                         pipe_release(run->pipe);
                         continue;
                 }
@@ -662,12 +665,20 @@ static void run_hand_back(Run *run, int r, const volatile sig_atomic_t *stop) {
                 net_run(run->net, 5);
 }
 
-/* The last line: the test accuracy at the last stage, where the time went. */
+/* The last line: the test accuracy at the last stage, where the time went;
+ * and the same in the state directory (run/result.h). */
 static void run_log_finished(Run *run) {
         PipeStats st;
         char why[96];
 
         pipe_get_stats(run->pipe, &st);
+        if (run->o->checkpoint_dir) {
+                RunResult res = { .test_accuracy = run->next ? -1 : st.test_acc,
+                                  .test_loss = run->next ? -1 : st.test_loss, .averaged = run->averaged };
+                int r = run_result_write(run->o->checkpoint_dir, run->job->name, &res);
+                if (r < 0)
+                        log_warning_errno(r, "Failed to write the result into %s: %m", run->o->checkpoint_dir);
+        }
         if (run->o->control)
                 report(run, &st);
         double total = ns_to_sec(now_ns() - run->start_ns);
@@ -687,7 +698,8 @@ static void run_log_finished(Run *run) {
 int pipeline_run(const StagePlan *plan, const Job *job, const Identity *id, const LocalRunOptions *o,
                  const volatile sig_atomic_t *stop) {
         const ConfigPipeline *p = plan->pipeline;
-        _cleanup_(run_done) Run run = { .plan = plan, .job = job, .o = o, .prev_peer = -1, .next_peer = -1 };
+        _cleanup_(run_done) Run run = { .plan = plan, .job = job, .o = o, .prev_peer = -1, .next_peer = -1,
+                                        .averaged = -1 };
         int r;
 
         if ((r = run_place(&run, id)) < 0)

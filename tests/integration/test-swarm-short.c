@@ -117,3 +117,28 @@ Test(swarm_short, a_stage_gives_up_on_a_neighbour_gone_for_good, .timeout = 300)
         cr_assert(strstr(p.out, "swarm: no averaged model: cluster 1 has no result"), "%s", p.out);
         cr_assert(!strstr(p.out, "swarm: the averaged model"), "%s", p.out);
 }
+
+/* The same node killed, but started again by hand from its configuration,
+ * as an operator would: it goes on from its checkpoint, the swarm waits for
+ * it and takes its cluster's result from its state directory, and ends as
+ * one averaged model. */
+Test(swarm_short, a_node_started_again_by_hand_counts, .timeout = 300) {
+        Proc p, back;
+        swarm(&p, (char *[]){ "--job", slow, "--keep-going", "--checkpoint-interval", "1", NULL });
+        pid_t pid = node_pid(&p, "c2s2");
+        cr_assert(proc_wait_for(&p, "c2s2   Checkpoint written", 60000), "%s", p.out);
+        const char *in = strstr(p.out, " in /");
+        char swarm_dir[128] = "", conf[200];
+        cr_assert(in && sscanf(in + 4, "%127[^;]", swarm_dir) == 1, "%s", p.out);
+        snprintf(conf, sizeof conf, "%s/c2s2.conf", swarm_dir);
+        cr_assert_eq(kill(pid, SIGKILL), 0);
+        cr_assert(proc_wait_for(&p, "swarm: c2s2 ended with signal 9", 30000), "%s", p.out);
+        proc_start(&back, (char *[]){ RAVNESTD, "--config", conf, "--job", slow, "--progress", "1000", NULL }, NULL);
+        cr_assert(proc_wait_for(&back, "Resuming from ", 30000), "the node started afresh\n%s", back.out);
+        int status = proc_exit_within(&p, 240000);
+        cr_assert_eq(proc_exit(&back), 0, "%s", back.out);
+        cr_assert(strstr(p.out, "swarm: c2s2 finished outside the swarm"), "%s\n---- c2s2:\n%s", p.out, back.out);
+        cr_assert(strstr(p.out, "swarm: cluster 2: test accuracy "), "%s", p.out);
+        cr_assert_eq(status, 0, "exit %d\n%s\n---- c2s2:\n%s", status, p.out, back.out);
+        cr_assert(strstr(p.out, "swarm: the averaged model"), "%s", p.out);
+}
