@@ -11,6 +11,7 @@
 
 #define POOL_MAX_THREADS 256
 #define POOL_SPIN 20000
+#define POOL_PARTS 4
 
 typedef struct Worker {
         struct Pool *pool;
@@ -27,7 +28,9 @@ struct Pool {
         PoolRangeFn fn;
         void *ctx;
         size_t n;
-        size_t align; /* of the parts' boundaries: 16, or 1 for coarse tasks */
+        size_t per;              /* elements of one part (the last may be short) */
+        size_t n_parts;
+        _Atomic size_t next;     /* the next part to claim */
 };
 
 static void futex_wait(_Atomic uint32_t *addr, uint32_t val) {
@@ -44,16 +47,18 @@ static inline void cpu_relax(void) {
 #endif
 }
 
-static void part_range(size_t n, size_t align, int part, int parts, size_t *lo, size_t *hi) {
-        size_t per = ALIGN_TO((n + (size_t)parts - 1) / (size_t)parts, align);
-        *lo = MIN(n, per * (size_t)part);
-        *hi = MIN(n, *lo + per);
+/* Claim parts of the current job until none is left. */
+static void run_parts(Pool *p) {
+        size_t k;
+        while ((k = atomic_fetch_add_explicit(&p->next, 1, memory_order_relaxed)) < p->n_parts) {
+                size_t lo = k * p->per;
+                p->fn(p->ctx, lo, MIN(p->n, lo + p->per));
+        }
 }
 
 
 static void *worker_main(void *arg) {
         Pool *p = ((Worker *)arg)->pool;
-        int index = ((Worker *)arg)->index;
         uint32_t seen = 0; /* the generation at creation: a job posted before this thread ran is not missed */
 
         for (;;) {
@@ -71,10 +76,7 @@ static void *worker_main(void *arg) {
                 if (atomic_load(&p->quit))
                         return NULL;
 
-                size_t lo, hi;
-                part_range(p->n, p->align, index, p->n_threads, &lo, &hi);
-                if (lo < hi)
-                        p->fn(p->ctx, lo, hi);
+                run_parts(p);
                 atomic_fetch_sub_explicit(&p->pending, 1, memory_order_acq_rel);
         }
 }
@@ -123,17 +125,23 @@ void pool_for(Pool *p, size_t n, size_t grain, PoolRangeFn fn, void *ctx) {
                         fn(ctx, 0, n);
                 return;
         }
+        /* POOL_PARTS parts per thread, claimed as threads come free: a
+         * thread that another process holds off its core (the cores are
+         * shared) leaves its share to the others instead of holding up the
+         * whole job. */
+        size_t parts = (size_t)p->n_threads * POOL_PARTS;
+        size_t per = ALIGN_TO(MAX((n + parts - 1) / parts, grain), align);
         p->fn = fn;
         p->ctx = ctx;
         p->n = n;
-        p->align = align;
+        p->per = per;
+        p->n_parts = (n + per - 1) / per;
+        atomic_store_explicit(&p->next, 0, memory_order_relaxed);
         atomic_store(&p->pending, (uint32_t)(p->n_threads - 1));
         atomic_fetch_add_explicit(&p->generation, 1, memory_order_release);
         futex_wake_all(&p->generation);
 
-        size_t lo, hi;
-        part_range(n, p->align, 0, p->n_threads, &lo, &hi);
-        fn(ctx, lo, hi);
+        run_parts(p);
         while (atomic_load_explicit(&p->pending, memory_order_acquire) > 0)
                 cpu_relax();
 }
