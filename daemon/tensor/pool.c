@@ -11,7 +11,7 @@
 
 #define POOL_MAX_THREADS 256
 #define POOL_SPIN 20000
-#define POOL_PARTS 4
+#define POOL_PARTS 2
 
 typedef struct Worker {
         struct Pool *pool;
