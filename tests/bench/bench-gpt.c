@@ -7,8 +7,11 @@
  * trainer does). Each run forks a child that trains a few steps with
  * ravnest's engine, then runs tests/bench/torch-gpt.py (Debian's
  * python3-torch) with 1 and with 2 threads and keeps the better, with
- * OMP_WAIT_POLICY=PASSIVE: PyTorch's fastest setting here. Runs alternate so
- * both see the same machine; the figures are medians. It also prints
+ * OMP_WAIT_POLICY=PASSIVE: PyTorch's fastest setting here (its thread
+ * count is its intra-op pool's; Debian's OpenBLAS under it runs each sgemm
+ * on every core either way). Runs alternate so both see the same machine;
+ * the figures are medians, and the median of the per-run ratios is the
+ * steadier one when other work comes and goes on the cores. It also prints
  * llm.c's MFU (model FLOPs per token 6 N + 6 L T C, N the weights that
  * multiply, over an sgemm peak measured in the same run on the same
  * threads) and the child's peak RSS against the memory the shapes call for
