@@ -145,7 +145,9 @@ void pool_for(Pool *p, size_t n, size_t grain, PoolRangeFn fn, void *ctx) {
          * shared) leaves its share to the others instead of holding up the
          * whole job. */
         size_t parts = (size_t)p->n_threads * POOL_PARTS;
-        size_t per = ALIGN_TO(MAX((n + parts - 1) / parts, grain), align);
+        /* coarse tasks (attention's heads, a block's fused steps) are
+         * claimed one at a time: they are few and each is worth a claim */
+        size_t per = align == 1 ? MAX(grain, (size_t)1) : ALIGN_TO(MAX((n + parts - 1) / parts, grain), align);
         uint32_t gen = atomic_load(&p->generation) + 1;
         p->fn = fn;
         p->ctx = ctx;

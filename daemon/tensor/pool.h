@@ -36,5 +36,6 @@ int pool_threads(const Pool *p);
  * fn on each, the threads claiming ranges as they come free; returns when
  * all are done. When n is less than two grains the whole range runs on the
  * caller: not worth a wake-up. A grain below 16 means coarse tasks
- * (attention's (sample, head) pairs): the boundaries are not rounded. */
+ * (attention's (sample, head) pairs): ranges are grain tasks long, claimed
+ * one at a time, not rounded. */
 void pool_for(Pool *p, size_t n, size_t grain, PoolRangeFn fn, void *ctx);
