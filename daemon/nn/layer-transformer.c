@@ -18,10 +18,8 @@ typedef struct Elementwise {
         const float *a, *b;
 } Elementwise;
 
-_simd_clones_ static void gelu_tanh_forward_range(void *ctx, size_t lo, size_t hi) {
-        const Elementwise *e = ctx;
-        float *restrict out = e->out;
-        const float *restrict inp = e->a;
+_simd_clones_ static void gelu_tanh_span(float *restrict out, const float *restrict inp, size_t lo,
+                                         size_t hi) {
         for (size_t i = lo; i < hi; i++) {
                 float x = inp[i];
                 float t = nn_tanhf(GELU_SCALE * (x + GELU_CUBE * x * x * x));
@@ -29,11 +27,10 @@ _simd_clones_ static void gelu_tanh_forward_range(void *ctx, size_t lo, size_t h
         }
 }
 
-/* d/dx = 0.5 (1 + t) + 0.5 x (1 - t^2) sqrt(2/pi) (1 + 3 0.044715 x^2) */
-_simd_clones_ static void gelu_tanh_backward_range(void *ctx, size_t lo, size_t hi) {
-        const Elementwise *e = ctx;
-        float *restrict dinp = e->out;
-        const float *restrict dout = e->a, *restrict inp = e->b;
+/* d/dx = 0.5 (1 + t) + 0.5 x (1 - t^2) sqrt(2/pi) (1 + 3 0.044715 x^2);
+ * dinp may be dout itself. */
+_simd_clones_ static void gelu_tanh_backward_span(float *dinp, const float *dout,
+                                                  const float *restrict inp, size_t lo, size_t hi) {
         for (size_t i = lo; i < hi; i++) {
                 float x = inp[i];
                 float t = nn_tanhf(GELU_SCALE * (x + GELU_CUBE * x * x * x));
@@ -41,6 +38,16 @@ _simd_clones_ static void gelu_tanh_backward_range(void *ctx, size_t lo, size_t 
                               0.5f * x * (1.0f - t * t) * GELU_SCALE * (1.0f + 3.0f * GELU_CUBE * x * x);
                 dinp[i] = dout[i] * local;
         }
+}
+
+static void gelu_tanh_forward_range(void *ctx, size_t lo, size_t hi) {
+        const Elementwise *e = ctx;
+        gelu_tanh_span(e->out, e->a, lo, hi);
+}
+
+static void gelu_tanh_backward_range(void *ctx, size_t lo, size_t hi) {
+        const Elementwise *e = ctx;
+        gelu_tanh_backward_span(e->out, e->a, e->b, lo, hi);
 }
 
 void gelu_tanh_forward(const Ops *ops, float *out, const float *inp, size_t n) {
@@ -212,23 +219,254 @@ static BlockGrads block_grads_at(float *s, size_t B, size_t T, size_t C) {
         return g;
 }
 
+/* The block runs as a few jobs of coarse tasks, each split across the
+ * compute threads once: every step whose rows depend only on the same rows
+ * of the step before (LayerNorm, a matmul's rows, GELU, a residual) runs in
+ * the same task, and a weight gradient (a sum over all rows) runs beside
+ * the input gradient of another matmul. Three jobs forward, six backward,
+ * instead of one per step: on shared cores each job ends by waiting for
+ * its slowest thread, and the rows stay in cache from one step to the next. */
+#define BLOCK_ROW_TASKS 4
+#define BLOCK_COL_TASKS 4
+
+typedef struct BlockJob {
+        const Ops *ops;
+        BlockParams p, d; /* d: the gradients, same layout */
+        BlockActs a;
+        BlockGrads g;
+        const float *inp, *dout;
+        float *out, *dinp;
+        int C, BT;
+        float beta;
+        size_t rows_per; /* rows of one row task */
+        int n_rows;      /* row tasks */
+} BlockJob;
+
+static BlockJob block_job(const Layer *l, const Ops *ops, int B) {
+        int T = l->in.c, BT = B * T;
+        BlockJob j = { .ops = ops, .C = l->in.h, .BT = BT };
+        j.rows_per = (size_t)(BT + BLOCK_ROW_TASKS - 1) / BLOCK_ROW_TASKS;
+        j.n_rows = (int)(((size_t)BT + j.rows_per - 1) / j.rows_per);
+        return j;
+}
+
+static void task_rows(const BlockJob *j, size_t task, size_t *r0, size_t *r1) {
+        *r0 = MIN((size_t)j->BT, task * j->rows_per);
+        *r1 = MIN((size_t)j->BT, *r0 + j->rows_per);
+}
+
+/* Columns of task k of BLOCK_COL_TASKS over n, on 16-float boundaries. */
+static void task_cols(size_t n, size_t k, size_t *c0, size_t *c1) {
+        size_t per = ALIGN_TO((n + BLOCK_COL_TASKS - 1) / BLOCK_COL_TASKS, 16);
+        *c0 = MIN(n, k * per);
+        *c1 = MIN(n, *c0 + per);
+}
+
+/* Rows r0..r1 of out (N,OC) = bias (OC) + resid (N,OC, or NULL). */
+_simd_clones_ static void fill_rows(float *out, const float *bias, const float *resid, size_t r0,
+                                    size_t r1, int OC_) {
+        size_t OC = (size_t)OC_;
+        for (size_t r = r0; r < r1; r++) {
+                float *restrict o = out + r * OC;
+                const float *restrict b = bias;
+                if (!resid)
+                        memcpy(o, b, sizeof(float) * OC);
+                else {
+                        const float *restrict x = resid + r * OC;
+                        for (size_t c = 0; c < OC; c++)
+                                o[c] = x[c] + b[c];
+                }
+        }
+}
+
+/* Rows r0..r1 of out (N,OC) += inp (N,C) weight^T, weight (OC,C). */
+static void gemm_rows(const Ops *ops, float *out, const float *inp, const float *weight, size_t r0,
+                      size_t r1, int C, int OC) {
+        if (r1 > r0)
+                ops->gemm_serial(false, true, (int)(r1 - r0), OC, C, 1.0f, inp + r0 * (size_t)C, C,
+                                 weight, C, 1.0f, out + r0 * (size_t)OC, OC);
+}
+
+/* Rows r0..r1 of dinp (N,C) = dout (N,OC) weight, weight (OC,C). */
+static void gemm_dinp_rows(const Ops *ops, float *dinp, const float *dout, const float *weight,
+                           size_t r0, size_t r1, int C, int OC) {
+        if (r1 > r0)
+                ops->gemm_serial(false, false, (int)(r1 - r0), C, OC, 1.0f, dout + r0 * (size_t)OC, OC,
+                                 weight, C, 0.0f, dinp + r0 * (size_t)C, C);
+}
+
+/* Rows o0..o1 of dweight (OC,C) = beta dweight + dout^T inp, and of dbias
+ * (OC) = beta dbias + the sum of dout's columns o0..o1; dout (N,OC), inp (N,C). */
+_simd_clones_ static void dweight_rows(const Ops *ops, float *dweight, float *dbias,
+                                       const float *dout, const float *inp, size_t o0, size_t o1,
+                                       int N, int C, int OC, float beta) {
+        if (o1 <= o0)
+                return;
+        ops->gemm_serial(true, false, (int)(o1 - o0), C, N, 1.0f, dout + o0, OC, inp, C, beta,
+                         dweight + o0 * (size_t)C, C);
+        float *restrict db = dbias;
+        if (beta == 0.0f)
+                memset(db + o0, 0, sizeof(float) * (o1 - o0));
+        else if (beta != 1.0f)
+                for (size_t o = o0; o < o1; o++)
+                        db[o] *= beta;
+        for (size_t r = 0; r < (size_t)N; r++) {
+                const float *restrict g = dout + r * (size_t)OC;
+                for (size_t o = o0; o < o1; o++)
+                        db[o] += g[o];
+        }
+}
+
+#define D(x) ((float *)j->d.x)
+
+/* ln1, then qkv = ln1 Wqkv^T + bqkv, by rows. */
+static void block_forward_qkv(void *ctx, size_t lo, size_t hi) {
+        const BlockJob *j = ctx;
+        int C = j->C;
+        for (size_t task = lo; task < hi; task++) {
+                size_t r0, r1;
+                task_rows(j, task, &r0, &r1);
+                layernorm_forward_range(j->a.ln1, j->a.ln1_mean, j->a.ln1_rstd, j->inp, j->p.ln1w,
+                                        j->p.ln1b, r0, r1, C);
+                fill_rows(j->a.qkv, j->p.qkvb, NULL, r0, r1, 3 * C);
+                gemm_rows(j->ops, j->a.qkv, j->a.ln1, j->p.qkvw, r0, r1, C, 3 * C);
+        }
+}
+
+/* Everything after attention, by rows: res2 = inp + atty Wproj^T + bproj,
+ * ln2, fch = ln2 Wfc^T + bfc, GELU, out = res2 + gelu Wfcproj^T + bfcproj. */
+static void block_forward_mlp(void *ctx, size_t lo, size_t hi) {
+        const BlockJob *j = ctx;
+        const BlockActs *a = &j->a;
+        int C = j->C;
+        for (size_t task = lo; task < hi; task++) {
+                size_t r0, r1;
+                task_rows(j, task, &r0, &r1);
+                fill_rows(a->res2, j->p.attprojb, j->inp, r0, r1, C);
+                gemm_rows(j->ops, a->res2, a->atty, j->p.attprojw, r0, r1, C, C);
+                layernorm_forward_range(a->ln2, a->ln2_mean, a->ln2_rstd, a->res2, j->p.ln2w, j->p.ln2b,
+                                        r0, r1, C);
+                fill_rows(a->fch, j->p.fcb, NULL, r0, r1, 4 * C);
+                gemm_rows(j->ops, a->fch, a->ln2, j->p.fcw, r0, r1, C, 4 * C);
+                gelu_tanh_span(a->fch_gelu, a->fch, r0 * 4 * (size_t)C, r1 * 4 * (size_t)C);
+                fill_rows(j->out, j->p.fcprojb, a->res2, r0, r1, C);
+                gemm_rows(j->ops, j->out, a->fch_gelu, j->p.fcprojw, r0, r1, 4 * C, C);
+        }
+}
+
 void block_forward(const Layer *l, const Ops *ops, float *out, const float *inp, const float *w,
                    float *saved, int B) {
         /* out is (B,T,C), inp is (B,T,C), w is the block's parameters,
          * saved is (B, block_saved_floats) */
-        int T = l->in.c, C = l->in.h, NH = l->spec.heads, BT = B * T;
-        BlockParams p = block_params_at(w, (size_t)C);
-        BlockActs a = block_acts_at(saved, (size_t)B, (size_t)T, (size_t)C, (size_t)NH);
+        int T = l->in.c, C = l->in.h, NH = l->spec.heads;
+        BlockJob j = block_job(l, ops, B);
+        j.p = block_params_at(w, (size_t)C);
+        j.a = block_acts_at(saved, (size_t)B, (size_t)T, (size_t)C, (size_t)NH);
+        j.inp = inp;
+        j.out = out;
 
-        layernorm_forward(ops, a.ln1, a.ln1_mean, a.ln1_rstd, inp, p.ln1w, p.ln1b, BT, C);
-        matmul_forward(ops, a.qkv, a.ln1, p.qkvw, p.qkvb, NULL, BT, C, 3 * C);
-        attention_forward(ops, a.atty, a.att, a.qkv, B, T, C, NH);
-        matmul_forward(ops, a.res2, a.atty, p.attprojw, p.attprojb, inp, BT, C, C);
-        layernorm_forward(ops, a.ln2, a.ln2_mean, a.ln2_rstd, a.res2, p.ln2w, p.ln2b, BT, C);
-        matmul_forward(ops, a.fch, a.ln2, p.fcw, p.fcb, NULL, BT, C, 4 * C);
-        gelu_tanh_forward(ops, a.fch_gelu, a.fch, (size_t)BT * 4 * C);
-        matmul_forward(ops, out, a.fch_gelu, p.fcprojw, p.fcprojb, a.res2, BT, 4 * C, C);
+        ops->parallel((size_t)j.n_rows, 1, block_forward_qkv, &j);
+        attention_forward(ops, j.a.atty, j.a.att, j.a.qkv, B, T, C, NH);
+        ops->parallel((size_t)j.n_rows, 1, block_forward_mlp, &j);
 }
+
+/* dWfcproj and dbfcproj beside dfch = (dout Wfcproj) * gelu'(fch) by rows. */
+static void block_backward_fcproj(void *ctx, size_t lo, size_t hi) {
+        const BlockJob *j = ctx;
+        int C = j->C;
+        for (size_t task = lo; task < hi; task++) {
+                size_t r0, r1, o0, o1;
+                if (task < BLOCK_COL_TASKS) {
+                        task_cols((size_t)C, task, &o0, &o1);
+                        dweight_rows(j->ops, D(fcprojw), D(fcprojb), j->dout, j->a.fch_gelu, o0, o1,
+                                     j->BT, 4 * C, C, j->beta);
+                        continue;
+                }
+                task_rows(j, task - BLOCK_COL_TASKS, &r0, &r1);
+                gemm_dinp_rows(j->ops, j->g.dfch, j->dout, j->p.fcprojw, r0, r1, 4 * C, C);
+                gelu_tanh_backward_span(j->g.dfch, j->g.dfch, j->a.fch, r0 * 4 * (size_t)C,
+                                        r1 * 4 * (size_t)C);
+        }
+}
+
+/* dWfc and dbfc beside dln2 = dfch Wfc and dres2 = dout + ln2's input
+ * gradient, by rows. */
+static void block_backward_fc(void *ctx, size_t lo, size_t hi) {
+        const BlockJob *j = ctx;
+        int C = j->C;
+        for (size_t task = lo; task < hi; task++) {
+                size_t r0, r1, o0, o1;
+                if (task < BLOCK_COL_TASKS) {
+                        task_cols(4 * (size_t)C, task, &o0, &o1);
+                        dweight_rows(j->ops, D(fcw), D(fcb), j->g.dfch, j->a.ln2, o0, o1, j->BT, C,
+                                     4 * C, j->beta);
+                        continue;
+                }
+                task_rows(j, task - BLOCK_COL_TASKS, &r0, &r1);
+                gemm_dinp_rows(j->ops, j->g.dln, j->g.dfch, j->p.fcw, r0, r1, C, 4 * C);
+                layernorm_backward_range(j->g.dres2, j->g.dln, j->dout, j->a.res2, j->p.ln2w,
+                                         j->a.ln2_mean, j->a.ln2_rstd, r0, r1, C);
+        }
+}
+
+/* dWattproj and dbattproj, datty = dres2 Wattproj by rows, and ln2's
+ * parameter gradients by columns. */
+static void block_backward_attproj(void *ctx, size_t lo, size_t hi) {
+        const BlockJob *j = ctx;
+        int C = j->C;
+        for (size_t task = lo; task < hi; task++) {
+                size_t r0, r1, o0, o1;
+                if (task < BLOCK_COL_TASKS) {
+                        task_cols((size_t)C, task, &o0, &o1);
+                        dweight_rows(j->ops, D(attprojw), D(attprojb), j->g.dres2, j->a.atty, o0, o1,
+                                     j->BT, C, C, j->beta);
+                } else if (task < BLOCK_COL_TASKS + (size_t)j->n_rows) {
+                        task_rows(j, task - BLOCK_COL_TASKS, &r0, &r1);
+                        gemm_dinp_rows(j->ops, j->g.datty, j->g.dres2, j->p.attprojw, r0, r1, C, C);
+                } else {
+                        task_cols((size_t)C, task - BLOCK_COL_TASKS - (size_t)j->n_rows, &o0, &o1);
+                        if (o1 > o0)
+                                layernorm_params_backward_range(D(ln2w), D(ln2b), j->g.dln, j->a.res2,
+                                                                j->a.ln2_mean, j->a.ln2_rstd, j->BT,
+                                                                o0, o1, C, j->beta);
+                }
+        }
+}
+
+/* dWqkv and dbqkv beside dln1 = dqkv Wqkv and dinp = dres2 + ln1's input
+ * gradient, by rows. */
+static void block_backward_qkv(void *ctx, size_t lo, size_t hi) {
+        const BlockJob *j = ctx;
+        int C = j->C;
+        for (size_t task = lo; task < hi; task++) {
+                size_t r0, r1, o0, o1;
+                if (task < BLOCK_COL_TASKS) {
+                        task_cols(3 * (size_t)C, task, &o0, &o1);
+                        dweight_rows(j->ops, D(qkvw), D(qkvb), j->g.dqkv, j->a.ln1, o0, o1, j->BT, C,
+                                     3 * C, j->beta);
+                        continue;
+                }
+                task_rows(j, task - BLOCK_COL_TASKS, &r0, &r1);
+                gemm_dinp_rows(j->ops, j->g.dln, j->g.dqkv, j->p.qkvw, r0, r1, C, 3 * C);
+                if (j->dinp)
+                        layernorm_backward_range(j->dinp, j->g.dln, j->g.dres2, j->inp, j->p.ln1w,
+                                                 j->a.ln1_mean, j->a.ln1_rstd, r0, r1, C);
+        }
+}
+
+/* ln1's parameter gradients, by columns. */
+static void block_backward_ln1(void *ctx, size_t lo, size_t hi) {
+        const BlockJob *j = ctx;
+        for (size_t task = lo; task < hi; task++) {
+                size_t o0, o1;
+                task_cols((size_t)j->C, task, &o0, &o1);
+                if (o1 > o0)
+                        layernorm_params_backward_range(D(ln1w), D(ln1b), j->g.dln, j->inp, j->a.ln1_mean,
+                                                        j->a.ln1_rstd, j->BT, o0, o1, j->C, j->beta);
+        }
+}
+
+#undef D
 
 void block_backward(const Layer *l, const Ops *ops, float *dinp, float *dw, const float *dout,
                     const float *inp, const float *w, const float *saved, float *scratch, int B,
@@ -236,27 +474,26 @@ void block_backward(const Layer *l, const Ops *ops, float *dinp, float *dw, cons
         /* dinp is (B,T,C) or NULL, dw is the block's gradients, dout is (B,T,C),
          * inp is (B,T,C), w the parameters, saved as the forward pass left it,
          * scratch is (B, block_scratch_floats) */
-        int T = l->in.c, C = l->in.h, NH = l->spec.heads, BT = B * T;
-        BlockParams p = block_params_at(w, (size_t)C), d = block_params_at(dw, (size_t)C);
-        BlockActs a = block_acts_at((float *)saved, (size_t)B, (size_t)T, (size_t)C, (size_t)NH);
-        BlockGrads g = block_grads_at(scratch, (size_t)B, (size_t)T, (size_t)C);
-#define D(x) ((float *)d.x)
+        int T = l->in.c, C = l->in.h, NH = l->spec.heads;
+        BlockJob j = block_job(l, ops, B);
+        j.p = block_params_at(w, (size_t)C);
+        j.d = block_params_at(dw, (size_t)C);
+        j.a = block_acts_at((float *)saved, (size_t)B, (size_t)T, (size_t)C, (size_t)NH);
+        j.g = block_grads_at(scratch, (size_t)B, (size_t)T, (size_t)C);
+        j.inp = inp;
+        j.dout = dout;
+        j.dinp = dinp;
+        j.beta = beta;
+        size_t matmul_tasks = BLOCK_COL_TASKS + (size_t)j.n_rows;
 
         /* the MLP; its residual passes dout straight to res2 */
-        matmul_backward(ops, g.dfch, D(fcprojw), D(fcprojb), dout, a.fch_gelu, p.fcprojw, BT, 4 * C,
-                        C, beta);
-        gelu_tanh_backward(ops, g.dfch, g.dfch, a.fch, (size_t)BT * 4 * C);
-        matmul_backward(ops, g.dln, D(fcw), D(fcb), g.dfch, a.ln2, p.fcw, BT, C, 4 * C, beta);
-        layernorm_backward(ops, g.dres2, D(ln2w), D(ln2b), g.dln, dout, a.res2, p.ln2w, a.ln2_mean,
-                           a.ln2_rstd, BT, C, beta);
+        ops->parallel(matmul_tasks, 1, block_backward_fcproj, &j);
+        ops->parallel(matmul_tasks, 1, block_backward_fc, &j);
         /* attention; its residual passes dres2 straight to inp */
-        matmul_backward(ops, g.datty, D(attprojw), D(attprojb), g.dres2, a.atty, p.attprojw, BT, C,
-                        C, beta);
-        attention_backward(ops, g.dqkv, g.datt, g.datty, a.qkv, a.att, B, T, C, NH);
-        matmul_backward(ops, g.dln, D(qkvw), D(qkvb), g.dqkv, a.ln1, p.qkvw, BT, C, 3 * C, beta);
-        layernorm_backward(ops, dinp, D(ln1w), D(ln1b), g.dln, g.dres2, inp, p.ln1w, a.ln1_mean,
-                           a.ln1_rstd, BT, C, beta);
-#undef D
+        ops->parallel(matmul_tasks + BLOCK_COL_TASKS, 1, block_backward_attproj, &j);
+        attention_backward(ops, j.g.dqkv, j.g.datt, j.g.datty, j.a.qkv, j.a.att, B, T, C, NH);
+        ops->parallel(matmul_tasks, 1, block_backward_qkv, &j);
+        ops->parallel(BLOCK_COL_TASKS, 1, block_backward_ln1, &j);
 }
 
 /* ---- the head ------------------------------------------------------------ */

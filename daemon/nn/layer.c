@@ -158,21 +158,21 @@ static double portable_log(double x) {
         return 2.0 * sum + (double)e * 0.69314718055994530942;
 }
 
-/* Normal with mean 0 and standard deviation std: Marsaglia's polar method
- * (one of the pair is kept, so each draw depends on this one only). */
-static float portable_normal(Rng *r, float std) {
-        double u, v, s;
-        do {
-                u = (double)(rng_next(r) >> 11) * 0x1.0p-52 - 1.0;
-                v = (double)(rng_next(r) >> 11) * 0x1.0p-52 - 1.0;
-                s = u * u + v * v;
-        } while (s >= 1.0 || s == 0.0);
-        return (float)((double)std * u * sqrt(-2.0 * portable_log(s) / s));
-}
-
+/* Normals with mean 0 and standard deviation std: Marsaglia's polar method,
+ * both of each pair used. */
 static void fill_normal(float *w, size_t n, float std, Rng *r) {
-        for (size_t i = 0; i < n; i++)
-                w[i] = portable_normal(r, std);
+        for (size_t i = 0; i < n; i += 2) {
+                double u, v, s;
+                do {
+                        u = (double)(rng_next(r) >> 11) * 0x1.0p-52 - 1.0;
+                        v = (double)(rng_next(r) >> 11) * 0x1.0p-52 - 1.0;
+                        s = u * u + v * v;
+                } while (s >= 1.0 || s == 0.0);
+                double f = (double)std * sqrt(-2.0 * portable_log(s) / s);
+                w[i] = (float)(u * f);
+                if (i + 1 < n)
+                        w[i + 1] = (float)(v * f);
+        }
 }
 
 static void fill(float *w, size_t n, float value) {

@@ -1,6 +1,13 @@
 /* nn/loss.h — softmax cross-entropy, the loss every classification job uses.
  *
  *     float loss = softmax_xent(dlogits, &correct, logits, labels, B, C);
+ *
+ * A language model (ModelSpec.lm) predicts at every position: its logits
+ * are (B,T,V) and its targets (B,T), so it passes B*T rows of V and gets
+ * the mean over all B*T positions, PyTorch's F.cross_entropy over
+ * logits.view(-1, V):
+ *
+ *     float loss = softmax_xent(dlogits, NULL, logits, targets, B * T, V);
  */
 #pragma once
 

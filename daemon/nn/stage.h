@@ -78,8 +78,9 @@ typedef struct Trace {
         int max_batch;
         int n_layers;
         float **acts;  /* n_layers + 1: acts[0] input, acts[i+1] output of layer i */
-        void **saved;  /* n_layers: per-layer forward state (maxpool argmax) */
-        float *scratch;
+        void **saved;  /* n_layers: per-layer forward state (maxpool argmax, a block's
+                        * activations for its backward pass) */
+        float *scratch; /* scratch_floats + max_batch * scratch_per_sample, shared by the layers */
         float *dbuf[2]; /* gradient ping-pong between layers */
 } Trace;
 

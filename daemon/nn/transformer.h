@@ -60,6 +60,17 @@ void layernorm_backward(const Ops *ops, float *dinp, float *dweight, float *dbia
                         const float *weight, const float *mean, const float *rstd, int N, int C,
                         float beta);
 
+/* The same on rows r0..r1 (columns c0..c1 for the parameters) on the
+ * calling thread, for the block's fused jobs. */
+void layernorm_forward_range(float *out, float *mean, float *rstd, const float *inp,
+                             const float *weight, const float *bias, size_t r0, size_t r1, int C);
+void layernorm_backward_range(float *dinp, const float *dout, const float *resid, const float *inp,
+                              const float *weight, const float *mean, const float *rstd, size_t r0,
+                              size_t r1, int C);
+void layernorm_params_backward_range(float *dweight, float *dbias, const float *dout,
+                                     const float *inp, const float *mean, const float *rstd, int N,
+                                     size_t c0, size_t c1, int C, float beta);
+
 /* out = inp weight^T + bias (+ resid): out is (N,OC), inp is (N,C), weight
  * is (OC,C), bias is (OC) or NULL, resid is (N,OC) or NULL. */
 void matmul_forward(const Ops *ops, float *out, const float *inp, const float *weight,

@@ -1,33 +1,43 @@
-/* tensor/pool.c */
+/* tensor/pool.c
+ *
+ * A job is cut into parts that threads claim with a compare-and-swap on one
+ * 64-bit ticket, (job number << 32) | next part, so a thread that wakes late
+ * can never claim a part of a later job with a stale view of the current
+ * one. The job is done when all its parts are, whoever ran them: the caller
+ * never waits for a worker that another process keeps off its core unless
+ * that worker holds a part. Waiting spins briefly, then sleeps on a futex. */
 #include "pool.h"
 
 #include <linux/futex.h>
 #include <pthread.h>
 #include <stdatomic.h>
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
 #define POOL_MAX_THREADS 256
-#define POOL_SPIN 20000
-
-typedef struct Worker {
-        struct Pool *pool;
-        int index;
-} Worker;
+/* Pause loops (about 0.1 ms) before a waiting thread sleeps: jobs follow
+ * each other closely during a training step, but a spinning thread on a
+ * core shared with another process takes that process's time or ours. */
+#define POOL_SPIN 2000
+#define POOL_PARTS 2
 
 struct Pool {
         int n_threads;
-        Worker workers[POOL_MAX_THREADS];
         pthread_t threads[POOL_MAX_THREADS];
-        _Atomic uint32_t generation; /* bumped for every job; workers wait on it */
-        _Atomic uint32_t pending;    /* workers still running the current job */
+        _Atomic uint32_t generation; /* the current job's number; workers wait on it */
+        _Atomic uint64_t ticket;     /* generation << 32 | the next part to claim */
+        _Atomic uint32_t done;       /* parts of the current job finished */
+        _Atomic uint32_t sleepers;   /* workers asleep on generation */
+        _Atomic uint32_t caller_asleep;
         _Atomic int quit;
         PoolRangeFn fn;
         void *ctx;
         size_t n;
-        size_t align; /* of the parts' boundaries: 16, or 1 for coarse tasks */
+        size_t per; /* elements of one part (the last may be short) */
+        _Atomic uint32_t n_parts; /* read before a claim, racing with the next job: atomic */
 };
 
 static void futex_wait(_Atomic uint32_t *addr, uint32_t val) {
@@ -44,38 +54,47 @@ static inline void cpu_relax(void) {
 #endif
 }
 
-static void part_range(size_t n, size_t align, int part, int parts, size_t *lo, size_t *hi) {
-        size_t per = ALIGN_TO((n + (size_t)parts - 1) / (size_t)parts, align);
-        *lo = MIN(n, per * (size_t)part);
-        *hi = MIN(n, *lo + per);
+/* Claim parts of job gen until none is left. The job's fields are read only
+ * after a claim succeeds: the job cannot end (and the caller cannot post the
+ * next) while a claimed part is unfinished. */
+static void run_parts(Pool *p, uint32_t gen) {
+        uint64_t t = atomic_load(&p->ticket);
+        for (;;) {
+                uint32_t parts = atomic_load_explicit(&p->n_parts, memory_order_relaxed);
+                if ((uint32_t)(t >> 32) != gen || (uint32_t)t >= parts)
+                        return;
+                if (!atomic_compare_exchange_weak(&p->ticket, &t, t + 1))
+                        continue; /* t now holds the current ticket */
+                size_t lo = (size_t)(uint32_t)t * p->per;
+                p->fn(p->ctx, lo, MIN(p->n, lo + p->per));
+                if (atomic_fetch_add(&p->done, 1) + 1 == parts && atomic_load(&p->caller_asleep))
+                        futex_wake_all(&p->done);
+                t = atomic_load(&p->ticket);
+        }
 }
 
-
 static void *worker_main(void *arg) {
-        Pool *p = ((Worker *)arg)->pool;
-        int index = ((Worker *)arg)->index;
+        Pool *p = arg;
         uint32_t seen = 0; /* the generation at creation: a job posted before this thread ran is not missed */
 
         for (;;) {
                 uint32_t g;
                 int spins = 0;
-                while ((g = atomic_load_explicit(&p->generation, memory_order_acquire)) == seen) {
+                while ((g = atomic_load(&p->generation)) == seen) {
                         if (atomic_load(&p->quit))
                                 return NULL;
-                        if (++spins < POOL_SPIN)
+                        if (++spins < POOL_SPIN) {
                                 cpu_relax();
-                        else
-                                futex_wait(&p->generation, seen);
+                                continue;
+                        }
+                        atomic_fetch_add(&p->sleepers, 1);
+                        futex_wait(&p->generation, seen);
+                        atomic_fetch_sub(&p->sleepers, 1);
                 }
                 seen = g;
                 if (atomic_load(&p->quit))
                         return NULL;
-
-                size_t lo, hi;
-                part_range(p->n, p->align, index, p->n_threads, &lo, &hi);
-                if (lo < hi)
-                        p->fn(p->ctx, lo, hi);
-                atomic_fetch_sub_explicit(&p->pending, 1, memory_order_acq_rel);
+                run_parts(p, g);
         }
 }
 
@@ -87,9 +106,7 @@ int pool_new(int n_threads, Pool **ret) {
                 return -ENOMEM;
         p->n_threads = 1;
         for (int i = 1; i < n_threads; i++) {
-                Worker *w = &p->workers[i];
-                *w = (Worker){ p, i };
-                int r = pthread_create(&p->threads[i], NULL, worker_main, w);
+                int r = pthread_create(&p->threads[i], NULL, worker_main, p);
                 if (r != 0) {
                         pool_free(p);
                         return -r;
@@ -123,17 +140,37 @@ void pool_for(Pool *p, size_t n, size_t grain, PoolRangeFn fn, void *ctx) {
                         fn(ctx, 0, n);
                 return;
         }
+        /* POOL_PARTS parts per thread, claimed as threads come free: a
+         * thread that another process holds off its core (the cores are
+         * shared) leaves its share to the others instead of holding up the
+         * whole job. */
+        size_t parts = (size_t)p->n_threads * POOL_PARTS;
+        /* coarse tasks (attention's heads, a block's fused steps) are
+         * claimed one at a time: they are few and each is worth a claim */
+        size_t per = align == 1 ? MAX(grain, (size_t)1) : ALIGN_TO(MAX((n + parts - 1) / parts, grain), align);
+        uint32_t gen = atomic_load(&p->generation) + 1;
         p->fn = fn;
         p->ctx = ctx;
         p->n = n;
-        p->align = align;
-        atomic_store(&p->pending, (uint32_t)(p->n_threads - 1));
-        atomic_fetch_add_explicit(&p->generation, 1, memory_order_release);
-        futex_wake_all(&p->generation);
+        p->per = per;
+        uint32_t parts_n = (uint32_t)((n + per - 1) / per);
+        atomic_store_explicit(&p->n_parts, parts_n, memory_order_relaxed);
+        atomic_store(&p->done, 0);
+        atomic_store(&p->ticket, (uint64_t)gen << 32);
+        atomic_store(&p->generation, gen);
+        if (atomic_load(&p->sleepers))
+                futex_wake_all(&p->generation);
 
-        size_t lo, hi;
-        part_range(n, p->align, 0, p->n_threads, &lo, &hi);
-        fn(ctx, lo, hi);
-        while (atomic_load_explicit(&p->pending, memory_order_acquire) > 0)
-                cpu_relax();
+        run_parts(p, gen);
+        uint32_t d;
+        for (int spins = 0; (d = atomic_load(&p->done)) < parts_n; spins++) {
+                if (spins < POOL_SPIN) {
+                        cpu_relax();
+                        continue;
+                }
+                atomic_store(&p->caller_asleep, 1);
+                if ((d = atomic_load(&p->done)) < parts_n)
+                        futex_wait(&p->done, d);
+                atomic_store(&p->caller_asleep, 0);
+        }
 }

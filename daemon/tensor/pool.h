@@ -1,12 +1,12 @@
 /* tensor/pool.h — the fork-join pool that all compute of a stage runs on.
  *
- * One set of threads does everything: each sgemm is split into one block per
- * thread (each a single-threaded OpenBLAS call), and so are the elementwise
- * passes such as optimizer steps. Letting OpenBLAS thread its own calls
- * instead leaves the work between calls on one core, and two thread pools
- * spinning against each other on few cores cost more than they give. The
- * caller's thread does part 0, so a pool of n threads starts n - 1 workers;
- * they spin briefly, then sleep on a futex between jobs.
+ * One set of threads does everything: each sgemm is split into a few blocks
+ * per thread (each a single-threaded OpenBLAS call), and so are the
+ * elementwise passes such as optimizer steps. Letting OpenBLAS thread its own
+ * calls instead leaves the work between calls on one core, and two thread
+ * pools spinning against each other on few cores cost more than they give.
+ * The caller's thread takes parts too, so a pool of n threads starts n - 1
+ * workers; they spin briefly, then sleep on a futex between jobs.
  *
  *     Pool *p;
  *     pool_new(2, &p);
@@ -31,10 +31,11 @@ Pool *pool_free(Pool *p);
 DEFINE_TRIVIAL_CLEANUP_FUNC(Pool *, pool_free);
 int pool_threads(const Pool *p);
 
-/* Split [0, n) into one contiguous range per thread (boundaries rounded to
- * 16 elements, one cache line of floats) and run fn on each; returns when all
- * are done. When a part would get fewer than grain elements the whole range
- * runs on the caller: not worth a wake-up. A grain below 16 means coarse
- * tasks (attention's (sample, head) pairs): the boundaries are not rounded,
- * so 6 tasks on 2 threads are 3 and 3. */
+/* Split [0, n) into a few contiguous ranges per thread (boundaries rounded
+ * to 16 elements, one cache line of floats, and at least grain long) and run
+ * fn on each, the threads claiming ranges as they come free; returns when
+ * all are done. When n is less than two grains the whole range runs on the
+ * caller: not worth a wake-up. A grain below 16 means coarse tasks
+ * (attention's (sample, head) pairs): ranges are grain tasks long, claimed
+ * one at a time, not rounded. */
 void pool_for(Pool *p, size_t n, size_t grain, PoolRangeFn fn, void *ctx);

@@ -12,6 +12,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "cluster/partition.h"
 #include "nn/loss.h"
 #include "nn/optim.h"
 #include "nn/stage.h"
@@ -216,6 +217,21 @@ Test(gpt_model, spec_checks) {
         m = gpt_spec(256, 16, 32, 3, 4);
         m.input = (Shape){ 16, 32, 1 };
         cr_assert_eq(model_spec_check(&m, NULL, &d), -EINVAL);
+}
+
+Test(gpt_model, partition_cuts_between_equal_blocks) {
+        ModelSpec m = gpt_spec(256, 128, 128, 8, 4);
+        PartitionCosts c;
+        Diag d = {};
+        cr_assert_eq(partition_costs(&m, &(PartitionParams){ .micro_batch = 8, .in_flight = 2, .optim_floats = 2 }, &c, &d),
+                     0, "%s", d.text);
+        for (int i = 2; i <= 8; i++)
+                cr_assert_float_eq(c.flops[i], c.flops[1], 1e-6 * c.flops[1], "block %d", i);
+        /* two equal nodes: four blocks each, give or take the ends */
+        PartitionNode nodes[2] = { { .gflops = 50, .memory = 1ull << 33 }, { .gflops = 50, .memory = 1ull << 33 } };
+        int bounds[3];
+        cr_assert_eq(partition_plan(&c, nodes, 2, bounds, &d), 0, "%s", d.text);
+        cr_assert(bounds[1] >= 4 && bounds[1] <= 6, "cut after layer %d", bounds[1]);
 }
 
 Test(gpt_model, gpt2_initialization) {
