@@ -366,7 +366,6 @@ static int plan_rings(const StagePlan *plan, const ModelSpec *m, unsigned cluste
         return 0;
 }
 
-
 /* ---- the life of a stage, step by step ------------------------------------ */
 
 /* Plan: this node's cluster and stage, and its neighbours. */
