@@ -183,7 +183,8 @@ static void swarm_usage(FILE *f) {
                 JOBS_DIR "/fashion-mnist-mlp.job", SBIN_DIR);
 }
 
-static int swarm(int argc, char *argv[]) {
+/* The swarm's options into o: -1 to go on, else the exit status. */
+static int parse_swarm_args(int argc, char *argv[], SwarmOptions *o) {
         static const struct option options[] = {
                 { "clusters", required_argument, NULL, 'c' },
                 { "stages", required_argument, NULL, 's' },
@@ -208,45 +209,39 @@ static int swarm(int argc, char *argv[]) {
                 { "help", no_argument, NULL, 'h' },
                 {},
         };
-        char ravnestd[PATH_MAX + 16];
-        SwarmOptions o = { .clusters = 2, .stages = 2, .job = JOBS_DIR "/fashion-mnist-mlp.job",
-                           .staleness = 4, .interval = 0.25, .progress_ms = 2000, .neighbour_timeout_s = 600,
-                           .checkpoint_interval_s = 10 };
         long long v = 0;
         int c;
 
-        find_ravnestd(ravnestd, sizeof ravnestd);
-        o.ravnestd = ravnestd;
         optind = 1;
         while ((c = getopt_long(argc, argv, "h", options, NULL)) >= 0) {
                 int r = 0;
                 switch (c) {
-                case 'c': r = option_int("clusters", optarg, 1, 64, &v); o.clusters = (unsigned)v; break;
-                case 's': r = option_int("stages", optarg, 1, 64, &v); o.stages = (unsigned)v; break;
-                case 'j': o.job = optarg; break;
-                case 'e': r = option_int("epochs", optarg, 1, 1000000, &v); o.epochs = (int)v; break;
-                case 'd': o.data_dir = optarg; break;
-                case 'm': r = option_int("micro-batch", optarg, 1, 65536, &v); o.micro_batch = (int)v; break;
-                case 't': r = option_int("staleness", optarg, 1, 1024, &v); o.staleness = (int)v; break;
-                case 'u': r = option_int("update-frequency", optarg, 1, 1024, &v); o.update_frequency = (int)v; break;
-                case 'S': o.synchronous = true; break;
-                case 'i': r = option_double("interval", optarg, 0.05, 86400, &o.interval); break;
-                case 'p': r = option_int("progress", optarg, 0, 1000000, &v); o.progress_ms = (unsigned)v; break;
-                case 'D': o.dir = optarg; break;
-                case 'k': o.keep = true; break;
-                case 'K': o.keep_going = true; break;
-                case 'R': o.restart = true; break;
-                case 'E': o.resume = true; break;
+                case 'c': r = option_int("clusters", optarg, 1, 64, &v); o->clusters = (unsigned)v; break;
+                case 's': r = option_int("stages", optarg, 1, 64, &v); o->stages = (unsigned)v; break;
+                case 'j': o->job = optarg; break;
+                case 'e': r = option_int("epochs", optarg, 1, 1000000, &v); o->epochs = (int)v; break;
+                case 'd': o->data_dir = optarg; break;
+                case 'm': r = option_int("micro-batch", optarg, 1, 65536, &v); o->micro_batch = (int)v; break;
+                case 't': r = option_int("staleness", optarg, 1, 1024, &v); o->staleness = (int)v; break;
+                case 'u': r = option_int("update-frequency", optarg, 1, 1024, &v); o->update_frequency = (int)v; break;
+                case 'S': o->synchronous = true; break;
+                case 'i': r = option_double("interval", optarg, 0.05, 86400, &o->interval); break;
+                case 'p': r = option_int("progress", optarg, 0, 1000000, &v); o->progress_ms = (unsigned)v; break;
+                case 'D': o->dir = optarg; break;
+                case 'k': o->keep = true; break;
+                case 'K': o->keep_going = true; break;
+                case 'R': o->restart = true; break;
+                case 'E': o->resume = true; break;
                 case 'N':
                         r = option_int("neighbour-timeout", optarg, 0, 7 * 86400, &v);
-                        o.neighbour_timeout_s = (unsigned)v;
+                        o->neighbour_timeout_s = (unsigned)v;
                         break;
                 case 'C':
                         r = option_int("checkpoint-interval", optarg, 0, 7 * 86400, &v);
-                        o.checkpoint_interval_s = (unsigned)v;
+                        o->checkpoint_interval_s = (unsigned)v;
                         break;
-                case 'P': o.pin = true; break;
-                case 'r': o.ravnestd = optarg; break;
+                case 'P': o->pin = true; break;
+                case 'r': o->ravnestd = optarg; break;
                 case 'h': swarm_usage(stdout); return 0;
                 default: swarm_usage(stderr); return EX_USAGE;
                 }
@@ -257,11 +252,16 @@ static int swarm(int argc, char *argv[]) {
                 fprintf(stderr, "ravnestctl swarm: unexpected argument \"%s\"\n", argv[optind]);
                 return EX_USAGE;
         }
-        if (o.clusters * o.stages > 64) {
+        if (o->clusters * o->stages > 64) {
                 fprintf(stderr, "Invalid values for --clusters and --stages: %u x %u nodes (a swarm has at most 64)\n",
-                        o.clusters, o.stages);
+                        o->clusters, o->stages);
                 return EX_USAGE;
         }
+        return -1;
+}
+
+/* Ctrl-C and SIGTERM stop the swarm, whatever the caller had blocked. */
+static void catch_stop_signals(void) {
         struct sigaction sa = { .sa_handler = on_stop };
         sigemptyset(&sa.sa_mask);
         sigaction(SIGINT, &sa, NULL);
@@ -271,7 +271,20 @@ static int swarm(int argc, char *argv[]) {
         sigaddset(&stop_signals, SIGINT);
         sigaddset(&stop_signals, SIGTERM);
         sigprocmask(SIG_UNBLOCK, &stop_signals, NULL);
-        int r = swarm_run(&o, &stop_requested, NULL);
+}
+
+static int swarm(int argc, char *argv[]) {
+        char ravnestd[PATH_MAX + 16];
+        SwarmOptions o = { .clusters = 2, .stages = 2, .job = JOBS_DIR "/fashion-mnist-mlp.job",
+                           .staleness = 4, .interval = 0.25, .progress_ms = 2000, .neighbour_timeout_s = 600,
+                           .checkpoint_interval_s = 10, .ravnestd = ravnestd };
+        int r;
+
+        find_ravnestd(ravnestd, sizeof ravnestd);
+        if ((r = parse_swarm_args(argc, argv, &o)) >= 0)
+                return r;
+        catch_stop_signals();
+        r = swarm_run(&o, &stop_requested, NULL);
         return r == -ECANCELED ? 130 : r == -EINVAL ? EX_CONFIG : r < 0 ? EXIT_FAILURE : 0;
 }
 
