@@ -20,8 +20,95 @@ DEFINE_STRING_TABLE_LOOKUP(layer_kind, LayerKind, kind_names, _LAYER_KIND_MAX, _
 #define LAYER_MAX_DIM (1 << 16)
 #define LAYER_MAX_NUMEL ((size_t)1 << 28)
 
+/* Each kind's shapes, sizes and checks (layer_init()). */
+static int init_conv2d(Layer *n, const LayerSpec *spec, Shape in, Diag *d) {
+        int k = spec->kernel, s = spec->stride ? spec->stride : 1, p = spec->padding;
+        if (spec->out <= 0 || spec->out > LAYER_MAX_DIM)
+                return diag_set(d, -EINVAL, "conv2d: out must be in 1..%d, got %d",
+                                LAYER_MAX_DIM, spec->out);
+        if (k <= 0 || k > 15 || s <= 0 || s > 15 || p < 0 || p >= k)
+                return diag_set(d, -EINVAL,
+                                "conv2d: need 1 <= kernel <= 15, 1 <= stride <= 15, 0 <= padding < kernel (got %d, %d, %d)",
+                                k, s, p);
+        if (in.h + 2 * p < k || in.w + 2 * p < k)
+                return diag_set(d, -EINVAL, "conv2d: kernel %d is larger than the input %dx%d",
+                                k, in.h, in.w);
+        n->spec.stride = s;
+        n->out = (Shape){ spec->out, (in.h + 2 * p - k) / s + 1, (in.w + 2 * p - k) / s + 1 };
+        n->fan_in = (size_t)in.c * (size_t)k * (size_t)k;
+        n->n_params = (size_t)spec->out * n->fan_in + (size_t)spec->out;
+        /* im2col columns and their gradient: (C*K*K, OH*OW) each */
+        n->scratch_floats = 2 * n->fan_in * (size_t)n->out.h * (size_t)n->out.w;
+        return 0;
+}
+
+static int init_maxpool2d(Layer *n, const LayerSpec *spec, Shape in, Diag *d) {
+        int k = spec->kernel, s = spec->stride ? spec->stride : spec->kernel;
+        if (k <= 0 || k > 15 || s <= 0 || s > 15)
+                return diag_set(d, -EINVAL,
+                                "maxpool2d: need 1 <= kernel <= 15 and 1 <= stride <= 15 (got %d, %d)",
+                                k, s);
+        if (in.h < k || in.w < k)
+                return diag_set(d, -EINVAL, "maxpool2d: kernel %d is larger than the input %dx%d",
+                                k, in.h, in.w);
+        n->spec.stride = s;
+        n->out = (Shape){ in.c, (in.h - k) / s + 1, (in.w - k) / s + 1 };
+        n->saved_bytes = shape_numel(n->out) * sizeof(int32_t);
+        return 0;
+}
+
+static int init_embed(Layer *n, const LayerSpec *spec, Shape in, Diag *d) {
+        int T = in.c, C = spec->out, V = spec->vocab;
+        if (in.h != 1 || in.w != 1)
+                return diag_set(d, -EINVAL,
+                                "embed takes T token ids, shape (T,1,1), got (%d,%d,%d)", in.c,
+                                in.h, in.w);
+        /* ids travel as floats: every integer below 2^24 is exact */
+        if (V < 2 || V > (1 << 24))
+                return diag_set(d, -EINVAL, "embed: vocab must be in 2..%d, got %d", 1 << 24, V);
+        if (C <= 0 || C > LAYER_MAX_DIM || T > LAYER_MAX_DIM)
+                return diag_set(d, -EINVAL, "embed: out (the width) must be in 1..%d, got %d",
+                                LAYER_MAX_DIM, C);
+        n->out = (Shape){ T, C, 1 };
+        n->n_params = ((size_t)V + (size_t)T) * (size_t)C;
+        return 0;
+}
+
+static int init_block(Layer *n, const LayerSpec *spec, Shape in, Diag *d) {
+        int T = in.c, C = in.h, NH = spec->heads;
+        if (in.w != 1 || in.h < 2)
+                return diag_set(d, -EINVAL,
+                                "block takes a sequence (T,C,1) from embed or a block, got (%d,%d,%d)",
+                                in.c, in.h, in.w);
+        if (NH <= 0 || C % NH != 0)
+                return diag_set(d, -EINVAL, "block: heads must divide the width %d, got %d", C, NH);
+        if (T > LAYER_MAX_DIM / 4 || C > LAYER_MAX_DIM / 4)
+                return diag_set(d, -E2BIG, "block: context %d or width %d is too large", T, C);
+        n->out = in;
+        n->n_params = block_params(C);
+        n->saved_bytes = block_saved_floats(T, C, NH) * sizeof(float);
+        n->scratch_per_sample = block_scratch_floats(T, C, NH);
+        return 0;
+}
+
+static int init_lm_head(Layer *n, const LayerSpec *spec, Shape in, Diag *d) {
+        int T = in.c, C = in.h, V = spec->out;
+        if (in.w != 1)
+                return diag_set(d, -EINVAL, "lm_head takes a sequence (T,C,1), got (%d,%d,%d)",
+                                in.c, in.h, in.w);
+        if (V < 2 || V > LAYER_MAX_DIM)
+                return diag_set(d, -EINVAL, "lm_head: out (the vocabulary) must be in 2..%d, got %d",
+                                LAYER_MAX_DIM, V);
+        n->out = (Shape){ T, V, 1 };
+        n->n_params = 2 * (size_t)C + (size_t)V * C;
+        n->saved_bytes = (size_t)T * ((size_t)C + 2) * sizeof(float);
+        n->scratch_per_sample = (size_t)T * C;
+        return 0;
+}
+
 int layer_init(Layer *l, const LayerSpec *spec, Shape in, Diag *d) {
         Layer n = { .kind = spec->kind, .spec = *spec, .in = in };
+        int r = 0;
 
         if (in.c <= 0 || in.h <= 0 || in.w <= 0 || shape_numel(in) > LAYER_MAX_NUMEL)
                 return diag_set(d, -EINVAL, "input shape (%d,%d,%d) is out of range", in.c, in.h,
@@ -49,89 +136,26 @@ int layer_init(Layer *l, const LayerSpec *spec, Shape in, Diag *d) {
         case LAYER_FLATTEN:
                 n.out = (Shape){ (int)shape_numel(in), 1, 1 };
                 break;
-        case LAYER_CONV2D: {
-                int k = spec->kernel, s = spec->stride ? spec->stride : 1, p = spec->padding;
-                if (spec->out <= 0 || spec->out > LAYER_MAX_DIM)
-                        return diag_set(d, -EINVAL, "conv2d: out must be in 1..%d, got %d",
-                                        LAYER_MAX_DIM, spec->out);
-                if (k <= 0 || k > 15 || s <= 0 || s > 15 || p < 0 || p >= k)
-                        return diag_set(d, -EINVAL,
-                                        "conv2d: need 1 <= kernel <= 15, 1 <= stride <= 15, 0 <= padding < kernel (got %d, %d, %d)",
-                                        k, s, p);
-                if (in.h + 2 * p < k || in.w + 2 * p < k)
-                        return diag_set(d, -EINVAL, "conv2d: kernel %d is larger than the input %dx%d",
-                                        k, in.h, in.w);
-                n.spec.stride = s;
-                n.out = (Shape){ spec->out, (in.h + 2 * p - k) / s + 1, (in.w + 2 * p - k) / s + 1 };
-                n.fan_in = (size_t)in.c * (size_t)k * (size_t)k;
-                n.n_params = (size_t)spec->out * n.fan_in + (size_t)spec->out;
-                /* im2col columns and their gradient: (C*K*K, OH*OW) each */
-                n.scratch_floats = 2 * n.fan_in * (size_t)n.out.h * (size_t)n.out.w;
+        case LAYER_CONV2D:
+                r = init_conv2d(&n, spec, in, d);
                 break;
-        }
-        case LAYER_MAXPOOL2D: {
-                int k = spec->kernel, s = spec->stride ? spec->stride : spec->kernel;
-                if (k <= 0 || k > 15 || s <= 0 || s > 15)
-                        return diag_set(d, -EINVAL,
-                                        "maxpool2d: need 1 <= kernel <= 15 and 1 <= stride <= 15 (got %d, %d)",
-                                        k, s);
-                if (in.h < k || in.w < k)
-                        return diag_set(d, -EINVAL, "maxpool2d: kernel %d is larger than the input %dx%d",
-                                        k, in.h, in.w);
-                n.spec.stride = s;
-                n.out = (Shape){ in.c, (in.h - k) / s + 1, (in.w - k) / s + 1 };
-                n.saved_bytes = shape_numel(n.out) * sizeof(int32_t);
+        case LAYER_MAXPOOL2D:
+                r = init_maxpool2d(&n, spec, in, d);
                 break;
-        }
-        case LAYER_EMBED: {
-                int T = in.c, C = spec->out, V = spec->vocab;
-                if (in.h != 1 || in.w != 1)
-                        return diag_set(d, -EINVAL,
-                                        "embed takes T token ids, shape (T,1,1), got (%d,%d,%d)", in.c,
-                                        in.h, in.w);
-                /* ids travel as floats: every integer below 2^24 is exact */
-                if (V < 2 || V > (1 << 24))
-                        return diag_set(d, -EINVAL, "embed: vocab must be in 2..%d, got %d", 1 << 24, V);
-                if (C <= 0 || C > LAYER_MAX_DIM || T > LAYER_MAX_DIM)
-                        return diag_set(d, -EINVAL, "embed: out (the width) must be in 1..%d, got %d",
-                                        LAYER_MAX_DIM, C);
-                n.out = (Shape){ T, C, 1 };
-                n.n_params = ((size_t)V + (size_t)T) * (size_t)C;
+        case LAYER_EMBED:
+                r = init_embed(&n, spec, in, d);
                 break;
-        }
-        case LAYER_BLOCK: {
-                int T = in.c, C = in.h, NH = spec->heads;
-                if (in.w != 1 || in.h < 2)
-                        return diag_set(d, -EINVAL,
-                                        "block takes a sequence (T,C,1) from embed or a block, got (%d,%d,%d)",
-                                        in.c, in.h, in.w);
-                if (NH <= 0 || C % NH != 0)
-                        return diag_set(d, -EINVAL, "block: heads must divide the width %d, got %d", C, NH);
-                if (T > LAYER_MAX_DIM / 4 || C > LAYER_MAX_DIM / 4)
-                        return diag_set(d, -E2BIG, "block: context %d or width %d is too large", T, C);
-                n.out = in;
-                n.n_params = block_params(C);
-                n.saved_bytes = block_saved_floats(T, C, NH) * sizeof(float);
-                n.scratch_per_sample = block_scratch_floats(T, C, NH);
+        case LAYER_BLOCK:
+                r = init_block(&n, spec, in, d);
                 break;
-        }
-        case LAYER_LM_HEAD: {
-                int T = in.c, C = in.h, V = spec->out;
-                if (in.w != 1)
-                        return diag_set(d, -EINVAL, "lm_head takes a sequence (T,C,1), got (%d,%d,%d)",
-                                        in.c, in.h, in.w);
-                if (V < 2 || V > LAYER_MAX_DIM)
-                        return diag_set(d, -EINVAL, "lm_head: out (the vocabulary) must be in 2..%d, got %d",
-                                        LAYER_MAX_DIM, V);
-                n.out = (Shape){ T, V, 1 };
-                n.n_params = 2 * (size_t)C + (size_t)V * C;
-                n.saved_bytes = (size_t)T * ((size_t)C + 2) * sizeof(float);
-                n.scratch_per_sample = (size_t)T * C;
+        case LAYER_LM_HEAD:
+                r = init_lm_head(&n, spec, in, d);
                 break;
-        }
         default:
                 return diag_set(d, -EINVAL, "unknown layer kind %d", spec->kind);
         }
+        if (r < 0)
+                return r;
 
         if (shape_numel(n.out) > LAYER_MAX_NUMEL || n.n_params > LAYER_MAX_NUMEL)
                 return diag_set(d, -E2BIG, "%s: layer is too large", layer_kind_to_string(spec->kind));
