@@ -138,12 +138,14 @@ Test(membership, six_join_one_leaves_training_goes_on, .timeout = 300) {
         double all_hold = seconds();
         cr_assert(strstr(p[0].out, "Coordinator: plan epoch 1 (signature "), "%s", p[0].out);
         cr_assert(strstr(p[0].out, ") to 6 members: "), "%s", p[0].out);
-        /* the JOINs carry the link as the kernel measured it (loopback: far
-         * below the 0.5 ms assumed before any measurement) */
+        /* the JOINs carry the link as the kernel measured it, not the 0.5 ms
+         * assumed before any measurement (on loopback usually far below it;
+         * a loaded machine can make it more, so no bound on the figure) */
         const char *lk = strstr(p[0].out, "Mbit/s and ");
         cr_assert(lk, "%s", p[0].out);
         double lat_ms = strtod(lk + strlen("Mbit/s and "), NULL);
-        cr_assert(lat_ms > 0 && lat_ms < 0.5, "latency %.3f ms: not measured\n%s", lat_ms, p[0].out);
+        cr_assert(lat_ms > 0 && strncmp(lk + strlen("Mbit/s and "), "0.500 ", 6) != 0,
+                  "latency %.3f ms: not measured\n%s", lat_ms, p[0].out);
         cr_log_info("link to the coordinator as measured at the first JOIN: %.3f ms one way\n", lat_ms);
         for (int i = 1; i < N; i++)
                 cr_assert_str_eq(sig[i], sig[0], "node %d holds another plan epoch 1", i + 1);
