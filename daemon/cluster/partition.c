@@ -16,6 +16,7 @@ int partition_costs(const ModelSpec *m, const PartitionParams *p, PartitionCosts
         if (p->micro_batch < 1 || p->in_flight < 1 || p->optim_floats < 0 || p->stashed < 0)
                 return diag_set(d, -EINVAL, "micro-batch, in-flight count and stashed versions must be positive");
         ret->n_layers = m->n_layers;
+        ret->traces = p->in_flight + 1;
         bool below = true; /* no layer with parameters yet: no input gradient wanted */
         for (int i = 0; i < m->n_layers; i++) {
                 const Layer *l = &layers[i];
@@ -33,6 +34,8 @@ int partition_costs(const ModelSpec *m, const PartitionParams *p, PartitionCosts
                         below = false;
                 ret->flops[i] = times * layer_forward_flops(l) * p->micro_batch;
                 ret->memory[i] = params + acts;
+                ret->scratch[i] = ((uint64_t)l->scratch_floats + (uint64_t)l->scratch_per_sample * (uint64_t)p->micro_batch) *
+                                  sizeof(float);
         }
         return 0;
 }
@@ -45,10 +48,12 @@ static double stage_flops(const PartitionCosts *c, int lo, int hi) {
 }
 
 static uint64_t stage_memory(const PartitionCosts *c, int lo, int hi) {
-        uint64_t m = 0;
-        for (int i = lo; i < hi; i++)
+        uint64_t m = 0, scratch = 0;
+        for (int i = lo; i < hi; i++) {
                 m += c->memory[i];
-        return m;
+                scratch = MAX(scratch, c->scratch[i]);
+        }
+        return m + scratch * (uint64_t)c->traces;
 }
 
 double partition_time(const PartitionCosts *c, const PartitionNode *nodes, int n_nodes, const int *bounds) {

@@ -35,6 +35,9 @@ typedef struct PartitionCosts {
         int n_layers;
         double flops[MODEL_MAX_LAYERS];   /* forward + backward, per micro-batch */
         uint64_t memory[MODEL_MAX_LAYERS]; /* bytes the layer needs on a node */
+        uint64_t scratch[MODEL_MAX_LAYERS]; /* bytes of work space one micro-batch's trace needs for it; a
+                                             * stage's traces share the largest of their layers' */
+        int traces;                         /* a stage's traces: those in flight and the evaluation's */
 } PartitionCosts;
 
 typedef struct PartitionNode {

@@ -106,3 +106,29 @@ Test(partition, memory_bounds_the_cut) {
         cr_assert(strstr(d.text, "short of") && strstr(d.text, "MiB") && strstr(d.text, "node "), "%s", d.text);
         cr_assert_eq(partition_plan(&c, tiny, 8, b, &d), -EINVAL, "more stages than layers");
 }
+
+/* A GPT's blocks need work space for their backward pass, shared by the
+ * layers of a stage and held by each of its traces: a node that has room
+ * for the layers alone does not have room for the stage. */
+Test(partition, a_stage_counts_its_traces_work_space) {
+        ModelSpec m = { .input = { 64, 1, 1 }, .n_classes = 256, .lm = true };
+        m.layers[m.n_layers++] = (LayerSpec){ .kind = LAYER_EMBED, .vocab = 256, .out = 128 };
+        for (int i = 0; i < 4; i++)
+                m.layers[m.n_layers++] = (LayerSpec){ .kind = LAYER_BLOCK, .heads = 4 };
+        m.layers[m.n_layers++] = (LayerSpec){ .kind = LAYER_LM_HEAD, .out = 256 };
+        PartitionCosts c;
+        Diag d = {};
+        cr_assert_eq(partition_costs(&m, &params, &c, &d), 0, "%s", d.text);
+        uint64_t layers = 0, scratch = 0;
+        for (int i = 0; i < c.n_layers; i++) {
+                layers += c.memory[i];
+                scratch = MAX(scratch, c.scratch[i]);
+        }
+        cr_assert_gt(scratch, 0, "a block's backward needs work space");
+        cr_assert_eq(c.traces, params.in_flight + 1);
+        int b[2];
+        PartitionNode tight = { .gflops = 10, .memory = layers };
+        cr_assert_lt(partition_plan(&c, &tight, 1, b, &d), 0, "the layers alone fit, the stage does not");
+        PartitionNode room = { .gflops = 10, .memory = layers + scratch * (uint64_t)c.traces };
+        cr_assert_eq(partition_plan(&c, &room, 1, b, &d), 0, "%s", d.text);
+}
