@@ -225,13 +225,11 @@ static void finish_rounds(Averager *a, uint64_t now) {
                 s.rounds_failed++;
         else
                 s.rounds_done++;
-        struct timespec ts;
-        clock_gettime(CLOCK_REALTIME, &ts);
         s.values_averaged += values;
         s.last_error = error;
         s.last_participants = smallest == UINT32_MAX ? 0 : smallest;
         s.last_round_ns = now - a->round_start_ns;
-        s.last_done_realtime_us = (uint64_t)ts.tv_sec * USEC_PER_SEC + (uint64_t)ts.tv_nsec / 1000;
+        s.last_done_realtime_us = now_realtime_usec();
         a->stats = s;
         pthread_mutex_unlock(&a->lock);
 }

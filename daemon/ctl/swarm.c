@@ -23,6 +23,7 @@
 #include "ctl-model.h"
 #include "conf/job.h"
 #include "run/result.h"
+#include "run/stage-checkpoint.h"
 #include "net/handshake.h"
 #include "net/identity.h"
 #include "util/log.h"
@@ -634,8 +635,9 @@ static void print_sample(const Swarm *s) {
         Diag d = {};
 
         for (unsigned st = 0; st < s->o->stages; st++) {
-                snprintf(buf[st], sizeof buf[st], "%s/%s/%s.layers-%d-%d.ckpt", s->dir, s->nodes[st].name,
-                         s->job.name, s->bounds[st], s->bounds[st + 1]);
+                char name[160];
+                stage_checkpoint_name(s->job.name, s->bounds[st], s->bounds[st + 1], name, sizeof name);
+                snprintf(buf[st], sizeof buf[st], "%s/%s/%s", s->dir, s->nodes[st].name, name);
                 paths[st] = buf[st];
         }
         text[0] = '\n';

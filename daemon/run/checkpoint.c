@@ -12,6 +12,7 @@
 
 #include "nn/optim.h"
 #include "util/macro.h"
+#include "util/time-util.h"
 
 #define BYTE_ORDER_MARK 0x01020304u
 #define TMP_INFIX ".tmp-"
@@ -222,7 +223,6 @@ int checkpoint_write(const char *dir, const char *name, const CheckpointInfo *in
         char path[PATH_MAX], tmp[PATH_MAX], why[160];
         _cleanup_(closep) int dfd = -1, fd = -1;
         CheckpointHeader h;
-        struct timespec now;
         int r;
 
         if (!name_valid(name))
@@ -244,8 +244,7 @@ int checkpoint_write(const char *dir, const char *name, const CheckpointInfo *in
                 return diag_set(d, -errno, "%s: cannot open the checkpoint directory: %m", dir);
         (void)clean_stale_at(dfd, name); /* best effort: a leftover only costs space */
 
-        clock_gettime(CLOCK_REALTIME, &now);
-        header_from_info(&h, info, (uint64_t)now.tv_sec * 1000000u + (uint64_t)now.tv_nsec / 1000u);
+        header_from_info(&h, info, now_realtime_usec());
 
         fd = mkostemp(tmp, O_CLOEXEC);
         if (fd < 0)

@@ -222,11 +222,8 @@ static void log_stats(GossipRun *gr, bool force) {
         }
         if (gr->seen.exchanges == 0 && s.exchanges > 0)
                 log_info("Gossip: first exchange done with %u members", s.last_participants);
-        if (s.exchanges != gr->seen.exchanges) {
-                struct timespec ts;
-                clock_gettime(CLOCK_REALTIME, &ts);
-                gr->last_exchange_usec = (uint64_t)ts.tv_sec * 1000000 + (uint64_t)ts.tv_nsec / 1000;
-        }
+        if (s.exchanges != gr->seen.exchanges)
+                gr->last_exchange_usec = now_realtime_usec();
         if (force || now - gr->last_log_ns >= LOG_EVERY_NS) {
                 log_info("Gossip: %llu exchanges (%llu failed, %llu alone), %.1f MiB sent, %.1f s waited, "
                          "%.1f ms per exchange",

@@ -109,7 +109,6 @@ int local_run(const Job *job, const LocalRunOptions *o, const volatile sig_atomi
               LocalRunResult *ret) {
         _cleanup_(dataset_freep) Dataset *train = NULL, *test = NULL;
         _cleanup_(trainer_freep) Trainer *t = NULL;
-        const char *dir = o->data_dir ?: job->data.path;
         TrainSpec spec = job->train;
         Diag d = {};
         int r;
@@ -127,12 +126,8 @@ int local_run(const Job *job, const LocalRunOptions *o, const volatile sig_atomi
         r = job_load_split(job, o->data_dir, false, &train, &d);
         if (r >= 0)
                 r = job_load_split(job, o->data_dir, true, &test, &d);
-        if (r < 0) {
-                if (r == -ENOENT)
-                        log_error("Dataset %s not found in %s (install Debian's dataset-fashion-mnist "
-                                  "or set dataset.path in %s)", job->data.name, dir, job->path);
+        if (r < 0) /* (the daemon said where to get missing data when it checked the job) */
                 return log_error_errno(r, "Failed to load the dataset: %s", d.text);
-        }
 
         r = trainer_new(&job->model, &job->optim, &spec, train, test, &ops_blas, &t, &d);
         if (r < 0)

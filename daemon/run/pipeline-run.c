@@ -190,7 +190,7 @@ static double busy_while_training(const PipeStats *st, char *why, size_t len) {
                wait = pipe_percent(st->train_wait_ns, st->train_ns);
         snprintf(why, len, "computing %.0f%%, moving tensors %.0f%%, waiting %.0f%%", compute,
                  MAX(100 - compute - wait, 0.0), wait);
-        return MIN(MAX(100 - wait, 0.0), 100.0);
+        return CLAMP(100 - wait, 0.0, 100.0);
 }
 
 /* A neighbour gone, or not yet come, for longer than

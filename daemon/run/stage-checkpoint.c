@@ -10,11 +10,15 @@
 #include "util/log.h"
 #include "util/time-util.h"
 
-static void file_name(const char *job, const Stage *s, char *buf, size_t len) {
-        snprintf(buf, len, "%s.layers-%d-%d.ckpt", job, s->first_layer, s->first_layer + s->n_layers);
+void stage_checkpoint_name(const char *job, int lo, int hi, char *buf, size_t len) {
+        snprintf(buf, len, "%s.layers-%d-%d.ckpt", job, lo, hi);
         for (char *c = buf; *c; c++) /* a job's name is not a path */
                 if (*c == '/')
                         *c = '_';
+}
+
+static void file_name(const char *job, const Stage *s, char *buf, size_t len) {
+        stage_checkpoint_name(job, s->first_layer, s->first_layer + s->n_layers, buf, len);
 }
 
 int stage_checkpoint_save(const char *dir, const char *job, const Stage *s, const Optim *o, const CheckpointInfo *at) {

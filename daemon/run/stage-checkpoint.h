@@ -16,6 +16,10 @@
 #include "nn/optim.h"
 #include "nn/stage.h"
 
+/* The file of job's layers [lo, hi) in a state directory,
+ * "<job>.layers-<lo>-<hi>.ckpt" (a '/' in the job's name becomes '_'). */
+void stage_checkpoint_name(const char *job, int lo, int hi, char *buf, size_t len);
+
 /* Save the stage's parameters and o's state with the counters in at (job,
  * layers, sizes and optimizer fields are filled here). Logs. */
 int stage_checkpoint_save(const char *dir, const char *job, const Stage *s, const Optim *o, const CheckpointInfo *at);

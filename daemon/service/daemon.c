@@ -439,8 +439,10 @@ static int start_worker(Daemon *d) {
         if (!d->config.membership.enabled || d->config.membership.train) {
                 r = job_check_data(&d->job, d->options.run.data_dir, &diag);
                 if (r == -ENOENT)
-                        log_error("Dataset %s not found (install Debian's dataset-fashion-mnist, or set dataset.path "
-                                  "in %s or --data-dir)", d->job.data.name, d->job.path);
+                        log_error("Dataset %s not found (install Debian's %s, or set dataset.path in %s or "
+                                  "--data-dir)", d->job.data.name,
+                                  d->job.data.kind == JOB_DATA_TEXT ? "fortunes for its text" : "dataset-fashion-mnist",
+                                  d->job.path);
                 if (r < 0) /* -EINVAL (it does not fit): a configuration error */
                         return log_error_errno(r, "Invalid job: %s", diag.text);
         }

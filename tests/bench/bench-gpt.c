@@ -31,6 +31,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "bench.h"
 #include "nn/loss.h"
 #include "nn/optim.h"
 #include "nn/stage.h"
@@ -55,21 +56,10 @@ typedef struct Result {
         int ok;
 } Result;
 
-static double now_s(void) {
-        struct timespec ts;
-        clock_gettime(CLOCK_MONOTONIC, &ts);
-        return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-static int cmp_double(const void *a, const void *b) {
-        double x = *(const double *)a, y = *(const double *)b;
-        return (x > y) - (x < y);
-}
-
 static double median_of(double *v, int n) {
         if (n == 0)
                 return 0.0;
-        qsort(v, (size_t)n, sizeof(double), cmp_double);
+        qsort(v, (size_t)n, sizeof(double), bench_compare_double);
         return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
 }
 
@@ -101,9 +91,9 @@ static double sgemm_peak(int threads) {
                 a[i] = b[i] = (float)(i % 7) * 0.1f;
         ops_blas_set_threads(threads);
         for (int k = 0; k < 8; k++) {
-                double t0 = now_s();
+                double t0 = bench_now_s();
                 ops_blas.gemm(false, true, N, N, N, 1.0f, a, N, b, N, 0.0f, c, N);
-                double dt = now_s() - t0;
+                double dt = bench_now_s() - t0;
                 best = MAX(best, 2.0 * N * N * N / dt / 1e9);
         }
         ops_blas_set_threads(1); /* no pool across fork() */
@@ -164,13 +154,13 @@ static int train_ravnest(const Config *c, int threads, int steps, int fd) {
         int n = 0;
         float loss = 0.0f;
         for (int step = 0; step < warmup + steps && n < 64; step++) {
-                double t0 = now_s();
+                double t0 = bench_now_s();
                 stage_forward(s, &ops_blas, s->params, t, B);
                 loss = softmax_xent(dlogits, NULL, trace_output(t), targets, B * T, V);
                 optim_begin_step(&tr.o);
                 stage_backward(s, &ops_blas, s->params, t, dlogits, NULL, s->grads, B, 0.0f, update_layer,
                                &tr);
-                double dt = now_s() - t0;
+                double dt = bench_now_s() - t0;
                 if (step >= warmup)
                         rates[n++] = (double)B * T / dt;
         }
@@ -233,20 +223,10 @@ static Result run_torch(const char *python, const char *script, const Config *c,
                 _exit(127);
         }
         close(fds[1]);
-        char buf[4096] = {};
-        size_t used = 0;
-        ssize_t n;
-        while (used < sizeof buf - 1 && (n = read(fds[0], buf + used, sizeof buf - 1 - used)) > 0)
-                used += (size_t)n;
-        close(fds[0]);
-        int status;
-        struct rusage ru;
-        wait4(pid, &status, 0, &ru);
-        const char *line = strstr(buf, "RESULT ");
-        if (line && WIFEXITED(status) && WEXITSTATUS(status) == 0 &&
-            sscanf(line, "RESULT tokens_per_sec=%lf", &res.tokens_per_sec) == 1)
+        char buf[4096];
+        const char *line = bench_child_result(pid, fds[0], buf, sizeof buf, &res.peak_mib);
+        if (line && sscanf(line, "RESULT tokens_per_sec=%lf", &res.tokens_per_sec) == 1)
                 res.ok = 1;
-        res.peak_mib = (double)ru.ru_maxrss / 1024.0;
         return res;
 }
 

@@ -20,6 +20,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "bench.h"
 #include "conf/job.h"
 #include "conf/option.h"
 #include "run/local-run.h"
@@ -32,10 +33,6 @@ typedef struct Result {
         int ok;
 } Result;
 
-static int cmp_double(const void *a, const void *b) {
-        double x = *(const double *)a, y = *(const double *)b;
-        return (x > y) - (x < y);
-}
 
 static double median(const Result *r, int n, size_t field) {
         double v[MAX_RUNS];
@@ -45,7 +42,7 @@ static double median(const Result *r, int n, size_t field) {
                         v[k++] = *(const double *)((const char *)&r[i] + field);
         if (k == 0)
                 return 0.0;
-        qsort(v, (size_t)k, sizeof(double), cmp_double);
+        qsort(v, (size_t)k, sizeof(double), bench_compare_double);
         return k % 2 ? v[k / 2] : (v[k / 2 - 1] + v[k / 2]) / 2;
 }
 
@@ -147,21 +144,11 @@ static Result run_torch(const char *python, const char *script, const Job *job, 
                 _exit(127);
         }
         close(fds[1]);
-        char buf[4096] = {};
-        size_t used = 0;
-        ssize_t n;
-        while (used < sizeof buf - 1 && (n = read(fds[0], buf + used, sizeof buf - 1 - used)) > 0)
-                used += (size_t)n;
-        close(fds[0]);
-        int status;
-        struct rusage ru;
-        wait4(pid, &status, 0, &ru);
-        const char *line = strstr(buf, "RESULT ");
-        if (line && WIFEXITED(status) && WEXITSTATUS(status) == 0 &&
-            sscanf(line, "RESULT samples_per_sec=%lf test_acc=%lf", &res.samples_per_sec,
-                   &res.test_acc) == 2)
+        char buf[4096];
+        const char *line = bench_child_result(pid, fds[0], buf, sizeof buf, &res.peak_mib);
+        if (line && sscanf(line, "RESULT samples_per_sec=%lf test_acc=%lf", &res.samples_per_sec,
+                           &res.test_acc) == 2)
                 res.ok = 1;
-        res.peak_mib = (double)ru.ru_maxrss / 1024.0;
         return res;
 }
 

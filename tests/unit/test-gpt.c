@@ -12,6 +12,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "../lib/layer-bufs.h"
 #include "cluster/partition.h"
 #include "nn/loss.h"
 #include "nn/optim.h"
@@ -38,13 +39,6 @@ static const Case cases[] = {
         { "block-long", { .kind = LAYER_BLOCK, .heads = 2 }, { 70, 4, 1 }, 1, 1e-2f },
         { "lm_head", { .kind = LAYER_LM_HEAD, .out = 7 }, { 3, 6, 1 }, 2, 1e-2f },
 };
-
-typedef struct Bufs {
-        Layer l;
-        size_t nin, nout;
-        float *x, *y, *w, *dx, *dw, *dy, *scratch;
-        void *saved;
-} Bufs;
 
 static void bufs_init(Bufs *b, const Case *c, uint64_t seed) {
         Rng r;
@@ -73,34 +67,14 @@ static void bufs_init(Bufs *b, const Case *c, uint64_t seed) {
                 b->dy[i] = 2.0f * rng_uniform(&r) - 1.0f;
 }
 
-static void bufs_done(Bufs *b) {
-        free(b->x);
-        free(b->dx);
-        free(b->y);
-        free(b->dy);
-        free(b->w);
-        free(b->dw);
-        free(b->scratch);
-        free(b->saved);
-}
-
-/* L = sum(y * dy) in double, so dL/dy = dy. */
-static double probe_loss(Bufs *b, const Case *c) {
-        layer_forward(&b->l, &ops_naive, b->y, b->x, b->w, b->saved, b->scratch, c->B);
-        double s = 0.0;
-        for (size_t i = 0; i < b->nout; i++)
-                s += (double)b->y[i] * (double)b->dy[i];
-        return s;
-}
-
 static void check_fd(Bufs *b, const Case *c, float *v, const float *grad, size_t n, const char *what) {
         size_t stride = n > 97 ? n / 97 : 1;
         for (size_t i = 0; i < n; i += stride) {
                 float keep = v[i];
                 v[i] = keep + c->eps;
-                double lp = probe_loss(b, c);
+                double lp = probe_loss(b, c->B);
                 v[i] = keep - c->eps;
-                double lm = probe_loss(b, c);
+                double lm = probe_loss(b, c->B);
                 v[i] = keep;
                 double num = (lp - lm) / (2.0 * c->eps);
                 double tol = 1e-2 * fmax(1.0, fabs(num));
@@ -114,7 +88,7 @@ Test(gpt_layers, backward_matches_finite_differences) {
                 const Case *c = &cases[k];
                 Bufs b;
                 bufs_init(&b, c, 100 + k);
-                probe_loss(&b, c);
+                probe_loss(&b, c->B);
                 layer_backward(&b.l, &ops_naive, b.dx, b.dw, b.dy, b.x, b.y, b.w, b.saved, b.scratch, c->B, 0.0f);
                 if (c->spec.kind != LAYER_EMBED) /* ids have no gradient */
                         check_fd(&b, c, b.x, b.dx, b.nin, "x");
