@@ -179,16 +179,10 @@ static Result run_ravnest(const Config *c, int threads, int steps) {
                 _exit(train_ravnest(c, threads, steps, fds[1]) < 0 ? 1 : 0);
         }
         close(fds[1]);
-        char buf[256] = {};
-        ssize_t n = read(fds[0], buf, sizeof buf - 1);
-        close(fds[0]);
-        int status;
-        struct rusage ru;
-        wait4(pid, &status, 0, &ru);
-        if (n > 0 && WIFEXITED(status) && WEXITSTATUS(status) == 0 &&
-            sscanf(buf, "%lf %lf", &res.tokens_per_sec, &res.loss) == 2)
+        char buf[256];
+        const char *out = bench_child_output(pid, fds[0], buf, sizeof buf, &res.peak_mib);
+        if (out && sscanf(out, "%lf %lf", &res.tokens_per_sec, &res.loss) == 2)
                 res.ok = 1;
-        res.peak_mib = (double)ru.ru_maxrss / 1024.0;
         return res;
 }
 
@@ -224,7 +218,8 @@ static Result run_torch(const char *python, const char *script, const Config *c,
         }
         close(fds[1]);
         char buf[4096];
-        const char *line = bench_child_result(pid, fds[0], buf, sizeof buf, &res.peak_mib);
+        const char *out = bench_child_output(pid, fds[0], buf, sizeof buf, &res.peak_mib);
+        const char *line = out ? strstr(out, "RESULT ") : NULL;
         if (line && sscanf(line, "RESULT tokens_per_sec=%lf", &res.tokens_per_sec) == 1)
                 res.ok = 1;
         return res;
