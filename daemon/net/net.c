@@ -338,6 +338,20 @@ static int resolve(const char *host, uint16_t port, struct sockaddr_storage *ret
         return 0;
 }
 
+/* A port whose last owner has just died can stay taken for a moment: the
+ * kernel tears a dead process's io_uring down later, and the accept it had
+ * queued holds the listening socket until then. A node restarted at once
+ * (by systemd or by hand) waits for it, at most NET_LISTEN_WAIT_MS. */
+static int bind_retrying(int fd, const struct sockaddr_storage *sa, socklen_t len) {
+        for (int waited = 0;; waited += 100) {
+                if (bind(fd, (const struct sockaddr *)sa, len) == 0)
+                        return 0;
+                if (errno != EADDRINUSE || waited >= NET_LISTEN_WAIT_MS)
+                        return -errno;
+                (void)usleep(100 * 1000);
+        }
+}
+
 int net_listen(Net *n, const char *host, uint16_t port, uint16_t *ret_port) {
         struct sockaddr_storage sa;
         socklen_t len = 0;
@@ -352,7 +366,10 @@ int net_listen(Net *n, const char *host, uint16_t port, uint16_t *ret_port) {
         if (fd < 0)
                 return -errno;
         setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-        if (bind(fd, (struct sockaddr *)&sa, len) < 0 || listen(fd, 128) < 0)
+        r = bind_retrying(fd, &sa, len);
+        if (r < 0)
+                return r;
+        if (listen(fd, 128) < 0)
                 return -errno;
         if (ret_port) {
                 len = sizeof sa;

@@ -133,6 +133,11 @@ Net *net_free(Net *n);
 DEFINE_TRIVIAL_CLEANUP_FUNC(Net *, net_free);
 const char *net_backend_name(const Net *n);
 
+/* Listens on host:port (0: any; the port in *ret_port). A port still in
+ * use is tried again for up to NET_LISTEN_WAIT_MS before -EADDRINUSE: the
+ * listening socket of a node that has just died lingers until the kernel
+ * has torn down its io_uring. */
+#define NET_LISTEN_WAIT_MS 10000
 int net_listen(Net *n, const char *host, uint16_t port, uint16_t *ret_port);
 int net_connect(Net *n, const char *host, uint16_t port, uint32_t *ret_peer);
 

@@ -135,7 +135,7 @@ Test(swarm_short, a_node_started_again_by_hand_counts, .timeout = 300) {
         cr_assert(proc_wait_for(&p, "swarm: c2s2 ended with signal 9", 30000), "%s", p.out);
         proc_start(&back, (char *[]){ RAVNESTD, "--config", conf, "--job", slow, "--progress", "1000", NULL }, NULL);
         cr_assert(proc_wait_for(&back, "Resuming from ", 30000), "the node started afresh\n%s", back.out);
-        int status = proc_exit_within(&p, 240000);
+        int status = proc_exit_within(&p, 150000);
         cr_assert_eq(proc_exit(&back), 0, "%s", back.out);
         cr_assert(strstr(p.out, "swarm: c2s2 finished outside the swarm"), "%s\n---- c2s2:\n%s", p.out, back.out);
         cr_assert(strstr(p.out, "swarm: cluster 2: test accuracy "), "%s", p.out);
