@@ -8,8 +8,15 @@
  *   SNAPPED -> RUNNING  averager: rounds started on snapshot
  *   RUNNING -> DELTA    averager: delta = avg - snapshot where averaged, else 0
  *   DELTA   -> IDLE     compute: params += delta
+ *
+ * With an outer optimizer the compute thread owns the anchor and momentum:
+ * at WANT it writes the pseudo-gradient anchor - params into snapshot, the
+ * round leaves avg(g) in delta (NaN where no piece completed, the sign of
+ * "unchanged": a complete piece is always finite), and at DELTA it takes
+ * the outer step. A requested (last) round averages the parameters.
  */
 #include <errno.h>
+#include <math.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdlib.h>
@@ -39,11 +46,16 @@ struct Averager {
         float *snapshot, *delta;
         double weight;
         uint64_t samples; /* compute thread only */
+        float *anchor, *momentum; /* outer optimizer: compute thread only */
+        bool anchored;
+        atomic_bool last; /* the round asked for is a requested (last) one: whole, of parameters (set with WANT) */
 
         /* averaging thread only */
         CollRound *rd[COLL_MAX_MEMBERS];
+        size_t rd_off[COLL_MAX_MEMBERS]; /* where each round's values sit in the slab */
         unsigned n_rd;
-        uint64_t next_due_ns, steps_at_last, moshpit_round, round_start_ns, started_ns;
+        bool outer_round; /* the rounds in flight average pseudo-gradients */
+        uint64_t next_due_ns, steps_at_last, moshpit_round, fragment_round, round_start_ns, started_ns;
         bool settled;
 
         pthread_mutex_t lock; /* stats */
@@ -55,9 +67,15 @@ void averager_config_defaults(AveragerConfig *c) {
         coll_config_defaults(&c->coll);
 }
 
+static bool outer_valid(const AveragerOuter *o) {
+        return !o->enabled || (isfinite(o->lr) && o->lr > 0 && o->lr <= 10 && o->momentum >= 0 && o->momentum < 1);
+}
+
 int averager_new(const AveragerConfig *cfg, Averager **ret) {
         if (cfg->len == 0 || (cfg->method == AVERAGER_RING && cfg->n_rings == 0) ||
-            cfg->n_rings > COLL_MAX_MEMBERS || (cfg->interval_ms == 0 && cfg->interval_steps == 0))
+            cfg->n_rings > COLL_MAX_MEMBERS || (cfg->interval_ms == 0 && cfg->interval_steps == 0) ||
+            !outer_valid(&cfg->outer) || cfg->fragments > AVERAGER_MAX_FRAGMENTS ||
+            (cfg->fragments > 1 && cfg->method != AVERAGER_RING))
                 return -EINVAL;
         for (unsigned i = 0; i < cfg->n_rings; i++)
                 if (cfg->rings[i].off > cfg->len || cfg->rings[i].len > cfg->len - cfg->rings[i].off)
@@ -79,6 +97,13 @@ int averager_new(const AveragerConfig *cfg, Averager **ret) {
         int r = -ENOMEM;
         if (!a->rings || !a->snapshot || !a->delta)
                 goto fail;
+        if (cfg->outer.enabled) {
+                a->anchor = aligned_alloc(64, ALIGN_TO(cfg->len * sizeof(float), 64));
+                a->momentum = aligned_alloc(64, ALIGN_TO(cfg->len * sizeof(float), 64));
+                if (!a->anchor || !a->momentum)
+                        goto fail;
+                memset(a->momentum, 0, cfg->len * sizeof(float));
+        }
         if (cfg->n_rings)
                 memcpy(a->rings, cfg->rings, cfg->n_rings * sizeof *a->rings);
         a->cfg.rings = a->rings;
@@ -107,6 +132,8 @@ Averager *averager_free(Averager *a) {
         coll_free(a->coll);
         free(a->snapshot);
         free(a->delta);
+        free(a->anchor);
+        free(a->momentum);
         free(a->rings);
         pthread_mutex_destroy(&a->lock);
         free(a);
@@ -132,35 +159,66 @@ static unsigned moshpit_members(const Averager *a, uint64_t round, unsigned *out
         return n;
 }
 
-static int start_rounds(Averager *a) {
-        int r = 0;
-        a->n_rd = 0;
-        memset(a->delta, 0, a->cfg.len * sizeof *a->delta); /* what no ring covers stays 0 */
-        if (a->cfg.method == AVERAGER_MOSHPIT) {
-                unsigned members[COLL_MAX_MEMBERS], n = moshpit_members(a, a->moshpit_round, members);
-                uint64_t key = moshpit_grid_group_key(&a->cfg.grid, a->cfg.coll.self, a->moshpit_round);
-                /* group ids of Moshpit rounds: top bit, round, group key */
-                uint32_t group = 0x80000000u | (uint32_t)(a->moshpit_round & 0x7fff) << 16 | (uint32_t)(key & 0xffff);
-                a->moshpit_round++;
-                r = coll_round_start(a->coll, group, members, n, a->snapshot, a->cfg.len, a->weight, &a->rd[0]);
-                if (r == 0) {
-                        a->n_rd = 1;
-                        r = coll_round_set_output(a->rd[0], a->delta);
-                }
+/* The values of ring g a round syncs: all of them, or with fragments the
+ * k-th of equal parts, under a group id of its own (k + 1 in bits 24-30;
+ * the top bit is Moshpit's). k < 0: the whole ring under its own id. */
+static void ring_part(const Averager *a, const AveragerRing *g, int k, uint32_t *group, size_t *off, size_t *len) {
+        size_t f = a->cfg.fragments;
+        *group = g->group;
+        *off = g->off;
+        *len = g->len;
+        if (k < 0 || f <= 1)
+                return;
+        size_t lo = g->len * (size_t)k / f, hi = g->len * (size_t)(k + 1) / f;
+        *group = (uint32_t)(k + 1) << 24 | (g->group & 0xffffffu);
+        *off = g->off + lo;
+        *len = hi - lo;
+}
+
+static int start_moshpit(Averager *a) {
+        unsigned members[COLL_MAX_MEMBERS], n = moshpit_members(a, a->moshpit_round, members);
+        uint64_t key = moshpit_grid_group_key(&a->cfg.grid, a->cfg.coll.self, a->moshpit_round);
+        /* group ids of Moshpit rounds: top bit, round, group key */
+        uint32_t group = 0x80000000u | (uint32_t)(a->moshpit_round & 0x7fff) << 16 | (uint32_t)(key & 0xffff);
+        a->moshpit_round++;
+        a->rd_off[0] = 0;
+        int r = coll_round_start(a->coll, group, members, n, a->snapshot, a->cfg.len, a->weight, &a->rd[0]);
+        if (r < 0)
                 return r;
-        }
+        a->n_rd = 1;
+        return coll_round_set_output(a->rd[0], a->delta);
+}
+
+static void fill_f32(float *d, float v, size_t n) {
+        for (size_t i = 0; i < n; i++)
+                d[i] = v;
+}
+
+static int start_rounds(Averager *a) {
+        a->n_rd = 0;
+        a->outer_round = a->cfg.outer.enabled && !atomic_load(&a->last);
+        /* what no round covers: a delta of 0, or for an outer step "unchanged" */
+        fill_f32(a->delta, a->outer_round ? NAN : 0.0f, a->cfg.len);
+        if (a->cfg.method == AVERAGER_MOSHPIT)
+                return start_moshpit(a);
+        int k = a->cfg.fragments > 1 && !atomic_load(&a->last) ? (int)(a->fragment_round++ % a->cfg.fragments) : -1;
         for (unsigned i = 0; i < a->cfg.n_rings; i++) {
-                const AveragerRing *g = &a->rings[i];
-                r = coll_round_start(a->coll, g->group, g->members, g->n, a->snapshot + g->off, g->len, a->weight,
-                                     &a->rd[a->n_rd]);
+                uint32_t group;
+                size_t off, len;
+                ring_part(a, &a->rings[i], k, &group, &off, &len);
+                if (len == 0)
+                        continue;
+                int r = coll_round_start(a->coll, group, a->rings[i].members, a->rings[i].n, a->snapshot + off, len,
+                                         a->weight, &a->rd[a->n_rd]);
                 if (r < 0)
-                        break;
+                        return r;
+                a->rd_off[a->n_rd] = off;
                 /* the averages land in delta as they complete; finish_rounds() subtracts */
-                r = coll_round_set_output(a->rd[a->n_rd++], a->delta + g->off);
+                r = coll_round_set_output(a->rd[a->n_rd++], a->delta + off);
                 if (r < 0)
-                        break;
+                        return r;
         }
-        return r;
+        return 0;
 }
 
 static bool rounds_joining(const Averager *a) {
@@ -185,17 +243,18 @@ _simd_clones_ static void sub_f32(float *restrict d, const float *restrict x, si
                 d[i] -= x[i];
 }
 
-/* delta = avg - snapshot where a piece was averaged, 0 elsewhere (the
- * rounds wrote the averages into delta). */
-static size_t round_delta(const CollRound *rd, float *delta, const float *snapshot) {
+/* The rounds wrote the averages into delta. Parameters: delta = avg -
+ * snapshot where a piece was averaged, 0 elsewhere. Pseudo-gradients: the
+ * average stays for the outer step, NaN ("unchanged") elsewhere. */
+static size_t round_delta(const CollRound *rd, float *delta, const float *snapshot, bool outer) {
         size_t off, len, values = 0;
         bool done;
         for (size_t k = 0; coll_round_piece(rd, k, &off, &len, &done) == 0; k++) {
-                if (done) {
+                if (done && !outer)
                         sub_f32(delta + off, snapshot + off, len);
-                        values += len;
-                } else
-                        memset(delta + off, 0, len * sizeof *delta);
+                else if (!done)
+                        fill_f32(delta + off, outer ? NAN : 0.0f, len);
+                values += done ? len : 0;
         }
         return values;
 }
@@ -210,9 +269,9 @@ static void finish_rounds(Averager *a, uint64_t now) {
         s = a->stats;
         for (unsigned i = 0; i < a->n_rd; i++) {
                 CollRoundInfo info;
-                size_t off = a->cfg.method == AVERAGER_MOSHPIT ? 0 : a->rings[i].off;
+                size_t off = a->rd_off[i];
                 coll_round_info(a->rd[i], &info);
-                values += round_delta(a->rd[i], a->delta + off, a->snapshot + off);
+                values += round_delta(a->rd[i], a->delta + off, a->snapshot + off, a->outer_round);
                 if (info.state != COLL_ROUND_DONE)
                         error = info.error;
                 smallest = MIN(smallest, info.participants);
@@ -278,6 +337,7 @@ static void *averager_main(void *arg) {
                         if (due(a, now)) {
                                 a->round_start_ns = now;
                                 a->round_ticket = atomic_load(&a->requested);
+                                atomic_store(&a->last, a->round_ticket > a->delta_ticket);
                                 atomic_store(&a->state, AV_WANT);
                         }
                         break;
@@ -348,19 +408,68 @@ _simd_clones_ static void add_f32(float *restrict w, const float *restrict d, si
                 w[i] += d[i];
 }
 
+/* The pseudo-gradient anchor - params, the input of an outer round. */
+_simd_clones_ static void pseudo_gradient(float *restrict g, const float *restrict anchor,
+                                          const float *restrict params, size_t n) {
+        for (size_t i = 0; i < n; i++)
+                g[i] = anchor[i] - params[i];
+}
+
+/* The outer step where the round averaged the pseudo-gradient (avg in
+ * delta, NaN elsewhere): the anchor takes the step, and params become the
+ * new anchor plus what training did since the snapshot (params - (anchor -
+ * g)). */
+static void outer_step(Averager *a, float *params) {
+        const float lr = a->cfg.outer.lr, mu = a->cfg.outer.momentum;
+        const bool nesterov = a->cfg.outer.nesterov;
+        for (size_t i = 0; i < a->cfg.len; i++) {
+                float avg = a->delta[i];
+                if (isnan(avg))
+                        continue;
+                float m = mu * a->momentum[i] + avg;
+                float step = lr * (nesterov ? avg + mu * m : m);
+                a->momentum[i] = m;
+                a->anchor[i] -= step;
+                params[i] += a->snapshot[i] - step;
+        }
+}
+
+/* A last round averaged the parameters: params moved by delta, and the
+ * anchor becomes the average (snapshot + delta). */
+static void apply_delta(Averager *a, float *params) {
+        add_f32(params, a->delta, a->cfg.len);
+        if (a->anchor)
+                for (size_t i = 0; i < a->cfg.len; i++)
+                        a->anchor[i] = a->snapshot[i] + a->delta[i];
+}
+
+static void take_snapshot(Averager *a, const float *params) {
+        if (a->anchor && !atomic_load(&a->last))
+                pseudo_gradient(a->snapshot, a->anchor, params, a->cfg.len);
+        else
+                memcpy(a->snapshot, params, a->cfg.len * sizeof *params);
+}
+
 int averager_sync(Averager *a, float *params, uint64_t samples) {
         int done = 0;
         atomic_fetch_add(&a->steps, 1);
         a->samples += samples;
+        if (a->anchor && !a->anchored) { /* no state set: the parameters as they are now */
+                memcpy(a->anchor, params, a->cfg.len * sizeof *params);
+                a->anchored = true;
+        }
         switch (atomic_load(&a->state)) {
         case AV_DELTA:
-                add_f32(params, a->delta, a->cfg.len);
+                if (a->anchor && !atomic_load(&a->last))
+                        outer_step(a, params);
+                else
+                        apply_delta(a, params);
                 atomic_store(&a->done, a->delta_ticket);
                 atomic_store(&a->state, AV_IDLE);
                 done = AVERAGER_APPLIED;
                 break;
         case AV_WANT:
-                memcpy(a->snapshot, params, a->cfg.len * sizeof *params);
+                take_snapshot(a, params);
                 /* weighted by samples trained since the last snapshot */
                 a->weight = a->samples ? (double)a->samples : 1.0;
                 a->samples = 0;
@@ -384,4 +493,26 @@ uint64_t averager_request(Averager *a, unsigned join_ms) {
 
 uint64_t averager_done_ticket(Averager *a) {
         return atomic_load(&a->done);
+}
+
+int averager_set_outer_state(Averager *a, const float *anchor, const float *momentum) {
+        if (!a->anchor)
+                return -EINVAL;
+        memcpy(a->anchor, anchor, a->cfg.len * sizeof *anchor);
+        if (momentum)
+                memcpy(a->momentum, momentum, a->cfg.len * sizeof *momentum);
+        else
+                memset(a->momentum, 0, a->cfg.len * sizeof *a->momentum);
+        a->anchored = true;
+        return 0;
+}
+
+int averager_outer_state(const Averager *a, const float **ret_anchor, const float **ret_momentum) {
+        if (!a->anchor)
+                return -EINVAL;
+        if (!a->anchored)
+                return -ENODATA;
+        *ret_anchor = a->anchor;
+        *ret_momentum = a->momentum;
+        return 0;
 }

@@ -41,8 +41,29 @@ typedef struct AveragerRing {
         size_t off, len;
 } AveragerRing;
 
+/* An outer optimizer on pseudo-gradients (DiLoCo): every member keeps the
+ * anchor, the parameters of the last synchronization. A round averages the
+ * pseudo-gradient g = anchor - params over the group instead of the
+ * parameters, then every member takes the same step on its anchor,
+ *     m <- momentum * m + avg(g)
+ *     anchor <- anchor - lr * (nesterov ? avg(g) + momentum * m : m)
+ * and its parameters become the new anchor plus what training did while the
+ * round ran. lr 1 and momentum 0 give back plain averaging. A piece of a
+ * round that did not complete leaves anchor, momentum and parameters as
+ * they were. A requested (last) round averages the parameters themselves,
+ * so the replicas end as one model. */
+typedef struct AveragerOuter {
+        bool enabled;
+        float lr, momentum;
+        bool nesterov;
+} AveragerOuter;
+
+#define AVERAGER_MAX_FRAGMENTS 64
+
 typedef struct AveragerConfig {
         CollConfig coll;
+        AveragerOuter outer;
+        unsigned fragments;         /* a round syncs 1/fragments of every ring's values, in turn; 0, 1: all */
         AveragerMethod method;
         size_t len;                 /* values in the slab */
         const AveragerRing *rings;  /* AVERAGER_RING */
@@ -85,6 +106,14 @@ enum {
  * Returns what it did: AVERAGER_APPLIED, AVERAGER_SNAPSHOT or 0. */
 int averager_sync(Averager *a, float *params, uint64_t samples);
 void averager_get_stats(Averager *a, AveragerStats *ret);
+/* The outer optimizer's state (outer.enabled), owned by the compute thread:
+ * set it before training (the initial parameters and zero momentum, or a
+ * checkpoint's; momentum NULL: zeros), read it for a checkpoint (-ENODATA
+ * before there is an anchor). Without
+ * a set state, the parameters at the first averager_sync() are the anchor.
+ * -EINVAL without an outer optimizer. */
+int averager_set_outer_state(Averager *a, const float *anchor, const float *momentum);
+int averager_outer_state(const Averager *a, const float **ret_anchor, const float **ret_momentum);
 /* Ask for a last round now (whatever the cadence): it averages only with
  * members in their last round too, waiting join_ms for them (0: the
  * configured join timeout). Returns its ticket: once

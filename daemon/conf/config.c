@@ -10,6 +10,7 @@
 #include <strings.h>
 #include <sys/stat.h>
 
+#include "collective/averager.h"
 #include "collective/topology.h"
 #include "conf.h"
 #include "nodes-file.h"
@@ -448,6 +449,34 @@ static int parse_gossip(const config_setting_t *root, const config_setting_t *g,
         return 0;
 }
 
+/* averaging.outer = { lr; momentum; nesterov; } and averaging.fragments:
+ * for the methods that run rounds of a group (ring; Moshpit without
+ * fragments). */
+static int parse_outer(const config_setting_t *g, ConfigAveraging *a, Diag *d) {
+        static const char *const keys[] = { "lr", "momentum", "nesterov", NULL };
+        config_setting_t *o, *s;
+        long long fragments;
+        int r;
+
+        if ((r = conf_get_group(g, "outer", false, false, &o, d)) < 0 ||
+            (r = conf_get_int(g, "fragments", false, 1, AVERAGER_MAX_FRAGMENTS, 1, &fragments, d)) < 0)
+                return r;
+        a->fragments = (unsigned)fragments;
+        if ((s = member(g, "fragments")) && a->method != CONFIG_AVERAGING_RING)
+                return conf_error(s, NULL, -EINVAL, d, "only used with method = \"ring\"");
+        if (!o)
+                return 0;
+        if (a->method != CONFIG_AVERAGING_RING && a->method != CONFIG_AVERAGING_MOSHPIT)
+                return conf_error(o, NULL, -EINVAL, d, "only used with method = \"ring\" or \"moshpit\"");
+        if ((r = conf_check_keys(o, keys, d)) < 0 ||
+            (r = conf_get_double(o, "lr", false, 1e-6, 10, 0.7, &a->outer_lr, d)) < 0 ||
+            (r = conf_get_double(o, "momentum", false, 0, 0.999, 0.9, &a->outer_momentum, d)) < 0 ||
+            (r = conf_get_bool(o, "nesterov", true, &a->outer_nesterov, d)) < 0)
+                return r;
+        a->outer = true;
+        return 0;
+}
+
 /* averaging.members: every member, this node included, each key once. */
 static int parse_members(config_setting_t *g, config_setting_t *members, ConfigAveraging *a, Diag *d) {
         int n = members ? config_setting_length(members) : 0, r;
@@ -505,7 +534,7 @@ static int parse_grid(config_setting_t *g, ConfigAveraging *a, Diag *d) {
 static int parse_averaging(const config_setting_t *root, Config *c, Diag *d) {
         static const char *const keys[] = {
                 "method", "interval", "interval_steps", "listen", "members", "fp16", "join_timeout",
-                "round_timeout", "grid", "topology", "weight", NULL,
+                "round_timeout", "grid", "topology", "weight", "outer", "fragments", NULL,
         };
         ConfigAveraging *a = &c->averaging;
         config_setting_t *g, *s, *members;
@@ -525,7 +554,7 @@ static int parse_averaging(const config_setting_t *root, Config *c, Diag *d) {
             (r = get_strings(g, "members", CONFIG_MAX_PEERS, &members, d)) < 0)
                 return r;
         a->method = (ConfigAveragingMethod)method;
-        if ((r = parse_gossip(root, g, a, d)) < 0)
+        if ((r = parse_gossip(root, g, a, d)) < 0 || (r = parse_outer(g, a, d)) < 0)
                 return r;
         a->interval_ms = (unsigned)(interval * 1000);
         a->interval_steps = (unsigned)steps;

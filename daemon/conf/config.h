@@ -70,6 +70,10 @@ typedef struct ConfigAveraging {
         ConfigMember *members;      /* the same list, in the same order, on every member */
         size_t n_members;
         bool fp16;
+        bool outer;                 /* an outer optimizer on pseudo-gradients (averaging.outer) */
+        double outer_lr, outer_momentum;
+        bool outer_nesterov;
+        unsigned fragments;         /* 1: every round syncs all values */
         unsigned join_timeout_ms, round_timeout_ms;
         unsigned grid_dims, grid_side; /* moshpit; 0: the smallest square-ish grid that holds everyone */
         int topology;               /* gossip: a GossipTopology (collective/topology.h) */

@@ -343,8 +343,9 @@ static int write_config(const Swarm *s, const SwarmNode *nd, const char *plan, c
                          "  interval = %g;\n"
                          "  listen = \"127.0.0.1:%u\";\n"
                          "  members = [\n%s\n  ];\n"
+                         "  %s\n"
                          "};\n",
-                         o->interval, nd->avg_port, members);
+                         o->interval, nd->avg_port, members, o->averaging ? o->averaging : "");
         }
         snprintf(path, sizeof path, "%s/%.15s.conf", dir, nd->name);
         if ((r = write_file(path, conf, 0644)) < 0)
@@ -353,7 +354,7 @@ static int write_config(const Swarm *s, const SwarmNode *nd, const char *plan, c
 }
 
 static int write_configs(const Swarm *s) {
-        size_t cap = 4096 + (size_t)s->n * 512;
+        size_t cap = 4096 + (size_t)s->n * 512 + (s->o->averaging ? strlen(s->o->averaging) : 0);
         _cleanup_(freep) char *conf = malloc(cap), *plan = malloc(cap), *members = malloc(cap);
         int r;
 

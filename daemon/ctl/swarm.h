@@ -27,6 +27,7 @@ typedef struct SwarmOptions {
         int update_frequency;   /* 0: the job's batch over the micro-batch, so updates see as many samples */
         bool synchronous;
         double interval;        /* seconds between averaging rounds */
+        const char *averaging;  /* more settings for each node's averaging group, or NULL */
         unsigned progress_ms;
         bool keep;              /* keep dir afterwards */
         bool keep_going;        /* a node that fails does not stop the others */

@@ -44,6 +44,25 @@ int averaging_coll_config(const AveragingGroup *g, const Identity *id, size_t n_
         return 0;
 }
 
+/* "Averaging with 4 members (ring, int8, outer Nesterov lr 0.7 momentum
+ * 0.9, 4 fragments), member 2, every 100 steps, listening on ..." */
+static void log_started(const Averaging *a, const ConfigAveraging *ca) {
+        char how[160], every[48];
+        int n = snprintf(how, sizeof how, "%s%s", ca->method == CONFIG_AVERAGING_MOSHPIT ? "moshpit" : "ring",
+                         ca->fp16 ? ", binary16" : "");
+        if (ca->outer)
+                n += snprintf(how + n, sizeof how - (size_t)n, ", outer %s lr %g momentum %g",
+                              ca->outer_nesterov ? "Nesterov" : "SGD", ca->outer_lr, ca->outer_momentum);
+        if (ca->fragments > 1)
+                snprintf(how + n, sizeof how - (size_t)n, ", %u fragments in turn", ca->fragments);
+        if (ca->interval_steps)
+                snprintf(every, sizeof every, "%u steps", ca->interval_steps);
+        else
+                snprintf(every, sizeof every, "%g s", ca->interval_ms / 1000.0);
+        log_info("Averaging with %u members (%s), member %u, every %s, listening on %s:%u", a->n_members, how,
+                 a->self + 1, every, ca->listen.host, ca->listen.port);
+}
+
 int averaging_start(Averaging *a, const AveragingGroup *g, const Identity *id, size_t n_params,
                     const AveragerRing *rings, unsigned n_rings) {
         const ConfigAveraging *ca = g->settings;
@@ -70,6 +89,9 @@ int averaging_start(Averaging *a, const AveragingGroup *g, const Identity *id, s
         ac.n_rings = rings ? n_rings : 1;
         ac.interval_ms = ca->interval_ms;
         ac.interval_steps = ca->interval_steps;
+        ac.outer = (AveragerOuter){ .enabled = ca->outer, .lr = (float)ca->outer_lr,
+                                    .momentum = (float)ca->outer_momentum, .nesterov = ca->outer_nesterov };
+        ac.fragments = ca->fragments;
         ac.listen_port = ca->listen.port;
         r = averager_new(&ac, &a->av);
         if (r < 0)
@@ -86,16 +108,7 @@ int averaging_start(Averaging *a, const AveragingGroup *g, const Identity *id, s
         for (unsigned i = 0; rings && i < n_rings; i++)
                 a->ring_size = MIN(a->ring_size, rings[i].n);
         a->active = true;
-        if (ca->interval_steps)
-                log_info("Averaging with %u members (%s%s), member %u, every %u steps, listening on %s:%u",
-                         a->n_members, ca->method == CONFIG_AVERAGING_MOSHPIT ? "moshpit" : "ring",
-                         ca->fp16 ? ", binary16" : "", a->self + 1, ca->interval_steps, ca->listen.host,
-                         ca->listen.port);
-        else
-                log_info("Averaging with %u members (%s%s), member %u, every %g s, listening on %s:%u",
-                         a->n_members, ca->method == CONFIG_AVERAGING_MOSHPIT ? "moshpit" : "ring",
-                         ca->fp16 ? ", binary16" : "", a->self + 1, ca->interval_ms / 1000.0, ca->listen.host,
-                         ca->listen.port);
+        log_started(a, ca);
         return 0;
 }
 
@@ -165,4 +178,12 @@ int averaging_final(Averaging *a, float *params, void (*poll)(void *ud), void *u
         }
         log_info("The last averaging round included all %u members", a->ring_size);
         return 0;
+}
+
+int averaging_outer_state(const Averaging *a, const float **ret_anchor, const float **ret_momentum) {
+        return a->active ? averager_outer_state(a->av, ret_anchor, ret_momentum) : -EINVAL;
+}
+
+int averaging_set_outer_state(Averaging *a, const float *anchor, const float *momentum) {
+        return a->active ? averager_set_outer_state(a->av, anchor, momentum) : -EINVAL;
 }

@@ -58,3 +58,7 @@ void averaging_stop(Averaging *a);
  * member took part, -EUCLEAN when the round went on without some (logged
  * either way: "The last averaging round included all ..." or a warning). */
 int averaging_final(Averaging *a, float *params, void (*poll)(void *ud), void *ud);
+/* The outer optimizer's state (averaging.outer), for checkpoints: see
+ * averager_outer_state(). -EINVAL when this run has no outer optimizer. */
+int averaging_outer_state(const Averaging *a, const float **ret_anchor, const float **ret_momentum);
+int averaging_set_outer_state(Averaging *a, const float *anchor, const float *momentum);

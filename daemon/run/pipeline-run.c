@@ -49,6 +49,8 @@ typedef struct Run {
         /* progress: the log, the daemon's status, the averaging hand-off */
         uint64_t start_ns, last_log_ns, last_report_ns, last_links_ns;
         uint64_t last_samples, updates_seen, samples_synced;
+        bool resumed;          /* from its own checkpoint, of step resumed_step */
+        uint64_t resumed_step;
         double last_loss, last_rate; /* only the last stage knows the loss */
         PipeStats prev_st;
 } Run;
@@ -265,6 +267,11 @@ static CheckpointInfo position(Pipe *pipe) {
 static int save_checkpoint(Run *run) {
         const LocalRunOptions *o = run->o;
         CheckpointInfo at = position(run->pipe);
+        const float *anchor, *momentum;
+        AveragerStats as = run->av.seen;
+        if (averaging_outer_state(&run->av, &anchor, &momentum) >= 0)
+                (void)stage_checkpoint_save_outer(o->checkpoint_dir, run->job->name, pipe_stage(run->pipe), anchor,
+                                                  momentum, as.rounds_done, &at);
         int r = stage_checkpoint_save(o->checkpoint_dir, run->job->name, pipe_stage(run->pipe), pipe_optim(run->pipe),
                                       &at);
         if (r >= 0 && o->control)
@@ -428,6 +435,8 @@ static void run_resume(Run *run, size_t steps, int U) {
         if (o->checkpoint_dir && o->load_checkpoint &&
             stage_checkpoint_load(o->checkpoint_dir, run->job->name, pipe_stage(pipe), pipe_optim(pipe), &at) >= 0) {
                 pipe_resume(pipe, (int)MIN(at.epoch, (uint64_t)INT32_MAX), (size_t)at.step_in_epoch, at.updates);
+                run->resumed = true;
+                run->resumed_step = at.step;
                 if (o->control)
                         control_report_checkpoint(o->control, at.step);
         }
@@ -486,6 +495,24 @@ static int run_links(Run *run) {
         return 0;
 }
 
+/* The outer optimizer's anchor and momentum: its checkpoint's when the
+ * stage resumed from one, else the parameters it starts with. */
+static int run_outer_state(Run *run) {
+        const LocalRunOptions *o = run->o;
+        const Stage *s = pipe_stage(run->pipe);
+        const float *anchor, *momentum;
+
+        if (averaging_outer_state(&run->av, &anchor, &momentum) == -EINVAL)
+                return 0; /* no outer optimizer */
+        _cleanup_(freep) float *buf = malloc(2 * s->n_params * sizeof(float));
+        if (!buf)
+                return log_error_errno(-ENOMEM, "Out of memory");
+        if (run->resumed && stage_checkpoint_load_outer(o->checkpoint_dir, run->job->name, s, buf,
+                                                        buf + s->n_params, run->resumed_step) >= 0)
+                return averaging_set_outer_state(&run->av, buf, buf + s->n_params);
+        return averaging_set_outer_state(&run->av, s->params, NULL);
+}
+
 /* Rings: the same layers in the other clusters. */
 static int run_rings(Run *run, const Identity *id) {
         AveragerRing rings[COLL_MAX_MEMBERS];
@@ -496,7 +523,8 @@ static int run_rings(Run *run, const Identity *id) {
                 return 0;
         if ((r = plan_rings(run->plan, &run->job->model, run->cluster, run->stage, rings, &n_rings)) < 0)
                 return r;
-        return averaging_start(&run->av, &run->plan->averaging, id, pipe_stage(run->pipe)->n_params, rings, n_rings);
+        r = averaging_start(&run->av, &run->plan->averaging, id, pipe_stage(run->pipe)->n_params, rings, n_rings);
+        return r < 0 ? r : run_outer_state(run);
 }
 
 /* A safe stop was asked for: the micro-batches on the way finish first,

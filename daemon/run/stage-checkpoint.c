@@ -71,3 +71,50 @@ int stage_checkpoint_load(const char *dir, const char *job, Stage *s, Optim *o, 
         *ret = info;
         return 0;
 }
+
+static void outer_name(const char *job, const Stage *s, char *buf, size_t len) {
+        file_name(job, s, buf, len);
+        size_t n = strlen(buf);
+        snprintf(buf + n, len - n, ".outer");
+}
+
+int stage_checkpoint_save_outer(const char *dir, const char *job, const Stage *s, const float *anchor,
+                                const float *momentum, uint64_t outer_rounds, const CheckpointInfo *at) {
+        CheckpointInfo info = *at;
+        char name[170];
+        Diag d = {};
+
+        snprintf(info.job, sizeof info.job, "%s", job);
+        info.lo = s->first_layer;
+        info.hi = s->first_layer + s->n_layers;
+        info.n_params = info.n_state = s->n_params;
+        info.optim_kind = OPTIM_SGD; /* the outer step: SGD with momentum */
+        info.optim_t = outer_rounds;
+        outer_name(job, s, name, sizeof name);
+        int r = checkpoint_write(dir, name, &info, anchor, momentum, &d);
+        if (r < 0)
+                return log_error_errno(r, "Failed to write the outer optimizer's state: %s", d.text);
+        return 0;
+}
+
+int stage_checkpoint_load_outer(const char *dir, const char *job, const Stage *s, float *anchor, float *momentum,
+                                uint64_t want_step) {
+        char name[170], path[PATH_MAX + 200];
+        CheckpointInfo info;
+        Diag d = {};
+
+        outer_name(job, s, name, sizeof name);
+        snprintf(path, sizeof path, "%s/%s", dir, name);
+        int r = checkpoint_read(path, &info, anchor, s->n_params, momentum, s->n_params, &d);
+        if (r == -ENOENT)
+                return r;
+        if (r < 0)
+                return log_warning_errno(r, "Not resuming the outer optimizer's state: %s", d.text);
+        if (info.step != want_step)
+                log_warning("%s is from step %llu, the stage's checkpoint from step %llu: the next outer step "
+                            "starts from an older anchor", path, (unsigned long long)info.step,
+                            (unsigned long long)want_step);
+        log_info("Resuming the outer optimizer from %s: %llu outer rounds done", path,
+                 (unsigned long long)info.optim_t);
+        return 0;
+}

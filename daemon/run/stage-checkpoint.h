@@ -27,3 +27,15 @@ int stage_checkpoint_save(const char *dir, const char *job, const Stage *s, cons
  * -ENOENT when there is none; any other error is logged and leaves s and o
  * as they were, so training starts afresh. */
 int stage_checkpoint_load(const char *dir, const char *job, Stage *s, Optim *o, CheckpointInfo *ret);
+
+/* The outer optimizer's state of the stage (averaging.outer: the anchor and
+ * its momentum, n values each) in a file of its own next to the stage's,
+ * "<job>.layers-<lo>-<hi>.ckpt.outer", written before it with the same
+ * counters: at.step tells a loader whether the two belong together. Save
+ * logs failures only; load returns -ENOENT when there is none, logs and
+ * returns any other error (anchor and momentum then untouched), and logs a
+ * warning when the file's step is not want_step. */
+int stage_checkpoint_save_outer(const char *dir, const char *job, const Stage *s, const float *anchor,
+                                const float *momentum, uint64_t outer_rounds, const CheckpointInfo *at);
+int stage_checkpoint_load_outer(const char *dir, const char *job, const Stage *s, float *anchor, float *momentum,
+                                uint64_t want_step);

@@ -44,6 +44,7 @@ Test(segments, cut_at_every_boundary) {
 }
 
 /* ---- averagers in threads ---------------------------------------------- */
+/* (the outer optimizer's tests are at the end) */
 
 #define MAX_NODES 9
 static const uint8_t secret[HANDSHAKE_SECRET_SIZE] = { 9 };
@@ -54,6 +55,7 @@ typedef struct Node {
         size_t len;
         unsigned deltas_wanted, deltas;
         float bump;     /* added once right after the snapshot: an update made during the round */
+        const float *anchor0, *momentum0; /* the outer optimizer's state to start from, or NULL */
         pthread_t thread;
 } Node;
 
@@ -96,6 +98,8 @@ static void start_nodes(Node *nodes, unsigned n, AveragerConfig *cfg, const Aver
                         c.n_rings = n_rings[i];
                 }
                 cr_assert_eq(averager_new(&c, &nodes[i].av), 0);
+                if (nodes[i].anchor0)
+                        cr_assert_eq(averager_set_outer_state(nodes[i].av, nodes[i].anchor0, nodes[i].momentum0), 0);
         }
         for (unsigned i = 0; i < n; i++)
                 for (unsigned j = 0; j < n; j++)
@@ -269,4 +273,129 @@ Test(averager, bad_config) {
         c.rings = &g;
         c.n_rings = 1;
         cr_assert_eq(averager_new(&c, &a), -EINVAL, "ring beyond the slab");
+}
+
+/* ---- the outer optimizer ------------------------------------------------ */
+
+/* Three members with the same anchor and momentum, each some local steps
+ * away from it (params = anchor - g_i), one round of outer Nesterov SGD,
+ * an update made during the round: every member's anchor, momentum and
+ * parameters against the step computed naively in double. */
+Test(averager, outer_nesterov_matches_a_naive_step) {
+        enum { N = 3, LEN = 5000 };
+        const float lr = 0.7f, mu = 0.9f;
+        Node nodes[N] = {};
+        size_t lens[N];
+        float *anchor = malloc(LEN * sizeof *anchor), *mom = malloc(LEN * sizeof *mom), *g[N];
+        Rng rng;
+        rng_seed(&rng, 42, RNG_STREAM_TEST);
+        for (size_t k = 0; k < LEN; k++) {
+                anchor[k] = 2 * rng_uniform(&rng) - 1;
+                mom[k] = 0.1f * (2 * rng_uniform(&rng) - 1);
+        }
+        for (unsigned i = 0; i < N; i++) {
+                g[i] = malloc(LEN * sizeof(float));
+                nodes[i].w = malloc(LEN * sizeof(float));
+                for (size_t k = 0; k < LEN; k++) {
+                        g[i][k] = 0.05f * (2 * rng_uniform(&rng) - 1);
+                        nodes[i].w[k] = anchor[k] - g[i][k];
+                }
+                nodes[i].len = lens[i] = LEN;
+                nodes[i].deltas_wanted = 1;
+                nodes[i].bump = 0.01f * (float)(i + 1);
+                nodes[i].anchor0 = anchor;
+                nodes[i].momentum0 = mom;
+        }
+        AveragerConfig cfg;
+        averager_config_defaults(&cfg);
+        cfg.interval_ms = 100;
+        cfg.outer = (AveragerOuter){ .enabled = true, .lr = lr, .momentum = mu, .nesterov = true };
+        AveragerRing ring = { .group = 1, .n = N, .members = { 0, 1, 2 }, .len = LEN };
+        AveragerRing rings[N][4];
+        unsigned n_rings[N];
+        for (unsigned i = 0; i < N; i++) {
+                rings[i][0] = ring;
+                n_rings[i] = 1;
+        }
+        start_nodes(nodes, N, &cfg, rings, n_rings, lens);
+
+        double worst = 0;
+        for (unsigned i = 0; i < N; i++) {
+                const float *a1, *m1;
+                cr_assert_eq(nodes[i].deltas, 1, "member %u applied %u rounds", i, nodes[i].deltas);
+                cr_assert_eq(averager_outer_state(nodes[i].av, &a1, &m1), 0);
+                for (size_t k = 0; k < LEN; k++) {
+                        double avg = ((double)g[0][k] + g[1][k] + g[2][k]) / N;
+                        double m = mu * (double)mom[k] + avg;
+                        double want = anchor[k] - lr * (avg + mu * m);
+                        worst = fmax(worst, fabs(a1[k] - want));
+                        cr_assert(fabs(m1[k] - m) < 1e-6, "member %u value %zu: momentum %g, want %g", i, k, m1[k], m);
+                        cr_assert(fabs(a1[k] - want) < 1e-5, "member %u value %zu: anchor %g, want %g", i, k, a1[k],
+                                  want);
+                        cr_assert(fabs(nodes[i].w[k] - nodes[i].bump - want) < 1e-5,
+                                  "member %u value %zu: params %g, want the anchor %g plus %g", i, k, nodes[i].w[k],
+                                  want, nodes[i].bump);
+                }
+        }
+        cr_log_info("outer Nesterov step: largest error of the anchor %.2e\n", worst);
+        for (unsigned i = 0; i < N; i++) {
+                free(nodes[i].w);
+                free(g[i]);
+                averager_free(nodes[i].av);
+        }
+        free(anchor);
+        free(mom);
+}
+
+/* lr 1 and no momentum: the outer step is plain averaging, the parameters
+ * end as the average plus the update made during the round, as without an
+ * outer optimizer. */
+Test(averager, outer_lr_1_is_plain_averaging) {
+        enum { N = 2, LEN = 3000 };
+        Node nodes[N] = {};
+        size_t lens[N] = { LEN, LEN };
+        for (unsigned i = 0; i < N; i++) {
+                fill(&nodes[i], LEN, 7 + i);
+                nodes[i].deltas_wanted = 1;
+                nodes[i].bump = 0.5f;
+                /* the anchor: any value both share; the parameters are what counts */
+                nodes[i].anchor0 = nodes[0].x0;
+        }
+        AveragerConfig cfg;
+        averager_config_defaults(&cfg);
+        cfg.interval_ms = 100;
+        cfg.outer = (AveragerOuter){ .enabled = true, .lr = 1, .momentum = 0 };
+        AveragerRing rings[N][4] = { { { .group = 1, .n = 2, .members = { 0, 1 }, .len = LEN } },
+                                     { { .group = 1, .n = 2, .members = { 0, 1 }, .len = LEN } } };
+        unsigned n_rings[N] = { 1, 1 };
+        start_nodes(nodes, N, &cfg, rings, n_rings, lens);
+        for (size_t k = 0; k < LEN; k++) {
+                double avg = ((double)nodes[0].x0[k] + nodes[1].x0[k]) / 2;
+                for (unsigned i = 0; i < N; i++)
+                        cr_assert(fabs(nodes[i].w[k] - nodes[i].bump - avg) < 1e-5, "member %u value %zu: %g vs %g",
+                                  i, k, nodes[i].w[k] - nodes[i].bump, avg);
+        }
+        for (unsigned i = 0; i < N; i++) {
+                free(nodes[i].w);
+                averager_free(nodes[i].av);
+        }
+        free(nodes[0].x0);
+        free(nodes[1].x0);
+}
+
+Test(averager, outer_bad_config) {
+        AveragerConfig c;
+        Averager *a;
+        AveragerRing g = { .group = 1, .n = 1, .len = 10 };
+        averager_config_defaults(&c);
+        c.len = 10;
+        c.rings = &g;
+        c.n_rings = 1;
+        c.outer = (AveragerOuter){ .enabled = true, .lr = 0.7f, .momentum = 1.0f };
+        cr_assert_eq(averager_new(&c, &a), -EINVAL, "momentum 1");
+        c.outer = (AveragerOuter){ .enabled = true, .lr = NAN, .momentum = 0.9f };
+        cr_assert_eq(averager_new(&c, &a), -EINVAL, "lr NaN");
+        c.outer.lr = 0.7f;
+        c.fragments = AVERAGER_MAX_FRAGMENTS + 1;
+        cr_assert_eq(averager_new(&c, &a), -EINVAL, "too many fragments");
 }
