@@ -272,7 +272,8 @@ static int make_nodes(Swarm *s) {
                 SwarmNode *nd = &s->nodes[i];
                 Identity id;
                 bool created;
-                *nd = (SwarmNode){ .busy = -1, .pipeline_per_step = -1, .averaging_per_step = -1, .out = -1, .last_round = -1, .cluster = i / s->o->stages,
+                *nd = (SwarmNode){ .busy = -1, .pipeline_per_step = -1, .averaging_per_step = -1, .out = -1,
+                                   .last_round = -1, .cluster = i / s->o->stages,
                                    .last_stage = i % s->o->stages == s->o->stages - 1 };
                 snprintf(nd->name, sizeof nd->name, "c%us%u", nd->cluster + 1, i % s->o->stages + 1);
                 snprintf(path, sizeof path, "%s/%.15s", s->dir, nd->name);
