@@ -12,6 +12,7 @@
 
 #include "conf/config.h"
 #include "service/bus.h"
+#include "util/format.h"
 #include "util/json.h"
 
 typedef struct Property {
@@ -129,6 +130,36 @@ static void print_json(const Property *props, size_t n) {
         printf("}\n");
 }
 
+/* "pipeline: 1.2 GiB sent, 1.1 GiB received (52.0 KiB/step)" */
+static void print_bytes(const Property *props, size_t n, const char *what, const char *prefix) {
+        char name[32], sent[FORMAT_BYTES_MAX], received[FORMAT_BYTES_MAX], per_step[FORMAT_BYTES_MAX];
+        snprintf(name, sizeof name, "%sBytesSent", prefix);
+        format_bytes(sent, sizeof sent, (uint64_t)num(props, n, name));
+        snprintf(name, sizeof name, "%sBytesReceived", prefix);
+        format_bytes(received, sizeof received, (uint64_t)num(props, n, name));
+        snprintf(name, sizeof name, "%sBytesPerStep", prefix);
+        printf("%s: %s sent, %s received", what, sent, received);
+        if (num(props, n, name) > 0)
+                printf(" (%s/step)", format_bytes(per_step, sizeof per_step, (uint64_t)num(props, n, name)));
+}
+
+/* What a stage moved over its pipeline links, and a stage or member to
+ * average; nothing from a node that has neither. */
+static void print_traffic(const Property *props, size_t n) {
+        bool pipeline = !strcmp(str(props, n, "Role"), "stage"),
+             averaging = num(props, n, "AveragingBytesSent") + num(props, n, "AveragingBytesReceived") > 0;
+        if (!pipeline && !averaging)
+                return;
+        printf("    Traffic: ");
+        if (pipeline)
+                print_bytes(props, n, "pipeline", "Pipeline");
+        if (pipeline && averaging)
+                printf("; ");
+        if (averaging)
+                print_bytes(props, n, "averaging", "Averaging");
+        printf("\n");
+}
+
 static void print_human(const Property *props, size_t n, bool direct, const char *where) {
         const char *state = str(props, n, "State");
         const char *reason = str(props, n, "PauseReason");
@@ -152,6 +183,7 @@ static void print_human(const Property *props, size_t n, bool direct, const char
         printf("      Peers: %.0f connected, %.0f paused; %.1f MiB sent, %.1f MiB received (%s)\n",
                num(props, n, "Peers"), num(props, n, "PausedPeers"), num(props, n, "BytesSent") / (1 << 20),
                num(props, n, "BytesReceived") / (1 << 20), str(props, n, "IoBackend")[0] ? str(props, n, "IoBackend") : "no links");
+        print_traffic(props, n);
         double avg = num(props, n, "LastAveragingUSec");
         if (avg > 0) {
                 struct timespec now;

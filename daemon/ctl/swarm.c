@@ -26,6 +26,7 @@
 #include "run/stage-checkpoint.h"
 #include "net/handshake.h"
 #include "net/identity.h"
+#include "util/format.h"
 #include "util/log.h"
 #include "util/macro.h"
 #include "util/time-util.h"
@@ -52,6 +53,7 @@ typedef struct SwarmNode {
         double busy;             /* from its last line, percent; < 0 unknown */
         double rate;             /* last stage: samples/s */
         long rss_kib;            /* peak, from wait4() */
+        double pipeline_per_step, averaging_per_step; /* bytes, from its last line; < 0 unknown */
         unsigned rounds;         /* averaging rounds, from the last round line */
         int last_round;          /* its last averaging round: 1 with every member, 0 without, -1 no line */
 } SwarmNode;
@@ -137,6 +139,15 @@ static int plan_cut(const Job *job, unsigned stages, int *bounds) {
         return 0;
 }
 
+/* "<what> 52.0 KiB/step" in a node's last line: the bytes, or -1. */
+static double parse_per_step(const char *text, const char *what) {
+        const char *at = strstr(text, what), *end;
+        uint64_t v;
+        if (!at || parse_bytes(at + strlen(what), &end, &v) < 0 || strncmp(end, "/step", 5) != 0)
+                return -1;
+        return (double)v;
+}
+
 static void print_line(SwarmNode *n, const char *line, SwarmResult *res) {
         const char *text = line;
         if (text[0] == '<' && text[1] && text[2] == '>')
@@ -151,6 +162,10 @@ static void print_line(SwarmNode *n, const char *line, SwarmResult *res) {
         const char *busy = strstr(text, "busy ");
         if (busy && finished)
                 n->busy = strtod(busy + 5, NULL);
+        if (finished) { /* "...% in all; pipeline 52.0 KiB/step, averaging 1.3 KiB/step" */
+                n->pipeline_per_step = parse_per_step(text, "; pipeline ");
+                n->averaging_per_step = parse_per_step(text, ", averaging ");
+        }
         const char *rate = acc ? strstr(acc, "), ") : NULL;
         if (rate && finished)
                 n->rate = strtod(rate + 3, NULL);
@@ -257,7 +272,8 @@ static int make_nodes(Swarm *s) {
                 SwarmNode *nd = &s->nodes[i];
                 Identity id;
                 bool created;
-                *nd = (SwarmNode){ .busy = -1, .out = -1, .last_round = -1, .cluster = i / s->o->stages,
+                *nd = (SwarmNode){ .busy = -1, .pipeline_per_step = -1, .averaging_per_step = -1, .out = -1,
+                                   .last_round = -1, .cluster = i / s->o->stages,
                                    .last_stage = i % s->o->stages == s->o->stages - 1 };
                 snprintf(nd->name, sizeof nd->name, "c%us%u", nd->cluster + 1, i % s->o->stages + 1);
                 snprintf(path, sizeof path, "%s/%.15s", s->dir, nd->name);
@@ -591,24 +607,36 @@ static const char *why_not_averaged(const Swarm *s, char *buf, size_t len) {
         return NULL;
 }
 
+/* A figure of a node's last line, or "-" when it never said. */
+static const char *per_step(double bytes, char buf[static FORMAT_BYTES_MAX]) {
+        return bytes < 0 ? "-" : format_bytes(buf, FORMAT_BYTES_MAX, (uint64_t)bytes);
+}
+
+static void summarize_node(Swarm *s, unsigned i) {
+        const SwarmNode *nd = &s->nodes[i];
+        SwarmResult *res = &s->res;
+        char busy[8] = "-", pipeline[FORMAT_BYTES_MAX], averaging[FORMAT_BYTES_MAX];
+
+        res->busy[i] = nd->busy;
+        res->rss_mib[i] = (double)nd->rss_kib / 1024;
+        res->pipeline_per_step[i] = nd->pipeline_per_step;
+        res->averaging_per_step[i] = nd->averaging_per_step;
+        res->rounds += nd->rounds;
+        if (nd->last_stage)
+                res->samples_per_sec += nd->rate;
+        if (nd->busy >= 0) /* else it never said: it did not finish */
+                snprintf(busy, sizeof busy, "%.0f%%", CLAMP(nd->busy, 0.0, 100.0));
+        printf("swarm: %-5s %5s  %13s  %14s %5.0f MiB  %u\n", nd->name, busy, per_step(nd->pipeline_per_step, pipeline),
+               per_step(nd->averaging_per_step, averaging), res->rss_mib[i], nd->restarts);
+}
+
 static int summarize(Swarm *s, bool interrupted) {
         SwarmResult *res = &s->res;
         char why[160];
 
-        printf("swarm: node   busy  peak RSS  restarts\n");
-        for (unsigned i = 0; i < s->n; i++) {
-                const SwarmNode *nd = &s->nodes[i];
-                res->busy[i] = nd->busy;
-                res->rss_mib[i] = (double)nd->rss_kib / 1024;
-                res->rounds += nd->rounds;
-                if (nd->last_stage)
-                        res->samples_per_sec += nd->rate;
-                if (nd->busy >= 0)
-                        printf("swarm: %-5s %4.0f%% %5.0f MiB  %u\n", nd->name, CLAMP(nd->busy, 0.0, 100.0),
-                               res->rss_mib[i], nd->restarts);
-                else /* it never said: it did not finish */
-                        printf("swarm: %-5s %5s %5.0f MiB  %u\n", nd->name, "-", res->rss_mib[i], nd->restarts);
-        }
+        printf("swarm: node   busy  pipeline/step  averaging/step  peak RSS  restarts\n");
+        for (unsigned i = 0; i < s->n; i++)
+                summarize_node(s, i);
         for (unsigned c = 0; c < s->o->clusters; c++)
                 if (res->accuracy[c] >= 0)
                         printf("swarm: cluster %u: test accuracy %.2f%%, test loss %.4f\n", c + 1, res->accuracy[c],

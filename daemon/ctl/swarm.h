@@ -45,6 +45,8 @@ typedef struct SwarmResult {
         unsigned rounds;        /* averaging rounds, all nodes together (each node numbers its rounds) */
         double busy[64];        /* per node (cluster-major), percent of its run */
         double rss_mib[64];     /* per node, peak */
+        double pipeline_per_step[64];  /* per node, bytes sent and received per update; < 0: it did not say */
+        double averaging_per_step[64];
         double samples_per_sec; /* last stages together */
 } SwarmResult;
 

@@ -25,6 +25,10 @@ const char *node_state_to_string(NodeState s) {
         return s >= 0 && s < _NODE_STATE_MAX ? state_names[s] : "unknown";
 }
 
+uint64_t node_traffic_per_step(uint64_t sent, uint64_t received, uint64_t steps) {
+        return steps ? (sent + received) / steps : 0;
+}
+
 int control_init(Control *c) {
         *c = (Control){ .max_duty = 1.0, .state = NODE_STARTING };
         c->status.training.cluster = c->status.training.stage = -1;

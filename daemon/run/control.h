@@ -55,10 +55,24 @@ typedef struct NodeTraining {
         double test_accuracy;      /* of the last evaluation; < 0 before one */
 } NodeTraining;
 
+/* What this node moved for the pipeline (its links to the neighbouring
+ * stages: activations, gradients and the frames around them, as its Net
+ * counts them) and for averaging (the averager's payload), and over how
+ * many local steps: the updates this process made since it counted. */
+typedef struct NodeTraffic {
+        uint64_t pipeline_sent, pipeline_received;
+        uint64_t averaging_sent, averaging_received;
+        uint64_t steps;
+} NodeTraffic;
+
+/* Bytes sent and received together, per step; 0 before the first step. */
+uint64_t node_traffic_per_step(uint64_t sent, uint64_t received, uint64_t steps);
+
 typedef struct NodeNetwork {
         uint32_t peers;            /* connected links */
         uint32_t paused_peers;     /* neighbours that said they are paused */
-        uint64_t bytes_sent, bytes_received;
+        uint64_t bytes_sent, bytes_received; /* over every link */
+        NodeTraffic traffic;
         uint64_t last_averaging_usec; /* CLOCK_REALTIME of the last averaging round; 0: none */
         char io_backend[16];
 } NodeNetwork;

@@ -302,6 +302,8 @@ void gossip_run_network(GossipRun *gr, NodeNetwork *n) {
         n->peers += gossip_connected(gr->g);
         n->bytes_sent += s.bytes_sent;
         n->bytes_received += s.bytes_received;
+        n->traffic.averaging_sent += s.bytes_sent;
+        n->traffic.averaging_received += s.bytes_received;
         n->last_averaging_usec = gr->last_exchange_usec;
 }
 

@@ -14,6 +14,7 @@
 #include "pipeline/pipe.h"
 #include "result.h"
 #include "tensor/ops.h"
+#include "util/format.h"
 #include "util/log.h"
 #include "util/time-util.h"
 
@@ -51,6 +52,7 @@ typedef struct Run {
         uint64_t last_samples, updates_seen, samples_synced;
         bool resumed;          /* from its own checkpoint, of step resumed_step */
         uint64_t resumed_step;
+        uint64_t first_update;        /* the stage's updates when this process began: its traffic is per step since */
         double last_loss, last_rate; /* only the last stage knows the loss */
         PipeStats prev_st;
 } Run;
@@ -279,6 +281,20 @@ static int save_checkpoint(Run *run) {
         return r;
 }
 
+/* What the stage moved over its links and to average, and over how many
+ * of its updates. */
+static NodeTraffic run_traffic(const Run *run, const PipeStats *st) {
+        NetStats ns;
+        net_get_stats(run->net, &ns);
+        return (NodeTraffic){
+                .pipeline_sent = ns.bytes_sent,
+                .pipeline_received = ns.bytes_received,
+                .averaging_sent = run->av.seen.bytes_sent, /* kept after the averager stopped */
+                .averaging_received = run->av.seen.bytes_received,
+                .steps = st->updates - MIN(run->first_update, st->updates),
+        };
+}
+
 /* The daemon's status: every quarter second. */
 static void report(Run *run, const PipeStats *st) {
         const LocalRunOptions *o = run->o;
@@ -304,6 +320,7 @@ static void report(Run *run, const PipeStats *st) {
         n.bytes_sent = ns.bytes_sent + (run->av.active ? run->av.seen.bytes_sent : 0);
         n.bytes_received = ns.bytes_received + (run->av.active ? run->av.seen.bytes_received : 0);
         n.last_averaging_usec = run->av.active ? run->av.seen.last_done_realtime_us : 0;
+        n.traffic = run_traffic(run, st);
         snprintf(n.io_backend, sizeof n.io_backend, "%s", net_backend_name(run->net));
         control_report_network(o->control, &n);
 }
@@ -639,7 +656,7 @@ static int run_loop(Run *run, const volatile sig_atomic_t *stop) {
         run->start_ns = run->last_log_ns = now_ns();
         run->last_loss = -1;
         pipe_get_stats(run->pipe, &st);
-        run->updates_seen = st.updates;
+        run->updates_seen = run->first_update = st.updates;
         while (!*stop && !run_quiesce(run)) {
                 dial_next(run);
                 if (neighbour_gone_too_long(run, run->plan->pipeline->neighbour_timeout_s))
@@ -692,34 +709,53 @@ static void run_hand_back(Run *run, int r, const volatile sig_atomic_t *stop) {
                 net_run(run->net, 5);
 }
 
-/* The last line: the test accuracy at the last stage, where the time went;
- * and the same in the state directory (run/result.h). */
+/* The result in the state directory (run/result.h). */
+static void run_write_result(Run *run, const PipeStats *st) {
+        RunResult res = { .test_accuracy = run->next ? -1 : st->test_acc, .test_loss = run->next ? -1 : st->test_loss,
+                          .averaged = run->averaged };
+        int r = run_result_write(run->o->checkpoint_dir, run->job->name, &res);
+        if (r < 0)
+                log_warning_errno(r, "Failed to write the result into %s: %m", run->o->checkpoint_dir);
+}
+
+/* "; pipeline 52.0 KiB/step, averaging 1.3 KiB/step", sent and received
+ * together (ravnestctl swarm reads it back); "" before the first update. */
+static void format_traffic(const NodeTraffic *t, char *buf, size_t len) {
+        char p[FORMAT_BYTES_MAX], a[FORMAT_BYTES_MAX];
+        if (!t->steps) {
+                buf[0] = 0;
+                return;
+        }
+        snprintf(buf, len, "; pipeline %s/step, averaging %s/step",
+                 format_bytes(p, sizeof p, node_traffic_per_step(t->pipeline_sent, t->pipeline_received, t->steps)),
+                 format_bytes(a, sizeof a, node_traffic_per_step(t->averaging_sent, t->averaging_received, t->steps)));
+}
+
+/* The last line: the test accuracy at the last stage, where the time went,
+ * the bytes moved per update; and the result in the state directory. */
 static void run_log_finished(Run *run) {
         PipeStats st;
-        char why[96];
+        char why[96], traffic[96];
 
         pipe_get_stats(run->pipe, &st);
-        if (run->o->checkpoint_dir) {
-                RunResult res = { .test_accuracy = run->next ? -1 : st.test_acc,
-                                  .test_loss = run->next ? -1 : st.test_loss, .averaged = run->averaged };
-                int r = run_result_write(run->o->checkpoint_dir, run->job->name, &res);
-                if (r < 0)
-                        log_warning_errno(r, "Failed to write the result into %s: %m", run->o->checkpoint_dir);
-        }
+        if (run->o->checkpoint_dir)
+                run_write_result(run, &st);
         if (run->o->control)
                 report(run, &st);
+        NodeTraffic t = run_traffic(run, &st);
+        format_traffic(&t, traffic, sizeof traffic);
         double total = ns_to_sec(now_ns() - run->start_ns);
         double busy = busy_while_training(&st, why, sizeof why);
         if (!run->next)
                 log_info("Finished %s: test accuracy %.2f%%, test loss %.4f (stage %u of %u in cluster %u), "
-                         "%.0f samples/s, busy %.0f%% while training (%s), %.0f%% in all",
+                         "%.0f samples/s, busy %.0f%% while training (%s), %.0f%% in all%s",
                          run->job->name, 100 * st.test_acc, st.test_loss, run->stage + 1, run->n_stages, run->cluster + 1,
-                         (double)st.samples / total, busy, why, 100 - pipe_percent(st.wait_ns, st.elapsed_ns));
+                         (double)st.samples / total, busy, why, 100 - pipe_percent(st.wait_ns, st.elapsed_ns), traffic);
         else
                 log_info("Finished stage %u of %u in cluster %u: %lu updates, busy %.0f%% while training (%s), "
-                         "%.0f%% in all",
+                         "%.0f%% in all%s",
                          run->stage + 1, run->n_stages, run->cluster + 1, (unsigned long)st.updates, busy, why,
-                         100 - pipe_percent(st.wait_ns, st.elapsed_ns));
+                         100 - pipe_percent(st.wait_ns, st.elapsed_ns), traffic);
 }
 
 int pipeline_run(const StagePlan *plan, const Job *job, const Identity *id, const LocalRunOptions *o,

@@ -18,6 +18,26 @@
 
 /* ---- properties -------------------------------------------------------- */
 
+/* Pipeline and averaging bytes: totals, and per step (sent and received
+ * together). */
+static int get_traffic(const char *property, const NodeTraffic *t, sd_bus_message *reply) {
+        if (!strcmp(property, "PipelineBytesSent"))
+                return sd_bus_message_append(reply, "t", t->pipeline_sent);
+        if (!strcmp(property, "PipelineBytesReceived"))
+                return sd_bus_message_append(reply, "t", t->pipeline_received);
+        if (!strcmp(property, "PipelineBytesPerStep"))
+                return sd_bus_message_append(reply, "t",
+                                             node_traffic_per_step(t->pipeline_sent, t->pipeline_received, t->steps));
+        if (!strcmp(property, "AveragingBytesSent"))
+                return sd_bus_message_append(reply, "t", t->averaging_sent);
+        if (!strcmp(property, "AveragingBytesReceived"))
+                return sd_bus_message_append(reply, "t", t->averaging_received);
+        if (!strcmp(property, "AveragingBytesPerStep"))
+                return sd_bus_message_append(reply, "t",
+                                             node_traffic_per_step(t->averaging_sent, t->averaging_received, t->steps));
+        return -ENOENT;
+}
+
 static int get_property(sd_bus *bus, const char *path, const char *interface, const char *property,
                         sd_bus_message *reply, void *userdata, sd_bus_error *error) {
         Bus *b = userdata;
@@ -83,7 +103,7 @@ static int get_property(sd_bus *bus, const char *path, const char *interface, co
                 return sd_bus_message_append(reply, "d", st.averaging.latency_ms);
         if (!strcmp(property, "CoresPerNode"))
                 return sd_bus_message_append(reply, "d", st.averaging.cores);
-        return -ENOENT;
+        return get_traffic(property, &st.network.traffic, reply);
 }
 
 static int get_version(sd_bus *bus, const char *path, const char *interface, const char *property,
@@ -172,6 +192,12 @@ static const sd_bus_vtable node_vtable[] = {
         SD_BUS_PROPERTY("PausedPeers", "u", get_property, 0, 0),
         SD_BUS_PROPERTY("BytesSent", "t", get_property, 0, 0),
         SD_BUS_PROPERTY("BytesReceived", "t", get_property, 0, 0),
+        SD_BUS_PROPERTY("PipelineBytesSent", "t", get_property, 0, 0),
+        SD_BUS_PROPERTY("PipelineBytesReceived", "t", get_property, 0, 0),
+        SD_BUS_PROPERTY("PipelineBytesPerStep", "t", get_property, 0, 0),
+        SD_BUS_PROPERTY("AveragingBytesSent", "t", get_property, 0, 0),
+        SD_BUS_PROPERTY("AveragingBytesReceived", "t", get_property, 0, 0),
+        SD_BUS_PROPERTY("AveragingBytesPerStep", "t", get_property, 0, 0),
         SD_BUS_PROPERTY("LastAveragingUSec", "t", get_property, 0, 0),
         SD_BUS_PROPERTY("CheckpointStep", "t", get_property, 0, 0),
         SD_BUS_PROPERTY("PlanEpoch", "t", get_property, 0, 0),

@@ -40,6 +40,10 @@ static void report_network(Daemon *d) {
                 n.bytes_received += d->averaging.seen.bytes_received;
                 n.last_averaging_usec = d->averaging.seen.last_done_realtime_us;
         }
+        /* a member's: kept after training, while it serves its peers */
+        n.traffic.averaging_sent = d->averaging.seen.bytes_sent;
+        n.traffic.averaging_received = d->averaging.seen.bytes_received;
+        n.traffic.steps = d->steps;
         gossip_run_network(&d->gossip, &n);
         control_report_network(&d->control, &n);
 }
@@ -58,11 +62,15 @@ static void poll_node(void *userdata) {
 }
 
 static void step_averaging(void *userdata, float *params, uint64_t samples) {
-        averaging_step(userdata, params, samples);
+        Daemon *d = userdata;
+        d->steps++;
+        averaging_step(&d->averaging, params, samples);
 }
 
 static void step_gossip(void *userdata, float *params, uint64_t samples) {
-        gossip_run_step(userdata, params, samples);
+        Daemon *d = userdata;
+        d->steps++;
+        gossip_run_step(&d->gossip, params, samples);
 }
 
 /* The transport's settings for this node's links (a pipeline's, an
@@ -123,7 +131,7 @@ static int run_job(Daemon *d) {
                 return r;
         if (d->averaging.active) { /* every member trains its own shard of the data */
                 o.step = step_averaging;
-                o.step_userdata = &d->averaging;
+                o.step_userdata = d;
                 o.shard = (int)d->averaging.self;
                 o.n_shards = (int)d->averaging.n_members;
                 NodeAveraging na = { .nodes = d->averaging.n_members, .params = n_params };
@@ -132,7 +140,7 @@ static int run_job(Daemon *d) {
                 control_report_averaging(&d->control, &na);
         } else if (d->gossip.active) { /* the same, mixing every step */
                 o.step = step_gossip;
-                o.step_userdata = &d->gossip;
+                o.step_userdata = d;
                 o.shard = (int)d->gossip.self;
                 o.n_shards = (int)d->gossip.n_members;
         }

@@ -43,6 +43,7 @@ typedef struct Daemon {
         Averaging averaging;
         GossipRun gossip;          /* averaging.method gossip or auto */
         uint64_t last_report_ns;
+        uint64_t steps;            /* a member's steps in this process: its averaging traffic is per step */
         pthread_t worker;
         bool worker_started, worker_done;
         int worker_result;

@@ -153,8 +153,10 @@ Test(cli, configuration_errors_name_file_line_and_setting) {
 /* ---- figures that mislead ------------------------------------------------ */
 
 /* The swarm's table: a node stopped before its last line has no busy
- * figure ("-", not -1%), and a figure is shown within 0..100% (not -0%).
- * The nodes here are a script: one says it finished, busy "-0%"; the
+ * figure ("-", not -1%), and a figure is shown within 0..100% (not -0%);
+ * its bytes per step are what its last line says, "-" where it says none
+ * or something else. The nodes here are a script: c1s2 says it finished,
+ * busy "-0%", with its traffic; c2s1 with a garbled pipeline figure; the
  * others end without a word. */
 Test(cli, swarm_table_shows_busy_within_0_to_100) {
         char dir[] = "/tmp/ravnest-test-cli-XXXXXX", fake[128];
@@ -164,7 +166,10 @@ Test(cli, swarm_table_shows_busy_within_0_to_100) {
                         "#!/bin/sh\n"
                         "case \"$2\" in\n"
                         "*/c1s2.conf) echo '<6>Finished fashion-mnist-mlp: test accuracy 10.00% (stage 2 of 2 in "
-                        "cluster 1), 5 samples/s, busy -0% while training (computing 0%), -0% in all' >&2 ;;\n"
+                        "cluster 1), 5 samples/s, busy -0% while training (computing 0%), -0% in all; "
+                        "pipeline 52.0 KiB/step, averaging 1.3 KiB/step' >&2 ;;\n"
+                        "*/c2s1.conf) echo '<6>Finished stage 1 of 2 in cluster 2: 5 updates, busy 50% while "
+                        "training (computing 0%), 50% in all; pipeline lots/step, averaging 3 B/step' >&2 ;;\n"
                         "esac\n",
                         0755);
         char swarm_dir[160];
@@ -181,8 +186,9 @@ Test(cli, swarm_table_shows_busy_within_0_to_100) {
         const char *table = strstr(p.out, "swarm: node   busy");
         cr_assert(table, "no table: %s", p.out);
         cr_expect(!strstr(table, "-1%") && !strstr(table, "-0%"), "%s", p.out);
-        cr_expect(strstr(table, "swarm: c1s2     0%"), "%s", p.out);
-        cr_expect(strstr(table, "swarm: c1s1      -"), "%s", p.out);
+        cr_expect(strstr(table, "swarm: c1s2     0%       52.0 KiB         1.3 KiB"), "%s", p.out);
+        cr_expect(strstr(table, "swarm: c1s1      -              -               -"), "%s", p.out);
+        cr_expect(strstr(table, "swarm: c2s1    50%              -             3 B"), "%s", p.out);
 }
 
 static void skip_without_dataset(void) {

@@ -2,8 +2,9 @@
  * run many times: the last averaging round gathers every cluster even when
  * training lasts about a second, a swarm that cannot average says so and
  * exits non-zero, a node killed with SIGKILL comes back from its own
- * checkpoint (--restart), and a stage whose neighbour is gone for good
- * gives up after pipeline.neighbour_timeout. */
+ * checkpoint (--restart), a stage whose neighbour is gone for good
+ * gives up after pipeline.neighbour_timeout, and what a stage moves over
+ * its links and to average shows in its status and the swarm's table. */
 #include <criterion/criterion.h>
 #include <signal.h>
 #include <stdio.h>
@@ -59,6 +60,24 @@ static pid_t node_pid(Proc *p, const char *name) {
         return (pid_t)atoi(strstr(p->out, want) + strlen(want));
 }
 
+/* The swarm's table has, for each of its nodes, the bytes per step it
+ * moved over the pipeline and to average, both above zero. */
+static void expect_traffic_columns(const char *out, int nodes, size_t run) {
+        const char *row = strstr(out, "swarm: node   busy  pipeline/step  averaging/step  peak RSS");
+        cr_assert(row, "run %zu: no traffic columns\n%s", run, out);
+        if (run == 0)
+                cr_log_info("%.*s", (int)(strstr(row, "swarm: cluster") ? strstr(row, "swarm: cluster") - row : 0), row);
+        for (int i = 0; i < nodes; i++) {
+                char name[16], busy[8], pu[8], au[8];
+                double pv, av;
+                cr_assert((row = strchr(row, '\n')), "run %zu\n%s", run, out);
+                row++;
+                cr_assert_eq(sscanf(row, "swarm: %15s %7s %lf %7s %lf %7s", name, busy, &pv, pu, &av, au), 6,
+                             "run %zu: a node without traffic figures: %.80s\n%s", run, row, out);
+                cr_expect(pv > 0 && strstr(pu, "B") && av > 0 && strstr(au, "B"), "run %zu: %.80s", run, row);
+        }
+}
+
 /* Training of about a second, many times: every node's last round has
  * every cluster, and the swarm ends as one averaged model. */
 Test(swarm_short, the_last_round_gathers_every_cluster, .timeout = 600) {
@@ -79,6 +98,7 @@ Test(swarm_short, the_last_round_gathers_every_cluster, .timeout = 600) {
                 cr_assert_eq(status, 0, "run %zu: exit %d\n%s", i, status, p.out);
                 cr_assert(strstr(p.out, "swarm: the averaged model"), "run %zu\n%s", i, p.out);
                 cr_assert_eq(count(p.out, "The last averaging round included all "), nodes, "run %zu\n%s", i, p.out);
+                expect_traffic_columns(p.out, nodes, i);
                 cr_log_info("run %zu: %s", i, strstr(p.out, "swarm: the averaged model"));
         }
 }
@@ -141,4 +161,40 @@ Test(swarm_short, a_node_started_again_by_hand_counts, .timeout = 300) {
         cr_assert(strstr(p.out, "swarm: cluster 2: test accuracy "), "%s", p.out);
         cr_assert_eq(status, 0, "exit %d\n%s\n---- c2s2:\n%s", status, p.out, back.out);
         cr_assert(strstr(p.out, "swarm: the averaged model"), "%s", p.out);
+}
+
+/* The status a stage reports on its control socket, mid-run: the bytes it
+ * moved over its pipeline links and to average, in total and per step, as
+ * properties and in ravnestctl's lines. */
+Test(swarm_short, a_stage_reports_its_traffic_on_its_control_socket, .timeout = 300) {
+        Proc p, st;
+        swarm(&p, (char *[]){ "--job", slow, NULL });
+        cr_assert(proc_wait_for(&p, "c1s2   stage 2/2:", 60000), "%s", p.out);
+        cr_assert(proc_wait_for(&p, "c1s1   Averaging round ", 60000), "%s", p.out);
+        const char *in = strstr(p.out, " in /");
+        char swarm_dir[128] = "", sock[200];
+        cr_assert(in && sscanf(in + 4, "%127[^;]", swarm_dir) == 1, "%s", p.out);
+        snprintf(sock, sizeof sock, "%s/c1s1.sock", swarm_dir);
+        usleep(500 * 1000); /* the stage reports every quarter second */
+
+        proc_start(&st, (char *[]){ RAVNESTCTL, "status", "--json", "--socket", sock, NULL }, NULL);
+        cr_assert_eq(proc_exit(&st), 0, "%s", st.out);
+        static const char *const fields[] = { "PipelineBytesSent", "PipelineBytesReceived", "PipelineBytesPerStep",
+                                              "AveragingBytesSent", "AveragingBytesReceived", "AveragingBytesPerStep" };
+        for (size_t i = 0; i < sizeof fields / sizeof fields[0]; i++) {
+                char key[64];
+                snprintf(key, sizeof key, "\"%s\": ", fields[i]);
+                const char *at = strstr(st.out, key);
+                cr_assert(at, "no %s: %s", fields[i], st.out);
+                cr_expect_gt(strtoull(at + strlen(key), NULL, 10), 0, "%s: %s", fields[i], st.out);
+        }
+        proc_start(&st, (char *[]){ RAVNESTCTL, "status", "--socket", sock, NULL }, NULL);
+        cr_assert_eq(proc_exit(&st), 0, "%s", st.out);
+        cr_log_info("%.*s", (int)st.len, st.out);
+        const char *t = strstr(st.out, "    Traffic: pipeline: ");
+        cr_assert(t, "%s", st.out);
+        cr_expect(strstr(t, " received (") && strstr(t, "/step); averaging: "), "%s", st.out);
+
+        kill(p.pid, SIGINT);
+        cr_assert_eq(proc_exit(&p), 130, "%s", p.out);
 }
