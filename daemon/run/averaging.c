@@ -37,7 +37,7 @@ int averaging_coll_config(const AveragingGroup *g, const Identity *id, size_t n_
         cc->n_members = (unsigned)ca->n_members;
         cc->self = self;
         cc->listen_host = ca->listen.host;
-        cc->fp16 = ca->fp16;
+        cc->payload = ca->fp16 ? COLL_PAYLOAD_F16 : COLL_PAYLOAD_F32;
         cc->join_timeout_ms = ca->join_timeout_ms;
         cc->round_timeout_ms = ca->round_timeout_ms;
         *ret_members = TAKE_PTR(members);
