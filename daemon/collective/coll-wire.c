@@ -126,6 +126,8 @@ int coll_ctl_decode(const uint8_t *in, size_t len, CollCtl *ret) {
         return 0;
 }
 
+const char *const coll_payload_names[_COLL_PAYLOAD_MAX + 1] = { "f32", "f16", "int8", NULL };
+
 uint8_t coll_payload_dtype(CollPayload p) {
         return p == COLL_PAYLOAD_F16 ? DTYPE_F16 : p == COLL_PAYLOAD_INT8 ? DTYPE_Q8 : DTYPE_F32;
 }

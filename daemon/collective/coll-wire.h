@@ -28,6 +28,8 @@ typedef enum CollPayload {
         _COLL_PAYLOAD_MAX,
 } CollPayload;
 
+/* Their names, as ravnestd.conf spells them; NULL after the last. */
+extern const char *const coll_payload_names[_COLL_PAYLOAD_MAX + 1];
 /* The dtype of a piece header for a payload. */
 uint8_t coll_payload_dtype(CollPayload p);
 /* Bytes that count values take in a piece of dtype; 0 for a dtype no piece

@@ -69,7 +69,7 @@ typedef struct ConfigAveraging {
         ConfigAddress listen;
         ConfigMember *members;      /* the same list, in the same order, on every member */
         size_t n_members;
-        bool fp16;
+        int payload;                /* a CollPayload (collective/coll-wire.h): how values travel */
         unsigned join_timeout_ms, round_timeout_ms;
         unsigned grid_dims, grid_side; /* moshpit; 0: the smallest square-ish grid that holds everyone */
         int topology;               /* gossip: a GossipTopology (collective/topology.h) */

@@ -37,7 +37,7 @@ int averaging_coll_config(const AveragingGroup *g, const Identity *id, size_t n_
         cc->n_members = (unsigned)ca->n_members;
         cc->self = self;
         cc->listen_host = ca->listen.host;
-        cc->payload = ca->fp16 ? COLL_PAYLOAD_F16 : COLL_PAYLOAD_F32;
+        cc->payload = (CollPayload)ca->payload;
         cc->join_timeout_ms = ca->join_timeout_ms;
         cc->round_timeout_ms = ca->round_timeout_ms;
         *ret_members = TAKE_PTR(members);
@@ -87,14 +87,14 @@ int averaging_start(Averaging *a, const AveragingGroup *g, const Identity *id, s
                 a->ring_size = MIN(a->ring_size, rings[i].n);
         a->active = true;
         if (ca->interval_steps)
-                log_info("Averaging with %u members (%s%s), member %u, every %u steps, listening on %s:%u",
+                log_info("Averaging with %u members (%s%s%s), member %u, every %u steps, listening on %s:%u",
                          a->n_members, ca->method == CONFIG_AVERAGING_MOSHPIT ? "moshpit" : "ring",
-                         ca->fp16 ? ", binary16" : "", a->self + 1, ca->interval_steps, ca->listen.host,
+                         ca->payload ? ", " : "", ca->payload ? coll_payload_names[ca->payload] : "", a->self + 1, ca->interval_steps, ca->listen.host,
                          ca->listen.port);
         else
-                log_info("Averaging with %u members (%s%s), member %u, every %g s, listening on %s:%u",
+                log_info("Averaging with %u members (%s%s%s), member %u, every %g s, listening on %s:%u",
                          a->n_members, ca->method == CONFIG_AVERAGING_MOSHPIT ? "moshpit" : "ring",
-                         ca->fp16 ? ", binary16" : "", a->self + 1, ca->interval_ms / 1000.0, ca->listen.host,
+                         ca->payload ? ", " : "", ca->payload ? coll_payload_names[ca->payload] : "", a->self + 1, ca->interval_ms / 1000.0, ca->listen.host,
                          ca->listen.port);
         return 0;
 }
