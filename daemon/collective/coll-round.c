@@ -7,12 +7,19 @@
  * sum then travels k+1, ..., k-1 unchanged (Patarasuk and Yuan, "Bandwidth
  * optimal all-reduce algorithms for clusters of workstations", 2009). Every
  * piece of a chunk travels on its own, so sending, receiving and adding
- * overlap. */
+ * overlap.
+ *
+ * Values travel as float32, binary16 or 8-bit blocks (quant.h). In the
+ * narrow types each hop widens the sum it receives to float32, adds its own
+ * values and narrows the result again; the rank that completes a sum
+ * narrows it once, and every member, that rank included, takes the average
+ * from those bytes, so all end with the same bits. */
 #include <errno.h>
 #include <limits.h>
 #include <math.h>
 
 #include "coll-internal.h"
+#include "quant.h"
 #include "tensor/half.h"
 #include "util/time-util.h"
 
@@ -20,11 +27,12 @@
 #define BLOCK 4096 /* values converted at a time on the binary16 path */
 
 static uint8_t wire_dtype(const CollRound *r) {
-        return r->coll->cfg.fp16 ? DTYPE_F16 : DTYPE_F32;
+        return coll_payload_dtype(r->coll->cfg.payload);
 }
 
-static size_t wire_dsize(const CollRound *r) {
-        return r->coll->cfg.fp16 ? 2 : 4;
+/* Bytes of a piece of count values on the wire, header excluded. */
+static size_t wire_size(const CollRound *r, size_t count) {
+        return coll_payload_size(wire_dtype(r), count);
 }
 
 /* Our own contribution to a piece whose sum we start, in the wire's type. */
@@ -41,10 +49,11 @@ static const uint8_t *piece_avg(const Piece *p) {
 /* The piece's average, just completed in t, into the round's output. */
 static void piece_output(CollRound *r, const Piece *p, const NetTensor *t) {
         const uint8_t *v = t->data + COLL_PIECE_HEADER;
-        if (r->coll->cfg.fp16)
-                half_to_float(r->out + p->off, (const uint16_t *)v, p->count);
-        else
-                memcpy(r->out + p->off, v, p->count * sizeof(float));
+        switch (r->coll->cfg.payload) {
+        case COLL_PAYLOAD_F16: half_to_float(r->out + p->off, (const uint16_t *)v, p->count); break;
+        case COLL_PAYLOAD_INT8: quant_to_float(r->out + p->off, v, p->count); break;
+        default: memcpy(r->out + p->off, v, p->count * sizeof(float)); break;
+        }
 }
 
 /* Cookies name the round, the phase and the piece of a send. */
@@ -127,7 +136,7 @@ static void inject_more(CollRound *r);
 static int send_now(CollRound *r, uint32_t idx, uint8_t phase) {
         Coll *c = r->coll;
         Piece *p = &r->pieces[idx];
-        uint32_t bytes = COLL_PIECE_HEADER + p->count * (uint32_t)wire_dsize(r);
+        uint32_t bytes = COLL_PIECE_HEADER + (uint32_t)wire_size(r, p->count);
         uint8_t *buf;
         TensorDesc d;
         int k;
@@ -248,23 +257,75 @@ static int add_own_f16(uint16_t *a, const float *x, float s, size_t n) {
         return r;
 }
 
+/* The running sum, received quantized, plus our own contribution: added in
+ * float32 and quantized again, block by block, in place (the next hop, or
+ * the average, is quantized once from the float32 sum). */
+static int add_own_int8(uint8_t *a, const float *x, float s, size_t n) {
+        float f[QUANT_BLOCK];
+        if (quant_check(a, n) < 0)
+                return -EBADMSG;
+        for (size_t i = 0; i < n; i += QUANT_BLOCK) {
+                size_t m = MIN((size_t)QUANT_BLOCK, n - i);
+                uint8_t *b = a + quant_size(i);
+                scale_f32(f, x + i, s, m);
+                quant_add_to_float(f, b, m);
+                if (quant_from_float(b, f, m) < 0)
+                        return -ERANGE;
+        }
+        return 0;
+}
+
+/* a += s * x in the wire's type; see add_own_f32() for the errors. */
+static int add_own(const CollRound *r, uint8_t *a, const float *x, size_t n) {
+        switch (r->coll->cfg.payload) {
+        case COLL_PAYLOAD_F16: return add_own_f16((uint16_t *)a, x, r->coef, n);
+        case COLL_PAYLOAD_INT8: return add_own_int8(a, x, r->coef, n);
+        default: return add_own_f32((float *)a, x, r->coef, n);
+        }
+}
+
+/* A received average holds finite values only (int8: sane scales). */
+static bool received_ok(const CollRound *r, const uint8_t *a, size_t n) {
+        switch (r->coll->cfg.payload) {
+        case COLL_PAYLOAD_F16: return finite_f16((const uint16_t *)a, n);
+        case COLL_PAYLOAD_INT8: return quant_check(a, n) == 0;
+        default: return finite_f32((const float *)a, n);
+        }
+}
+
+static bool fill_own_f16(uint16_t *out, const float *x, float s, size_t n) {
+        float tmp[BLOCK];
+        for (size_t i = 0; i < n; i += BLOCK) {
+                size_t m = MIN((size_t)BLOCK, n - i);
+                scale_f32(tmp, x + i, s, m);
+                half_from_float(out + i, tmp, m);
+        }
+        return finite_f16(out, n);
+}
+
+static bool fill_own_int8(uint8_t *out, const float *x, float s, size_t n) {
+        float tmp[QUANT_BLOCK];
+        for (size_t i = 0; i < n; i += QUANT_BLOCK) {
+                size_t m = MIN((size_t)QUANT_BLOCK, n - i);
+                scale_f32(tmp, x + i, s, m);
+                if (quant_from_float(out + quant_size(i), tmp, m) < 0)
+                        return false;
+        }
+        return true;
+}
+
 /* The piece's own contribution alone, coef * x, in the wire's type: what
  * starts the sums we inject. False if it is not finite. */
 static bool fill_own(CollRound *r, const Piece *p) {
         const float *x = r->x + p->off;
-        if (!r->coll->cfg.fp16) {
-                float *out = (float *)piece_own(r, p);
-                scale_f32(out, x, r->coef, p->count);
-                return finite_f32(out, p->count);
+        uint8_t *out = piece_own(r, p);
+        switch (r->coll->cfg.payload) {
+        case COLL_PAYLOAD_F16: return fill_own_f16((uint16_t *)out, x, r->coef, p->count);
+        case COLL_PAYLOAD_INT8: return fill_own_int8(out, x, r->coef, p->count);
+        default:
+                scale_f32((float *)out, x, r->coef, p->count);
+                return finite_f32((const float *)out, p->count);
         }
-        float tmp[BLOCK];
-        uint16_t *out = (uint16_t *)piece_own(r, p);
-        for (size_t i = 0; i < p->count; i += BLOCK) {
-                size_t m = MIN((size_t)BLOCK, p->count - i);
-                scale_f32(tmp, x + i, r->coef, m);
-                half_from_float(out + i, tmp, m);
-        }
-        return finite_f16(out, p->count);
 }
 
 /* ---- receiving ---------------------------------------------------------- */
@@ -272,12 +333,10 @@ static bool fill_own(CollRound *r, const Piece *p) {
 static int take_piece(CollRound *r, uint32_t idx, uint8_t phase, NetTensor *t) {
         Piece *p = &r->pieces[idx];
         uint8_t *in = t->data + COLL_PIECE_HEADER;
-        bool fp16 = r->coll->cfg.fp16, ok;
 
         r->bytes_received += t->desc.bytes;
         if (phase == COLL_ALL_GATHER) {
-                ok = fp16 ? finite_f16((const uint16_t *)in, p->count) : finite_f32((const float *)in, p->count);
-                if (!ok) {
+                if (!received_ok(r, in, p->count)) {
                         net_tensor_release(r->coll->net, t);
                         round_fail(r, -EBADMSG);
                         return -EBADMSG;
@@ -301,8 +360,7 @@ static int take_piece(CollRound *r, uint32_t idx, uint8_t phase, NetTensor *t) {
         uint8_t *sum = t->data + COLL_PIECE_HEADER;
         /* -EBADMSG: the sender's fault; -ERANGE: ours (our values are not
          * finite, or the sum overflows) */
-        int k = fp16 ? add_own_f16((uint16_t *)sum, x, r->coef, p->count)
-                     : add_own_f32((float *)sum, x, r->coef, p->count);
+        int k = add_own(r, sum, x, p->count);
         if (k < 0) {
                 net_tensor_release(r->coll->net, t);
                 round_fail(r, k);
@@ -412,10 +470,20 @@ void round_on_ready(Coll *c, unsigned member, const CollReady *m) {
         *e = (ReadyEntry){ .group = m->group, .member = member, .msg = *m, .at_ns = now_ns() };
 }
 
+/* Values per piece: piece_bytes of them on the wire; whole blocks of int8. */
+static size_t piece_values(const CollRound *r) {
+        size_t b = r->coll->cfg.piece_bytes;
+        switch (r->coll->cfg.payload) {
+        case COLL_PAYLOAD_F16: return b / 2;
+        case COLL_PAYLOAD_INT8: return MAX(b / QUANT_BLOCK_BYTES, (size_t)1) * QUANT_BLOCK;
+        default: return b / 4;
+        }
+}
+
 static void begin_running(CollRound *r, uint64_t round, uint64_t participants, const double *weights) {
         Coll *c = r->coll;
         uint64_t now = now_ns();
-        size_t dsize = wire_dsize(r), per_piece = c->cfg.piece_bytes / dsize;
+        size_t per_piece = piece_values(r);
         uint64_t *last = coll_last_round(c, r->group);
 
         r->round = round;
@@ -466,7 +534,7 @@ static void begin_running(CollRound *r, uint64_t round, uint64_t participants, c
                         p->chunk = k;
                         if (k == inject) { /* only the sums we start need a buffer of ours */
                                 p->wire_off = wire;
-                                wire += COLL_PIECE_HEADER + ALIGN_TO(p->count * dsize, 64);
+                                wire += COLL_PIECE_HEADER + ALIGN_TO(wire_size(r, p->count), 64);
                         }
                 }
         }
@@ -809,6 +877,19 @@ void coll_round_info(const CollRound *r, CollRoundInfo *ret) {
         };
 }
 
+/* Values [first, first + n) of a quantized piece, decoded block by block. */
+static void int8_read(const uint8_t *v, size_t first, size_t n, float *out) {
+        float f[QUANT_BLOCK];
+        while (n > 0) {
+                size_t lo = first / QUANT_BLOCK * QUANT_BLOCK, k = first - lo, m = MIN(QUANT_BLOCK - k, n);
+                quant_to_float(f, v + quant_size(lo), k + m);
+                memcpy(out, f + k, m * sizeof *out);
+                first += m;
+                out += m;
+                n -= m;
+        }
+}
+
 /* Values [off, off + n) of piece p, as floats. */
 static void piece_read(const CollRound *r, const Piece *p, size_t off, size_t n, float *out) {
         if (r->out) {
@@ -817,10 +898,11 @@ static void piece_read(const CollRound *r, const Piece *p, size_t off, size_t n,
                 return;
         }
         const uint8_t *v = piece_avg(p);
-        if (r->coll->cfg.fp16)
-                half_to_float(out, (const uint16_t *)v + (off - p->off), n);
-        else
-                memcpy(out, (const float *)v + (off - p->off), n * sizeof *out);
+        switch (r->coll->cfg.payload) {
+        case COLL_PAYLOAD_F16: half_to_float(out, (const uint16_t *)v + (off - p->off), n); break;
+        case COLL_PAYLOAD_INT8: int8_read(v, off - p->off, n, out); break;
+        default: memcpy(out, (const float *)v + (off - p->off), n * sizeof *out); break;
+        }
 }
 
 int coll_round_read(const CollRound *r, size_t off, size_t n, float *out) {
@@ -874,7 +956,7 @@ size_t coll_round_apply(const CollRound *r, float *w) {
                         continue;
                 if (r->out)
                         add_delta(w + p->off, r->out + p->off, r->x + p->off, p->count);
-                else if (!r->coll->cfg.fp16)
+                else if (r->coll->cfg.payload == COLL_PAYLOAD_F32)
                         add_delta(w + p->off, (const float *)piece_avg(p), r->x + p->off, p->count);
                 else {
                         float tmp[BLOCK];

@@ -6,6 +6,7 @@
 
 #include "coll-wire.h"
 #include "net/frame.h"
+#include "quant.h"
 
 #define CTL_MAGIC 0x31435652u   /* "RVC1" */
 #define FLAG_FINAL 0x01
@@ -125,6 +126,21 @@ int coll_ctl_decode(const uint8_t *in, size_t len, CollCtl *ret) {
         return 0;
 }
 
+const char *const coll_payload_names[_COLL_PAYLOAD_MAX + 1] = { "f32", "f16", "int8", NULL };
+
+uint8_t coll_payload_dtype(CollPayload p) {
+        return p == COLL_PAYLOAD_F16 ? DTYPE_F16 : p == COLL_PAYLOAD_INT8 ? DTYPE_Q8 : DTYPE_F32;
+}
+
+size_t coll_payload_size(uint8_t dtype, size_t count) {
+        switch (dtype) {
+        case DTYPE_F32: return 4 * count;
+        case DTYPE_F16: return 2 * count;
+        case DTYPE_Q8: return quant_size(count);
+        default: return 0;
+        }
+}
+
 /*  0 u32 magic, 4 u8 phase, 5 u8 dtype, 6 u16 zero, 8 u32 group, 12 u32 index,
  * 16 u64 round, 24 u32 count, 28..63 zero, then count values */
 void coll_piece_encode(const CollPiece *p, uint8_t out[COLL_PIECE_HEADER]) {
@@ -153,8 +169,8 @@ int coll_piece_decode(const uint8_t *in, size_t len, CollPiece *ret) {
                 .count = get_le32(in + 24),
         };
         if ((p.phase != COLL_REDUCE_SCATTER && p.phase != COLL_ALL_GATHER) || get_le16(in + 6) ||
-            (p.dtype != DTYPE_F32 && p.dtype != DTYPE_F16) || p.count == 0 ||
-            len - COLL_PIECE_HEADER != (size_t)p.count * dtype_size(p.dtype))
+            p.count == 0 || coll_payload_size(p.dtype, p.count) == 0 ||
+            len - COLL_PIECE_HEADER != coll_payload_size(p.dtype, p.count))
                 return -EBADMSG;
         *ret = p;
         return 0;

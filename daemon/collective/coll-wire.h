@@ -19,6 +19,23 @@
 #define COLL_MAX_MEMBERS 64 /* a group's members fit a 64-bit map */
 #define COLL_PIECE_HEADER 64 /* bytes before a piece's values; keeps them 64-byte aligned */
 
+/* How a piece's values travel: CollConfig.payload, and ravnestd.conf's
+ * averaging.payload ("f32", "f16", "int8", in this order). */
+typedef enum CollPayload {
+        COLL_PAYLOAD_F32,  /* float32 */
+        COLL_PAYLOAD_F16,  /* IEEE binary16 (tensor/half.h): half the bytes */
+        COLL_PAYLOAD_INT8, /* blockwise 8-bit (quant.h), dtype DTYPE_Q8: about a quarter */
+        _COLL_PAYLOAD_MAX,
+} CollPayload;
+
+/* Their names, as ravnestd.conf spells them; NULL after the last. */
+extern const char *const coll_payload_names[_COLL_PAYLOAD_MAX + 1];
+/* The dtype of a piece header for a payload. */
+uint8_t coll_payload_dtype(CollPayload p);
+/* Bytes that count values take in a piece of dtype; 0 for a dtype no piece
+ * carries. */
+size_t coll_payload_size(uint8_t dtype, size_t count);
+
 typedef enum CollCtlKind {
         COLL_READY = 1, /* member -> leader: I am ready for the next round of this group */
         COLL_START = 2, /* leader -> participants: who takes part, with what weight */
@@ -74,7 +91,7 @@ int coll_ctl_decode(const uint8_t *in, size_t len, CollCtl *ret);
 
 typedef struct CollPiece {
         uint8_t phase; /* CollPhase */
-        uint8_t dtype; /* DTYPE_F32 or DTYPE_F16 */
+        uint8_t dtype; /* DTYPE_F32, DTYPE_F16 or DTYPE_Q8 */
         uint32_t group;
         uint32_t index; /* piece number in the round */
         uint32_t count; /* values that follow the header */

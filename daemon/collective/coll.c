@@ -172,7 +172,7 @@ static const NetCallbacks callbacks = {
 
 int coll_new(const CollConfig *cfg, Coll **ret) {
         if (!cfg->net || !cfg->members || cfg->n_members == 0 || cfg->self >= cfg->n_members ||
-            cfg->piece_bytes < 4096 || cfg->piece_bytes > cfg->net->limits.max_tensor_bytes - COLL_PIECE_HEADER)
+            (unsigned)cfg->payload >= _COLL_PAYLOAD_MAX || cfg->piece_bytes < 4096 || cfg->piece_bytes > cfg->net->limits.max_tensor_bytes - COLL_PIECE_HEADER)
                 return -EINVAL;
         Coll *c = calloc(1, sizeof *c);
         if (!c)

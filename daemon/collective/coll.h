@@ -54,7 +54,7 @@ typedef struct CollConfig {
         unsigned n_members;
         unsigned self;              /* our index in members */
         const char *listen_host;    /* NULL: members[self].host */
-        bool fp16;                  /* send values as binary16 (half the bytes) */
+        CollPayload payload;        /* how values travel: float32, binary16, 8-bit */
         size_t piece_bytes;         /* values per piece, in bytes; 0: 1 MiB */
         unsigned join_timeout_ms;   /* READY to START */
         unsigned round_timeout_ms;  /* START to the last piece */

@@ -72,7 +72,7 @@ int runtime_model_predict(const RuntimeModelInput *in, RuntimeModelResult *ret) 
         if (in->nodes == 0 || in->params == 0 || !(in->bandwidth_mbit > 0) || !(in->compute_ms > 0) ||
             in->compute_sd_ms < 0 || in->latency_ms < 0)
                 return -EINVAL;
-        double S = (double)in->params * (in->fp16 ? 2 : 4);
+        double S = (double)coll_payload_size(coll_payload_dtype(in->payload), in->params);
         double mem_per_ms = (in->memory_gbyte_s > 0 ? in->memory_gbyte_s : 5.0) * 1e9 / 1e3;
         /* AdamW reads w, g, m, v and writes w, m, v: 7 passes of 4 bytes */
         double update = in->update_ms > 0 ? in->update_ms : 7.0 * 4 * in->params / mem_per_ms;

@@ -38,6 +38,8 @@
 #include <stdbool.h>
 #include <stddef.h>
 
+#include "coll-wire.h"
+
 typedef enum RuntimeMethod {
         RUNTIME_ALLREDUCE,
         RUNTIME_RING,
@@ -54,7 +56,7 @@ typedef struct RuntimeModelInput {
         double latency_ms;      /* one way */
         unsigned nodes;
         size_t params;
-        bool fp16;              /* values sent as binary16 */
+        CollPayload payload;    /* how values travel: float32, binary16, 8-bit */
         bool encrypted;         /* the links seal every frame (ravnest's always do) */
         double cpu_gbyte_s;     /* per-byte work (seal, open, copy, add), GB/s; 0: 1.5 sealed, 4 plain */
         double memory_gbyte_s;  /* memory bandwidth for the mixing pass, GB/s; 0: 5 */

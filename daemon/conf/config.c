@@ -11,6 +11,7 @@
 #include <sys/stat.h>
 
 #include "collective/averager.h"
+#include "collective/coll-wire.h"
 #include "collective/topology.h"
 #include "conf.h"
 #include "nodes-file.h"
@@ -531,9 +532,26 @@ static int parse_grid(config_setting_t *g, ConfigAveraging *a, Diag *d) {
         return 0;
 }
 
+/* averaging.payload; fp16 = true is its older spelling of "f16" (and
+ * fp16 = false of anything else): both given, they must agree. */
+static int parse_payload(const config_setting_t *g, ConfigAveraging *a, Diag *d) {
+        config_setting_t *s = member(g, "payload");
+        int payload = a->payload, r;
+        bool fp16 = false;
+
+        if ((r = get_choice(g, "payload", coll_payload_names, &payload, d)) < 0 ||
+            (r = conf_get_bool(g, "fp16", false, &fp16, d)) < 0)
+                return r;
+        if (s && member(g, "fp16") && fp16 != (payload == COLL_PAYLOAD_F16))
+                return conf_error(s, NULL, -EINVAL, d, "\"%s\" disagrees with fp16 = %s", coll_payload_names[payload],
+                                  fp16 ? "true" : "false");
+        a->payload = s ? payload : fp16 ? COLL_PAYLOAD_F16 : payload;
+        return 0;
+}
+
 static int parse_averaging(const config_setting_t *root, Config *c, Diag *d) {
         static const char *const keys[] = {
-                "method", "interval", "interval_steps", "listen", "members", "fp16", "join_timeout",
+                "method", "interval", "interval_steps", "listen", "members", "payload", "fp16", "join_timeout",
                 "round_timeout", "grid", "topology", "weight", "outer", "fragments", NULL,
         };
         ConfigAveraging *a = &c->averaging;
@@ -548,7 +566,7 @@ static int parse_averaging(const config_setting_t *root, Config *c, Diag *d) {
             (r = get_choice(g, "method", method_names, &method, d)) < 0 ||
             (r = conf_get_double(g, "interval", false, 0.05, 86400, a->interval_ms / 1000.0, &interval, d)) < 0 ||
             (r = conf_get_int(g, "interval_steps", false, 0, 1 << 30, 0, &steps, d)) < 0 ||
-            (r = conf_get_bool(g, "fp16", false, &a->fp16, d)) < 0 ||
+            (r = parse_payload(g, a, d)) < 0 ||
             (r = conf_get_int(g, "join_timeout", false, 100, 3600000, a->join_timeout_ms, &join, d)) < 0 ||
             (r = conf_get_int(g, "round_timeout", false, 100, 3600000, a->round_timeout_ms, &round, d)) < 0 ||
             (r = get_strings(g, "members", CONFIG_MAX_PEERS, &members, d)) < 0)

@@ -69,7 +69,7 @@ typedef struct ConfigAveraging {
         ConfigAddress listen;
         ConfigMember *members;      /* the same list, in the same order, on every member */
         size_t n_members;
-        bool fp16;
+        int payload;                /* a CollPayload (collective/coll-wire.h): how values travel */
         bool outer;                 /* an outer optimizer on pseudo-gradients (averaging.outer) */
         double outer_lr, outer_momentum;
         bool outer_nesterov;

@@ -18,8 +18,8 @@
 static void usage(FILE *f) {
         fprintf(f,
                 "Usage: ravnestctl predict --compute-ms MS --bandwidth MBIT --nodes N (--params P | --job FILE)\n"
-                "                          [--compute-sd-ms MS] [--latency-ms MS] [--update-ms MS] [--fp16]\n"
-                "                          [--plaintext] [--cpu-gbs GB/S] [--json]\n"
+                "                          [--compute-sd-ms MS] [--latency-ms MS] [--update-ms MS]\n"
+                "                          [--payload f32|f16|int8] [--fp16] [--plaintext] [--cpu-gbs GB/S] [--json]\n"
                 "       ravnestctl predict [--node] [--socket PATH] [any figure above]   (the local node's figures)\n");
 }
 
@@ -34,6 +34,16 @@ typedef struct PredictArgs {
 #define GIVEN_LETTERS "csblnpj"
 #define GIVEN(a, letter) ((a)->given & 1u << (strchr(GIVEN_LETTERS, letter) - GIVEN_LETTERS))
 
+static int parse_payload(const char *s, CollPayload *ret) {
+        for (int i = 0; coll_payload_names[i]; i++)
+                if (strcmp(s, coll_payload_names[i]) == 0) {
+                        *ret = (CollPayload)i;
+                        return 0;
+                }
+        fprintf(stderr, "--payload: unknown value \"%s\" (known: f32, f16, int8)\n", s);
+        return -EINVAL;
+}
+
 /* The options into a: -1 to go on, else the exit status. */
 static int parse_args(int argc, char *argv[], PredictArgs *a) {
         static const struct option opts[] = {
@@ -46,6 +56,7 @@ static int parse_args(int argc, char *argv[], PredictArgs *a) {
                 { "params", required_argument, NULL, 'p' },
                 { "job", required_argument, NULL, 'j' },
                 { "fp16", no_argument, NULL, 'f' },
+                { "payload", required_argument, NULL, 'w' },
                 { "plaintext", no_argument, NULL, 'P' },
                 { "cpu-gbs", required_argument, NULL, 'C' },
                 { "json", no_argument, NULL, 'J' },
@@ -82,7 +93,11 @@ static int parse_args(int argc, char *argv[], PredictArgs *a) {
                         a->have_params = true;
                         continue;
                 case 'j': a->job_path = optarg; continue;
-                case 'f': in->fp16 = true; continue;
+                case 'f': in->payload = COLL_PAYLOAD_F16; continue;
+                case 'w':
+                        if (parse_payload(optarg, &in->payload) < 0)
+                                return EX_USAGE;
+                        continue;
                 case 'P': in->encrypted = false; continue;
                 case 'J': a->json = true; continue;
                 case 'N': a->ask_node = true; continue;
@@ -171,7 +186,8 @@ static void print_json(const RuntimeModelInput *in, const RuntimeModelResult *re
 
 static void print_table(const RuntimeModelInput *in, const RuntimeModelResult *res) {
         printf("%u nodes, %zu parameters (%.1f MiB as %s), compute %.1f ms (sd %.1f), %g Mbit/s, latency %g ms\n\n",
-               in->nodes, in->params, in->params * (in->fp16 ? 2.0 : 4.0) / (1 << 20), in->fp16 ? "binary16" : "float32",
+               in->nodes, in->params, (double)coll_payload_size(coll_payload_dtype(in->payload), in->params) / (1 << 20),
+               coll_payload_names[in->payload],
                in->compute_ms, in->compute_sd_ms, in->bandwidth_mbit, in->latency_ms);
         printf("%-14s %12s %12s %12s %12s %13s\n", "method", "ms/iteration", "compute", "exchange", "not hidden",
                "spectral gap");

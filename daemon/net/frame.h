@@ -93,6 +93,7 @@ typedef enum TensorDtype {
         DTYPE_F16 = 2,
         DTYPE_U8 = 3,
         DTYPE_I32 = 4,
+        DTYPE_Q8 = 5, /* blockwise 8-bit (collective/quant.h): an averaging piece's values only, no tensor's */
 } TensorDtype;
 
 typedef struct TensorDesc {

@@ -37,7 +37,7 @@ int averaging_coll_config(const AveragingGroup *g, const Identity *id, size_t n_
         cc->n_members = (unsigned)ca->n_members;
         cc->self = self;
         cc->listen_host = ca->listen.host;
-        cc->fp16 = ca->fp16;
+        cc->payload = (CollPayload)ca->payload;
         cc->join_timeout_ms = ca->join_timeout_ms;
         cc->round_timeout_ms = ca->round_timeout_ms;
         *ret_members = TAKE_PTR(members);
@@ -48,8 +48,8 @@ int averaging_coll_config(const AveragingGroup *g, const Identity *id, size_t n_
  * 0.9, 4 fragments), member 2, every 100 steps, listening on ..." */
 static void log_started(const Averaging *a, const ConfigAveraging *ca) {
         char how[160], every[48];
-        int n = snprintf(how, sizeof how, "%s%s", ca->method == CONFIG_AVERAGING_MOSHPIT ? "moshpit" : "ring",
-                         ca->fp16 ? ", binary16" : "");
+        int n = snprintf(how, sizeof how, "%s%s%s", ca->method == CONFIG_AVERAGING_MOSHPIT ? "moshpit" : "ring",
+                         ca->payload ? ", " : "", ca->payload ? coll_payload_names[ca->payload] : "");
         if (ca->outer)
                 n += snprintf(how + n, sizeof how - (size_t)n, ", outer %s lr %g momentum %g",
                               ca->outer_nesterov ? "Nesterov" : "SGD", ca->outer_lr, ca->outer_momentum);

@@ -62,7 +62,7 @@ int gossip_run_start(GossipRun *gr, const AveragingGroup *g, const Identity *id,
         gr->is_auto = ca->method == CONFIG_AVERAGING_AUTO;
         gr->n_members = (unsigned)ca->n_members;
         gr->n_params = n_params;
-        gr->fp16 = ca->fp16;
+        gr->payload = (CollPayload)ca->payload;
         gr->join_timeout_ms = ca->join_timeout_ms;
         gr->active = true;
         gr->last_log_ns = now_ns();
@@ -76,21 +76,22 @@ int gossip_run_start(GossipRun *gr, const AveragingGroup *g, const Identity *id,
         else
                 snprintf(w, sizeof w, "1/|G|");
         if (gr->is_auto)
-                log_info("Averaging with %u members (auto%s), member %u, listening on %s:%u: measuring %u steps "
+                log_info("Averaging with %u members (auto%s%s), member %u, listening on %s:%u: measuring %u steps "
                          "and the links, then all-reduce or gossip as the runtime model says (self weight %s)",
-                         gr->n_members, ca->fp16 ? ", binary16" : "", gr->self + 1, ca->listen.host, ca->listen.port,
+                         gr->n_members, ca->payload ? ", " : "", ca->payload ? coll_payload_names[ca->payload] : "", gr->self + 1, ca->listen.host, ca->listen.port,
                          GOSSIP_RUN_PROBE_STEPS, w);
         else
-                log_info("Averaging with %u members (gossip, topology %s%s), member %u, every step, self weight %s, "
+                log_info("Averaging with %u members (gossip, topology %s%s%s), member %u, every step, self weight %s, "
                          "listening on %s:%u",
-                         gr->n_members, gossip_topology_to_string(gc.topology), ca->fp16 ? ", binary16" : "",
+                         gr->n_members, gossip_topology_to_string(gc.topology), ca->payload ? ", " : "",
+                         ca->payload ? coll_payload_names[ca->payload] : "",
                          gr->self + 1, w, ca->listen.host, ca->listen.port);
         return 0;
 }
 
 /* Bytes one member sends in a ring all-reduce of len values among p. */
 static double ring_bytes(const GossipRun *gr, size_t len, unsigned p) {
-        return 2.0 * (p - 1) / p * (double)len * (gr->fp16 ? 2 : 4);
+        return 2.0 * (p - 1) / p * (double)coll_payload_size(coll_payload_dtype(gr->payload), len);
 }
 
 /* The probe rounds: the fastest small and the fastest full round give two
@@ -178,7 +179,7 @@ static void measure_and_decide(GossipRun *gr, float *params) {
         in.cores = v[4];
         in.nodes = gr->n_members;
         in.params = gr->n_params;
-        in.fp16 = gr->fp16;
+        in.payload = gr->payload;
         bool modelled = runtime_model_predict(&in, &res) >= 0;
 
         gr->figures.compute_ms = in.compute_ms;

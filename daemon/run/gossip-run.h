@@ -59,7 +59,7 @@ typedef struct GossipRun {
         bool active, is_auto, decided, failed_logged;
         unsigned self, n_members;
         size_t n_params;
-        bool fp16;
+        CollPayload payload;
         unsigned join_timeout_ms;
         uint64_t t;                  /* iterations sent */
         uint64_t last_end_ns;        /* the end of the last callback */

@@ -55,7 +55,8 @@ static void *node_main(void *arg) {
                 members[i] = i;
         for (int i = 0; i < 5000 && coll_n_connected(nd->coll) < s->n - 1; i++)
                 coll_run(nd->coll, 2);
-        if (coll_round_start(nd->coll, s->group, members, s->n, nd->x, nd->len, nd->weight, &rd) < 0) {
+        if (coll_round_start(nd->coll, s->group, members, s->n, nd->x, nd->len, nd->weight, &rd) < 0 ||
+            (nd->out && coll_round_set_output(rd, nd->out) < 0)) {
                 nd->info.state = COLL_ROUND_FAILED;
                 atomic_fetch_add(&s->finished, 1);
         } else {

@@ -15,6 +15,7 @@ typedef struct SwarmNode {
         double weight;
         CollRoundInfo info;
         float *avg;     /* read back with coll_round_read; NULL where incomplete */
+        float *out;     /* if set: the round's output (coll_round_set_output) */
         pthread_t thread;
         struct Swarm *swarm;
         unsigned index;

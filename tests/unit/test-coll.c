@@ -1,9 +1,12 @@
 /* Group all-reduce: the wire format, binary16, and whole rounds between
- * members in threads over real loopback TCP, held against exact arithmetic. */
+ * members in threads over real loopback TCP, held against exact arithmetic,
+ * in float32, binary16 and 8 bits; and pieces forged with a NaN. */
 #include <criterion/criterion.h>
+#include <inttypes.h>
 #include <math.h>
 
 #include "../lib/coll-swarm.h"
+#include "collective/quant.h"
 #include "tensor/half.h"
 #include "util/rng.h"
 
@@ -62,6 +65,24 @@ Test(coll_wire, roundtrip_and_every_corruption) {
                 cr_assert(r == -EBADMSG || payload_field, "byte %zu flipped and accepted", i);
                 piece[i] = save;
         }
+}
+
+Test(coll_wire, piece_size_per_dtype) {
+        uint8_t piece[COLL_PIECE_HEADER + 4 * 300];
+        CollPiece h;
+        coll_piece_encode(&(CollPiece){ .phase = COLL_REDUCE_SCATTER, .dtype = DTYPE_Q8, .group = 1, .index = 0,
+                                        .count = 300, .round = 1 }, piece);
+        cr_assert_eq(coll_piece_decode(piece, COLL_PIECE_HEADER + quant_size(300), &h), 0);
+        cr_assert_eq(h.dtype, DTYPE_Q8);
+        cr_assert_eq(quant_size(300), 300 + 2 * 4);
+        cr_assert_eq(coll_piece_decode(piece, COLL_PIECE_HEADER + quant_size(300) - 1, &h), -EBADMSG);
+        cr_assert_eq(coll_piece_decode(piece, COLL_PIECE_HEADER + 300, &h), -EBADMSG, "a scale per block");
+        cr_assert_eq(coll_piece_decode(piece, COLL_PIECE_HEADER + 4 * 300, &h), -EBADMSG);
+        piece[5] = DTYPE_U8; /* a dtype no piece carries */
+        cr_assert_eq(coll_piece_decode(piece, COLL_PIECE_HEADER + 300, &h), -EBADMSG);
+        cr_assert_eq(coll_payload_dtype(COLL_PAYLOAD_F32), DTYPE_F32);
+        cr_assert_eq(coll_payload_dtype(COLL_PAYLOAD_F16), DTYPE_F16);
+        cr_assert_eq(coll_payload_dtype(COLL_PAYLOAD_INT8), DTYPE_Q8);
 }
 
 /* ---- binary16 ------------------------------------------------------------ */
@@ -163,29 +184,181 @@ static double check_average(Swarm *s, double tol) {
         return worst;
 }
 
-static void run(unsigned n, size_t len, size_t piece_bytes, bool fp16, bool weighted, bool plaintext, double tol) {
+static void run(unsigned n, size_t len, size_t piece_bytes, CollPayload payload, bool weighted, bool plaintext,
+                double tol) {
         Swarm s;
         CollConfig c;
         coll_config_defaults(&c);
         c.piece_bytes = piece_bytes;
-        c.fp16 = fp16;
+        c.payload = payload;
         cr_assert_eq(swarm_init(&s, n, &c, plaintext), 0);
         fill(&s, len, n * 1000 + len, weighted);
         cr_assert_eq(swarm_round(&s), 0);
         double worst = check_average(&s, tol);
-        cr_log_info("n=%u len=%zu fp16=%d: max error %.3g\n", n, len, fp16, worst);
+        cr_log_info("n=%u len=%zu payload %d: max error %.3g\n", n, len, payload, worst);
         release(&s);
         swarm_free(&s);
 }
 
-Test(coll, two_members) { run(2, 1000, 4096, false, false, false, 1e-6); }
-Test(coll, three_members_weighted_many_pieces) { run(3, 100003, 4096, false, true, false, 1e-6); }
-Test(coll, four_members_encrypted) { run(4, 300000, 1 << 20, false, true, false, 1e-6); }
-Test(coll, five_members_plaintext) { run(5, 77777, 16384, false, false, true, 1e-6); }
-Test(coll, fewer_values_than_members) { run(4, 3, 4096, false, true, false, 1e-6); }
+Test(coll, two_members) { run(2, 1000, 4096, COLL_PAYLOAD_F32, false, false, 1e-6); }
+Test(coll, three_members_weighted_many_pieces) { run(3, 100003, 4096, COLL_PAYLOAD_F32, true, false, 1e-6); }
+Test(coll, four_members_encrypted) { run(4, 300000, 1 << 20, COLL_PAYLOAD_F32, true, false, 1e-6); }
+Test(coll, five_members_plaintext) { run(5, 77777, 16384, COLL_PAYLOAD_F32, false, true, 1e-6); }
+Test(coll, fewer_values_than_members) { run(4, 3, 4096, COLL_PAYLOAD_F32, true, false, 1e-6); }
 /* binary16 keeps 11 significant bits at every hop: values in [-2, 2] land
  * within a few units of 2^-10 */
-Test(coll, fp16_payloads) { run(4, 50000, 8192, true, true, false, 4e-3); }
+Test(coll, fp16_payloads) { run(4, 50000, 8192, COLL_PAYLOAD_F16, true, false, 4e-3); }
+
+/* ---- 8-bit payloads ------------------------------------------------------ */
+
+/* Weighted values whose magnitude changes every 200 values, from 1e-3 to
+ * 1e3, so blocks of very different scales sit side by side (and some
+ * straddle two); the output written as pieces complete, too. */
+static void fill_varied(Swarm *s, size_t len, uint64_t seed) {
+        fill(s, len, seed, true);
+        for (unsigned i = 0; i < s->n; i++) {
+                SwarmNode *nd = &s->node[i];
+                nd->out = malloc(len * sizeof *nd->out);
+                for (size_t k = 0; k < len; k++)
+                        nd->x[k] *= powf(10, (float)((k / 200) % 7) - 3);
+        }
+}
+
+/* The 8-bit ring's bound for value k. Each of the P hops quantizes its
+ * partial sum once (the last hop: the average, once more for nobody), each
+ * within half a step of its block, absmax / 254 (quant.h; times 1 + 2^-15
+ * for the float rounding of the scale and of q * scale). The block that
+ * holds k lies within k +- 255, and a partial sum of weighted values is at
+ * most M, their largest magnitude there, plus the errors of the hops before:
+ *     E_h = E_(h-1) + (M + E_(h-1)) / 254 * (1 + 2^-15) + M * 2^-21,
+ * the last term for the float32 products and sums of a hop; the bound is E_P. */
+static double int8_bound(const Swarm *s, size_t k) {
+        size_t len = s->node[0].len, lo = k >= 255 ? k - 255 : 0, hi = MIN(k + 256, len);
+        double M = 0, E = 0;
+        for (unsigned i = 0; i < s->n; i++)
+                for (size_t j = lo; j < hi; j++)
+                        M = fmax(M, fabsf(s->node[i].x[j]));
+        for (unsigned h = 0; h < s->n; h++)
+                E += (M + E) / 254 * (1 + 0x1p-15) + M * 0x1p-21;
+        return E;
+}
+
+/* The bytes all members send in a round: every piece goes P - 1 hops in
+ * each phase, its header and its blocks. */
+static uint64_t int8_wire_bytes(unsigned P, size_t len, size_t per_piece) {
+        uint64_t total = 0;
+        for (unsigned k = 0; k < P; k++) {
+                size_t lo = len * k / P, hi = len * (k + 1) / P;
+                for (size_t off = lo; off < hi; off += per_piece)
+                        total += 2 * (P - 1) * (COLL_PIECE_HEADER + quant_size(MIN(per_piece, hi - off)));
+        }
+        return total;
+}
+
+static void run_int8(unsigned n, size_t len) {
+        Swarm s;
+        CollConfig c;
+        coll_config_defaults(&c);
+        c.piece_bytes = 4096; /* 15 blocks a piece: several pieces a chunk */
+        c.payload = COLL_PAYLOAD_INT8;
+        cr_assert_eq(swarm_init(&s, n, &c, false), 0);
+        fill_varied(&s, len, n * 77 + len);
+        cr_assert_eq(swarm_round(&s), 0);
+
+        double W = 0, worst = 0;
+        uint64_t sent = 0, received = 0;
+        for (unsigned i = 0; i < n; i++) {
+                cr_assert_eq(s.node[i].info.state, COLL_ROUND_DONE, "member %u: error %d", i, s.node[i].info.error);
+                cr_assert_eq(s.node[i].info.participants, n);
+                cr_assert_not_null(s.node[i].avg);
+                W += s.node[i].weight;
+                sent += s.node[i].info.bytes_sent;
+                received += s.node[i].info.bytes_received;
+        }
+        for (size_t k = 0; k < len; k++) {
+                long double exact = 0;
+                for (unsigned i = 0; i < n; i++)
+                        exact += (long double)s.node[i].weight * s.node[i].x[k];
+                exact /= W;
+                double err = fabs((double)(s.node[0].avg[k] - exact)), bound = int8_bound(&s, k);
+                cr_assert(err <= bound, "value %zu: %.9g vs exact %.9Lg, bound %.3g", k, s.node[0].avg[k], exact,
+                          bound);
+                worst = fmax(worst, err / bound);
+        }
+        for (unsigned i = 0; i < n; i++) {
+                cr_assert(memcmp(s.node[i].avg, s.node[0].avg, len * sizeof(float)) == 0, "member %u: other bits", i);
+                cr_assert(memcmp(s.node[i].out, s.node[0].avg, len * sizeof(float)) == 0, "member %u: output", i);
+        }
+        cr_assert_eq(sent, int8_wire_bytes(n, len, 15 * QUANT_BLOCK), "bytes sent count the wire's");
+        cr_assert_eq(received, sent);
+        cr_log_info("int8, n=%u len=%zu: worst error %.2f of the bound, %" PRIu64 " bytes\n", n, len, worst, sent);
+        for (unsigned i = 0; i < n; i++)
+                free(s.node[i].out);
+        release(&s);
+        swarm_free(&s);
+}
+
+/* chunks and pieces of whole blocks */
+Test(coll, int8_three_members) { run_int8(3, 3 * 2 * 15 * QUANT_BLOCK); }
+/* pieces whose last block is short */
+Test(coll, int8_four_members_short_blocks) { run_int8(4, 5003); }
+
+/* ---- bad pieces ------------------------------------------------------------ */
+
+typedef struct Forger {
+        Coll *c;
+        CollPayload payload;
+        uint32_t count; /* values of piece 0 */
+} Forger;
+
+/* Member 2 sends member 0, its right neighbour, a well-formed piece 0 of
+ * the running sum whose first value (int8: the first block's scale) is a
+ * NaN, ahead of the real one. */
+static void forge(void *ud, uint8_t phase, unsigned sent) {
+        static uint8_t buf[COLL_PIECE_HEADER + 4096];
+        Forger *f = ud;
+        uint8_t dtype = coll_payload_dtype(f->payload);
+        uint32_t bytes = COLL_PIECE_HEADER + (uint32_t)coll_payload_size(dtype, f->count);
+        float nan = NAN;
+        TensorDesc d;
+        if (phase != COLL_REDUCE_SCATTER || sent != 0)
+                return;
+        cr_assert_leq(bytes, sizeof buf);
+        memset(buf, 0, bytes);
+        coll_piece_encode(&(CollPiece){ .phase = COLL_REDUCE_SCATTER, .dtype = dtype, .group = 0, .index = 0,
+                                        .count = f->count, .round = 1 },
+                          buf);
+        memcpy(buf + COLL_PIECE_HEADER, &nan, sizeof nan);
+        tensor_desc_init(&d, DTYPE_U8, 1, &bytes);
+        int64_t peer = coll_peer(f->c, 0);
+        if (peer >= 0)
+                net_send_tensor(coll_net(f->c), (uint32_t)peer, 0, &d, buf, 0);
+}
+
+/* The round fails where the piece arrives, as a bad piece, the others give
+ * it up too, and the sender is refused. */
+static void forged(CollPayload payload) {
+        Swarm s;
+        CollConfig c;
+        coll_config_defaults(&c);
+        c.payload = payload;
+        cr_assert_eq(swarm_init(&s, 3, &c, false), 0);
+        fill(&s, 3000, 11, false);
+        Forger f = { .c = s.node[2].coll, .payload = payload, .count = 1000 /* chunk 0, one piece */ };
+        coll_set_piece_hook(s.node[2].coll, forge, &f);
+        cr_assert_eq(swarm_round(&s), 0);
+        cr_assert_eq(s.node[0].info.state, COLL_ROUND_FAILED);
+        cr_assert_eq(s.node[0].info.error, -EBADMSG);
+        for (unsigned i = 1; i < 3; i++)
+                cr_assert_eq(s.node[i].info.state, COLL_ROUND_FAILED, "member %u", i);
+        cr_assert(!coll_connected(s.node[0].coll, 2), "the sender is refused");
+        cr_assert(coll_connected(s.node[0].coll, 1));
+        release(&s);
+        swarm_free(&s);
+}
+
+Test(coll, bad_piece_f32_nan) { forged(COLL_PAYLOAD_F32); }
+Test(coll, bad_piece_int8_nan_scale) { forged(COLL_PAYLOAD_INT8); }
 
 Test(coll, alone_is_identity) {
         Swarm s;

@@ -9,6 +9,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "collective/coll-wire.h"
 #include "collective/topology.h"
 #include "conf/config.h"
 
@@ -381,7 +382,8 @@ Test(config, averaging_group) {
                                             "  members = [ \"" K1 "@127.0.0.1:7100\", \"" K2 "@[::1]:7101\", \"" SECRET_HEX "@h:1\" ];\n"
                                             "};\n", &c, &d, path), 0, "%s", d.text);
         const ConfigAveraging *a = &c.averaging;
-        cr_assert(a->enabled && a->method == CONFIG_AVERAGING_MOSHPIT && a->interval_steps == 50 && a->fp16);
+        cr_assert(a->enabled && a->method == CONFIG_AVERAGING_MOSHPIT && a->interval_steps == 50 &&
+                  a->payload == COLL_PAYLOAD_F16, "fp16 = true: binary16");
         cr_assert_eq(a->n_members, 3);
         cr_assert_eq(a->members[1].address.port, 7101);
         cr_assert_str_eq(a->members[1].address.host, "::1");
@@ -411,6 +413,45 @@ Test(config, averaging_group) {
                      "15: averaging.members.[1]: must be \"<public key, 64 hex digits>@host:port\"");
         expect_error(base_end, "  idle_timeout = 30000;\n};\naveraging = {\n  listen = \"127.0.0.1:1\";\n  members = [ \"" K1 "@a:1\", \"" K2 "@b\" ];\n};\n",
                      "15: averaging.members.[1]: must be \"host:port\"");
+}
+
+/* averaging.payload, and fp16, its older spelling of "f16"; averaging opens
+ * on line 13 */
+Test(config, averaging_payload) {
+        const char *line = "  listen = \"127.0.0.1:7100\";\n  members = [ \"" K1 "@127.0.0.1:7100\", \"" K2 "@127.0.0.1:7101\" ];\n";
+        static const struct {
+                const char *settings;
+                int payload;
+        } ok[] = {
+                { "", COLL_PAYLOAD_F32 },
+                { "payload = \"f32\";", COLL_PAYLOAD_F32 },
+                { "payload = \"f16\";", COLL_PAYLOAD_F16 },
+                { "payload = \"int8\";", COLL_PAYLOAD_INT8 },
+                { "fp16 = true;", COLL_PAYLOAD_F16 },
+                { "fp16 = false;", COLL_PAYLOAD_F32 },
+                { "fp16 = true; payload = \"f16\";", COLL_PAYLOAD_F16 },
+                { "fp16 = false; payload = \"int8\";", COLL_PAYLOAD_INT8 },
+        };
+        char body[1024], path[64];
+        for (size_t i = 0; i < ELEMENTSOF(ok); i++) {
+                Config c;
+                Diag d = {};
+                snprintf(body, sizeof body, "  idle_timeout = 30000;\n};\naveraging = {\n%s  %s\n};\n", line,
+                         ok[i].settings);
+                cr_assert_eq(load_variant(base_end, body, &c, &d, path), 0, "%s: %s", ok[i].settings, d.text);
+                cr_assert_eq(c.averaging.payload, ok[i].payload, "%s", ok[i].settings);
+                config_free(&c);
+        }
+        snprintf(body, sizeof body, "  idle_timeout = 30000;\n};\naveraging = {\n%s  payload = \"bf16\";\n};\n", line);
+        expect_error(base_end, body, "16: averaging.payload: unknown value \"bf16\" (known: f32, f16, int8)");
+        snprintf(body, sizeof body, "  idle_timeout = 30000;\n};\naveraging = {\n%s  payload = 8;\n};\n", line);
+        expect_error(base_end, body, "16: averaging.payload: must be a string");
+        snprintf(body, sizeof body, "  idle_timeout = 30000;\n};\naveraging = {\n%s  fp16 = true; payload = \"int8\";\n};\n",
+                 line);
+        expect_error(base_end, body, "16: averaging.payload: \"int8\" disagrees with fp16 = true");
+        snprintf(body, sizeof body, "  idle_timeout = 30000;\n};\naveraging = {\n%s  payload = \"f16\";\n  fp16 = false;\n};\n",
+                 line);
+        expect_error(base_end, body, "16: averaging.payload: \"f16\" disagrees with fp16 = false");
 }
 
 /* gossip and auto: topology and weight, every step (no cadence), members
