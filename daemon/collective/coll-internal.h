@@ -82,6 +82,7 @@ struct CollRound {
         uint64_t view_sent;      /* the view our last READY carried */
         unsigned join_ms;        /* this round's join timeout */
         bool final;              /* a last round: only with others in theirs */
+        CollPayload payload;     /* how its values travel (a last round's in float32) */
 
         /* from START */
         unsigned part[COLL_MAX_MEMBERS], n_part, rank, left, right;

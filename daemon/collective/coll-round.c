@@ -27,7 +27,7 @@
 #define BLOCK 4096 /* values converted at a time on the binary16 path */
 
 static uint8_t wire_dtype(const CollRound *r) {
-        return coll_payload_dtype(r->coll->cfg.payload);
+        return coll_payload_dtype(r->payload);
 }
 
 /* Bytes of a piece of count values on the wire, header excluded. */
@@ -49,7 +49,7 @@ static const uint8_t *piece_avg(const Piece *p) {
 /* The piece's average, just completed in t, into the round's output. */
 static void piece_output(CollRound *r, const Piece *p, const NetTensor *t) {
         const uint8_t *v = t->data + COLL_PIECE_HEADER;
-        switch (r->coll->cfg.payload) {
+        switch (r->payload) {
         case COLL_PAYLOAD_F16: half_to_float(r->out + p->off, (const uint16_t *)v, p->count); break;
         case COLL_PAYLOAD_INT8: quant_to_float(r->out + p->off, v, p->count); break;
         default: memcpy(r->out + p->off, v, p->count * sizeof(float)); break;
@@ -277,7 +277,7 @@ static int add_own_int8(uint8_t *a, const float *x, float s, size_t n) {
 
 /* a += s * x in the wire's type; see add_own_f32() for the errors. */
 static int add_own(const CollRound *r, uint8_t *a, const float *x, size_t n) {
-        switch (r->coll->cfg.payload) {
+        switch (r->payload) {
         case COLL_PAYLOAD_F16: return add_own_f16((uint16_t *)a, x, r->coef, n);
         case COLL_PAYLOAD_INT8: return add_own_int8(a, x, r->coef, n);
         default: return add_own_f32((float *)a, x, r->coef, n);
@@ -286,7 +286,7 @@ static int add_own(const CollRound *r, uint8_t *a, const float *x, size_t n) {
 
 /* A received average holds finite values only (int8: sane scales). */
 static bool received_ok(const CollRound *r, const uint8_t *a, size_t n) {
-        switch (r->coll->cfg.payload) {
+        switch (r->payload) {
         case COLL_PAYLOAD_F16: return finite_f16((const uint16_t *)a, n);
         case COLL_PAYLOAD_INT8: return quant_check(a, n) == 0;
         default: return finite_f32((const float *)a, n);
@@ -319,7 +319,7 @@ static bool fill_own_int8(uint8_t *out, const float *x, float s, size_t n) {
 static bool fill_own(CollRound *r, const Piece *p) {
         const float *x = r->x + p->off;
         uint8_t *out = piece_own(r, p);
-        switch (r->coll->cfg.payload) {
+        switch (r->payload) {
         case COLL_PAYLOAD_F16: return fill_own_f16((uint16_t *)out, x, r->coef, p->count);
         case COLL_PAYLOAD_INT8: return fill_own_int8(out, x, r->coef, p->count);
         default:
@@ -473,7 +473,7 @@ void round_on_ready(Coll *c, unsigned member, const CollReady *m) {
 /* Values per piece: piece_bytes of them on the wire; whole blocks of int8. */
 static size_t piece_values(const CollRound *r) {
         size_t b = r->coll->cfg.piece_bytes;
-        switch (r->coll->cfg.payload) {
+        switch (r->payload) {
         case COLL_PAYLOAD_F16: return b / 2;
         case COLL_PAYLOAD_INT8: return MAX(b / QUANT_BLOCK_BYTES, (size_t)1) * QUANT_BLOCK;
         default: return b / 4;
@@ -826,6 +826,8 @@ int coll_round_start(Coll *c, uint32_t group, const unsigned *members, unsigned 
                 .start_ns = now,
                 .join_ms = c->patience_ms ? c->patience_ms : c->cfg.join_timeout_ms,
                 .final = c->final_next,
+                /* a last round travels in float32: the replicas leave as one model at full precision */
+                .payload = c->final_next ? COLL_PAYLOAD_F32 : c->cfg.payload,
                 .leader_sent_to = UINT_MAX,
         };
         memcpy(r->members, members, n * sizeof *members);
@@ -898,7 +900,7 @@ static void piece_read(const CollRound *r, const Piece *p, size_t off, size_t n,
                 return;
         }
         const uint8_t *v = piece_avg(p);
-        switch (r->coll->cfg.payload) {
+        switch (r->payload) {
         case COLL_PAYLOAD_F16: half_to_float(out, (const uint16_t *)v + (off - p->off), n); break;
         case COLL_PAYLOAD_INT8: int8_read(v, off - p->off, n, out); break;
         default: memcpy(out, (const float *)v + (off - p->off), n * sizeof *out); break;
@@ -956,7 +958,7 @@ size_t coll_round_apply(const CollRound *r, float *w) {
                         continue;
                 if (r->out)
                         add_delta(w + p->off, r->out + p->off, r->x + p->off, p->count);
-                else if (r->coll->cfg.payload == COLL_PAYLOAD_F32)
+                else if (r->payload == COLL_PAYLOAD_F32)
                         add_delta(w + p->off, (const float *)piece_avg(p), r->x + p->off, p->count);
                 else {
                         float tmp[BLOCK];
