@@ -9,11 +9,14 @@
  *   RUNNING -> DELTA    averager: delta = avg - snapshot where averaged, else 0
  *   DELTA   -> IDLE     compute: params += delta
  *
- * With an outer optimizer the compute thread owns the anchor and momentum:
- * at WANT it writes the pseudo-gradient anchor - params into snapshot, the
- * round leaves avg(g) in delta (NaN where no piece completed, the sign of
- * "unchanged": a complete piece is always finite), and at DELTA it takes
- * the outer step. A requested (last) round averages the parameters.
+ * With an outer optimizer the compute thread owns the anchor and momentum.
+ * A round averages the parameters as without one, but leaves avg(params)
+ * in delta (NaN where no piece completed, the sign of "unchanged": a
+ * complete piece is always finite), and at DELTA the compute thread takes
+ * the outer step on the pseudo-gradient anchor - avg(params). That is
+ * avg(anchor - params) while the members' anchors agree; when they do not
+ * (a member left out of a round, or back from an old checkpoint), it pulls
+ * them together instead of keeping them apart for ever.
  */
 #include <errno.h>
 #include <math.h>
@@ -243,9 +246,9 @@ _simd_clones_ static void sub_f32(float *restrict d, const float *restrict x, si
                 d[i] -= x[i];
 }
 
-/* The rounds wrote the averages into delta. Parameters: delta = avg -
- * snapshot where a piece was averaged, 0 elsewhere. Pseudo-gradients: the
- * average stays for the outer step, NaN ("unchanged") elsewhere. */
+/* The rounds wrote the averages into delta: delta = avg - snapshot where a
+ * piece was averaged, 0 elsewhere; for an outer step the average stays,
+ * NaN ("unchanged") elsewhere. */
 static size_t round_delta(const CollRound *rd, float *delta, const float *snapshot, bool outer) {
         size_t off, len, values = 0;
         bool done;
@@ -408,17 +411,10 @@ _simd_clones_ static void add_f32(float *restrict w, const float *restrict d, si
                 w[i] += d[i];
 }
 
-/* The pseudo-gradient anchor - params, the input of an outer round. */
-_simd_clones_ static void pseudo_gradient(float *restrict g, const float *restrict anchor,
-                                          const float *restrict params, size_t n) {
-        for (size_t i = 0; i < n; i++)
-                g[i] = anchor[i] - params[i];
-}
-
-/* The outer step where the round averaged the pseudo-gradient (avg in
- * delta, NaN elsewhere): the anchor takes the step, and params become the
- * new anchor plus what training did since the snapshot (params - (anchor -
- * g)). */
+/* The outer step where the round averaged the parameters (avg in delta,
+ * NaN elsewhere): the anchor takes a step on the pseudo-gradient anchor -
+ * avg, and params become the new anchor plus what training did since the
+ * snapshot. */
 static void outer_step(Averager *a, float *params) {
         const float lr = a->cfg.outer.lr, mu = a->cfg.outer.momentum;
         const bool nesterov = a->cfg.outer.nesterov;
@@ -426,11 +422,12 @@ static void outer_step(Averager *a, float *params) {
                 float avg = a->delta[i];
                 if (isnan(avg))
                         continue;
-                float m = mu * a->momentum[i] + avg;
-                float step = lr * (nesterov ? avg + mu * m : m);
+                float g = a->anchor[i] - avg;
+                float m = mu * a->momentum[i] + g;
+                float anchor = a->anchor[i] - lr * (nesterov ? g + mu * m : m);
                 a->momentum[i] = m;
-                a->anchor[i] -= step;
-                params[i] += a->snapshot[i] - step;
+                params[i] += anchor - a->snapshot[i];
+                a->anchor[i] = anchor;
         }
 }
 
@@ -441,13 +438,6 @@ static void apply_delta(Averager *a, float *params) {
         if (a->anchor)
                 for (size_t i = 0; i < a->cfg.len; i++)
                         a->anchor[i] = a->snapshot[i] + a->delta[i];
-}
-
-static void take_snapshot(Averager *a, const float *params) {
-        if (a->anchor && !atomic_load(&a->last))
-                pseudo_gradient(a->snapshot, a->anchor, params, a->cfg.len);
-        else
-                memcpy(a->snapshot, params, a->cfg.len * sizeof *params);
 }
 
 int averager_sync(Averager *a, float *params, uint64_t samples) {
@@ -469,7 +459,7 @@ int averager_sync(Averager *a, float *params, uint64_t samples) {
                 done = AVERAGER_APPLIED;
                 break;
         case AV_WANT:
-                take_snapshot(a, params);
+                memcpy(a->snapshot, params, a->cfg.len * sizeof *params);
                 /* weighted by samples trained since the last snapshot */
                 a->weight = a->samples ? (double)a->samples : 1.0;
                 a->samples = 0;

@@ -43,15 +43,19 @@ typedef struct AveragerRing {
 
 /* An outer optimizer on pseudo-gradients (DiLoCo): every member keeps the
  * anchor, the parameters of the last synchronization. A round averages the
- * pseudo-gradient g = anchor - params over the group instead of the
- * parameters, then every member takes the same step on its anchor,
- *     m <- momentum * m + avg(g)
- *     anchor <- anchor - lr * (nesterov ? avg(g) + momentum * m : m)
+ * parameters over the group, then every member takes a step on its anchor
+ * with the pseudo-gradient g = anchor - avg(params), which is avg(anchor -
+ * params) while the anchors agree,
+ *     m <- momentum * m + g
+ *     anchor <- anchor - lr * (nesterov ? g + momentum * m : m)
  * and its parameters become the new anchor plus what training did while the
- * round ran. lr 1 and momentum 0 give back plain averaging. A piece of a
- * round that did not complete leaves anchor, momentum and parameters as
- * they were. A requested (last) round averages the parameters themselves,
- * so the replicas end as one model. */
+ * round ran. lr 1 and momentum 0 give back plain averaging. Averaging the
+ * parameters rather than each member's anchor - params keeps the anchors
+ * together when they part (a member left out of a round, or back from an
+ * old checkpoint): a pseudo-gradient all-reduce would keep them apart for
+ * ever. A piece of a round that did not complete leaves anchor, momentum
+ * and parameters as they were. A requested (last) round is a plain one, so
+ * the replicas end as one model. */
 typedef struct AveragerOuter {
         bool enabled;
         float lr, momentum;

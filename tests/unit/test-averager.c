@@ -352,7 +352,7 @@ Test(averager, outer_nesterov_matches_a_naive_step) {
  * end as the average plus the update made during the round, as without an
  * outer optimizer. */
 Test(averager, outer_lr_1_is_plain_averaging) {
-        enum { N = 2, LEN = 3000 };
+        enum { N = 2, LEN = 1 << 20 };
         Node nodes[N] = {};
         size_t lens[N] = { LEN, LEN };
         for (unsigned i = 0; i < N; i++) {
