@@ -1,7 +1,7 @@
 /* bench-lowcomm — training over slow links: the validation loss a swarm
  * reaches and the averaging bytes it sends per node per training step,
  * with averaging at today's tightest cadence (a round every step, float32)
- * against an outer optimizer (averaging.outer, DiLoCo's Nesterov SGD on
+ * and every 10 steps against an outer optimizer (averaging.outer, DiLoCo's Nesterov SGD on
  * pseudo-gradients) every H steps, in float32 and in int8.
  *
  * Every run is `ravnestctl swarm` on the same job, data and epochs, so
@@ -38,6 +38,7 @@ typedef struct Setting {
 #define OUTER "outer = { lr = 0.7; momentum = 0.9; };"
 static const Setting settings[] = {
         { "every step, f32", "interval_steps = 1;" },
+        { "every 10, f32", "interval_steps = 10;" },
         { "outer H=10, int8", "interval_steps = 10; payload = \"int8\"; " OUTER },
         { "outer H=50, f32", "interval_steps = 50; " OUTER },
         { "outer H=100, f32", "interval_steps = 100; " OUTER },
@@ -92,7 +93,7 @@ static Run run_swarm(const Options *o, const Setting *s, char *out) {
         snprintf(stages, sizeof stages, "%d", o->stages);
         snprintf(epochs, sizeof epochs, "%d", o->epochs);
         snprintf(shape, sizeof shape,
-                 "ip link set lo up && tc qdisc add dev lo root tbf rate %.0fmbit burst 64kb latency 50ms && "
+                 "ip link set lo up mtu 1500 && tc qdisc add dev lo root tbf rate %.0fmbit burst 64kb latency 50ms && "
                  "exec \"$@\"",
                  o->rate_mbit * o->clusters * o->stages);
         char *argv[40] = { "unshare", "-n", "sh", "-c", shape, "sh" };

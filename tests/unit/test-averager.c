@@ -54,9 +54,10 @@ typedef struct Node {
         Averager *av;
         float *w, *x0;
         size_t len;
-        unsigned deltas_wanted, deltas;
+        unsigned deltas_wanted, deltas, snapshots;
         float bump;     /* added once right after the snapshot: an update made during the round */
         const float *anchor0, *momentum0; /* the outer optimizer's state to start from, or NULL */
+        int die_after_snapshot_us;        /* > 0: this member's averager is freed that long after its snapshot */
         pthread_t thread;
 } Node;
 
@@ -64,9 +65,16 @@ static void *train(void *arg) {
         Node *nd = arg;
         for (int i = 0; i < 20000 && nd->deltas < nd->deltas_wanted; i++) {
                 int r = averager_sync(nd->av, nd->w, 0);
-                if (r & AVERAGER_SNAPSHOT)
+                if ((r & AVERAGER_SNAPSHOT) && nd->die_after_snapshot_us > 0) {
+                        usleep((useconds_t)nd->die_after_snapshot_us);
+                        nd->av = averager_free(nd->av); /* its links close mid-round */
+                        return NULL;
+                }
+                if (r & AVERAGER_SNAPSHOT) {
+                        nd->snapshots++;
                         for (size_t k = 0; k < nd->len; k++)
                                 nd->w[k] += nd->bump;
+                }
                 if (r & AVERAGER_APPLIED)
                         nd->deltas++;
                 usleep(500);
@@ -476,4 +484,87 @@ Test(averager, outer_state_survives_a_checkpoint) {
         char cmd[160];
         snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
         (void)!system(cmd);
+}
+
+/* A member gone mid-round (its averager freed, its links closed, at
+ * varied moments): every value of the others' anchors is either the outer
+ * step over the members that took part or what it was, never anything
+ * else, and their parameters follow their anchor. */
+Test(averager, outer_round_cut_short_leaves_values_stepped_or_unchanged, .timeout = 120) {
+        enum { N = 3, LEN = 1 << 21 };
+        const float lr = 0.7f, mu = 0.9f;
+        float *anchor = malloc(LEN * sizeof *anchor), *g[N];
+        Rng rng;
+        rng_seed(&rng, 9, RNG_STREAM_TEST);
+        for (size_t k = 0; k < LEN; k++)
+                anchor[k] = 2 * rng_uniform(&rng) - 1;
+        for (unsigned i = 0; i < N; i++) {
+                g[i] = malloc(LEN * sizeof(float));
+                for (size_t k = 0; k < LEN; k++)
+                        g[i][k] = 0.05f * (2 * rng_uniform(&rng) - 1);
+        }
+        static const int delays_us[] = { 1, 2000, 8000, 20000 };
+        for (size_t t = 0; t < sizeof delays_us / sizeof delays_us[0]; t++) {
+                Node nodes[N] = {};
+                size_t lens[N] = { LEN, LEN, LEN };
+                for (unsigned i = 0; i < N; i++) {
+                        nodes[i].w = malloc(LEN * sizeof(float));
+                        for (size_t k = 0; k < LEN; k++)
+                                nodes[i].w[k] = anchor[k] - g[i][k];
+                        nodes[i].len = LEN;
+                        nodes[i].deltas_wanted = 1;
+                        nodes[i].bump = 0.25f;
+                        nodes[i].anchor0 = anchor;
+                }
+                nodes[2].die_after_snapshot_us = delays_us[t];
+                AveragerConfig cfg;
+                averager_config_defaults(&cfg);
+                cfg.interval_ms = 100;
+                cfg.coll.join_timeout_ms = 1000;
+                cfg.coll.round_timeout_ms = 3000;
+                cfg.outer = (AveragerOuter){ .enabled = true, .lr = lr, .momentum = mu, .nesterov = true };
+                AveragerRing rings[N][4];
+                unsigned n_rings[N];
+                for (unsigned i = 0; i < N; i++) {
+                        rings[i][0] = (AveragerRing){ .group = 1, .n = N, .members = { 0, 1, 2 }, .len = LEN };
+                        n_rings[i] = 1;
+                }
+                start_nodes(nodes, N, &cfg, rings, n_rings, lens);
+                size_t stepped = 0, unchanged = 0;
+                for (unsigned i = 0; i < 2; i++) {
+                        const float *a1, *m1;
+                        cr_assert_eq(averager_outer_state(nodes[i].av, &a1, &m1), 0);
+                        for (size_t k = 0; k < LEN; k++) {
+                                /* the parameters at the round's snapshot: a round that could not
+                                 * start took one again, after a bump */
+                                double s[N], all = 0, two = 0;
+                                for (unsigned j = 0; j < N; j++)
+                                        s[j] = (double)anchor[k] - g[j][k] +
+                                               (j < 2 ? nodes[j].bump * (nodes[j].snapshots - 1.0) : 0);
+                                all = anchor[k] - (s[0] + s[1] + s[2]) / 3;
+                                two = anchor[k] - (s[0] + s[1]) / 2;
+                                double want3 = anchor[k] - lr * (all + mu * all), want2 = anchor[k] - lr * (two + mu * two);
+                                double got = a1[k], w = (double)nodes[i].w[k] - nodes[i].bump;
+                                if (fabs(w - s[i]) < 1e-6 && got == anchor[k]) {
+                                        unchanged++;
+                                        continue;
+                                }
+                                cr_assert(fabs(got - want3) < 1e-5 || fabs(got - want2) < 1e-5,
+                                          "member %u value %zu: anchor %g, neither %g nor %g nor unchanged %g", i, k,
+                                          got, want3, want2, anchor[k]);
+                                cr_assert(fabs(w - got) < 1e-5, "member %u value %zu: params %g, anchor %g", i, k, w,
+                                          got);
+                                stepped++;
+                        }
+                }
+                cr_log_info("member gone %d us after its snapshot: %zu values stepped, %zu unchanged (%u, %u "
+                            "snapshots)\n", delays_us[t], stepped, unchanged, nodes[0].snapshots, nodes[1].snapshots);
+                for (unsigned i = 0; i < N; i++) {
+                        free(nodes[i].w);
+                        averager_free(nodes[i].av);
+                }
+        }
+        for (unsigned i = 0; i < N; i++)
+                free(g[i]);
+        free(anchor);
 }
