@@ -568,3 +568,47 @@ Test(averager, outer_round_cut_short_leaves_values_stepped_or_unchanged, .timeou
                 free(g[i]);
         free(anchor);
 }
+
+/* Fragments: each round averages one part of the ring's values, in turn,
+ * under a group id of its own: after one round only the first quarter is
+ * the average, after four every value is. */
+static void fragments_after(unsigned rounds) {
+        enum { N = 2, LEN = 10000, F = 4 };
+        Node nodes[N] = {};
+        size_t lens[N] = { LEN, LEN };
+        for (unsigned i = 0; i < N; i++) {
+                fill(&nodes[i], LEN, 20 + i);
+                nodes[i].deltas_wanted = rounds;
+        }
+        AveragerConfig cfg;
+        averager_config_defaults(&cfg);
+        cfg.interval_ms = 50;
+        cfg.fragments = F;
+        AveragerRing rings[N][4] = { { { .group = 1, .n = 2, .members = { 0, 1 }, .len = LEN } },
+                                     { { .group = 1, .n = 2, .members = { 0, 1 }, .len = LEN } } };
+        unsigned n_rings[N] = { 1, 1 };
+        start_nodes(nodes, N, &cfg, rings, n_rings, lens);
+        for (unsigned i = 0; i < N; i++) {
+                AveragerStats st;
+                averager_get_stats(nodes[i].av, &st);
+                cr_assert_eq(st.rounds_done, rounds, "member %u: %lu rounds done", i, (unsigned long)st.rounds_done);
+                cr_assert_eq(st.values_averaged, (uint64_t)rounds * LEN / F);
+                for (size_t k = 0; k < LEN; k++) {
+                        float avg = (nodes[0].x0[k] + nodes[1].x0[k]) / 2;
+                        bool synced = k < (size_t)rounds * LEN / F;
+                        float want = synced ? avg : nodes[i].x0[k];
+                        cr_assert(fabsf(nodes[i].w[k] - want) < 1e-6f, "member %u value %zu after %u rounds: %g, want %g",
+                                  i, k, rounds, nodes[i].w[k], want);
+                }
+        }
+        for (unsigned i = 0; i < N; i++) {
+                free(nodes[i].w);
+                free(nodes[i].x0);
+                averager_free(nodes[i].av);
+        }
+}
+
+Test(averager, fragments_one_part_per_round) {
+        fragments_after(1);
+        fragments_after(4);
+}

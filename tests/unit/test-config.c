@@ -646,3 +646,30 @@ Test(config, every_error_is_reported) {
                 lines += *p == '\n';
         cr_expect_eq(lines, 3, "%s", d.text);
 }
+
+Test(config, averaging_outer_and_fragments) {
+        const char *line = "  listen = \"127.0.0.1:7100\";\n  members = [ \"" K1 "@127.0.0.1:7100\", \"" K2 "@127.0.0.1:7101\" ];\n";
+        char body[1024], path[64];
+        Config c;
+        Diag d = {};
+        snprintf(body, sizeof body, "  idle_timeout = 30000;\n};\naveraging = {\n%s  outer = { lr = 0.5; };\n  fragments = 4;\n};\n",
+                 line);
+        cr_assert_eq(load_variant(base_end, body, &c, &d, path), 0, "%s", d.text);
+        cr_assert(c.averaging.outer && c.averaging.outer_nesterov);
+        cr_assert_float_eq(c.averaging.outer_lr, 0.5, 1e-12);
+        cr_assert_float_eq(c.averaging.outer_momentum, 0.9, 1e-12);
+        cr_assert_eq(c.averaging.fragments, 4);
+        config_free(&c);
+        snprintf(body, sizeof body, "  idle_timeout = 30000;\n};\naveraging = {\n%s  outer = { momentum = 1.5; };\n};\n", line);
+        expect_error(base_end, body, "16: averaging.outer.momentum: ");
+        snprintf(body, sizeof body, "  idle_timeout = 30000;\n};\naveraging = {\n%s  outer = { step = 1; };\n};\n", line);
+        expect_error(base_end, body, "16: averaging.outer.step: unknown setting");
+        snprintf(body, sizeof body, "  idle_timeout = 30000;\n};\naveraging = {\n%s  fragments = 0;\n};\n", line);
+        expect_error(base_end, body, "16: averaging.fragments: ");
+        snprintf(body, sizeof body, "  idle_timeout = 30000;\n};\naveraging = {\n%s  method = \"moshpit\";\n  fragments = 2;\n};\n",
+                 line);
+        expect_error(base_end, body, "17: averaging.fragments: only used with method = \"ring\"");
+        snprintf(body, sizeof body, "  idle_timeout = 30000;\n};\naveraging = {\n%s  method = \"gossip\";\n  outer = { };\n};\n",
+                 line);
+        expect_error(base_end, body, "17: averaging.outer: only used with method = \"ring\" or \"moshpit\"");
+}
