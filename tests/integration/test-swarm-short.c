@@ -121,6 +121,23 @@ Test(swarm_short, a_killed_node_comes_back_from_its_checkpoint, .timeout = 300) 
                   "restarts not counted\n%s", p.out);
 }
 
+/* The same with the outer optimizer on: the node comes back with the
+ * anchor and momentum of its checkpoint, and the swarm still ends as one
+ * averaged model. */
+Test(swarm_short, a_killed_node_comes_back_with_its_outer_state, .timeout = 300) {
+        Proc p;
+        swarm(&p, (char *[]){ "--job", slow, "--restart", "--checkpoint-interval", "1", "--averaging",
+                              "interval_steps = 20; payload = \"int8\"; outer = { momentum = 0.5; };", NULL });
+        pid_t pid = node_pid(&p, "c2s2");
+        cr_assert(proc_wait_for(&p, "c2s2   Checkpoint written", 60000), "%s", p.out);
+        cr_assert_eq(kill(pid, SIGKILL), 0);
+        cr_assert(proc_wait_for(&p, "c2s2   Resuming the outer optimizer from ", 30000), "%s", p.out);
+        int status = proc_exit(&p);
+        cr_assert_eq(status, 0, "exit %d\n%s", status, p.out);
+        cr_assert(strstr(p.out, "outer Nesterov lr 0.7 momentum 0.5"), "%s", p.out);
+        cr_assert(strstr(p.out, "swarm: the averaged model"), "%s", p.out);
+}
+
 /* A first stage killed for good: its neighbour gives up after the
  * configured time, and the swarm says there is no averaged model. */
 Test(swarm_short, a_stage_gives_up_on_a_neighbour_gone_for_good, .timeout = 300) {
