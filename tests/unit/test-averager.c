@@ -205,7 +205,7 @@ Test(averager, multi_ring_delta_keeps_updates) {
 
 /* Moshpit on a full 2x2x2 grid: after 3 rounds (one per dimension) every
  * member holds the exact average of the 8 (Moshpit SGD, Section 3.1). */
-static void moshpit_full_grid(unsigned dims, unsigned side) {
+static void moshpit_full_grid(unsigned dims, unsigned side, bool outer) {
         unsigned n = 1;
         for (unsigned d = 0; d < dims; d++)
                 n *= side;
@@ -222,6 +222,8 @@ static void moshpit_full_grid(unsigned dims, unsigned side) {
         cfg.method = AVERAGER_MOSHPIT;
         cfg.grid = (MoshpitGrid){ .dims = dims, .side = side };
         cfg.interval_steps = 1;
+        if (outer) /* lr 1 without momentum: the outer step is the average */
+                cfg.outer = (AveragerOuter){ .enabled = true, .lr = 1, .momentum = 0, .nesterov = true };
         start_nodes(nodes, n, &cfg, NULL, NULL, lens);
         for (size_t k = 0; k < 5000; k++) {
                 long double exact = 0;
@@ -243,8 +245,9 @@ static void moshpit_full_grid(unsigned dims, unsigned side) {
         }
 }
 
-Test(averager, moshpit_exact_after_d_rounds_2x2x2) { moshpit_full_grid(3, 2); }
-Test(averager, moshpit_exact_after_d_rounds_3x3) { moshpit_full_grid(2, 3); }
+Test(averager, moshpit_exact_after_d_rounds_2x2x2) { moshpit_full_grid(3, 2, false); }
+Test(averager, moshpit_with_an_outer_step_of_lr_1_2x2x2) { moshpit_full_grid(3, 2, true); }
+Test(averager, moshpit_exact_after_d_rounds_3x3) { moshpit_full_grid(2, 3, false); }
 
 /* one round is not enough: after 1 of 3 rounds the members still differ */
 Test(averager, moshpit_one_round_is_partial) {
