@@ -126,6 +126,10 @@ static void draw_series(FILE *f, const Frame *fr, const SvgPanel *p) {
                                         fprintf(f, "%.1f,%.1f ", px(fr, se->x[i]), py(fr, se->y[i]));
                         fprintf(f, "\"/>\n");
                 }
+                for (size_t i = 0; i < se->n && points == 1; i++) /* one point: a dot, or nothing shows */
+                        if (isfinite(se->x[i]) && isfinite(se->y[i]))
+                                fprintf(f, "<circle cx=\"%.1f\" cy=\"%.1f\" r=\"3\" fill=\"%s\"/>\n", px(fr, se->x[i]),
+                                        py(fr, se->y[i]), colour);
                 double ly = fr->y0 + 12 + 16 * (double)s;
                 fprintf(f, "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"%s\" stroke-width=\"3\"/>\n",
                         fr->x0 + fr->w + 12, ly - 4, fr->x0 + fr->w + 32, ly - 4, colour);
