@@ -69,7 +69,7 @@ Test(watch, a_kept_swarm_leaves_series_that_plot_draws, .timeout = 300) {
 
         for (size_t i = 0; i < 4; i++) { /* a header and rows */
                 char path[256], text[4096] = "";
-                snprintf(path, sizeof path, "%s/%s/mlp.series.csv", swarm_dir, nodes[i]);
+                snprintf(path, sizeof path, "%s/%s/test-mlp-8x8.series.csv", swarm_dir, nodes[i]);
                 FILE *f = fopen(path, "re");
                 cr_assert(f, "no %s", path);
                 text[fread(text, 1, sizeof text - 1, f)] = 0;
@@ -129,34 +129,39 @@ Test(watch, top_prints_a_line_per_node_per_refresh_off_a_terminal, .timeout = 30
 }
 
 Test(watch, top_in_a_terminal_until_q, .timeout = 300) {
-        if (system("command -v tmux >/dev/null 2>&1") != 0) {
+        char path[256] = "", swarm_dir[200], server[64], command[512];
+        FILE *which = popen("command -v tmux", "re"); /* proc_start() takes a path */
+        if (!which || !fgets(path, sizeof path, which) || path[0] != '/') {
                 cr_log_warn("SKIPPED: tmux is not installed (scripts/install-deps --test installs it)");
                 cr_skip_test("tmux is not installed");
         }
+        pclose(which);
+        path[strcspn(path, "\n")] = 0;
+        char *tmux_path = path;
         Proc p, tmux;
-        char swarm_dir[200], server[64], command[512];
         start_slow_swarm(&p, swarm_dir, sizeof swarm_dir);
         snprintf(server, sizeof server, "ravnest-test-%d", (int)getpid()); /* a tmux server of our own */
         snprintf(command, sizeof command, "%s top --swarm %s --interval 0.5", RAVNESTCTL, swarm_dir);
-        cr_assert_eq(run(&tmux, (char *[]){ "tmux", "-L", server, "new-session", "-d", "-s", "top", "-x", "160", "-y",
-                                            "40", command, NULL }), 0, "%s", tmux.out);
+        int status = run(&tmux, (char *[]){ tmux_path, "-L", server, "new-session", "-d", "-s", "top", "-x", "160", "-y",
+                                            "40", command, NULL });
+        cr_assert_eq(status, 0, "tmux new-session: exit %d: %s", status, tmux.out);
         sleep(2);
-        run(&tmux, (char *[]){ "tmux", "-L", server, "capture-pane", "-p", "-t", "top", NULL });
+        run(&tmux, (char *[]){ tmux_path, "-L", server, "capture-pane", "-p", "-t", "top", NULL });
         cr_log_info("%.*s", (int)tmux.len, tmux.out);
         cr_expect(strstr(tmux.out, "NODE") && strstr(tmux.out, "SAMPLES/S"), "no header: %s", tmux.out);
         for (size_t i = 0; i < 4; i++)
                 cr_expect_eq(count(tmux.out, nodes[i]), 1, "%s once on the screen: %s", nodes[i], tmux.out);
         cr_expect(!strstr(tmux.out, "unreachable"), "%s", tmux.out);
 
-        run(&tmux, (char *[]){ "tmux", "-L", server, "send-keys", "-t", "top", "q", NULL });
+        run(&tmux, (char *[]){ tmux_path, "-L", server, "send-keys", "-t", "top", "q", NULL });
         bool ended = false;
         for (int i = 0; i < 50 && !ended; i++) {
                 usleep(100 * 1000);
-                ended = run(&tmux, (char *[]){ "tmux", "-L", server, "has-session", "-t", "top", NULL }) != 0;
+                ended = run(&tmux, (char *[]){ tmux_path, "-L", server, "has-session", "-t", "top", NULL }) != 0;
         }
         cr_expect(ended, "q did not end top");
         if (!ended)
-                run(&tmux, (char *[]){ "tmux", "-L", server, "kill-server", NULL });
+                run(&tmux, (char *[]){ tmux_path, "-L", server, "kill-server", NULL });
         kill(p.pid, SIGINT);
         cr_expect_eq(proc_exit(&p), 130, "%s", p.out);
 }
