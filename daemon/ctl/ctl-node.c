@@ -235,6 +235,44 @@ int ctl_node_averaging(const char *socket_path, NodeAveraging *ret, char **ret_w
         return 0;
 }
 
+int ctl_node_view(const char *socket_path, bool only_socket, uint64_t timeout_usec, NodeView *ret) {
+        sd_bus_error error = SD_BUS_ERROR_NULL;
+        Property props[MAX_PROPERTIES];
+        size_t n = 0;
+        sd_bus *bus = NULL;
+        bool direct;
+        int r;
+
+        r = bus_connect_node(socket_path, only_socket, &bus, &direct);
+        if (r < 0)
+                return r;
+        (void)sd_bus_set_method_call_timeout(bus, timeout_usec);
+        r = read_all(bus, direct, props, &n, &error);
+        sd_bus_error_free(&error);
+        sd_bus_flush_close_unref(bus);
+        if (r < 0)
+                return r;
+        NodeView v = {
+                .cluster = (int)num(props, n, "ClusterId"),
+                .stage = (int)num(props, n, "Stage"),
+                .epoch = (int)num(props, n, "Epoch"),
+                .step = (unsigned long long)num(props, n, "Step"),
+                .averaging_rounds = (unsigned long long)num(props, n, "AveragingRounds"),
+                .rss_bytes = (unsigned long long)num(props, n, "MemoryRSS"),
+                .pipeline_bytes = (unsigned long long)(num(props, n, "PipelineBytesSent") +
+                                                       num(props, n, "PipelineBytesReceived")),
+                .averaging_bytes = (unsigned long long)(num(props, n, "AveragingBytesSent") +
+                                                        num(props, n, "AveragingBytesReceived")),
+                .loss = find(props, n, "Loss") ? num(props, n, "Loss") : -1,
+                .samples_per_sec = num(props, n, "SamplesPerSecond"),
+                .busy = find(props, n, "Busy") ? num(props, n, "Busy") : -1,
+        };
+        snprintf(v.state, sizeof v.state, "%.15s", str(props, n, "State"));
+        snprintf(v.role, sizeof v.role, "%.15s", str(props, n, "Role"));
+        *ret = v;
+        return 0;
+}
+
 static int exit_for(int r, const sd_bus_error *e) {
         if (sd_bus_error_has_name(e, SD_BUS_ERROR_ACCESS_DENIED) || r == -EACCES || r == -EPERM)
                 return EX_NOPERM;

@@ -19,7 +19,9 @@
 #include "ctl-model.h"
 #include "ctl-node.h"
 #include "ctl-plan.h"
+#include "ctl-plot.h"
 #include "ctl-predict.h"
+#include "ctl-top.h"
 #include "conf/job.h"
 #include "conf/option.h"
 #include "swarm.h"
@@ -348,6 +350,12 @@ static void help(void) {
                "  swarm [--clusters N] [--stages N] [--job FILE] [--epochs N] ...\n"
                "               start a swarm of ravnestd processes on loopback (N clusters of N\n"
                "               stages, keys and configs generated) and train the job; Ctrl-C stops it\n"
+               "  top [--socket PATH]... [--swarm DIR] [--interval S] [--iterations N]\n"
+               "               a live view of the local node, or of every node of a running swarm:\n"
+               "               state, step, loss, samples/s, busy, rounds, bytes/s, memory\n"
+               "  plot RUN_DIR [--output FILE.svg]\n"
+               "               draw the series of every node under RUN_DIR (a swarm's directory, a\n"
+               "               state directory): loss and throughput over time, as SVG (and PNG)\n"
                "  status [--json]\n"
                "               the local node's state and progress (exit 0 while it is healthy)\n"
                "  pause, resume\n"
@@ -377,6 +385,10 @@ int main(int argc, char *argv[]) {
                 return swarm(argc - 1, argv + 1);
         if (strcmp(argv[1], "plan") == 0)
                 return ctl_plan(argc - 1, argv + 1);
+        if (strcmp(argv[1], "top") == 0)
+                return ctl_top(argc - 1, argv + 1);
+        if (strcmp(argv[1], "plot") == 0)
+                return ctl_plot(argc - 1, argv + 1);
         if (strcmp(argv[1], "predict") == 0)
                 return ctl_predict(argc - 1, argv + 1);
         if (strcmp(argv[1], "generate") == 0)

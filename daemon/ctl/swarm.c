@@ -23,6 +23,7 @@
 #include "ctl-model.h"
 #include "conf/job.h"
 #include "run/result.h"
+#include "run/series.h"
 #include "run/stage-checkpoint.h"
 #include "net/handshake.h"
 #include "net/identity.h"
@@ -239,8 +240,8 @@ static int make_dir(Swarm *s) {
         return 0;
 }
 
-/* A directory kept from an earlier swarm (--dir) holds its checkpoints: a
- * new swarm starts afresh unless told to resume. */
+/* A directory kept from an earlier swarm (--dir) holds its checkpoints and
+ * series: a new swarm starts afresh unless told to resume. */
 static void clear_checkpoints(const char *state_dir) {
         DIR *dir = opendir(state_dir);
         struct dirent *e;
@@ -248,7 +249,9 @@ static void clear_checkpoints(const char *state_dir) {
                 return;
         while ((e = readdir(dir))) {
                 size_t len = strlen(e->d_name);
-                if (len > 5 && strcmp(e->d_name + len - 5, ".ckpt") == 0)
+                size_t s = strlen(SERIES_SUFFIX);
+                if ((len > 5 && strcmp(e->d_name + len - 5, ".ckpt") == 0) ||
+                    (len > s && strcmp(e->d_name + len - s, SERIES_SUFFIX) == 0))
                         (void)unlinkat(dirfd(dir), e->d_name, 0);
         }
         closedir(dir);
@@ -713,6 +716,8 @@ int swarm_run(const SwarmOptions *o, const volatile sig_atomic_t *stop, SwarmRes
                 r = r < 0 ? r : k < 0 ? k : summarize(s, *stop);
                 if (r >= 0 && s->job.model.lm && !*stop)
                         print_sample(s);
+                if (o->keep || o->dir) /* else the directory goes, and the series with it */
+                        printf("swarm: series in %s; ravnestctl plot %s draws them\n", s->dir, s->dir);
         }
         remove_dir(s);
         if (ret)

@@ -32,7 +32,8 @@ uint64_t node_traffic_per_step(uint64_t sent, uint64_t received, uint64_t steps)
 int control_init(Control *c) {
         *c = (Control){ .max_duty = 1.0, .state = NODE_STARTING };
         c->status.training.cluster = c->status.training.stage = -1;
-        c->status.training.test_accuracy = -1.0;
+        c->status.training.test_accuracy = c->status.training.test_loss = -1.0;
+        c->status.training.busy = -1.0;
         c->event_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
         if (c->event_fd < 0)
                 return -errno;

@@ -52,7 +52,9 @@ typedef struct NodeTraining {
         uint64_t step;             /* steps (updates) since the start, checkpoints included */
         double loss;               /* training loss over the last progress interval; < 0: not known here */
         double samples_per_sec;
+        double busy;               /* fraction of the last 2 s not spent waiting, 0 to 1; < 0: not known */
         double test_accuracy;      /* of the last evaluation; < 0 before one */
+        double test_loss;          /* of the last evaluation; < 0 before one */
 } NodeTraining;
 
 /* What this node moved for the pipeline (its links to the neighbouring
@@ -74,6 +76,7 @@ typedef struct NodeNetwork {
         uint64_t bytes_sent, bytes_received; /* over every link */
         NodeTraffic traffic;
         uint64_t last_averaging_usec; /* CLOCK_REALTIME of the last averaging round; 0: none */
+        uint64_t averaging_rounds;    /* done (gossip: exchanges) */
         char io_backend[16];
 } NodeNetwork;
 

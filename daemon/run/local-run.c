@@ -5,9 +5,11 @@
 #include <stdlib.h>
 
 #include "control.h"
+#include "series.h"
 #include "stage-checkpoint.h"
 #include "tensor/ops.h"
 #include "util/log.h"
+#include "util/rss.h"
 #include "util/time-util.h"
 
 typedef struct Progress {
@@ -23,7 +25,16 @@ typedef struct Progress {
         const Job *job;
         CheckpointInfo at;   /* where training is: what a checkpoint records */
         uint64_t last_report_ns;
+        /* the busy fraction: time held at the gate (paused, throttled) */
+        uint64_t gate_ns, window_gate_ns, window_ns;
+        double busy;
+        TrainProgress last;  /* for the series' last row */
+        Series series;
 } Progress;
+
+static void progress_done(Progress *pr) {
+        series_close(&pr->series);
+}
 
 static int save_checkpoint(Progress *pr) {
         const LocalRunOptions *o = pr->o;
@@ -45,20 +56,56 @@ static int pass_gate(Progress *pr, const TrainProgress *p, uint64_t now) {
                         .step = pr->at.step,
                         .loss = p->loss,
                         .samples_per_sec = p->samples_per_sec,
+                        .busy = pr->busy,
                         .test_accuracy = pr->test_acc,
+                        .test_loss = pr->test_loss,
                 };
                 snprintf(t.role, sizeof t.role, "%s", o->n_shards > 1 ? "member" : "standalone");
                 snprintf(t.job, sizeof t.job, "%s", pr->job->name);
                 control_report_training(o->control, &t);
                 pr->last_report_ns = now;
         }
+        uint64_t before = now_ns();
         r = control_gate(o->control, o->poll, o->poll_userdata);
+        pr->gate_ns += now_ns() - before;
         if (r == CONTROL_CHECKPOINT) {
                 int k = o->checkpoint_dir ? save_checkpoint(pr) : -EOPNOTSUPP;
                 control_checkpoint_done(o->control, k, pr->at.step);
                 r = 0;
         }
         return r;
+}
+
+/* Every 2 s (and at the end): the busy fraction of the last window, and a
+ * row of the series. */
+static void series_tick(Progress *pr, const TrainProgress *p, uint64_t now, bool last) {
+        if (!last && now - pr->window_ns < SERIES_INTERVAL_NS)
+                return;
+        uint64_t span = now - pr->window_ns;
+        pr->busy = span ? CLAMP(1 - (double)(pr->gate_ns - pr->window_gate_ns) / (double)span, 0.0, 1.0) : 1.0;
+        pr->window_ns = now;
+        pr->window_gate_ns = pr->gate_ns;
+        if (pr->series.fd < 0)
+                return;
+        NodeStatus st = {};
+        if (pr->o->control) /* what the daemon's averaging reported */
+                control_snapshot(pr->o->control, NULL, &st, NULL, NULL, NULL);
+        const NodeTraffic *t = &st.network.traffic;
+        SeriesRow row = {
+                .epoch = p->epoch,
+                .step = pr->at.step,
+                .train_loss = p->loss,
+                .valid_loss = pr->test_loss,
+                .samples_per_sec = p->samples_per_sec,
+                .busy = pr->busy,
+                .pipeline_bytes = t->pipeline_sent + t->pipeline_received,
+                .averaging_bytes = t->averaging_sent + t->averaging_received,
+                .averaging_rounds = st.network.averaging_rounds,
+        };
+        (void)rss_self_bytes(&row.rss_bytes);
+        int r = series_append(&pr->series, &row);
+        if (r < 0)
+                log_warning_errno(r, "Failed to write the series: %m; it stops here, training goes on");
 }
 
 static int cmp_double(const void *a, const void *b) {
@@ -81,6 +128,7 @@ static int on_progress(const TrainProgress *p, void *userdata) {
                 pr->at.step++;
         }
         pr->samples = p->epoch_done ? 0 : p->samples;
+        pr->last = *p;
         /* a resumed run starts after the last step done */
         pr->at.epoch = (uint64_t)p->epoch - (p->epoch_done ? 0 : 1);
         pr->at.step_in_epoch = p->epoch_done ? 0 : p->step;
@@ -94,6 +142,7 @@ static int on_progress(const TrainProgress *p, void *userdata) {
                 pr->test_acc = p->test_acc;
                 pr->test_loss = p->test_loss;
                 pr->last_ns = now;
+                series_tick(pr, p, now, false);
                 return pr->o->control ? pass_gate(pr, p, now) : 0;
         }
         if (pr->interval_ms && now - pr->last_ns >= (uint64_t)pr->interval_ms * 1000000ULL) {
@@ -102,6 +151,7 @@ static int on_progress(const TrainProgress *p, void *userdata) {
                          100.0 * p->train_acc, p->samples_per_sec);
                 pr->last_ns = now;
         }
+        series_tick(pr, p, now, false);
         return pr->o->control ? pass_gate(pr, p, now) : 0;
 }
 
@@ -140,9 +190,12 @@ int local_run(const Job *job, const LocalRunOptions *o, const volatile sig_atomi
                  (double)job->optim.lr, spec.batch_size, spec.epochs, train->n, test->n,
                  spec.n_shards > 1 ? " (this node reads its shard)" : "", ops_blas_get_threads());
 
-        Progress pr = { .o = o, .trainer = t, .interval_ms = o->progress_interval_ms, .start_ns = now_ns(),
-                        .job = job, .test_acc = -1.0 };
-        pr.last_ns = pr.start_ns;
+        _cleanup_(progress_done) Progress pr = { .o = o, .trainer = t, .interval_ms = o->progress_interval_ms,
+                        .start_ns = now_ns(), .job = job, .test_acc = -1.0, .test_loss = -1.0, .busy = -1.0,
+                        .series = SERIES_CLOSED };
+        pr.last_ns = pr.window_ns = pr.start_ns;
+        if (o->series_dir && (r = series_open(&pr.series, o->series_dir, job->name)) < 0)
+                log_full_errno(LOG_NOTICE, r, "No series of this run in %s: %m", o->series_dir);
         if (o->checkpoint_dir && o->load_checkpoint &&
             stage_checkpoint_load(o->checkpoint_dir, job->name, t->stage, &t->optim, &pr.at) >= 0) {
                 t->start_epoch = (int)MIN(pr.at.epoch, (uint64_t)spec.epochs);
@@ -151,6 +204,8 @@ int local_run(const Job *job, const LocalRunOptions *o, const volatile sig_atomi
                         control_report_checkpoint(o->control, pr.at.step);
         }
         r = trainer_run(t, on_progress, &pr, stop);
+        if (pr.last.epoch > 0)
+                series_tick(&pr, &pr.last, now_ns(), true);
         if (o->checkpoint_dir && o->control && (r >= 0 || r == -ECANCELED)) {
                 /* on the way out, so a restart goes on from here */
                 int k = save_checkpoint(&pr);

@@ -13,9 +13,11 @@
 #include "stage-checkpoint.h"
 #include "pipeline/pipe.h"
 #include "result.h"
+#include "series.h"
 #include "tensor/ops.h"
 #include "util/format.h"
 #include "util/log.h"
+#include "util/rss.h"
 #include "util/time-util.h"
 
 typedef struct Run {
@@ -55,6 +57,11 @@ typedef struct Run {
         uint64_t first_update;        /* the stage's updates when this process began: its traffic is per step since */
         double last_loss, last_rate; /* only the last stage knows the loss */
         PipeStats prev_st;
+        /* the series: a row every 2 s, over that window */
+        Series series;
+        uint64_t window_ns;
+        PipeStats window_st;
+        double busy;                  /* of the last window; < 0 before one */
 } Run;
 
 /* Control payloads of the daemon's own, beside the pipe's: a stage tells its
@@ -87,6 +94,7 @@ static void serve_paused(void *ud) {
  * (back to the Net they came from), the Net (its last sent() calls still
  * reach the pipe), the pipe. */
 static void run_done(Run *r) {
+        series_close(&r->series);
         averaging_stop(&r->av);
         if (r->pipe)
                 pipe_drop_queued(r->pipe);
@@ -306,7 +314,9 @@ static void report(Run *run, const PipeStats *st) {
                 .step = st->updates,
                 .loss = run->last_loss,
                 .samples_per_sec = run->last_rate,
+                .busy = run->busy,
                 .test_accuracy = st->test_acc,
+                .test_loss = st->test_loss,
         };
         snprintf(t.role, sizeof t.role, "stage");
         snprintf(t.job, sizeof t.job, "%s", run->job->name);
@@ -320,6 +330,7 @@ static void report(Run *run, const PipeStats *st) {
         n.bytes_sent = ns.bytes_sent + (run->av.active ? run->av.seen.bytes_sent : 0);
         n.bytes_received = ns.bytes_received + (run->av.active ? run->av.seen.bytes_received : 0);
         n.last_averaging_usec = run->av.active ? run->av.seen.last_done_realtime_us : 0;
+        n.averaging_rounds = run->av.seen.rounds_done;
         n.traffic = run_traffic(run, st);
         snprintf(n.io_backend, sizeof n.io_backend, "%s", net_backend_name(run->net));
         control_report_network(o->control, &n);
@@ -620,6 +631,36 @@ static void run_log_progress(Run *run, const PipeStats *st, uint64_t now) {
         run->last_samples = st->samples;
 }
 
+/* Every 2 s, and at the end: what the stage did over the window (its busy
+ * fraction, samples/s and, at the last stage, its loss), a row of the
+ * series. */
+static void run_series_row(Run *run, const PipeStats *st, uint64_t now) {
+        const PipeStats *w = &run->window_st;
+        uint64_t span = now - run->window_ns;
+        if (!span)
+                return;
+        run->busy = CLAMP(1 - (double)(st->wait_ns - w->wait_ns) / (double)span, 0.0, 1.0);
+        uint64_t scored = st->scored - w->scored;
+        NodeTraffic t = run_traffic(run, st);
+        SeriesRow row = {
+                .epoch = st->epoch,
+                .step = st->updates,
+                .train_loss = scored ? (st->loss_sum - w->loss_sum) / (double)scored : -1,
+                .valid_loss = st->test_loss,
+                .samples_per_sec = (double)(st->samples - w->samples) / ns_to_sec(span),
+                .busy = run->busy,
+                .pipeline_bytes = t.pipeline_sent + t.pipeline_received,
+                .averaging_bytes = t.averaging_sent + t.averaging_received,
+                .averaging_rounds = run->av.seen.rounds_done,
+        };
+        run->window_st = *st;
+        run->window_ns = now;
+        (void)rss_self_bytes(&row.rss_bytes);
+        int r = series_append(&run->series, &row);
+        if (r < 0)
+                log_warning_errno(r, "Failed to write the series: %m; it stops here, training goes on");
+}
+
 /* Between two turns of the loop: the averaging hand-off after an update,
  * the link figures, the daemon's status and the progress line. */
 static void run_after_step(Run *run) {
@@ -638,6 +679,8 @@ static void run_after_step(Run *run) {
                 measure_links(run, o->links);
                 run->last_links_ns = now;
         }
+        if (now - run->window_ns >= SERIES_INTERVAL_NS)
+                run_series_row(run, &st, now);
         if (o->control && now - run->last_report_ns >= 250 * 1000000ULL) {
                 report(run, &st);
                 run->last_report_ns = now;
@@ -653,9 +696,10 @@ static int run_loop(Run *run, const volatile sig_atomic_t *stop) {
         PipeStats st;
         int r = 0;
 
-        run->start_ns = run->last_log_ns = now_ns();
+        run->start_ns = run->last_log_ns = run->window_ns = now_ns();
         run->last_loss = -1;
         pipe_get_stats(run->pipe, &st);
+        run->window_st = st;
         run->updates_seen = run->first_update = st.updates;
         while (!*stop && !run_quiesce(run)) {
                 dial_next(run);
@@ -762,7 +806,7 @@ int pipeline_run(const StagePlan *plan, const Job *job, const Identity *id, cons
                  const volatile sig_atomic_t *stop) {
         const ConfigPipeline *p = plan->pipeline;
         _cleanup_(run_done) Run run = { .plan = plan, .job = job, .o = o, .prev_peer = -1, .next_peer = -1,
-                                        .averaged = -1 };
+                                        .averaged = -1, .series = SERIES_CLOSED, .busy = -1 };
         int r;
 
         if ((r = run_place(&run, id)) < 0)
@@ -778,7 +822,12 @@ int pipeline_run(const StagePlan *plan, const Job *job, const Identity *id, cons
                  pipe_stage(run.pipe)->n_params, p->micro_batch, p->synchronous ? "synchronous" : "asynchronous",
                  p->staleness);
 
+        if (o->series_dir && (r = series_open(&run.series, o->series_dir, job->name)) < 0)
+                log_full_errno(LOG_NOTICE, r, "No series of this run in %s: %m", o->series_dir);
         r = run_loop(&run, stop);
+        PipeStats end;
+        pipe_get_stats(run.pipe, &end);
+        run_series_row(&run, &end, now_ns()); /* the last row: its evaluation */
         run_hand_back(&run, r, stop);
         if (*stop || run.quiesced)
                 return -ECANCELED;

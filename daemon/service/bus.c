@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "util/log.h"
+#include "util/rss.h"
 
 #define ERROR_NOTHING BUS_INTERFACE ".Error.NothingToCheckpoint"
 #define ERROR_BUSY BUS_INTERFACE ".Error.Busy"
@@ -69,8 +70,12 @@ static int get_property(sd_bus *bus, const char *path, const char *interface, co
                 return sd_bus_message_append(reply, "d", st.training.loss);
         if (!strcmp(property, "SamplesPerSecond"))
                 return sd_bus_message_append(reply, "d", st.training.samples_per_sec);
+        if (!strcmp(property, "Busy"))
+                return sd_bus_message_append(reply, "d", st.training.busy);
         if (!strcmp(property, "TestAccuracy"))
                 return sd_bus_message_append(reply, "d", st.training.test_accuracy);
+        if (!strcmp(property, "TestLoss"))
+                return sd_bus_message_append(reply, "d", st.training.test_loss);
         if (!strcmp(property, "Peers"))
                 return sd_bus_message_append(reply, "u", st.network.peers);
         if (!strcmp(property, "PausedPeers"))
@@ -81,6 +86,13 @@ static int get_property(sd_bus *bus, const char *path, const char *interface, co
                 return sd_bus_message_append(reply, "t", st.network.bytes_received);
         if (!strcmp(property, "LastAveragingUSec"))
                 return sd_bus_message_append(reply, "t", st.network.last_averaging_usec);
+        if (!strcmp(property, "AveragingRounds"))
+                return sd_bus_message_append(reply, "t", st.network.averaging_rounds);
+        if (!strcmp(property, "MemoryRSS")) {
+                uint64_t rss = 0;
+                (void)rss_self_bytes(&rss); /* 0: not known */
+                return sd_bus_message_append(reply, "t", rss);
+        }
         if (!strcmp(property, "CheckpointStep"))
                 return sd_bus_message_append(reply, "t", st.checkpoint_step);
         if (!strcmp(property, "PlanEpoch"))
@@ -187,7 +199,9 @@ static const sd_bus_vtable node_vtable[] = {
         SD_BUS_PROPERTY("Step", "t", get_property, 0, 0),
         SD_BUS_PROPERTY("Loss", "d", get_property, 0, 0),
         SD_BUS_PROPERTY("SamplesPerSecond", "d", get_property, 0, 0),
+        SD_BUS_PROPERTY("Busy", "d", get_property, 0, 0),
         SD_BUS_PROPERTY("TestAccuracy", "d", get_property, 0, 0),
+        SD_BUS_PROPERTY("TestLoss", "d", get_property, 0, 0),
         SD_BUS_PROPERTY("Peers", "u", get_property, 0, 0),
         SD_BUS_PROPERTY("PausedPeers", "u", get_property, 0, 0),
         SD_BUS_PROPERTY("BytesSent", "t", get_property, 0, 0),
@@ -199,6 +213,8 @@ static const sd_bus_vtable node_vtable[] = {
         SD_BUS_PROPERTY("AveragingBytesReceived", "t", get_property, 0, 0),
         SD_BUS_PROPERTY("AveragingBytesPerStep", "t", get_property, 0, 0),
         SD_BUS_PROPERTY("LastAveragingUSec", "t", get_property, 0, 0),
+        SD_BUS_PROPERTY("AveragingRounds", "t", get_property, 0, 0),
+        SD_BUS_PROPERTY("MemoryRSS", "t", get_property, 0, 0),
         SD_BUS_PROPERTY("CheckpointStep", "t", get_property, 0, 0),
         SD_BUS_PROPERTY("PlanEpoch", "t", get_property, 0, 0),
         SD_BUS_PROPERTY("IoBackend", "s", get_property, 0, 0),

@@ -40,6 +40,7 @@ static void report_network(Daemon *d) {
                 n.bytes_received += d->averaging.seen.bytes_received;
                 n.last_averaging_usec = d->averaging.seen.last_done_realtime_us;
         }
+        n.averaging_rounds = d->averaging.seen.rounds_done;
         /* a member's: kept after training, while it serves its peers */
         n.traffic.averaging_sent = d->averaging.seen.bytes_sent;
         n.traffic.averaging_received = d->averaging.seen.bytes_received;
@@ -95,6 +96,7 @@ static int run_job(Daemon *d) {
         /* checkpoints need a configuration: a job run by hand leaves none behind */
         o.checkpoint_dir = c->path[0] ? c->state_directory : NULL;
         o.load_checkpoint = c->checkpoint.load;
+        o.series_dir = c->state_directory; /* a job run by hand too, when that directory is there */
         if (c->membership.enabled) { /* the stage, the cluster and the rings come from the coordinator */
                 Coordinator co = {};
                 if (c->membership.coordinate && (r = coordinator_start(&co, c, &d->job, &d->node.identity)) < 0)

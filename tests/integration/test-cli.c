@@ -17,7 +17,7 @@ static int run(Proc *p, char *const argv[]) {
 }
 
 Test(cli, every_command_answers_help) {
-        static const char *const commands[] = { "job", "identity", "plan", "swarm", "predict", "status", "pause",
+        static const char *const commands[] = { "job", "identity", "plan", "swarm", "predict", "status", "top", "plot", "pause",
                                                 "resume", "checkpoint", "version", "help", NULL };
         static const char *const flags[] = { "--help", "-h" };
         for (const char *const *c = commands; *c; c++)
