@@ -88,7 +88,9 @@ Test(svg_plot, well_formed_with_escaped_text_and_no_bad_points) {
         cr_expect_eq(count(svg, "data-series=\"c2s2\""), 2);
         const char *pts = strstr(strstr(svg, "data-series=\"c1s2"), "points=\"");
         cr_assert(pts);
-        cr_expect_eq(count(strndup(pts, strcspn(pts + 8, "\"") + 8), ","), 3, "three finite points: %.200s", pts);
+        char *list = strndup(pts, strcspn(pts + 8, "\"") + 8);
+        cr_expect_eq(count(list, ","), 3, "three finite points: %.200s", pts);
+        free(list);
 
         char path[] = "/tmp/ravnest-test-svg-XXXXXX";
         int fd = mkstemp(path);
