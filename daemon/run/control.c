@@ -33,6 +33,7 @@ int control_init(Control *c) {
         *c = (Control){ .max_duty = 1.0, .state = NODE_STARTING };
         c->status.training.cluster = c->status.training.stage = -1;
         c->status.training.test_accuracy = -1.0;
+        c->status.training.test_loss = -1.0;
         c->event_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
         if (c->event_fd < 0)
                 return -errno;
@@ -117,6 +118,8 @@ static void set_state_locked(Control *c, NodeState s) {
         if (c->state == s)
                 return;
         c->state = s;
+        if (s == NODE_PAUSED)
+                c->status.pauses++;
         notify(c);
 }
 
@@ -147,6 +150,7 @@ void control_report_averaging(Control *c, const NodeAveraging *a) {
 void control_report_checkpoint(Control *c, uint64_t step) {
         pthread_mutex_lock(&c->lock);
         c->status.checkpoint_step = step;
+        c->status.checkpoint_usec = now_realtime_usec();
         pthread_mutex_unlock(&c->lock);
 }
 
@@ -160,8 +164,10 @@ void control_checkpoint_done(Control *c, int r, uint64_t step) {
         pthread_mutex_lock(&c->lock);
         c->checkpoints_done = c->checkpoints_wanted;
         c->checkpoint_error = r < 0 ? r : 0;
-        if (r >= 0)
+        if (r >= 0) {
                 c->status.checkpoint_step = step;
+                c->status.checkpoint_usec = now_realtime_usec();
+        }
         notify(c);
         pthread_mutex_unlock(&c->lock);
 }

@@ -46,6 +46,7 @@ static int pass_gate(Progress *pr, const TrainProgress *p, uint64_t now) {
                         .loss = p->loss,
                         .samples_per_sec = p->samples_per_sec,
                         .test_accuracy = pr->test_acc,
+                        .test_loss = pr->test_acc >= 0 ? pr->test_loss : -1.0,
                 };
                 snprintf(t.role, sizeof t.role, "%s", o->n_shards > 1 ? "member" : "standalone");
                 snprintf(t.job, sizeof t.job, "%s", pr->job->name);
