@@ -34,6 +34,7 @@ int control_init(Control *c) {
         c->status.training.cluster = c->status.training.stage = -1;
         c->status.training.test_accuracy = -1.0;
         c->status.training.test_loss = -1.0;
+        c->status.training.loss = -1.0; /* not known before the first report */
         c->event_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
         if (c->event_fd < 0)
                 return -errno;
