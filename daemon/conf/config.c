@@ -41,6 +41,10 @@ void config_defaults(Config *c) {
                         .handover_timeout_ms = 10000,
                         .train = true,
                 },
+                .metrics = {
+                        .max_connections = 16,
+                        .timeout_s = 10,
+                },
                 .averaging = {
                         .interval_ms = 5000,
                         .join_timeout_ms = 10000,
@@ -820,10 +824,36 @@ static int parse_checkpoint(const config_setting_t *root, Config *c, Diag *d) {
         return 0;
 }
 
+static int parse_metrics(const config_setting_t *root, Config *c, Diag *d) {
+        static const char *const keys[] = { "listen", "max_connections", "timeout", NULL };
+        ConfigMetrics *m = &c->metrics;
+        config_setting_t *g, *s;
+        long long max, timeout;
+        int r;
+
+        if ((r = conf_get_group(root, "metrics", false, false, &g, d)) < 0 || !g)
+                return r;
+        if ((r = conf_check_keys(g, keys, d)) < 0 ||
+            (r = conf_get_int(g, "max_connections", false, 1, 1024, m->max_connections, &max, d)) < 0 ||
+            (r = conf_get_int(g, "timeout", false, 1, 3600, m->timeout_s, &timeout, d)) < 0)
+                return r;
+        s = member(g, "listen");
+        if (!s)
+                return conf_error(g, "listen", -EINVAL, d, "missing: where the HTTP endpoint listens, \"127.0.0.1:9464\"");
+        if (config_setting_type(s) != CONFIG_TYPE_STRING)
+                return conf_error(s, NULL, -EINVAL, d, "must be a string \"host:port\"");
+        if ((r = get_address(s, &m->listen, d)) < 0)
+                return r;
+        m->max_connections = (unsigned)max;
+        m->timeout_s = (unsigned)timeout;
+        m->enabled = true;
+        return 0;
+}
+
 int config_load(const char *path, Config *ret, Diag *d) {
         static const char *const keys[] = {
                 "state_directory", "job", "threads", "control_socket", "network", "averaging", "pipeline", "idle",
-                "checkpoint", "membership", NULL,
+                "checkpoint", "membership", "metrics", NULL,
         };
         _cleanup_(config_free) Config c;
         _cleanup_(config_destroy) config_t cf;
@@ -862,6 +892,7 @@ int config_load(const char *path, Config *ret, Diag *d) {
         CHECK(get_socket_path(root, c.control_socket, sizeof c.control_socket, &one));
         CHECK(parse_idle(root, &c, &one));
         CHECK(parse_checkpoint(root, &c, &one));
+        CHECK(parse_metrics(root, &c, &one));
         CHECK(conf_get_int(root, "threads", false, 0, 256, 0, &threads, &one));
         CHECK(parse_membership(root, &c, &one));
         CHECK(parse_averaging(root, &c, &one));

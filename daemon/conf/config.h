@@ -129,6 +129,15 @@ typedef struct ConfigCheckpoint {
         bool load;                      /* resume from the last checkpoint at start */
 } ConfigCheckpoint;
 
+/* The HTTP endpoint for Prometheus and people (see ravnestd.conf(5),
+ * metrics): off unless the group is set. */
+typedef struct ConfigMetrics {
+        bool enabled;
+        ConfigAddress listen;
+        unsigned max_connections;       /* served at once; more are closed at once */
+        unsigned timeout_s;             /* a connection idle this long is closed */
+} ConfigMetrics;
+
 typedef struct Config {
         char path[PATH_MAX];            /* the file it was read from */
         char control_socket[PATH_MAX];  /* D-Bus object on a direct connection; "" for none */
@@ -155,6 +164,7 @@ typedef struct Config {
         ConfigMembership membership;
         IdleSettings idle;
         ConfigCheckpoint checkpoint;
+        ConfigMetrics metrics;
 } Config;
 
 /* The documented defaults; the transport's are net_config_defaults(). */

@@ -32,7 +32,9 @@ uint64_t node_traffic_per_step(uint64_t sent, uint64_t received, uint64_t steps)
 int control_init(Control *c) {
         *c = (Control){ .max_duty = 1.0, .state = NODE_STARTING };
         c->status.training.cluster = c->status.training.stage = -1;
-        c->status.training.test_accuracy = c->status.training.test_loss = -1.0;
+        c->status.training.test_accuracy = -1.0;
+        c->status.training.test_loss = -1.0;
+        c->status.training.loss = -1.0; /* not known before the first report */
         c->status.training.busy = -1.0;
         c->event_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
         if (c->event_fd < 0)
@@ -118,6 +120,8 @@ static void set_state_locked(Control *c, NodeState s) {
         if (c->state == s)
                 return;
         c->state = s;
+        if (s == NODE_PAUSED)
+                c->status.pauses++;
         notify(c);
 }
 
@@ -148,6 +152,7 @@ void control_report_averaging(Control *c, const NodeAveraging *a) {
 void control_report_checkpoint(Control *c, uint64_t step) {
         pthread_mutex_lock(&c->lock);
         c->status.checkpoint_step = step;
+        c->status.checkpoint_usec = now_realtime_usec();
         pthread_mutex_unlock(&c->lock);
 }
 
@@ -161,8 +166,10 @@ void control_checkpoint_done(Control *c, int r, uint64_t step) {
         pthread_mutex_lock(&c->lock);
         c->checkpoints_done = c->checkpoints_wanted;
         c->checkpoint_error = r < 0 ? r : 0;
-        if (r >= 0)
+        if (r >= 0) {
                 c->status.checkpoint_step = step;
+                c->status.checkpoint_usec = now_realtime_usec();
+        }
         notify(c);
         pthread_mutex_unlock(&c->lock);
 }

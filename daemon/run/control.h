@@ -76,7 +76,8 @@ typedef struct NodeNetwork {
         uint64_t bytes_sent, bytes_received; /* over every link */
         NodeTraffic traffic;
         uint64_t last_averaging_usec; /* CLOCK_REALTIME of the last averaging round; 0: none */
-        uint64_t averaging_rounds;    /* done (gossip: exchanges) */
+        uint64_t rounds_done, rounds_failed; /* averaging rounds (of whole replicas or a pipeline's rings) */
+        uint64_t last_round_ns;    /* duration of the last round, snapshot to delta; 0: none */
         char io_backend[16];
 } NodeNetwork;
 
@@ -98,6 +99,8 @@ typedef struct NodeStatus {
         NodeNetwork network;
         NodeAveraging averaging;
         uint64_t checkpoint_step;  /* step of the last checkpoint written or loaded */
+        uint64_t checkpoint_usec;  /* CLOCK_REALTIME when it was written or loaded; 0: none */
+        uint64_t pauses;           /* times training paused (the operator or the idle monitor) */
         uint64_t plan_epoch;       /* of the coordinator's plan held (membership); 0: none */
 } NodeStatus;
 

@@ -306,7 +306,7 @@ void gossip_run_network(GossipRun *gr, NodeNetwork *n) {
         n->traffic.averaging_sent += s.bytes_sent;
         n->traffic.averaging_received += s.bytes_received;
         n->last_averaging_usec = gr->last_exchange_usec;
-        n->averaging_rounds += s.exchanges;
+        n->rounds_done += s.exchanges;
 }
 
 void gossip_run_stop(GossipRun *gr) {

@@ -58,7 +58,7 @@ static int pass_gate(Progress *pr, const TrainProgress *p, uint64_t now) {
                         .samples_per_sec = p->samples_per_sec,
                         .busy = pr->busy,
                         .test_accuracy = pr->test_acc,
-                        .test_loss = pr->test_loss,
+                        .test_loss = pr->test_acc >= 0 ? pr->test_loss : -1.0,
                 };
                 snprintf(t.role, sizeof t.role, "%s", o->n_shards > 1 ? "member" : "standalone");
                 snprintf(t.job, sizeof t.job, "%s", pr->job->name);
@@ -100,7 +100,7 @@ static void series_tick(Progress *pr, const TrainProgress *p, uint64_t now, bool
                 .busy = pr->busy,
                 .pipeline_bytes = t->pipeline_sent + t->pipeline_received,
                 .averaging_bytes = t->averaging_sent + t->averaging_received,
-                .averaging_rounds = st.network.averaging_rounds,
+                .averaging_rounds = st.network.rounds_done,
         };
         (void)rss_self_bytes(&row.rss_bytes);
         int r = series_append(&pr->series, &row);

@@ -316,7 +316,7 @@ static void report(Run *run, const PipeStats *st) {
                 .samples_per_sec = run->last_rate,
                 .busy = run->busy,
                 .test_accuracy = st->test_acc,
-                .test_loss = st->test_loss,
+                .test_loss = st->test_acc >= 0 ? st->test_loss : -1.0,
         };
         snprintf(t.role, sizeof t.role, "stage");
         snprintf(t.job, sizeof t.job, "%s", run->job->name);
@@ -330,7 +330,9 @@ static void report(Run *run, const PipeStats *st) {
         n.bytes_sent = ns.bytes_sent + (run->av.active ? run->av.seen.bytes_sent : 0);
         n.bytes_received = ns.bytes_received + (run->av.active ? run->av.seen.bytes_received : 0);
         n.last_averaging_usec = run->av.active ? run->av.seen.last_done_realtime_us : 0;
-        n.averaging_rounds = run->av.seen.rounds_done;
+        n.rounds_done = run->av.seen.rounds_done;
+        n.rounds_failed = run->av.seen.rounds_failed;
+        n.last_round_ns = run->av.seen.last_round_ns;
         n.traffic = run_traffic(run, st);
         snprintf(n.io_backend, sizeof n.io_backend, "%s", net_backend_name(run->net));
         control_report_network(o->control, &n);

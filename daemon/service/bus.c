@@ -87,7 +87,7 @@ static int get_property(sd_bus *bus, const char *path, const char *interface, co
         if (!strcmp(property, "LastAveragingUSec"))
                 return sd_bus_message_append(reply, "t", st.network.last_averaging_usec);
         if (!strcmp(property, "AveragingRounds"))
-                return sd_bus_message_append(reply, "t", st.network.averaging_rounds);
+                return sd_bus_message_append(reply, "t", st.network.rounds_done);
         if (!strcmp(property, "MemoryRSS")) {
                 uint64_t rss = 0;
                 (void)rss_self_bytes(&rss); /* 0: not known */

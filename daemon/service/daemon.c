@@ -20,6 +20,7 @@
 
 #define IDLE_SAMPLE_USEC 500000ULL
 #define STATUS_USEC (5 * USEC_PER_SEC)
+#define WEB_PUBLISH_USEC USEC_PER_SEC
 
 /* ---- the compute thread ------------------------------------------------ */
 
@@ -39,8 +40,10 @@ static void report_network(Daemon *d) {
                 n.bytes_sent += d->averaging.seen.bytes_sent;
                 n.bytes_received += d->averaging.seen.bytes_received;
                 n.last_averaging_usec = d->averaging.seen.last_done_realtime_us;
+                n.rounds_failed = d->averaging.seen.rounds_failed;
+                n.last_round_ns = d->averaging.seen.last_round_ns;
         }
-        n.averaging_rounds = d->averaging.seen.rounds_done;
+        n.rounds_done = d->averaging.seen.rounds_done;
         /* a member's: kept after training, while it serves its peers */
         n.traffic.averaging_sent = d->averaging.seen.bytes_sent;
         n.traffic.averaging_received = d->averaging.seen.bytes_received;
@@ -90,6 +93,10 @@ static int run_job(Daemon *d) {
         r = node_start(&d->node, c);
         if (r < 0)
                 return r;
+        if (node_configured(c)) { /* for the status page */
+                identity_to_hex(d->node.identity.pk, d->identity_hex);
+                __atomic_store_n(&d->identity_known, true, __ATOMIC_RELEASE);
+        }
         o.poll = poll_node;
         o.poll_userdata = d;
         o.control = &d->control;
@@ -410,6 +417,50 @@ static int on_status_timer(sd_event_source *s, uint64_t usec, void *userdata) {
         return 0;
 }
 
+/* ---- the metrics endpoint ---------------------------------------------- */
+
+/* What the HTTP thread shows: a copy, so it never takes the compute thread's lock. */
+static void publish_web(Daemon *d) {
+        WebSnapshot s = {};
+        unsigned pause;
+
+        control_snapshot(&d->control, &s.state, &s.status, s.reason, NULL, NULL);
+        pthread_mutex_lock(&d->control.lock);
+        pause = d->control.pause;
+        pthread_mutex_unlock(&d->control.lock);
+        s.idle = pause & CONTROL_PAUSE_IDLE;
+        if (__atomic_load_n(&d->identity_known, __ATOMIC_ACQUIRE))
+                memcpy(s.identity, d->identity_hex, sizeof s.identity);
+        web_server_publish(d->web, &s);
+}
+
+static int on_web_timer(sd_event_source *s, uint64_t usec, void *userdata) {
+        (void)usec;
+        publish_web(userdata);
+        sd_event_source_set_time_relative(s, WEB_PUBLISH_USEC);
+        sd_event_source_set_enabled(s, SD_EVENT_ONESHOT);
+        return 0;
+}
+
+static int start_web(Daemon *d) {
+        const ConfigMetrics *m = &d->config.metrics;
+        int r;
+
+        if (!m->enabled)
+                return 0;
+        r = web_server_start(m, &d->web);
+        if (r < 0)
+                return log_error_errno(r, "Failed to serve metrics on %s:%u (metrics.listen in %s): %m", m->listen.host,
+                                       m->listen.port, d->config.path);
+        r = sd_event_add_time_relative(d->event, &d->web_timer, CLOCK_MONOTONIC, 0, 0, on_web_timer, d);
+        if (r < 0)
+                return log_error_errno(r, "Failed to set up the event loop: %m");
+        log_info("Serving metrics and the status page on http://%s%s%s:%u/ (at most %u connections)",
+                 strchr(m->listen.host, ':') ? "[" : "", m->listen.host, strchr(m->listen.host, ':') ? "]" : "",
+                 m->listen.port, m->max_connections);
+        return 0;
+}
+
 static void apply_live_settings(Daemon *d, const Config *c) {
         /* an unconfigured node computes nothing: no need to watch the machine */
         bool want_idle = c->idle.enabled && !d->options.no_idle && configured(d, &d->config);
@@ -513,6 +564,8 @@ int daemon_run(Daemon *d) {
         r = bus_start(&d->bus, d->event, &d->control, sock, true);
         if (r < 0)
                 goto out;
+        if ((r = start_web(d)) < 0)
+                goto out;
 
         apply_live_settings(d, &d->config);
         if (configured(d, &d->config)) {
@@ -541,6 +594,8 @@ out:
                 pthread_join(d->worker, NULL);
         }
         bus_stop(&d->bus);
+        d->web = web_server_stop(d->web);
+        d->web_timer = sd_event_source_unref(d->web_timer);
         if (d->idle_on)
                 idle_monitor_done(&d->idle);
         d->idle_timer = sd_event_source_unref(d->idle_timer);

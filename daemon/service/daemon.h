@@ -20,6 +20,7 @@
 #include "conf/job.h"
 #include "run/local-run.h"
 #include "run/node.h"
+#include "web/server.h"
 
 typedef struct DaemonOptions {
         const char *job_path;      /* NULL: the configuration's job */
@@ -37,13 +38,16 @@ typedef struct Daemon {
         sd_event *event;
         IdleMonitor idle;
         bool idle_on;
-        sd_event_source *idle_timer, *checkpoint_timer, *status_timer;
+        sd_event_source *idle_timer, *checkpoint_timer, *status_timer, *web_timer;
+        WebServer *web;            /* metrics.listen set: Prometheus' metrics and the status page */
         /* the compute thread's */
         Node node;
         Averaging averaging;
         GossipRun gossip;          /* averaging.method gossip or auto */
         uint64_t last_report_ns;
         uint64_t steps;            /* a member's steps in this process: its averaging traffic is per step */
+        char identity_hex[IDENTITY_HEX_SIZE]; /* set once, before identity_known */
+        bool identity_known;
         pthread_t worker;
         bool worker_started, worker_done;
         int worker_result;

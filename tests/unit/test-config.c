@@ -628,6 +628,45 @@ Test(config, idle_checkpoint_and_control_socket) {
         expect_error("threads = 2;\n", "threads = 2;\ncontrol_socket = \"run/x\";\n", "3: control_socket");
 }
 
+Test(config, metrics) {
+        char path[64];
+        Config c;
+        Diag d = {};
+
+        /* off unless the group is set */
+        cr_assert_eq(load_variant("threads = 2;\n", "threads = 2;\n", &c, &d, path), 0, "%s", d.text);
+        cr_assert(!c.metrics.enabled);
+        cr_assert_eq(c.metrics.max_connections, 16);
+        cr_assert_eq(c.metrics.timeout_s, 10);
+        config_free(&c);
+
+        cr_assert_eq(load_variant("threads = 2;\n", "threads = 2;\nmetrics = { listen = \"127.0.0.1:9464\"; };\n",
+                                  &c, &d, path), 0, "%s", d.text);
+        cr_assert(c.metrics.enabled);
+        cr_assert_str_eq(c.metrics.listen.host, "127.0.0.1");
+        cr_assert_eq(c.metrics.listen.port, 9464);
+        cr_assert_eq(c.metrics.max_connections, 16);
+        config_free(&c);
+
+        cr_assert_eq(load_variant("threads = 2;\n",
+                                  "threads = 2;\nmetrics = {\n  listen = \"[::1]:9000\";\n  max_connections = 4;\n"
+                                  "  timeout = 2;\n};\n", &c, &d, path), 0, "%s", d.text);
+        cr_assert_str_eq(c.metrics.listen.host, "::1");
+        cr_assert_eq(c.metrics.max_connections, 4);
+        cr_assert_eq(c.metrics.timeout_s, 2);
+        config_free(&c);
+
+        expect_error("threads = 2;\n", "threads = 2;\nmetrics = { };\n", "3: metrics.listen: missing");
+        expect_error("threads = 2;\n", "threads = 2;\nmetrics = {\n  listen = \"127.0.0.1\";\n};\n",
+                     "4: metrics.listen: must be \"host:port\"");
+        expect_error("threads = 2;\n", "threads = 2;\nmetrics = {\n  listen = 9464;\n};\n", "4: metrics.listen: must be a string");
+        expect_error("threads = 2;\n", "threads = 2;\nmetrics = { listen = \"127.0.0.1:1\";\n  max_connections = 0; };\n",
+                     "4: metrics.max_connections: must be an integer in [1, 1024]");
+        expect_error("threads = 2;\n", "threads = 2;\nmetrics = { listen = \"127.0.0.1:1\";\n  port = 1; };\n",
+                     "4: metrics.port: unknown");
+        expect_error("threads = 2;\n", "threads = 2;\nmetrics = \"127.0.0.1:1\";\n", "3: metrics");
+}
+
 /* One run lists every error, one line each, not just the first. */
 Test(config, every_error_is_reported) {
         char path[64], want[128];

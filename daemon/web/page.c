@@ -1,0 +1,106 @@
+/* web/page.c */
+#include "page.h"
+
+#include <math.h>
+#include <stdio.h>
+
+#define PLOT_W 600
+#define PLOT_H 200
+
+static int row(WebBuf *b, const char *name, const char *value) {
+        int r = web_buf_printf(b, "<tr><th>%s</th><td>", name);
+        if (r >= 0)
+                r = web_buf_put_html(b, value);
+        return r < 0 ? r : web_buf_put(b, "</td></tr>\n");
+}
+
+static int head(const WebSnapshot *s, WebBuf *b) {
+        int r = web_buf_put(b, "<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n"
+                               "<meta http-equiv=\"refresh\" content=\"5\">\n<title>ravnest: ");
+        if (r >= 0)
+                r = web_buf_put_html(b, s->status.training.job[0] ? s->status.training.job : "node");
+        if (r >= 0)
+                r = web_buf_put(b, "</title>\n<style>body{font-family:sans-serif;margin:2em}"
+                                   "th{text-align:left;padding-right:1em}td{font-family:monospace}"
+                                   "svg{border:1px solid #ccc}</style>\n</head>\n<body>\n<h1>ravnest node</h1>\n");
+        return r;
+}
+
+static int table(const WebSnapshot *s, WebBuf *b) {
+        const NodeTraining *t = &s->status.training;
+        const NodeNetwork *n = &s->status.network;
+        char v[256];
+        int r;
+
+        if ((r = web_buf_put(b, "<table>\n")) < 0 ||
+            (r = row(b, "Identity", s->identity[0] ? s->identity : "(no network)")) < 0 ||
+            (r = row(b, "Job", t->job[0] ? t->job : "(none yet)")) < 0 ||
+            (r = row(b, "Role", t->role[0] ? t->role : "-")) < 0)
+                return r;
+        snprintf(v, sizeof v, "%s%s%s", node_state_to_string(s->state), s->reason[0] ? ": " : "", s->reason);
+        if ((r = row(b, "State", v)) < 0)
+                return r;
+        if (t->cluster >= 0) {
+                snprintf(v, sizeof v, "cluster %d, stage %d", t->cluster + 1, t->stage + 1);
+                if ((r = row(b, "Place", v)) < 0)
+                        return r;
+        }
+        snprintf(v, sizeof v, "%d of %d, step %llu", t->epoch, t->epochs, (unsigned long long)t->step);
+        if ((r = row(b, "Epoch", v)) < 0)
+                return r;
+        if (t->loss >= 0)
+                snprintf(v, sizeof v, "%.4f", t->loss);
+        else
+                snprintf(v, sizeof v, "not known here");
+        if ((r = row(b, "Loss", v)) < 0)
+                return r;
+        if (t->test_accuracy >= 0) {
+                snprintf(v, sizeof v, "%.2f%% (test loss %.4f)", 100 * t->test_accuracy, t->test_loss);
+                if ((r = row(b, "Test accuracy", v)) < 0)
+                        return r;
+        }
+        snprintf(v, sizeof v, "%.1f samples/s", t->samples_per_sec);
+        if ((r = row(b, "Throughput", v)) < 0)
+                return r;
+        snprintf(v, sizeof v, "%u (%u paused)", n->peers, n->paused_peers);
+        if ((r = row(b, "Peers", v)) < 0)
+                return r;
+        return web_buf_put(b, "</table>\n");
+}
+
+int web_page_plots(const WebHistory *h, WebBuf *b) {
+        int r = web_buf_printf(b, "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%d\" height=\"%d\" "
+                                  "viewBox=\"0 0 %d %d\" role=\"img\" aria-label=\"training loss\">\n"
+                                  "<text x=\"4\" y=\"14\" font-size=\"12\">training loss, last %u samples</text>\n",
+                               PLOT_W, PLOT_H, PLOT_W, PLOT_H, h->n);
+        if (r < 0 || h->n < 2)
+                return r < 0 ? r : web_buf_put(b, "</svg>\n");
+
+        float lo = INFINITY, hi = -INFINITY;
+        for (unsigned i = 0; i < h->n; i++) {
+                float v = h->loss[web_history_at(h, i)];
+                lo = fminf(lo, v);
+                hi = fmaxf(hi, v);
+        }
+        float span = hi > lo ? hi - lo : 1.0f;
+        if ((r = web_buf_put(b, "<polyline fill=\"none\" stroke=\"#1f77b4\" stroke-width=\"1.5\" points=\"")) < 0)
+                return r;
+        for (unsigned i = 0; i < h->n && r >= 0; i++) {
+                double x = 4 + (PLOT_W - 8) * (double)i / (h->n - 1);
+                double y = PLOT_H - 4 - (PLOT_H - 24) * (h->loss[web_history_at(h, i)] - lo) / span;
+                r = web_buf_printf(b, "%s%.1f,%.1f", i ? " " : "", x, y);
+        }
+        if (r < 0)
+                return r;
+        return web_buf_printf(b, "\"/>\n<text x=\"%d\" y=\"14\" font-size=\"12\" text-anchor=\"end\">%.4g .. %.4g</text>\n"
+                                 "</svg>\n", PLOT_W - 4, lo, hi);
+}
+
+int web_page_render(const WebSnapshot *s, const WebHistory *h, WebBuf *b) {
+        int r;
+        if ((r = head(s, b)) < 0 || (r = table(s, b)) < 0 || (r = web_buf_put(b, "<h2>Loss</h2>\n<div id=\"plots\">\n")) < 0 ||
+            (r = web_page_plots(h, b)) < 0 ||
+            (r = web_buf_put(b, "</div>\n<p><a href=\"/metrics\">metrics</a> (Prometheus)</p>\n</body>\n</html>\n")) < 0)
+                return r;
+        return 0;
+}

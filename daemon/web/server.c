@@ -1,0 +1,160 @@
+/* web/server.c */
+#include "server.h"
+
+#include <errno.h>
+#include <microhttpd.h>
+#include <netdb.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "util/time-util.h"
+#include "web/metrics.h"
+#include "web/page.h"
+
+struct WebServer {
+        struct MHD_Daemon *mhd;
+        pthread_mutex_t lock; /* the two below; held only to copy */
+        WebSnapshot snapshot;
+        WebHistory history;
+        uint64_t requests;    /* atomic */
+};
+
+static enum MHD_Result answer(struct MHD_Connection *c, unsigned status, const char *type, WebBuf *b) {
+        struct MHD_Response *resp = MHD_create_response_from_buffer(b->len, b->data, MHD_RESPMEM_MUST_FREE);
+        if (!resp) {
+                web_buf_free(b);
+                return MHD_NO;
+        }
+        *b = (WebBuf){}; /* the response's now */
+        MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, type);
+        MHD_add_response_header(resp, MHD_HTTP_HEADER_CACHE_CONTROL, "no-store");
+        if (status == MHD_HTTP_METHOD_NOT_ALLOWED)
+                MHD_add_response_header(resp, MHD_HTTP_HEADER_ALLOW, "GET, HEAD");
+        enum MHD_Result ret = MHD_queue_response(c, status, resp);
+        MHD_destroy_response(resp);
+        return ret;
+}
+
+static enum MHD_Result answer_text(struct MHD_Connection *c, unsigned status, const char *text) {
+        WebBuf b = { .max = 4096 };
+        if (web_buf_put(&b, text) < 0)
+                return MHD_NO;
+        return answer(c, status, "text/plain; charset=utf-8", &b);
+}
+
+/* The last publication, with what only this thread knows filled in. */
+static void take_snapshot(WebServer *w, WebSnapshot *ret, WebHistory *ret_history) {
+        pthread_mutex_lock(&w->lock);
+        *ret = w->snapshot;
+        if (ret_history)
+                *ret_history = w->history;
+        pthread_mutex_unlock(&w->lock);
+        ret->now_usec = now_realtime_usec();
+        ret->http_requests = __atomic_load_n(&w->requests, __ATOMIC_RELAXED);
+        (void)web_process_read(&ret->process);
+}
+
+static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const char *url, const char *method,
+                                  const char *version, const char *upload_data, size_t *upload_data_size,
+                                  void **con_cls) {
+        WebServer *w = cls;
+        WebSnapshot s;
+        WebBuf b = { .max = WEB_BUF_MAX };
+        (void)version, (void)upload_data, (void)upload_data_size, (void)con_cls;
+
+        __atomic_add_fetch(&w->requests, 1, __ATOMIC_RELAXED);
+
+        if (strcmp(method, MHD_HTTP_METHOD_GET) != 0 && strcmp(method, MHD_HTTP_METHOD_HEAD) != 0)
+                return answer_text(c, MHD_HTTP_METHOD_NOT_ALLOWED, "Only GET and HEAD\n");
+        if (strcmp(url, "/metrics") == 0) {
+                take_snapshot(w, &s, NULL);
+                if (web_metrics_render(&s, &b) < 0) {
+                        web_buf_free(&b);
+                        return answer_text(c, MHD_HTTP_INTERNAL_SERVER_ERROR, "Rendering failed\n");
+                }
+                return answer(c, MHD_HTTP_OK, WEB_METRICS_CONTENT_TYPE, &b);
+        }
+        if (strcmp(url, "/") == 0) {
+                WebHistory *h = malloc(sizeof *h);
+                if (!h)
+                        return MHD_NO;
+                take_snapshot(w, &s, h);
+                int r = web_page_render(&s, h, &b);
+                free(h);
+                if (r < 0) {
+                        web_buf_free(&b);
+                        return answer_text(c, MHD_HTTP_INTERNAL_SERVER_ERROR, "Rendering failed\n");
+                }
+                return answer(c, MHD_HTTP_OK, WEB_PAGE_CONTENT_TYPE, &b);
+        }
+        return answer_text(c, MHD_HTTP_NOT_FOUND, "Not found: try / or /metrics\n");
+}
+
+/* The first address host:port resolves to, for listening. */
+static int resolve(const ConfigAddress *a, struct sockaddr_storage *ret, int *ret_family) {
+        struct addrinfo hints = { .ai_socktype = SOCK_STREAM, .ai_flags = AI_PASSIVE | AI_NUMERICSERV }, *ai;
+        char port[8];
+        snprintf(port, sizeof port, "%u", a->port);
+        int r = getaddrinfo(a->host, port, &hints, &ai);
+        if (r != 0)
+                return r == EAI_SYSTEM ? -errno : -EADDRNOTAVAIL;
+        memcpy(ret, ai->ai_addr, MIN((size_t)ai->ai_addrlen, sizeof *ret));
+        *ret_family = ai->ai_family;
+        freeaddrinfo(ai);
+        return 0;
+}
+
+int web_server_start(const ConfigMetrics *m, WebServer **ret) {
+        struct sockaddr_storage addr = {};
+        int family = AF_INET, r;
+
+        if ((r = resolve(&m->listen, &addr, &family)) < 0)
+                return r;
+        WebServer *w = calloc(1, sizeof *w);
+        if (!w)
+                return -ENOMEM;
+        pthread_mutex_init(&w->lock, NULL);
+        w->snapshot.state = NODE_STARTING;
+        w->snapshot.status.training.cluster = w->snapshot.status.training.stage = -1;
+        w->snapshot.status.training.loss = w->snapshot.status.training.test_loss = -1;
+        w->snapshot.status.training.test_accuracy = -1;
+        unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_AUTO | (family == AF_INET6 ? MHD_USE_IPv6 : 0);
+        errno = 0;
+        w->mhd = MHD_start_daemon(flags, m->listen.port, NULL, NULL, on_request, w,
+                                  MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&addr,
+                                  MHD_OPTION_CONNECTION_LIMIT, (unsigned)m->max_connections,
+                                  MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)m->timeout_s,
+                                  MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)WEB_CONNECTION_MEMORY,
+                                  MHD_OPTION_LISTENING_ADDRESS_REUSE, (unsigned)1,
+                                  MHD_OPTION_END);
+        if (!w->mhd) {
+                r = errno ? -errno : -EADDRINUSE;
+                pthread_mutex_destroy(&w->lock);
+                free(w);
+                return r;
+        }
+        *ret = w;
+        return 0;
+}
+
+void web_server_publish(WebServer *w, const WebSnapshot *s) {
+        pthread_mutex_lock(&w->lock);
+        w->snapshot = *s;
+        web_history_push(&w->history, &s->status.training);
+        pthread_mutex_unlock(&w->lock);
+}
+
+uint64_t web_server_requests(WebServer *w) {
+        return __atomic_load_n(&w->requests, __ATOMIC_RELAXED);
+}
+
+WebServer *web_server_stop(WebServer *w) {
+        if (!w)
+                return NULL;
+        MHD_stop_daemon(w->mhd);
+        pthread_mutex_destroy(&w->lock);
+        free(w);
+        return NULL;
+}

@@ -1,0 +1,369 @@
+/* The metrics endpoint of a real ravnestd training Fashion-MNIST: what
+ * /metrics and / answer, what they refuse (other methods, huge headers, more
+ * connections than allowed, clients that say nothing), a flood of requests,
+ * and the real consumers: promtool, a Prometheus server scraping the node,
+ * headless Chromium rendering the page. Each consumer's test skips, naming
+ * the Debian package, when it is not installed. */
+#include <criterion/criterion.h>
+#include <errno.h>
+#include <math.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "../lib/proc.h"
+
+#define MAX_CONNECTIONS 4
+#define TIMEOUT_S 2
+
+typedef struct Node {
+        Proc p;
+        char dir[64];
+        uint16_t port;
+} Node;
+
+static void skip_without_dataset(void) {
+        if (access(FASHION_MNIST_DIR "/train-images-idx3-ubyte.gz", R_OK) < 0)
+                cr_skip_test("SKIP: %s missing: install Debian's dataset-fashion-mnist to run this test", FASHION_MNIST_DIR);
+}
+
+/* Where program is on PATH, in ret; false when it is not. */
+static bool which(const char *program, char *ret, size_t len) {
+        char cmd[256];
+        snprintf(cmd, sizeof cmd, "command -v %s 2>/dev/null", program);
+        FILE *f = popen(cmd, "r");
+        bool found = f && fgets(ret, (int)len, f) && ret[0] == '/';
+        if (f)
+                pclose(f);
+        ret[strcspn(ret, "\n")] = '\0';
+        return found;
+}
+
+static bool have(const char *program) {
+        char path[256];
+        return which(program, path, sizeof path);
+}
+
+/* A standalone node training for long enough, with metrics on loopback. */
+static void node_start(Node *n) {
+        char conf[128], text[1024];
+        skip_without_dataset();
+        snprintf(n->dir, sizeof n->dir, "/tmp/ravnest-test-metrics-XXXXXX");
+        cr_assert_not_null(mkdtemp(n->dir));
+        n->port = test_free_port();
+        snprintf(conf, sizeof conf, "%s/ravnestd.conf", n->dir);
+        snprintf(text, sizeof text,
+                 "state_directory = \"%s/state\";\ncontrol_socket = \"\";\nidle = { enabled = false; };\nthreads = 1;\n"
+                 "metrics = {\n  listen = \"127.0.0.1:%u\";\n  max_connections = %d;\n  timeout = %d;\n};\n",
+                 n->dir, n->port, MAX_CONNECTIONS, TIMEOUT_S);
+        test_write_file(conf, text, 0644);
+        proc_start(&n->p, (char *[]){ RAVNESTD, "--config", conf, "--job", SOURCE_ROOT "/config/jobs/fashion-mnist-mlp.job",
+                                      "--epochs", "100", "--progress", "500", NULL }, NULL);
+        cr_assert(proc_wait_for(&n->p, "Serving metrics", 30000), "%s", n->p.out);
+        cr_assert(proc_wait_for(&n->p, "step ", 60000), "no progress: %s", n->p.out);
+        usleep(1500 * 1000); /* a publication after the first progress report */
+}
+
+static void node_stop(Node *n) {
+        char cmd[128];
+        kill(n->p.pid, SIGTERM);
+        cr_assert_eq(proc_exit(&n->p), 0, "%s", n->p.out);
+        cr_assert(!strstr(n->p.out, "<3>"), "errors: %s", n->p.out);
+        snprintf(cmd, sizeof cmd, "rm -rf %s", n->dir);
+        cr_assert_eq(system(cmd), 0);
+}
+
+static int dial(uint16_t port) {
+        struct sockaddr_in a = { .sin_family = AF_INET, .sin_port = htons(port), .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
+        struct timeval tv = { .tv_sec = 10 };
+        int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+        cr_assert_geq(fd, 0);
+        setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+        setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+        cr_assert_eq(connect(fd, (struct sockaddr *)&a, sizeof a), 0, "connect: %s", strerror(errno));
+        return fd;
+}
+
+/* Send request as it is, read until the server closes; the status code, 0
+ * when the server closed without an answer. out gets the whole answer. */
+static int http_raw(uint16_t port, const char *request, size_t request_len, char *out, size_t len) {
+        int fd = dial(port);
+        size_t k = 0;
+        (void)!send(fd, request, request_len, MSG_NOSIGNAL);
+        if (!strstr(request, "Connection: close")) /* nothing more comes: no waiting for the idle timeout */
+                shutdown(fd, SHUT_WR);
+        for (ssize_t r; k + 1 < len && (r = recv(fd, out + k, len - 1 - k, 0)) > 0;)
+                k += (size_t)r;
+        out[k] = '\0';
+        close(fd);
+        int code = 0;
+        return sscanf(out, "HTTP/1.%*d %d", &code) == 1 ? code : 0;
+}
+
+static int http(uint16_t port, const char *method, const char *path, char *out, size_t len) {
+        char req[256];
+        int n = snprintf(req, sizeof req, "%s %s HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n", method, path);
+        return http_raw(port, req, (size_t)n, out, len);
+}
+
+/* The value of the sample that starts with name (and its labels) in the
+ * body of an answer; NAN when absent. */
+static double metric(const char *text, const char *name) {
+        char want[160];
+        snprintf(want, sizeof want, "\n%s ", name);
+        const char *at = strstr(text, want);
+        return at ? strtod(at + strlen(want), NULL) : NAN;
+}
+
+static const char *body(const char *answer) {
+        const char *b = strstr(answer, "\r\n\r\n");
+        return b ? b + 4 : "";
+}
+
+static char answer[1 << 20];
+
+Test(metrics, answers_and_refuses, .timeout = 180) {
+        Node n;
+        node_start(&n);
+
+        cr_assert_eq(http(n.port, "GET", "/metrics", answer, sizeof answer), 200, "%s", answer);
+        cr_assert(strstr(answer, "Content-Type: text/plain; version=0.0.4"), "%s", answer);
+        const char *b = body(answer);
+        cr_assert(strstr(b, "# TYPE ravnest_training_loss gauge\n"), "%s", b);
+        cr_assert(strstr(b, "ravnest_state{state=\"training\"} 1\n"), "%s", b);
+        cr_assert(strstr(b, "job=\"fashion-mnist-mlp\""), "%s", b);
+        double loss = metric(b, "ravnest_training_loss"), steps = metric(b, "ravnest_steps_total");
+        cr_assert(loss > 0 && loss < 10, "loss %g: %s", loss, b);
+        cr_assert_gt(steps, 0, "%s", b);
+        cr_assert_gt(metric(b, "ravnest_samples_per_second"), 0, "%s", b);
+        cr_assert_gt(metric(b, "process_resident_memory_bytes"), 1 << 20, "%s", b);
+
+        cr_assert_eq(http(n.port, "HEAD", "/metrics", answer, sizeof answer), 200, "%s", answer);
+        cr_assert_str_eq(body(answer), "", "HEAD has no body");
+        cr_assert_eq(http(n.port, "GET", "/", answer, sizeof answer), 200, "%s", answer);
+        cr_assert(strstr(answer, "Content-Type: text/html"), "%s", answer);
+        cr_assert(strstr(answer, "fashion-mnist-mlp") && strstr(answer, "<svg"), "%s", answer);
+        cr_assert_eq(http(n.port, "GET", "/nothing", answer, sizeof answer), 404, "%s", answer);
+
+        cr_assert_eq(http(n.port, "POST", "/metrics", answer, sizeof answer), 405, "%s", answer);
+        cr_assert(strstr(answer, "Allow: GET, HEAD"), "%s", answer);
+        cr_assert_eq(http(n.port, "DELETE", "/", answer, sizeof answer), 405, "%s", answer);
+        const char *post = "POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\nConnection: close\r\n\r\nhello";
+        cr_assert_eq(http_raw(n.port, post, strlen(post), answer, sizeof answer), 405, "%s", answer);
+
+        /* a header past the connection's memory: refused (431) or dropped, never served */
+        static char huge[256 * 1024];
+        int k = snprintf(huge, sizeof huge, "GET /metrics HTTP/1.1\r\nHost: x\r\nX-Big: ");
+        memset(huge + k, 'a', sizeof huge - (size_t)k - 8);
+        memcpy(huge + sizeof huge - 8, "\r\n\r\n", 4);
+        int code = http_raw(n.port, huge, sizeof huge - 4, answer, sizeof answer);
+        cr_assert(code == 431 || code == 413 || code == 0, "a huge header got %d: %.200s", code, answer);
+        cr_log_info("a header of %zu KiB: %d\n", sizeof huge / 1024, code);
+        /* and the node still answers */
+        cr_assert_eq(http(n.port, "GET", "/metrics", answer, sizeof answer), 200, "%s", answer);
+        node_stop(&n);
+}
+
+/* max_connections + 5 clients that connect and say nothing: the endpoint
+ * holds at most max_connections, closes them after the timeout, answers
+ * again, and training never stopped. */
+Test(metrics, slow_clients_time_out, .timeout = 180) {
+        Node n;
+        int fds[MAX_CONNECTIONS + 5];
+        node_start(&n);
+        cr_assert_eq(http(n.port, "GET", "/metrics", answer, sizeof answer), 200, "%s", answer);
+        double steps0 = metric(body(answer), "ravnest_steps_total");
+
+        for (size_t i = 0; i < sizeof fds / sizeof fds[0]; i++) {
+                fds[i] = dial(n.port);
+                (void)!send(fds[i], "GET /metr", 9, MSG_NOSIGNAL); /* and nothing more */
+        }
+        usleep((TIMEOUT_S * 1000 + 2000) * 1000);
+        /* every one of them closed by the server: over the limit at once, the others idle */
+        for (size_t i = 0; i < sizeof fds / sizeof fds[0]; i++) {
+                char c;
+                ssize_t r = recv(fds[i], &c, 1, 0);
+                cr_assert(r == 0 || (r < 0 && errno == ECONNRESET), "connection %zu still open (%zd, %s)", i, r,
+                          strerror(errno));
+                close(fds[i]);
+        }
+        cr_assert_eq(http(n.port, "GET", "/metrics", answer, sizeof answer), 200, "%s", answer);
+        double steps1 = metric(body(answer), "ravnest_steps_total");
+        cr_assert_gt(steps1, steps0, "training went on: %g then %g steps", steps0, steps1);
+        node_stop(&n);
+}
+
+static long rss_kib(pid_t pid) {
+        char path[64], line[256];
+        long v = -1;
+        snprintf(path, sizeof path, "/proc/%d/status", (int)pid);
+        FILE *f = fopen(path, "re");
+        cr_assert_not_null(f);
+        while (fgets(line, sizeof line, f))
+                if (sscanf(line, "VmRSS: %ld", &v) == 1)
+                        break;
+        fclose(f);
+        return v;
+}
+
+/* A few thousand requests, one in ten malformed: memory stays put, the
+ * counters only grow. */
+Test(metrics, a_flood_leaves_memory_bounded, .timeout = 300) {
+        static const char *const bad[] = {
+                "GARBAGE\r\n\r\n",
+                "GET /metrics HTTP/9.9\r\n\r\n",
+                "GET /metrics HTTP/1.1\r\n\r\n",              /* no Host */
+                "GET /metrics HTTP/1.1\r\nHost x\r\n\r\n",    /* no colon */
+                "G\r\n\r\n",
+                "GET /metrics HTTP/1.1\r\nHost: x\r\nContent-Length: -1\r\nConnection: close\r\n\r\n",
+                "GET /%00%ff HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+                "PUT /metrics HTTP/1.1\r\nHost: x\r\nContent-Length: 3\r\nConnection: close\r\n\r\nabc",
+        };
+        Node n;
+        node_start(&n);
+        for (int i = 0; i < 200; i++) /* warm up: the allocator's arenas */
+                if (http(n.port, "GET", i % 2 ? "/" : "/metrics", answer, sizeof answer) != 200)
+                        cr_assert_fail("%s", answer);
+        long before = rss_kib(n.p.pid);
+        double last_steps = 0, last_requests = 0, last_cpu = 0;
+        /* (Criterion reports every assertion to its runner, a few ms each:
+         * inside the loop, only failures are asserted) */
+        for (int i = 0; i < 3000; i++) {
+                if (i % 10 == 9) {
+                        const char *r = bad[(i / 10) % (sizeof bad / sizeof bad[0])];
+                        http_raw(n.port, r, strlen(r), answer, sizeof answer);
+                        continue;
+                }
+                if (i % 3 == 1) {
+                        if (http(n.port, "GET", "/", answer, sizeof answer) != 200)
+                                cr_assert_fail("request %d: %s", i, answer);
+                        continue;
+                }
+                if (http(n.port, "GET", "/metrics", answer, sizeof answer) != 200)
+                        cr_assert_fail("request %d: %s", i, answer);
+                const char *b = body(answer);
+                double steps = metric(b, "ravnest_steps_total"), requests = metric(b, "ravnest_http_requests_total"),
+                       cpu = metric(b, "process_cpu_seconds_total");
+                if (!(steps >= last_steps && requests > last_requests && cpu >= last_cpu))
+                        cr_assert_fail("request %d: a counter went down: steps %g after %g, requests %g after %g, "
+                                       "CPU %g after %g", i, steps, last_steps, requests, last_requests, cpu, last_cpu);
+                last_steps = steps, last_requests = requests, last_cpu = cpu;
+        }
+        long after = rss_kib(n.p.pid);
+        cr_log_info("RSS %ld KiB before %d requests, %ld KiB after\n", before, 3000, after);
+        cr_assert_lt(after - before, 16 * 1024, "RSS grew from %ld to %ld KiB", before, after);
+        cr_assert_geq(last_requests, 3000, "%g", last_requests);
+        node_stop(&n);
+}
+
+Test(metrics, promtool_checks_the_exposition, .timeout = 180) {
+        if (!have("promtool"))
+                cr_skip_test("SKIP: promtool missing: install Debian's prometheus to run this test");
+        Node n;
+        char path[128], cmd[256];
+        node_start(&n);
+        cr_assert_eq(http(n.port, "GET", "/metrics", answer, sizeof answer), 200, "%s", answer);
+        snprintf(path, sizeof path, "%s/metrics.txt", n.dir);
+        test_write_file(path, body(answer), 0644);
+        snprintf(cmd, sizeof cmd, "promtool check metrics < %s 2>&1", path);
+        FILE *f = popen(cmd, "r");
+        char out[4096] = "";
+        size_t k = fread(out, 1, sizeof out - 1, f);
+        out[k] = '\0';
+        int status = pclose(f);
+        cr_assert_eq(status, 0, "promtool check metrics: %s\n%s", out, body(answer));
+        node_stop(&n);
+}
+
+/* A real Prometheus scraping the node every second; PromQL finds the loss. */
+Test(metrics, prometheus_scrapes_the_node, .timeout = 240) {
+        char prometheus[256];
+        if (!which("prometheus", prometheus, sizeof prometheus))
+                cr_skip_test("SKIP: prometheus missing: install Debian's prometheus to run this test");
+        Node n;
+        node_start(&n);
+        char conf[128], text[512], data[128], flag_conf[160], flag_data[160], flag_listen[64];
+        uint16_t pport = test_free_port();
+        snprintf(conf, sizeof conf, "%s/prometheus.yml", n.dir);
+        snprintf(text, sizeof text,
+                 "global:\n  scrape_interval: 1s\n  scrape_timeout: 1s\n"
+                 "scrape_configs:\n  - job_name: ravnest\n    static_configs:\n      - targets: ['127.0.0.1:%u']\n",
+                 n.port);
+        test_write_file(conf, text, 0644);
+        snprintf(data, sizeof data, "%s/tsdb", n.dir);
+        snprintf(flag_conf, sizeof flag_conf, "--config.file=%s", conf);
+        snprintf(flag_data, sizeof flag_data, "--storage.tsdb.path=%s", data);
+        snprintf(flag_listen, sizeof flag_listen, "--web.listen-address=127.0.0.1:%u", pport);
+        Proc prom;
+        proc_start(&prom, (char *[]){ prometheus, flag_conf, flag_data, flag_listen, NULL }, NULL);
+        cr_assert(proc_wait_for(&prom, "Server is ready to receive web requests", 60000), "%s", prom.out);
+
+        char path[256];
+        snprintf(path, sizeof path, "/api/v1/query?query=ravnest_training_loss%%7Bjob%%3D%%22ravnest%%22%%7D");
+        bool found = false;
+        for (int i = 0; i < 30 && !found; i++) {
+                sleep(1);
+                if (http(pport, "GET", path, answer, sizeof answer) == 200)
+                        found = strstr(answer, "\"status\":\"success\"") && strstr(answer, "\"__name__\":\"ravnest_training_loss\"");
+        }
+        cr_assert(found, "no sample of ravnest_training_loss in Prometheus: %s", answer);
+        const char *v = strstr(answer, "\"value\":[");
+        cr_assert_not_null(v, "%s", answer);
+        cr_log_info("Prometheus: %.160s\n", v);
+        /* and a counter's rate over the scrapes */
+        snprintf(path, sizeof path, "/api/v1/query?query=rate%%28ravnest_steps_total%%5B10s%%5D%%29");
+        sleep(3);
+        cr_assert_eq(http(pport, "GET", path, answer, sizeof answer), 200, "%s", answer);
+        cr_assert(strstr(answer, "\"value\":["), "no rate of steps: %s", answer);
+        kill(prom.pid, SIGTERM);
+        proc_exit(&prom);
+        node_stop(&n);
+}
+
+/* Headless Chromium renders the page: a screenshot that is a real PNG of the
+ * window's size and not blank, and a DOM with the job and the plot. */
+Test(metrics, chromium_renders_the_page, .timeout = 240) {
+        const char *chromium = have("chromium") ? "chromium" : have("chromium-browser") ? "chromium-browser" : NULL;
+        if (!chromium)
+                cr_skip_test("SKIP: chromium missing: install Debian's chromium to run this test");
+        Node n;
+        node_start(&n);
+        char cmd[768], png[128], dom[128];
+        snprintf(png, sizeof png, "%s/page.png", n.dir);
+        snprintf(dom, sizeof dom, "%s/page.html", n.dir);
+        const char *flags = "--headless --no-sandbox --disable-gpu --no-first-run --window-size=1200,900";
+        snprintf(cmd, sizeof cmd, "timeout 120 %s %s --user-data-dir=%s/chromium --screenshot=%s http://127.0.0.1:%u/ >/dev/null 2>&1",
+                 chromium, flags, n.dir, png, n.port);
+        cr_assert_eq(system(cmd), 0, "%s", cmd);
+        snprintf(cmd, sizeof cmd, "timeout 120 %s %s --user-data-dir=%s/chromium --dump-dom http://127.0.0.1:%u/ >%s 2>/dev/null",
+                 chromium, flags, n.dir, n.port, dom);
+        cr_assert_eq(system(cmd), 0, "%s", cmd);
+
+        struct stat st;
+        cr_assert_eq(stat(png, &st), 0, "no screenshot");
+        cr_assert_gt(st.st_size, 8 * 1024, "a screenshot of %lld bytes is blank", (long long)st.st_size);
+        unsigned char h[24];
+        FILE *f = fopen(png, "rb");
+        cr_assert_eq(fread(h, 1, sizeof h, f), sizeof h);
+        fclose(f);
+        cr_assert_eq(memcmp(h, "\x89PNG\r\n\x1a\n", 8), 0, "not a PNG");
+        cr_assert_eq(memcmp(h + 12, "IHDR", 4), 0);
+        unsigned w = (unsigned)h[16] << 24 | h[17] << 16 | h[18] << 8 | h[19];
+        unsigned hh = (unsigned)h[20] << 24 | h[21] << 16 | h[22] << 8 | h[23];
+        cr_assert(w == 1200 && hh == 900, "screenshot %ux%u", w, hh);
+        cr_log_info("screenshot %ux%u, %lld bytes\n", w, hh, (long long)st.st_size);
+
+        f = fopen(dom, "r");
+        size_t k = fread(answer, 1, sizeof answer - 1, f);
+        fclose(f);
+        answer[k] = '\0';
+        cr_assert(strstr(answer, "fashion-mnist-mlp"), "the DOM lacks the job: %s", answer);
+        cr_assert(strstr(answer, "<svg"), "the DOM lacks the plot: %s", answer);
+        node_stop(&n);
+}
