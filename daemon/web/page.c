@@ -1,8 +1,14 @@
 /* web/page.c */
 #include "page.h"
 
+#include <errno.h>
 #include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "util/macro.h"
+#include "util/svg-plot.h"
 
 #define PLOT_W 600
 #define PLOT_H 200
@@ -69,31 +75,31 @@ static int table(const WebSnapshot *s, WebBuf *b) {
 }
 
 int web_page_plots(const WebHistory *h, WebBuf *b) {
-        int r = web_buf_printf(b, "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%d\" height=\"%d\" "
-                                  "viewBox=\"0 0 %d %d\" role=\"img\" aria-label=\"training loss\">\n"
-                                  "<text x=\"4\" y=\"14\" font-size=\"12\">training loss, last %u samples</text>\n",
-                               PLOT_W, PLOT_H, PLOT_W, PLOT_H, h->n);
-        if (r < 0 || h->n < 2)
-                return r < 0 ? r : web_buf_put(b, "</svg>\n");
-
-        float lo = INFINITY, hi = -INFINITY;
+        double step[WEB_HISTORY_MAX], loss[WEB_HISTORY_MAX], rate[WEB_HISTORY_MAX];
         for (unsigned i = 0; i < h->n; i++) {
-                float v = h->loss[web_history_at(h, i)];
-                lo = fminf(lo, v);
-                hi = fmaxf(hi, v);
+                unsigned k = web_history_at(h, i);
+                step[i] = (double)h->step[k];
+                loss[i] = h->loss[k];
+                rate[i] = h->samples_per_sec[k];
         }
-        float span = hi > lo ? hi - lo : 1.0f;
-        if ((r = web_buf_put(b, "<polyline fill=\"none\" stroke=\"#1f77b4\" stroke-width=\"1.5\" points=\"")) < 0)
-                return r;
-        for (unsigned i = 0; i < h->n && r >= 0; i++) {
-                double x = 4 + (PLOT_W - 8) * (double)i / (h->n - 1);
-                double y = PLOT_H - 4 - (PLOT_H - 24) * (h->loss[web_history_at(h, i)] - lo) / span;
-                r = web_buf_printf(b, "%s%.1f,%.1f", i ? " " : "", x, y);
-        }
-        if (r < 0)
-                return r;
-        return web_buf_printf(b, "\"/>\n<text x=\"%d\" y=\"14\" font-size=\"12\" text-anchor=\"end\">%.4g .. %.4g</text>\n"
-                                 "</svg>\n", PLOT_W - 4, lo, hi);
+        SvgSeries l = { .label = "loss", .x = step, .y = loss, .n = h->n };
+        SvgSeries t = { .label = "samples/s", .x = step, .y = rate, .n = h->n };
+        SvgPanel panels[] = {
+                { .title = "Training loss", .x_label = "step", .series = &l, .n_series = 1 },
+                { .title = "Throughput", .x_label = "step", .y_label = "samples/s", .series = &t, .n_series = 1 },
+        };
+        char *svg = NULL;
+        size_t len = 0;
+        FILE *f = open_memstream(&svg, &len);
+        if (!f)
+                return -errno;
+        int r = svg_plot_write(f, NULL, panels, ELEMENTSOF(panels), PLOT_W, PLOT_H);
+        if (fclose(f) != 0 && r >= 0)
+                r = -EIO;
+        if (r >= 0) /* inline in HTML: without the XML declaration */
+                r = web_buf_put(b, strstr(svg, "<svg") ? strstr(svg, "<svg") : svg);
+        free(svg);
+        return r;
 }
 
 int web_page_render(const WebSnapshot *s, const WebHistory *h, WebBuf *b) {

@@ -14,7 +14,6 @@
 
 int web_page_render(const WebSnapshot *s, const WebHistory *h, WebBuf *b);
 
-/* The inside of <div id="plots">: an inline SVG with the loss of the last
- * samples in h as a polyline (a placeholder until the shared plot module
- * draws loss and throughput with axes). */
+/* The inside of <div id="plots">: an inline SVG (util/svg-plot.h) of the
+ * training loss and the throughput of the samples in h, against the step. */
 int web_page_plots(const WebHistory *h, WebBuf *b);
