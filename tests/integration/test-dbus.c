@@ -125,9 +125,7 @@ static void teardown(void) {
                 proc_exit(&bus);
         }
         if (dir[0]) {
-                char cmd[128];
-                snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
-                (void)!system(cmd);
+                test_remove_tree(dir);
         }
 }
 

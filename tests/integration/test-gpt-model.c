@@ -70,9 +70,7 @@ Test(gpt_model, generate_and_export, .timeout = 600) {
         cr_assert_eq(proc_exit(&p), 0, "%s", p.out);
         cr_assert(strstr(p.out, "53 tensors"), "%s", p.out); /* 2 + 4 blocks x 12 + 3 */
         if (!have_torch()) {
-                char cmd[160];
-                snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
-                (void)!system(cmd);
+                test_remove_tree(dir);
                 cr_skip_test("SKIP: PyTorch (python3-torch) missing: the exported weights were not loaded in it");
         }
         Proc ours, torch;
@@ -94,7 +92,5 @@ Test(gpt_model, generate_and_export, .timeout = 600) {
         }
         cr_log_info("exported logits against PyTorch's: largest relative difference %.2e\n", worst);
         cr_assert_lt(worst, 1e-4, "logits differ by %.2e", worst);
-        char cmd[160];
-        snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
-        (void)!system(cmd);
+        test_remove_tree(dir);
 }

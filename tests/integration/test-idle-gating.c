@@ -64,9 +64,7 @@ static void teardown(void) {
                 proc_exit(&node);
         }
         if (dir[0]) {
-                char cmd[128];
-                snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
-                (void)!system(cmd);
+                test_remove_tree(dir);
         }
 }
 

@@ -31,9 +31,7 @@ static void setup(void) {
 }
 
 static void teardown(void) {
-        char cmd[128];
-        snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
-        (void)!system(cmd);
+        test_remove_tree(dir);
 }
 
 TestSuite(job_data, .init = setup, .fini = teardown, .timeout = 120);

@@ -29,19 +29,10 @@ static void setup(void) {
 }
 
 static void teardown(void) {
-        char cmd[128];
-        snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
-        (void)!system(cmd);
+        test_remove_tree(dir);
 }
 
 TestSuite(swarm_short, .init = setup, .fini = teardown);
-
-static int count(const char *s, const char *what) {
-        int n = 0;
-        for (; (s = strstr(s, what)); s++)
-                n++;
-        return n;
-}
 
 static int swarm(Proc *p, char *const extra[]) {
         char *argv[32] = { RAVNESTCTL, "swarm", "--ravnestd", RAVNESTD, "--progress", "1000" };
@@ -97,7 +88,7 @@ Test(swarm_short, the_last_round_gathers_every_cluster, .timeout = 600) {
                 int nodes = (i < 4 ? 2 : 3) * (i < 5 ? 2 : 3);
                 cr_assert_eq(status, 0, "run %zu: exit %d\n%s", i, status, p.out);
                 cr_assert(strstr(p.out, "swarm: the averaged model"), "run %zu\n%s", i, p.out);
-                cr_assert_eq(count(p.out, "The last averaging round included all "), nodes, "run %zu\n%s", i, p.out);
+                cr_assert_eq(test_count(p.out, "The last averaging round included all "), nodes, "run %zu\n%s", i, p.out);
                 expect_traffic_columns(p.out, nodes, i);
                 cr_log_info("run %zu: %s", i, strstr(p.out, "swarm: the averaged model"));
         }

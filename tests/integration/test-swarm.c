@@ -92,9 +92,7 @@ Test(swarm, interrupt_stops_every_node, .timeout = 120) {
                 s++;
         }
         cr_assert_eq(clean, 4, "%d nodes stopped cleanly\n%s", clean, p.out);
-        char cmd[128];
-        snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
-        (void)!system(cmd);
+        test_remove_tree(dir);
 }
 
 /* A node dies mid-run: its cluster's other stage waits for it without

@@ -28,19 +28,10 @@ static void setup(void) {
 }
 
 static void teardown(void) {
-        char cmd[128];
-        snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
-        (void)!system(cmd);
+        test_remove_tree(dir);
 }
 
 TestSuite(watch, .init = setup, .fini = teardown);
-
-static int count(const char *s, const char *what) {
-        int n = 0;
-        for (; (s = strstr(s, what)); s++)
-                n++;
-        return n;
-}
 
 static int run(Proc *p, char *const argv[]) {
         proc_start(p, argv, NULL);
@@ -75,7 +66,7 @@ Test(watch, a_kept_swarm_leaves_series_that_plot_draws, .timeout = 300) {
                 text[fread(text, 1, sizeof text - 1, f)] = 0;
                 fclose(f);
                 cr_expect(!strncmp(text, "time,elapsed,epoch,step,train_loss,valid_loss,", 46), "%s", text);
-                cr_expect_geq(count(text, "\n"), 2, "%s: %s", path, text);
+                cr_expect_geq(test_count(text, "\n"), 2, "%s: %s", path, text);
         }
 
         snprintf(svg, sizeof svg, "%s/run.svg", swarm_dir);
@@ -87,11 +78,11 @@ Test(watch, a_kept_swarm_leaves_series_that_plot_draws, .timeout = 300) {
         text[fread(text, 1, sizeof text - 1, f)] = 0;
         fclose(f);
         cr_expect(strstr(text, "</svg>"), "not a whole SVG");
-        cr_expect_geq(count(text, "<polyline"), 4, "%s", plot.out);
+        cr_expect_geq(test_count(text, "<polyline"), 4, "%s", plot.out);
         for (size_t i = 0; i < 4; i++) { /* every node's throughput */
                 char want[64];
                 snprintf(want, sizeof want, "<polyline data-series=\"%s\"", nodes[i]);
-                cr_expect_geq(count(text, want), 1, "no line of %s", nodes[i]);
+                cr_expect_geq(test_count(text, want), 1, "no line of %s", nodes[i]);
         }
         cr_expect(strstr(text, "data-series=\"c1s2\"") && strstr(text, "Loss"), "the last stages' loss");
         cr_log_info("%.*s", (int)plot.len, plot.out);
@@ -111,10 +102,10 @@ Test(watch, top_prints_a_line_per_node_per_refresh_off_a_terminal, .timeout = 30
         for (size_t i = 0; i < 4; i++) {
                 char want[16];
                 snprintf(want, sizeof want, "%s ", nodes[i]);
-                cr_expect_eq(count(top.out, want), 2, "%s twice: %s", nodes[i], top.out);
+                cr_expect_eq(test_count(top.out, want), 2, "%s twice: %s", nodes[i], top.out);
         }
-        cr_expect_eq(count(top.out, "\n"), 8, "%s", top.out);
-        cr_expect_geq(count(top.out, "training"), 4, "%s", top.out);
+        cr_expect_eq(test_count(top.out, "\n"), 8, "%s", top.out);
+        cr_expect_geq(test_count(top.out, "training"), 4, "%s", top.out);
         cr_expect(!strstr(top.out, "unreachable"), "%s", top.out);
 
         /* a node that does not answer is said, the others still shown */
@@ -150,7 +141,7 @@ Test(watch, top_in_a_terminal_until_q, .timeout = 300) {
         cr_log_info("%.*s", (int)tmux.len, tmux.out);
         cr_expect(strstr(tmux.out, "NODE") && strstr(tmux.out, "SAMPLES/S"), "no header: %s", tmux.out);
         for (size_t i = 0; i < 4; i++)
-                cr_expect_eq(count(tmux.out, nodes[i]), 1, "%s once on the screen: %s", nodes[i], tmux.out);
+                cr_expect_eq(test_count(tmux.out, nodes[i]), 1, "%s once on the screen: %s", nodes[i], tmux.out);
         cr_expect(!strstr(tmux.out, "unreachable"), "%s", tmux.out);
 
         run(&tmux, (char *[]){ tmux_path, "-L", server, "send-keys", "-t", "top", "q", NULL });

@@ -12,6 +12,7 @@
 
 #include "proc.h"
 
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -138,4 +139,17 @@ void test_make_identity(const char *dir, const char *name, char hex[IDENTITY_HEX
 double test_final_accuracy(const char *out) {
         const char *p = strstr(out, "test accuracy ");
         return p ? strtod(p + 14, NULL) : -1;
+}
+
+void test_remove_tree(const char *dir) {
+        char cmd[PATH_MAX + 16];
+        snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+        (void)!system(cmd);
+}
+
+int test_count(const char *s, const char *what) {
+        int n = 0;
+        for (; (s = strstr(s, what)); s++)
+                n++;
+        return n;
 }

@@ -33,5 +33,9 @@ void test_write_file(const char *path, const char *text, mode_t mode);
 /* <dir>/state-<name>/identity created ahead, so configurations can name the
  * key, in hex. */
 void test_make_identity(const char *dir, const char *name, char hex[IDENTITY_HEX_SIZE]);
+/* rm -rf dir: a test's temporary directory. */
+void test_remove_tree(const char *dir);
+/* How many times what occurs in s. */
+int test_count(const char *s, const char *what);
 /* The number after the first "test accuracy " in out, or -1. */
 double test_final_accuracy(const char *out);

@@ -10,6 +10,7 @@
 #include "run/stage-checkpoint.h"
 #include "net/handshake.h"
 #include "util/rng.h"
+#include "../lib/proc.h"
 
 Test(segments, cut_at_every_boundary) {
         size_t a[] = { 0, 50, 100 }, b[] = { 0, 30, 100 };
@@ -484,9 +485,7 @@ Test(averager, outer_state_survives_a_checkpoint) {
         free(m);
         free(a2);
         free(m2);
-        char cmd[160];
-        snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
-        (void)!system(cmd);
+        test_remove_tree(dir);
 }
 
 /* A member gone mid-round (its averager freed, its links closed, at

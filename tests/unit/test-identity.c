@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include "net/identity.h"
+#include "../lib/proc.h"
 
 static char dir[] = "/tmp/ravnest-test-identity-XXXXXX";
 
@@ -17,9 +18,7 @@ static void setup(void) {
         cr_assert_not_null(mkdtemp(dir));
 }
 static void teardown(void) {
-        char cmd[128];
-        snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
-        (void)!system(cmd);
+        test_remove_tree(dir);
 }
 TestSuite(identity, .init = setup, .fini = teardown);
 

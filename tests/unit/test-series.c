@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include "run/series.h"
+#include "../lib/proc.h"
 
 static char dir[] = "/tmp/ravnest-test-series-XXXXXX";
 
@@ -21,9 +22,7 @@ static void setup(void) {
 }
 
 static void teardown(void) {
-        char cmd[128];
-        snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
-        (void)!system(cmd);
+        test_remove_tree(dir);
 }
 
 TestSuite(series, .init = setup, .fini = teardown);

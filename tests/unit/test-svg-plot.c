@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include "util/svg-plot.h"
+#include "../lib/proc.h"
 
 /* Every element closed in order; no raw '<' or bare '&' in text. */
 static void expect_balanced(const char *svg) {
@@ -58,13 +59,6 @@ static char *draw(const SvgPanel *p, size_t n, const char *title) {
         return buf;
 }
 
-static int count(const char *s, const char *what) {
-        int n = 0;
-        for (; (s = strstr(s, what)); s++)
-                n++;
-        return n;
-}
-
 Test(svg_plot, well_formed_with_escaped_text_and_no_bad_points) {
         double x[] = { 0, 2, 4, 6, NAN, 10 }, y1[] = { 2.3, 1.5, NAN, INFINITY, 1.0, 0.8 },
                y2[] = { 100, 120, 130, 125, 140, -INFINITY };
@@ -84,12 +78,12 @@ Test(svg_plot, well_formed_with_escaped_text_and_no_bad_points) {
         cr_expect(strstr(svg, "Loss &amp; &lt;more&gt;"));
         cr_expect(!strchr(svg, '\x01'));
         cr_expect(!strstr(svg, "nan") && !strstr(svg, "inf"), "%s", svg);
-        cr_expect_eq(count(svg, "<polyline"), 3, "one a series with points, in both panels"); /* not "empty" */
-        cr_expect_eq(count(svg, "data-series=\"c2s2\""), 2);
+        cr_expect_eq(test_count(svg, "<polyline"), 3, "one a series with points, in both panels"); /* not "empty" */
+        cr_expect_eq(test_count(svg, "data-series=\"c2s2\""), 2);
         const char *pts = strstr(strstr(svg, "data-series=\"c1s2"), "points=\"");
         cr_assert(pts);
         char *list = strndup(pts, strcspn(pts + 8, "\"") + 8);
-        cr_expect_eq(count(list, ","), 3, "three finite points: %.200s", pts);
+        cr_expect_eq(test_count(list, ","), 3, "three finite points: %.200s", pts);
         free(list);
 
         char path[] = "/tmp/ravnest-test-svg-XXXXXX";
@@ -111,14 +105,14 @@ Test(svg_plot, nothing_to_draw_is_still_a_chart) {
         SvgPanel p = { .title = "Empty" };
         char *svg = draw(&p, 1, NULL);
         expect_balanced(svg);
-        cr_expect_eq(count(svg, "<polyline"), 0);
+        cr_expect_eq(test_count(svg, "<polyline"), 0);
         free(svg);
         double x[] = { 5 }, y[] = { 3 };
         SvgSeries s = { .label = "one", .x = x, .y = y, .n = 1 };
         p.series = &s, p.n_series = 1;
         svg = draw(&p, 1, NULL);
         expect_balanced(svg);
-        cr_expect_eq(count(svg, "<polyline"), 1);
+        cr_expect_eq(test_count(svg, "<polyline"), 1);
         free(svg);
 }
 

@@ -16,9 +16,7 @@ static void setup(void) {
 }
 
 static void teardown(void) {
-        char cmd[128];
-        snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
-        (void)!system(cmd);
+        test_remove_tree(dir);
 }
 
 TestSuite(text, .init = setup, .fini = teardown);
