@@ -30,9 +30,9 @@ cache_dir=${RAVNEST_ROOTFS_CACHE_DIR:-/var/tmp}
 # packages) and procps for the unit's /bin/kill. Changing this list (or
 # RUNTIME_RECIPE) builds a new cache.
 # shellcheck disable=SC2034 # used by the scripts that source this
-RUNTIME_PACKAGES="systemd,dbus,procps,libsystemd0,liburing2,libopenblas0-pthread,libgfortran5,libconfig9,zlib1g,libsodium23,libssl3"
+RUNTIME_PACKAGES="systemd,dbus,procps,libsystemd0,liburing2,libopenblas0-pthread,libgfortran5,libconfig9,zlib1g,libsodium23,libssl3,libmicrohttpd12"
 # shellcheck disable=SC2034
-RUNTIME_RECIPE=1
+RUNTIME_RECIPE=2
 
 # ---- reporting ---------------------------------------------------------------
 n_pass=0

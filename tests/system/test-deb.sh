@@ -89,7 +89,7 @@ else
 fi
 fields=$(dpkg-deb -f "$deb" Pre-Depends Depends Recommends)
 printf '%s\n' "$fields" | sed 's/^/      /'
-for d in procps libopenblas0 liburing2 libconfig9 libsodium23 libssl3 libsystemd0 zlib1g \
+for d in procps libopenblas0 liburing2 libconfig9 libsodium23 libssl3 libsystemd0 zlib1g libmicrohttpd12 \
          'systemd | systemd-standalone-sysusers' dataset-fashion-mnist; do
         printf '%s\n' "$fields" | grep -q -F -- "$d" || fail "control: $d is missing from Depends/Recommends"
 done

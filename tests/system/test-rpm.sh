@@ -109,11 +109,12 @@ else fail "rpm -qp --scripts:$why"; fi
 requires=$(q --requires)
 missing=
 for r in 'libopenblas.so.0()(64bit)' 'liburing.so.2()(64bit)' 'libconfig.so.9()(64bit)' 'libsodium.so.23()(64bit)' \
-         'libcrypto.so.3()(64bit)' 'libsystemd.so.0()(64bit)' 'libz.so.1()(64bit)' /usr/bin/kill dbus-common; do
+         'libcrypto.so.3()(64bit)' 'libsystemd.so.0()(64bit)' 'libz.so.1()(64bit)' 'libmicrohttpd.so.12()(64bit)' \
+         /usr/bin/kill dbus-common; do
         printf '%s\n' "$requires" | grep -q -x -F -- "$r" || missing="$missing $r"
 done
 if [ -z "$missing" ]; then
-        pass "rpm -qp --requires: the automatic library requirements (openblas, uring, config, sodium, crypto, systemd, z), kill, dbus-common"
+        pass "rpm -qp --requires: the automatic library requirements (openblas, uring, config, sodium, crypto, systemd, z, microhttpd), kill, dbus-common"
         printf '%s\n' "$requires" | grep -v -e '^rpmlib(' -e 'GLIBC_' -e '^/bin/sh$' | sed 's/^/      /'
 else
         fail "rpm -qp --requires: missing$missing" "$requires"
