@@ -85,6 +85,30 @@ static int net_config(const Config *c, const Identity *id, NetConfig *ret) {
         return r < 0 ? log_error_errno(r, "Invalid configuration: %s", diag.text) : 0;
 }
 
+/* Membership: the stage, the cluster and the rings come from the
+ * coordinator (this node's, when it coordinates). */
+static int run_membership(Daemon *d, const LocalRunOptions *o) {
+        Config *c = &d->config;
+        Coordinator co = {};
+        int r = 0;
+
+        if (c->membership.coordinate && (r = coordinator_start(&co, c, &d->job, &d->node.identity)) < 0)
+                return r;
+        if (c->membership.train)
+                r = membership_run(c, &d->job, &d->node.identity, o, &d->control.stop);
+        else {
+                log_info("Coordinating only (membership.train = false)");
+                control_set_state(&d->control, NODE_FINISHED);
+                while (!d->control.stop)
+                        if (d->node.active)
+                                node_poll(&d->node, 200);
+                        else
+                                usleep(200 * 1000);
+        }
+        coordinator_stop(&co);
+        return r < 0 ? r : d->control.stop ? -ECANCELED : 0;
+}
+
 static int run_job(Daemon *d) {
         Config *c = &d->config;
         LocalRunOptions o = d->options.run;
@@ -104,24 +128,8 @@ static int run_job(Daemon *d) {
         o.checkpoint_dir = c->path[0] ? c->state_directory : NULL;
         o.load_checkpoint = c->checkpoint.load;
         o.series_dir = c->state_directory; /* a job run by hand too, when that directory is there */
-        if (c->membership.enabled) { /* the stage, the cluster and the rings come from the coordinator */
-                Coordinator co = {};
-                if (c->membership.coordinate && (r = coordinator_start(&co, c, &d->job, &d->node.identity)) < 0)
-                        return r;
-                if (c->membership.train)
-                        r = membership_run(c, &d->job, &d->node.identity, &o, &d->control.stop);
-                else {
-                        log_info("Coordinating only (membership.train = false)");
-                        control_set_state(&d->control, NODE_FINISHED);
-                        while (!d->control.stop)
-                                if (d->node.active)
-                                        node_poll(&d->node, 200);
-                                else
-                                        usleep(200 * 1000);
-                }
-                coordinator_stop(&co);
-                return r < 0 ? r : d->control.stop ? -ECANCELED : 0;
-        }
+        if (c->membership.enabled)
+                return run_membership(d, &o);
         NetConfig nc = {};
         if ((c->pipeline.enabled || c->averaging.enabled) && (r = net_config(c, &d->node.identity, &nc)) < 0)
                 return r;
