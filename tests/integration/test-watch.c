@@ -136,8 +136,16 @@ Test(watch, top_in_a_terminal_until_q, .timeout = 300) {
         int status = run(&tmux, (char *[]){ tmux_path, "-L", server, "new-session", "-d", "-s", "top", "-x", "160", "-y",
                                             "40", command, NULL });
         cr_assert_eq(status, 0, "tmux new-session: exit %d: %s", status, tmux.out);
-        sleep(2);
-        run(&tmux, (char *[]){ tmux_path, "-L", server, "capture-pane", "-p", "-t", "top", NULL });
+        /* the screen, once every node has a row (a loaded machine takes a while) */
+        for (int tries = 0; tries < 60; tries++) {
+                usleep(500 * 1000);
+                run(&tmux, (char *[]){ tmux_path, "-L", server, "capture-pane", "-p", "-t", "top", NULL });
+                bool all = true;
+                for (size_t i = 0; i < 4; i++)
+                        all = all && strstr(tmux.out, nodes[i]);
+                if (all)
+                        break;
+        }
         cr_log_info("%.*s", (int)tmux.len, tmux.out);
         cr_expect(strstr(tmux.out, "NODE") && strstr(tmux.out, "SAMPLES/S"), "no header: %s", tmux.out);
         for (size_t i = 0; i < 4; i++)
