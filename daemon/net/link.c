@@ -224,8 +224,12 @@ static int rx_header(Link *l) {
                 if (!l->rx_active || h->stream != l->rx.stream || h->offset != l->rx_got || h->length == 0 ||
                     h->length > l->rx.desc.bytes - l->rx_got)
                         return -EBADMSG;
-                /* Straight into the tensor's buffer: no copy on the way. */
+                /* Straight into the tensor's buffer: no copy on the way;
+                 * opened there as it comes in, where the cipher allows. */
                 rx_expect(l, RX_PAYLOAD, l->rx.data + h->offset, h->length);
+                l->rx_records = seal_streams(&l->seal);
+                if (l->rx_records && seal_open_begin(&l->seal, l->hdr, h) < 0)
+                        return -EBADMSG;
         } else {
                 if (h->type == FRAME_TENSOR && (l->rx_active || h->length > TENSOR_DESC_MAX_SIZE))
                         return -EBADMSG;
@@ -363,7 +367,11 @@ static int rx_piece_done(Link *l) {
                 }
                 /* fall through */
         case RX_TAG:
-                if (l->keyed) {
+                if (l->rx_records) {
+                        l->rx_records = false;
+                        if (seal_open_end(&l->seal, l->tag) < 0)
+                                return -EBADMSG;
+                } else if (l->keyed) {
                         uint8_t *payload = l->h.type == FRAME_DATA ? l->rx.data + l->h.offset : l->ctl;
                         if (seal_open(&l->seal, l->hdr, &l->h, payload, l->h.length, l->tag) < 0)
                                 return -EBADMSG;
@@ -379,6 +387,8 @@ int link_rx_done(Link *l, size_t n) {
                 return -ECONNRESET;
         l->net->stats.bytes_received += n;
         l->last_bytes_ns = net_now_ns();
+        if (l->rx_records && l->phase == RX_PAYLOAD && seal_open_update(&l->seal, l->rx_dst + l->rx_have, n) < 0)
+                return -EBADMSG;
         l->rx_have += n;
         /* Pieces of zero bytes complete at once: loop until more input is needed. */
         while (l->rx_have == l->rx_want) {
@@ -393,6 +403,26 @@ int link_rx_done(Link *l, size_t n) {
         return 0;
 }
 
+/* A DATA frame larger than this is sealed a record at a time into the
+ * stage, each record just before it is sent, so the bytes the kernel copies
+ * out are still in the cache (a sealed megabyte is not, by then). */
+#define SEAL_RECORD (1024u << 10)
+
+/* The next record of the frame being sealed, into the stage at `at`; the
+ * tag after the last. */
+static void tx_record(Link *l, size_t at) {
+        size_t n = MIN((size_t)SEAL_RECORD, l->seal.tx_left);
+        seal_update(&l->seal, l->stage + at, l->tx_src, n);
+        l->tx_src += n;
+        at += n;
+        if (!l->seal.tx_left) {
+                seal_end(&l->seal, l->stage + at);
+                at += FRAME_TAG_SIZE;
+        }
+        l->iov[0] = (struct iovec){ l->stage, at };
+        l->iovcnt = 1;
+}
+
 /* The frame at the head of the queue, into l->iov. */
 bool link_tx_prepare(Link *l) {
         const NetConfig *c = &l->net->cfg;
@@ -405,6 +435,10 @@ bool link_tx_prepare(Link *l) {
                 return true;
         if (l->tx_zc_pending || l->state == LINK_CLOSING)
                 return false;
+        if (l->seal.tx_left) { /* the next record of a frame: nothing goes between */
+                tx_record(l, 0);
+                goto ready;
+        }
         if (l->bye_pending && l->keyed) { /* the node stops: BYE before anything still queued */
                 h.type = FRAME_BYE;
                 seal_frame_to(&l->seal, &h, hdr, body, NULL, 0, body);
@@ -437,6 +471,12 @@ bool link_tx_prepare(Link *l) {
                         l->iov[1] = (struct iovec){ (void *)(i->data + i->offset), len };
                         l->iovcnt = len ? 2 : 1;
                         l->iov[0] = (struct iovec){ hdr, FRAME_HEADER_SIZE };
+                        goto ready;
+                }
+                if (seal_streams(&l->seal) && len > SEAL_RECORD) {
+                        seal_begin(&l->seal, &h, hdr, len);
+                        l->tx_src = i->data + i->offset;
+                        tx_record(l, FRAME_HEADER_SIZE);
                         goto ready;
                 }
                 seal_frame_to(&l->seal, &h, hdr, body, i->data + i->offset, len, body + len);
@@ -481,9 +521,11 @@ void link_tx_done(Link *l, size_t n) {
         }
         if (l->tx_done < l->tx_total)
                 return;
+        l->tx_ready = false;
+        if (l->seal.tx_left)
+                return; /* a record is out, not yet the frame */
 
         /* The frame is out. */
-        l->tx_ready = false;
         net->stats.frames_sent++;
         l->last_sent_ns = net_now_ns();
         if (l->bye_sending) { /* not from the queue */

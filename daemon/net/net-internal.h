@@ -66,6 +66,7 @@ typedef struct Link {
         size_t rx_want, rx_have;
         uint8_t tag[FRAME_TAG_SIZE];
         uint8_t *ctl;    /* payloads of non-DATA frames */
+        bool rx_records; /* the DATA frame coming is opened as it arrives (seal_open_begin) */
         bool rx_active;  /* a tensor is being received */
         NetTensor rx;
         uint64_t rx_got;
@@ -81,7 +82,8 @@ typedef struct Link {
         struct iovec iov[2];
         int iovcnt;
         size_t tx_total, tx_done;
-        bool tx_ready;   /* iov holds a frame not yet fully sent */
+        const uint8_t *tx_src; /* the rest of a frame sealed in records (seal.tx_left bytes) */
+        bool tx_ready;   /* iov holds a frame (or a record of one) not yet fully sent */
         bool tx_busy;    /* a send is in flight in the backend */
         unsigned tx_zc_pending; /* zero-copy sends whose buffer the kernel still holds */
         struct msghdr msg;      /* for SENDMSG: the kernel reads it at submission */

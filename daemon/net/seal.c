@@ -48,25 +48,49 @@ void seal_clear(Seal *s) {
 }
 
 /* AES-256-GCM with a 12-byte nonce, the header as associated data. OpenSSL
- * works in int lengths: frames are at most 64 MiB (max_frame). */
-static void aes_seal(EVP_CIPHER_CTX *ctx, const uint8_t nonce[12], const uint8_t *ad, uint8_t *dst,
-                     const uint8_t *src, size_t len, uint8_t tag[FRAME_TAG_SIZE]) {
+ * works in int lengths: frames are at most 64 MiB (max_frame). Only a broken
+ * libcrypto fails to seal: never send a frame unsealed. */
+static void aes_begin(EVP_CIPHER_CTX *ctx, const uint8_t nonce[12], const uint8_t *ad) {
         int n;
         if (EVP_EncryptInit_ex(ctx, NULL, NULL, NULL, nonce) != 1 ||
-            EVP_EncryptUpdate(ctx, NULL, &n, ad, FRAME_HEADER_SIZE) != 1 ||
-            (len && EVP_EncryptUpdate(ctx, dst, &n, src, (int)len) != 1) || EVP_EncryptFinal_ex(ctx, dst, &n) != 1 ||
-            EVP_CIPHER_CTX_ctrl(ctx, EVP_CTRL_GCM_GET_TAG, FRAME_TAG_SIZE, tag) != 1)
-                abort(); /* only a broken libcrypto fails here; never send a frame unsealed */
+            EVP_EncryptUpdate(ctx, NULL, &n, ad, FRAME_HEADER_SIZE) != 1)
+                abort();
 }
 
-static int aes_open(EVP_CIPHER_CTX *ctx, const uint8_t nonce[12], const uint8_t *ad, uint8_t *payload, size_t len,
-                    const uint8_t tag[FRAME_TAG_SIZE]) {
+static void aes_update(EVP_CIPHER_CTX *ctx, uint8_t *dst, const uint8_t *src, size_t len) {
+        int n;
+        if (len && EVP_EncryptUpdate(ctx, dst, &n, src, (int)len) != 1)
+                abort();
+}
+
+static void aes_end(EVP_CIPHER_CTX *ctx, uint8_t tag[FRAME_TAG_SIZE]) {
+        uint8_t none[16];
+        int n;
+        if (EVP_EncryptFinal_ex(ctx, none, &n) != 1 ||
+            EVP_CIPHER_CTX_ctrl(ctx, EVP_CTRL_GCM_GET_TAG, FRAME_TAG_SIZE, tag) != 1)
+                abort();
+}
+
+static int aes_open_begin(EVP_CIPHER_CTX *ctx, const uint8_t nonce[12], const uint8_t *ad) {
         int n;
         if (EVP_DecryptInit_ex(ctx, NULL, NULL, NULL, nonce) != 1 ||
-            EVP_DecryptUpdate(ctx, NULL, &n, ad, FRAME_HEADER_SIZE) != 1 ||
-            (len && EVP_DecryptUpdate(ctx, payload, &n, payload, (int)len) != 1) ||
-            EVP_CIPHER_CTX_ctrl(ctx, EVP_CTRL_GCM_SET_TAG, FRAME_TAG_SIZE, (void *)tag) != 1 ||
-            EVP_DecryptFinal_ex(ctx, payload + len, &n) != 1)
+            EVP_DecryptUpdate(ctx, NULL, &n, ad, FRAME_HEADER_SIZE) != 1)
+                return -EBADMSG;
+        return 0;
+}
+
+static int aes_open_update(EVP_CIPHER_CTX *ctx, uint8_t *payload, size_t len) {
+        int n;
+        if (len && EVP_DecryptUpdate(ctx, payload, &n, payload, (int)len) != 1)
+                return -EBADMSG;
+        return 0;
+}
+
+static int aes_open_end(EVP_CIPHER_CTX *ctx, const uint8_t tag[FRAME_TAG_SIZE]) {
+        uint8_t none[16];
+        int n;
+        if (EVP_CIPHER_CTX_ctrl(ctx, EVP_CTRL_GCM_SET_TAG, FRAME_TAG_SIZE, (void *)tag) != 1 ||
+            EVP_DecryptFinal_ex(ctx, none, &n) != 1)
                 return -EBADMSG;
         return 0;
 }
@@ -95,7 +119,9 @@ void seal_frame_to(Seal *s, FrameHeader *h, uint8_t hdr[FRAME_HEADER_SIZE], uint
         make_nonce(nonce, h->seq);
         switch (s->cipher) {
         case CIPHER_AES256GCM:
-                aes_seal(s->tx_aes, nonce, hdr, dst, src, len, tag);
+                aes_begin(s->tx_aes, nonce, hdr);
+                aes_update(s->tx_aes, dst, src, len);
+                aes_end(s->tx_aes, tag);
                 break;
         case CIPHER_CHACHA20POLY1305:
                 crypto_aead_chacha20poly1305_ietf_encrypt_detached(dst, tag, &maclen, src, len, hdr,
@@ -125,7 +151,9 @@ int seal_open(Seal *s, const uint8_t hdr[FRAME_HEADER_SIZE], const FrameHeader *
         make_nonce(nonce, h->seq);
         switch (s->cipher) {
         case CIPHER_AES256GCM:
-                r = aes_open(s->rx_aes, nonce, hdr, payload, len, tag);
+                r = aes_open_begin(s->rx_aes, nonce, hdr);
+                r = r < 0 ? r : aes_open_update(s->rx_aes, payload, len);
+                r = r < 0 ? r : aes_open_end(s->rx_aes, tag);
                 break;
         case CIPHER_CHACHA20POLY1305:
                 r = crypto_aead_chacha20poly1305_ietf_decrypt_detached(payload, NULL, payload, len, tag, hdr,
@@ -135,6 +163,56 @@ int seal_open(Seal *s, const uint8_t hdr[FRAME_HEADER_SIZE], const FrameHeader *
                 break;
         }
         if (r != 0)
+                return -EBADMSG;
+        s->rx_seq++;
+        return 0;
+}
+
+void seal_begin(Seal *s, FrameHeader *h, uint8_t hdr[FRAME_HEADER_SIZE], size_t len) {
+        uint8_t nonce[12];
+
+        if (!seal_streams(s))
+                abort(); /* a caller's bug: no cipher but AES-256-GCM streams */
+        h->seq = s->tx_seq++;
+        h->length = (uint32_t)len;
+        frame_header_encode(h, hdr);
+        make_nonce(nonce, h->seq);
+        aes_begin(s->tx_aes, nonce, hdr);
+        s->tx_left = len;
+}
+
+void seal_update(Seal *s, uint8_t *dst, const uint8_t *src, size_t n) {
+        if (n > s->tx_left)
+                abort(); /* more than the header announced: the frame would not open */
+        aes_update(s->tx_aes, dst, src, n);
+        s->tx_left -= n;
+}
+
+void seal_end(Seal *s, uint8_t tag[FRAME_TAG_SIZE]) {
+        if (s->tx_left)
+                abort();
+        aes_end(s->tx_aes, tag);
+}
+
+int seal_open_begin(Seal *s, const uint8_t hdr[FRAME_HEADER_SIZE], const FrameHeader *h) {
+        uint8_t nonce[12];
+
+        if (!seal_streams(s) || seal_check_seq(s, h) < 0)
+                return -EBADMSG;
+        make_nonce(nonce, h->seq);
+        s->rx_left = h->length;
+        return aes_open_begin(s->rx_aes, nonce, hdr);
+}
+
+int seal_open_update(Seal *s, uint8_t *payload, size_t n) {
+        if (n > s->rx_left)
+                return -EBADMSG;
+        s->rx_left -= n;
+        return aes_open_update(s->rx_aes, payload, n);
+}
+
+int seal_open_end(Seal *s, const uint8_t tag[FRAME_TAG_SIZE]) {
+        if (s->rx_left || aes_open_end(s->rx_aes, tag) < 0)
                 return -EBADMSG;
         s->rx_seq++;
         return 0;

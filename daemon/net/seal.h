@@ -19,6 +19,7 @@
 #pragma once
 
 #include <errno.h>
+#include <stdbool.h>
 #include <openssl/evp.h>
 #include <sodium.h>
 #include <stdint.h>
@@ -39,6 +40,7 @@ typedef struct Seal {
         EVP_CIPHER_CTX *tx_aes, *rx_aes; /* AES-256-GCM: the keys expanded once */
         uint8_t tx_key[SEAL_KEY_SIZE], rx_key[SEAL_KEY_SIZE];
         uint64_t tx_seq, rx_seq;
+        size_t tx_left, rx_left; /* bytes of the frame being sealed / opened in records */
         Cipher cipher;
 } Seal;
 
@@ -62,6 +64,30 @@ void seal_frame(Seal *s, FrameHeader *h, uint8_t hdr[FRAME_HEADER_SIZE], uint8_t
 /* The same, reading plaintext from src and writing ciphertext to dst. */
 void seal_frame_to(Seal *s, FrameHeader *h, uint8_t hdr[FRAME_HEADER_SIZE], uint8_t *dst,
                    const uint8_t *src, size_t len, uint8_t tag[FRAME_TAG_SIZE]);
+
+/* A frame sealed or opened a record at a time, so that each record is
+ * encrypted just before the kernel copies it out, or decrypted just after it
+ * copied it in, while it is still in the cache. The bytes on the wire are
+ * those of seal_frame_to() and seal_open(): one AEAD over the whole frame,
+ * checked by its one tag, so a receiver may hand no byte of it on before
+ * seal_open_end() succeeds. AES-256-GCM only (seal_streams()).
+ *
+ *     seal_begin(&s, &h, hdr, len);           // h.seq, h.length, hdr
+ *     seal_update(&s, dst, src, n);           // any n, len in all
+ *     seal_end(&s, tag);
+ *
+ *     r = seal_open_begin(&s, hdr, &h);       // -EBADMSG: not the next seq
+ *     seal_open_update(&s, payload, n);       // in place, len in all
+ *     r = seal_open_end(&s, tag);             // -EBADMSG: forged or short */
+static inline bool seal_streams(const Seal *s) {
+        return s->cipher == CIPHER_AES256GCM;
+}
+void seal_begin(Seal *s, FrameHeader *h, uint8_t hdr[FRAME_HEADER_SIZE], size_t len);
+void seal_update(Seal *s, uint8_t *dst, const uint8_t *src, size_t n);
+void seal_end(Seal *s, uint8_t tag[FRAME_TAG_SIZE]);
+int seal_open_begin(Seal *s, const uint8_t hdr[FRAME_HEADER_SIZE], const FrameHeader *h);
+int seal_open_update(Seal *s, uint8_t *payload, size_t n);
+int seal_open_end(Seal *s, const uint8_t tag[FRAME_TAG_SIZE]);
 
 /* Check a received frame: h (decoded from hdr) must carry the expected seq;
  * the payload is authenticated with hdr and decrypted in place.

@@ -9,7 +9,10 @@
  * ratio to iperf3. Then the peak RSS of a process holding 64 links with
  * full send queues.
  *
- *     bench-transport [--runs N] [--bytes MiB] [--no-iperf]
+ * --chunk sets the DATA payload per frame (max_frame in ravnestd.conf;
+ * default 1 MiB), --only runs the configurations whose name holds a word.
+ *
+ *     bench-transport [--runs N] [--bytes MiB] [--chunk KiB] [--only WORD] [--no-iperf]
  */
 #include <getopt.h>
 #include <signal.h>
@@ -48,8 +51,13 @@ static const Mode modes[] = {
 };
 #define N_MODES (sizeof modes / sizeof modes[0])
 
+static uint32_t chunk = 1u << 20;
+
 static void config_for(NetConfig *c, const Identity *id, const Mode *m) {
         net_config_defaults(c);
+        c->chunk = chunk;
+        if (c->limits.max_payload < chunk)
+                c->limits.max_payload = chunk;
         c->identity = id;
         c->secret = secret;
         c->backend = m->backend;
@@ -282,8 +290,10 @@ static void memory_figure(void) {
 }
 
 static void usage(FILE *f) {
-        fprintf(f, "Usage: bench-transport [--runs N] [--bytes MiB] [--no-iperf]\n"
-                   "Throughput of the transport on loopback, against iperf3 (the reference).\n");
+        fprintf(f, "Usage: bench-transport [--runs N] [--bytes MiB] [--chunk KiB] [--only WORD] [--no-iperf]\n"
+                   "Throughput of the transport on loopback, against iperf3 (the reference).\n"
+                   "  --chunk KiB   DATA payload per frame (max_frame; default 1024)\n"
+                   "  --only WORD   only the configurations whose name holds WORD (e.g. aes256gcm)\n");
 }
 
 int main(int argc, char *argv[]) {
@@ -291,18 +301,23 @@ int main(int argc, char *argv[]) {
                 { "runs", required_argument, NULL, 'r' },
                 { "bytes", required_argument, NULL, 'b' },
                 { "no-iperf", no_argument, NULL, 'n' },
+                { "chunk", required_argument, NULL, 'c' },
+                { "only", required_argument, NULL, 'o' },
                 { "help", no_argument, NULL, 'h' },
                 {},
         };
         int runs = 5, use_iperf = 1, c;
+        const char *only = "";
         uint64_t total = 1024ull << 20;
         long long n = 0;
-        while ((c = getopt_long(argc, argv, "r:b:nh", options, NULL)) >= 0) {
+        while ((c = getopt_long(argc, argv, "r:b:c:o:nh", options, NULL)) >= 0) {
                 int r = 0;
                 switch (c) {
                 case 'r': r = option_int("runs", optarg, 1, MAX_RUNS, &n); runs = (int)n; break;
                 case 'b': r = option_int("bytes", optarg, 16, 1 << 20, &n); total = (uint64_t)n << 20; break;
                 case 'n': use_iperf = 0; break;
+                case 'c': r = option_int("chunk", optarg, 4, 64 << 10, &n); chunk = (uint32_t)n << 10; break;
+                case 'o': only = optarg; break;
                 case 'h': usage(stdout); return 0;
                 default: usage(stderr); return EX_USAGE;
                 }
@@ -326,13 +341,15 @@ int main(int argc, char *argv[]) {
         for (size_t i = 0; i < (16u << 20); i++)
                 data[i] = (uint8_t)(i * 2654435761u >> 24);
 
-        printf("%d runs of %llu MiB per configuration, interleaved; AES-256-GCM %s on this CPU\n", runs,
-               (unsigned long long)(total >> 20), cipher_available() & CIPHER_BIT(CIPHER_AES256GCM) ? "available" : "NOT available");
+        printf("%d runs of %llu MiB per configuration, interleaved, %u KiB per frame; AES-256-GCM %s on this CPU\n",
+               runs, (unsigned long long)(total >> 20), chunk >> 10, cipher_available() & CIPHER_BIT(CIPHER_AES256GCM) ? "available" : "NOT available");
         for (int run = 0; run < runs; run++) {
                 if (use_iperf)
                         ip[run] = iperf3(2);
                 for (size_t f = 0; f < 2; f++)
                         for (size_t m = 0; m < N_MODES; m++) {
+                                if (!strstr(modes[m].name, only))
+                                        continue;
                                 rate[f][m][run] = measure(&modes[m], frames[f], total, data, &backend[m]);
                                 fprintf(stderr, "%s, %zu MiB frames: %.2f GB/s\n", modes[m].name,
                                                 frames[f] >> 20, rate[f][m][run] / 1e9);
@@ -344,6 +361,8 @@ int main(int argc, char *argv[]) {
                 printf("\niperf3, one TCP stream on loopback: %.2f GB/s (median)\n", ipm / 1e9);
         printf("\n%-30s %14s %14s\n", "configuration", "1 MiB frames", "16 MiB frames");
         for (size_t m = 0; m < N_MODES; m++) {
+                if (!strstr(modes[m].name, only))
+                        continue;
                 printf("%-30s", modes[m].name);
                 for (size_t f = 0; f < 2; f++) {
                         double v = median(rate[f][m], runs);

@@ -10,10 +10,11 @@ static void on_sent(void *ud, uint32_t peer, uint64_t c) { Side *s = ud; s->sent
 static void on_closed(void *ud, uint32_t peer, int r, const uint8_t id[32]) { Side *s = ud; s->closed++; s->reason = r; }
 static const NetCallbacks cbs = { .connected = on_conn, .tensor = on_tensor, .sent = on_sent, .closed = on_closed };
 
-static void smoke_zc(NetBackendKind kind, size_t zc) {
+static void smoke_with(NetBackendKind kind, size_t zc, uint32_t chunk) {
         Identity a, b; identity_generate(&a); identity_generate(&b);
         uint8_t secret[32] = { 1, 2, 3 };
         NetConfig ca, cb2; net_config_defaults(&ca); ca.identity = &a; ca.secret = secret; ca.backend = kind; ca.zc_threshold = zc;
+        if (chunk) { ca.chunk = chunk; ca.limits.max_payload = chunk; }
         cb2 = ca; cb2.identity = &b;
         Side s = {}, c = {};
         cr_assert_eq(net_new(&ca, &cbs, &s, &s.n), 0);
@@ -22,8 +23,8 @@ static void smoke_zc(NetBackendKind kind, size_t zc) {
         uint32_t p; cr_assert_eq(net_connect(c.n, "127.0.0.1", port, &p), 0);
         for (int i = 0; i < 200 && !(s.connected && c.connected); i++) { net_run(s.n, 5); net_run(c.n, 5); }
         cr_assert(s.connected && c.connected, "backend %s: s %d c %d closed %d/%d reason %d/%d", net_backend_name(s.n), s.connected, c.connected, s.closed, c.closed, s.reason, c.reason);
-        size_t sizes[] = { 0, 1, 3, 65536, (1 << 20) + 1, 5 << 20 };
-        for (size_t k = 0; k < 6; k++) {
+        size_t sizes[] = { 0, 1, 3, 65536, (1 << 20) + 1, 5 << 20, (9 << 20) + 7 };
+        for (size_t k = 0; k < 7; k++) {
                 size_t n = sizes[k];
                 uint8_t *buf = malloc(n + 1);
                 for (size_t i = 0; i < n; i++) buf[i] = (uint8_t)(i * 7 + k);
@@ -44,8 +45,13 @@ static void smoke_zc(NetBackendKind kind, size_t zc) {
         if (s.t) net_tensor_release(s.n, s.t);
         net_free(s.n);
 }
-static void smoke(NetBackendKind kind) { smoke_zc(kind, NET_ZC_AUTO); }
+static void smoke(NetBackendKind kind) { smoke_with(kind, NET_ZC_AUTO, 0); }
 Test(netsmoke, epoll) { smoke(NET_BACKEND_EPOLL); }
 Test(netsmoke, uring) { smoke(NET_BACKEND_URING); }
 /* every frame of 4 KiB or more through SEND_ZC and its notifications */
-Test(netsmoke, uring_send_zc) { smoke_zc(NET_BACKEND_URING, 4096); }
+Test(netsmoke, uring_send_zc) { smoke_with(NET_BACKEND_URING, 4096, 0); }
+/* frames of 4 MiB and a few bytes (max_frame): sealed and sent a record at a
+ * time, opened as they arrive (AES-256-GCM; whole frames with the others) */
+Test(netsmoke, large_frames_epoll) { smoke_with(NET_BACKEND_EPOLL, NET_ZC_AUTO, (4 << 20) + 5); }
+Test(netsmoke, large_frames_uring) { smoke_with(NET_BACKEND_URING, NET_ZC_AUTO, (4 << 20) + 5); }
+Test(netsmoke, large_frames_uring_send_zc) { smoke_with(NET_BACKEND_URING, 4096, (4 << 20) + 5); }

@@ -89,3 +89,64 @@ Test(seal, tampering_fails_and_counters_move) {
                 seal_clear(&b);
         }
 }
+
+/* A frame sealed in records of any sizes is byte for byte the frame sealed
+ * whole; opened in records of other sizes it gives the plaintext back, and
+ * a flipped byte anywhere, a short frame or a wrong tag fails at the end. */
+Test(seal, records_are_the_whole_frame) {
+        if (!(cipher_available() & CIPHER_BIT(CIPHER_AES256GCM)))
+                cr_skip_test("SKIP: this CPU has no AES-NI: records are AES-256-GCM's");
+        uint8_t tx[32], rx[32];
+        keys(tx, rx);
+        Seal whole, rec, open;
+        cr_assert_eq(seal_init(&whole, CIPHER_AES256GCM, tx, rx), 0);
+        cr_assert_eq(seal_init(&rec, CIPHER_AES256GCM, tx, rx), 0);
+        cr_assert_eq(seal_init(&open, CIPHER_AES256GCM, rx, tx), 0);
+        size_t n = (1u << 20) + 123;
+        uint8_t *pt = malloc(n), *ct = malloc(n), *ct2 = malloc(n);
+        for (size_t i = 0; i < n; i++)
+                pt[i] = (uint8_t)(i * 13 + 5);
+        FrameLimits lim = { 1 << 21, 1 << 16, 1 << 30 };
+        for (int round = 0; round < 4; round++) {
+                uint8_t hdr[FRAME_HEADER_SIZE], hdr2[FRAME_HEADER_SIZE], tag[16], tag2[16];
+                FrameHeader h = { .type = FRAME_DATA, .stream = 1 }, h2 = h, dh;
+                seal_frame_to(&whole, &h, hdr, ct, pt, n, tag);
+                seal_begin(&rec, &h2, hdr2, n);
+                size_t steps[] = { 1, 15, 4096, 262144, 7 }; /* record sizes, in turn */
+                for (size_t at = 0, k = 0; at < n; k++) {
+                        size_t m = steps[(k + (size_t)round) % 5] < n - at ? steps[(k + (size_t)round) % 5] : n - at;
+                        seal_update(&rec, ct2 + at, pt + at, m);
+                        at += m;
+                }
+                seal_end(&rec, tag2);
+                cr_assert(memcmp(hdr, hdr2, sizeof hdr) == 0 && memcmp(tag, tag2, 16) == 0 &&
+                          memcmp(ct, ct2, n) == 0, "round %d: records differ from the whole frame", round);
+
+                cr_assert_eq(frame_header_decode(hdr, &lim, &dh), 0);
+                if (round == 1)
+                        ct2[n / 2] ^= 1;
+                if (round == 2)
+                        tag2[0] ^= 0x80;
+                cr_assert_eq(seal_open_begin(&open, hdr, &dh), 0);
+                size_t end = round == 3 ? n - 1 : n; /* round 3: a byte short */
+                for (size_t at = 0; at < end;) {
+                        size_t m = 65536 + 17 < end - at ? 65536 + 17 : end - at;
+                        cr_assert_eq(seal_open_update(&open, ct2 + at, m), 0);
+                        at += m;
+                }
+                int r = seal_open_end(&open, tag2);
+                if (round == 0) {
+                        cr_assert_eq(r, 0);
+                        cr_assert(memcmp(ct2, pt, n) == 0, "opened records differ from the plaintext");
+                } else {
+                        cr_assert_eq(r, -EBADMSG, "round %d: a bad frame opened", round);
+                        break; /* the receiver drops the link */
+                }
+        }
+        free(pt);
+        free(ct);
+        free(ct2);
+        seal_clear(&whole);
+        seal_clear(&rec);
+        seal_clear(&open);
+}
