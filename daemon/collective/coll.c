@@ -222,6 +222,11 @@ Coll *coll_free(Coll *c) {
 }
 
 int coll_listen(Coll *c, uint16_t port, uint16_t *ret_port) {
+        if (c->members[c->self].m.no_accept) { /* it dials every link itself */
+                if (ret_port)
+                        *ret_port = 0;
+                return 0;
+        }
         const char *host = c->cfg.listen_host ? c->cfg.listen_host : c->members[c->self].m.host;
         return net_listen(c->net, host, port, ret_port);
 }
@@ -234,10 +239,14 @@ int coll_set_address(Coll *c, unsigned member, const char *host, uint16_t port) 
         return 0;
 }
 
-/* The member with the lower index dials; a failed dial waits redial_ms. */
+/* The member with the lower index dials, or the one that accepts no
+ * connections (net_dials()); a failed dial waits redial_ms. */
 static void dial(Coll *c, uint64_t now) {
-        for (unsigned i = c->self + 1; i < c->n_members; i++) {
+        bool accepts = !c->members[c->self].m.no_accept;
+        for (unsigned i = 0; i < c->n_members; i++) {
                 Member *m = &c->members[i];
+                if (i == c->self || !net_dials(accepts, !m->m.no_accept, c->self < i))
+                        continue;
                 if (m->up || m->dialing || now < m->next_dial_ns || now < m->banned_until_ns || m->m.port == 0)
                         continue;
                 m->next_dial_ns = now + (uint64_t)c->cfg.redial_ms * 1000000ull;

@@ -4,7 +4,8 @@
  * A Coll is one thread's averaging endpoint: its Net, and the table of members
  * it may average with (identity and address), the same table in the same
  * order on every member. Links come up by themselves: the member with the
- * lower index dials, and redials a lost link every second.
+ * lower index dials (or the one that accepts no connections: net_dials()),
+ * and redials a lost link every second.
  *
  * A round averages x over a group, given as member indices in increasing
  * order (the same list on every member of the group):
@@ -46,6 +47,7 @@ typedef struct CollMember {
         uint8_t id[IDENTITY_PK_SIZE];
         char host[256];
         uint16_t port;
+        bool no_accept; /* behind NAT: it dials every member that accepts, none dials it */
 } CollMember;
 
 typedef struct CollConfig {
@@ -94,7 +96,8 @@ typedef struct CollRound CollRound;
 int coll_new(const CollConfig *c, Coll **ret);
 Coll *coll_free(Coll *c);
 DEFINE_TRIVIAL_CLEANUP_FUNC(Coll *, coll_free);
-/* Bind the listener (port 0: any; the port is written back with ret_port). */
+/* Bind the listener (port 0: any; the port is written back with ret_port);
+ * a member that accepts no connections binds none (port 0). */
 int coll_listen(Coll *c, uint16_t port, uint16_t *ret_port);
 /* Point member i at another address (after coll_listen of a peer found it). */
 int coll_set_address(Coll *c, unsigned member, const char *host, uint16_t port);

@@ -408,19 +408,24 @@ static const char *const method_names[] = { "ring", "moshpit", "gossip", "auto",
 /* in the order of GossipTopology */
 static const char *const topology_names[] = { "complete", "ring", "exp", "alt-exp-ring", NULL };
 
-/* "<64 hex digits>@host:port" */
-static int get_member(const config_setting_t *s, ConfigMember *ret, Diag *d) {
+/* "<64 hex digits>@host:port", or (no_address_ok) "<64 hex digits>" alone:
+ * a node that accepts no connections. */
+static int get_member(const config_setting_t *s, bool no_address_ok, ConfigMember *ret, Diag *d) {
         const char *text = config_setting_get_string(s), *at = strchr(text, '@'), *why;
+        size_t key_len = at ? (size_t)(at - text) : strlen(text);
         char hex[IDENTITY_HEX_SIZE];
 
-        if (!at || at - text != IDENTITY_HEX_SIZE - 1)
-                return conf_error(s, NULL, -EINVAL, d, "must be \"<public key, 64 hex digits>@host:port\", got \"%s\"",
+        if ((!at && !no_address_ok) || key_len != IDENTITY_HEX_SIZE - 1)
+                return conf_error(s, NULL, -EINVAL, d, "must be \"<public key, 64 hex digits>@host:port\"%s, got \"%s\"",
+                                  no_address_ok ? " (or the key alone for a node that accepts no connections)" : "",
                                   text);
         memcpy(hex, text, IDENTITY_HEX_SIZE - 1);
         hex[IDENTITY_HEX_SIZE - 1] = 0;
         if (identity_from_hex(hex, ret->id) < 0)
                 return conf_error(s, NULL, -EINVAL, d, "not a public key (64 hex digits): \"%s\"", hex);
-        if ((why = parse_address(at + 1, &ret->address)))
+        memset(&ret->address, 0, sizeof ret->address);
+        ret->no_accept = !at;
+        if (at && (why = parse_address(at + 1, &ret->address)))
                 return conf_error(s, NULL, -EINVAL, d, "%s, got \"%s\"", why, at + 1);
         return 0;
 }
@@ -498,11 +503,32 @@ static int parse_members(config_setting_t *g, config_setting_t *members, ConfigA
         a->n_members = (size_t)n;
         for (int i = 0; i < n; i++) {
                 config_setting_t *e = config_setting_get_elem(members, (unsigned)i);
-                if ((r = get_member(e, &a->members[i], d)) < 0)
+                if ((r = get_member(e, true, &a->members[i], d)) < 0)
                         return r;
                 for (int j = 0; j < i; j++)
                         if (memcmp(a->members[j].id, a->members[i].id, IDENTITY_PK_SIZE) == 0)
                                 return conf_error(e, NULL, -EINVAL, d, "the same key as member %d", j + 1);
+        }
+        return 0;
+}
+
+/* Members training alone may average with any other: at most one of them
+ * may accept no connections. (With a pipeline, only the members that hold
+ * the same layers link: the stage checks its rings.) */
+static int check_reachable(const config_setting_t *root, config_setting_t *members, const ConfigAveraging *a,
+                           Diag *d) {
+        int first = -1;
+        if (member(root, "pipeline"))
+                return 0;
+        for (size_t i = 0; i < a->n_members; i++) {
+                if (!a->members[i].no_accept)
+                        continue;
+                if (first >= 0)
+                        return conf_error(config_setting_get_elem(members, (unsigned)i), NULL, -EINVAL, d,
+                                          "members %d and %zu both accept no connections (no address), and members "
+                                          "training alone may average with any other: at most one may lack one",
+                                          first + 1, i + 1);
+                first = (int)i;
         }
         return 0;
 }
@@ -600,7 +626,8 @@ static int parse_averaging(const config_setting_t *root, Config *c, Diag *d) {
                                           "only \"ring\" with membership (the plan's rings)");
                 return 0;
         }
-        if ((r = parse_members(g, members, a, d)) < 0 || (r = parse_grid(g, a, d)) < 0)
+        if ((r = parse_members(g, members, a, d)) < 0 || (r = parse_grid(g, a, d)) < 0 ||
+            (r = check_reachable(root, members, a, d)) < 0)
                 return r;
         a->enabled = true;
         return 0;
@@ -620,9 +647,14 @@ static int parse_cluster(const config_setting_t *e, ConfigCluster *k, Diag *d) {
         if (!nodes || config_setting_length(nodes) < 1)
                 return conf_error(e, "nodes", -EINVAL, d, "missing: the cluster's nodes, \"<key>@host:port\", in stage order");
         k->n_stages = (unsigned)config_setting_length(nodes);
-        for (unsigned i = 0; i < k->n_stages; i++)
-                if ((r = get_member(config_setting_get_elem(nodes, i), &k->nodes[i], d)) < 0)
+        for (unsigned i = 0; i < k->n_stages; i++) {
+                if ((r = get_member(config_setting_get_elem(nodes, i), true, &k->nodes[i], d)) < 0)
                         return r;
+                if (i > 0 && k->nodes[i - 1].no_accept && k->nodes[i].no_accept)
+                        return conf_error(config_setting_get_elem(nodes, i), NULL, -EINVAL, d,
+                                          "stages %u and %u both accept no connections (no address): one end of "
+                                          "every pipeline link must have one", i, i + 1);
+        }
         stages = member(e, "stages");
         if (!stages)
                 return conf_error(e, "stages", -EINVAL, d, "missing: the first layer of each stage, then the layer count");
@@ -722,7 +754,7 @@ static int parse_membership(const config_setting_t *root, Config *c, Diag *d) {
                                   "missing: the coordinator's \"<public key>@host:port\"");
         if (config_setting_type(s) != CONFIG_TYPE_STRING)
                 return conf_error(s, NULL, -EINVAL, d, "must be a string \"<public key>@host:port\"");
-        if ((r = get_member(s, &m->coordinator, d)) < 0)
+        if ((r = get_member(s, false, &m->coordinator, d)) < 0)
                 return r;
         if (!m->train && !m->coordinate)
                 return conf_error(member(g, "train"), NULL, -EINVAL, d,

@@ -46,10 +46,13 @@ typedef struct ConfigAddress {
         uint16_t port;
 } ConfigAddress;
 
-/* A member of the averaging group: "<public key hex>@host:port". */
+/* A node of the plan: "<public key hex>@host:port", or "<public key hex>"
+ * alone for a node that accepts no connections (behind NAT): it dials
+ * every link itself (net_dials()). */
 typedef struct ConfigMember {
         uint8_t id[IDENTITY_PK_SIZE];
         ConfigAddress address;
+        bool no_accept; /* no address: nobody dials it */
 } ConfigMember;
 
 typedef enum ConfigAveragingMethod {

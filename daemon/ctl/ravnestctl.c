@@ -182,6 +182,8 @@ static void swarm_usage(FILE *f) {
                    "  --neighbour-timeout S a stage gives up on a neighbour gone this long, 0 to 604800 (default 600;\n"
                    "                        0: never)\n"
                    "  --pin                 node i on CPU i modulo the CPUs\n"
+                   "  --behind-nat NODES    these nodes (e.g. c1s2,c2s1) accept no connections, as behind NAT: they\n"
+                   "                        dial every link themselves\n"
                    "  --ravnestd PATH       the daemon to start (default: beside ravnestctl, else %s/ravnestd)\n"
                    "  -h, --help            show this help\n",
                 JOBS_DIR "/fashion-mnist-mlp.job", SBIN_DIR);
@@ -210,6 +212,7 @@ static int parse_swarm_args(int argc, char *argv[], SwarmOptions *o) {
                 { "neighbour-timeout", required_argument, NULL, 'N' },
                 { "checkpoint-interval", required_argument, NULL, 'C' },
                 { "pin", no_argument, NULL, 'P' },
+                { "behind-nat", required_argument, NULL, 'B' },
                 { "ravnestd", required_argument, NULL, 'r' },
                 { "help", no_argument, NULL, 'h' },
                 {},
@@ -247,6 +250,7 @@ static int parse_swarm_args(int argc, char *argv[], SwarmOptions *o) {
                         o->checkpoint_interval_s = (unsigned)v;
                         break;
                 case 'P': o->pin = true; break;
+                case 'B': o->behind_nat = optarg; break;
                 case 'r': o->ravnestd = optarg; break;
                 case 'h': swarm_usage(stdout); return 0;
                 default: swarm_usage(stderr); return EX_USAGE;

@@ -38,6 +38,7 @@
 
 typedef struct SwarmNode {
         char name[16];
+        bool no_accept;          /* named in --behind-nat: it dials every link itself */
         char hex[IDENTITY_HEX_SIZE];
         uint16_t pipe_port, avg_port;
         pid_t pid;
@@ -258,6 +259,33 @@ static void clear_checkpoints(const char *state_dir) {
 }
 
 /* The network secret, then each node's key and ports. */
+/* Whether name is one of the comma-separated list's. */
+static bool in_list(const char *list, const char *name) {
+        size_t len = strlen(name);
+        for (const char *p = list; p && *p; p += strcspn(p, ",") + (p[strcspn(p, ",")] == ',')) {
+                if (strcspn(p, ",") == len && strncmp(p, name, len) == 0)
+                        return true;
+        }
+        return false;
+}
+
+/* Every name in --behind-nat is a node of the swarm. */
+static int check_behind_nat(const Swarm *s) {
+        const char *list = s->o->behind_nat;
+        for (const char *p = list; p && *p; p += strcspn(p, ",") + (p[strcspn(p, ",")] == ',')) {
+                size_t len = strcspn(p, ",");
+                bool found = false;
+                for (unsigned i = 0; i < s->n && !found; i++)
+                        found = strlen(s->nodes[i].name) == len && strncmp(p, s->nodes[i].name, len) == 0;
+                if (!found) {
+                        log_error("--behind-nat: \"%.*s\" is not a node of this swarm (c1s1 to c%us%u)", (int)len,
+                                  p, s->o->clusters, s->o->stages);
+                        return -EINVAL;
+                }
+        }
+        return 0;
+}
+
 static int make_nodes(Swarm *s) {
         uint8_t secret[HANDSHAKE_SECRET_SIZE];
         char hex[2 * HANDSHAKE_SECRET_SIZE + 2], path[512];
@@ -288,6 +316,7 @@ static int make_nodes(Swarm *s) {
                         return log_error_errno(r, "Failed to create a key: %s", d.text);
                 identity_to_hex(id.pk, nd->hex);
                 identity_clear(&id);
+                nd->no_accept = in_list(s->o->behind_nat, nd->name);
                 nd->pipe_port = free_port(s->nodes, i);
                 nd->avg_port = free_port(s->nodes, i + 1);
                 if (!nd->pipe_port || !nd->avg_port)
@@ -305,8 +334,9 @@ static void format_plan(const Swarm *s, char *plan, char *members, size_t cap) {
                 k += (size_t)snprintf(plan + k, cap - k, "    { nodes = [");
                 for (unsigned st = 0; st < o->stages; st++) {
                         const SwarmNode *nd = &s->nodes[c * o->stages + st];
-                        k += (size_t)snprintf(plan + k, cap - k, "%s\"%s@127.0.0.1:%u\"", st ? ", " : " ", nd->hex,
-                                              nd->pipe_port);
+                        k += (size_t)snprintf(plan + k, cap - k, "%s\"%s", st ? ", " : " ", nd->hex);
+                        k += (size_t)(nd->no_accept ? snprintf(plan + k, cap - k, "\"")
+                                                    : snprintf(plan + k, cap - k, "@127.0.0.1:%u\"", nd->pipe_port));
                 }
                 k += (size_t)snprintf(plan + k, cap - k, " ];\n      stages = [");
                 for (unsigned st = 0; st <= o->stages; st++)
@@ -314,9 +344,12 @@ static void format_plan(const Swarm *s, char *plan, char *members, size_t cap) {
                 k += (size_t)snprintf(plan + k, cap - k, " ]; }%s\n", c + 1 < o->clusters ? "," : "");
         }
         k = 0;
-        for (unsigned i = 0; i < s->n; i++)
-                k += (size_t)snprintf(members + k, cap - k, "%s\"%s@127.0.0.1:%u\"", i ? ",\n    " : "    ",
-                                      s->nodes[i].hex, s->nodes[i].avg_port);
+        for (unsigned i = 0; i < s->n; i++) {
+                k += (size_t)snprintf(members + k, cap - k, "%s\"%s", i ? ",\n    " : "    ", s->nodes[i].hex);
+                k += (size_t)(s->nodes[i].no_accept ? snprintf(members + k, cap - k, "\"")
+                                                    : snprintf(members + k, cap - k, "@127.0.0.1:%u\"",
+                                                               s->nodes[i].avg_port));
+        }
 }
 
 /* Samples per micro-batch: the job's batch, at most 32, by default. */
@@ -704,7 +737,7 @@ int swarm_run(const SwarmOptions *o, const volatile sig_atomic_t *stop, SwarmRes
                 s->res.accuracy[c] = s->res.loss[c] = -1;
         if ((r = swarm_plan(s)) < 0 || (r = make_dir(s)) < 0)
                 return r;
-        if ((r = make_nodes(s)) >= 0 && (r = write_configs(s)) >= 0) {
+        if ((r = make_nodes(s)) >= 0 && (r = check_behind_nat(s)) >= 0 && (r = write_configs(s)) >= 0) {
                 print_plan(s);
                 /* last stages first, so the links find them listening */
                 for (unsigned j = 0; j < s->n && r >= 0; j++)

@@ -36,6 +36,7 @@ typedef struct SwarmOptions {
         unsigned neighbour_timeout_s; /* a stage gives up on a neighbour gone this long (0: never) */
         unsigned checkpoint_interval_s; /* between each node's checkpoints (0: only when it stops) */
         bool pin;               /* node i runs on CPU i mod the CPU count */
+        const char *behind_nat; /* "c1s2,c2s1": nodes that accept no connections (no address in the plan) */
 } SwarmOptions;
 
 typedef struct SwarmResult {

@@ -141,6 +141,16 @@ const char *net_backend_name(const Net *n);
 int net_listen(Net *n, const char *host, uint16_t port, uint16_t *ret_port);
 int net_connect(Net *n, const char *host, uint16_t port, uint32_t *ret_peer);
 
+/* Who opens the link between this node and a peer, the one rule for every
+ * kind of link (pipeline neighbours, averaging members): a node that
+ * accepts no connections (behind NAT, no address in the plan) dials every
+ * peer that does; of two that both accept, the one first in the plan's
+ * order dials. Links are symmetric once the handshake is done. Two nodes
+ * that both accept nothing cannot be linked: the plan is refused. */
+static inline bool net_dials(bool self_accepts, bool peer_accepts, bool self_first) {
+        return peer_accepts && (!self_accepts || self_first);
+}
+
 /* Queue a tensor; data must stay valid and unchanged until sent() reports
  * cookie. -ENOBUFS when the peer's queue is full, -ENOTCONN before the
  * handshake finished or after the link closed. */

@@ -19,6 +19,7 @@ int averaging_coll_config(const AveragingGroup *g, const Identity *id, size_t n_
                 memcpy(members[i].id, ca->members[i].id, IDENTITY_PK_SIZE);
                 snprintf(members[i].host, sizeof members[i].host, "%s", ca->members[i].address.host);
                 members[i].port = ca->members[i].address.port;
+                members[i].no_accept = ca->members[i].no_accept;
                 if (memcmp(ca->members[i].id, id->pk, IDENTITY_PK_SIZE) == 0)
                         self = (unsigned)i;
         }
@@ -47,7 +48,7 @@ int averaging_coll_config(const AveragingGroup *g, const Identity *id, size_t n_
 /* "Averaging with 4 members (ring, int8, outer Nesterov lr 0.7 momentum
  * 0.9, 4 fragments), member 2, every 100 steps, listening on ..." */
 static void log_started(const Averaging *a, const ConfigAveraging *ca) {
-        char how[160], every[48];
+        char how[160], every[48], where[CONFIG_HOST_MAX + 48];
         int n = snprintf(how, sizeof how, "%s%s%s", ca->method == CONFIG_AVERAGING_MOSHPIT ? "moshpit" : "ring",
                          ca->payload ? ", " : "", ca->payload ? coll_payload_names[ca->payload] : "");
         if (ca->outer)
@@ -59,8 +60,12 @@ static void log_started(const Averaging *a, const ConfigAveraging *ca) {
                 snprintf(every, sizeof every, "%u steps", ca->interval_steps);
         else
                 snprintf(every, sizeof every, "%g s", ca->interval_ms / 1000.0);
-        log_info("Averaging with %u members (%s), member %u, every %s, listening on %s:%u", a->n_members, how,
-                 a->self + 1, every, ca->listen.host, ca->listen.port);
+        if (ca->members[a->self].no_accept)
+                snprintf(where, sizeof where, "dialing every member (this node accepts no connections)");
+        else
+                snprintf(where, sizeof where, "listening on %s:%u", ca->listen.host, ca->listen.port);
+        log_info("Averaging with %u members (%s), member %u, every %s, %s", a->n_members, how, a->self + 1, every,
+                 where);
 }
 
 int averaging_start(Averaging *a, const AveragingGroup *g, const Identity *id, size_t n_params,

@@ -29,16 +29,16 @@ typedef struct Run {
         /* its place in the plan */
         const ConfigCluster *cl;
         unsigned cluster, stage, n_stages;
-        const ConfigMember *prev, *next; /* NULL at the ends */
+        const ConfigMember *self, *prev, *next; /* prev, next: NULL at the ends */
         PipeConfig pc;
         Dataset *train, *test;
         /* the stage and its links */
         Pipe *pipe;
         Net *net;
         int64_t prev_peer, next_peer;
-        uint32_t dialing;
-        bool dial_pending;
-        uint64_t next_dial_ns;
+        uint32_t dialing[2];          /* to the previous [0] and the next [1] stage */
+        bool dial_pending[2];
+        uint64_t next_dial_ns[2];
         bool finished; /* the neighbours may go now */
         Averaging av;
         bool told_paused;            /* the neighbours know this stage is paused */
@@ -110,10 +110,11 @@ static void run_connected(void *ud, uint32_t peer, const uint8_t id[IDENTITY_PK_
         identity_to_hex(id, hex);
         if (r->prev && memcmp(id, r->prev->id, IDENTITY_PK_SIZE) == 0 && r->prev_peer < 0) {
                 r->prev_peer = peer;
+                r->dial_pending[0] = false;
                 log_info("Previous stage %.16s… joined", hex);
         } else if (r->next && memcmp(id, r->next->id, IDENTITY_PK_SIZE) == 0 && r->next_peer < 0) {
                 r->next_peer = peer;
-                r->dial_pending = false;
+                r->dial_pending[1] = false;
                 log_info("Next stage %.16s… joined", hex);
         } else {
                 log_warning("Dropped pipeline link from %.16s…: not a neighbouring stage of this node", hex);
@@ -139,8 +140,9 @@ static void run_tell_lost(Run *r) {
 
 static void run_closed(void *ud, uint32_t peer, int reason, const uint8_t id[IDENTITY_PK_SIZE]) {
         Run *r = ud;
-        if (r->dial_pending && peer == r->dialing)
-                r->dial_pending = false;
+        for (int i = 0; i < 2; i++)
+                if (r->dial_pending[i] && peer == r->dialing[i])
+                        r->dial_pending[i] = false;
         if ((int64_t)peer == r->prev_peer || (int64_t)peer == r->next_peer) {
                 bool prev = (int64_t)peer == r->prev_peer;
                 if (!r->finished)
@@ -226,14 +228,27 @@ static bool neighbour_gone_too_long(Run *r, unsigned timeout_s) {
         return true;
 }
 
-/* The stage dials the next one, again and again until it answers. */
-static void dial_next(Run *r) {
+/* Whether this stage opens its link to a neighbour (0: the previous, 1:
+ * the next): the earlier stage dials, unless only the later one cannot
+ * accept connections (net_dials()). */
+static bool run_dials(const Run *r, int which) {
+        const ConfigMember *m = which ? r->next : r->prev;
+        return m && net_dials(!r->self->no_accept, !m->no_accept, which == 1);
+}
+
+/* The stage dials the neighbours it opens links to, again and again until
+ * they answer. */
+static void dial_neighbours(Run *r) {
         uint64_t now = now_ns();
-        if (!r->next || r->next_peer >= 0 || r->dial_pending || now < r->next_dial_ns)
-                return;
-        r->next_dial_ns = now + NSEC_PER_SEC;
-        if (net_connect(r->net, r->next->address.host, r->next->address.port, &r->dialing) == 0)
-                r->dial_pending = true;
+        for (int i = 0; i < 2; i++) {
+                const ConfigMember *m = i ? r->next : r->prev;
+                if (!run_dials(r, i) || (i ? r->next_peer : r->prev_peer) >= 0 || r->dial_pending[i] ||
+                    now < r->next_dial_ns[i])
+                        continue;
+                r->next_dial_ns[i] = now + NSEC_PER_SEC;
+                if (net_connect(r->net, m->address.host, m->address.port, &r->dialing[i]) == 0)
+                        r->dial_pending[i] = true;
+        }
 }
 
 static void poll_run(void *ud) {
@@ -356,6 +371,28 @@ static int member_index(const ConfigAveraging *a, const uint8_t id[IDENTITY_PK_S
         return -ENOENT;
 }
 
+/* The members of a ring link to each other: at most one of them may accept
+ * no connections (net_dials()). */
+static int check_rings_reachable(const StagePlan *plan, const Segment *seg, size_t n_seg) {
+        const ConfigAveraging *a = plan->averaging.settings;
+        for (size_t i = 0; i < n_seg; i++) {
+                int first = -1;
+                for (unsigned k = 0; k < seg[i].n_owners; k++) {
+                        unsigned m = seg[i].owners[k];
+                        if (!a->members[m].no_accept)
+                                continue;
+                        if (first >= 0) {
+                                log_error("%s: averaging.members: members %d and %u hold the same layers but both "
+                                          "accept no connections (no address): one of them needs one",
+                                          plan->source, first + 1, m + 1);
+                                return -EINVAL;
+                        }
+                        first = (int)m;
+                }
+        }
+        return 0;
+}
+
 /* This stage's rings: the parameter vector cut at every stage boundary of
  * every cluster, the owners found among the averaging members. */
 static int plan_rings(const StagePlan *plan, const ModelSpec *m, unsigned cluster, unsigned stage, AveragerRing *rings,
@@ -387,6 +424,10 @@ static int plan_rings(const StagePlan *plan, const ModelSpec *m, unsigned cluste
         if (r < 0) {
                 log_error("%s: pipeline.clusters: the cuts do not make rings (a stage without parameters, or one node "
                           "in two clusters)", plan->source);
+                return r;
+        }
+        if ((r = check_rings_reachable(plan, seg, n_seg)) < 0) {
+                free(seg);
                 return r;
         }
         size_t lo = bounds[cluster][stage], hi = bounds[cluster][stage + 1];
@@ -423,6 +464,7 @@ static int run_place(Run *run, const Identity *id) {
                 return -EINVAL;
         }
         run->n_stages = run->cl->n_stages;
+        run->self = &run->cl->nodes[run->stage];
         run->prev = run->stage > 0 ? &run->cl->nodes[run->stage - 1] : NULL;
         run->next = run->stage + 1 < run->cl->n_stages ? &run->cl->nodes[run->stage + 1] : NULL;
         run->epochs = run->o->epochs > 0 ? run->o->epochs : job->train.epochs;
@@ -509,19 +551,22 @@ static int run_stage(Run *run) {
         return 0;
 }
 
-/* Links: the transport, listening for the previous stage (the stage dials
- * the next one from the loop). */
+/* Links: the transport, listening when a neighbour dials this stage (it
+ * dials the others from the loop). */
 static int run_links(Run *run) {
         const ConfigPipeline *p = run->plan->pipeline;
+        bool dialed = (run->prev && !run_dials(run, 0)) || (run->next && !run_dials(run, 1));
         int r;
 
         r = net_new(run->plan->averaging.net, &run_callbacks, run, &run->net);
         if (r < 0)
                 return log_error_errno(r, "Failed to start the pipeline transport: %m");
         pipe_connect(run->pipe, run->net, -1, -1);
-        if (run->prev && (r = net_listen(run->net, p->listen.host, p->listen.port, NULL)) < 0)
-                return log_error_errno(r, "Failed to listen on %s:%u for the previous stage: %m", p->listen.host,
-                                       p->listen.port);
+        if (dialed && (r = net_listen(run->net, p->listen.host, p->listen.port, NULL)) < 0)
+                return log_error_errno(r, "Failed to listen on %s:%u for the neighbouring stages: %m",
+                                       p->listen.host, p->listen.port);
+        if (run->self->no_accept && run->n_stages > 1)
+                log_info("This stage accepts no connections: it dials its neighbours");
         return 0;
 }
 
@@ -704,7 +749,7 @@ static int run_loop(Run *run, const volatile sig_atomic_t *stop) {
         run->window_st = st;
         run->updates_seen = run->first_update = st.updates;
         while (!*stop && !run_quiesce(run)) {
-                dial_next(run);
+                dial_neighbours(run);
                 if (neighbour_gone_too_long(run, run->plan->pipeline->neighbour_timeout_s))
                         return -ETIMEDOUT;
                 if ((r = run_gate(run)) < 0)

@@ -3,8 +3,9 @@
  * training lasts about a second, a swarm that cannot average says so and
  * exits non-zero, a node killed with SIGKILL comes back from its own
  * checkpoint (--restart), a stage whose neighbour is gone for good
- * gives up after pipeline.neighbour_timeout, and what a stage moves over
- * its links and to average shows in its status and the swarm's table. */
+ * gives up after pipeline.neighbour_timeout, what a stage moves over
+ * its links and to average shows in its status and the swarm's table, and
+ * nodes that accept no connections (as behind NAT) dial every link. */
 #include <criterion/criterion.h>
 #include <signal.h>
 #include <stdio.h>
@@ -211,4 +212,33 @@ Test(swarm_short, a_stage_reports_its_traffic_on_its_control_socket, .timeout = 
 
         kill(p.pid, SIGINT);
         cr_assert_eq(proc_exit(&p), 130, "%s", p.out);
+}
+
+/* Half the nodes accept no connections (--behind-nat: no address in the
+ * plan, no listener): they dial their neighbour and their ring's other
+ * member, nobody dials them, and the swarm ends as one averaged model. Two
+ * such nodes holding the same layers cannot link: every node refuses that
+ * plan with its file, line and setting, and the swarm exits non-zero. */
+Test(swarm_short, nodes_behind_nat_dial_every_link, .timeout = 300) {
+        Proc p;
+        swarm(&p, (char *[]){ "--job", quick, "--behind-nat", "c1s2,c2s1", NULL });
+        int status = proc_exit_within(&p, 240000);
+        cr_assert_eq(status, 0, "%s", p.out);
+        cr_assert(strstr(p.out, "c1s2   This stage accepts no connections: it dials its neighbours"), "%s", p.out);
+        cr_assert(strstr(p.out, "c2s1   Averaging with 4 members (ring), member 3, every 0.25 s, dialing every member"),
+                  "%s", p.out);
+        cr_assert(strstr(p.out, "c1s1   Averaging with 4 members (ring), member 1, every 0.25 s, listening on"), "%s",
+                  p.out);
+        cr_assert(strstr(p.out, "swarm: the averaged model"), "%s", p.out);
+
+        swarm(&p, (char *[]){ "--job", quick, "--behind-nat", "c1s1,c2s1", NULL });
+        status = proc_exit_within(&p, 240000);
+        cr_assert_neq(status, 0, "%s", p.out);
+        cr_assert(strstr(p.out, "averaging.members: members 1 and 3 hold the same layers but both accept no "
+                                "connections"), "%s", p.out);
+        swarm(&p, (char *[]){ "--job", quick, "--behind-nat", "c2s1,c2s2", NULL });
+        status = proc_exit_within(&p, 240000);
+        cr_assert_neq(status, 0, "%s", p.out);
+        cr_assert(strstr(p.out, ".conf:18: pipeline.clusters.[1].nodes.[1]: stages 1 and 2 both accept no connections"),
+                  "%s", p.out);
 }

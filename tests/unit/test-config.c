@@ -712,3 +712,47 @@ Test(config, averaging_outer_and_fragments) {
                  line);
         expect_error(base_end, body, "17: averaging.outer: only used with method = \"ring\" or \"moshpit\"");
 }
+
+/* A node that accepts no connections (behind NAT) is its key alone, in the
+ * pipeline's clusters and the averaging members; two of them cannot link,
+ * so a plan that needs such a link is refused (file, line, setting). */
+Test(config, nodes_behind_nat) {
+        char path[64], body[1024];
+        Config c;
+        Diag d = {};
+
+        snprintf(body, sizeof body, "%saveraging = {\n  listen = \"127.0.0.1:1\";\n  members = [ \"" K1 "@a:1\", \"" K2
+                 "\" ];\n};\n", base_end);
+        cr_assert_eq(load_variant(base_end, body, &c, &d, path), 0, "%s", d.text);
+        cr_assert(!c.averaging.members[0].no_accept && c.averaging.members[1].no_accept);
+        cr_assert_eq(c.averaging.members[1].address.port, 0);
+        config_free(&c);
+
+        expect_error(base_end, "  idle_timeout = 30000;\n};\naveraging = {\n  listen = \"127.0.0.1:1\";\n  members = [ \"" K1
+                               "\",\n \"" K2 "@b:2\", \"" SECRET_HEX "\" ];\n};\n",
+                     "16: averaging.members.[2]: members 1 and 3 both accept no connections");
+        const char *pipe = "  idle_timeout = 30000;\n};\npipeline = { listen = \"127.0.0.1:7200\";\n"
+                           "  clusters = ( { nodes = [ \"" K1 "@h:1\", \"" K2 "\", \"" SECRET_HEX "\" ];\n"
+                           "  stages = [ 0, 2, 4, 6 ]; } ); };\n";
+        expect_error(base_end, pipe, "14: pipeline.clusters.[0].nodes.[2]: stages 2 and 3 both accept no connections");
+        expect_error(base_end, "  idle_timeout = 30000;\n};\npipeline = { listen = \"127.0.0.1:7200\"; };\n"
+                               "averaging = { listen = \"127.0.0.1:7300\"; };\nmembership = { coordinator = \"" K1 "\"; };\n",
+                     "15: membership.coordinator: must be \"<public key, 64 hex digits>@host:port\", got");
+
+        /* with a pipeline, members that hold different layers may both lack one */
+        snprintf(body, sizeof body, "  idle_timeout = 30000;\n};\npipeline = { listen = \"127.0.0.1:7200\";\n"
+                 "  clusters = ( { nodes = [ \"" K1 "@h:1\", \"" K2 "\" ]; stages = [ 0, 3, 6 ]; } ); };\n"
+                 "averaging = { listen = \"127.0.0.1:7300\";\n  members = [ \"" K1 "@h:2\", \"" K2 "\", \"" SECRET_HEX
+                 "\" ]; };\n");
+        cr_assert_eq(load_variant(base_end, body, &c, &d, path), 0, "%s", d.text);
+        cr_assert(c.pipeline.clusters[0].nodes[1].no_accept && !c.pipeline.clusters[0].nodes[0].no_accept);
+        config_free(&c);
+}
+
+/* The one rule for who dials: the node that accepts nothing, else the first. */
+Test(config, who_dials) {
+        cr_assert(net_dials(true, true, true) && !net_dials(true, true, false));
+        cr_assert(net_dials(false, true, false) && net_dials(false, true, true));
+        cr_assert(!net_dials(true, false, true) && !net_dials(true, false, false));
+        cr_assert(!net_dials(false, false, true) && !net_dials(false, false, false));
+}
