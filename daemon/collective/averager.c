@@ -331,8 +331,11 @@ static void *averager_main(void *arg) {
                 uint64_t now = now_ns();
                 unsigned connected = coll_n_connected(a->coll);
                 if (connected != a->stats.connected) { /* only this thread writes it */
+                        NetStats ns;
+                        net_get_stats(coll_net(a->coll), &ns);
                         pthread_mutex_lock(&a->lock);
                         a->stats.connected = connected;
+                        a->stats.links_in = ns.links_in;
                         pthread_mutex_unlock(&a->lock);
                 }
                 switch (atomic_load(&a->state)) {

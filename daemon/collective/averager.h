@@ -88,6 +88,7 @@ typedef struct AveragerStats {
         int last_error;
         unsigned last_participants;           /* smallest group of the last round */
         unsigned connected;
+        uint64_t links_in;                    /* links members dialed to this one (NetStats.links_in) */
         uint64_t bytes_sent, bytes_received;
 } AveragerStats;
 

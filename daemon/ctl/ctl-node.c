@@ -145,6 +145,17 @@ static void print_bytes(const Property *props, size_t n, const char *what, const
 
 /* What a stage moved over its pipeline links, and a stage or member to
  * average; nothing from a node that has neither. */
+/* The Reachability property, for people. */
+static const char *reachability_text(const char *r) {
+        if (!strcmp(r, "dials out"))
+                return "no: it accepts no connections (behind NAT) and dials every link itself";
+        if (!strcmp(r, "reachable"))
+                return "yes: a peer has dialed in";
+        if (!strcmp(r, "unconfirmed"))
+                return "not yet confirmed: it listens, no peer has dialed in";
+        return r;
+}
+
 static void print_traffic(const Property *props, size_t n) {
         bool pipeline = !strcmp(str(props, n, "Role"), "stage"),
              averaging = num(props, n, "AveragingBytesSent") + num(props, n, "AveragingBytesReceived") > 0;
@@ -183,6 +194,8 @@ static void print_human(const Property *props, size_t n, bool direct, const char
         printf("      Peers: %.0f connected, %.0f paused; %.1f MiB sent, %.1f MiB received (%s)\n",
                num(props, n, "Peers"), num(props, n, "PausedPeers"), num(props, n, "BytesSent") / (1 << 20),
                num(props, n, "BytesReceived") / (1 << 20), str(props, n, "IoBackend")[0] ? str(props, n, "IoBackend") : "no links");
+        if (str(props, n, "Reachability")[0])
+                printf("  Reachable: %s\n", reachability_text(str(props, n, "Reachability")));
         print_traffic(props, n);
         double avg = num(props, n, "LastAveragingUSec");
         if (avg > 0) {

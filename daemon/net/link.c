@@ -165,6 +165,8 @@ static void connected(Link *l) {
         Net *n = l->net;
         l->state = LINK_OPEN;
         l->opened = true;
+        if (!l->initiator)
+                n->stats.links_in++;
         if (n->cb.connected)
                 n->cb.connected(n->userdata, l->id, l->peer_id);
 }

@@ -112,6 +112,7 @@ typedef struct NetStats {
         uint64_t bytes_sent, bytes_received;
         uint64_t frames_sent, frames_received;
         uint64_t links_accepted, links_rejected; /* rejected: over a connection limit */
+        uint64_t links_in;                       /* links a peer dialed that finished the handshake */
         uint64_t auth_failures;                  /* handshake refused or failed */
         uint64_t bad_frames;                     /* malformed, forged, replayed, reordered */
         uint64_t limit_violations;               /* oversized, flooding, too slow */

@@ -39,6 +39,7 @@ typedef struct Run {
         uint32_t dialing[2];          /* to the previous [0] and the next [1] stage */
         bool dial_pending[2];
         uint64_t next_dial_ns[2];
+        bool hinted;                  /* said once that no neighbour dialed in */
         bool finished; /* the neighbours may go now */
         Averaging av;
         bool told_paused;            /* the neighbours know this stage is paused */
@@ -236,10 +237,27 @@ static bool run_dials(const Run *r, int which) {
         return m && net_dials(!r->self->no_accept, !m->no_accept, which == 1);
 }
 
+/* A neighbour that should dial this stage has not for a minute: say once
+ * what to check (the address the plan gives, or NAT). */
+static void hint_unreachable(Run *r, uint64_t now) {
+        for (int i = 0; i < 2 && !r->hinted; i++) {
+                const ConfigMember *m = i ? r->next : r->prev;
+                if (!m || run_dials(r, i) || (i ? r->next_peer : r->prev_peer) >= 0 ||
+                    now - r->start_ns < 60 * NSEC_PER_SEC)
+                        continue;
+                log_notice("The %s stage has not dialed in for a minute: check that this node's address in the plan "
+                           "(%s:%u) reaches it; a node that cannot accept connections (behind NAT) is named in the "
+                           "plan by its key alone", i ? "next" : "previous", r->self->address.host,
+                           r->self->address.port);
+                r->hinted = true;
+        }
+}
+
 /* The stage dials the neighbours it opens links to, again and again until
  * they answer. */
 static void dial_neighbours(Run *r) {
         uint64_t now = now_ns();
+        hint_unreachable(r, now);
         for (int i = 0; i < 2; i++) {
                 const ConfigMember *m = i ? r->next : r->prev;
                 if (!run_dials(r, i) || (i ? r->next_peer : r->prev_peer) >= 0 || r->dial_pending[i] ||
@@ -319,6 +337,14 @@ static NodeTraffic run_traffic(const Run *run, const PipeStats *st) {
 }
 
 /* The daemon's status: every quarter second. */
+/* Whether peers can reach this node: it says it cannot (no address in the
+ * plan: it dials out), a peer has dialed in, or none has yet. */
+static const char *run_reachability(const Run *run, const NetStats *ns) {
+        if (run->self->no_accept)
+                return "dials out";
+        return ns->links_in + (run->av.active ? run->av.seen.links_in : 0) > 0 ? "reachable" : "unconfirmed";
+}
+
 static void report(Run *run, const PipeStats *st) {
         const LocalRunOptions *o = run->o;
         NodeTraining t = {
@@ -350,6 +376,7 @@ static void report(Run *run, const PipeStats *st) {
         n.last_round_ns = run->av.seen.last_round_ns;
         n.traffic = run_traffic(run, st);
         snprintf(n.io_backend, sizeof n.io_backend, "%s", net_backend_name(run->net));
+        snprintf(n.reachability, sizeof n.reachability, "%s", run_reachability(run, &ns));
         control_report_network(o->control, &n);
 }
 

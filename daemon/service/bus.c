@@ -99,6 +99,8 @@ static int get_property(sd_bus *bus, const char *path, const char *interface, co
                 return sd_bus_message_append(reply, "t", st.plan_epoch);
         if (!strcmp(property, "IoBackend"))
                 return sd_bus_message_append(reply, "s", st.network.io_backend);
+        if (!strcmp(property, "Reachability"))
+                return sd_bus_message_append(reply, "s", st.network.reachability);
         if (!strcmp(property, "AveragingMethod"))
                 return sd_bus_message_append(reply, "s", st.averaging.method);
         if (!strcmp(property, "AveragingNodes"))
@@ -218,6 +220,7 @@ static const sd_bus_vtable node_vtable[] = {
         SD_BUS_PROPERTY("CheckpointStep", "t", get_property, 0, 0),
         SD_BUS_PROPERTY("PlanEpoch", "t", get_property, 0, 0),
         SD_BUS_PROPERTY("IoBackend", "s", get_property, 0, 0),
+        SD_BUS_PROPERTY("Reachability", "s", get_property, 0, 0),
         SD_BUS_PROPERTY("AveragingMethod", "s", get_property, 0, 0),
         SD_BUS_PROPERTY("AveragingNodes", "u", get_property, 0, 0),
         SD_BUS_PROPERTY("Parameters", "t", get_property, 0, 0),

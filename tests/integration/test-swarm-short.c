@@ -220,7 +220,7 @@ Test(swarm_short, a_stage_reports_its_traffic_on_its_control_socket, .timeout = 
  * such nodes holding the same layers cannot link: every node refuses that
  * plan with its file, line and setting, and the swarm exits non-zero. */
 Test(swarm_short, nodes_behind_nat_dial_every_link, .timeout = 300) {
-        Proc p;
+        Proc p, st_text;
         swarm(&p, (char *[]){ "--job", quick, "--behind-nat", "c1s2,c2s1", NULL });
         int status = proc_exit_within(&p, 240000);
         cr_assert_eq(status, 0, "%s", p.out);
@@ -230,6 +230,30 @@ Test(swarm_short, nodes_behind_nat_dial_every_link, .timeout = 300) {
         cr_assert(strstr(p.out, "c1s1   Averaging with 4 members (ring), member 1, every 0.25 s, listening on"), "%s",
                   p.out);
         cr_assert(strstr(p.out, "swarm: the averaged model"), "%s", p.out);
+
+        /* the status says which nodes peers reach and which dial out */
+        swarm(&p, (char *[]){ "--job", slow, "--behind-nat", "c1s2,c2s1", NULL });
+        cr_assert(proc_wait_for(&p, "c1s2   Averaging round ", 60000), "%s", p.out);
+        const char *in = strstr(p.out, " in /");
+        char swarm_dir[128] = "", sock[200];
+        cr_assert(in && sscanf(in + 4, "%127[^;]", swarm_dir) == 1, "%s", p.out);
+        usleep(500 * 1000); /* the stage reports every quarter second */
+        static const char *const want[][2] = { { "c1s1", "reachable" }, { "c1s2", "dials out" },
+                                               { "c2s1", "dials out" }, { "c2s2", "reachable" } };
+        for (size_t i = 0; i < 4; i++) {
+                Proc st;
+                char expect[64];
+                snprintf(sock, sizeof sock, "%s/%s.sock", swarm_dir, want[i][0]);
+                proc_start(&st, (char *[]){ RAVNESTCTL, "status", "--json", "--socket", sock, NULL }, NULL);
+                cr_assert_eq(proc_exit(&st), 0, "%s", st.out);
+                snprintf(expect, sizeof expect, "\"Reachability\": \"%s\"", want[i][1]);
+                cr_expect(strstr(st.out, expect), "%s: no %s in %s", want[i][0], expect, st.out);
+        }
+        proc_start(&st_text, (char *[]){ RAVNESTCTL, "status", "--socket", sock, NULL }, NULL);
+        cr_assert_eq(proc_exit(&st_text), 0, "%s", st_text.out);
+        cr_expect(strstr(st_text.out, "  Reachable: yes: a peer has dialed in"), "%s", st_text.out);
+        kill(p.pid, SIGINT);
+        cr_assert_eq(proc_exit(&p), 130, "%s", p.out);
 
         swarm(&p, (char *[]){ "--job", quick, "--behind-nat", "c1s1,c2s1", NULL });
         status = proc_exit_within(&p, 240000);
