@@ -240,17 +240,22 @@ int coll_set_address(Coll *c, unsigned member, const char *host, uint16_t port) 
 }
 
 /* The member with the lower index dials, or the one that accepts no
- * connections (net_dials()); a failed dial waits redial_ms. */
+ * connections (net_dials()); two that accept none link through the relay,
+ * the lower index asking for the other there. A failed dial waits
+ * redial_ms. */
 static void dial(Coll *c, uint64_t now) {
         bool accepts = !c->members[c->self].m.no_accept;
         for (unsigned i = 0; i < c->n_members; i++) {
                 Member *m = &c->members[i];
-                if (i == c->self || !net_dials(accepts, !m->m.no_accept, c->self < i))
+                bool relayed = net_relays(accepts, !m->m.no_accept, c->self < i) && c->cfg.net->relay_host;
+                if (i == c->self || (!relayed && !net_dials(accepts, !m->m.no_accept, c->self < i)))
                         continue;
-                if (m->up || m->dialing || now < m->next_dial_ns || now < m->banned_until_ns || m->m.port == 0)
+                if (m->up || m->dialing || now < m->next_dial_ns || now < m->banned_until_ns ||
+                    (!relayed && m->m.port == 0))
                         continue;
                 m->next_dial_ns = now + (uint64_t)c->cfg.redial_ms * 1000000ull;
-                if (net_connect(c->net, m->m.host, m->m.port, &m->dial_peer) == 0)
+                if ((relayed ? net_connect_relayed(c->net, m->m.id, &m->dial_peer)
+                             : net_connect(c->net, m->m.host, m->m.port, &m->dial_peer)) == 0)
                         m->dialing = true;
         }
 }

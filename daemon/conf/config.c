@@ -74,6 +74,11 @@ static config_setting_t *member(const config_setting_t *g, const char *name) {
         return g ? config_setting_get_member(g, name) : NULL;
 }
 
+/* network.relay is set: two nodes that accept no connections link through it. */
+static bool relay_set(const config_setting_t *root) {
+        return member(member(root, "network"), "relay") != NULL;
+}
+
 /* A string that, when set, must be an absolute path. */
 static int get_path(const config_setting_t *g, const char *name, char *buf, size_t len, Diag *d) {
         int r;
@@ -338,7 +343,7 @@ static int parse_network(const config_setting_t *root, Config *c, Diag *d) {
                 "listen", "peers", "admission", "secret_file", "allowed_peers", "plaintext", "io_backend",
                 "zerocopy_threshold", "max_frame", "max_tensor", "max_queued", "max_links",
                 "max_links_per_address", "handshake_timeout", "idle_timeout", "stall_timeout", "receive_pool",
-                "max_receive", NULL,
+                "max_receive", "relay", NULL,
         };
         NetConfig *n = &c->net;
         config_setting_t *g, *s, *peers, *allowed;
@@ -374,6 +379,11 @@ static int parse_network(const config_setting_t *root, Config *c, Diag *d) {
         if (s && config_setting_type(s) != CONFIG_TYPE_STRING)
                 return conf_error(s, NULL, -EINVAL, d, "must be a string \"host:port\"");
         if (s && config_setting_get_string(s)[0] && (r = get_address(s, &c->listen, d)) < 0)
+                return r;
+        s = member(g, "relay");
+        if (s && config_setting_type(s) != CONFIG_TYPE_STRING)
+                return conf_error(s, NULL, -EINVAL, d, "must be a string \"host:port\" (a node that relays)");
+        if (s && (r = get_address(s, &c->relay, d)) < 0)
                 return r;
         if ((r = parse_peers(peers, c, d)) < 0)
                 return r;
@@ -518,7 +528,7 @@ static int parse_members(config_setting_t *g, config_setting_t *members, ConfigA
 static int check_reachable(const config_setting_t *root, config_setting_t *members, const ConfigAveraging *a,
                            Diag *d) {
         int first = -1;
-        if (member(root, "pipeline"))
+        if (member(root, "pipeline") || relay_set(root))
                 return 0;
         for (size_t i = 0; i < a->n_members; i++) {
                 if (!a->members[i].no_accept)
@@ -526,7 +536,8 @@ static int check_reachable(const config_setting_t *root, config_setting_t *membe
                 if (first >= 0)
                         return conf_error(config_setting_get_elem(members, (unsigned)i), NULL, -EINVAL, d,
                                           "members %d and %zu both accept no connections (no address), and members "
-                                          "training alone may average with any other: at most one may lack one",
+                                          "training alone may average with any other: at most one may lack one, "
+                                          "unless network.relay is set",
                                           first + 1, i + 1);
                 first = (int)i;
         }
@@ -635,7 +646,7 @@ static int parse_averaging(const config_setting_t *root, Config *c, Diag *d) {
 
 static const char *const schedule_names[] = { "async", "sync", NULL };
 
-static int parse_cluster(const config_setting_t *e, ConfigCluster *k, Diag *d) {
+static int parse_cluster(const config_setting_t *e, bool relay, ConfigCluster *k, Diag *d) {
         static const char *const keys[] = { "nodes", "stages", NULL };
         config_setting_t *nodes, *stages;
         int r;
@@ -650,10 +661,11 @@ static int parse_cluster(const config_setting_t *e, ConfigCluster *k, Diag *d) {
         for (unsigned i = 0; i < k->n_stages; i++) {
                 if ((r = get_member(config_setting_get_elem(nodes, i), true, &k->nodes[i], d)) < 0)
                         return r;
-                if (i > 0 && k->nodes[i - 1].no_accept && k->nodes[i].no_accept)
+                if (i > 0 && k->nodes[i - 1].no_accept && k->nodes[i].no_accept && !relay)
                         return conf_error(config_setting_get_elem(nodes, i), NULL, -EINVAL, d,
                                           "stages %u and %u both accept no connections (no address): one end of "
-                                          "every pipeline link must have one", i, i + 1);
+                                          "every pipeline link must have one, or network.relay must be set", i,
+                                          i + 1);
         }
         stages = member(e, "stages");
         if (!stages)
@@ -717,7 +729,8 @@ static int parse_pipeline(const config_setting_t *root, Config *c, Diag *d) {
                 return -ENOMEM;
         p->n_clusters = (unsigned)n;
         for (int i = 0; i < n; i++)
-                if ((r = parse_cluster(config_setting_get_elem(clusters, (unsigned)i), &p->clusters[i], d)) < 0)
+                if ((r = parse_cluster(config_setting_get_elem(clusters, (unsigned)i), relay_set(root),
+                                       &p->clusters[i], d)) < 0)
                         return r;
         p->enabled = true;
         return 0;
@@ -856,6 +869,32 @@ static int parse_checkpoint(const config_setting_t *root, Config *c, Diag *d) {
         return 0;
 }
 
+/* relay = { listen; max_links; }: this node relays links between nodes
+ * that accept no connections. */
+static int parse_relay(const config_setting_t *root, Config *c, Diag *d) {
+        static const char *const keys[] = { "listen", "max_links", NULL };
+        ConfigRelay *rl = &c->relay_server;
+        config_setting_t *g, *s;
+        long long max;
+        int r;
+
+        if ((r = conf_get_group(root, "relay", false, false, &g, d)) < 0 || !g)
+                return r;
+        if ((r = conf_check_keys(g, keys, d)) < 0 ||
+            (r = conf_get_int(g, "max_links", false, 1, 65536, 64, &max, d)) < 0)
+                return r;
+        s = member(g, "listen");
+        if (!s)
+                return conf_error(g, "listen", -EINVAL, d, "missing: where the relay listens, \"0.0.0.0:7400\"");
+        if (config_setting_type(s) != CONFIG_TYPE_STRING)
+                return conf_error(s, NULL, -EINVAL, d, "must be a string \"host:port\"");
+        if ((r = get_address(s, &rl->listen, d)) < 0)
+                return r;
+        rl->max_links = (unsigned)max;
+        rl->enabled = true;
+        return 0;
+}
+
 static int parse_metrics(const config_setting_t *root, Config *c, Diag *d) {
         static const char *const keys[] = { "listen", "max_connections", "timeout", NULL };
         ConfigMetrics *m = &c->metrics;
@@ -885,7 +924,7 @@ static int parse_metrics(const config_setting_t *root, Config *c, Diag *d) {
 int config_load(const char *path, Config *ret, Diag *d) {
         static const char *const keys[] = {
                 "state_directory", "job", "threads", "control_socket", "network", "averaging", "pipeline", "idle",
-                "checkpoint", "membership", "metrics", NULL,
+                "checkpoint", "membership", "metrics", "relay", NULL,
         };
         _cleanup_(config_free) Config c;
         _cleanup_(config_destroy) config_t cf;
@@ -925,6 +964,7 @@ int config_load(const char *path, Config *ret, Diag *d) {
         CHECK(parse_idle(root, &c, &one));
         CHECK(parse_checkpoint(root, &c, &one));
         CHECK(parse_metrics(root, &c, &one));
+        CHECK(parse_relay(root, &c, &one));
         CHECK(conf_get_int(root, "threads", false, 0, 256, 0, &threads, &one));
         CHECK(parse_membership(root, &c, &one));
         CHECK(parse_averaging(root, &c, &one));
@@ -961,6 +1001,8 @@ int config_net(const Config *c, const Identity *id, NetConfig *ret, Diag *d) {
         n.secret = secret ? c->secret : NULL;
         n.allowed = list ? (const uint8_t(*)[IDENTITY_PK_SIZE])c->allowed : NULL;
         n.n_allowed = list ? c->n_allowed : 0;
+        n.relay_host = c->relay.port ? c->relay.host : NULL;
+        n.relay_port = c->relay.port;
         *ret = n;
         return 0;
 }

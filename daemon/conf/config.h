@@ -141,6 +141,14 @@ typedef struct ConfigMetrics {
         unsigned timeout_s;             /* a connection idle this long is closed */
 } ConfigMetrics;
 
+/* This node relays links between nodes that accept no connections (see
+ * ravnestd.conf(5), relay; net/relay.h): off unless the group is set. */
+typedef struct ConfigRelay {
+        bool enabled;
+        ConfigAddress listen;
+        unsigned max_links;
+} ConfigRelay;
+
 typedef struct Config {
         char path[PATH_MAX];            /* the file it was read from */
         char control_socket[PATH_MAX];  /* D-Bus object on a direct connection; "" for none */
@@ -152,6 +160,7 @@ typedef struct Config {
         ConfigAddress listen;           /* port 0: do not listen */
         ConfigAddress *peers;
         size_t n_peers;
+        ConfigAddress relay;            /* network.relay: the relay this node's links may go through; port 0: none */
         ConfigAdmission admission;
         char secret_file[PATH_MAX];     /* "" when not set */
         bool has_secret;                /* secret holds the contents of secret_file */
@@ -168,6 +177,7 @@ typedef struct Config {
         IdleSettings idle;
         ConfigCheckpoint checkpoint;
         ConfigMetrics metrics;
+        ConfigRelay relay_server;
 } Config;
 
 /* The documented defaults; the transport's are net_config_defaults(). */

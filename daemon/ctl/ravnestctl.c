@@ -184,6 +184,7 @@ static void swarm_usage(FILE *f) {
                    "  --pin                 node i on CPU i modulo the CPUs\n"
                    "  --behind-nat NODES    these nodes (e.g. c1s2,c2s1) accept no connections, as behind NAT: they\n"
                    "                        dial every link themselves\n"
+                   "  --relay               relay links between two such nodes (in this process, on loopback)\n"
                    "  --ravnestd PATH       the daemon to start (default: beside ravnestctl, else %s/ravnestd)\n"
                    "  -h, --help            show this help\n",
                 JOBS_DIR "/fashion-mnist-mlp.job", SBIN_DIR);
@@ -213,6 +214,7 @@ static int parse_swarm_args(int argc, char *argv[], SwarmOptions *o) {
                 { "checkpoint-interval", required_argument, NULL, 'C' },
                 { "pin", no_argument, NULL, 'P' },
                 { "behind-nat", required_argument, NULL, 'B' },
+                { "relay", no_argument, NULL, 'Y' },
                 { "ravnestd", required_argument, NULL, 'r' },
                 { "help", no_argument, NULL, 'h' },
                 {},
@@ -251,6 +253,7 @@ static int parse_swarm_args(int argc, char *argv[], SwarmOptions *o) {
                         break;
                 case 'P': o->pin = true; break;
                 case 'B': o->behind_nat = optarg; break;
+                case 'Y': o->relay = true; break;
                 case 'r': o->ravnestd = optarg; break;
                 case 'h': swarm_usage(stdout); return 0;
                 default: swarm_usage(stderr); return EX_USAGE;

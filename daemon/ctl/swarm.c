@@ -27,6 +27,7 @@
 #include "run/stage-checkpoint.h"
 #include "net/handshake.h"
 #include "net/identity.h"
+#include "net/relay.h"
 #include "util/format.h"
 #include "util/log.h"
 #include "util/macro.h"
@@ -69,6 +70,8 @@ typedef struct Swarm {
         unsigned n;
         SwarmResult res;
         bool stopping;
+        Relay *relay;   /* --relay: in this process, for the nodes behind NAT */
+        char relay_setting[48];
 } Swarm;
 
 /* Bind a loopback socket to port (0: any) and close it: the port bound,
@@ -286,6 +289,29 @@ static int check_behind_nat(const Swarm *s) {
         return 0;
 }
 
+/* --relay: a relay on loopback in this process, which every node may use. */
+static int start_relay(Swarm *s) {
+        if (!s->o->relay)
+                return 0;
+        int r = relay_new(&(RelayConfig){ .host = "127.0.0.1", .max_links = 2 * MAX_NODES }, &s->relay);
+        if (r < 0)
+                return log_error_errno(r, "Failed to start a relay on loopback: %m");
+        snprintf(s->relay_setting, sizeof s->relay_setting, " relay = \"127.0.0.1:%u\";", relay_port(s->relay));
+        printf("swarm: relaying links between nodes behind NAT on 127.0.0.1:%u\n", relay_port(s->relay));
+        return 0;
+}
+
+static void stop_relay(Swarm *s) {
+        RelayStats st;
+        if (!s->relay)
+                return;
+        relay_get_stats(s->relay, &st);
+        char bytes[32];
+        format_bytes(bytes, sizeof bytes, st.bytes);
+        printf("swarm: the relay joined %llu links and copied %s\n", (unsigned long long)st.links_total, bytes);
+        s->relay = relay_free(s->relay);
+}
+
 static int make_nodes(Swarm *s) {
         uint8_t secret[HANDSHAKE_SECRET_SIZE];
         char hex[2 * HANDSHAKE_SECRET_SIZE + 2], path[512];
@@ -379,14 +405,15 @@ static int write_config(const Swarm *s, const SwarmNode *nd, const char *plan, c
                  "control_socket = \"%s/%.15s.sock\";\n"
                  "idle = { enabled = false; };  # the swarm's nodes keep each other busy\n"
                  "checkpoint = { interval = %u; load = true; };  # a restarted node goes on from its own\n"
-                 "network = { secret_file = \"%s/secret\"; };\n"
+                 "network = { secret_file = \"%s/secret\";%s };\n"
                  "pipeline = {\n"
                  "  micro_batch = %d;\n  staleness = %d;\n  update_frequency = %d;\n  schedule = \"%s\";\n"
                  "  neighbour_timeout = %u;\n"
                  "  listen = \"127.0.0.1:%u\";\n"
                  "  clusters = (\n%s  );\n"
                  "};\n",
-                 nd->name, dir, nd->name, dir, nd->name, o->checkpoint_interval_s, dir, micro_batch(s), o->staleness, update_frequency(s),
+                 nd->name, dir, nd->name, dir, nd->name, o->checkpoint_interval_s, dir, s->relay_setting,
+                 micro_batch(s), o->staleness, update_frequency(s),
                  o->synchronous ? "sync" : "async", o->neighbour_timeout_s, nd->pipe_port, plan);
         if (o->clusters > 1) { /* one cluster has nothing to average with */
                 size_t used = strlen(conf);
@@ -737,7 +764,8 @@ int swarm_run(const SwarmOptions *o, const volatile sig_atomic_t *stop, SwarmRes
                 s->res.accuracy[c] = s->res.loss[c] = -1;
         if ((r = swarm_plan(s)) < 0 || (r = make_dir(s)) < 0)
                 return r;
-        if ((r = make_nodes(s)) >= 0 && (r = check_behind_nat(s)) >= 0 && (r = write_configs(s)) >= 0) {
+        if ((r = make_nodes(s)) >= 0 && (r = check_behind_nat(s)) >= 0 && (r = start_relay(s)) >= 0 &&
+            (r = write_configs(s)) >= 0) {
                 print_plan(s);
                 /* last stages first, so the links find them listening */
                 for (unsigned j = 0; j < s->n && r >= 0; j++)
@@ -752,6 +780,7 @@ int swarm_run(const SwarmOptions *o, const volatile sig_atomic_t *stop, SwarmRes
                 if (o->keep || o->dir) /* else the directory goes, and the series with it */
                         printf("swarm: series in %s; ravnestctl plot %s draws them\n", s->dir, s->dir);
         }
+        stop_relay(s);
         remove_dir(s);
         if (ret)
                 *ret = s->res;

@@ -37,6 +37,7 @@ typedef struct SwarmOptions {
         unsigned checkpoint_interval_s; /* between each node's checkpoints (0: only when it stops) */
         bool pin;               /* node i runs on CPU i mod the CPU count */
         const char *behind_nat; /* "c1s2,c2s1": nodes that accept no connections (no address in the plan) */
+        bool relay;             /* a relay in this process for links between two such nodes */
 } SwarmOptions;
 
 typedef struct SwarmResult {

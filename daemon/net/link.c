@@ -171,6 +171,16 @@ static void connected(Link *l) {
                 n->cb.connected(n->userdata, l->id, l->peer_id);
 }
 
+static void link_stop_waiting(Link *l) {
+        Net *n = l->net;
+        l->relay_waiting = false;
+        l->last_frame_ns = l->last_sent_ns = l->last_bytes_ns;
+        l->deadline_ns = l->last_frame_ns + (uint64_t)n->cfg.handshake_timeout_ms * 1000000ULL;
+        if (n->relay_waiter == l->id)
+                n->relay_waiter = 0;
+        n->relay_retry_ns = 0;
+}
+
 void link_rx_target(Link *l, uint8_t **ret_ptr, size_t *ret_len) {
         switch (l->phase) {
         case RX_HEADER:
@@ -389,6 +399,8 @@ int link_rx_done(Link *l, size_t n) {
                 return -ECONNRESET;
         l->net->stats.bytes_received += n;
         l->last_bytes_ns = net_now_ns();
+        if (l->relay_waiting) /* a peer came through the relay: a link from now on, and another waits */
+                link_stop_waiting(l);
         if (l->rx_records && l->phase == RX_PAYLOAD && seal_open_update(&l->seal, l->rx_dst + l->rx_have, n) < 0)
                 return -EBADMSG;
         l->rx_have += n;

@@ -57,6 +57,7 @@ typedef struct Link {
         bool opened;          /* the handshake finished */
         bool bye_pending;     /* net_free(): BYE goes out next */
         bool bye_sending;     /* l->iov holds that BYE */
+        bool relay_waiting;   /* a connection waiting at the relay: no deadline until its first byte */
 
         /* receiving */
         RxPhase phase;
@@ -129,6 +130,8 @@ struct Net {
         uint32_t closing_id;
         NetPeerInfo closing;
         NetStats stats;
+        uint32_t relay_waiter;     /* the link waiting at the relay; 0: none */
+        uint64_t relay_retry_ns;   /* when to open one again */
 };
 
 /* core (net.c), called by the backends */

@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "net-internal.h"
+#include "relay.h"
 
 uint64_t net_now_ns(void) {
         struct timespec ts;
@@ -251,7 +252,10 @@ static void socket_tune(const Net *n, int fd) {
 }
 
 /* A new link on fd (connected or accepted). */
-static int link_add(Net *n, int fd, bool initiator, const struct sockaddr_storage *sa, uint32_t *ret_id) {
+/* waiting: a connection of ours waiting at a relay (as a responder, but no
+ * stranger: the limits on unauthenticated links do not count it). */
+static int link_add(Net *n, int fd, bool initiator, bool waiting, const struct sockaddr_storage *sa,
+                    uint32_t *ret_id) {
         unsigned slot = n->cfg.max_links, same = 0, handshaking = 0, handshaking_same = 0;
         uint8_t key[16];
         int r;
@@ -274,7 +278,7 @@ static int link_add(Net *n, int fd, bool initiator, const struct sockaddr_storag
         /* Strangers that have not authenticated get a quarter of the slots
          * and a few per address, so they cannot crowd out real peers. */
         if (slot == n->cfg.max_links ||
-            (!initiator && (same >= n->cfg.max_links_per_addr || handshaking >= MAX(n->cfg.max_links / 4, 4u) ||
+            (!initiator && !waiting && (same >= n->cfg.max_links_per_addr || handshaking >= MAX(n->cfg.max_links / 4, 4u) ||
                             handshaking_same >= 8))) {
                 n->stats.links_rejected++;
                 close(fd);
@@ -294,6 +298,7 @@ static int link_add(Net *n, int fd, bool initiator, const struct sockaddr_storag
         }
         memcpy(l->addr, key, 16);
         addr_format(sa, l->address);
+        l->relay_waiting = waiting;
         l->id = n->next_id++;
         l->slot = slot;
         n->links[slot] = l;
@@ -321,7 +326,7 @@ void net_accept_pause(Net *n) {
 }
 
 void net_accept_fd(Net *n, int fd, const struct sockaddr_storage *sa) {
-        if (link_add(n, fd, false, sa, NULL) >= 0)
+        if (link_add(n, fd, false, false, sa, NULL) >= 0)
                 n->stats.links_accepted++;
 }
 
@@ -405,7 +410,88 @@ int net_connect(Net *n, const char *host, uint16_t port, uint32_t *ret_peer) {
         }
         tv = (struct timeval){};
         setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
-        return link_add(n, fd, true, &sa, ret_peer);
+        return link_add(n, fd, true, false, &sa, ret_peer);
+}
+
+/* ---- through a relay (relay.h) ------------------------------------------ */
+
+static int read_full(int fd, void *buf, size_t len) {
+        for (size_t got = 0; got < len;) {
+                ssize_t k = read(fd, (uint8_t *)buf + got, len - got);
+                if (k <= 0)
+                        return k == 0 ? -ECONNRESET : errno == EAGAIN ? -ETIMEDOUT : -errno;
+                got += (size_t)k;
+        }
+        return 0;
+}
+
+/* Connect to the relay and make a request (WAIT for this node, CONNECT to
+ * key): its hello, the request, its answer, each within the handshake
+ * timeout. The socket, in the state a link starts from, in *ret_fd. */
+static int relay_request(Net *n, uint8_t op, const uint8_t key[IDENTITY_PK_SIZE], int *ret_fd,
+                         struct sockaddr_storage *sa) {
+        static const int errors[] = { [RELAY_BAD_REQUEST] = -EACCES, [RELAY_NO_TARGET] = -EHOSTUNREACH,
+                                      [RELAY_FULL] = -EBUSY };
+        uint8_t hello[RELAY_HELLO_SIZE], req[RELAY_REQUEST_SIZE] = { op, n->cfg.relay_channel }, status;
+        uint8_t msg[RELAY_WAIT_MESSAGE_SIZE];
+        socklen_t len = 0;
+        int r, fd;
+
+        if (!n->cfg.relay_host)
+                return -ENOTCONN;
+        if ((r = resolve(n->cfg.relay_host, n->cfg.relay_port, sa, &len)) < 0)
+                return r;
+        if ((fd = socket(sa->ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0)) < 0)
+                return -errno;
+        struct timeval tv = { .tv_sec = n->cfg.handshake_timeout_ms / 1000,
+                              .tv_usec = (n->cfg.handshake_timeout_ms % 1000) * 1000 };
+        setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+        setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+        if (connect(fd, (struct sockaddr *)sa, len) < 0)
+                r = errno == EINPROGRESS || errno == EAGAIN ? -ETIMEDOUT : -errno;
+        else if ((r = read_full(fd, hello, sizeof hello)) >= 0 && memcmp(hello, RELAY_MAGIC, RELAY_MAGIC_SIZE) != 0)
+                r = -EPROTO;
+        if (r >= 0) {
+                memcpy(req + 2, key, IDENTITY_PK_SIZE);
+                if (op == RELAY_OP_WAIT) {
+                        relay_wait_message(hello + RELAY_MAGIC_SIZE, n->cfg.relay_channel, msg);
+                        crypto_sign_detached(req + 2 + IDENTITY_PK_SIZE, NULL, msg, sizeof msg, n->identity.sk);
+                }
+                if (send(fd, req, sizeof req, MSG_NOSIGNAL) != (ssize_t)sizeof req)
+                        r = -EIO;
+                else if ((r = read_full(fd, &status, 1)) >= 0 && status != RELAY_OK)
+                        r = status < sizeof errors / sizeof *errors && errors[status] ? errors[status] : -EPROTO;
+        }
+        if (r < 0) {
+                close(fd);
+                return r;
+        }
+        tv = (struct timeval){};
+        setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+        setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+        *ret_fd = fd;
+        return 0;
+}
+
+int net_connect_relayed(Net *n, const uint8_t target[IDENTITY_PK_SIZE], uint32_t *ret_peer) {
+        struct sockaddr_storage sa;
+        int fd, r = relay_request(n, RELAY_OP_CONNECT, target, &fd, &sa);
+        return r < 0 ? r : link_add(n, fd, true, false, &sa, ret_peer);
+}
+
+/* With relay_wait, one connection always waits at the relay; once a peer
+ * has come through it, it is a link like any other and another waits. */
+static void relay_keep_waiting(Net *n) {
+        uint64_t now = net_now_ns();
+        struct sockaddr_storage sa;
+        int fd;
+
+        if (!n->cfg.relay_wait || (n->relay_waiter && net_link_find(n, n->relay_waiter)) || now < n->relay_retry_ns)
+                return;
+        n->relay_waiter = 0;
+        n->relay_retry_ns = now + 1000 * 1000000ULL;
+        if (relay_request(n, RELAY_OP_WAIT, n->identity.pk, &fd, &sa) >= 0)
+                (void)link_add(n, fd, false, true, &sa, &n->relay_waiter);
 }
 
 int net_send_tensor(Net *n, uint32_t peer, uint32_t stream, const TensorDesc *desc, const void *data,
@@ -562,7 +648,7 @@ static void check_timers(Net *n) {
         uint64_t idle = n->cfg.idle_timeout_ms * ms, stall = n->cfg.stall_timeout_ms * ms;
         for (unsigned i = 0; i < n->cfg.max_links; i++) {
                 Link *l = n->links[i];
-                if (!l || l->state == LINK_CLOSING)
+                if (!l || l->state == LINK_CLOSING || l->relay_waiting)
                         continue;
                 heartbeat(n, l, now, idle);
                 bool mid_frame = l->phase != RX_HEADER || l->rx_have > 0;
@@ -585,6 +671,7 @@ static void check_timers(Net *n) {
 int net_run(Net *n, int timeout_ms) {
         int r = n->backend->wait(n, timeout_ms);
         check_timers(n);
+        relay_keep_waiting(n);
         if (n->accept_paused_until && net_now_ns() > n->accept_paused_until) {
                 n->accept_paused_until = 0;
                 n->backend->resume_accept(n);

@@ -59,7 +59,19 @@ typedef struct NetConfig {
         unsigned idle_timeout_ms;  /* no complete frame for this long: drop (peers heartbeat) */
         unsigned stall_timeout_ms; /* stopped mid-frame for this long: drop */
         size_t pool_bytes;         /* the registered receive region */
+        /* A relay (relay.h) for links to nodes that accept no connections:
+         * net_connect_relayed() asks it for a peer; with relay_wait, the Net
+         * keeps one connection waiting there for whoever asks for this node. */
+        const char *relay_host;    /* NULL: no relay */
+        uint16_t relay_port;
+        bool relay_wait;
+        uint8_t relay_channel;     /* which of a node's Nets: NET_RELAY_* below */
 } NetConfig;
+
+/* A node waits at a relay once per channel: its links of one kind (the
+ * pipeline's, the averaging group's) each have their own. */
+#define NET_RELAY_PIPELINE 1
+#define NET_RELAY_AVERAGING 2
 
 void net_config_defaults(NetConfig *c);
 
@@ -142,14 +154,27 @@ const char *net_backend_name(const Net *n);
 int net_listen(Net *n, const char *host, uint16_t port, uint16_t *ret_port);
 int net_connect(Net *n, const char *host, uint16_t port, uint32_t *ret_peer);
 
+/* Open a link to the node with key target through the configured relay
+ * (it must be waiting there): the handshake then runs through the relay as
+ * on any link. -EHOSTUNREACH: nobody waits with that key; -EBUSY: the relay
+ * is full; -EACCES: refused; -ENOTCONN: no relay configured. Blocks at most
+ * the handshake timeout, as net_connect() does. */
+int net_connect_relayed(Net *n, const uint8_t target[IDENTITY_PK_SIZE], uint32_t *ret_peer);
+
 /* Who opens the link between this node and a peer, the one rule for every
  * kind of link (pipeline neighbours, averaging members): a node that
  * accepts no connections (behind NAT, no address in the plan) dials every
  * peer that does; of two that both accept, the one first in the plan's
  * order dials. Links are symmetric once the handshake is done. Two nodes
- * that both accept nothing cannot be linked: the plan is refused. */
+ * that both accept nothing need a relay (net_relays()); without one the
+ * plan is refused. */
 static inline bool net_dials(bool self_accepts, bool peer_accepts, bool self_first) {
         return peer_accepts && (!self_accepts || self_first);
+}
+/* Two that both accept nothing can still link through a relay: the first
+ * asks for the other there (net_connect_relayed()), which waits there. */
+static inline bool net_relays(bool self_accepts, bool peer_accepts, bool self_first) {
+        return !self_accepts && !peer_accepts && self_first;
 }
 
 /* Queue a tensor; data must stay valid and unchanged until sent() reports

@@ -30,6 +30,8 @@ int averaging_coll_config(const AveragingGroup *g, const Identity *id, size_t n_
                 return -EINVAL;
         }
         *nc = *g->net;
+        nc->relay_wait = ca->members[self].no_accept && nc->relay_host; /* members behind NAT ask for it there */
+        nc->relay_channel = NET_RELAY_AVERAGING;
         /* The receive pool holds the averages a round keeps and the sums in flight. */
         nc->pool_bytes = MIN(n_params * sizeof(float) + (16u << 20), (size_t)1 << 30);
 
@@ -174,8 +176,11 @@ int averaging_final(Averaging *a, float *params, void (*poll)(void *ud), void *u
                 log_warning("The last averaging round did not finish in time: this replica is evaluated as it is");
                 return -ETIMEDOUT;
         }
+        /* The stats' last round is the one the ticket asked for (no other
+         * starts before this thread takes a snapshot again); a regular
+         * round given up or failed while it waited does not count. */
         averager_get_stats(a->av, &s);
-        bool done = s.rounds_done > before.rounds_done && s.rounds_failed == before.rounds_failed;
+        bool done = s.rounds_done > before.rounds_done && s.last_error == 0;
         if (!done || s.last_participants < a->ring_size) {
                 log_warning("The last averaging round included %u of %u members: this replica is evaluated "
                             "without the others' last updates", done ? s.last_participants : 1, a->ring_size);

@@ -237,12 +237,19 @@ static bool run_dials(const Run *r, int which) {
         return m && net_dials(!r->self->no_accept, !m->no_accept, which == 1);
 }
 
+/* Or through the relay, when neither end accepts connections: the earlier
+ * stage asks for the next there, which waits there. */
+static bool run_relays(const Run *r, int which) {
+        const ConfigMember *m = which ? r->next : r->prev;
+        return m && r->plan->averaging.net->relay_host && net_relays(!r->self->no_accept, !m->no_accept, which == 1);
+}
+
 /* A neighbour that should dial this stage has not for a minute: say once
  * what to check (the address the plan gives, or NAT). */
 static void hint_unreachable(Run *r, uint64_t now) {
         for (int i = 0; i < 2 && !r->hinted; i++) {
                 const ConfigMember *m = i ? r->next : r->prev;
-                if (!m || run_dials(r, i) || (i ? r->next_peer : r->prev_peer) >= 0 ||
+                if (!m || run_dials(r, i) || m->no_accept || (i ? r->next_peer : r->prev_peer) >= 0 ||
                     now - r->start_ns < 60 * NSEC_PER_SEC)
                         continue;
                 log_notice("The %s stage has not dialed in for a minute: check that this node's address in the plan "
@@ -260,11 +267,13 @@ static void dial_neighbours(Run *r) {
         hint_unreachable(r, now);
         for (int i = 0; i < 2; i++) {
                 const ConfigMember *m = i ? r->next : r->prev;
-                if (!run_dials(r, i) || (i ? r->next_peer : r->prev_peer) >= 0 || r->dial_pending[i] ||
-                    now < r->next_dial_ns[i])
+                bool relayed = run_relays(r, i);
+                if ((!run_dials(r, i) && !relayed) || (i ? r->next_peer : r->prev_peer) >= 0 ||
+                    r->dial_pending[i] || now < r->next_dial_ns[i])
                         continue;
                 r->next_dial_ns[i] = now + NSEC_PER_SEC;
-                if (net_connect(r->net, m->address.host, m->address.port, &r->dialing[i]) == 0)
+                if ((relayed ? net_connect_relayed(r->net, m->id, &r->dialing[i])
+                             : net_connect(r->net, m->address.host, m->address.port, &r->dialing[i])) == 0)
                         r->dial_pending[i] = true;
         }
 }
@@ -402,6 +411,8 @@ static int member_index(const ConfigAveraging *a, const uint8_t id[IDENTITY_PK_S
  * no connections (net_dials()). */
 static int check_rings_reachable(const StagePlan *plan, const Segment *seg, size_t n_seg) {
         const ConfigAveraging *a = plan->averaging.settings;
+        if (plan->averaging.net->relay_host)
+                return 0; /* they link through the relay */
         for (size_t i = 0; i < n_seg; i++) {
                 int first = -1;
                 for (unsigned k = 0; k < seg[i].n_owners; k++) {
@@ -583,13 +594,17 @@ static int run_stage(Run *run) {
 static int run_links(Run *run) {
         const ConfigPipeline *p = run->plan->pipeline;
         bool dialed = (run->prev && !run_dials(run, 0)) || (run->next && !run_dials(run, 1));
+        NetConfig nc = *run->plan->averaging.net;
         int r;
 
-        r = net_new(run->plan->averaging.net, &run_callbacks, run, &run->net);
+        /* behind NAT with a relay: a neighbour behind NAT too asks for this stage there */
+        nc.relay_wait = run->self->no_accept && nc.relay_host;
+        nc.relay_channel = NET_RELAY_PIPELINE;
+        r = net_new(&nc, &run_callbacks, run, &run->net);
         if (r < 0)
                 return log_error_errno(r, "Failed to start the pipeline transport: %m");
         pipe_connect(run->pipe, run->net, -1, -1);
-        if (dialed && (r = net_listen(run->net, p->listen.host, p->listen.port, NULL)) < 0)
+        if (dialed && !run->self->no_accept && (r = net_listen(run->net, p->listen.host, p->listen.port, NULL)) < 0)
                 return log_error_errno(r, "Failed to listen on %s:%u for the neighbouring stages: %m",
                                        p->listen.host, p->listen.port);
         if (run->self->no_accept && run->n_stages > 1)

@@ -469,6 +469,31 @@ static int start_web(Daemon *d) {
         return 0;
 }
 
+/* ---- the relay ------------------------------------------------------------ */
+
+/* Set at start (a reload does not move it): relays links for nodes that
+ * accept no connections, on a thread of its own; with an allowlist, only
+ * for the keys on it. */
+static int start_relay(Daemon *d) {
+        const Config *c = &d->config;
+        const ConfigRelay *rl = &c->relay_server;
+        bool list = c->admission != CONFIG_ADMISSION_SECRET && c->n_allowed;
+        int r;
+
+        if (!rl->enabled)
+                return 0;
+        r = relay_new(&(RelayConfig){ .host = rl->listen.host, .port = rl->listen.port, .max_links = rl->max_links,
+                                      .allowed = list ? (const uint8_t(*)[IDENTITY_PK_SIZE])c->allowed : NULL,
+                                      .n_allowed = list ? c->n_allowed : 0 },
+                      &d->relay);
+        if (r < 0)
+                return log_error_errno(r, "Failed to relay on %s:%u (relay.listen in %s): %m", rl->listen.host,
+                                       rl->listen.port, c->path);
+        log_info("Relaying links for nodes that accept no connections on %s:%u (at most %u at once%s)",
+                 rl->listen.host, relay_port(d->relay), rl->max_links, list ? ", allowed peers only" : "");
+        return 0;
+}
+
 static void apply_live_settings(Daemon *d, const Config *c) {
         /* an unconfigured node computes nothing: no need to watch the machine */
         bool want_idle = c->idle.enabled && !d->options.no_idle && configured(d, &d->config);
@@ -572,7 +597,7 @@ int daemon_run(Daemon *d) {
         r = bus_start(&d->bus, d->event, &d->control, sock, true);
         if (r < 0)
                 goto out;
-        if ((r = start_web(d)) < 0)
+        if ((r = start_web(d)) < 0 || (r = start_relay(d)) < 0)
                 goto out;
 
         apply_live_settings(d, &d->config);
@@ -603,6 +628,7 @@ out:
         }
         bus_stop(&d->bus);
         d->web = web_server_stop(d->web);
+        d->relay = relay_free(d->relay);
         d->web_timer = sd_event_source_unref(d->web_timer);
         if (d->idle_on)
                 idle_monitor_done(&d->idle);

@@ -19,6 +19,7 @@
 #include "host/idle.h"
 #include "conf/job.h"
 #include "run/local-run.h"
+#include "net/relay.h"
 #include "run/node.h"
 #include "web/server.h"
 
@@ -40,6 +41,7 @@ typedef struct Daemon {
         bool idle_on;
         sd_event_source *idle_timer, *checkpoint_timer, *status_timer, *web_timer;
         WebServer *web;            /* metrics.listen set: Prometheus' metrics and the status page */
+        Relay *relay;              /* relay.listen set: links relayed for nodes behind NAT */
         /* the compute thread's */
         Node node;
         Averaging averaging;

@@ -218,7 +218,8 @@ Test(swarm_short, a_stage_reports_its_traffic_on_its_control_socket, .timeout = 
  * plan, no listener): they dial their neighbour and their ring's other
  * member, nobody dials them, and the swarm ends as one averaged model. Two
  * such nodes holding the same layers cannot link: every node refuses that
- * plan with its file, line and setting, and the swarm exits non-zero. */
+ * plan with its file, line and setting, and the swarm exits non-zero,
+ * unless a relay joins them. */
 Test(swarm_short, nodes_behind_nat_dial_every_link, .timeout = 300) {
         Proc p, st_text;
         swarm(&p, (char *[]){ "--job", quick, "--behind-nat", "c1s2,c2s1", NULL });
@@ -254,6 +255,15 @@ Test(swarm_short, nodes_behind_nat_dial_every_link, .timeout = 300) {
         cr_expect(strstr(st_text.out, "  Reachable: yes: a peer has dialed in"), "%s", st_text.out);
         kill(p.pid, SIGINT);
         cr_assert_eq(proc_exit(&p), 130, "%s", p.out);
+
+        /* with a relay, even two nodes behind NAT link: through it */
+        swarm(&p, (char *[]){ "--job", quick, "--behind-nat", "c1s1,c1s2,c2s1", "--relay", NULL });
+        status = proc_exit_within(&p, 240000);
+        cr_assert_eq(status, 0, "%s", p.out);
+        cr_assert(strstr(p.out, "c1s2   Previous stage "), "%s", p.out);
+        cr_assert(strstr(p.out, "swarm: the averaged model"), "%s", p.out);
+        const char *joined = strstr(p.out, "swarm: the relay joined ");
+        cr_assert(joined && atoi(joined + strlen("swarm: the relay joined ")) >= 2, "%s", p.out);
 
         swarm(&p, (char *[]){ "--job", quick, "--behind-nat", "c1s1,c2s1", NULL });
         status = proc_exit_within(&p, 240000);

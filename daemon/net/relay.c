@@ -1,0 +1,430 @@
+/* net/relay.c — one thread, epoll, non-blocking sockets. */
+#include "relay.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <pthread.h>
+#include <sodium.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/epoll.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+typedef enum ConnState {
+        CONN_PREAMBLE, /* the hello sent, the request coming */
+        CONN_WAITING,  /* WAIT granted: until someone asks for its key */
+        CONN_JOINED,   /* bytes copied to and from its peer */
+} ConnState;
+
+typedef struct Conn {
+        int fd;
+        ConnState state;
+        uint8_t challenge[RELAY_CHALLENGE_SIZE];
+        uint8_t req[RELAY_REQUEST_SIZE];
+        size_t req_len;
+        uint8_t key[IDENTITY_PK_SIZE];
+        uint8_t channel;
+        uint64_t deadline_ns;          /* of the preamble */
+        struct Conn *peer;             /* joined: the other end */
+        uint8_t *buf;                  /* joined: read here, not yet written to the peer */
+        size_t len, off;
+        uint32_t events;               /* registered with epoll */
+        struct Conn *next;             /* every connection */
+} Conn;
+
+struct Relay {
+        RelayConfig cfg;
+        uint8_t (*allowed)[IDENTITY_PK_SIZE];
+        int listen_fd, epfd;
+        uint16_t port;
+        pthread_t thread;
+        bool started;
+        atomic_bool stop;
+        Conn *conns;
+        unsigned n_conns;
+        pthread_mutex_t lock;          /* stats */
+        RelayStats stats;
+};
+
+static uint64_t now_ns(void) {
+        struct timespec ts;
+        clock_gettime(CLOCK_MONOTONIC, &ts);
+        return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+void relay_wait_message(const uint8_t challenge[RELAY_CHALLENGE_SIZE], uint8_t channel,
+                        uint8_t out[RELAY_WAIT_MESSAGE_SIZE]) {
+        memcpy(out, RELAY_WAIT_CONTEXT, sizeof RELAY_WAIT_CONTEXT - 1);
+        memcpy(out + sizeof RELAY_WAIT_CONTEXT - 1, challenge, RELAY_CHALLENGE_SIZE);
+        out[RELAY_WAIT_MESSAGE_SIZE - 1] = channel;
+}
+
+/* ---- connections -------------------------------------------------------- */
+
+static void watch(Relay *r, Conn *c, uint32_t events) {
+        if (c->events == events)
+                return;
+        struct epoll_event ev = { .events = events, .data.ptr = c };
+        epoll_ctl(r->epfd, EPOLL_CTL_MOD, c->fd, &ev);
+        c->events = events;
+}
+
+static void conn_free(Relay *r, Conn *c) {
+        for (Conn **p = &r->conns; *p; p = &(*p)->next)
+                if (*p == c) {
+                        *p = c->next;
+                        break;
+                }
+        r->n_conns--;
+        pthread_mutex_lock(&r->lock);
+        if (c->state == CONN_WAITING)
+                r->stats.waiting--;
+        if (c->state == CONN_JOINED && c->peer) /* a pair counts once: as its first end goes */
+                r->stats.links--;
+        pthread_mutex_unlock(&r->lock);
+        if (c->peer)
+                c->peer->peer = NULL;
+        epoll_ctl(r->epfd, EPOLL_CTL_DEL, c->fd, NULL);
+        close(c->fd);
+        free(c->buf);
+        free(c);
+}
+
+/* A joined link goes as a unit: either end closing ends both. */
+static void conn_close(Relay *r, Conn *c) {
+        Conn *peer = c->state == CONN_JOINED ? c->peer : NULL;
+        conn_free(r, c);
+        if (peer)
+                conn_free(r, peer);
+}
+
+static void refuse(Relay *r, Conn *c, uint8_t status) {
+        (void)!send(c->fd, &status, 1, MSG_NOSIGNAL);
+        pthread_mutex_lock(&r->lock);
+        r->stats.refused++;
+        pthread_mutex_unlock(&r->lock);
+        conn_close(r, c);
+}
+
+static void on_accept(Relay *r) {
+        for (;;) {
+                int fd = accept4(r->listen_fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+                if (fd < 0)
+                        return;
+                Conn *c = calloc(1, sizeof *c);
+                /* preambles and waiters are bounded too: as many as links, twice */
+                if (!c || r->n_conns >= 4 * r->cfg.max_links) {
+                        free(c);
+                        close(fd);
+                        pthread_mutex_lock(&r->lock);
+                        r->stats.refused++;
+                        pthread_mutex_unlock(&r->lock);
+                        continue;
+                }
+                uint8_t hello[RELAY_HELLO_SIZE];
+                c->fd = fd;
+                c->deadline_ns = now_ns() + (uint64_t)r->cfg.preamble_timeout_ms * 1000000ull;
+                randombytes_buf(c->challenge, sizeof c->challenge);
+                memcpy(hello, RELAY_MAGIC, RELAY_MAGIC_SIZE);
+                memcpy(hello + RELAY_MAGIC_SIZE, c->challenge, RELAY_CHALLENGE_SIZE);
+                int one = 1;
+                setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+                struct epoll_event ev = { .events = EPOLLIN, .data.ptr = c };
+                /* a fresh socket takes 40 bytes at once; else it is not worth keeping */
+                if (send(fd, hello, sizeof hello, MSG_NOSIGNAL) != (ssize_t)sizeof hello ||
+                    epoll_ctl(r->epfd, EPOLL_CTL_ADD, fd, &ev) < 0) {
+                        close(fd);
+                        free(c);
+                        continue;
+                }
+                c->events = EPOLLIN;
+                c->next = r->conns;
+                r->conns = c;
+                r->n_conns++;
+        }
+}
+
+static bool admitted(const Relay *r, const uint8_t key[IDENTITY_PK_SIZE]) {
+        if (!r->allowed)
+                return true;
+        for (size_t i = 0; i < r->cfg.n_allowed; i++)
+                if (sodium_memcmp(r->allowed[i], key, IDENTITY_PK_SIZE) == 0)
+                        return true;
+        return false;
+}
+
+static Conn *waiter_of(Relay *r, const Conn *asking) {
+        for (Conn *c = r->conns; c; c = c->next)
+                if (c != asking && c->state == CONN_WAITING && c->channel == asking->channel &&
+                    memcmp(c->key, asking->key, IDENTITY_PK_SIZE) == 0)
+                        return c;
+        return NULL;
+}
+
+/* WAIT: the key's owner signed the challenge; an older waiter with the same
+ * key (a connection its owner lost) makes room. */
+static void on_wait(Relay *r, Conn *c) {
+        uint8_t msg[RELAY_WAIT_MESSAGE_SIZE];
+        relay_wait_message(c->challenge, c->channel, msg);
+        if (crypto_sign_verify_detached(c->req + 2 + IDENTITY_PK_SIZE, msg, sizeof msg, c->key) != 0) {
+                refuse(r, c, RELAY_BAD_REQUEST);
+                return;
+        }
+        Conn *old = waiter_of(r, c);
+        if (old)
+                conn_close(r, old);
+        uint8_t ok = RELAY_OK;
+        if (send(c->fd, &ok, 1, MSG_NOSIGNAL) != 1) {
+                conn_close(r, c);
+                return;
+        }
+        c->state = CONN_WAITING;
+        pthread_mutex_lock(&r->lock);
+        r->stats.waiting++;
+        pthread_mutex_unlock(&r->lock);
+}
+
+static void on_connect(Relay *r, Conn *c) {
+        Conn *w = waiter_of(r, c);
+        uint8_t ok = RELAY_OK;
+        if (!w) {
+                refuse(r, c, RELAY_NO_TARGET);
+                return;
+        }
+        if (r->stats.links >= r->cfg.max_links) {
+                refuse(r, c, RELAY_FULL);
+                return;
+        }
+        c->buf = malloc(RELAY_BUFFER);
+        w->buf = malloc(RELAY_BUFFER);
+        if (!c->buf || !w->buf || send(c->fd, &ok, 1, MSG_NOSIGNAL) != 1) {
+                conn_close(r, c);
+                return;
+        }
+        c->state = w->state = CONN_JOINED;
+        c->peer = w;
+        w->peer = c;
+        pthread_mutex_lock(&r->lock);
+        r->stats.waiting--;
+        r->stats.links++;
+        r->stats.links_total++;
+        pthread_mutex_unlock(&r->lock);
+}
+
+static void on_request(Relay *r, Conn *c) {
+        uint8_t op = c->req[0];
+        c->channel = c->req[1];
+        memcpy(c->key, c->req + 2, IDENTITY_PK_SIZE);
+        if ((op != RELAY_OP_WAIT && op != RELAY_OP_CONNECT) || !admitted(r, c->key)) {
+                refuse(r, c, RELAY_BAD_REQUEST);
+                return;
+        }
+        if (op == RELAY_OP_WAIT)
+                on_wait(r, c);
+        else
+                on_connect(r, c);
+}
+
+/* ---- copying -------------------------------------------------------------- */
+
+/* Each end reads only while its buffer is empty, and the peer is written
+ * to whenever that buffer holds bytes: RELAY_BUFFER per direction. */
+static void update_events(Relay *r, Conn *c) {
+        watch(r, c, (c->len == c->off ? EPOLLIN : 0) | (c->peer && c->peer->len > c->peer->off ? EPOLLOUT : 0));
+}
+
+/* Write what c holds to its peer. false: the link is gone. */
+static bool flush(Relay *r, Conn *c) {
+        while (c->off < c->len) {
+                ssize_t k = send(c->peer->fd, c->buf + c->off, c->len - c->off, MSG_NOSIGNAL);
+                if (k < 0)
+                        return errno == EAGAIN || errno == EINTR;
+                c->off += (size_t)k;
+                pthread_mutex_lock(&r->lock);
+                r->stats.bytes += (uint64_t)k;
+                pthread_mutex_unlock(&r->lock);
+        }
+        c->len = c->off = 0;
+        return true;
+}
+
+static void on_joined(Relay *r, Conn *c, uint32_t events) {
+        Conn *p = c->peer;
+        if ((events & EPOLLOUT) && !flush(r, p)) {
+                conn_close(r, c);
+                return;
+        }
+        if ((events & (EPOLLIN | EPOLLHUP | EPOLLERR)) && c->len == c->off) {
+                ssize_t k = read(c->fd, c->buf, RELAY_BUFFER);
+                if (k == 0 || (k < 0 && errno != EAGAIN && errno != EINTR)) {
+                        conn_close(r, c);
+                        return;
+                }
+                if (k > 0) {
+                        c->len = (size_t)k;
+                        c->off = 0;
+                        if (!flush(r, c)) {
+                                conn_close(r, c);
+                                return;
+                        }
+                }
+        }
+        update_events(r, c);
+        update_events(r, p);
+}
+
+static void on_event(Relay *r, Conn *c, uint32_t events) {
+        switch (c->state) {
+        case CONN_PREAMBLE: {
+                ssize_t k = read(c->fd, c->req + c->req_len, sizeof c->req - c->req_len);
+                if (k == 0 || (k < 0 && errno != EAGAIN && errno != EINTR)) {
+                        conn_close(r, c);
+                        return;
+                }
+                if (k > 0 && (c->req_len += (size_t)k) == sizeof c->req)
+                        on_request(r, c);
+                return;
+        }
+        case CONN_WAITING: /* nothing may come before the link is joined */
+                conn_close(r, c);
+                return;
+        case CONN_JOINED:
+                on_joined(r, c, events);
+                return;
+        }
+}
+
+static void expire(Relay *r) {
+        uint64_t now = now_ns();
+        for (Conn *c = r->conns, *next; c; c = next) {
+                next = c->next;
+                if (c->state == CONN_PREAMBLE && now > c->deadline_ns)
+                        conn_close(r, c); /* no peer yet: only c goes */
+        }
+}
+
+static void *relay_main(void *arg) {
+        Relay *r = arg;
+        struct epoll_event ev[64];
+        while (!atomic_load(&r->stop)) {
+                int n = epoll_wait(r->epfd, ev, 64, 200);
+                for (int i = 0; i < n; i++) {
+                        if (!ev[i].data.ptr) {
+                                on_accept(r);
+                                continue;
+                        }
+                        /* an earlier event of this batch may have closed it */
+                        Conn *c = ev[i].data.ptr;
+                        bool alive = false;
+                        for (Conn *x = r->conns; x && !alive; x = x->next)
+                                alive = x == c;
+                        if (alive)
+                                on_event(r, c, ev[i].events);
+                }
+                expire(r);
+        }
+        return NULL;
+}
+
+/* ---- setup ---------------------------------------------------------------- */
+
+static int bind_listener(const RelayConfig *c, int *ret_fd, uint16_t *ret_port) {
+        struct addrinfo hints = { .ai_socktype = SOCK_STREAM, .ai_flags = AI_PASSIVE | AI_NUMERICSERV }, *res;
+        char service[8];
+        snprintf(service, sizeof service, "%u", c->port);
+        if (getaddrinfo(c->host && c->host[0] ? c->host : NULL, service, &hints, &res) != 0)
+                return -EADDRNOTAVAIL;
+        int fd = socket(res->ai_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0), one = 1, r = 0;
+        if (fd < 0)
+                r = -errno;
+        else if (setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one) < 0 ||
+                 bind(fd, res->ai_addr, res->ai_addrlen) < 0 || listen(fd, 128) < 0)
+                r = -errno;
+        freeaddrinfo(res);
+        if (r < 0) {
+                if (fd >= 0)
+                        close(fd);
+                return r;
+        }
+        struct sockaddr_storage sa;
+        socklen_t len = sizeof sa;
+        getsockname(fd, (struct sockaddr *)&sa, &len);
+        *ret_port = ntohs(sa.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&sa)->sin6_port
+                                                   : ((struct sockaddr_in *)&sa)->sin_port);
+        *ret_fd = fd;
+        return 0;
+}
+
+int relay_new(const RelayConfig *c, Relay **ret) {
+        if (!c || c->max_links == 0 || c->max_links > 65536 || sodium_init() < 0)
+                return -EINVAL;
+        Relay *r = calloc(1, sizeof *r);
+        if (!r)
+                return -ENOMEM;
+        r->cfg = *c;
+        r->listen_fd = r->epfd = -1;
+        pthread_mutex_init(&r->lock, NULL);
+        if (!r->cfg.preamble_timeout_ms)
+                r->cfg.preamble_timeout_ms = 10000;
+        int err = -ENOMEM;
+        if (c->allowed && c->n_allowed) {
+                r->allowed = malloc(c->n_allowed * IDENTITY_PK_SIZE);
+                if (!r->allowed)
+                        goto fail;
+                memcpy(r->allowed, c->allowed, c->n_allowed * IDENTITY_PK_SIZE);
+        }
+        r->cfg.allowed = NULL;
+        if ((err = bind_listener(c, &r->listen_fd, &r->port)) < 0)
+                goto fail;
+        r->epfd = epoll_create1(EPOLL_CLOEXEC);
+        struct epoll_event ev = { .events = EPOLLIN, .data.ptr = NULL };
+        if (r->epfd < 0 || epoll_ctl(r->epfd, EPOLL_CTL_ADD, r->listen_fd, &ev) < 0) {
+                err = -errno;
+                goto fail;
+        }
+        if ((err = -pthread_create(&r->thread, NULL, relay_main, r)) < 0)
+                goto fail;
+        r->started = true;
+        *ret = r;
+        return 0;
+fail:
+        relay_free(r);
+        return err;
+}
+
+Relay *relay_free(Relay *r) {
+        if (!r)
+                return NULL;
+        if (r->started) {
+                atomic_store(&r->stop, true);
+                pthread_join(r->thread, NULL);
+        }
+        while (r->conns)
+                conn_free(r, r->conns);
+        if (r->epfd >= 0)
+                close(r->epfd);
+        if (r->listen_fd >= 0)
+                close(r->listen_fd);
+        free(r->allowed);
+        pthread_mutex_destroy(&r->lock);
+        free(r);
+        return NULL;
+}
+
+uint16_t relay_port(const Relay *r) {
+        return r->port;
+}
+
+void relay_get_stats(Relay *r, RelayStats *ret) {
+        pthread_mutex_lock(&r->lock);
+        *ret = r->stats;
+        pthread_mutex_unlock(&r->lock);
+}

@@ -1,0 +1,78 @@
+/* net/relay.h — a relay for links between nodes that accept no connections.
+ *
+ * Two nodes behind NAT cannot dial each other. Both can dial a node that
+ * accepts connections and offers to relay: one of them waits there (WAIT,
+ * proving with a signature that it holds its key), the other asks for it
+ * (CONNECT with its key), and the relay then copies bytes both ways between
+ * the two connections. The two ends run their own handshake and AEAD
+ * through it (net.h's links, unchanged), so the relay sees their public
+ * keys and ciphertext only, and cannot forge, replay or reorder a frame
+ * without the ends noticing. Everything it holds is bounded: max_links
+ * relayed links, as many waiting, a buffer of RELAY_BUFFER bytes per
+ * direction, and a preamble deadline. The wire format is in
+ * ravnest-protocol(7), RELAY.
+ *
+ *     Relay *r;
+ *     r = relay_new(&(RelayConfig){ .host = "0.0.0.0", .port = 7400, .max_links = 64 }, &r);
+ *     relay_get_stats(r, &st);
+ *     relay_free(r);      // stops its thread, closes every connection
+ */
+#pragma once
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "identity.h"
+#include "util/macro.h"
+
+#define RELAY_MAGIC "RVRELAY1"
+#define RELAY_MAGIC_SIZE 8
+#define RELAY_CHALLENGE_SIZE 32
+#define RELAY_HELLO_SIZE (RELAY_MAGIC_SIZE + RELAY_CHALLENGE_SIZE) /* relay to client */
+#define RELAY_SIG_SIZE 64
+#define RELAY_REQUEST_SIZE (2 + IDENTITY_PK_SIZE + RELAY_SIG_SIZE)  /* client to relay */
+#define RELAY_BUFFER (64u << 10)
+
+enum {
+        RELAY_OP_WAIT = 1,
+        RELAY_OP_CONNECT = 2,
+};
+
+/* The relay's one-byte answer to a request. */
+enum {
+        RELAY_OK = 0,          /* WAIT: registered; CONNECT: joined, the target's stream from the next byte */
+        RELAY_BAD_REQUEST = 1, /* malformed, a bad signature, or a key not admitted */
+        RELAY_NO_TARGET = 2,   /* CONNECT: nobody waits with that key */
+        RELAY_FULL = 3,        /* max_links relayed links already */
+};
+
+typedef struct RelayConfig {
+        const char *host;
+        uint16_t port;                        /* 0: any (relay_port()) */
+        unsigned max_links;                   /* relayed at once; as many more may wait */
+        const uint8_t (*allowed)[IDENTITY_PK_SIZE]; /* NULL: any key may wait and be asked for */
+        size_t n_allowed;
+        unsigned preamble_timeout_ms;         /* 0: 10 s */
+} RelayConfig;
+
+typedef struct RelayStats {
+        uint64_t links, waiting;              /* now */
+        uint64_t links_total, refused;        /* since the start */
+        uint64_t bytes;                       /* copied, both directions */
+} RelayStats;
+
+typedef struct Relay Relay;
+
+/* Binds and starts the relay's thread. -EINVAL for a bad config. */
+int relay_new(const RelayConfig *c, Relay **ret);
+Relay *relay_free(Relay *r);
+DEFINE_TRIVIAL_CLEANUP_FUNC(Relay *, relay_free);
+uint16_t relay_port(const Relay *r);
+void relay_get_stats(Relay *r, RelayStats *ret);
+
+/* The bytes a waiting node signs: a context string, the challenge, the
+ * channel. */
+#define RELAY_WAIT_CONTEXT "ravnest-relay-wait-v1"
+#define RELAY_WAIT_MESSAGE_SIZE (sizeof RELAY_WAIT_CONTEXT - 1 + RELAY_CHALLENGE_SIZE + 1)
+void relay_wait_message(const uint8_t challenge[RELAY_CHALLENGE_SIZE], uint8_t channel,
+                        uint8_t out[RELAY_WAIT_MESSAGE_SIZE]);

@@ -1,0 +1,254 @@
+/* The relay (net/relay.h) between two Nets in this process: a link through
+ * it carries tensors both ways bit for bit, with the ends' own handshake
+ * and AEAD; and everything a client of the relay may get wrong is refused
+ * without harm to the links it relays: a bad signature, a target nobody
+ * waits for, a full relay, bytes before a link is joined, a silent
+ * preamble, junk. */
+#include <criterion/criterion.h>
+#include <errno.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sodium.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "net/net.h"
+#include "net/relay.h"
+
+static const uint8_t secret[32] = "relay unit test secret.........";
+
+typedef struct Side {
+        Net *n;
+        Identity id;
+        uint32_t peer;
+        int connected, closed, got;
+        NetTensor *t;
+} Side;
+
+static void on_conn(void *ud, uint32_t peer, const uint8_t id[32]) {
+        Side *s = ud;
+        s->connected++;
+        s->peer = peer;
+}
+static void on_tensor(void *ud, NetTensor *t) {
+        Side *s = ud;
+        s->got++;
+        if (s->t)
+                net_tensor_release(s->n, s->t);
+        s->t = t;
+}
+static void on_closed(void *ud, uint32_t peer, int r, const uint8_t id[32]) {
+        ((Side *)ud)->closed++;
+}
+static const NetCallbacks cbs = { .connected = on_conn, .tensor = on_tensor, .closed = on_closed };
+
+static Relay *relay;
+static uint16_t port;
+
+static void relay_up(unsigned max_links) {
+        cr_assert_eq(relay_new(&(RelayConfig){ .host = "127.0.0.1", .max_links = max_links,
+                                               .preamble_timeout_ms = 500 },
+                               &relay),
+                     0);
+        port = relay_port(relay);
+}
+
+static void side_new(Side *s, bool wait) {
+        NetConfig c;
+        memset(s, 0, sizeof *s);
+        identity_generate(&s->id);
+        net_config_defaults(&c);
+        c.identity = &s->id;
+        c.secret = secret;
+        c.relay_host = "127.0.0.1";
+        c.relay_port = port;
+        c.relay_wait = wait;
+        c.relay_channel = NET_RELAY_PIPELINE;
+        cr_assert_eq(net_new(&c, &cbs, s, &s->n), 0);
+}
+
+static void pump(Side *a, Side *b, int ms) {
+        net_run(a->n, ms);
+        net_run(b->n, ms);
+}
+
+/* b waits at the relay, a asks for it there. */
+static void link_through_relay(Side *a, Side *b) {
+        side_new(b, true);
+        side_new(a, false);
+        RelayStats st = {};
+        for (int i = 0; i < 200 && st.waiting == 0; i++) {
+                pump(a, b, 5);
+                relay_get_stats(relay, &st);
+        }
+        cr_assert_eq(st.waiting, 1, "b is not waiting at the relay");
+        uint32_t p;
+        cr_assert_eq(net_connect_relayed(a->n, b->id.pk, &p), 0);
+        for (int i = 0; i < 400 && !(a->connected && b->connected); i++)
+                pump(a, b, 5);
+        cr_assert(a->connected && b->connected, "no link through the relay (closed %d/%d)", a->closed, b->closed);
+}
+
+static void send_and_check(Side *from, Side *to, size_t n, uint8_t salt) {
+        uint8_t *buf = malloc(n);
+        for (size_t i = 0; i < n; i++)
+                buf[i] = (uint8_t)(i * 31 + salt);
+        TensorDesc d;
+        tensor_desc_init(&d, DTYPE_U8, 1, (uint32_t[]){ (uint32_t)n });
+        int before = to->got;
+        cr_assert_eq(net_send_tensor(from->n, from->peer, 3, &d, buf, 1), 0);
+        for (int i = 0; i < 4000 && to->got == before; i++)
+                pump(from, to, 1);
+        cr_assert_eq(to->got, before + 1, "%zu bytes did not come through", n);
+        cr_assert(memcmp(to->t->data, buf, n) == 0, "%zu bytes differ", n);
+        free(buf);
+}
+
+static void sides_free(Side *a, Side *b) {
+        if (a->t)
+                net_tensor_release(a->n, a->t);
+        if (b->t)
+                net_tensor_release(b->n, b->t);
+        net_free(a->n);
+        net_free(b->n);
+}
+
+Test(relay, a_link_through_it_carries_tensors_both_ways) {
+        Side a, b;
+        relay_up(4);
+        link_through_relay(&a, &b);
+        cr_assert_eq(net_peer_cipher(a.n, a.peer), net_peer_cipher(b.n, b.peer));
+        cr_assert_neq(net_peer_cipher(a.n, a.peer), CIPHER_NONE, "a relayed link must be encrypted");
+        send_and_check(&a, &b, 5u << 20, 1);
+        send_and_check(&b, &a, (3u << 20) + 7, 2);
+        send_and_check(&a, &b, 1, 3);
+        RelayStats st;
+        relay_get_stats(relay, &st);
+        cr_assert_eq(st.links, 1);
+        cr_assert_geq(st.bytes, (8u << 20), "the relay copied %llu bytes", (unsigned long long)st.bytes);
+        /* b waits again for the next link, on its own */
+        for (int i = 0; i < 400 && st.waiting == 0; i++) {
+                pump(&a, &b, 5);
+                relay_get_stats(relay, &st);
+        }
+        cr_assert_eq(st.waiting, 1, "b did not wait again");
+        sides_free(&a, &b);
+        for (int i = 0; i < 100 && st.links; i++) {
+                usleep(10000);
+                relay_get_stats(relay, &st);
+        }
+        cr_assert_eq(st.links, 0, "the link outlived its ends");
+        relay = relay_free(relay);
+}
+
+/* A raw client of the relay: connect, read the hello. */
+static int raw(uint8_t challenge[RELAY_CHALLENGE_SIZE]) {
+        int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+        struct sockaddr_in sa = { .sin_family = AF_INET, .sin_port = htons(port), .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
+        cr_assert_eq(connect(fd, (struct sockaddr *)&sa, sizeof sa), 0);
+        struct timeval tv = { .tv_sec = 3 };
+        setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+        uint8_t hello[RELAY_HELLO_SIZE];
+        cr_assert_eq(read(fd, hello, sizeof hello), (ssize_t)sizeof hello);
+        cr_assert(memcmp(hello, RELAY_MAGIC, RELAY_MAGIC_SIZE) == 0);
+        if (challenge)
+                memcpy(challenge, hello + RELAY_MAGIC_SIZE, RELAY_CHALLENGE_SIZE);
+        return fd;
+}
+
+/* The status byte, or -1 if the relay closed without one. */
+static int answer(int fd) {
+        uint8_t s;
+        return read(fd, &s, 1) == 1 ? s : -1;
+}
+
+/* The relay closed the connection (an end of file, or a reset when bytes
+ * it did not read were left behind); not a timeout. */
+static bool closed_by_relay(int fd) {
+        uint8_t b;
+        ssize_t k = read(fd, &b, 1);
+        return k == 0 || (k < 0 && errno == ECONNRESET);
+}
+
+Test(relay, bad_clients_are_refused) {
+        Identity id, other;
+        uint8_t ch[RELAY_CHALLENGE_SIZE], req[RELAY_REQUEST_SIZE], msg[RELAY_WAIT_MESSAGE_SIZE];
+        identity_generate(&id);
+        identity_generate(&other);
+        signal(SIGPIPE, SIG_IGN); /* the relay closes on a bad client: its writes then fail, as they should */
+        relay_up(1);
+
+        /* a WAIT signed by another key */
+        int fd = raw(ch);
+        memset(req, 0, sizeof req);
+        req[0] = RELAY_OP_WAIT;
+        req[1] = NET_RELAY_PIPELINE;
+        memcpy(req + 2, id.pk, 32);
+        relay_wait_message(ch, NET_RELAY_PIPELINE, msg);
+        crypto_sign_detached(req + 34, NULL, msg, sizeof msg, other.sk);
+        cr_assert_eq(write(fd, req, sizeof req), (ssize_t)sizeof req);
+        cr_assert_eq(answer(fd), RELAY_BAD_REQUEST);
+        close(fd);
+
+        /* the right signature, but for another channel than the one asked */
+        fd = raw(ch);
+        relay_wait_message(ch, NET_RELAY_AVERAGING, msg);
+        crypto_sign_detached(req + 34, NULL, msg, sizeof msg, id.sk);
+        cr_assert_eq(write(fd, req, sizeof req), (ssize_t)sizeof req);
+        cr_assert_eq(answer(fd), RELAY_BAD_REQUEST);
+        close(fd);
+
+        /* an unknown operation; junk */
+        fd = raw(NULL);
+        req[0] = 9;
+        cr_assert_eq(write(fd, req, sizeof req), (ssize_t)sizeof req);
+        cr_assert_eq(answer(fd), RELAY_BAD_REQUEST);
+        close(fd);
+
+        /* CONNECT to a key nobody waits with */
+        fd = raw(NULL);
+        req[0] = RELAY_OP_CONNECT;
+        cr_assert_eq(write(fd, req, sizeof req), (ssize_t)sizeof req);
+        cr_assert_eq(answer(fd), RELAY_NO_TARGET);
+        close(fd);
+
+        /* a preamble that never finishes is closed after its deadline */
+        fd = raw(NULL);
+        cr_assert_eq(write(fd, req, 10), 10);
+        cr_assert(closed_by_relay(fd), "a silent client kept its place");
+        close(fd);
+
+        /* a waiter that talks before it is joined is closed */
+        fd = raw(ch);
+        req[0] = RELAY_OP_WAIT;
+        relay_wait_message(ch, NET_RELAY_PIPELINE, msg);
+        crypto_sign_detached(req + 34, NULL, msg, sizeof msg, id.sk);
+        cr_assert_eq(write(fd, req, sizeof req), (ssize_t)sizeof req);
+        cr_assert_eq(answer(fd), RELAY_OK);
+        cr_assert_eq(write(fd, "x", 1), 1);
+        cr_assert(closed_by_relay(fd), "a waiter sent bytes before it was joined and stayed");
+        close(fd);
+
+        /* full: one relayed link at most, a second CONNECT is refused */
+        Side a, b, c;
+        link_through_relay(&a, &b);
+        side_new(&c, false);
+        RelayStats st;
+        for (int i = 0; i < 400; i++) { /* b waits again */
+                pump(&a, &b, 5);
+                relay_get_stats(relay, &st);
+                if (st.waiting)
+                        break;
+        }
+        cr_assert_eq(st.waiting, 1);
+        uint32_t p;
+        cr_assert_eq(net_connect_relayed(c.n, b.id.pk, &p), -EBUSY);
+        /* the relayed link was not disturbed by any of it */
+        send_and_check(&a, &b, 1u << 20, 9);
+        relay_get_stats(relay, &st);
+        cr_assert_eq(st.refused, 5, "refused %llu requests", (unsigned long long)st.refused);
+        net_free(c.n);
+        sides_free(&a, &b);
+        relay = relay_free(relay);
+}
