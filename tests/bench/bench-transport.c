@@ -9,6 +9,9 @@
  * ratio to iperf3. Then the peak RSS of a process holding 64 links with
  * full send queues.
  *
+ * The "via relay" configurations run the same link through a relay
+ * (net/relay.h) in a third process: the receiver waits there, the sender
+ * asks for it; the relay's peak RSS is printed after the table.
  * --chunk sets the DATA payload per frame (max_frame in ravnestd.conf;
  * default 1 MiB), --only runs the configurations whose name holds a word.
  *
@@ -27,6 +30,7 @@
 #include <unistd.h>
 
 #include "net/net.h"
+#include "net/relay.h"
 #include "conf/option.h"
 #include "bench.h"
 
@@ -38,6 +42,7 @@ typedef struct Mode {
         Cipher cipher;
         NetBackendKind backend;
         size_t zc; /* 0: SEND; 1: SEND_ZC for every frame */
+        bool relay; /* through a relay in a process of its own */
 } Mode;
 
 static const Mode modes[] = {
@@ -48,10 +53,14 @@ static const Mode modes[] = {
         { "aes256gcm io_uring send_zc", CIPHER_AES256GCM, NET_BACKEND_URING, 1 },
         { "aes256gcm epoll", CIPHER_AES256GCM, NET_BACKEND_EPOLL, 0 },
         { "chacha20poly1305 io_uring", CIPHER_CHACHA20POLY1305, NET_BACKEND_URING, 0 },
+        { "plaintext via relay", CIPHER_NONE, NET_BACKEND_URING, 0, true },
+        { "aes256gcm via relay", CIPHER_AES256GCM, NET_BACKEND_URING, 0, true },
 };
 #define N_MODES (sizeof modes / sizeof modes[0])
 
 static uint32_t chunk = 1u << 20;
+static uint16_t relay_at;      /* the relay's port, while a relayed mode runs */
+static long relay_rss_kib;     /* the relay's peak RSS over every relayed run */
 
 static void config_for(NetConfig *c, const Identity *id, const Mode *m) {
         net_config_defaults(c);
@@ -65,6 +74,50 @@ static void config_for(NetConfig *c, const Identity *id, const Mode *m) {
         c->ciphers = m->cipher == CIPHER_NONE ? 0 : CIPHER_BIT(m->cipher);
         c->zc_threshold = m->zc;
         c->limits.max_tensor_bytes = 64u << 20;
+        if (m->relay) {
+                c->relay_host = "127.0.0.1";
+                c->relay_port = relay_at;
+                c->relay_channel = NET_RELAY_PIPELINE;
+        }
+}
+
+/* ---- relay ---- */
+static pid_t relay_start(void) {
+        int fds[2];
+        if (pipe(fds) < 0)
+                exit(1);
+        pid_t pid = fork();
+        if (pid == 0) {
+                prctl(PR_SET_PDEATHSIG, SIGKILL);
+                close(fds[0]);
+                Relay *r;
+                if (relay_new(&(RelayConfig){ .host = "127.0.0.1", .max_links = 4 }, &r) < 0)
+                        _exit(2);
+                uint16_t port = relay_port(r);
+                if (write(fds[1], &port, sizeof port) != sizeof port)
+                        _exit(3);
+                for (;;)
+                        pause();
+        }
+        close(fds[1]);
+        if (read(fds[0], &relay_at, sizeof relay_at) != sizeof relay_at)
+                exit(1);
+        close(fds[0]);
+        return pid;
+}
+
+static void relay_stop(pid_t pid) {
+        char path[64], line[256];
+        snprintf(path, sizeof path, "/proc/%d/status", (int)pid);
+        FILE *f = fopen(path, "r");
+        long kib;
+        while (f && fgets(line, sizeof line, f))
+                if (sscanf(line, "VmHWM: %ld", &kib) == 1 && kib > relay_rss_kib)
+                        relay_rss_kib = kib;
+        if (f)
+                fclose(f);
+        kill(pid, SIGKILL);
+        waitpid(pid, NULL, 0);
 }
 
 /* ---- receiver ---- */
@@ -90,21 +143,33 @@ static void rx_closed(void *ud, uint32_t peer, int reason, const uint8_t id[32])
         ((Rx *)ud)->done = 2;
 }
 
-/* In a forked child: a listening receiver whose port goes to fd. */
+/* Where a receiver is: its port, or (through a relay) its key. */
+typedef struct RxAddr {
+        uint16_t port;
+        uint8_t key[IDENTITY_PK_SIZE];
+} RxAddr;
+
+/* In a forked child: a receiver listening, or waiting at the relay; where
+ * it is goes to fd. */
 static void child_listen(const Mode *m, Rx *r, const NetCallbacks *cb, int fd) {
         prctl(PR_SET_PDEATHSIG, SIGKILL);
-        Identity id;
+        static Identity id;
         identity_generate(&id);
         NetConfig c;
         config_for(&c, &id, m);
-        uint16_t port = 0;
-        if (net_new(&c, cb, r, &r->n) < 0 || net_listen(r->n, "127.0.0.1", 0, &port) < 0)
+        c.relay_wait = m->relay;
+        RxAddr a = {};
+        memcpy(a.key, id.pk, sizeof a.key);
+        if (net_new(&c, cb, r, &r->n) < 0 || (!m->relay && net_listen(r->n, "127.0.0.1", 0, &a.port) < 0))
                 _exit(2);
-        if (write(fd, &port, sizeof port) != sizeof port)
+        if (m->relay) /* its connection waits at the relay before the sender asks */
+                for (int i = 0; i < 5; i++)
+                        net_run(r->n, 10);
+        if (write(fd, &a, sizeof a) != sizeof a)
                 _exit(3);
 }
 
-static pid_t receiver_start(const Mode *m, uint64_t want, uint16_t *ret_port) {
+static pid_t receiver_start(const Mode *m, uint64_t want, RxAddr *ret) {
         int fds[2];
         if (pipe(fds) < 0)
                 exit(1);
@@ -120,7 +185,7 @@ static pid_t receiver_start(const Mode *m, uint64_t want, uint16_t *ret_port) {
                 _exit(0);
         }
         close(fds[1]);
-        if (read(fds[0], ret_port, sizeof *ret_port) != sizeof *ret_port)
+        if (read(fds[0], ret, sizeof *ret) != sizeof *ret)
                 exit(1);
         close(fds[0]);
         return pid;
@@ -146,8 +211,9 @@ static void tx_closed(void *ud, uint32_t peer, int reason, const uint8_t id[32])
 /* Bytes per second, or negative on failure. */
 static double measure(const Mode *m, size_t frame, uint64_t total, const uint8_t *data, const char **ret_backend) {
         uint64_t count = total / frame;
-        uint16_t port;
-        pid_t pid = receiver_start(m, count * frame, &port);
+        RxAddr to;
+        pid_t relay = m->relay ? relay_start() : 0;
+        pid_t pid = receiver_start(m, count * frame, &to);
         Identity id;
         identity_generate(&id);
         NetConfig c;
@@ -156,7 +222,8 @@ static double measure(const Mode *m, size_t frame, uint64_t total, const uint8_t
         NetCallbacks cb = { .connected = tx_connected, .control = tx_control, .closed = tx_closed };
         double rate = -1;
 
-        if (net_new(&c, &cb, &t, &t.n) < 0 || net_connect(t.n, "127.0.0.1", port, &t.peer) < 0)
+        if (net_new(&c, &cb, &t, &t.n) < 0 ||
+            (m->relay ? net_connect_relayed(t.n, to.key, &t.peer) : net_connect(t.n, "127.0.0.1", to.port, &t.peer)) < 0)
                 goto out;
         *ret_backend = net_backend_name(t.n);
         for (int i = 0; i < 1000 && !t.connected && !t.closed; i++)
@@ -181,6 +248,8 @@ out:
         net_free(t.n);
         kill(pid, SIGTERM);
         waitpid(pid, NULL, 0);
+        if (relay)
+                relay_stop(relay);
         return rate;
 }
 
@@ -254,9 +323,10 @@ static void memory_figure(void) {
                 _exit(0);
         }
         close(fds[1]);
-        uint16_t port;
-        if (read(fds[0], &port, sizeof port) != sizeof port)
+        RxAddr at;
+        if (read(fds[0], &at, sizeof at) != sizeof at)
                 return;
+        uint16_t port = at.port;
         Identity id;
         identity_generate(&id);
         NetConfig c;
@@ -375,6 +445,9 @@ int main(int argc, char *argv[]) {
                 }
                 printf("%s\n", backend[m] && strcmp(backend[m], modes[m].backend == NET_BACKEND_EPOLL ? "epoll" : "io_uring") ? "  (backend differs!)" : "");
         }
+        if (relay_rss_kib)
+                printf("\npeak RSS of the relay process (its links' buffers and sockets): %.1f MiB\n",
+                       (double)relay_rss_kib / 1024.0);
         memory_figure();
         free(data);
         return 0;

@@ -1,18 +1,23 @@
 #!/bin/bash
-# test-nat.sh — a swarm where half the nodes sit behind a real NAT.
+# test-nat.sh — swarms whose nodes sit behind real NATs.
 #
-# Three network namespaces: "pub" (the internet side: 10.77.1.1), "home"
-# (a home network: 10.77.2.1) and "rt", the home's router between them,
-# which masquerades the home's connections (iptables MASQUERADE) and lets
-# nothing in that the home did not open (FORWARD: only ESTABLISHED,RELATED
-# inbound). Two clusters of two stages: c1s1 and c2s2 in pub, c1s2 and c2s1
-# behind the router, named in the plan by their key alone. Checked:
-#   - the NAT is real: a listener at home cannot be reached from pub, a
-#     listener in pub can be from home;
-#   - the home nodes say they accept no connections and dial every link;
-#     pub's nodes see their links come from the router's address;
-#   - every node ends cleanly, both clusters above the accuracy bar and as
-#     one averaged model (the last averaging round had every member).
+# Network namespaces: "pub" (the internet side: 10.77.1.1), two home
+# networks "home" (10.77.2.1) and "home2" (10.77.3.1), and each home's
+# router ("rt", "rt2") between it and pub, which masquerades the home's
+# connections (iptables MASQUERADE) and lets nothing in that the home did
+# not open (FORWARD: only ESTABLISHED,RELATED inbound). The NATs are shown
+# to be real first: a listener at home cannot be reached from pub nor from
+# the other home, one in pub can be. Then two swarms of 2 clusters x 2
+# stages, nodes behind NAT named in the plan by their key alone:
+#   1. c1s2 and c2s1 at home: they dial every link, and pub's nodes see
+#      their links come from the router's address;
+#   2. c1s1 and c2s1 at home, c1s2 at home2, c2s2 in pub, and a relay in
+#      pub (a ravnestd with only a relay group): the link between the two
+#      stages of cluster 1 and the ring of the first stages have both ends
+#      behind NAT and go through the relay, which sees both routers.
+# Each ends with every node exiting cleanly and both clusters above the
+# accuracy bar as one averaged model (the last round had every member);
+# the relay's peak RSS is printed.
 # Needs root, ip and iptables; skips (77) without them or without the data.
 #
 #   RAVNESTD=... RAVNESTCTL=... tests/system/test-nat.sh
@@ -34,17 +39,15 @@ done
 [ -r "$DATA/train-images-idx3-ubyte.gz" ] || skip "$DATA is missing (apt-get install dataset-fashion-mnist)"
 
 tag=$$
-pub=rvn-pub-$tag home=rvn-home-$tag rt=rvn-rt-$tag
+pub=rvn-pub-$tag home=rvn-home-$tag rt=rvn-rt-$tag home2=rvn-home2-$tag rt2=rvn-rt2-$tag
 dir=$(mktemp -d /var/tmp/ravnest-nat-test.XXXXXX)
 pids=()
 
 cleanup() {
-        local p
+        local p ns
         for p in "${pids[@]}"; do kill -TERM "$p" 2>/dev/null; done
         for p in "${pids[@]}"; do wait "$p" 2>/dev/null; done
-        ip netns del "$pub" 2>/dev/null
-        ip netns del "$home" 2>/dev/null
-        ip netns del "$rt" 2>/dev/null
+        for ns in "$pub" "$home" "$rt" "$home2" "$rt2"; do ip netns del "$ns" 2>/dev/null; done
         if [ "${RAVNEST_KEEP:-0}" = 1 ]; then log "kept $dir"; else rm -rf "$dir"; fi
 }
 trap cleanup EXIT
@@ -53,28 +56,40 @@ trap 'exit 130' INT TERM
 # ---- the networks ---------------------------------------------------------------
 nsx() { local ns=$1; shift; ip netns exec "$ns" "$@"; }
 
+# home_network HOME ROUTER N OUTSIDE: HOME (10.77.N.1) behind ROUTER, whose
+# address on pub's side is OUTSIDE; it masquerades and lets in only replies.
+home_network() {
+        local h=$1 r=$2 n=$3 out=$4 i=$3$tag ns
+        ip netns add "$h" && ip netns add "$r" || return 1
+        ip link add "po$i" netns "$pub" type veth peer name "ro$i" netns "$r" || return 1
+        ip link add "h$i" netns "$h" type veth peer name "ri$i" netns "$r" || return 1
+        nsx "$r" ip addr add "$out/32" dev "ro$i"
+        nsx "$r" ip addr add "10.77.$n.254/24" dev "ri$i"
+        nsx "$h" ip addr add "10.77.$n.1/24" dev "h$i"
+        for ns in "$h" "$r"; do nsx "$ns" ip link set lo up; done
+        nsx "$pub" ip link set "po$i" up
+        nsx "$h" ip link set "h$i" up
+        nsx "$r" ip link set "ro$i" up
+        nsx "$r" ip link set "ri$i" up
+        nsx "$r" ip route add 10.77.1.1/32 dev "ro$i"
+        nsx "$r" ip route add default via 10.77.1.1
+        nsx "$h" ip route add default via "10.77.$n.254"
+        nsx "$pub" ip route add "$out/32" dev "po$i"
+        nsx "$pub" ip route add "10.77.$n.0/24" via "$out"
+        nsx "$r" sysctl -qw net.ipv4.ip_forward=1
+        nsx "$r" iptables -t nat -A POSTROUTING -o "ro$i" -j MASQUERADE &&
+                nsx "$r" iptables -P FORWARD DROP &&
+                nsx "$r" iptables -A FORWARD -i "ri$i" -o "ro$i" -j ACCEPT &&
+                nsx "$r" iptables -A FORWARD -i "ro$i" -o "ri$i" -m state --state ESTABLISHED,RELATED -j ACCEPT
+}
+
+# pub is one host (10.77.1.1) with a link to each router; it knows the way
+# to both home networks: only the routers' rules keep it out.
 setup_networks() {
-        ip netns add "$pub" && ip netns add "$home" && ip netns add "$rt" || return 1
-        ip link add "p$tag" netns "$pub" type veth peer name "ro$tag" netns "$rt" || return 1
-        ip link add "h$tag" netns "$home" type veth peer name "ri$tag" netns "$rt" || return 1
-        nsx "$pub" ip addr add 10.77.1.1/24 dev "p$tag"
-        nsx "$rt" ip addr add 10.77.1.254/24 dev "ro$tag"
-        nsx "$rt" ip addr add 10.77.2.254/24 dev "ri$tag"
-        nsx "$home" ip addr add 10.77.2.1/24 dev "h$tag"
-        local ns
-        for ns in "$pub" "$home" "$rt"; do nsx "$ns" ip link set lo up; done
-        nsx "$pub" ip link set "p$tag" up
-        nsx "$home" ip link set "h$tag" up
-        nsx "$rt" ip link set "ro$tag" up
-        nsx "$rt" ip link set "ri$tag" up
-        # pub knows the way to the home network: only the router's rules keep it out
-        nsx "$pub" ip route add 10.77.2.0/24 via 10.77.1.254
-        nsx "$home" ip route add default via 10.77.2.254
-        nsx "$rt" sysctl -qw net.ipv4.ip_forward=1
-        nsx "$rt" iptables -t nat -A POSTROUTING -o "ro$tag" -j MASQUERADE &&
-                nsx "$rt" iptables -P FORWARD DROP &&
-                nsx "$rt" iptables -A FORWARD -i "ri$tag" -o "ro$tag" -j ACCEPT &&
-                nsx "$rt" iptables -A FORWARD -i "ro$tag" -o "ri$tag" -m state --state ESTABLISHED,RELATED -j ACCEPT
+        ip netns add "$pub" || return 1
+        nsx "$pub" ip link set lo up
+        nsx "$pub" ip addr add 10.77.1.1/32 dev lo
+        home_network "$home" "$rt" 2 10.77.1.254 && home_network "$home2" "$rt2" 3 10.77.1.253
 }
 
 # connect NS HOST PORT: a TCP connection from NS opens within 3 s.
@@ -83,33 +98,51 @@ connect() {
                 "$2" "$3" 2>/dev/null
 }
 
-# listen NS HOST PORT: a listener in NS, in the background; its pid in $!.
+# listen NS HOST PORT: a listener in NS, in the background; its pid in $!
+# (ip netns exec runs it in place: the pid is the listener's own).
 listen() {
-        nsx "$1" python3 -c 'import socket, sys, time
+        ip netns exec "$1" python3 -c 'import socket, sys, time
 s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
 s.bind((sys.argv[1], int(sys.argv[2]))); s.listen(); time.sleep(30)' "$2" "$3" &
 }
 
-check_nat_is_real() {
-        local lp
-        listen "$home" 10.77.2.1 9999; lp=$!
+# unreachable NAME NS HOST FROM...: a listener at HOST in NS that none of FROM reaches.
+unreachable() {
+        local name=$1 ns=$2 host=$3 lp from ok=1
+        shift 3
+        listen "$ns" "$host" 9999
+        lp=$!
         sleep 0.5
-        if connect "$pub" 10.77.2.1 9999; then fail "pub cannot reach a listener at home"; else pass "pub cannot reach a listener at home"; fi
-        kill "$lp" 2>/dev/null; wait "$lp" 2>/dev/null
-        listen "$pub" 10.77.1.1 9998; lp=$!
-        sleep 0.5
-        check "home reaches a listener in pub" connect "$home" 10.77.1.1 9998
-        kill "$lp" 2>/dev/null; wait "$lp" 2>/dev/null
+        for from in "$@"; do connect "$from" "$host" 9999 && ok=0; done
+        kill "$lp" 2>/dev/null
+        wait "$lp" 2>/dev/null
+        if [ "$ok" = 1 ]; then pass "$name"; else fail "$name"; fi
 }
 
-# ---- the swarm ------------------------------------------------------------------
+both_homes_reach_pub() {
+        connect "$home" 10.77.1.1 9998 && connect "$home2" 10.77.1.1 9998
+}
+
+check_nat_is_real() {
+        local lp
+        unreachable "nobody outside reaches a listener at home" "$home" 10.77.2.1 "$pub" "$home2"
+        unreachable "nobody outside reaches a listener at home2" "$home2" 10.77.3.1 "$pub" "$home"
+        listen "$pub" 10.77.1.1 9998
+        lp=$!
+        sleep 0.5
+        check "both homes reach a listener in pub" both_homes_reach_pub
+        kill "$lp" 2>/dev/null
+        wait "$lp" 2>/dev/null
+}
+
+# ---- a swarm ----------------------------------------------------------------------
 names=(c1s1 c1s2 c2s1 c2s2)
-declare -A ns_of=([c1s1]=$pub [c1s2]=$home [c2s1]=$home [c2s2]=$pub)
 declare -A port_of=([c1s1]=7101 [c1s2]=7102 [c2s1]=7103 [c2s2]=7104)
-declare -A key_of
+declare -A host_of=(["$pub"]=10.77.1.1 ["$home"]=10.77.2.1 ["$home2"]=10.77.3.1)
+declare -A key_of ns_of
 
 # entry NAME OFFSET: the node as a plan names it: "<key>@10.77.1.1:PORT" in
-# pub, "<key>" alone behind the NAT.
+# pub, "<key>" alone behind a NAT.
 entry() {
         if [ "${ns_of[$1]}" = "$pub" ]; then
                 printf '"%s@10.77.1.1:%u"' "${key_of[$1]}" $((${port_of[$1]} + $2))
@@ -118,24 +151,26 @@ entry() {
         fi
 }
 
+# write_configs DIR RELAY: keys and a configuration per node (RELAY: more
+# settings of the network group).
 write_configs() {
-        local n host
-        head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n' >"$dir/secret"
-        echo >>"$dir/secret"
-        chmod 600 "$dir/secret"
+        local d=$1 relay=$2 n host
+        mkdir -p "$d"
+        head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n' >"$d/secret"
+        echo >>"$d/secret"
+        chmod 600 "$d/secret"
         for n in "${names[@]}"; do
-                mkdir -p "$dir/$n"
-                key_of[$n]=$("$RAVNESTCTL" identity "$dir/$n") || return 1
+                mkdir -p "$d/$n"
+                key_of[$n]=$("$RAVNESTCTL" identity "$d/$n" 2>/dev/null) || return 1
         done
         for n in "${names[@]}"; do
-                host=10.77.1.1
-                [ "${ns_of[$n]}" = "$home" ] && host=10.77.2.1
-                cat >"$dir/$n.conf" <<EOF
-state_directory = "$dir/$n";
+                host=${host_of[${ns_of[$n]}]}
+                cat >"$d/$n.conf" <<EOF
+state_directory = "$d/$n";
 threads = 1;
-control_socket = "$dir/$n.sock";
+control_socket = "$d/$n.sock";
 idle = { enabled = false; };
-network = { secret_file = "$dir/secret"; };
+network = { secret_file = "$d/secret"; $relay };
 pipeline = {
   micro_batch = 32; staleness = 4; update_frequency = 4;
   listen = "$host:${port_of[$n]}";
@@ -153,50 +188,87 @@ EOF
         done
 }
 
+# start_nodes DIR: every node in its namespace; its pid in pid_NAME.
 start_nodes() {
-        local n
+        local d=$1 n
         for n in c2s2 c1s2 c2s1 c1s1; do
-                nsx "${ns_of[$n]}" "$RAVNESTD" --config "$dir/$n.conf" --job "$JOB" --epochs 1 --progress 0 \
-                        >"$dir/$n.log" 2>&1 &
+                ip netns exec "${ns_of[$n]}" "$RAVNESTD" --config "$d/$n.conf" --job "$JOB" --epochs 1 \
+                        --progress 0 >"$d/$n.log" 2>&1 &
                 pids+=($!)
                 eval "pid_$n=$!"
         done
 }
 
-# links_from_router: pub's nodes hold established links whose far end is
-# the router's address (the home nodes, masqueraded).
-links_from_router() {
-        nsx "$pub" ss -tnH state established | grep -q ' 10\.77\.1\.254:'
+# established NS PEER...: NS holds established TCP connections from every PEER.
+established() {
+        local ns=$1 peer out
+        shift
+        out=$(nsx "$ns" ss -tnH state established)
+        for peer in "$@"; do grep -q " ${peer//./\\.}:" <<<"$out" || return 1; done
 }
 
 accuracy() {
-        sed -n 's/.*Finished [^:]*: test accuracy \([0-9.]*\)%.*/\1/p' "$dir/$1.log" | head -n 1
+        sed -n 's/.*Finished [^:]*: test accuracy \([0-9.]*\)%.*/\1/p' "$1" | head -n 1
 }
 
-log "namespaces $pub, $home, $rt; files in $dir"
-setup_networks || { fail "network namespaces and NAT set up"; summary; exit 1; }
-check_nat_is_real
-write_configs || { fail "keys and configurations written"; summary; exit 1; }
-start_nodes
-if wait_for 120 links_from_router; then pass "pub's nodes hold links from the router's address"
-else fail "pub's nodes hold links from the router's address" "$(nsx "$pub" ss -tn)"; fi
+# finish DIR BEHIND...: every node exits 0, the ones BEHIND say they dial
+# out, the last round had every member, both clusters above the bar as one.
+finish() {
+        local d=$1 n p status a1 a2
+        shift
+        for n in "${names[@]}"; do
+                eval "p=\$pid_$n"
+                wait "$p"
+                status=$?
+                if [ "$status" -eq 0 ]; then pass "$n exits 0"; else fail "$n exits 0" "exit $status" "$(tail -n 5 "$d/$n.log")"; fi
+        done
+        for n in "$@"; do
+                check "$n (behind NAT) dials its links" grep -q "accepts no connections" "$d/$n.log"
+        done
+        for n in "${names[@]}"; do
+                check "$n: the last averaging round had every member" grep -q "The last averaging round included all" "$d/$n.log"
+        done
+        a1=$(accuracy "$d/c1s2.log")
+        a2=$(accuracy "$d/c2s2.log")
+        log "test accuracy: cluster 1 ${a1:-none}%, cluster 2 ${a2:-none}% (bar $BAR%)"
+        check "both clusters reach $BAR%" awk -v a="${a1:-0}" -v b="${a2:-0}" -v bar="$BAR" 'BEGIN { exit !(a >= bar && b >= bar) }'
+        check "one averaged model: both clusters the same" test "${a1:-x}" = "${a2:-y}"
+}
 
-for n in "${names[@]}"; do
-        eval "p=\$pid_$n"
-        # shellcheck disable=SC2154
-        wait "$p"
-        status=$?
-        if [ "$status" -eq 0 ]; then pass "$n exits 0"; else fail "$n exits 0" "exit $status" "$(tail -n 5 "$dir/$n.log")"; fi
-done
+log "namespaces $pub, $home, $rt, $home2, $rt2; files in $dir"
+setup_networks || { fail "network namespaces and NATs set up"; summary; exit 1; }
+check_nat_is_real
+
+log "1. c1s2 and c2s1 behind the home's NAT"
+ns_of=([c1s1]=$pub [c1s2]=$home [c2s1]=$home [c2s2]=$pub)
+write_configs "$dir/direct" "" || { fail "keys and configurations written"; summary; exit 1; }
+start_nodes "$dir/direct"
+if wait_for 120 established "$pub" 10.77.1.254; then pass "pub's nodes hold links from the router's address"
+else fail "pub's nodes hold links from the router's address" "$(nsx "$pub" ss -tn)"; fi
+finish "$dir/direct" c1s2 c2s1
 pids=()
-for n in c1s2 c2s1; do
-        check "$n (behind NAT) dials its links" grep -q "accepts no connections" "$dir/$n.log"
-done
-for n in "${names[@]}"; do
-        check "$n: the last averaging round had every member" grep -q "The last averaging round included all" "$dir/$n.log"
-done
-a1=$(accuracy c1s2) a2=$(accuracy c2s2)
-log "test accuracy: cluster 1 ${a1:-none}%, cluster 2 ${a2:-none}% (bar $BAR%)"
-check "both clusters reach $BAR%" awk -v a="${a1:-0}" -v b="${a2:-0}" -v bar="$BAR" 'BEGIN { exit !(a >= bar && b >= bar) }'
-check "one averaged model: both clusters the same" test "${a1:-x}" = "${a2:-y}"
+
+log "2. c1s1 and c2s1 at home, c1s2 at home2: through a relay in pub"
+ns_of=([c1s1]=$home [c1s2]=$home2 [c2s1]=$home [c2s2]=$pub)
+mkdir -p "$dir/relay/relay"
+cat >"$dir/relay/relay.conf" <<EOF
+state_directory = "$dir/relay/relay";
+control_socket = "$dir/relay/relay.sock";
+relay = { listen = "10.77.1.1:7400"; max_links = 16; };
+EOF
+ip netns exec "$pub" "$RAVNESTD" --config "$dir/relay/relay.conf" >"$dir/relay/relay.log" 2>&1 &
+relay_pid=$!
+pids+=($relay_pid)
+wait_for 10 grep -q "Relaying links" "$dir/relay/relay.log" || fail "the relay starts" "$(cat "$dir/relay/relay.log")"
+write_configs "$dir/relay" 'relay = "10.77.1.1:7400";' || { fail "keys and configurations written"; summary; exit 1; }
+start_nodes "$dir/relay"
+if wait_for 120 established "$pub" 10.77.1.254 10.77.1.253; then pass "the relay holds links from both routers"
+else fail "the relay holds links from both routers" "$(nsx "$pub" ss -tn)"; fi
+finish "$dir/relay" c1s1 c1s2 c2s1
+log "the relay's peak RSS: $(sed -n 's/^VmHWM:\s*//p' "/proc/$relay_pid/status" 2>/dev/null)"
+kill -TERM "$relay_pid"
+wait "$relay_pid"
+status=$?
+check "the relay stops cleanly (status $status)" test "$status" -eq 0
+pids=()
 summary
