@@ -108,7 +108,7 @@ int plan_check(const Plan *p) {
         for (unsigned i = 0; i < p->n_nodes; i++) {
                 const PlanNode *n = &p->nodes[i];
                 size_t len = strnlen(n->host, PLAN_HOST_MAX);
-                if (!plan_host_valid(n->host, len) || !n->pipeline_port || !n->averaging_port)
+                if (!plan_host_valid(n->host, len) || !n->pipeline_port != !n->averaging_port)
                         return -EINVAL;
                 for (unsigned j = 0; j < i; j++)
                         if (memcmp(p->nodes[j].key, n->key, PLAN_KEY_SIZE) == 0)
@@ -283,7 +283,7 @@ static bool link_figures_valid(double bandwidth, double latency) {
 static bool join_values_ok(const PlanJoin *j, size_t host_len) {
         /* NaN fails every comparison */
         return j->gflops > 0 && j->gflops <= 1e6 && link_figures_valid(j->bandwidth, j->latency) && j->memory > 0 && j->n_layers >= 1 && j->n_layers <= PLAN_MAX_LAYERS &&
-               j->n_params >= 1 && j->n_params <= (1ull << 40) && j->pipeline_port && j->averaging_port &&
+               j->n_params >= 1 && j->n_params <= (1ull << 40) && !j->pipeline_port == !j->averaging_port &&
                plan_host_valid(j->host, host_len);
 }
 

@@ -45,7 +45,7 @@
 typedef struct PlanNode {
         uint8_t key[PLAN_KEY_SIZE];
         char host[PLAN_HOST_MAX]; /* NUL-terminated */
-        uint16_t pipeline_port, averaging_port;
+        uint16_t pipeline_port, averaging_port; /* both 0: it accepts no connections (behind NAT) */
 } PlanNode;
 
 typedef struct PlanCluster {
@@ -103,7 +103,7 @@ typedef struct PlanJoin {
         uint64_t n_params;
         unsigned n_layers;
         char host[PLAN_HOST_MAX];
-        uint16_t pipeline_port, averaging_port;
+        uint16_t pipeline_port, averaging_port; /* both 0: it accepts no connections (behind NAT) */
 } PlanJoin;
 
 #define PLAN_JOIN_MAX_SIZE (60 + PLAN_HOST_MAX)

@@ -740,7 +740,7 @@ static int parse_pipeline(const config_setting_t *root, Config *c, Diag *d) {
 static int parse_membership(const config_setting_t *root, Config *c, Diag *d) {
         static const char *const keys[] = {
                 "coordinator", "coordinate", "train", "memory", "probe", "min_nodes", "settle", "heartbeat",
-                "deadline", "handover_timeout", NULL,
+                "deadline", "handover_timeout", "behind_nat", NULL,
         };
         ConfigMembership *m = &c->membership;
         config_setting_t *g, *s;
@@ -753,6 +753,7 @@ static int parse_membership(const config_setting_t *root, Config *c, Diag *d) {
         if ((r = conf_check_keys(g, keys, d)) < 0 ||
             (r = conf_get_bool(g, "coordinate", false, &m->coordinate, d)) < 0 ||
             (r = conf_get_bool(g, "train", true, &m->train, d)) < 0 ||
+            (r = conf_get_bool(g, "behind_nat", false, &m->behind_nat, d)) < 0 ||
             (r = conf_get_double(g, "probe", false, 0.01, 10, m->probe_ms / 1000.0, &probe, d)) < 0 ||
             (r = conf_get_int(g, "min_nodes", false, 1, 64, m->min_nodes, &min_nodes, d)) < 0 ||
             (r = conf_get_double(g, "settle", false, 0, 3600, m->settle_ms / 1000.0, &settle, d)) < 0 ||
@@ -769,6 +770,9 @@ static int parse_membership(const config_setting_t *root, Config *c, Diag *d) {
                 return conf_error(s, NULL, -EINVAL, d, "must be a string \"<public key>@host:port\"");
         if ((r = get_member(s, false, &m->coordinator, d)) < 0)
                 return r;
+        if (m->behind_nat && m->coordinate)
+                return conf_error(member(g, "behind_nat"), NULL, -EINVAL, d,
+                                  "not with coordinate = true: the nodes must reach the coordinator");
         if (!m->train && !m->coordinate)
                 return conf_error(member(g, "train"), NULL, -EINVAL, d,
                                   "false only with coordinate = true (a node that neither trains nor coordinates)");

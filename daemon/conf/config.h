@@ -114,6 +114,7 @@ typedef struct ConfigMembership {
         ConfigMember coordinator;    /* its key and address */
         bool coordinate;             /* this node runs the coordinator */
         bool train;                  /* and trains (false: it only coordinates) */
+        bool behind_nat;             /* it accepts no connections: it joins with no ports and dials every link */
         uint64_t memory;             /* bytes this node offers at most; 0: what the machine has */
         unsigned probe_ms;           /* the sgemm probe at start */
         unsigned min_nodes;          /* coordinator: the first plan waits for this many */

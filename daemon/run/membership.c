@@ -288,11 +288,13 @@ static int plan_inputs(const Membership *m, const Plan *p, PlanInputs *ret) {
                         memcpy(cl->nodes[s].id, pn->key, IDENTITY_PK_SIZE);
                         snprintf(cl->nodes[s].address.host, sizeof cl->nodes[s].address.host, "%s", pn->host);
                         cl->nodes[s].address.port = pn->pipeline_port;
+                        cl->nodes[s].no_accept = pn->pipeline_port == 0; /* behind NAT: it dials */
                         cl->bounds[s] = p->clusters[k].bounds[s];
                         ConfigMember *am = &in.averaging.members[n++];
                         memcpy(am->id, pn->key, IDENTITY_PK_SIZE);
                         snprintf(am->address.host, sizeof am->address.host, "%s", pn->host);
                         am->address.port = pn->averaging_port;
+                        am->no_accept = pn->averaging_port == 0;
                 }
                 cl->bounds[cl->n_stages] = p->clusters[k].bounds[cl->n_stages];
         }
@@ -454,7 +456,8 @@ int membership_run(const Config *c, const Job *job, const Identity *id, const Lo
         /* what this node can give, measured */
         m.join = (PlanJoin){ .bandwidth = DEFAULT_BANDWIDTH, .latency = DEFAULT_LATENCY,
                              .n_layers = (unsigned)job->model.n_layers, .n_params = n_params,
-                             .pipeline_port = c->pipeline.listen.port, .averaging_port = c->averaging.listen.port };
+                             .pipeline_port = cm->behind_nat ? 0 : c->pipeline.listen.port,
+                             .averaging_port = cm->behind_nat ? 0 : c->averaging.listen.port };
         snprintf(m.join.host, sizeof m.join.host, "%s", c->pipeline.listen.host);
         if ((r = capability_memory(cm->memory, NULL, &m.join.memory)) < 0)
                 return log_error_errno(r, "Failed to read the memory available: %m");

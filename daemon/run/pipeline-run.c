@@ -506,6 +506,16 @@ static int run_place(Run *run, const Identity *id) {
         run->prev = run->stage > 0 ? &run->cl->nodes[run->stage - 1] : NULL;
         run->next = run->stage + 1 < run->cl->n_stages ? &run->cl->nodes[run->stage + 1] : NULL;
         run->epochs = run->o->epochs > 0 ? run->o->epochs : job->train.epochs;
+        /* a coordinator's plan has not been through the configuration's check */
+        for (int i = 0; i < 2; i++) {
+                const ConfigMember *m = i ? run->next : run->prev;
+                if (m && m->no_accept && run->self->no_accept && !run->plan->averaging.net->relay_host) {
+                        log_error("%s: this stage and the %s both accept no connections (behind NAT) and no "
+                                  "network.relay is set: they cannot link", run->plan->source,
+                                  i ? "next" : "previous");
+                        return -EINVAL;
+                }
+        }
         return 0;
 }
 

@@ -63,6 +63,7 @@ static void start(Proc *p, const char *conf, const char *epochs) {
 }
 
 static unsigned short coordinator_port;
+static int behind_nat_node = -1; /* make_nodes(): this node (0-based) says membership.behind_nat */
 
 /* n nodes in dir: keys, ports and configurations; node 1 coordinates (and
  * trains unless coordinate_only). */
@@ -108,10 +109,11 @@ static void make_nodes(const char *dir, int n, double heartbeat, double deadline
                          "  settle = 1.0;\n"
                          "  heartbeat = %.2f;\n"
                          "  deadline = %.2f;\n"
+                         "%s"
                          "};\n",
                          dir, i + 1, dir, port[i][0], port[i][1], hex[0], coord, i == 0 ? "true" : "false",
                          i == 0 && coordinate_only ? "false" : "true", n - coordinate_only,
-                         heartbeat, deadline);
+                         heartbeat, deadline, i == behind_nat_node ? "  behind_nat = true;\n" : "");
                 snprintf(conf[i], 256, "%s/n%d.conf", dir, i + 1);
                 test_write_file(conf[i], text, 0644);
         }
@@ -304,6 +306,36 @@ Test(membership, training_goes_on_without_the_coordinator, .timeout = 120) {
         }
         snprintf(text, sizeof text, "rm -rf %s", dir);
         (void)!system(text);
+}
+
+/* A node behind NAT joins with no ports: the coordinator's plan names it
+ * without an address, and it dials its neighbouring stage and the
+ * averaging members itself while nobody dials it. */
+Test(membership, a_node_behind_nat_joins_and_dials_out, .timeout = 120) {
+        skip_without_dataset();
+        char dir[] = "/tmp/ravnest-test-membership-XXXXXX", conf[3][256];
+        Proc p[3];
+        cr_assert(mkdtemp(dir));
+        behind_nat_node = 2;
+        make_nodes(dir, 3, 0.5, 4.0, true, conf);
+        behind_nat_node = -1;
+        for (int i = 0; i < 3; i++) {
+                start(&p[i], conf[i], "20"); /* longer than the test */
+                cr_assert(proc_wait_for(&p[i], i ? "Joined the coordinator" : "Coordinating only", 30000),
+                          "node %d\n%s", i + 1, p[i].out);
+        }
+        for (int i = 1; i < 3; i++)
+                cr_assert(proc_wait_for(&p[i], "Holds plan epoch 1 (", 30000), "node %d\n%s", i + 1, p[i].out);
+        cr_assert(proc_wait_for(&p[2], "This stage accepts no connections: it dials its neighbours", 10000), "%s",
+                  p[2].out);
+        int last = strstr(p[1].out, "stage 2 of 2") ? 1 : 2;
+        cr_assert(proc_wait_for(&p[3 - last], "Next stage ", 30000), "node %d\n%s", 3 - last + 1, p[3 - last].out);
+        cr_assert(proc_wait_for(&p[last], "stage 2/2: ", 30000), "no training\n%s", p[last].out);
+        for (int i = 0; i < 3; i++) {
+                kill(p[i].pid, SIGTERM);
+                cr_assert_eq(proc_exit(&p[i]), 0, "node %d\n%s", i + 1, p[i].out);
+        }
+        test_remove_tree(dir);
 }
 
 /* ---- a member that breaks the rules ------------------------------------- */

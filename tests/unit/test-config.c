@@ -739,6 +739,11 @@ Test(config, nodes_behind_nat) {
                                "averaging = { listen = \"127.0.0.1:7300\"; };\nmembership = { coordinator = \"" K1 "\"; };\n",
                      "15: membership.coordinator: must be \"<public key, 64 hex digits>@host:port\", got");
 
+        expect_error(base_end, "  idle_timeout = 30000;\n};\npipeline = { listen = \"127.0.0.1:7200\"; };\n"
+                               "averaging = { listen = \"127.0.0.1:7300\"; };\nmembership = { coordinator = \"" K1
+                               "@h:1\";\n  coordinate = true; behind_nat = true; };\n",
+                     "16: membership.behind_nat: not with coordinate = true");
+
         /* with a pipeline, members that hold different layers may both lack one */
         snprintf(body, sizeof body, "  idle_timeout = 30000;\n};\npipeline = { listen = \"127.0.0.1:7200\";\n"
                  "  clusters = ( { nodes = [ \"" K1 "@h:1\", \"" K2 "\" ]; stages = [ 0, 3, 6 ]; } ); };\n"

@@ -76,6 +76,13 @@ Test(plan, round_trip) {
         uint8_t stranger[PLAN_KEY_SIZE] = { 1 };
         cr_assert_eq(plan_find(q, stranger, &index, NULL, NULL), -ENOENT);
         cr_assert_eq(index, -1);
+
+        /* a node behind NAT: no ports, on the wire and back */
+        p->nodes[2].pipeline_port = p->nodes[2].averaging_port = 0;
+        n = encode(p, buf);
+        cr_assert_gt(n, 0);
+        cr_assert_eq(plan_decode(buf, (size_t)n, pk, q), 0);
+        cr_assert(q->nodes[2].pipeline_port == 0 && q->nodes[2].averaging_port == 0);
 }
 
 Test(plan, forgery_refused) {
@@ -161,7 +168,7 @@ Test(plan, hostile_plans_refused) {
         expect_refused(bad_host, "a host with a space");
         expect_refused(empty_host, "an empty host");
         expect_refused(dash_host, "a host like an option");
-        expect_refused(port_zero, "port 0");
+        expect_refused(port_zero, "one port 0 (both 0: a node behind NAT)");
         expect_refused(no_micro_batch, "micro-batch 0");
         expect_refused(staleness_over, "staleness 1025");
 }
@@ -223,6 +230,16 @@ Test(plan, membership_messages) {
         buf[60] = ' '; /* the host */
         cr_assert_eq(plan_join_decode(buf, (size_t)n, &k), -EBADMSG);
         j.latency = -1;
+        cr_assert_eq(plan_join_encode(&j, buf, sizeof buf), -EINVAL);
+
+        /* a node behind NAT joins with both ports 0; one port 0 alone is an error */
+        j.latency = 5e-4;
+        j.pipeline_port = j.averaging_port = 0;
+        n = plan_join_encode(&j, buf, sizeof buf);
+        cr_assert_gt(n, 0);
+        cr_assert_eq(plan_join_decode(buf, (size_t)n, &k), 0);
+        cr_assert(k.pipeline_port == 0 && k.averaging_port == 0);
+        j.averaging_port = 7001;
         cr_assert_eq(plan_join_encode(&j, buf, sizeof buf), -EINVAL);
 
         uint8_t stop[PLAN_STOP_SIZE], done[PLAN_DONE_SIZE];
