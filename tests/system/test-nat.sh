@@ -25,6 +25,8 @@ set -u
 here=$(cd "$(dirname "$0")" && pwd)
 # shellcheck source=lib.sh
 . "$here/lib.sh"
+# shellcheck source=lib-swarm.sh
+. "$here/lib-swarm.sh"
 
 RAVNESTD=${RAVNESTD:-$here/../../build/daemon/ravnestd}
 RAVNESTCTL=${RAVNESTCTL:-$here/../../build/daemon/ravnestctl}
@@ -53,8 +55,15 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 
+# established NS PEER...: NS holds established TCP connections from every PEER.
+established() {
+        local ns=$1 peer out
+        shift
+        out=$(nsx "$ns" ss -tnH state established)
+        for peer in "$@"; do grep -q " ${peer//./\\.}:" <<<"$out" || return 1; done
+}
+
 # ---- the networks ---------------------------------------------------------------
-nsx() { local ns=$1; shift; ip netns exec "$ns" "$@"; }
 
 # home_network HOME ROUTER N OUTSIDE: HOME (10.77.N.1) behind ROUTER, whose
 # address on pub's side is OUTSIDE; it masquerades and lets in only replies.
@@ -135,136 +144,57 @@ check_nat_is_real() {
         wait "$lp" 2>/dev/null
 }
 
-# ---- a swarm ----------------------------------------------------------------------
-names=(c1s1 c1s2 c2s1 c2s2)
-declare -A port_of=([c1s1]=7101 [c1s2]=7102 [c2s1]=7103 [c2s2]=7104)
-declare -A host_of=(["$pub"]=10.77.1.1 ["$home"]=10.77.2.1 ["$home2"]=10.77.3.1)
-declare -A key_of ns_of
-
-# entry NAME OFFSET: the node as a plan names it: "<key>@10.77.1.1:PORT" in
-# pub, "<key>" alone behind a NAT.
-entry() {
-        if [ "${ns_of[$1]}" = "$pub" ]; then
-                printf '"%s@10.77.1.1:%u"' "${key_of[$1]}" $((${port_of[$1]} + $2))
-        else
-                printf '"%s"' "${key_of[$1]}"
-        fi
-}
-
-# write_configs DIR RELAY: keys and a configuration per node (RELAY: more
-# settings of the network group).
-write_configs() {
-        local d=$1 relay=$2 n host
-        mkdir -p "$d"
-        head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n' >"$d/secret"
-        echo >>"$d/secret"
-        chmod 600 "$d/secret"
-        for n in "${names[@]}"; do
-                mkdir -p "$d/$n"
-                key_of[$n]=$("$RAVNESTCTL" identity "$d/$n" 2>/dev/null) || return 1
-        done
-        for n in "${names[@]}"; do
-                host=${host_of[${ns_of[$n]}]}
-                cat >"$d/$n.conf" <<EOF
-state_directory = "$d/$n";
-threads = 1;
-control_socket = "$d/$n.sock";
-idle = { enabled = false; };
-network = { secret_file = "$d/secret"; $relay };
-pipeline = {
-  micro_batch = 32; staleness = 4; update_frequency = 4;
-  listen = "$host:${port_of[$n]}";
-  clusters = (
-    { nodes = [ $(entry c1s1 0), $(entry c1s2 0) ]; stages = [ 0, 3, 6 ]; },
-    { nodes = [ $(entry c2s1 0), $(entry c2s2 0) ]; stages = [ 0, 3, 6 ]; }
-  );
-};
-averaging = {
-  interval = 0.25;
-  listen = "$host:$((${port_of[$n]} + 100))";
-  members = [ $(entry c1s1 100), $(entry c1s2 100), $(entry c2s1 100), $(entry c2s2 100) ];
-};
-EOF
-        done
-}
-
-# start_nodes DIR: every node in its namespace; its pid in pid_NAME.
-start_nodes() {
-        local d=$1 n
-        for n in c2s2 c1s2 c2s1 c1s1; do
-                ip netns exec "${ns_of[$n]}" "$RAVNESTD" --config "$d/$n.conf" --job "$JOB" --epochs 1 \
-                        --progress 0 >"$d/$n.log" 2>&1 &
-                pids+=($!)
-                eval "pid_$n=$!"
-        done
-}
-
-# established NS PEER...: NS holds established TCP connections from every PEER.
-established() {
-        local ns=$1 peer out
-        shift
-        out=$(nsx "$ns" ss -tnH state established)
-        for peer in "$@"; do grep -q " ${peer//./\\.}:" <<<"$out" || return 1; done
-}
-
-accuracy() {
-        sed -n 's/.*Finished [^:]*: test accuracy \([0-9.]*\)%.*/\1/p' "$1" | head -n 1
-}
-
-# finish DIR BEHIND...: every node exits 0, the ones BEHIND say they dial
-# out, the last round had every member, both clusters above the bar as one.
-finish() {
-        local d=$1 n p status a1 a2
-        shift
-        for n in "${names[@]}"; do
-                eval "p=\$pid_$n"
-                wait "$p"
-                status=$?
-                if [ "$status" -eq 0 ]; then pass "$n exits 0"; else fail "$n exits 0" "exit $status" "$(tail -n 5 "$d/$n.log")"; fi
-        done
-        for n in "$@"; do
-                check "$n (behind NAT) dials its links" grep -q "accepts no connections" "$d/$n.log"
-        done
-        for n in "${names[@]}"; do
-                check "$n: the last averaging round had every member" grep -q "The last averaging round included all" "$d/$n.log"
-        done
-        a1=$(accuracy "$d/c1s2.log")
-        a2=$(accuracy "$d/c2s2.log")
-        log "test accuracy: cluster 1 ${a1:-none}%, cluster 2 ${a2:-none}% (bar $BAR%)"
-        check "both clusters reach $BAR%" awk -v a="${a1:-0}" -v b="${a2:-0}" -v bar="$BAR" 'BEGIN { exit !(a >= bar && b >= bar) }'
-        check "one averaged model: both clusters the same" test "${a1:-x}" = "${a2:-y}"
-}
-
 log "namespaces $pub, $home, $rt, $home2, $rt2; files in $dir"
 setup_networks || { fail "network namespaces and NATs set up"; summary; exit 1; }
 check_nat_is_real
 
+swarm_layout 2 2
+declare -A host_of=(["$pub"]=10.77.1.1 ["$home"]=10.77.2.1 ["$home2"]=10.77.3.1)
+
+# place c1s1 NS c1s2 NS ...: the nodes' namespaces; those in pub have an
+# address in the plan, the others are behind NAT.
+place() {
+        while [ $# -gt 0 ]; do
+                ns_of[$1]=$2
+                listen_of[$1]=${host_of[$2]}
+                addr_of[$1]=""
+                [ "$2" = "$pub" ] && addr_of[$1]=10.77.1.1
+                shift 2
+        done
+}
+
+# dials_out NAME...: each says it accepts no connections and dials its links.
+dials_out() {
+        local n
+        for n in "$@"; do check "$n (behind NAT) dials its links" grep -q "accepts no connections" "$d/$n.log"; done
+}
+
 log "1. c1s2 and c2s1 behind the home's NAT"
-ns_of=([c1s1]=$pub [c1s2]=$home [c2s1]=$home [c2s2]=$pub)
-write_configs "$dir/direct" "" || { fail "keys and configurations written"; summary; exit 1; }
-start_nodes "$dir/direct"
+d=$dir/direct
+place c1s1 "$pub" c1s2 "$home" c2s1 "$home" c2s2 "$pub"
+swarm_write "$d" "" "" || { fail "keys and configurations written"; summary; exit 1; }
+swarm_start "$d" 1
 if wait_for 120 established "$pub" 10.77.1.254; then pass "pub's nodes hold links from the router's address"
 else fail "pub's nodes hold links from the router's address" "$(nsx "$pub" ss -tn)"; fi
-finish "$dir/direct" c1s2 c2s1
-pids=()
+swarm_finish "$d"
+dials_out c1s2 c2s1
 
 log "2. c1s1 and c2s1 at home, c1s2 at home2: through a relay in pub"
-ns_of=([c1s1]=$home [c1s2]=$home2 [c2s1]=$home [c2s2]=$pub)
-mkdir -p "$dir/relay/relay"
-cat >"$dir/relay/relay.conf" <<EOF
-state_directory = "$dir/relay/relay";
-control_socket = "$dir/relay/relay.sock";
-relay = { listen = "10.77.1.1:7400"; max_links = 16; };
-EOF
-ip netns exec "$pub" "$RAVNESTD" --config "$dir/relay/relay.conf" >"$dir/relay/relay.log" 2>&1 &
+d=$dir/relay
+place c1s1 "$home" c1s2 "$home2" c2s1 "$home" c2s2 "$pub"
+mkdir -p "$d/relay"
+printf 'state_directory = "%s/relay";\ncontrol_socket = "%s/relay.sock";\nrelay = { listen = "10.77.1.1:7400"; max_links = 16; };\n' \
+        "$d" "$d" >"$d/relay.conf"
+ip netns exec "$pub" "$RAVNESTD" --config "$d/relay.conf" >"$d/relay.log" 2>&1 &
 relay_pid=$!
 pids+=($relay_pid)
-wait_for 10 grep -q "Relaying links" "$dir/relay/relay.log" || fail "the relay starts" "$(cat "$dir/relay/relay.log")"
-write_configs "$dir/relay" 'relay = "10.77.1.1:7400";' || { fail "keys and configurations written"; summary; exit 1; }
-start_nodes "$dir/relay"
+wait_for 10 grep -q "Relaying links" "$d/relay.log" || fail "the relay starts" "$(cat "$d/relay.log")"
+swarm_write "$d" 'relay = "10.77.1.1:7400";' "" || { fail "keys and configurations written"; summary; exit 1; }
+swarm_start "$d" 1
 if wait_for 120 established "$pub" 10.77.1.254 10.77.1.253; then pass "the relay holds links from both routers"
 else fail "the relay holds links from both routers" "$(nsx "$pub" ss -tn)"; fi
-finish "$dir/relay" c1s1 c1s2 c2s1
+swarm_finish "$d"
+dials_out c1s1 c1s2 c2s1
 log "the relay's peak RSS: $(sed -n 's/^VmHWM:\s*//p' "/proc/$relay_pid/status" 2>/dev/null)"
 kill -TERM "$relay_pid"
 wait "$relay_pid"

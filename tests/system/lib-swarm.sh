@@ -1,0 +1,156 @@
+# shellcheck shell=bash
+# lib-swarm.sh — a swarm of ravnestd processes in network namespaces, for
+# the tests that need real networks between its nodes (test-nat.sh,
+# test-faults.sh). Sourced after lib.sh:
+#
+#   swarm_layout 2 2                  # names=(c1s1 c1s2 c2s1 c2s2), ports
+#   ns_of[c1s1]=NS; addr_of[c1s1]=10.0.0.1  # "" for a node behind NAT
+#   listen_of[c1s1]=10.0.0.1          # the host it listens on
+#   swarm_write DIR 'relay = "...";' 'checkpoint = { ... };'
+#   swarm_start DIR EPOCHS            # every node; pids in pid_of
+#   swarm_finish DIR                  # exits, last rounds, accuracy, one model
+#
+# The job is the MLP on Fashion-MNIST ($JOB), cut in the middle with two
+# stages; BAR is the accuracy each cluster must reach.
+
+declare -a names
+declare -A port_of ns_of addr_of listen_of key_of pid_of
+nsx() { local ns=$1; shift; ip netns exec "$ns" "$@"; }
+
+# swarm_layout CLUSTERS STAGES: the nodes' names and ports (pipeline
+# 7101.., averaging 7201..).
+swarm_layout() {
+        local c s i=1
+        names=()
+        n_clusters=$1 n_stages=$2
+        for ((c = 1; c <= $1; c++)); do
+                for ((s = 1; s <= $2; s++)); do
+                        names+=("c${c}s$s")
+                        port_of[c${c}s$s]=$((7100 + i))
+                        i=$((i + 1))
+                done
+        done
+}
+
+# entry NAME OFFSET: the node as a plan names it: "<key>@ADDR:PORT", or
+# "<key>" alone behind NAT.
+_entry() {
+        if [ -n "${addr_of[$1]}" ]; then
+                printf '"%s@%s:%u"' "${key_of[$1]}" "${addr_of[$1]}" $((${port_of[$1]} + $2))
+        else
+                printf '"%s"' "${key_of[$1]}"
+        fi
+}
+
+_plan() {
+        local c s sep
+        for ((c = 1; c <= n_clusters; c++)); do
+                printf '    { nodes = ['
+                sep=" "
+                for ((s = 1; s <= n_stages; s++)); do printf '%s%s' "$sep" "$(_entry "c${c}s$s" 0)"; sep=", "; done
+                if [ "$n_stages" = 2 ]; then printf ' ]; stages = [ 0, 3, 6 ]; }'; else printf ' ]; stages = [ 0, 6 ]; }'; fi
+                [ "$c" -lt "$n_clusters" ] && printf ','
+                printf '\n'
+        done
+}
+
+_members() {
+        local n sep=""
+        for n in "${names[@]}"; do printf '%s%s' "$sep" "$(_entry "$n" 100)"; sep=", "; done
+}
+
+# swarm_write DIR NETWORK EXTRA: a secret, a key per node, and each node's
+# configuration: NETWORK goes into its network group, EXTRA at the end.
+swarm_write() {
+        local d=$1 network=$2 extra=$3 n
+        mkdir -p "$d"
+        head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n' >"$d/secret"
+        echo >>"$d/secret"
+        chmod 600 "$d/secret"
+        for n in "${names[@]}"; do
+                mkdir -p "$d/$n"
+                key_of[$n]=$("$RAVNESTCTL" identity "$d/$n" 2>/dev/null) || return 1
+        done
+        for n in "${names[@]}"; do
+                cat >"$d/$n.conf" <<EOF
+state_directory = "$d/$n";
+threads = 1;
+control_socket = "$d/$n.sock";
+idle = { enabled = false; };
+network = { secret_file = "$d/secret"; $network };
+pipeline = {
+  micro_batch = 32; staleness = 4; update_frequency = 4;
+  listen = "${listen_of[$n]}:${port_of[$n]}";
+  clusters = (
+$(_plan)
+  );
+};
+averaging = {
+  interval = 0.25;
+  listen = "${listen_of[$n]}:$((${port_of[$n]} + 100))";
+  members = [ $(_members) ];
+};
+$extra
+EOF
+        done
+}
+
+# swarm_start_node DIR NAME EPOCHS: one node in its namespace, in place (its
+# pid is its own); pid in pid_of[NAME]; its log appended to DIR/NAME.log.
+swarm_start_node() {
+        ip netns exec "${ns_of[$2]}" "$RAVNESTD" --config "$1/$2.conf" --job "$JOB" --epochs "$3" --progress 0 \
+                >>"$1/$2.log" 2>&1 &
+        pid_of[$2]=$!
+        pids+=($!)
+}
+
+# swarm_start DIR EPOCHS: every node, last stages first.
+swarm_start() {
+        local i
+        for ((i = ${#names[@]} - 1; i >= 0; i--)); do swarm_start_node "$1" "${names[i]}" "$2"; done
+}
+
+# swarm_peak_rss DIR: while the nodes run, every node's peak RSS (kB) into
+# DIR/NAME.rss (in the background; stops when they have all exited).
+swarm_peak_rss() {
+        local d=$1 n hwm alive
+        while :; do
+                alive=0
+                for n in "${names[@]}"; do
+                        hwm=$(sed -n 's/^VmHWM:\s*\([0-9]*\).*/\1/p' "/proc/${pid_of[$n]}/status" 2>/dev/null)
+                        [ -n "$hwm" ] || continue
+                        alive=1
+                        echo "$hwm" >"$d/$n.rss"
+                done
+                [ "$alive" = 1 ] || return 0
+                sleep 0.5
+        done
+}
+
+swarm_accuracy() {
+        sed -n 's/.*Finished [^:]*: test accuracy \([0-9.]*\)%.*/\1/p' "$1" | tail -n 1
+}
+
+# swarm_finish DIR: every node exits 0 and its last averaging round had
+# every member; every cluster reaches BAR, all with the same accuracy (one
+# averaged model).
+swarm_finish() {
+        local d=$1 n status c first="" same=1 a
+        for n in "${names[@]}"; do
+                wait "${pid_of[$n]}"
+                status=$?
+                if [ "$status" -eq 0 ]; then pass "$n exits 0"; else fail "$n exits 0" "exit $status" "$(tail -n 5 "$d/$n.log")"; fi
+        done
+        pids=()
+        for n in "${names[@]}"; do
+                check "$n: the last averaging round had every member" grep -q "The last averaging round included all" "$d/$n.log"
+        done
+        for ((c = 1; c <= n_clusters; c++)); do
+                a=$(swarm_accuracy "$d/c${c}s$n_stages.log")
+                log "cluster $c: test accuracy ${a:-none}% (bar $BAR%)"
+                check "cluster $c reaches $BAR%" awk -v a="${a:-0}" -v bar="$BAR" 'BEGIN { exit !(a >= bar) }'
+                [ -z "$first" ] && first=${a:-x}
+                [ "${a:-y}" = "$first" ] || same=0
+        done
+        check "one averaged model: every cluster the same" test "$same" = 1
+}
