@@ -38,7 +38,8 @@ int stage_checkpoint_save(const char *dir, const char *job, const Stage *s, cons
         uint64_t t0 = now_ns();
         r = checkpoint_write(dir, name, &info, s->params, o->state, &d);
         if (r < 0)
-                return log_error_errno(r, "Failed to write the checkpoint: %s", d.text);
+                return log_error_errno(r, "Failed to write the checkpoint (the previous one stays as it was; "
+                                          "training goes on): %s", d.text);
         snprintf(path, sizeof path, "%s/%s", dir, name);
         snprintf(fields, sizeof fields, "PATH=%s\nSTEP=%llu", path, (unsigned long long)info.step);
         log_event(LOG_INFO, EVENT_CHECKPOINT, fields, "Checkpoint written: %s (step %llu, %llu epochs done; %.1f MiB in %.0f ms)",

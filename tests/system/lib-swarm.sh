@@ -6,7 +6,7 @@
 #   swarm_layout 2 2                  # names=(c1s1 c1s2 c2s1 c2s2), ports
 #   ns_of[c1s1]=NS; addr_of[c1s1]=10.0.0.1  # "" for a node behind NAT
 #   listen_of[c1s1]=10.0.0.1          # the host it listens on
-#   swarm_write DIR 'relay = "...";' 'checkpoint = { ... };'
+#   swarm_write DIR 'relay = "...";' 'round_timeout = 30000;' 'checkpoint = { ... };'
 #   swarm_start DIR EPOCHS            # every node; pids in pid_of
 #   swarm_finish DIR                  # exits, last rounds, accuracy, one model
 #
@@ -59,10 +59,11 @@ _members() {
         for n in "${names[@]}"; do printf '%s%s' "$sep" "$(_entry "$n" 100)"; sep=", "; done
 }
 
-# swarm_write DIR NETWORK EXTRA: a secret, a key per node, and each node's
-# configuration: NETWORK goes into its network group, EXTRA at the end.
+# swarm_write DIR NETWORK AVERAGING EXTRA: a secret, a key per node, and
+# each node's configuration: NETWORK goes into its network group, AVERAGING
+# into its averaging group, EXTRA at the end.
 swarm_write() {
-        local d=$1 network=$2 extra=$3 n
+        local d=$1 network=$2 averaging=$3 extra=$4 n
         mkdir -p "$d"
         head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n' >"$d/secret"
         echo >>"$d/secret"
@@ -89,6 +90,7 @@ averaging = {
   interval = 0.25;
   listen = "${listen_of[$n]}:$((${port_of[$n]} + 100))";
   members = [ $(_members) ];
+  $averaging
 };
 $extra
 EOF
@@ -143,7 +145,9 @@ swarm_finish() {
         done
         pids=()
         for n in "${names[@]}"; do
-                check "$n: the last averaging round had every member" grep -q "The last averaging round included all" "$d/$n.log"
+                if grep -q "The last averaging round included all" "$d/$n.log"; then
+                        pass "$n: the last averaging round had every member"
+                else fail "$n: the last averaging round had every member" "$(grep -i "last averaging round\|Gave up\|error" "$d/$n.log" | tail -n 3)"; fi
         done
         for ((c = 1; c <= n_clusters; c++)); do
                 a=$(swarm_accuracy "$d/c${c}s$n_stages.log")

@@ -172,7 +172,7 @@ dials_out() {
 log "1. c1s2 and c2s1 behind the home's NAT"
 d=$dir/direct
 place c1s1 "$pub" c1s2 "$home" c2s1 "$home" c2s2 "$pub"
-swarm_write "$d" "" "" || { fail "keys and configurations written"; summary; exit 1; }
+swarm_write "$d" "" "" "" || { fail "keys and configurations written"; summary; exit 1; }
 swarm_start "$d" 1
 if wait_for 120 established "$pub" 10.77.1.254; then pass "pub's nodes hold links from the router's address"
 else fail "pub's nodes hold links from the router's address" "$(nsx "$pub" ss -tn)"; fi
@@ -189,7 +189,7 @@ ip netns exec "$pub" "$RAVNESTD" --config "$d/relay.conf" >"$d/relay.log" 2>&1 &
 relay_pid=$!
 pids+=($relay_pid)
 wait_for 10 grep -q "Relaying links" "$d/relay.log" || fail "the relay starts" "$(cat "$d/relay.log")"
-swarm_write "$d" 'relay = "10.77.1.1:7400";' "" || { fail "keys and configurations written"; summary; exit 1; }
+swarm_write "$d" 'relay = "10.77.1.1:7400";' "" "" || { fail "keys and configurations written"; summary; exit 1; }
 swarm_start "$d" 1
 if wait_for 120 established "$pub" 10.77.1.254 10.77.1.253; then pass "the relay holds links from both routers"
 else fail "the relay holds links from both routers" "$(nsx "$pub" ss -tn)"; fi
