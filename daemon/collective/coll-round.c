@@ -748,11 +748,17 @@ void round_on_abort(Coll *c, unsigned member, const CollAbort *m) {
         ReadyEntry *e = ready_find(c, m->group, member);
         if (e) /* it gave up: its READY no longer holds (a leader must not START with it) */
                 e->at_ns = 0;
-        if (!r || r->state != COLL_ROUND_RUNNING || r->round != m->round)
+        /* A participant that gave up a round of this group sends no piece of
+         * ours: fail ours now rather than at the deadline (every piece is
+         * then in whole or not applied, as with any failed round). Under
+         * another number (a member that restarted counts from its own last
+         * round, or the ABORT is of an older round) the others may not have
+         * heard: tell them too (-ECANCELED sends ABORT; -ECONNABORTED not). */
+        if (!r || r->state != COLL_ROUND_RUNNING)
                 return;
         for (unsigned i = 0; i < r->n_part; i++)
                 if (r->part[i] == member) {
-                        round_fail(r, -ECONNABORTED);
+                        round_fail(r, m->round == r->round ? -ECONNABORTED : -ECANCELED);
                         return;
                 }
 }

@@ -211,6 +211,7 @@ for n in b1 b2; do
 threads = 1;
 idle = { enabled = false; };
 network = { listen = "127.0.0.1:7000"; secret_file = "/etc/ravnest/secret"; };
+metrics = { listen = "0.0.0.0:9464"; };   # the image's EXPOSEd port
 EOF
         new_volume "$p-$n"
 done
@@ -230,6 +231,15 @@ backend() { [ "$(json_field "$(status_json "$1")" IoBackend)" = "$2" ]; }
 check "default profile: ravnestctl status --json: IoBackend \"epoll\"" wait_for 60 backend "$p-b1" epoll
 check "seccomp-io_uring.json: ravnestctl status --json: IoBackend \"io_uring\"" wait_for 60 backend "$p-b2" io_uring
 status_json "$p-b2" | sed 's/^/    b2: /'
+# the metrics endpoint, from inside the container (bash's /dev/tcp: no curl in the image)
+http_get() {
+        podman exec "$1" bash -c 'exec 3<>/dev/tcp/127.0.0.1/9464 && printf "GET %s HTTP/1.0\r\n\r\n" "$1" >&3 &&
+                cat <&3' _ "$2" 2>/dev/null
+}
+scraped() { http_get "$1" /metrics | grep -q '^ravnest_steps_total [1-9]'; }
+check "the image EXPOSEs the metrics port 9464" eval 'podman image inspect --format "{{.Config.ExposedPorts}}" "$image" | grep -q 9464'
+check "metrics: /metrics serves Prometheus' text format with the steps trained" wait_for 60 scraped "$p-b2"
+check "metrics: / serves the status page with its plot" eval 'http_get "$p-b2" / | grep -q "<svg"'
 [ $failed = $failed0 ] || { show_log "$p-b1"; show_log "$p-b2"; }
 podman stop -t 30 "$p-b1" >/dev/null
 echo "b: $((SECONDS - t)) s"

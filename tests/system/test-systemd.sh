@@ -248,7 +248,8 @@ network = {
 };
 # Train whatever else the machine does: the checks must not wait for it
 # to be idle.
-idle = { enabled = false; };'
+idle = { enabled = false; };
+metrics = { listen = "127.0.0.1:9464"; };'
 printf '%s\n' "$TRAIN_CONFIG" | write_config
 check "ravnestd --check-config accepts the training configuration" \
         ct runuser -u ravnest -- ravnestd --check-config
@@ -286,6 +287,14 @@ if start_service "start, training"; then
         else fail "the checkpoint named by PATH= exists" "PATH='$path'"; fi
         if is_active; then pass "still active after pause/resume/checkpoint"
         else fail "still active after pause/resume/checkpoint: $(prop ActiveState)/$(prop Result)"; fi
+        # the metrics endpoint under the unit's sandbox (bash's /dev/tcp: no curl in the root)
+        http_get() {
+                ct bash -c 'exec 3<>/dev/tcp/127.0.0.1/9464 && printf "GET %s HTTP/1.0\r\n\r\n" "$1" >&3 &&
+                        cat <&3' _ "$1" 2>/dev/null
+        }
+        scraped() { http_get /metrics | grep -q '^ravnest_steps_total [1-9]'; }
+        check "metrics: /metrics serves Prometheus' text format with the steps trained" wait_for 30 scraped
+        check "metrics: / serves the status page with its plot" eval 'http_get / | grep -q "<svg"'
 
         # Reload: a good configuration, then a broken one, which must be
         # reported and leave the daemon running with the old one.
