@@ -22,7 +22,9 @@ static int row(WebBuf *b, const char *name, const char *value) {
 
 static int head(const WebSnapshot *s, WebBuf *b) {
         int r = web_buf_put(b, "<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n"
-                               "<meta http-equiv=\"refresh\" content=\"5\">\n<title>ravnest: ");
+                               "<meta http-equiv=\"refresh\" content=\"5\">\n"
+                               /* no icon to fetch: a browser asks for none, and logs no 404 */
+                               "<link rel=\"icon\" href=\"data:,\">\n<title>ravnest: ");
         if (r >= 0)
                 r = web_buf_put_html(b, s->status.training.job[0] ? s->status.training.job : "node");
         if (r >= 0)

@@ -341,9 +341,13 @@ Test(metrics, chromium_renders_the_page, .timeout = 240) {
         snprintf(cmd, sizeof cmd, "timeout 120 %s %s --user-data-dir=%s/chromium --screenshot=%s http://127.0.0.1:%u/ >/dev/null 2>&1",
                  chromium, flags, n.dir, png, n.port);
         cr_assert_eq(system(cmd), 0, "%s", cmd);
-        snprintf(cmd, sizeof cmd, "timeout 120 %s %s --user-data-dir=%s/chromium --dump-dom http://127.0.0.1:%u/ >%s 2>/dev/null",
-                 chromium, flags, n.dir, n.port, dom);
+        /* the browser's log on stderr: a console message (an error, a
+         * resource that failed to load) shows as CONSOLE */
+        snprintf(cmd, sizeof cmd, "timeout 120 %s %s --enable-logging=stderr --v=0 --user-data-dir=%s/chromium "
+                 "--dump-dom http://127.0.0.1:%u/ >%s 2>%s.log", chromium, flags, n.dir, n.port, dom, dom);
         cr_assert_eq(system(cmd), 0, "%s", cmd);
+        snprintf(cmd, sizeof cmd, "grep CONSOLE %s.log", dom);
+        cr_assert_neq(system(cmd), 0, "the page logged console messages (above)");
 
         struct stat st;
         cr_assert_eq(stat(png, &st), 0, "no screenshot");
