@@ -251,9 +251,9 @@ static void socket_tune(const Net *n, int fd) {
         setsockopt(fd, IPPROTO_TCP, TCP_USER_TIMEOUT, &user_timeout, sizeof user_timeout);
 }
 
-/* A new link on fd (connected or accepted). */
-/* waiting: a connection of ours waiting at a relay (as a responder, but no
- * stranger: the limits on unauthenticated links do not count it). */
+/* A new link on fd (connected or accepted). waiting: a connection of ours
+ * waiting at a relay (a responder, but no stranger: the limits on
+ * unauthenticated links do not count it). */
 static int link_add(Net *n, int fd, bool initiator, bool waiting, const struct sockaddr_storage *sa,
                     uint32_t *ret_id) {
         unsigned slot = n->cfg.max_links, same = 0, handshaking = 0, handshaking_same = 0;
@@ -389,27 +389,42 @@ int net_listen(Net *n, const char *host, uint16_t port, uint16_t *ret_port) {
         return 0;
 }
 
-int net_connect(Net *n, const char *host, uint16_t port, uint32_t *ret_peer) {
-        struct sockaddr_storage sa;
+/* A blocking socket's send and receive timeouts: the handshake timeout,
+ * or none. */
+static void socket_timeouts(const Net *n, int fd, bool on) {
+        struct timeval tv = { .tv_sec = on ? n->cfg.handshake_timeout_ms / 1000 : 0,
+                              .tv_usec = on ? (n->cfg.handshake_timeout_ms % 1000) * 1000 : 0 };
+        setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+        setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+}
+
+/* A TCP connection to host:port. Connecting blocks, at most for the
+ * handshake timeout (connect() honours SO_SNDTIMEO); the socket keeps that
+ * timeout for the caller's first exchange. */
+static int dial(Net *n, const char *host, uint16_t port, struct sockaddr_storage *sa, int *ret_fd) {
         socklen_t len = 0;
-        int r = resolve(host, port, &sa, &len);
+        int r = resolve(host, port, sa, &len);
         if (r < 0)
                 return r;
-        int fd = socket(sa.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+        int fd = socket(sa->ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
         if (fd < 0)
                 return -errno;
-        /* Connecting blocks, at most for the handshake timeout (connect()
-         * honours SO_SNDTIMEO); the handshake then runs on the loop. */
-        struct timeval tv = { .tv_sec = n->cfg.handshake_timeout_ms / 1000,
-                              .tv_usec = (n->cfg.handshake_timeout_ms % 1000) * 1000 };
-        setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
-        if (connect(fd, (struct sockaddr *)&sa, len) < 0) {
+        socket_timeouts(n, fd, true);
+        if (connect(fd, (struct sockaddr *)sa, len) < 0) {
                 r = errno == EINPROGRESS || errno == EAGAIN ? -ETIMEDOUT : -errno;
                 close(fd);
                 return r;
         }
-        tv = (struct timeval){};
-        setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+        *ret_fd = fd;
+        return 0;
+}
+
+int net_connect(Net *n, const char *host, uint16_t port, uint32_t *ret_peer) {
+        struct sockaddr_storage sa;
+        int fd, r = dial(n, host, port, &sa, &fd);
+        if (r < 0)
+                return r;
+        socket_timeouts(n, fd, false); /* the handshake runs on the loop */
         return link_add(n, fd, true, false, &sa, ret_peer);
 }
 
@@ -434,22 +449,13 @@ static int relay_request(Net *n, uint8_t op, const uint8_t key[IDENTITY_PK_SIZE]
                                       [RELAY_FULL] = -EBUSY };
         uint8_t hello[RELAY_HELLO_SIZE], req[RELAY_REQUEST_SIZE] = { op, n->cfg.relay_channel }, status;
         uint8_t msg[RELAY_WAIT_MESSAGE_SIZE];
-        socklen_t len = 0;
         int r, fd;
 
         if (!n->cfg.relay_host)
                 return -ENOTCONN;
-        if ((r = resolve(n->cfg.relay_host, n->cfg.relay_port, sa, &len)) < 0)
+        if ((r = dial(n, n->cfg.relay_host, n->cfg.relay_port, sa, &fd)) < 0)
                 return r;
-        if ((fd = socket(sa->ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0)) < 0)
-                return -errno;
-        struct timeval tv = { .tv_sec = n->cfg.handshake_timeout_ms / 1000,
-                              .tv_usec = (n->cfg.handshake_timeout_ms % 1000) * 1000 };
-        setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
-        setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-        if (connect(fd, (struct sockaddr *)sa, len) < 0)
-                r = errno == EINPROGRESS || errno == EAGAIN ? -ETIMEDOUT : -errno;
-        else if ((r = read_full(fd, hello, sizeof hello)) >= 0 && memcmp(hello, RELAY_MAGIC, RELAY_MAGIC_SIZE) != 0)
+        if ((r = read_full(fd, hello, sizeof hello)) >= 0 && memcmp(hello, RELAY_MAGIC, RELAY_MAGIC_SIZE) != 0)
                 r = -EPROTO;
         if (r >= 0) {
                 memcpy(req + 2, key, IDENTITY_PK_SIZE);
@@ -466,9 +472,7 @@ static int relay_request(Net *n, uint8_t op, const uint8_t key[IDENTITY_PK_SIZE]
                 close(fd);
                 return r;
         }
-        tv = (struct timeval){};
-        setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
-        setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+        socket_timeouts(n, fd, false);
         *ret_fd = fd;
         return 0;
 }
