@@ -17,6 +17,23 @@ declare -a names
 declare -A port_of ns_of addr_of listen_of key_of pid_of
 nsx() { local ns=$1; shift; ip netns exec "$ns" "$@"; }
 
+# stop_all SIGNAL PID...: signal each process, then wait for each.
+stop_all() {
+        local sig=$1 p
+        shift
+        for p in "$@"; do kill -"$sig" "$p" 2>/dev/null; done
+        for p in "$@"; do wait "$p" 2>/dev/null; done
+}
+
+# remove_scratch DIR NAMESPACE...: the namespaces deleted, DIR removed (or
+# kept with RAVNEST_KEEP=1).
+remove_scratch() {
+        local d=$1 ns
+        shift
+        for ns in "$@"; do ip netns del "$ns" 2>/dev/null; done
+        if [ "${RAVNEST_KEEP:-0}" = 1 ]; then log "kept $d"; else rm -rf "$d"; fi
+}
+
 # swarm_layout CLUSTERS STAGES: the nodes' names and ports (pipeline
 # 7101.., averaging 7201..).
 swarm_layout() {

@@ -56,20 +56,15 @@ helpers=() # the delayers
 spaces=()
 
 stop_helpers() {
-        local p
-        for p in "${helpers[@]}"; do kill -TERM "$p" 2>/dev/null; done
-        for p in "${helpers[@]}"; do wait "$p" 2>/dev/null; done
+        stop_all TERM "${helpers[@]}"
         helpers=()
 }
 
 cleanup() {
-        local p ns
-        for p in "${pids[@]}"; do kill -KILL "$p" 2>/dev/null; done
-        for p in "${pids[@]}"; do wait "$p" 2>/dev/null; done
+        stop_all KILL "${pids[@]}"
         stop_helpers
-        for ns in "${spaces[@]}"; do ip netns del "$ns" 2>/dev/null; done
         while mountpoint -q "$dir/disk-full/c1s2" 2>/dev/null; do umount "$dir/disk-full/c1s2" || break; done
-        if [ "${RAVNEST_KEEP:-0}" = 1 ]; then log "kept $dir"; else rm -rf "$dir"; fi
+        remove_scratch "$dir" "${spaces[@]}"
 }
 trap cleanup EXIT
 trap 'exit 130' INT TERM

@@ -46,11 +46,8 @@ dir=$(mktemp -d /var/tmp/ravnest-nat-test.XXXXXX)
 pids=()
 
 cleanup() {
-        local p ns
-        for p in "${pids[@]}"; do kill -TERM "$p" 2>/dev/null; done
-        for p in "${pids[@]}"; do wait "$p" 2>/dev/null; done
-        for ns in "$pub" "$home" "$rt" "$home2" "$rt2"; do ip netns del "$ns" 2>/dev/null; done
-        if [ "${RAVNEST_KEEP:-0}" = 1 ]; then log "kept $dir"; else rm -rf "$dir"; fi
+        stop_all TERM "${pids[@]}"
+        remove_scratch "$dir" "$pub" "$home" "$rt" "$home2" "$rt2"
 }
 trap cleanup EXIT
 trap 'exit 130' INT TERM
