@@ -47,6 +47,7 @@ struct Averager {
         atomic_uint patience_ms; /* of the requested round */
 
         float *snapshot, *delta;
+        float *feedback; /* error_feedback: the int8 errors carried, averaging thread only */
         double weight;
         uint64_t samples; /* compute thread only */
         float *anchor, *momentum; /* outer optimizer: compute thread only */
@@ -107,6 +108,11 @@ int averager_new(const AveragerConfig *cfg, Averager **ret) {
                         goto fail;
                 memset(a->momentum, 0, cfg->len * sizeof(float));
         }
+        if (cfg->error_feedback && cfg->coll.payload == COLL_PAYLOAD_INT8) {
+                a->feedback = calloc(cfg->len, sizeof(float));
+                if (!a->feedback)
+                        goto fail;
+        }
         if (cfg->n_rings)
                 memcpy(a->rings, cfg->rings, cfg->n_rings * sizeof *a->rings);
         a->cfg.rings = a->rings;
@@ -137,6 +143,7 @@ Averager *averager_free(Averager *a) {
         free(a->delta);
         free(a->anchor);
         free(a->momentum);
+        free(a->feedback);
         free(a->rings);
         pthread_mutex_destroy(&a->lock);
         free(a);
@@ -178,6 +185,16 @@ static void ring_part(const Averager *a, const AveragerRing *g, int k, uint32_t 
         *len = hi - lo;
 }
 
+/* Round rd covers the slab's values from off: its averages land in delta as
+ * they complete (finish_rounds() subtracts), its int8 errors stay in
+ * feedback from round to round. */
+static int round_outputs(Averager *a, CollRound *rd, size_t off) {
+        int r = coll_round_set_output(rd, a->delta + off);
+        if (r < 0 || !a->feedback)
+                return r;
+        return coll_round_set_feedback(rd, a->feedback + off);
+}
+
 static int start_moshpit(Averager *a) {
         unsigned members[COLL_MAX_MEMBERS], n = moshpit_members(a, a->moshpit_round, members);
         uint64_t key = moshpit_grid_group_key(&a->cfg.grid, a->cfg.coll.self, a->moshpit_round);
@@ -189,7 +206,7 @@ static int start_moshpit(Averager *a) {
         if (r < 0)
                 return r;
         a->n_rd = 1;
-        return coll_round_set_output(a->rd[0], a->delta);
+        return round_outputs(a, a->rd[0], 0);
 }
 
 static void fill_f32(float *d, float v, size_t n) {
@@ -216,8 +233,7 @@ static int start_rounds(Averager *a) {
                 if (r < 0)
                         return r;
                 a->rd_off[a->n_rd] = off;
-                /* the averages land in delta as they complete; finish_rounds() subtracts */
-                r = coll_round_set_output(a->rd[a->n_rd++], a->delta + off);
+                r = round_outputs(a, a->rd[a->n_rd++], off);
                 if (r < 0)
                         return r;
         }

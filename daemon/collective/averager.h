@@ -68,6 +68,7 @@ typedef struct AveragerConfig {
         CollConfig coll;
         AveragerOuter outer;
         unsigned fragments;         /* a round syncs 1/fragments of every ring's values, in turn; 0, 1: all */
+        bool error_feedback;        /* int8 payloads: carry each round's quantization error into the next */
         AveragerMethod method;
         size_t len;                 /* values in the slab */
         const AveragerRing *rings;  /* AVERAGER_RING */

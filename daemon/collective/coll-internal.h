@@ -69,6 +69,7 @@ struct CollRound {
         unsigned members[COLL_MAX_MEMBERS], n_members, self_pos;
         const float *x;
         float *out; /* coll_round_set_output(): where averages go as they complete */
+        float *feedback; /* coll_round_set_feedback(): int8 errors carried between rounds */
         size_t len;
         double weight;
         bool freed;

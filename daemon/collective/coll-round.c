@@ -234,6 +234,11 @@ _simd_clones_ static void scale_f32(float *restrict out, const float *restrict x
                 out[i] = s * x[i];
 }
 
+_simd_clones_ static void add_f32(float *restrict a, const float *restrict x, size_t n) {
+        for (size_t i = 0; i < n; i++)
+                a[i] += x[i];
+}
+
 static bool finite_f16(const uint16_t *a, size_t n) {
         uint32_t bad = 0;
         for (size_t i = 0; i < n; i++)
@@ -257,10 +262,23 @@ static int add_own_f16(uint16_t *a, const float *x, float s, size_t n) {
         return r;
 }
 
+/* A block of the float32 sum, f, quantized into b; with error feedback, the
+ * error carried from the last round (err) is added first and this
+ * quantizing's error takes its place. */
+static int quantize_block(uint8_t *b, float *f, float *err, size_t m) {
+        if (err)
+                add_f32(f, err, m);
+        if (quant_from_float(b, f, m) < 0)
+                return -ERANGE;
+        if (err)
+                quant_error(err, f, b, m);
+        return 0;
+}
+
 /* The running sum, received quantized, plus our own contribution: added in
  * float32 and quantized again, block by block, in place (the next hop, or
  * the average, is quantized once from the float32 sum). */
-static int add_own_int8(uint8_t *a, const float *x, float s, size_t n) {
+static int add_own_int8(uint8_t *a, const float *x, float s, float *err, size_t n) {
         float f[QUANT_BLOCK];
         if (quant_check(a, n) < 0)
                 return -EBADMSG;
@@ -269,18 +287,24 @@ static int add_own_int8(uint8_t *a, const float *x, float s, size_t n) {
                 uint8_t *b = a + quant_size(i);
                 scale_f32(f, x + i, s, m);
                 quant_add_to_float(f, b, m);
-                if (quant_from_float(b, f, m) < 0)
+                if (quantize_block(b, f, err ? err + i : NULL, m) < 0)
                         return -ERANGE;
         }
         return 0;
 }
 
+/* The error feedback of a piece's values, or NULL. */
+static float *piece_feedback(const CollRound *r, const Piece *p) {
+        return r->feedback ? r->feedback + p->off : NULL;
+}
+
 /* a += s * x in the wire's type; see add_own_f32() for the errors. */
-static int add_own(const CollRound *r, uint8_t *a, const float *x, size_t n) {
+static int add_own(const CollRound *r, const Piece *p, uint8_t *a) {
+        const float *x = r->x + p->off;
         switch (r->payload) {
-        case COLL_PAYLOAD_F16: return add_own_f16((uint16_t *)a, x, r->coef, n);
-        case COLL_PAYLOAD_INT8: return add_own_int8(a, x, r->coef, n);
-        default: return add_own_f32((float *)a, x, r->coef, n);
+        case COLL_PAYLOAD_F16: return add_own_f16((uint16_t *)a, x, r->coef, p->count);
+        case COLL_PAYLOAD_INT8: return add_own_int8(a, x, r->coef, piece_feedback(r, p), p->count);
+        default: return add_own_f32((float *)a, x, r->coef, p->count);
         }
 }
 
@@ -303,12 +327,12 @@ static bool fill_own_f16(uint16_t *out, const float *x, float s, size_t n) {
         return finite_f16(out, n);
 }
 
-static bool fill_own_int8(uint8_t *out, const float *x, float s, size_t n) {
+static bool fill_own_int8(uint8_t *out, const float *x, float s, float *err, size_t n) {
         float tmp[QUANT_BLOCK];
         for (size_t i = 0; i < n; i += QUANT_BLOCK) {
                 size_t m = MIN((size_t)QUANT_BLOCK, n - i);
                 scale_f32(tmp, x + i, s, m);
-                if (quant_from_float(out + quant_size(i), tmp, m) < 0)
+                if (quantize_block(out + quant_size(i), tmp, err ? err + i : NULL, m) < 0)
                         return false;
         }
         return true;
@@ -321,7 +345,7 @@ static bool fill_own(CollRound *r, const Piece *p) {
         uint8_t *out = piece_own(r, p);
         switch (r->payload) {
         case COLL_PAYLOAD_F16: return fill_own_f16((uint16_t *)out, x, r->coef, p->count);
-        case COLL_PAYLOAD_INT8: return fill_own_int8(out, x, r->coef, p->count);
+        case COLL_PAYLOAD_INT8: return fill_own_int8(out, x, r->coef, piece_feedback(r, p), p->count);
         default:
                 scale_f32((float *)out, x, r->coef, p->count);
                 return finite_f32((const float *)out, p->count);
@@ -356,11 +380,10 @@ static int take_piece(CollRound *r, uint32_t idx, uint8_t phase, NetTensor *t) {
                 return 0;
         }
 
-        const float *x = r->x + p->off;
         uint8_t *sum = t->data + COLL_PIECE_HEADER;
         /* -EBADMSG: the sender's fault; -ERANGE: ours (our values are not
          * finite, or the sum overflows) */
-        int k = add_own(r, sum, x, p->count);
+        int k = add_own(r, p, sum);
         if (k < 0) {
                 net_tensor_release(r->coll->net, t);
                 round_fail(r, k);
@@ -839,7 +862,8 @@ int coll_round_start(Coll *c, uint32_t group, const unsigned *members, unsigned 
         memcpy(r->members, members, n * sizeof *members);
         r->join_deadline_ns = now + (uint64_t)r->join_ms * MS;
         c->rounds = r;
-        joining_step(r, now);
+        /* its first step is in the next coll_run(): the caller sets its
+         * output and error feedback before any piece is touched */
         *ret = r;
         return 0;
 }
@@ -847,6 +871,13 @@ int coll_round_start(Coll *c, uint32_t group, const unsigned *members, unsigned 
 void coll_set_patience(Coll *c, unsigned join_ms, bool final) {
         c->patience_ms = join_ms;
         c->final_next = final;
+}
+
+int coll_round_set_feedback(CollRound *r, float *err) {
+        if (r->feedback)
+                return -EBUSY;
+        r->feedback = err;
+        return 0;
 }
 
 bool coll_round_finished(const CollRound *r) {

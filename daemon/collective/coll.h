@@ -121,6 +121,15 @@ int coll_round_start(Coll *c, uint32_t group, const unsigned *members, unsigned 
  * what out held. coll_round_read() and coll_round_apply() read from out
  * then; apply needs out != x. -EBUSY if the round has an output already. */
 int coll_round_set_output(CollRound *r, float *out);
+/* Error feedback for int8 payloads, right after coll_round_start(): err (len
+ * values, zeros at first) holds what this member's quantizing lost in
+ * earlier rounds. Where it quantizes a piece (its own share, or the running
+ * sum it passes on, or the finished average), it adds err there first and
+ * keeps what this quantizing loses in its place, so an error made in one
+ * round is paid back in the next instead of adding up over rounds. The
+ * errors are in the units of the sum (the average): carry err from round to
+ * round over the same values. Other payloads ignore it. */
+int coll_round_set_feedback(CollRound *r, float *err);
 bool coll_round_finished(const CollRound *r);
 /* The rounds started from now on are last rounds (final) or not, and wait
  * join_ms for the others (0: the configured join timeout). A last round

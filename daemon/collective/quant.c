@@ -102,6 +102,17 @@ void quant_to_float(float *out, const uint8_t *in, size_t n) {
                 block_decode(out + i, (const int8_t *)(in + 4), block_scale(in), MIN((size_t)QUANT_BLOCK, n - i));
 }
 
+_simd_clones_ static void block_error(float *restrict err, const float *restrict in, const int8_t *restrict q, float s,
+                                      size_t n) {
+        for (size_t i = 0; i < n; i++)
+                err[i] = in[i] - (float)q[i] * s;
+}
+
+void quant_error(float *err, const float *in, const uint8_t *q, size_t n) {
+        for (size_t i = 0; i < n; i += QUANT_BLOCK, q += QUANT_BLOCK_BYTES)
+                block_error(err + i, in + i, (const int8_t *)(q + 4), block_scale(q), MIN((size_t)QUANT_BLOCK, n - i));
+}
+
 void quant_add_to_float(float *out, const uint8_t *in, size_t n) {
         for (size_t i = 0; i < n; i += QUANT_BLOCK, in += QUANT_BLOCK_BYTES)
                 block_decode_add(out + i, (const int8_t *)(in + 4), block_scale(in),

@@ -41,3 +41,5 @@ int quant_check(const uint8_t *in, size_t n);
 /* Dequantize n values of a checked buffer into out; or add them to out. */
 void quant_to_float(float *out, const uint8_t *in, size_t n);
 void quant_add_to_float(float *out, const uint8_t *in, size_t n);
+/* What quantizing lost: err[i] = in[i] - deq(q)[i], q = quant_from_float(in). */
+void quant_error(float *err, const float *in, const uint8_t *q, size_t n);

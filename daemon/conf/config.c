@@ -574,7 +574,8 @@ static int parse_grid(config_setting_t *g, ConfigAveraging *a, Diag *d) {
 }
 
 /* averaging.payload; fp16 = true is its older spelling of "f16" (and
- * fp16 = false of anything else): both given, they must agree. */
+ * fp16 = false of anything else): both given, they must agree.
+ * error_feedback goes with "int8" only. */
 static int parse_payload(const config_setting_t *g, ConfigAveraging *a, Diag *d) {
         config_setting_t *s = member(g, "payload");
         int payload = a->payload, r;
@@ -587,13 +588,15 @@ static int parse_payload(const config_setting_t *g, ConfigAveraging *a, Diag *d)
                 return conf_error(s, NULL, -EINVAL, d, "\"%s\" disagrees with fp16 = %s", coll_payload_names[payload],
                                   fp16 ? "true" : "false");
         a->payload = s ? payload : fp16 ? COLL_PAYLOAD_F16 : payload;
-        return 0;
+        if ((s = member(g, "error_feedback")) && a->payload != COLL_PAYLOAD_INT8)
+                return conf_error(s, NULL, -EINVAL, d, "only used with payload = \"int8\"");
+        return conf_get_bool(g, "error_feedback", true, &a->error_feedback, d);
 }
 
 static int parse_averaging(const config_setting_t *root, Config *c, Diag *d) {
         static const char *const keys[] = {
                 "method", "interval", "interval_steps", "listen", "members", "payload", "fp16", "join_timeout",
-                "round_timeout", "grid", "topology", "weight", "outer", "fragments", NULL,
+                "round_timeout", "grid", "topology", "weight", "outer", "fragments", "error_feedback", NULL,
         };
         ConfigAveraging *a = &c->averaging;
         config_setting_t *g, *s, *members;

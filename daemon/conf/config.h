@@ -73,6 +73,7 @@ typedef struct ConfigAveraging {
         ConfigMember *members;      /* the same list, in the same order, on every member */
         size_t n_members;
         int payload;                /* a CollPayload (collective/coll-wire.h): how values travel */
+        bool error_feedback;        /* int8: each round's quantization error carried into the next */
         bool outer;                 /* an outer optimizer on pseudo-gradients (averaging.outer) */
         double outer_lr, outer_momentum;
         bool outer_nesterov;

@@ -51,8 +51,9 @@ int averaging_coll_config(const AveragingGroup *g, const Identity *id, size_t n_
  * 0.9, 4 fragments), member 2, every 100 steps, listening on ..." */
 static void log_started(const Averaging *a, const ConfigAveraging *ca) {
         char how[160], every[48], where[CONFIG_HOST_MAX + 48];
-        int n = snprintf(how, sizeof how, "%s%s%s", ca->method == CONFIG_AVERAGING_MOSHPIT ? "moshpit" : "ring",
-                         ca->payload ? ", " : "", ca->payload ? coll_payload_names[ca->payload] : "");
+        int n = snprintf(how, sizeof how, "%s%s%s%s", ca->method == CONFIG_AVERAGING_MOSHPIT ? "moshpit" : "ring",
+                         ca->payload ? ", " : "", ca->payload ? coll_payload_names[ca->payload] : "",
+                         ca->payload == COLL_PAYLOAD_INT8 && !ca->error_feedback ? " without error feedback" : "");
         if (ca->outer)
                 n += snprintf(how + n, sizeof how - (size_t)n, ", outer %s lr %g momentum %g",
                               ca->outer_nesterov ? "Nesterov" : "SGD", ca->outer_lr, ca->outer_momentum);
@@ -99,6 +100,7 @@ int averaging_start(Averaging *a, const AveragingGroup *g, const Identity *id, s
         ac.outer = (AveragerOuter){ .enabled = ca->outer, .lr = (float)ca->outer_lr,
                                     .momentum = (float)ca->outer_momentum, .nesterov = ca->outer_nesterov };
         ac.fragments = ca->fragments;
+        ac.error_feedback = ca->error_feedback;
         ac.listen_port = ca->listen.port;
         r = averager_new(&ac, &a->av);
         if (r < 0)

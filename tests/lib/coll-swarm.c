@@ -45,18 +45,17 @@ int swarm_init(Swarm *s, unsigned n, const CollConfig *tmpl, bool plaintext) {
         return 0;
 }
 
-static void *node_main(void *arg) {
-        SwarmNode *nd = arg;
+/* One round of group g, then forwarding until every member is through. */
+static void node_round(SwarmNode *nd, uint32_t g, unsigned through) {
         Swarm *s = nd->swarm;
         unsigned members[16];
         CollRound *rd = NULL;
 
         for (unsigned i = 0; i < s->n; i++)
                 members[i] = i;
-        for (int i = 0; i < 5000 && coll_n_connected(nd->coll) < s->n - 1; i++)
-                coll_run(nd->coll, 2);
-        if (coll_round_start(nd->coll, s->group, members, s->n, nd->x, nd->len, nd->weight, &rd) < 0 ||
-            (nd->out && coll_round_set_output(rd, nd->out) < 0)) {
+        if (coll_round_start(nd->coll, g, members, s->n, nd->x, nd->len, nd->weight, &rd) < 0 ||
+            (nd->out && coll_round_set_output(rd, nd->out) < 0) ||
+            (nd->feedback && coll_round_set_feedback(rd, nd->feedback) < 0)) {
                 nd->info.state = COLL_ROUND_FAILED;
                 atomic_fetch_add(&s->finished, 1);
         } else {
@@ -72,9 +71,25 @@ static void *node_main(void *arg) {
                 atomic_fetch_add(&s->finished, 1);
         }
         /* Keep forwarding for the others until everyone is through. */
-        while (atomic_load(&s->finished) < s->n)
+        while (atomic_load(&s->finished) < through)
                 coll_run(nd->coll, 2);
         coll_round_free(rd);
+}
+
+/* A node's thread: its rounds one after another (io_uring wants one
+ * thread to submit all of a Net's work), then the goodbyes. */
+static void *node_main(void *arg) {
+        SwarmNode *nd = arg;
+        Swarm *s = nd->swarm;
+        unsigned rounds = s->rounds ? s->rounds : 1;
+
+        for (int i = 0; i < 5000 && coll_n_connected(nd->coll) < s->n - 1; i++)
+                coll_run(nd->coll, 2);
+        for (unsigned k = 0; k < rounds; k++) {
+                node_round(nd, s->group + k, s->n * (k + 1));
+                if (nd->history && nd->avg)
+                        memcpy(nd->history + (size_t)k * nd->len, nd->avg, nd->len * sizeof *nd->avg);
+        }
         for (int i = 0; i < 20; i++)
                 coll_run(nd->coll, 1);
         atomic_fetch_add(&s->leaving, 1);
@@ -91,7 +106,7 @@ int swarm_round(Swarm *s) {
                         return -EAGAIN;
         for (unsigned i = 0; i < s->n; i++)
                 pthread_join(s->node[i].thread, NULL);
-        s->group++;
+        s->group += s->rounds ? s->rounds : 1;
         return 0;
 }
 

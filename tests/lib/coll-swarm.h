@@ -16,6 +16,8 @@ typedef struct SwarmNode {
         CollRoundInfo info;
         float *avg;     /* read back with coll_round_read; NULL where incomplete */
         float *out;     /* if set: the round's output (coll_round_set_output) */
+        float *feedback; /* if set: int8 error feedback (coll_round_set_feedback) */
+        float *history;  /* if set: every round's avg, one after another (Swarm.rounds) */
         pthread_t thread;
         struct Swarm *swarm;
         unsigned index;
@@ -27,11 +29,13 @@ typedef struct Swarm {
         atomic_uint finished;
         atomic_uint leaving;
         uint32_t group;
+        unsigned rounds; /* of one swarm_round(), each in a group of its own; 0: 1 */
 } Swarm;
 
 /* Create n members (encrypted links unless plaintext), listening on
  * ephemeral loopback ports and pointing at each other. */
 int swarm_init(Swarm *s, unsigned n, const CollConfig *tmpl, bool plaintext);
-/* One round over every member, each in its own thread. */
+/* A round (or s->rounds in a row) over every member, each in a thread of
+ * its own. info and avg hold the last round's. */
 int swarm_round(Swarm *s);
 void swarm_free(Swarm *s);

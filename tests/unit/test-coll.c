@@ -298,6 +298,66 @@ static void run_int8(unsigned n, size_t len) {
         swarm_free(&s);
 }
 
+/* Error feedback: every member adds the error it carries where it
+ * quantizes and keeps what that quantizing loses, so over R rounds of the
+ * same values the errors telescope: the sum of the R averages is R times
+ * the exact average less what the members still carry, up to float32
+ * rounding, and the mean of the rounds comes within (what they carry) / R.
+ * Without feedback, the same values give the same error every round. */
+static void run_int8_feedback(unsigned n, size_t len, unsigned R) {
+        Swarm s;
+        CollConfig c;
+        coll_config_defaults(&c);
+        c.piece_bytes = 4096;
+        c.payload = COLL_PAYLOAD_INT8;
+        cr_assert_eq(swarm_init(&s, n, &c, false), 0);
+        fill_varied(&s, len, 4242 + n);
+        s.rounds = R;
+        double W = 0, worst_once = 0, worst_mean = 0;
+        for (unsigned i = 0; i < n; i++) {
+                s.node[i].feedback = calloc(len, sizeof(float));
+                s.node[i].history = malloc(R * len * sizeof(float));
+                cr_assert(s.node[i].feedback && s.node[i].history);
+                W += s.node[i].weight;
+        }
+        cr_assert_eq(swarm_round(&s), 0);
+        for (unsigned i = 0; i < n; i++) {
+                cr_assert_eq(s.node[i].info.state, COLL_ROUND_DONE, "member %u", i);
+                cr_assert_eq(s.node[i].info.participants, n, "member %u", i);
+                cr_assert(memcmp(s.node[i].history, s.node[0].history, R * len * sizeof(float)) == 0,
+                          "member %u: other bits", i);
+        }
+        for (size_t k = 0; k < len; k++) {
+                long double exact = 0, sum = 0;
+                double carried = 0, M = 0, bound = int8_bound(&s, k);
+                for (unsigned i = 0; i < n; i++) {
+                        exact += (long double)s.node[i].weight * s.node[i].x[k];
+                        carried += s.node[i].feedback[k];
+                        M = fmax(M, fabsf(s.node[i].x[k]));
+                }
+                exact /= W;
+                for (unsigned r = 0; r < R; r++)
+                        sum += s.node[0].history[(size_t)r * len + k];
+                double off = (double)(sum - R * exact);
+                cr_assert(fabs(off + carried) <= R * n * M * 0x1p-20, "value %zu: %.9g + carried %.9g", k, off,
+                          carried);
+                cr_assert(fabs(off / R) <= bound * 2 / R, "value %zu: mean off by %.3g", k, off / R);
+                worst_once = fmax(worst_once, fabs((double)(s.node[0].history[k] - exact)) / bound);
+                worst_mean = fmax(worst_mean, fabs(off / R) / bound);
+        }
+        cr_log_info("int8 with feedback, n=%u, %u rounds: worst error of one round %.3f of the bound, of their mean "
+                    "%.3f\n", n, R, worst_once, worst_mean);
+        for (unsigned i = 0; i < n; i++) {
+                free(s.node[i].out);
+                free(s.node[i].feedback);
+                free(s.node[i].history);
+        }
+        release(&s);
+        swarm_free(&s);
+}
+
+Test(coll, int8_error_feedback_pays_errors_back) { run_int8_feedback(4, 5003, 8); }
+
 /* chunks and pieces of whole blocks */
 Test(coll, int8_three_members) { run_int8(3, 3 * 2 * 15 * QUANT_BLOCK); }
 /* pieces whose last block is short */

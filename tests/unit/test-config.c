@@ -452,6 +452,30 @@ Test(config, averaging_payload) {
         snprintf(body, sizeof body, "  idle_timeout = 30000;\n};\naveraging = {\n%s  payload = \"f16\";\n  fp16 = false;\n};\n",
                  line);
         expect_error(base_end, body, "16: averaging.payload: \"f16\" disagrees with fp16 = false");
+        /* error feedback: on by default with int8, and only there */
+        static const struct {
+                const char *settings;
+                bool feedback;
+        } fb[] = {
+                { "payload = \"int8\";", true },
+                { "payload = \"int8\"; error_feedback = false;", false },
+                { "payload = \"int8\"; error_feedback = true;", true },
+        };
+        for (size_t i = 0; i < ELEMENTSOF(fb); i++) {
+                Config c;
+                Diag d = {};
+                snprintf(body, sizeof body, "  idle_timeout = 30000;\n};\naveraging = {\n%s  %s\n};\n", line,
+                         fb[i].settings);
+                cr_assert_eq(load_variant(base_end, body, &c, &d, path), 0, "%s: %s", fb[i].settings, d.text);
+                cr_assert_eq(c.averaging.error_feedback, fb[i].feedback, "%s", fb[i].settings);
+                config_free(&c);
+        }
+        snprintf(body, sizeof body, "  idle_timeout = 30000;\n};\naveraging = {\n%s  payload = \"f16\";\n  error_feedback = true;\n};\n",
+                 line);
+        expect_error(base_end, body, "17: averaging.error_feedback: only used with payload = \"int8\"");
+        snprintf(body, sizeof body, "  idle_timeout = 30000;\n};\naveraging = {\n%s  payload = \"int8\";\n  error_feedback = 1;\n};\n",
+                 line);
+        expect_error(base_end, body, "17: averaging.error_feedback: must be true or false");
 }
 
 /* gossip and auto: topology and weight, every step (no cadence), members
