@@ -590,7 +590,7 @@ static int parse_payload(const config_setting_t *g, ConfigAveraging *a, Diag *d)
         a->payload = s ? payload : fp16 ? COLL_PAYLOAD_F16 : payload;
         if ((s = member(g, "error_feedback")) && a->payload != COLL_PAYLOAD_INT8)
                 return conf_error(s, NULL, -EINVAL, d, "only used with payload = \"int8\"");
-        return conf_get_bool(g, "error_feedback", true, &a->error_feedback, d);
+        return conf_get_bool(g, "error_feedback", false, &a->error_feedback, d);
 }
 
 static int parse_averaging(const config_setting_t *root, Config *c, Diag *d) {

@@ -53,7 +53,7 @@ static void log_started(const Averaging *a, const ConfigAveraging *ca) {
         char how[160], every[48], where[CONFIG_HOST_MAX + 48];
         int n = snprintf(how, sizeof how, "%s%s%s%s", ca->method == CONFIG_AVERAGING_MOSHPIT ? "moshpit" : "ring",
                          ca->payload ? ", " : "", ca->payload ? coll_payload_names[ca->payload] : "",
-                         ca->payload == COLL_PAYLOAD_INT8 && !ca->error_feedback ? " without error feedback" : "");
+                         ca->payload == COLL_PAYLOAD_INT8 && ca->error_feedback ? " with error feedback" : "");
         if (ca->outer)
                 n += snprintf(how + n, sizeof how - (size_t)n, ", outer %s lr %g momentum %g",
                               ca->outer_nesterov ? "Nesterov" : "SGD", ca->outer_lr, ca->outer_momentum);

@@ -2,8 +2,8 @@
  * reaches and the averaging bytes it sends per node per training step,
  * with averaging at today's tightest cadence (a round every step, float32)
  * and every 10 steps against an outer optimizer (averaging.outer, DiLoCo's Nesterov SGD on
- * pseudo-gradients) every H steps, in float32 and in int8 (with error
- * feedback, the default, and without).
+ * pseudo-gradients) every H steps, in float32 and in int8 (without error
+ * feedback, the default, and with it).
  *
  * Every run is `ravnestctl swarm` on the same job, data and epochs, so
  * every run trains on the same tokens; runs of the configurations
@@ -41,14 +41,14 @@ static const Setting settings[] = {
         { "every step, f32", "interval_steps = 1;" },
         { "every 10, f32", "interval_steps = 10;" },
         { "every 10, int8", "interval_steps = 10; payload = \"int8\";" },
-        { "every 10, int8, no feedback", "interval_steps = 10; payload = \"int8\"; error_feedback = false;" },
+        { "every 10, int8, feedback", "interval_steps = 10; payload = \"int8\"; error_feedback = true;" },
         { "outer H=10, int8", "interval_steps = 10; payload = \"int8\"; " OUTER },
-        { "outer H=10, int8, no feedback", "interval_steps = 10; payload = \"int8\"; error_feedback = false; " OUTER },
+        { "outer H=10, int8, feedback", "interval_steps = 10; payload = \"int8\"; error_feedback = true; " OUTER },
         { "outer H=50, f32", "interval_steps = 50; " OUTER },
         { "outer H=100, f32", "interval_steps = 100; " OUTER },
         { "outer H=500, f32", "interval_steps = 500; " OUTER },
         { "outer H=100, int8", "interval_steps = 100; payload = \"int8\"; " OUTER },
-        { "outer H=100, int8, no feedback", "interval_steps = 100; payload = \"int8\"; error_feedback = false; " OUTER },
+        { "outer H=100, int8, feedback", "interval_steps = 100; payload = \"int8\"; error_feedback = true; " OUTER },
 };
 #define N_SETTINGS (sizeof settings / sizeof settings[0])
 

@@ -452,12 +452,12 @@ Test(config, averaging_payload) {
         snprintf(body, sizeof body, "  idle_timeout = 30000;\n};\naveraging = {\n%s  payload = \"f16\";\n  fp16 = false;\n};\n",
                  line);
         expect_error(base_end, body, "16: averaging.payload: \"f16\" disagrees with fp16 = false");
-        /* error feedback: on by default with int8, and only there */
+        /* error feedback: off by default, and only with int8 */
         static const struct {
                 const char *settings;
                 bool feedback;
         } fb[] = {
-                { "payload = \"int8\";", true },
+                { "payload = \"int8\";", false },
                 { "payload = \"int8\"; error_feedback = false;", false },
                 { "payload = \"int8\"; error_feedback = true;", true },
         };
