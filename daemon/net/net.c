@@ -4,6 +4,7 @@
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -398,6 +399,42 @@ static void socket_timeouts(const Net *n, int fd, bool on) {
         setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
 }
 
+/* Wait until fd is ready for events or the deadline (CLOCK_MONOTONIC ns)
+ * passes: -ETIMEDOUT then. A blocking call of a thread that also runs
+ * io_uring is interrupted (EINTR) whenever the ring has work for it, which
+ * on a link with some delay is every time: this is how such a call waits
+ * on instead. */
+static int wait_fd(int fd, short events, uint64_t deadline) {
+        for (;;) {
+                uint64_t now = net_now_ns();
+                if (now >= deadline)
+                        return -ETIMEDOUT;
+                struct pollfd p = { .fd = fd, .events = events };
+                int k = poll(&p, 1, (int)((deadline - now + 999999) / 1000000));
+                if (k > 0)
+                        return 0;
+                if (k < 0 && errno != EINTR)
+                        return -errno;
+        }
+}
+
+/* connect() that an interruption does not end: the kernel goes on
+ * connecting, so wait for the outcome, within the handshake timeout. */
+static int connect_within(const Net *n, int fd, const struct sockaddr *sa, socklen_t len) {
+        uint64_t deadline = net_now_ns() + (uint64_t)n->cfg.handshake_timeout_ms * 1000000ull;
+        int err = 0, r;
+        socklen_t l = sizeof err;
+        if (connect(fd, sa, len) == 0)
+                return 0;
+        if (errno != EINTR) /* EINPROGRESS: SO_SNDTIMEO ran out */
+                return errno == EINPROGRESS || errno == EAGAIN ? -ETIMEDOUT : -errno;
+        if ((r = wait_fd(fd, POLLOUT, deadline)) < 0)
+                return r;
+        if (getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &l) < 0)
+                return -errno;
+        return -err;
+}
+
 /* A TCP connection to host:port. Connecting blocks, at most for the
  * handshake timeout (connect() honours SO_SNDTIMEO); the socket keeps that
  * timeout for the caller's first exchange. */
@@ -410,8 +447,7 @@ static int dial(Net *n, const char *host, uint16_t port, struct sockaddr_storage
         if (fd < 0)
                 return -errno;
         socket_timeouts(n, fd, true);
-        if (connect(fd, (struct sockaddr *)sa, len) < 0) {
-                r = errno == EINPROGRESS || errno == EAGAIN ? -ETIMEDOUT : -errno;
+        if ((r = connect_within(n, fd, (struct sockaddr *)sa, len)) < 0) {
                 close(fd);
                 return r;
         }
@@ -430,9 +466,17 @@ int net_connect(Net *n, const char *host, uint16_t port, uint32_t *ret_peer) {
 
 /* ---- through a relay (relay.h) ------------------------------------------ */
 
-static int read_full(int fd, void *buf, size_t len) {
+/* len bytes from fd, within the handshake timeout. */
+static int read_full(const Net *n, int fd, void *buf, size_t len) {
+        uint64_t deadline = net_now_ns() + (uint64_t)n->cfg.handshake_timeout_ms * 1000000ull;
         for (size_t got = 0; got < len;) {
                 ssize_t k = read(fd, (uint8_t *)buf + got, len - got);
+                if (k < 0 && errno == EINTR) { /* see wait_fd() */
+                        int r = wait_fd(fd, POLLIN, deadline);
+                        if (r < 0)
+                                return r;
+                        continue;
+                }
                 if (k <= 0)
                         return k == 0 ? -ECONNRESET : errno == EAGAIN ? -ETIMEDOUT : -errno;
                 got += (size_t)k;
@@ -455,7 +499,7 @@ static int relay_request(Net *n, uint8_t op, const uint8_t key[IDENTITY_PK_SIZE]
                 return -ENOTCONN;
         if ((r = dial(n, n->cfg.relay_host, n->cfg.relay_port, sa, &fd)) < 0)
                 return r;
-        if ((r = read_full(fd, hello, sizeof hello)) >= 0 && memcmp(hello, RELAY_MAGIC, RELAY_MAGIC_SIZE) != 0)
+        if ((r = read_full(n, fd, hello, sizeof hello)) >= 0 && memcmp(hello, RELAY_MAGIC, RELAY_MAGIC_SIZE) != 0)
                 r = -EPROTO;
         if (r >= 0) {
                 memcpy(req + 2, key, IDENTITY_PK_SIZE);
@@ -465,7 +509,7 @@ static int relay_request(Net *n, uint8_t op, const uint8_t key[IDENTITY_PK_SIZE]
                 }
                 if (send(fd, req, sizeof req, MSG_NOSIGNAL) != (ssize_t)sizeof req)
                         r = -EIO;
-                else if ((r = read_full(fd, &status, 1)) >= 0 && status != RELAY_OK)
+                else if ((r = read_full(n, fd, &status, 1)) >= 0 && status != RELAY_OK)
                         r = status < sizeof errors / sizeof *errors && errors[status] ? errors[status] : -EPROTO;
         }
         if (r < 0) {

@@ -18,16 +18,27 @@
 #   4. the disk full when a checkpoint is written: the old checkpoint stays
 #      whole, the node says so and trains on, and writes the next one once
 #      there is room.
-# Each prints its wall time, the averaging rounds done and failed, and the
-# peak RSS of every node.
+#   5. the coordinator killed (SIGKILL) while four members of a swarm
+#      with membership train, and started again 8 s later: they train on
+#      with the plan they hold, join it again and take its new plan;
+#   6. (--long) a soak: the bad links of 1. for about ten minutes, every
+#      node's RSS sampled every 30 s; it must stay flat.
+# Each prints its wall time, the averaging rounds done and failed, the
+# samples lost (micro-batches a broken link took with it, and the steps a
+# restarted node trained again from its checkpoint) and the peak RSS of
+# every node; the partition also how far cluster 3's parameters part from
+# cluster 1's and how close they come back (tests/tools/ckpt-distance).
 #
 # Needs root, ip, tc, iptables and bridge support; skips (77) without them.
 # Without nfq-delay (libnetfilter-queue-dev), scenario 1 runs without delay
 # and says so.
 #
-#   RAVNESTD=... RAVNESTCTL=... MAKE_TEST_DATA=... NFQ_DELAY=... tests/system/test-faults.sh [SCENARIO...]
+#   RAVNESTD=... RAVNESTCTL=... MAKE_TEST_DATA=... NFQ_DELAY=... CKPT_DISTANCE=... \
+#       tests/system/test-faults.sh [--long] [SCENARIO...]
 #
-# SCENARIO: bad-links, partition, churn, disk-full (default: all).
+# SCENARIO: bad-links, partition, churn, disk-full, coordinator (default:
+# all), soak
+# (what --long adds).
 set -u
 here=$(cd "$(dirname "$0")" && pwd)
 # shellcheck source=lib.sh
@@ -40,6 +51,7 @@ RAVNESTD=${RAVNESTD:-$build/daemon/ravnestd}
 RAVNESTCTL=${RAVNESTCTL:-$build/daemon/ravnestctl}
 MAKE_TEST_DATA=${MAKE_TEST_DATA:-$build/tests/make-test-data}
 NFQ_DELAY=${NFQ_DELAY:-$build/tests/nfq-delay}
+CKPT_DISTANCE=${CKPT_DISTANCE:-$build/tests/ckpt-distance}
 BAR=70 # percent: one node reaches about 79 on this noisy data set
 
 [ "$(id -u)" -eq 0 ] || skip "needs root (network namespaces, tc, iptables)"
@@ -152,13 +164,26 @@ rounds_of() {
         echo "${all:-0} ${failed:-0}"
 }
 
+# in_flight: micro-batches that broken links took with them, all nodes.
+in_flight() {
+        local n sum=0 k
+        for n in "${names[@]}"; do
+                for k in $(sed -n 's/.*Dropped \([0-9]*\) micro-batches.*/\1/p' "$d/$n.log"); do sum=$((sum + k)); done
+        done
+        echo "$sum"
+}
+
+# report TITLE: wall time, samples lost (a micro-batch is 32 samples, a
+# step 4 micro-batches), and per node its rounds and peak RSS.
 report() {
-        local n line="" r
+        local n line="" r lost
+        lost=$(in_flight)
         for n in "${names[@]}"; do
                 r=$(rounds_of "$n")
                 line+=" $n: ${r% *} rounds (${r#* } failed), peak RSS $(( $(cat "$d/$n.rss" 2>/dev/null || echo 0) / 1024 )) MiB;"
         done
-        log "$1: $(($(date +%s) - t_scenario)) s;$line"
+        log "$1: $(($(date +%s) - t_scenario)) s; samples lost: $((lost * 32)) in flight ($lost micro-batches)," \
+                "at least $((redone * 128)) trained again after restarts ($redone steps);$line"
 }
 
 # begin NAME CLUSTERS STAGES EPOCHS EXTRA: a fresh network and swarm (EXTRA:
@@ -175,6 +200,7 @@ begin() {
                 unset -f prepare
         fi
         mkdir -p "$d"
+        redone=0
         job=$("$MAKE_TEST_DATA" "$d/data" "$4") || { fail "$1: data written"; return 1; }
         JOB=$job
         swarm_write "$d" "${net_extra:-}" "round_timeout = ${round_timeout:-10000};" "$5" || { fail "$1: keys and configurations"; return 1; }
@@ -202,13 +228,30 @@ first_line_after() {
 }
 
 # ---- 2. a partition ---------------------------------------------------------------
+# apart NAME: how far cluster 3's first stage is from cluster 1's, and
+# cluster 2's from cluster 1's, in their latest checkpoints (written every
+# second): "|a - b| / |a|" of each, into the variable NAME.
+apart() {
+        local a b c
+        a=$(ls "$d"/c1s1/*.ckpt 2>/dev/null | head -n 1)
+        b=$(ls "$d"/c2s1/*.ckpt 2>/dev/null | head -n 1)
+        c=$(ls "$d"/c3s1/*.ckpt 2>/dev/null | head -n 1)
+        cp "$a" "$d/a.ckpt" && cp "$b" "$d/b.ckpt" && cp "$c" "$d/c.ckpt" || { printf -v "$1" '%s' "none"; return; }
+        # (awk: cut is this script's partition)
+        printf -v "$1" '%s %s' "$("$CKPT_DISTANCE" "$d/a.ckpt" "$d/c.ckpt" | awk '{ print $1 }')" \
+                "$("$CKPT_DISTANCE" "$d/a.ckpt" "$d/b.ckpt" | awk '{ print $1 }')"
+}
+
 scenario_partition() {
-        begin partition 3 2 "$EPOCHS_PARTITION" "" || return
+        local before cut_end after
+        begin partition 3 2 "$EPOCHS_PARTITION" "checkpoint = { interval = 1; };" || return
         delay "${names[@]}"
         swarm_start "$d" "$EPOCHS_PARTITION"
         swarm_peak_rss "$d" &
         wait_for 60 grep -q "Averaging round .* done: 3 of " "$d/c1s1.log" ||
                 fail "partition: rounds of all three clusters before the cut"
+        sleep 2 # a checkpoint of every stage since
+        apart before
         cut c3s1 c3s2 -- c1s1 c1s2 c2s1 c2s2
         cut c1s1 c1s2 c2s1 c2s2 -- c3s1 c3s2
         local t_cut offset
@@ -219,6 +262,7 @@ scenario_partition() {
                 pass "partition: clusters 1 and 2 average without cluster 3"
         else fail "partition: clusters 1 and 2 average without cluster 3" "$(tail -n 5 "$d/c1s1.log")"; fi
         sleep "$(( $(date +%s) - t_cut < 30 ? 30 - ($(date +%s) - t_cut) : 0 ))"
+        apart cut_end
         heal
         local t_heal
         t_heal=$(date +%s)
@@ -228,6 +272,15 @@ scenario_partition() {
                 pass "partition: cluster 3 averages with the others again"
                 log "partition: cluster 3 back in a round of all three $(($(date +%s) - t_heal)) s after the heal"
         else fail "partition: cluster 3 averages with the others again" "$(tail -n 5 "$d/c3s1.log")"; fi
+        sleep 3 # a few rounds of all three, and checkpoints of them
+        apart after
+        log "partition: cluster 3 from cluster 1 (|a - b| / |a| of stage 1; cluster 2 from 1 in brackets):" \
+                "before the cut ${before% *} (${before#* }), after 30 s apart ${cut_end% *} (${cut_end#* })," \
+                "$(($(date +%s) - t_heal)) s after the heal ${after% *} (${after#* })"
+        check "partition: cluster 3 parted from the others while cut off" \
+                awk -v a="${before% *}" -v b="${cut_end% *}" 'BEGIN { exit !(b > 2 * a) }'
+        check "partition: cluster 3 came back close to the others" \
+                awk -v b="${cut_end% *}" -v c="${after% *}" 'BEGIN { exit !(c < b / 2) }'
         swarm_finish "$d"
         stop_helpers
         report "partition (cluster 3 cut off for 30 s)"
@@ -237,12 +290,38 @@ scenario_partition() {
 
 # kill_and_restart NAME: SIGKILL, then started again 2 s later as systemd's
 # Restart= would, from its own checkpoint.
+# step_of NAME: the node's step now, from its control socket.
+step_of() {
+        "$RAVNESTCTL" status --json --socket "$d/$1.sock" 2>/dev/null | sed -n 's/.*"Step": *\([0-9]*\).*/\1/p'
+}
+
 kill_and_restart() {
+        local step
+        step=$(step_of "$1")
         kill -KILL "${pid_of[$1]}"
         wait "${pid_of[$1]}" 2>/dev/null
-        log "churn: $1 killed (SIGKILL)"
+        log "churn: $1 killed (SIGKILL) at step ${step:-unknown}"
         sleep 2
+        t_restart=$(date +%s)
         swarm_start_node "$d" "$1" "$EPOCHS_CHURN"
+        killed_at=${step:-0}
+}
+
+# resumed NAME: the steps the node trains again (killed at killed_at,
+# resumed from an earlier checkpoint), added to redone, and how long until
+# it took part in an averaging round again.
+resumed() {
+        local from offset
+        offset=$(stat -c %s "$d/$1.log")
+        from=$(sed -n 's/.*Resuming from .*: step \([0-9]*\),.*/\1/p' "$d/$1.log" | tail -n 1)
+        # the status is published every second: killed_at may lag the true
+        # step, so this counts at least the steps trained again
+        local again=$((killed_at > ${from:-0} ? killed_at - ${from:-0} : 0))
+        redone=$((redone + again))
+        if wait_for 30 first_line_after "$d/$1.log" "Averaging round .* done" "$offset"; then
+                log "churn: $1 resumed at step ${from:-?} (at least $again steps to train again)," \
+                        "averaging again $(($(date +%s) - t_restart)) s after its restart"
+        fi
 }
 
 scenario_churn() {
@@ -258,7 +337,9 @@ scenario_churn() {
                 wait_for 30 grep -q "Checkpoint written" "$d/$n.log" || fail "churn: $n wrote a checkpoint"
                 sleep 4
                 kill_and_restart "$n"
-                if wait_for 30 grep -q "Resuming from " "$d/$n.log"; then pass "churn: $n resumed from its checkpoint"
+                if wait_for 30 grep -q "Resuming from " "$d/$n.log"; then
+                        pass "churn: $n resumed from its checkpoint"
+                        resumed "$n"
                 else fail "churn: $n resumed from its checkpoint" "$(tail -n 5 "$d/$n.log")"; fi
         done
         kill -STOP "${pid_of[c1s2]}"
@@ -323,19 +404,174 @@ scenario_disk_full() {
         report "disk full, then read-only, while checkpoints are written"
 }
 
+# ---- 5. the coordinator killed --------------------------------------------------
+
+# coordinated_write DIR: a secret, keys, and the configurations of co (it
+# coordinates only, on port 7300) and the members, which join it; their
+# memory is too small for a whole replica, so the plan is 2 clusters x 2
+# stages, as in the other scenarios.
+coordinated_write() {
+        local d=$1 n coord
+        mkdir -p "$d"
+        head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n' >"$d/secret"
+        echo >>"$d/secret"
+        chmod 600 "$d/secret"
+        for n in "${names[@]}"; do
+                mkdir -p "$d/$n"
+                key_of[$n]=$("$RAVNESTCTL" identity "$d/$n" 2>/dev/null) || return 1
+        done
+        coord="${key_of[co]}@${ip_of[co]}:7300"
+        for n in "${names[@]}"; do
+                cat >"$d/$n.conf" <<EOF
+state_directory = "$d/$n";
+threads = 1;
+control_socket = "$d/$n.sock";
+idle = { enabled = false; };
+network = { secret_file = "$d/secret"; };
+pipeline = { micro_batch = 32; staleness = 4; update_frequency = 4; listen = "${ip_of[$n]}:7101"; };
+averaging = { interval = 0.25; listen = "${ip_of[$n]}:7201"; round_timeout = 10000; };
+membership = {
+  coordinator = "$coord";
+  coordinate = $([ "$n" = co ] && echo true || echo false);
+  train = $([ "$n" = co ] && echo false || echo true);
+  probe = 0.1; min_nodes = 4; settle = 1.0; heartbeat = 0.5; deadline = 4.0;
+  memory = "360K"; # less than a replica of the job needs: two stages per cluster
+};
+EOF
+        done
+}
+
+scenario_coordinator() {
+        local n t_kill t_back a first="" same=1 status
+        log "---- coordinator"
+        d=$dir/coordinator
+        t_scenario=$(date +%s)
+        redone=0
+        names=(co m1 m2 m3 m4)
+        networks || { fail "coordinator: network namespaces set up"; return; }
+        mkdir -p "$d"
+        JOB=$("$MAKE_TEST_DATA" "$d/data" "$EPOCHS_COORD") || { fail "coordinator: data written"; return; }
+        coordinated_write "$d" || { fail "coordinator: keys and configurations"; return; }
+        delay "${names[@]}"
+        for n in "${names[@]}"; do swarm_start_node "$d" "$n" "$EPOCHS_COORD"; done
+        swarm_peak_rss "$d" &
+        for n in m1 m2 m3 m4; do
+                wait_for 60 grep -q "Holds plan epoch 1 " "$d/$n.log" || fail "coordinator: $n holds the first plan" "$(tail -n 5 "$d/$n.log")"
+        done
+        sleep 3
+        kill -KILL "${pid_of[co]}"
+        wait "${pid_of[co]}" 2>/dev/null
+        t_kill=$(date +%s)
+        log "coordinator: co killed (SIGKILL) while the members train"
+        for n in m1 m2 m3 m4; do
+                if wait_for 30 grep -q "Lost the coordinator" "$d/$n.log"; then
+                        pass "coordinator: $n notices, and trains on with its plan"
+                else fail "coordinator: $n notices, and trains on with its plan" "$(tail -n 5 "$d/$n.log")"; fi
+        done
+        sleep "$(( $(date +%s) - t_kill < 8 ? 8 - ($(date +%s) - t_kill) : 0 ))"
+        swarm_start_node "$d" co "$EPOCHS_COORD"
+        t_back=$(date +%s)
+        log "coordinator: co started again"
+        for n in m1 m2 m3 m4; do
+                if wait_for 60 grep -q "Joined the coordinator at .* again" "$d/$n.log"; then
+                        pass "coordinator: $n joined it again"
+                        log "coordinator: $n joined it again $(($(date +%s) - t_back)) s after the restart"
+                else fail "coordinator: $n joined it again" "$(tail -n 5 "$d/$n.log")"; fi
+        done
+        for n in m1 m2 m3 m4; do
+                if wait_for 60 grep -q "Holds plan epoch [2-9].*starting from the layers handed over" "$d/$n.log"; then
+                        pass "coordinator: $n holds its new plan, training on from the layers handed over"
+                else fail "coordinator: $n holds its new plan, training on from the layers handed over" "$(tail -n 5 "$d/$n.log")"; fi
+        done
+        log "coordinator: every member holds the new plan $(($(date +%s) - t_back)) s after the restart"
+        # members of a swarm with membership stay until stopped
+        for n in m1 m2 m3 m4; do
+                wait_for 300 grep -q "Training is over" "$d/$n.log" ||
+                        fail "coordinator: $n trains to the end" "$(tail -n 5 "$d/$n.log")"
+        done
+        for n in m1 m2 m3 m4; do
+                kill -TERM "${pid_of[$n]}"
+                wait "${pid_of[$n]}"
+                status=$?
+                if [ "$status" -eq 0 ]; then pass "coordinator: $n exits 0"; else fail "coordinator: $n exits 0" "exit $status" "$(tail -n 5 "$d/$n.log")"; fi
+                a=$(swarm_accuracy "$d/$n.log")
+                [ -n "$a" ] || continue # a stage before the last scores nothing
+                log "coordinator: $n test accuracy $a% (bar $BAR%)"
+                check "coordinator: $n reaches $BAR%" awk -v a="$a" -v bar="$BAR" 'BEGIN { exit !(a >= bar) }'
+                [ -z "$first" ] && first=$a
+                [ "$a" = "$first" ] || same=0
+        done
+        check "coordinator: one averaged model" test "$same" = 1
+        kill -TERM "${pid_of[co]}"
+        wait "${pid_of[co]}"
+        check "coordinator: co exits 0" test $? -eq 0
+        pids=()
+        stop_helpers
+        report "coordinator (killed and started again 8 s later)"
+}
+
+# ---- 6. a soak (--long) ------------------------------------------------------------
+
+# rss_series DIR: every 30 s, each node's RSS (kB) appended to DIR/NAME.series
+# (in the background; stops when they have all exited).
+rss_series() {
+        local d=$1 n rss alive
+        while :; do
+                alive=0
+                for n in "${names[@]}"; do
+                        rss=$(sed -n 's/^VmRSS:\s*\([0-9]*\).*/\1/p' "/proc/${pid_of[$n]}/status" 2>/dev/null)
+                        [ -n "$rss" ] || continue
+                        alive=1
+                        echo "$rss" >>"$d/$n.series"
+                done
+                [ "$alive" = 1 ] || return 0
+                sleep 30
+        done
+}
+
+scenario_soak() {
+        begin soak 2 2 "$EPOCHS_SOAK" "" || return
+        local n series first last
+        for n in "${names[@]}"; do shape "$n" || { fail "soak: links shaped"; return; }; done
+        swarm_start "$d" "$EPOCHS_SOAK"
+        swarm_peak_rss "$d" &
+        rss_series "$d" &
+        swarm_finish "$d"
+        stop_helpers
+        wait
+        for n in "${names[@]}"; do
+                series=$(awk '{ printf "%s%d", NR > 1 ? " " : "", $1 / 1024 }' "$d/$n.series")
+                log "soak: $n RSS every 30 s (MiB): $series"
+                # flat: the last sample within 10 % of the one a minute in (warm)
+                first=$(sed -n 3p "$d/$n.series") last=$(tail -n 1 "$d/$n.series")
+                check "soak: $n's RSS stays flat" awk -v a="${first:-0}" -v b="${last:-1}" 'BEGIN { exit !(a > 0 && b <= a * 1.1) }'
+        done
+        report "soak (the bad links for about ten minutes)"
+}
+
 # ---- main -----------------------------------------------------------------------
 EPOCHS_BAD=${EPOCHS_BAD:-3}
 EPOCHS_PARTITION=${EPOCHS_PARTITION:-100}
 EPOCHS_CHURN=${EPOCHS_CHURN:-40}
 EPOCHS_DISK=${EPOCHS_DISK:-20}
+EPOCHS_SOAK=${EPOCHS_SOAK:-250} # about ten minutes here
+EPOCHS_COORD=${EPOCHS_COORD:-60}
+scenarios=()
+for a in "$@"; do
+        if [ "$a" = --long ]; then long=1; else scenarios+=("$a"); fi
+done
+[ ${#scenarios[@]} -gt 0 ] || scenarios=(bad-links partition churn disk-full coordinator)
+[ "${long:-0}" = 1 ] && scenarios+=(soak)
 log "files in $dir"
-for s in "${@:-bad-links partition churn disk-full}"; do
+for s in "${scenarios[@]}"; do
         for one in $s; do
                 case "$one" in
                 bad-links) scenario_bad_links ;;
                 partition) scenario_partition ;;
                 churn) scenario_churn ;;
                 disk-full) scenario_disk_full ;;
+                coordinator) scenario_coordinator ;;
+                soak) scenario_soak ;;
                 *) echo "test-faults.sh: unknown scenario $one" >&2; exit 64 ;;
                 esac
         done
