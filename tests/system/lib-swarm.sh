@@ -76,11 +76,10 @@ _members() {
         for n in "${names[@]}"; do printf '%s%s' "$sep" "$(_entry "$n" 100)"; sep=", "; done
 }
 
-# swarm_write DIR NETWORK AVERAGING EXTRA: a secret, a key per node, and
-# each node's configuration: NETWORK goes into its network group, AVERAGING
-# into its averaging group, EXTRA at the end.
-swarm_write() {
-        local d=$1 network=$2 averaging=$3 extra=$4 n
+# swarm_keys DIR: a network secret in DIR/secret, and every node's state
+# directory DIR/NAME with its identity (its public key in key_of).
+swarm_keys() {
+        local d=$1 n
         mkdir -p "$d"
         head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n' >"$d/secret"
         echo >>"$d/secret"
@@ -89,6 +88,14 @@ swarm_write() {
                 mkdir -p "$d/$n"
                 key_of[$n]=$("$RAVNESTCTL" identity "$d/$n" 2>/dev/null) || return 1
         done
+}
+
+# swarm_write DIR NETWORK AVERAGING EXTRA: swarm_keys, and each node's
+# configuration: NETWORK goes into its network group, AVERAGING into its
+# averaging group, EXTRA at the end.
+swarm_write() {
+        local d=$1 network=$2 averaging=$3 extra=$4 n
+        swarm_keys "$d" || return 1
         for n in "${names[@]}"; do
                 cat >"$d/$n.conf" <<EOF
 state_directory = "$d/$n";
