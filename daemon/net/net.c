@@ -399,6 +399,11 @@ static void socket_timeouts(const Net *n, int fd, bool on) {
         setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
 }
 
+/* When a blocking exchange begun now must be over (CLOCK_MONOTONIC ns). */
+static uint64_t handshake_deadline(const Net *n) {
+        return net_now_ns() + (uint64_t)n->cfg.handshake_timeout_ms * 1000000ull;
+}
+
 /* Wait until fd is ready for events or the deadline (CLOCK_MONOTONIC ns)
  * passes: -ETIMEDOUT then. A blocking call of a thread that also runs
  * io_uring is interrupted (EINTR) whenever the ring has work for it, which
@@ -421,7 +426,7 @@ static int wait_fd(int fd, short events, uint64_t deadline) {
 /* connect() that an interruption does not end: the kernel goes on
  * connecting, so wait for the outcome, within the handshake timeout. */
 static int connect_within(const Net *n, int fd, const struct sockaddr *sa, socklen_t len) {
-        uint64_t deadline = net_now_ns() + (uint64_t)n->cfg.handshake_timeout_ms * 1000000ull;
+        uint64_t deadline = handshake_deadline(n);
         int err = 0, r;
         socklen_t l = sizeof err;
         if (connect(fd, sa, len) == 0)
@@ -468,7 +473,7 @@ int net_connect(Net *n, const char *host, uint16_t port, uint32_t *ret_peer) {
 
 /* len bytes from fd, within the handshake timeout. */
 static int read_full(const Net *n, int fd, void *buf, size_t len) {
-        uint64_t deadline = net_now_ns() + (uint64_t)n->cfg.handshake_timeout_ms * 1000000ull;
+        uint64_t deadline = handshake_deadline(n);
         for (size_t got = 0; got < len;) {
                 ssize_t k = read(fd, (uint8_t *)buf + got, len - got);
                 if (k < 0 && errno == EINTR) { /* see wait_fd() */

@@ -136,21 +136,29 @@ swarm_start() {
         for ((i = ${#names[@]} - 1; i >= 0; i--)); do swarm_start_node "$1" "${names[i]}" "$2"; done
 }
 
-# swarm_peak_rss DIR: while the nodes run, every node's peak RSS (kB) into
-# DIR/NAME.rss (in the background; stops when they have all exited).
-swarm_peak_rss() {
-        local d=$1 n hwm alive
+# swarm_sample DIR FIELD SECONDS FILE APPEND: while the nodes run, every
+# SECONDS each node's FIELD of /proc/PID/status (kB) into DIR/NAME.FILE,
+# in place of the last (APPEND 0) or after it (1). In the background;
+# stops when they have all exited.
+swarm_sample() {
+        local d=$1 field=$2 every=$3 file=$4 append=$5 n kb alive
         while :; do
                 alive=0
                 for n in "${names[@]}"; do
-                        hwm=$(sed -n 's/^VmHWM:\s*\([0-9]*\).*/\1/p' "/proc/${pid_of[$n]}/status" 2>/dev/null)
-                        [ -n "$hwm" ] || continue
+                        kb=$(sed -n "s/^$field:\\s*\\([0-9]*\\).*/\\1/p" "/proc/${pid_of[$n]}/status" 2>/dev/null)
+                        [ -n "$kb" ] || continue
                         alive=1
-                        echo "$hwm" >"$d/$n.rss"
+                        if [ "$append" = 1 ]; then echo "$kb" >>"$d/$n.$file"; else echo "$kb" >"$d/$n.$file"; fi
                 done
                 [ "$alive" = 1 ] || return 0
-                sleep 0.5
+                sleep "$every"
         done
+}
+
+# swarm_peak_rss DIR: every node's peak RSS (kB) in DIR/NAME.rss, looked
+# at every half second.
+swarm_peak_rss() {
+        swarm_sample "$1" VmHWM 0.5 rss 0
 }
 
 swarm_accuracy() {

@@ -232,14 +232,14 @@ first_line_after() {
 # cluster 2's from cluster 1's, in their latest checkpoints (written every
 # second): "|a - b| / |a|" of each, into the variable NAME.
 apart() {
-        local a b c
-        a=$(ls "$d"/c1s1/*.ckpt 2>/dev/null | head -n 1)
-        b=$(ls "$d"/c2s1/*.ckpt 2>/dev/null | head -n 1)
-        c=$(ls "$d"/c3s1/*.ckpt 2>/dev/null | head -n 1)
-        cp "$a" "$d/a.ckpt" && cp "$b" "$d/b.ckpt" && cp "$c" "$d/c.ckpt" || { printf -v "$1" '%s' "none"; return; }
+        local n
+        for n in c1s1 c2s1 c3s1; do # copies: the nodes write on
+                cp "$(ls "$d/$n"/*.ckpt 2>/dev/null | head -n 1)" "$d/$n.ckpt" 2>/dev/null ||
+                        { printf -v "$1" '%s' "none"; return; }
+        done
         # (awk: cut is this script's partition)
-        printf -v "$1" '%s %s' "$("$CKPT_DISTANCE" "$d/a.ckpt" "$d/c.ckpt" | awk '{ print $1 }')" \
-                "$("$CKPT_DISTANCE" "$d/a.ckpt" "$d/b.ckpt" | awk '{ print $1 }')"
+        printf -v "$1" '%s %s' "$("$CKPT_DISTANCE" "$d/c1s1.ckpt" "$d/c3s1.ckpt" | awk '{ print $1 }')" \
+                "$("$CKPT_DISTANCE" "$d/c1s1.ckpt" "$d/c2s1.ckpt" | awk '{ print $1 }')"
 }
 
 scenario_partition() {
@@ -504,23 +504,6 @@ scenario_coordinator() {
 
 # ---- 6. a soak (--long) ------------------------------------------------------------
 
-# rss_series DIR: every 30 s, each node's RSS (kB) appended to DIR/NAME.series
-# (in the background; stops when they have all exited).
-rss_series() {
-        local d=$1 n rss alive
-        while :; do
-                alive=0
-                for n in "${names[@]}"; do
-                        rss=$(sed -n 's/^VmRSS:\s*\([0-9]*\).*/\1/p' "/proc/${pid_of[$n]}/status" 2>/dev/null)
-                        [ -n "$rss" ] || continue
-                        alive=1
-                        echo "$rss" >>"$d/$n.series"
-                done
-                [ "$alive" = 1 ] || return 0
-                sleep 30
-        done
-}
-
 scenario_soak() {
         # over ten minutes the clusters' progress drifts apart by more than
         # 10 s (12 s seen): the last round waits up to a minute for the other
@@ -529,7 +512,7 @@ scenario_soak() {
         for n in "${names[@]}"; do shape "$n" || { fail "soak: links shaped"; return; }; done
         swarm_start "$d" "$EPOCHS_SOAK"
         swarm_peak_rss "$d" &
-        rss_series "$d" &
+        swarm_sample "$d" VmRSS 30 series 1 & # every node's RSS over time
         swarm_finish "$d"
         stop_helpers
         wait

@@ -415,22 +415,25 @@ Test(config, averaging_group) {
                      "15: averaging.members.[1]: must be \"host:port\"");
 }
 
-/* averaging.payload, and fp16, its older spelling of "f16"; averaging opens
- * on line 13 */
+/* averaging.payload, and fp16, its older spelling of "f16"; error
+ * feedback, off by default and only with int8; averaging opens on line 13 */
 Test(config, averaging_payload) {
         const char *line = "  listen = \"127.0.0.1:7100\";\n  members = [ \"" K1 "@127.0.0.1:7100\", \"" K2 "@127.0.0.1:7101\" ];\n";
         static const struct {
                 const char *settings;
                 int payload;
+                bool feedback;
         } ok[] = {
-                { "", COLL_PAYLOAD_F32 },
-                { "payload = \"f32\";", COLL_PAYLOAD_F32 },
-                { "payload = \"f16\";", COLL_PAYLOAD_F16 },
-                { "payload = \"int8\";", COLL_PAYLOAD_INT8 },
-                { "fp16 = true;", COLL_PAYLOAD_F16 },
-                { "fp16 = false;", COLL_PAYLOAD_F32 },
-                { "fp16 = true; payload = \"f16\";", COLL_PAYLOAD_F16 },
-                { "fp16 = false; payload = \"int8\";", COLL_PAYLOAD_INT8 },
+                { "", COLL_PAYLOAD_F32, false },
+                { "payload = \"f32\";", COLL_PAYLOAD_F32, false },
+                { "payload = \"f16\";", COLL_PAYLOAD_F16, false },
+                { "payload = \"int8\";", COLL_PAYLOAD_INT8, false },
+                { "fp16 = true;", COLL_PAYLOAD_F16, false },
+                { "fp16 = false;", COLL_PAYLOAD_F32, false },
+                { "fp16 = true; payload = \"f16\";", COLL_PAYLOAD_F16, false },
+                { "fp16 = false; payload = \"int8\";", COLL_PAYLOAD_INT8, false },
+                { "payload = \"int8\"; error_feedback = false;", COLL_PAYLOAD_INT8, false },
+                { "payload = \"int8\"; error_feedback = true;", COLL_PAYLOAD_INT8, true },
         };
         char body[1024], path[64];
         for (size_t i = 0; i < ELEMENTSOF(ok); i++) {
@@ -440,6 +443,7 @@ Test(config, averaging_payload) {
                          ok[i].settings);
                 cr_assert_eq(load_variant(base_end, body, &c, &d, path), 0, "%s: %s", ok[i].settings, d.text);
                 cr_assert_eq(c.averaging.payload, ok[i].payload, "%s", ok[i].settings);
+                cr_assert_eq(c.averaging.error_feedback, ok[i].feedback, "%s", ok[i].settings);
                 config_free(&c);
         }
         snprintf(body, sizeof body, "  idle_timeout = 30000;\n};\naveraging = {\n%s  payload = \"bf16\";\n};\n", line);
@@ -452,24 +456,6 @@ Test(config, averaging_payload) {
         snprintf(body, sizeof body, "  idle_timeout = 30000;\n};\naveraging = {\n%s  payload = \"f16\";\n  fp16 = false;\n};\n",
                  line);
         expect_error(base_end, body, "16: averaging.payload: \"f16\" disagrees with fp16 = false");
-        /* error feedback: off by default, and only with int8 */
-        static const struct {
-                const char *settings;
-                bool feedback;
-        } fb[] = {
-                { "payload = \"int8\";", false },
-                { "payload = \"int8\"; error_feedback = false;", false },
-                { "payload = \"int8\"; error_feedback = true;", true },
-        };
-        for (size_t i = 0; i < ELEMENTSOF(fb); i++) {
-                Config c;
-                Diag d = {};
-                snprintf(body, sizeof body, "  idle_timeout = 30000;\n};\naveraging = {\n%s  %s\n};\n", line,
-                         fb[i].settings);
-                cr_assert_eq(load_variant(base_end, body, &c, &d, path), 0, "%s: %s", fb[i].settings, d.text);
-                cr_assert_eq(c.averaging.error_feedback, fb[i].feedback, "%s", fb[i].settings);
-                config_free(&c);
-        }
         snprintf(body, sizeof body, "  idle_timeout = 30000;\n};\naveraging = {\n%s  payload = \"f16\";\n  error_feedback = true;\n};\n",
                  line);
         expect_error(base_end, body, "17: averaging.error_feedback: only used with payload = \"int8\"");
