@@ -347,6 +347,19 @@ int plan_link_decode(const uint8_t *buf, size_t len, double *ret_bandwidth, doub
         return 0;
 }
 
+void plan_reach_encode(int error, uint8_t buf[PLAN_REACH_SIZE]) {
+        memcpy(buf, "RVMR", 4);
+        put32(buf + 4, 0);
+        put32(buf + 8, (uint32_t)error);
+}
+
+int plan_reach_decode(const uint8_t *buf, size_t len, int *ret_error) {
+        if (len != PLAN_REACH_SIZE || memcmp(buf, "RVMR", 4) != 0 || get32(buf + 4) != 0 || get32(buf + 8) >= 4096)
+                return -EBADMSG;
+        *ret_error = (int)get32(buf + 8);
+        return 0;
+}
+
 void plan_stop_encode(uint64_t epoch, uint8_t buf[PLAN_STOP_SIZE]) {
         memcpy(buf, "RVMS", 4);
         put64(buf + 4, epoch);

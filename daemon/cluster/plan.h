@@ -125,6 +125,14 @@ int plan_join_decode(const uint8_t *buf, size_t len, PlanJoin *ret);
 void plan_link_encode(double bandwidth, double latency, uint8_t buf[PLAN_LINK_SIZE]);
 int plan_link_decode(const uint8_t *buf, size_t len, double *ret_bandwidth, double *ret_latency);
 
+/* The coordinator to a member that gave ports in its JOIN, once it has
+ * dialed back its pipeline port ("RVMR", 12 bytes): 0, or the positive
+ * errno of why it could not (below 4096). A member it could not reach is
+ * in its plans as one that accepts no connections: it dials every link. */
+#define PLAN_REACH_SIZE 12
+void plan_reach_encode(int error, uint8_t buf[PLAN_REACH_SIZE]);
+int plan_reach_decode(const uint8_t *buf, size_t len, int *ret_error);
+
 #define PLAN_STOP_SIZE 12
 #define PLAN_DONE_SIZE 20
 void plan_stop_encode(uint64_t epoch, uint8_t buf[PLAN_STOP_SIZE]);

@@ -149,8 +149,10 @@ static void print_bytes(const Property *props, size_t n, const char *what, const
 static const char *reachability_text(const char *r) {
         if (!strcmp(r, "dials out"))
                 return "no: it accepts no connections (behind NAT) and dials every link itself";
+        if (!strcmp(r, "not reachable"))
+                return "no: the coordinator could not dial it back; it dials every link itself";
         if (!strcmp(r, "reachable"))
-                return "yes: a peer has dialed in";
+                return "yes: a peer or the coordinator has dialed in";
         if (!strcmp(r, "unconfirmed"))
                 return "not yet confirmed: it listens, no peer has dialed in";
         return r;

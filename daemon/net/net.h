@@ -161,6 +161,15 @@ int net_connect(Net *n, const char *host, uint16_t port, uint32_t *ret_peer);
  * the handshake timeout, as net_connect() does. */
 int net_connect_relayed(Net *n, const uint8_t target[IDENTITY_PK_SIZE], uint32_t *ret_peer);
 
+/* Whether the node with identity key accepts connections at host:port, as
+ * a peer of c's settings would find it: dial, run the handshake, compare
+ * the key it proves, and say goodbye. A transport of its own (epoll, one
+ * link), so any thread may call it; blocks at most c->handshake_timeout_ms
+ * (twice that when the TCP connection itself is slow to open). 0: it
+ * answered; -EKEYREJECTED: a node of another key answered; -ETIMEDOUT,
+ * -ECONNREFUSED, -EHOSTUNREACH, -EACCES (it refused this node), ... */
+int net_probe(const NetConfig *c, const char *host, uint16_t port, const uint8_t key[IDENTITY_PK_SIZE]);
+
 /* Who opens the link between this node and a peer, the one rule for every
  * kind of link (pipeline neighbours, averaging members): a node that
  * accepts no connections (behind NAT, no address in the plan) dials every

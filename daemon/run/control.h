@@ -79,7 +79,7 @@ typedef struct NodeNetwork {
         uint64_t rounds_done, rounds_failed; /* averaging rounds (of whole replicas or a pipeline's rings) */
         uint64_t last_round_ns;    /* duration of the last round, snapshot to delta; 0: none */
         char io_backend[16];
-        char reachability[16];     /* "dials out", "reachable", "unconfirmed"; "": not known here */
+        char reachability[16];     /* "dials out", "not reachable", "reachable", "unconfirmed"; "": not known */
 } NodeNetwork;
 
 /* What the runtime model needs (collective/runtime-model.h), as measured

@@ -16,11 +16,33 @@
 
 typedef struct Member {
         bool used, joined, done;
+        bool probing;     /* its pipeline port is being dialed back */
         uint32_t peer;
         uint8_t key[IDENTITY_PK_SIZE];
         PlanJoin join;
         uint64_t samples; /* what it trained as a first stage, from its DONE */
 } Member;
+
+/* A dial-back, asked of the prober thread and answered by it. */
+typedef struct Probe {
+        uint8_t key[IDENTITY_PK_SIZE];
+        char host[PLAN_HOST_MAX];
+        uint16_t port;
+        int error; /* the answer: 0 or a negative errno */
+} Probe;
+
+/* Dial-backs run on a thread of their own: a member that does not answer
+ * would hold the coordinator's loop for a handshake timeout. One at a
+ * time, in the order members joined. */
+typedef struct Prober {
+        pthread_mutex_t lock;
+        pthread_cond_t wake;
+        NetConfig net;            /* the coordinator's own transport settings */
+        Probe asked[MAX_LINKS], answered[MAX_LINKS];
+        unsigned n_asked, n_answered;
+        bool stop, running;
+        pthread_t thread;
+} Prober;
 
 typedef enum Phase {
         PHASE_WAITING,    /* for enough members, or for membership to settle */
@@ -47,6 +69,7 @@ struct CoordinatorState {
         float *sum;           /* collecting: the layers handed in, summed */
         unsigned count[PLAN_MAX_LAYERS];
         uint64_t sends;       /* tensors out of sum not yet sent */
+        Prober prober;
         volatile bool stop;
 };
 
@@ -67,6 +90,88 @@ static unsigned n_joined(const CoordinatorState *s) {
 static void changed(CoordinatorState *s) {
         s->dirty = true;
         s->changed_ns = now_ns();
+}
+
+static void *prober_main(void *ud) {
+        Prober *p = ud;
+        pthread_mutex_lock(&p->lock);
+        for (;;) {
+                while (!p->stop && p->n_asked == 0)
+                        pthread_cond_wait(&p->wake, &p->lock);
+                if (p->stop)
+                        break;
+                Probe q = p->asked[0];
+                memmove(p->asked, p->asked + 1, --p->n_asked * sizeof *p->asked);
+                pthread_mutex_unlock(&p->lock);
+                q.error = net_probe(&p->net, q.host, q.port, q.key);
+                pthread_mutex_lock(&p->lock);
+                p->answered[p->n_answered++] = q; /* as many as were asked, at most */
+        }
+        pthread_mutex_unlock(&p->lock);
+        return NULL;
+}
+
+/* Dial back a member that says it accepts connections: until the answer,
+ * no plan is formed. A full queue (members joining and leaving in a loop)
+ * takes the member at its word. */
+static void probe_ask(CoordinatorState *s, Member *m) {
+        Prober *p = &s->prober;
+        Probe q = { .port = m->join.pipeline_port };
+        memcpy(q.key, m->key, sizeof q.key);
+        snprintf(q.host, sizeof q.host, "%s", m->join.host);
+        pthread_mutex_lock(&p->lock);
+        if (p->n_asked + p->n_answered < MAX_LINKS) {
+                p->asked[p->n_asked++] = q;
+                m->probing = true;
+                pthread_cond_signal(&p->wake);
+        }
+        pthread_mutex_unlock(&p->lock);
+}
+
+static Member *member_by_key(CoordinatorState *s, const uint8_t key[IDENTITY_PK_SIZE]) {
+        for (unsigned i = 0; i < MAX_LINKS; i++)
+                if (s->members[i].used && s->members[i].joined && !memcmp(s->members[i].key, key, IDENTITY_PK_SIZE))
+                        return &s->members[i];
+        return NULL;
+}
+
+/* The prober's answers, to the members they concern: one that did not
+ * answer is in every plan as one that accepts no connections. */
+static void probe_answers(CoordinatorState *s) {
+        Prober *p = &s->prober;
+        Probe got[MAX_LINKS];
+        pthread_mutex_lock(&p->lock);
+        unsigned n = p->n_answered;
+        memcpy(got, p->answered, n * sizeof *got);
+        p->n_answered = 0;
+        pthread_mutex_unlock(&p->lock);
+        for (unsigned i = 0; i < n; i++) {
+                Member *m = member_by_key(s, got[i].key);
+                if (!m || !m->probing)
+                        continue; /* it left meanwhile */
+                m->probing = false;
+                uint8_t msg[PLAN_REACH_SIZE];
+                plan_reach_encode(-got[i].error, msg);
+                net_send_control(s->net, m->peer, FRAME_CONTROL, msg, sizeof msg);
+                char hex[IDENTITY_HEX_SIZE];
+                identity_to_hex(m->key, hex);
+                if (got[i].error == 0) {
+                        log_info("Coordinator: %.16s… accepts connections at %s:%u (dialed back)", hex, got[i].host,
+                                 got[i].port);
+                        continue;
+                }
+                log_warning("Coordinator: %.16s… does not accept connections at %s:%u (%s): it dials every link "
+                            "itself, as behind NAT", hex, got[i].host, got[i].port, strerror(-got[i].error));
+                m->join.pipeline_port = m->join.averaging_port = 0;
+                changed(s);
+        }
+}
+
+static bool probing(const CoordinatorState *s) {
+        for (unsigned i = 0; i < MAX_LINKS; i++)
+                if (s->members[i].used && s->members[i].joined && s->members[i].probing)
+                        return true;
+        return false;
 }
 
 static void on_connected(void *ud, uint32_t peer, const uint8_t id[IDENTITY_PK_SIZE]) {
@@ -128,6 +233,8 @@ static void on_control(void *ud, uint32_t peer, uint8_t type, const uint8_t *p, 
                         return drop(s, m, "it holds a newer epoch than the one being formed");
                 m->join = j;
                 m->joined = true;
+                if (j.pipeline_port)
+                        probe_ask(s, m);
                 /* a node that joins while layers are collected has nothing to hand in */
                 m->done = s->phase == PHASE_COLLECTING;
                 if (j.epoch > s->epoch) /* a restarted coordinator goes on above what nodes hold */
@@ -375,8 +482,9 @@ static void tick(CoordinatorState *s) {
         for (unsigned i = 0; !trained && i < MAX_LINKS; i++)
                 trained = s->members[i].used && s->members[i].joined && s->members[i].join.epoch > 0;
 
+        probe_answers(s);
         if (s->phase == PHASE_WAITING) {
-                if (!s->dirty || now - s->changed_ns < (uint64_t)cm->settle_ms * 1000000ULL ||
+                if (!s->dirty || probing(s) || now - s->changed_ns < (uint64_t)cm->settle_ms * 1000000ULL ||
                     n_joined(s) < (s->plan->epoch ? 1 : cm->min_nodes))
                         return;
                 if (s->sends) /* the last hand-over still leaves from sum */
@@ -464,6 +572,15 @@ static void *coordinator_main(void *ud) {
 static CoordinatorState *state_free(CoordinatorState *s) {
         if (!s)
                 return NULL;
+        if (s->prober.running) {
+                pthread_mutex_lock(&s->prober.lock);
+                s->prober.stop = true;
+                pthread_cond_signal(&s->prober.wake);
+                pthread_mutex_unlock(&s->prober.lock);
+                pthread_join(s->prober.thread, NULL);
+        }
+        pthread_mutex_destroy(&s->prober.lock);
+        pthread_cond_destroy(&s->prober.wake);
         s->net = net_free(s->net);
         s->plan = plan_free(s->plan);
         free(s->sum);
@@ -489,7 +606,11 @@ int coordinator_start(Coordinator *co, const Config *c, const Job *job, const Id
                 return -EINVAL;
         }
         s = calloc(1, sizeof *s);
-        if (!s || !(s->plan = plan_new()))
+        if (!s)
+                return log_error_errno(-ENOMEM, "Out of memory");
+        pthread_mutex_init(&s->prober.lock, NULL);
+        pthread_cond_init(&s->prober.wake, NULL);
+        if (!(s->plan = plan_new()))
                 return log_error_errno(-ENOMEM, "Out of memory"), state_free(s), -ENOMEM;
         s->c = c;
         s->job = job;
@@ -511,6 +632,12 @@ int coordinator_start(Coordinator *co, const Config *c, const Job *job, const Id
                 state_free(s);
                 return log_error_errno(r, "Invalid configuration: %s", d.text);
         }
+        s->prober.net = nc; /* dials back as any node of the swarm would */
+        if ((r = -pthread_create(&s->prober.thread, NULL, prober_main, &s->prober)) < 0) {
+                state_free(s);
+                return log_error_errno(r, "Coordinator: failed to start its thread: %m");
+        }
+        s->prober.running = true;
         nc.idle_timeout_ms = cm->deadline_ms; /* a member silent this long has left */
         /* the layers handed in: one copy at a time per link, the rest malloc()ed */
         nc.pool_bytes = MIN(s->n_params * sizeof(float) + (1u << 20), (size_t)1 << 30);

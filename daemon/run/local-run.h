@@ -48,6 +48,11 @@ typedef struct LocalRunOptions {
          * -ECANCELED. *stop stops at once. */
         const volatile sig_atomic_t *quiesce;
         LinkFigures *links;         /* pipeline_run(): its pipeline links, updated every second */
+        /* pipeline_run() under membership: whether the coordinator dialed
+         * this node back (reach_error 0) or could not (a positive errno),
+         * for the Reachability it reports; reach_checked false: not known. */
+        bool reach_checked;
+        int reach_error;
 } LocalRunOptions;
 
 typedef struct LocalRunResult {

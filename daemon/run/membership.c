@@ -48,6 +48,9 @@ typedef struct Membership {
         uint64_t got[PLAN_MAX_LAYERS]; /* the epoch each layer of incoming came for */
         uint64_t sends;           /* layers handed in, not yet sent */
         uint64_t joined_ns;
+        Net *reach;               /* answers the coordinator's dial-back until a stage listens */
+        int reach_error;          /* what the dial-back found: 0 or a positive errno */
+        bool reach_known;
 } Membership;
 
 /* This node's links as the kernel measured them on their real traffic
@@ -187,6 +190,19 @@ static void on_control(void *ud, uint32_t peer, uint8_t type, const uint8_t *p, 
                         send_done(m, 0);
                 return;
         }
+        if (type == FRAME_CONTROL && plan_reach_decode(p, len, &r) == 0) {
+                m->reach_known = true;
+                m->reach_error = r;
+                m->reach = net_free(m->reach);
+                if (r == 0)
+                        log_info("The coordinator dialed this node back at %s:%u: it accepts connections",
+                                 m->join.host, m->join.pipeline_port);
+                else
+                        log_warning("The coordinator could not dial this node back at %s:%u (%s): it accepts no "
+                                    "connections and dials every link itself, as behind NAT",
+                                    m->join.host, m->join.pipeline_port, strerror(r));
+                return;
+        }
         if (type == FRAME_CONTROL) {
                 log_warning("Dropped the coordinator's link: a message this node does not take");
                 net_close_peer(m->net, peer);
@@ -246,6 +262,8 @@ static void serve(Membership *m, int timeout_ms) {
                 if (measure_link(m)) /* refreshed while running: the next plan uses them */
                         send_link(m);
         }
+        if (m->reach)
+                net_run(m->reach, 0);
         net_run(m->net, timeout_ms);
 }
 
@@ -329,6 +347,36 @@ static void hand_in(Membership *m, int lo, int hi, uint64_t samples) {
                  (unsigned long long)m->stop_epoch);
 }
 
+/* The dial-back's link: the coordinator's key alone, which only looks. */
+static void on_reach_connected(void *ud, uint32_t peer, const uint8_t id[IDENTITY_PK_SIZE]) {
+        Membership *m = ud;
+        if (memcmp(id, m->c->membership.coordinator.id, IDENTITY_PK_SIZE) != 0)
+                net_close_peer(m->reach, peer);
+}
+
+/* Until the coordinator has dialed this node back, something must answer
+ * on its pipeline port: a transport of its own that admits the coordinator
+ * alone. Its socket closes at once when freed (epoll), so a stage can
+ * listen there next. */
+static void reach_listen(Membership *m) {
+        static const NetCallbacks cb = { .connected = on_reach_connected };
+        const ConfigAddress *a = &m->c->pipeline.listen;
+        NetConfig nc = m->links_net;
+        nc.backend = NET_BACKEND_EPOLL;
+        nc.pool_bytes = 64u << 10;
+        nc.max_links = 4;
+        nc.relay_host = NULL;
+        nc.relay_wait = false;
+        int r = net_new(&nc, &cb, m, &m->reach);
+        if (r >= 0)
+                r = net_listen(m->reach, a->host, a->port, NULL);
+        if (r < 0) {
+                log_warning_errno(r, "Failed to listen on %s:%u for the coordinator's dial-back (%m): it will take "
+                                  "this node for one behind NAT", a->host, a->port);
+                m->reach = net_free(m->reach);
+        }
+}
+
 /* Run this node's stage of m->plan until training ends or a new epoch. */
 static int run_stage(Membership *m, unsigned cluster, unsigned stage, bool handed_over) {
         const PlanCluster *pc = &m->plan->clusters[cluster];
@@ -353,6 +401,9 @@ static int run_stage(Membership *m, unsigned cluster, unsigned stage, bool hande
         o.resume_samples = m->plan->samples;
         o.ret_samples = &samples;
         o.quiesce = &m->restart;
+        o.reach_checked = m->reach_known;
+        o.reach_error = m->reach_error;
+        m->reach = net_free(m->reach); /* the stage listens on the port now */
         m->restart = m->stop_epoch > m->plan->epoch || m->have_next; /* asked already: start, hand in */
         m->training = true;
         r = pipeline_run(&plan, m->job, m->id, &o, m->stop);
@@ -425,6 +476,7 @@ static void member_done(Membership *m) {
         m->next = plan_free(m->next);
         m->scratch = plan_free(m->scratch);
         m->model = mfree(m->model);
+        m->reach = net_free(m->reach);
         m->incoming = mfree(m->incoming);
 }
 
@@ -474,6 +526,8 @@ int membership_run(const Config *c, const Job *job, const Identity *id, const Lo
         nc.max_receive_bytes = MAX(nc.max_receive_bytes, (uint64_t)nc.pool_bytes);
         if ((r = net_new(&nc, &callbacks, &m, &m.net)) < 0)
                 return log_error_errno(r, "Failed to start the membership transport: %m");
+        if (m.join.pipeline_port)
+                reach_listen(&m);
 
         while (!*stop) {
                 serve(&m, 100);

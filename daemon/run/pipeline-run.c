@@ -346,12 +346,19 @@ static NodeTraffic run_traffic(const Run *run, const PipeStats *st) {
 }
 
 /* The daemon's status: every quarter second. */
-/* Whether peers can reach this node: it says it cannot (no address in the
- * plan: it dials out), a peer has dialed in, or none has yet. */
+/* Whether peers can reach this node: the coordinator could not dial it
+ * back (it dials every link), it says it cannot (no address in the plan:
+ * it dials out), the coordinator dialed it back or a peer has dialed in,
+ * or none has yet. */
 static const char *run_reachability(const Run *run, const NetStats *ns) {
+        const LocalRunOptions *o = run->o;
+        if (o->reach_checked && o->reach_error)
+                return "not reachable";
         if (run->self->no_accept)
                 return "dials out";
-        return ns->links_in + (run->av.active ? run->av.seen.links_in : 0) > 0 ? "reachable" : "unconfirmed";
+        if (o->reach_checked || ns->links_in + (run->av.active ? run->av.seen.links_in : 0) > 0)
+                return "reachable";
+        return "unconfirmed";
 }
 
 static void report(Run *run, const PipeStats *st) {

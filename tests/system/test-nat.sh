@@ -15,6 +15,10 @@
 #      pub (a ravnestd with only a relay group): the link between the two
 #      stages of cluster 1 and the ring of the first stages have both ends
 #      behind NAT and go through the relay, which sees both routers.
+#   3. membership: a coordinator and three members in pub, and a fourth
+#      member at home that gives its address and ports as if it took
+#      connections: the coordinator dials every member back, cannot reach
+#      that one, and plans it as a node behind NAT.
 # Each ends with every node exiting cleanly and both clusters above the
 # accuracy bar as one averaged model (the last round had every member);
 # the relay's peak RSS is printed.
@@ -197,5 +201,63 @@ kill -TERM "$relay_pid"
 wait "$relay_pid"
 status=$?
 check "the relay stops cleanly (status $status)" test "$status" -eq 0
+pids=()
+
+log "3. membership: m4 at home says it takes connections; the coordinator finds it does not"
+d=$dir/membership
+names=(co m1 m2 m3 m4)
+place co "$pub" m1 "$pub" m2 "$pub" m3 "$pub" m4 "$home"
+i=0
+for n in "${names[@]}"; do port_of[$n]=$((7101 + i)); i=$((i + 1)); done
+swarm_keys "$d" || { fail "keys written"; summary; exit 1; }
+for n in "${names[@]}"; do
+        cat >"$d/$n.conf" <<EOF
+state_directory = "$d/$n";
+threads = 1;
+control_socket = "$d/$n.sock";
+idle = { enabled = false; };
+network = { secret_file = "$d/secret"; };
+pipeline = { micro_batch = 32; staleness = 4; update_frequency = 4; listen = "${listen_of[$n]}:${port_of[$n]}"; };
+averaging = { interval = 0.25; listen = "${listen_of[$n]}:$((${port_of[$n]} + 100))"; };
+membership = {
+  coordinator = "${key_of[co]}@10.77.1.1:7300";
+  coordinate = $([ "$n" = co ] && echo true || echo false);
+  train = $([ "$n" = co ] && echo false || echo true);
+  probe = 0.1; min_nodes = 4; settle = 1.0; heartbeat = 0.5; deadline = 4.0;
+  memory = "30M"; # less than a replica of the MLP (52 MiB): two stages per cluster
+};
+EOF
+done
+for n in "${names[@]}"; do swarm_start_node "$d" "$n" 1; done
+if wait_for 60 grep -q "does not accept connections at 10.77.2.1:${port_of[m4]}" "$d/co.log"; then
+        pass "the coordinator cannot dial m4 back through the NAT"
+else fail "the coordinator cannot dial m4 back through the NAT" "$(tail -n 5 "$d/co.log")"; fi
+check "m4 hears that it dials every link" grep -q "could not dial this node back" "$d/m4.log"
+for n in m1 m2 m3; do
+        check "the coordinator dials $n back" wait_for 30 grep -q "The coordinator dialed this node back" "$d/$n.log"
+done
+# says NAME REACHABILITY: the node's status, while it trains, says so
+says() {
+        "$RAVNESTCTL" status --json --socket "$d/$1.sock" 2>/dev/null | grep -q "\"Reachability\": *\"$2\""
+}
+check "m4's status says it is not reachable" wait_for 60 says m4 "not reachable"
+check "m1's status says it is reachable" wait_for 60 says m1 reachable
+for n in m1 m2 m3 m4; do
+        wait_for 180 grep -q "Training is over" "$d/$n.log" || fail "$n trains to the end" "$(tail -n 5 "$d/$n.log")"
+done
+first="" same=1
+for n in m1 m2 m3 m4 co; do
+        kill -TERM "${pid_of[$n]}"
+        wait "${pid_of[$n]}"
+        status=$?
+        check "$n exits 0 (status $status)" test "$status" -eq 0
+        a=$(swarm_accuracy "$d/$n.log")
+        [ -n "$a" ] || continue # a first stage scores nothing
+        log "$n: test accuracy $a% (bar $BAR%)"
+        check "$n reaches $BAR%" awk -v a="$a" -v bar="$BAR" 'BEGIN { exit !(a >= bar) }'
+        [ -z "$first" ] && first=$a
+        [ "$a" = "$first" ] || same=0
+done
+check "one averaged model" test "$same" = 1
 pids=()
 summary

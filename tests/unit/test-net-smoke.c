@@ -1,4 +1,5 @@
 #include <criterion/criterion.h>
+#include <pthread.h>
 #include <string.h>
 #include "net/handshake.h"
 #include "net/net.h"
@@ -55,3 +56,38 @@ Test(netsmoke, uring_send_zc) { smoke_with(NET_BACKEND_URING, 4096, 0); }
 Test(netsmoke, large_frames_epoll) { smoke_with(NET_BACKEND_EPOLL, NET_ZC_AUTO, (4 << 20) + 5); }
 Test(netsmoke, large_frames_uring) { smoke_with(NET_BACKEND_URING, NET_ZC_AUTO, (4 << 20) + 5); }
 Test(netsmoke, large_frames_uring_send_zc) { smoke_with(NET_BACKEND_URING, 4096, (4 << 20) + 5); }
+
+/* net_probe(): the node that listens is found at its port with its key;
+ * another key, a port nobody listens on and a secret it does not share
+ * are each told apart. The listener runs on a thread of its own, as a
+ * member's does while its coordinator dials it back. */
+typedef struct Served { Net *n; volatile int stop; } Served;
+static void *serve_net(void *ud) {
+        Served *s = ud;
+        while (!s->stop)
+                net_run(s->n, 5);
+        return NULL;
+}
+Test(netsmoke, probe_dials_back) {
+        Identity a, b; identity_generate(&a); identity_generate(&b);
+        uint8_t secret[32] = { 4, 5, 6 }, other[32] = { 7 };
+        NetConfig ca, cb2; net_config_defaults(&ca); ca.identity = &a; ca.secret = secret; ca.handshake_timeout_ms = 2000;
+        ca.backend = NET_BACKEND_EPOLL; /* its listening socket closes with it */
+        cb2 = ca; cb2.identity = &b;
+        Side side = {};
+        Served sv = {};
+        cr_assert_eq(net_new(&ca, &cbs, &side, &sv.n), 0);
+        side.n = sv.n;
+        uint16_t port; cr_assert_eq(net_listen(sv.n, "127.0.0.1", 0, &port), 0);
+        pthread_t t; cr_assert_eq(pthread_create(&t, NULL, serve_net, &sv), 0);
+        cr_assert_eq(net_probe(&cb2, "127.0.0.1", port, a.pk), 0);
+        cr_assert_eq(net_probe(&cb2, "127.0.0.1", port, b.pk), -EKEYREJECTED);
+        cb2.secret = other;
+        int r = net_probe(&cb2, "127.0.0.1", port, a.pk);
+        cr_assert(r < 0 && r != -EKEYREJECTED, "a node of another swarm answered: %d", r);
+        sv.stop = 1;
+        pthread_join(t, NULL);
+        net_free(sv.n);
+        cb2.secret = secret;
+        cr_assert_eq(net_probe(&cb2, "127.0.0.1", port, a.pk), -ECONNREFUSED);
+}

@@ -256,6 +256,23 @@ Test(plan, membership_messages) {
         cr_assert_lt(plan_done_decode(done, sizeof done + 1, &epoch, &samples), 0);
         cr_assert_lt(plan_done_decode(stop, sizeof stop, &epoch, &samples), 0);
 
+        /* a dial-back's outcome: 0 or an errno, nothing else */
+        uint8_t reach[PLAN_REACH_SIZE];
+        int err;
+        plan_reach_encode(ETIMEDOUT, reach);
+        cr_assert_eq(plan_reach_decode(reach, sizeof reach, &err), 0);
+        cr_assert_eq(err, ETIMEDOUT);
+        plan_reach_encode(0, reach);
+        cr_assert_eq(plan_reach_decode(reach, sizeof reach, &err), 0);
+        cr_assert_eq(err, 0);
+        cr_assert_lt(plan_reach_decode(reach, sizeof reach - 1, &err), 0);
+        cr_assert_lt(plan_reach_decode(stop, sizeof stop, &err), 0);
+        plan_reach_encode(4096, reach);
+        cr_assert_lt(plan_reach_decode(reach, sizeof reach, &err), 0);
+        plan_reach_encode(0, reach);
+        reach[5] = 1;
+        cr_assert_lt(plan_reach_decode(reach, sizeof reach, &err), 0);
+
         /* link figures: a round trip, then everything out of bounds refused */
         uint8_t link[PLAN_LINK_SIZE];
         double bw, lat;
