@@ -16,6 +16,8 @@ const char *frame_type_to_string(uint8_t type) {
         case FRAME_HEARTBEAT: return "heartbeat";
         case FRAME_BYE: return "bye";
         case FRAME_CONTROL: return "control";
+        case FRAME_LANE: return "lane";
+        case FRAME_ACK: return "ack";
         default: return NULL;
         }
 }
@@ -52,7 +54,11 @@ int frame_header_decode(const uint8_t in[FRAME_HEADER_SIZE], const FrameLimits *
 
         if (!frame_type_to_string(h.type) || (h.flags & ~_FRAME_FLAGS_KNOWN))
                 return -EBADMSG;
-        if (h.type != FRAME_DATA && (h.offset != 0 || h.flags != 0))
+        /* TENSOR, PLAN and CONTROL carry a delivery number on a link of
+         * several lanes: the link checks it, and that it is 0 on others */
+        if ((h.type != FRAME_DATA && h.flags != 0) ||
+            (h.offset != 0 && h.type != FRAME_DATA && h.type != FRAME_TENSOR && h.type != FRAME_PLAN &&
+             h.type != FRAME_CONTROL))
                 return -EBADMSG;
         if (h.length > (h.type == FRAME_DATA ? limits->max_payload : limits->max_control))
                 return -EMSGSIZE;

@@ -9,7 +9,9 @@
  *        8    4 stream   tensor or stream id chosen by the sender
  *       12    4 length   payload bytes, not counting the tag
  *       16    8 seq      per-direction frame counter, from 0 after the handshake
- *       24    8 offset   DATA: byte offset of this chunk in its tensor; else 0
+ *       24    8 offset   DATA: byte offset of this chunk in its tensor;
+ *                         TENSOR, PLAN, CONTROL on a link of several lanes:
+ *                         the item's delivery number; else 0
  *
  * On a protected link the whole header is the associated data of the AEAD
  * and seq is its nonce, so a frame that is modified, replayed, reordered or
@@ -46,6 +48,9 @@ typedef enum FrameType {
         FRAME_HEARTBEAT = 33,
         FRAME_BYE = 34,
         FRAME_CONTROL = 35, /* small application message */
+        /* a link of several connections (lanes; net.h NetConfig.lanes) */
+        FRAME_LANE = 36,    /* a lane's first frame: which link it joins */
+        FRAME_ACK = 37,     /* items delivered so far, for the sender's window */
 } FrameType;
 
 enum {

@@ -199,6 +199,10 @@ int handshake_recv(Handshake *hs, uint8_t type, const uint8_t *in, size_t len) {
                         return fail(hs, -EBADMSG);
                 memcpy(hs->hello, in, HANDSHAKE_HELLO_SIZE);
                 hs->offered = get_le32(in);
+                /* lanes (handshake.h): known bits only, and another lane opens no more */
+                if ((hs->offered & 0x78000000u) ||
+                    ((hs->offered & HANDSHAKE_LANE_EXTRA) && (hs->offered & HANDSHAKE_LANES_MASK)))
+                        return fail(hs, -EBADMSG);
                 r = take_peer_eph(hs, in + 4);
                 if (r < 0)
                         return fail(hs, r);

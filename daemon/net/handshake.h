@@ -41,6 +41,13 @@
 #define HANDSHAKE_REPLY_SIZE (4 + 32 + HANDSHAKE_NONCE_SIZE + 32 + 64 + 32)
 #define HANDSHAKE_AUTH_SIZE (32 + 64 + 32)
 #define HANDSHAKE_MAX_SIZE HANDSHAKE_REPLY_SIZE
+/* The HELLO's cipher word also says what the connection is to its link
+ * (net.h NetConfig.lanes), under the transcript's signatures like the
+ * rest: bits 24-26, the lanes of a link this connection opens, less one;
+ * bit 31, this connection is another lane of a link opened already. */
+#define HANDSHAKE_LANES_SHIFT 24
+#define HANDSHAKE_LANES_MASK (7u << HANDSHAKE_LANES_SHIFT)
+#define HANDSHAKE_LANE_EXTRA (1u << 31)
 
 typedef struct HandshakeConfig {
         const Identity *identity;

@@ -9,14 +9,14 @@
 
 static void rx_expect(Link *l, RxPhase phase, uint8_t *dst, size_t want);
 
-int link_init(Link *l, Net *n, int fd, bool initiator, bool loopback) {
+int link_init(Link *l, Net *n, int fd, bool initiator, bool loopback, uint32_t hello_flags) {
         const NetConfig *c = &n->cfg;
         HandshakeConfig hc = {
                 .identity = &n->identity,
                 .secret = c->secret ? n->secret : NULL,
                 .allowed = (const uint8_t(*)[IDENTITY_PK_SIZE])n->allowed,
                 .n_allowed = c->n_allowed,
-                .ciphers = cipher_available() & (c->ciphers ? c->ciphers : ~0u),
+                .ciphers = (cipher_available() & (c->ciphers ? c->ciphers : ~0u)) | hello_flags,
         };
         int r;
 
@@ -47,6 +47,12 @@ static void rx_tensor_drop(Link *l) {
         Net *n = l->net;
         if (!l->rx_active)
                 return;
+        if (l->rx_slot) { /* a lane's part: the link's slot owns the buffer */
+                l->rx_active = false;
+                l->rx_slot = NULL;
+                l->rx.data = NULL;
+                return;
+        }
         n->rx_bytes -= l->rx.desc.bytes;
         if (bufpool_owns(n->pool, l->rx.data))
                 bufpool_free(n->pool, l->rx.data, l->rx.desc.bytes);
@@ -65,10 +71,13 @@ void link_destroy(Link *l) {
         l->tx_head = l->tx_tail = NULL;
         for (TxItem *i = head, *next; i; i = next) {
                 next = i->next;
-                if (i->type == FRAME_TENSOR && n->cb.sent)
+                if (i->shared)
+                        lanes_part_sent(n, l, i);
+                else if (i->type == FRAME_TENSOR && n->cb.sent)
                         n->cb.sent(n->userdata, l->id, i->cookie);
                 free(i);
         }
+        lanes_unref(l);
         handshake_clear(&l->hs);
         seal_clear(&l->seal);
         free(l->ctl);
@@ -101,6 +110,11 @@ int link_queue_tensor(Link *l, uint32_t stream, const TensorDesc *desc, const vo
         return 0;
 }
 
+void link_queue_item(Link *l, TxItem *i, uint64_t bytes) {
+        tx_push(l, i);
+        l->queued += bytes;
+}
+
 int link_queue_control(Link *l, uint8_t type, const void *payload, size_t len) {
         TxItem *i = malloc(sizeof *i + len);
         if (!i)
@@ -110,6 +124,8 @@ int link_queue_control(Link *l, uint8_t type, const void *payload, size_t len) {
         i->len = len;
         if (len)
                 memcpy(i->payload, payload, len);
+        if (l->bundle)
+                lanes_number(l->bundle, i);
         tx_push(l, i);
         l->queued += len;
         return 0;
@@ -161,14 +177,22 @@ void link_describe(const Link *l, NetPeerInfo *ret) {
         }
 }
 
-static void connected(Link *l) {
+void link_announce(Link *l) {
         Net *n = l->net;
-        l->state = LINK_OPEN;
-        l->opened = true;
         if (!l->initiator)
                 n->stats.links_in++;
         if (n->cb.connected)
                 n->cb.connected(n->userdata, l->id, l->peer_id);
+}
+
+/* Open; the application hears of it now, or once every lane is. */
+static void connected(Link *l) {
+        l->state = LINK_OPEN;
+        l->opened = true;
+        if (l->bundle)
+                lanes_opened(l);
+        else if (!l->lane_pending)
+                link_announce(l);
 }
 
 static void link_stop_waiting(Link *l) {
@@ -231,7 +255,18 @@ static int rx_header(Link *l) {
         if (l->state == LINK_WAIT_WELCOME && h->type != FRAME_WELCOME)
                 return -EBADMSG;
 
-        if (h->type == FRAME_DATA) {
+        if (h->offset != 0 && h->type != FRAME_DATA && !l->bundle)
+                return -EBADMSG; /* numbered: only on a link of several lanes */
+        if (l->lane_pending && h->type != FRAME_LANE)
+                return -EBADMSG;
+        if (h->type == FRAME_DATA && l->bundle) {
+                if (!lanes_rx_chunk(l, h))
+                        return -EBADMSG;
+                rx_expect(l, RX_PAYLOAD, l->rx.data + h->offset, h->length);
+                l->rx_records = seal_streams(&l->seal);
+                if (l->rx_records && seal_open_begin(&l->seal, l->hdr, h) < 0)
+                        return -EBADMSG;
+        } else if (h->type == FRAME_DATA) {
                 /* An empty chunk would let a peer hold a tensor open forever. */
                 if (!l->rx_active || h->stream != l->rx.stream || h->offset != l->rx_got || h->length == 0 ||
                     h->length > l->rx.desc.bytes - l->rx_got)
@@ -243,7 +278,7 @@ static int rx_header(Link *l) {
                 if (l->rx_records && seal_open_begin(&l->seal, l->hdr, h) < 0)
                         return -EBADMSG;
         } else {
-                if (h->type == FRAME_TENSOR && (l->rx_active || h->length > TENSOR_DESC_MAX_SIZE))
+                if (h->type == FRAME_TENSOR && (l->rx_active || h->length > TENSOR_DESC_MAX_SIZE + (l->bundle ? 4 : 0)))
                         return -EBADMSG;
                 rx_expect(l, RX_PAYLOAD, l->ctl, h->length);
         }
@@ -308,8 +343,13 @@ static int rx_frame(Link *l) {
                         return r;
                 if (!handshake_done(&l->hs))
                         return 0;
+                uint32_t offered = l->hs.offered;
+                uint8_t nonce[HANDSHAKE_NONCE_SIZE];
+                memcpy(nonce, l->hs.hello + 4 + 32, sizeof nonce);
                 r = link_key(l);
                 if (r < 0)
+                        return r;
+                if (!l->initiator && (r = lanes_accept(l, offered, nonce)) < 0)
                         return r;
                 if (l->initiator) {
                         l->state = LINK_WAIT_WELCOME;
@@ -330,6 +370,8 @@ static int rx_frame(Link *l) {
                 connected(l);
                 return 0;
         case FRAME_TENSOR:
+                if (l->bundle)
+                        return lanes_rx_part(l, h, l->ctl, h->length);
                 r = rx_tensor_begin(l, l->ctl, h->length);
                 if (r < 0)
                         return r == -EMSGSIZE || r == -ENOMEM || r == -ENOBUFS ? r : -EBADMSG;
@@ -337,8 +379,10 @@ static int rx_frame(Link *l) {
                         rx_tensor_deliver(l);
                 return 0;
         case FRAME_DATA:
-                l->rx_got += h->length;
                 l->rx_progress_ns = l->last_frame_ns;
+                if (l->bundle)
+                        return lanes_rx_chunk_done(l, h);
+                l->rx_got += h->length;
                 if (l->rx_got == l->rx.desc.bytes) {
                         if (!(h->flags & FRAME_FLAG_LAST))
                                 return -EBADMSG;
@@ -350,8 +394,14 @@ static int rx_frame(Link *l) {
                 return 0;
         case FRAME_BYE:
                 return -ESHUTDOWN;
+        case FRAME_LANE:
+                return lanes_rx_lane(l, l->ctl, h->length);
+        case FRAME_ACK:
+                return lanes_rx_ack(l, l->ctl, h->length);
         case FRAME_PLAN:
         case FRAME_CONTROL:
+                if (l->bundle)
+                        return lanes_rx_item(l, h, l->ctl);
                 if (n->cb.control)
                         n->cb.control(n->userdata, l->id, h->type, l->ctl, h->length);
                 return 0;
@@ -467,16 +517,22 @@ bool link_tx_prepare(Link *l) {
         /* Before the handshake is done only handshake frames may go. */
         if (!l->keyed && !frame_type_is_handshake(i->type))
                 return false;
+        /* an item of a link of lanes starts inside the peer's window */
+        if (!(i->type == FRAME_TENSOR && i->desc_sent) && !lanes_may_start(l, i))
+                return false;
 
         h.type = i->type;
         h.stream = i->stream;
+        h.offset = i->numbered ? i->seq : 0;
         l->iovcnt = 1;
 
         if (i->type == FRAME_TENSOR && i->desc_sent) {
-                len = MIN((uint64_t)c->chunk, i->desc.bytes - i->offset);
+                uint64_t step = i->numbered ? (uint64_t)i->stripe * i->lanes : 0;
+                len = MIN((uint64_t)(i->numbered ? i->stripe : c->chunk), i->desc.bytes - i->offset);
                 h.type = FRAME_DATA;
                 h.offset = i->offset;
-                h.flags = i->offset + len == i->desc.bytes ? FRAME_FLAG_LAST : 0;
+                h.flags = (i->numbered ? i->offset + step >= i->desc.bytes : i->offset + len == i->desc.bytes)
+                                  ? FRAME_FLAG_LAST : 0;
                 if (l->seal.cipher == CIPHER_NONE) {
                         /* plaintext: the header from the stage, the data where it is */
                         h.length = (uint32_t)len;
@@ -496,10 +552,14 @@ bool link_tx_prepare(Link *l) {
                 seal_frame_to(&l->seal, &h, hdr, body, i->data + i->offset, len, body + len);
         } else {
                 const uint8_t *src = i->payload;
-                uint8_t desc[TENSOR_DESC_MAX_SIZE];
+                uint8_t desc[TENSOR_DESC_MAX_SIZE + 4];
                 len = i->len;
                 if (i->type == FRAME_TENSOR) {
                         len = tensor_desc_encode(&i->desc, desc);
+                        if (i->numbered) { /* a lane's part: the stripe size after the descriptor */
+                                put_le32(desc + len, i->stripe);
+                                len += 4;
+                        }
                         src = desc;
                 }
                 if (frame_type_is_handshake(i->type)) {
@@ -550,8 +610,10 @@ void link_tx_done(Link *l, size_t n) {
                 if (!i->desc_sent)
                         i->desc_sent = true;
                 else {
-                        uint64_t len = MIN((uint64_t)net->cfg.chunk, i->desc.bytes - i->offset);
-                        i->offset += len;
+                        uint64_t len = MIN((uint64_t)(i->numbered ? i->stripe : net->cfg.chunk),
+                                           i->desc.bytes - i->offset);
+                        i->offset += i->numbered ? MIN((uint64_t)i->stripe * i->lanes, i->desc.bytes - i->offset)
+                                                 : len;
                         l->queued -= len;
                 }
                 if (i->offset < i->desc.bytes)
@@ -562,7 +624,9 @@ void link_tx_done(Link *l, size_t n) {
         l->tx_head = i->next;
         if (!l->tx_head)
                 l->tx_tail = NULL;
-        if (i->type == FRAME_TENSOR && net->cb.sent)
+        if (i->shared)
+                lanes_part_sent(net, l, i);
+        else if (i->type == FRAME_TENSOR && net->cb.sent)
                 net->cb.sent(net->userdata, l->id, i->cookie);
         if (i->type == FRAME_BYE)
                 net_link_close(l, 0);

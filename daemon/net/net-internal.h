@@ -22,6 +22,46 @@ typedef enum RxPhase {
         RX_TAG,
 } RxPhase;
 
+/* A link of several lanes (connections): the primary's Bundle, which its
+ * other lanes point to. Items (tensors, PLAN and CONTROL frames) are
+ * numbered in the order the application queued them; a tensor's chunks go
+ * round the lanes, each lane's part after a TENSOR frame of its own; the
+ * receiver delivers items in their order once all their parts are in. A
+ * sender keeps at most NET_LANE_WINDOW items ahead of what its peer said
+ * it delivered (ACK), so a receiver holds at most that many. */
+#define NET_MAX_LANES NET_LANES_MAX
+#define NET_LANE_WINDOW 64
+
+typedef struct LaneSlot {
+        bool used, complete;
+        uint8_t type;         /* FRAME_TENSOR, FRAME_PLAN, FRAME_CONTROL */
+        uint32_t stream;
+        TensorDesc desc;      /* tensor */
+        uint32_t stripe;      /* tensor: bytes per chunk, as its TENSOR frames said */
+        unsigned lanes_left;  /* tensor: lanes whose part is still coming */
+        uint8_t *data;        /* tensor bytes (pool or malloc), or the payload */
+        size_t len;           /* PLAN, CONTROL: payload bytes */
+} LaneSlot;
+
+typedef struct Bundle {
+        unsigned refs;        /* links pointing here */
+        unsigned k, attached; /* lanes, and lanes open (and, responder, joined) */
+        bool announced;       /* connected() told the application */
+        uint32_t lane[NET_MAX_LANES]; /* link ids; lane[0] the primary */
+        uint8_t nonce[HANDSHAKE_NONCE_SIZE]; /* the primary's HELLO nonce: other lanes name it */
+        uint8_t peer_id[IDENTITY_PK_SIZE];
+        uint64_t tx_seq, tx_acked; /* numbers given; delivered by the peer */
+        uint64_t rx_next, rx_acked; /* next to deliver; last number acknowledged */
+        LaneSlot slot[NET_LANE_WINDOW];
+} Bundle;
+
+/* A tensor sent in parts over several lanes: sent() once all are out. */
+typedef struct TxShared {
+        uint64_t cookie;
+        uint32_t peer; /* the primary's id, the one the application knows */
+        unsigned left;
+} TxShared;
+
 /* Something queued to send. */
 typedef struct TxItem {
         struct TxItem *next;
@@ -34,6 +74,14 @@ typedef struct TxItem {
         uint64_t offset; /* of the next DATA chunk */
         bool desc_sent;
         uint64_t cookie;
+        /* on a link of several lanes: the item's number (TENSOR, PLAN,
+         * CONTROL), and a tensor's part: this lane's first chunk at
+         * offset, every lanes * stripe bytes after */
+        bool numbered;
+        uint64_t seq;
+        unsigned lanes;
+        uint32_t stripe;
+        TxShared *shared;
         /* everything else: the payload, copied */
         size_t len;
         uint8_t payload[];
@@ -58,6 +106,10 @@ typedef struct Link {
         bool bye_pending;     /* net_free(): BYE goes out next */
         bool bye_sending;     /* l->iov holds that BYE */
         bool relay_waiting;   /* a connection waiting at the relay: no deadline until its first byte */
+        Bundle *bundle;       /* a link of several lanes: shared by them */
+        unsigned lane;        /* this connection's index in it */
+        bool extra;           /* a lane but the first: never seen by the application */
+        bool lane_pending;    /* responder: an extra lane whose LANE frame is due */
 
         /* receiving */
         RxPhase phase;
@@ -71,6 +123,7 @@ typedef struct Link {
         bool rx_active;  /* a tensor is being received */
         NetTensor rx;
         uint64_t rx_got;
+        LaneSlot *rx_slot; /* a lane's part of a tensor: the slot that owns rx.data */
         uint64_t last_frame_ns, last_bytes_ns, deadline_ns;
         uint64_t last_sent_ns;   /* a whole frame last went out (for heartbeats) */
         uint64_t rx_progress_ns; /* the tensor being received last grew */
@@ -145,7 +198,8 @@ void net_link_released(Link *l);
 uint64_t net_now_ns(void);
 
 /* the protocol of one link (link.c) */
-int link_init(Link *l, Net *n, int fd, bool initiator, bool loopback);
+/* hello_flags: HANDSHAKE_LANE* bits for the initiator's HELLO. */
+int link_init(Link *l, Net *n, int fd, bool initiator, bool loopback, uint32_t hello_flags);
 void link_destroy(Link *l);
 int link_start(Link *l);
 /* Where the next received bytes go, and how many are wanted. */
@@ -162,3 +216,29 @@ int link_queue_control(Link *l, uint8_t type, const void *payload, size_t len);
 void link_describe(const Link *l, NetPeerInfo *ret);
 /* Queue a tensor by reference: data stays the application's until sent(). */
 int link_queue_tensor(Link *l, uint32_t stream, const TensorDesc *desc, const void *data, uint64_t cookie);
+/* Queue an item made elsewhere (a lane's part), bytes counted as queued. */
+void link_queue_item(Link *l, TxItem *i, uint64_t bytes);
+/* Tell the application about an open link (its connected()). */
+void link_announce(Link *l);
+
+/* links of several lanes (lanes.c) */
+Bundle *lanes_new(Link *primary, unsigned k, const uint8_t nonce[HANDSHAKE_NONCE_SIZE]);
+void lanes_join(Link *l, Bundle *b, unsigned index);
+void lanes_unref(Link *l);
+void lanes_close(Link *l, int reason);
+void lanes_opened(Link *l);
+int lanes_accept(Link *l, uint32_t offered, const uint8_t nonce[HANDSHAKE_NONCE_SIZE]);
+int lanes_rx_lane(Link *l, const uint8_t *p, size_t len);
+int lanes_rx_ack(Link *l, const uint8_t *p, size_t len);
+int lanes_rx_item(Link *l, const FrameHeader *h, const uint8_t *payload);
+int lanes_rx_part(Link *l, const FrameHeader *h, const uint8_t *p, size_t len);
+size_t lanes_rx_chunk(const Link *l, const FrameHeader *h);
+int lanes_rx_chunk_done(Link *l, const FrameHeader *h);
+void lanes_part_done(Link *l);
+void lanes_deliver(Net *n, Bundle *b);
+uint64_t lanes_queued(const Net *n, const Link *l);
+int lanes_send_tensor(Net *n, Link *primary, uint32_t stream, const TensorDesc *desc, const void *data,
+                      uint64_t cookie);
+void lanes_number(Bundle *b, TxItem *i);
+bool lanes_may_start(const Link *l, const TxItem *i);
+void lanes_part_sent(Net *n, Link *l, TxItem *i);

@@ -256,7 +256,7 @@ static void socket_tune(const Net *n, int fd) {
  * waiting at a relay (a responder, but no stranger: the limits on
  * unauthenticated links do not count it). */
 static int link_add(Net *n, int fd, bool initiator, bool waiting, const struct sockaddr_storage *sa,
-                    uint32_t *ret_id) {
+                    uint32_t hello_flags, uint32_t *ret_id) {
         unsigned slot = n->cfg.max_links, same = 0, handshaking = 0, handshaking_same = 0;
         uint8_t key[16];
         int r;
@@ -291,7 +291,7 @@ static int link_add(Net *n, int fd, bool initiator, bool waiting, const struct s
                 close(fd);
                 return -ENOMEM;
         }
-        r = link_init(l, n, fd, initiator, socket_is_loopback(fd));
+        r = link_init(l, n, fd, initiator, socket_is_loopback(fd), hello_flags);
         if (r < 0) {
                 link_destroy(l);
                 free(l);
@@ -327,7 +327,7 @@ void net_accept_pause(Net *n) {
 }
 
 void net_accept_fd(Net *n, int fd, const struct sockaddr_storage *sa) {
-        if (link_add(n, fd, false, false, sa, NULL) >= 0)
+        if (link_add(n, fd, false, false, sa, 0, NULL) >= 0)
                 n->stats.links_accepted++;
 }
 
@@ -460,13 +460,39 @@ static int dial(Net *n, const char *host, uint16_t port, struct sockaddr_storage
         return 0;
 }
 
-int net_connect(Net *n, const char *host, uint16_t port, uint32_t *ret_peer) {
+/* A connection to host:port, added as a link whose HELLO carries flags. */
+static int connect_one(Net *n, const char *host, uint16_t port, uint32_t flags, uint32_t *ret_id) {
         struct sockaddr_storage sa;
         int fd, r = dial(n, host, port, &sa, &fd);
         if (r < 0)
                 return r;
         socket_timeouts(n, fd, false); /* the handshake runs on the loop */
-        return link_add(n, fd, true, false, &sa, ret_peer);
+        return link_add(n, fd, true, false, &sa, flags, ret_id);
+}
+
+int net_connect(Net *n, const char *host, uint16_t port, uint32_t *ret_peer) {
+        unsigned k = MIN(MAX(n->cfg.lanes, 1u), (unsigned)NET_LANES_MAX);
+        uint32_t id, extra;
+        int r = connect_one(n, host, port, (k - 1) << HANDSHAKE_LANES_SHIFT, &id);
+        if (r < 0 || k == 1)
+                goto done;
+        /* the other lanes: each its own handshake, then a LANE frame naming
+         * the first's HELLO nonce */
+        Link *primary = net_link_find(n, id);
+        Bundle *b = lanes_new(primary, k, primary->hs.hello + 4 + 32);
+        if (!b)
+                r = -ENOMEM;
+        for (unsigned i = 1; r >= 0 && i < k; i++)
+                if ((r = connect_one(n, host, port, HANDSHAKE_LANE_EXTRA, &extra)) >= 0)
+                        lanes_join(net_link_find(n, extra), b, i);
+        if (r < 0) {
+                net_link_close(primary, r);
+                return r;
+        }
+done:
+        if (r >= 0 && ret_peer)
+                *ret_peer = id;
+        return r;
 }
 
 /* ---- through a relay (relay.h) ------------------------------------------ */
@@ -529,7 +555,7 @@ static int relay_request(Net *n, uint8_t op, const uint8_t key[IDENTITY_PK_SIZE]
 int net_connect_relayed(Net *n, const uint8_t target[IDENTITY_PK_SIZE], uint32_t *ret_peer) {
         struct sockaddr_storage sa;
         int fd, r = relay_request(n, RELAY_OP_CONNECT, target, &fd, &sa);
-        return r < 0 ? r : link_add(n, fd, true, false, &sa, ret_peer);
+        return r < 0 ? r : link_add(n, fd, true, false, &sa, 0, ret_peer);
 }
 
 /* With relay_wait, one connection always waits at the relay; once a peer
@@ -544,21 +570,32 @@ static void relay_keep_waiting(Net *n) {
         n->relay_waiter = 0;
         n->relay_retry_ns = now + 1000 * 1000000ULL;
         if (relay_request(n, RELAY_OP_WAIT, n->identity.pk, &fd, &sa) >= 0)
-                (void)link_add(n, fd, false, true, &sa, &n->relay_waiter);
+                (void)link_add(n, fd, false, true, &sa, 0, &n->relay_waiter);
+}
+
+/* An open link the application knows: not another lane, not a link of
+ * lanes before all are open. */
+static Link *visible_link(const Net *n, uint32_t peer) {
+        Link *l = net_link_find(n, peer);
+        if (!l || l->state != LINK_OPEN || l->extra || l->lane_pending || (l->bundle && !l->bundle->announced))
+                return NULL;
+        return l;
 }
 
 int net_send_tensor(Net *n, uint32_t peer, uint32_t stream, const TensorDesc *desc, const void *data,
                     uint64_t cookie) {
-        Link *l = net_link_find(n, peer);
+        Link *l = visible_link(n, peer);
         TensorDesc check;
-        if (!l || l->state != LINK_OPEN)
+        if (!l)
                 return -ENOTCONN;
         if (tensor_desc_init(&check, desc->dtype, desc->ndim, desc->dims) < 0 || check.bytes != desc->bytes)
                 return -EINVAL;
         if (desc->bytes > n->cfg.limits.max_tensor_bytes)
                 return -EMSGSIZE;
-        if (l->queued + desc->bytes > n->cfg.max_queued)
+        if (lanes_queued(n, l) + desc->bytes > n->cfg.max_queued)
                 return -ENOBUFS;
+        if (l->bundle)
+                return lanes_send_tensor(n, l, stream, desc, data, cookie);
         int r = link_queue_tensor(l, stream, desc, data, cookie);
         if (r < 0)
                 return r;
@@ -567,14 +604,14 @@ int net_send_tensor(Net *n, uint32_t peer, uint32_t stream, const TensorDesc *de
 }
 
 int net_send_control(Net *n, uint32_t peer, uint8_t type, const void *payload, size_t len) {
-        Link *l = net_link_find(n, peer);
-        if (!l || l->state != LINK_OPEN)
+        Link *l = visible_link(n, peer);
+        if (!l)
                 return -ENOTCONN;
         if (type != FRAME_PLAN && type != FRAME_CONTROL && type != FRAME_HEARTBEAT && type != FRAME_BYE)
                 return -EINVAL;
         if (len > n->cfg.limits.max_control)
                 return -EMSGSIZE;
-        if (l->queued + len > n->cfg.max_queued)
+        if (lanes_queued(n, l) + len > n->cfg.max_queued)
                 return -ENOBUFS;
         int r = link_queue_control(l, type, payload, len);
         if (r < 0)
@@ -586,7 +623,7 @@ int net_send_control(Net *n, uint32_t peer, uint8_t type, const void *payload, s
 int net_broadcast_control(Net *n, uint8_t type, const void *payload, size_t len) {
         int sent = 0;
         for (unsigned i = 0; i < n->cfg.max_links; i++)
-                if (n->links[i] && n->links[i]->state == LINK_OPEN &&
+                if (n->links[i] && visible_link(n, n->links[i]->id) &&
                     net_send_control(n, n->links[i]->id, type, payload, len) == 0)
                         sent++;
         return sent;
@@ -634,6 +671,7 @@ void net_link_close(Link *l, int reason) {
         l->close_reason = reason == -ESHUTDOWN ? 0 : reason;
         l->state = LINK_CLOSING;
         n->backend->close_link(n, l);
+        lanes_close(l, reason); /* one lane lost is the link lost */
 }
 
 void net_link_released(Link *l) {
@@ -642,13 +680,14 @@ void net_link_released(Link *l) {
         uint32_t peer = l->id;
         int reason = l->close_reason;
 
+        bool hidden = l->extra; /* another lane: the application never knew it */
         memcpy(id, l->peer_id, sizeof id);
         link_describe(l, &n->closing);
         n->links[l->slot] = NULL;
         n->n_links--;
         link_destroy(l);
         free(l);
-        if (n->cb.closed) {
+        if (n->cb.closed && !hidden) {
                 n->closing_id = peer; /* for net_peer_describe() in the callback */
                 n->cb.closed(n->userdata, peer, reason, id);
         }
@@ -706,7 +745,8 @@ static void check_timers(Net *n) {
                 heartbeat(n, l, now, idle);
                 bool mid_frame = l->phase != RX_HEADER || l->rx_have > 0;
                 NetTimeout t = NET_TIMEOUT_NONE;
-                if (l->state != LINK_OPEN && now > l->deadline_ns)
+                bool opening = l->state != LINK_OPEN || l->lane_pending || (l->bundle && !l->bundle->announced);
+                if (opening && now > l->deadline_ns)
                         t = NET_TIMEOUT_HANDSHAKE;
                 else if ((stall && mid_frame && now - l->last_bytes_ns > stall) ||
                          /* a tensor begun and not growing, whatever else arrives */
@@ -747,7 +787,7 @@ void net_get_stats(const Net *n, NetStats *ret) {
 
 int64_t net_queued(const Net *n, uint32_t peer) {
         Link *l = net_link_find(n, peer);
-        return l ? (int64_t)l->queued : -ENOTCONN;
+        return l ? (int64_t)lanes_queued(n, l) : -ENOTCONN;
 }
 
 int net_peer_cipher(const Net *n, uint32_t peer) {

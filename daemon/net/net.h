@@ -36,6 +36,7 @@ typedef enum NetBackendKind {
 } NetBackendKind;
 
 #define NET_ZC_AUTO SIZE_MAX
+#define NET_LANES_MAX 8
 
 typedef struct NetConfig {
         const Identity *identity;
@@ -51,6 +52,13 @@ typedef struct NetConfig {
         size_t zc_threshold;
         FrameLimits limits;
         uint32_t chunk;            /* DATA payload per frame when sending */
+        /* Connections per link this node dials (1 to NET_LANES_MAX; 0 is
+         * 1): a tensor's chunks go round them, so a link over a long fat
+         * path is not held to what one TCP connection's window carries.
+         * The application sees one link all the same: one connected(),
+         * items delivered in the order they were sent, one closed() when
+         * any connection is lost. A node accepts whatever its peer dials. */
+        unsigned lanes;
         uint64_t max_queued;       /* bytes queued to one peer before sends fail */
         uint64_t max_receive_bytes; /* tensors being received, all links together */
         unsigned max_links;

@@ -1,5 +1,7 @@
 #include <criterion/criterion.h>
+#include <arpa/inet.h>
 #include <pthread.h>
+#include <sys/socket.h>
 #include <string.h>
 #include "net/handshake.h"
 #include "net/net.h"
@@ -91,3 +93,99 @@ Test(netsmoke, probe_dials_back) {
         cb2.secret = secret;
         cr_assert_eq(net_probe(&cb2, "127.0.0.1", port, a.pk), -ECONNREFUSED);
 }
+
+/* A link of several lanes: tensors of every size (none, less than a
+ * chunk, a chunk and one byte more, many chunks) and CONTROL frames
+ * queued in between arrive whole and in the order they were queued, both
+ * ways; the application sees one link at each end, one sent() per tensor,
+ * and one closed() when one lane's connection is cut. */
+typedef struct Order { Net *n; uint32_t peer; int connected, closed, reason; unsigned got, sent; uint32_t order[64]; uint64_t bytes[64]; int bad; } Order;
+static void o_conn(void *ud, uint32_t peer, const uint8_t id[32]) { Order *o = ud; o->connected++; o->peer = peer; }
+static void o_tensor(void *ud, NetTensor *t) {
+        Order *o = ud;
+        for (uint64_t i = 0; i < t->desc.bytes; i++)
+                if (t->data[i] != (uint8_t)(i * 13 + t->stream)) { o->bad++; break; }
+        o->bytes[o->got % 64] = t->desc.bytes;
+        o->order[o->got++ % 64] = t->stream;
+        net_tensor_release(o->n, t);
+}
+static void o_control(void *ud, uint32_t peer, uint8_t type, const uint8_t *p, size_t len) {
+        Order *o = ud;
+        o->order[o->got++ % 64] = len == 4 ? (uint32_t)p[0] | (uint32_t)p[1] << 8 | 1u << 31 : 0;
+}
+static void o_sent(void *ud, uint32_t peer, uint64_t c) { ((Order *)ud)->sent++; }
+static void o_closed(void *ud, uint32_t peer, int r, const uint8_t id[32]) { Order *o = ud; o->closed++; o->reason = r; }
+static const NetCallbacks ocbs = { .connected = o_conn, .tensor = o_tensor, .control = o_control, .sent = o_sent, .closed = o_closed };
+
+static void lanes_both_ways(NetBackendKind kind, unsigned lanes) {
+        Identity a, b; identity_generate(&a); identity_generate(&b);
+        uint8_t secret[32] = { 9 };
+        NetConfig ca, cc; net_config_defaults(&ca); ca.identity = &a; ca.secret = secret; ca.backend = kind;
+        ca.chunk = 4096; ca.limits.max_payload = 4096; /* many chunks per tensor */
+        cc = ca; cc.identity = &b; cc.lanes = lanes;
+        Order s = {}, c = {};
+        cr_assert_eq(net_new(&ca, &ocbs, &s, &s.n), 0);
+        cr_assert_eq(net_new(&cc, &ocbs, &c, &c.n), 0);
+        uint16_t port; cr_assert_eq(net_listen(s.n, "127.0.0.1", 0, &port), 0);
+        uint32_t p; cr_assert_eq(net_connect(c.n, "127.0.0.1", port, &p), 0);
+        for (int i = 0; i < 400 && !(s.connected && c.connected); i++) { net_run(s.n, 2); net_run(c.n, 2); }
+        cr_assert(s.connected == 1 && c.connected == 1, "connected %d/%d", s.connected, c.connected);
+        NetStats st; net_get_stats(s.n, &st);
+        cr_assert_eq(st.links, lanes, "the server holds %u connections", st.links);
+        static const size_t sizes[] = { 0, 1, 4095, 4096, 4097, 3 * 4096 + 5, 100000, 1 << 20 };
+        enum { N = sizeof sizes / sizeof sizes[0] };
+        uint8_t *buf[N];
+        for (unsigned k = 0; k < N; k++) {
+                buf[k] = malloc(sizes[k] + 1);
+                for (size_t i = 0; i < sizes[k]; i++) buf[k][i] = (uint8_t)(i * 13 + k);
+        }
+        Order *ends[2] = { &c, &s };
+        uint32_t peers[2] = { p, s.peer };
+        for (int dir = 0; dir < 2; dir++) {
+                Order *tx = ends[dir], *rx = ends[1 - dir];
+                for (unsigned k = 0; k < N; k++) {
+                        TensorDesc d; uint32_t dims[1] = { (uint32_t)sizes[k] }; tensor_desc_init(&d, DTYPE_U8, 1, dims);
+                        cr_assert_eq(net_send_tensor(tx->n, peers[dir], k, &d, buf[k], k), 0);
+                        uint8_t msg[4] = { (uint8_t)k, 0, 0, 0 };
+                        cr_assert_eq(net_send_control(tx->n, peers[dir], FRAME_CONTROL, msg, 4), 0);
+                }
+                for (int i = 0; i < 4000 && (rx->got < 2 * N || tx->sent < N); i++) { net_run(c.n, 1); net_run(s.n, 1); }
+                cr_assert_eq(rx->got, 2 * N, "direction %d: %u items", dir, rx->got);
+                cr_assert_eq(tx->sent, N);
+                cr_assert_eq(rx->bad, 0);
+                for (unsigned k = 0; k < N; k++) {
+                        cr_assert_eq(rx->order[2 * k], k, "item %u is %u", 2 * k, rx->order[2 * k]);
+                        cr_assert_eq(rx->bytes[2 * k], sizes[k]);
+                        cr_assert_eq(rx->order[2 * k + 1], k | 1u << 31);
+                }
+                rx->got = 0;
+        }
+        /* more items than the window, queued at once: the sender waits for ACKs */
+        for (unsigned k = 0; k < 200; k++) {
+                TensorDesc d; uint32_t dims[1] = { 4097 }; tensor_desc_init(&d, DTYPE_U8, 1, dims);
+                cr_assert_eq(net_send_tensor(c.n, p, 4, &d, buf[4], k), 0);
+        }
+        c.sent = 0;
+        for (int i = 0; i < 4000 && s.got < 200; i++) { net_run(c.n, 1); net_run(s.n, 1); }
+        cr_assert_eq(s.got, 200);
+        /* one connection cut: the link is gone at both ends, once */
+        int fd = -1;
+        for (int cand = 3; cand < 1024 && fd < 0; cand++) {
+                struct sockaddr_in sa; socklen_t len = sizeof sa;
+                if (getpeername(cand, (struct sockaddr *)&sa, &len) == 0 && ntohs(sa.sin_port) == port) fd = cand;
+        }
+        cr_assert(fd >= 0);
+        shutdown(fd, SHUT_RDWR);
+        for (int i = 0; i < 500 && !(s.closed && c.closed); i++) { net_run(s.n, 2); net_run(c.n, 2); }
+        cr_assert(s.closed == 1 && c.closed == 1, "closed %d/%d", s.closed, c.closed);
+        net_get_stats(s.n, &st);
+        for (int i = 0; i < 100 && st.links; i++) { net_run(s.n, 2); net_get_stats(s.n, &st); }
+        cr_assert_eq(st.links, 0, "%u connections left", st.links);
+        net_free(c.n);
+        net_free(s.n);
+        for (unsigned k = 0; k < N; k++) free(buf[k]);
+}
+Test(netsmoke, lanes_epoll) { lanes_both_ways(NET_BACKEND_EPOLL, 4); }
+Test(netsmoke, lanes_uring) { lanes_both_ways(NET_BACKEND_URING, 4); }
+Test(netsmoke, lanes_eight_uring) { lanes_both_ways(NET_BACKEND_URING, 8); }
+Test(netsmoke, lanes_one) { lanes_both_ways(NET_BACKEND_URING, 1); }
