@@ -343,11 +343,11 @@ static int parse_network(const config_setting_t *root, Config *c, Diag *d) {
                 "listen", "peers", "admission", "secret_file", "allowed_peers", "plaintext", "io_backend",
                 "zerocopy_threshold", "max_frame", "max_tensor", "max_queued", "max_links",
                 "max_links_per_address", "handshake_timeout", "idle_timeout", "stall_timeout", "receive_pool",
-                "max_receive", "relay", NULL,
+                "max_receive", "relay", "connections", NULL,
         };
         NetConfig *n = &c->net;
         config_setting_t *g, *s, *peers, *allowed;
-        long long frame, tensor, queued, links, per_addr, hs, idle, stall, pool, receive;
+        long long frame, tensor, queued, links, per_addr, hs, idle, stall, pool, receive, lanes;
         const long long max_bytes = 1LL << 36;
         int admission = c->admission, backend = n->backend, r;
 
@@ -372,7 +372,8 @@ static int parse_network(const config_setting_t *root, Config *c, Diag *d) {
             (r = conf_get_int(g, "stall_timeout", false, 0, 3600000, n->stall_timeout_ms, &stall, d)) < 0 ||
             (r = conf_get_int(g, "receive_pool", false, 0, 1 << 30, (long long)n->pool_bytes, &pool, d)) < 0 ||
             (r = conf_get_int(g, "max_receive", false, 4096, max_bytes, (long long)n->max_receive_bytes, &receive,
-                              d)) < 0)
+                              d)) < 0 ||
+            (r = conf_get_int(g, "connections", false, 1, NET_LANES_MAX, MAX(n->lanes, 1u), &lanes, d)) < 0)
                 return r;
 
         s = member(g, "listen");
@@ -403,6 +404,7 @@ static int parse_network(const config_setting_t *root, Config *c, Diag *d) {
         if (member(g, "max_frame")) /* else keep the transport's own chunk */
                 n->limits.max_payload = n->chunk = (uint32_t)frame;
         n->limits.max_tensor_bytes = (uint64_t)tensor;
+        n->lanes = (unsigned)lanes;
         n->max_queued = (uint64_t)queued;
         n->max_links = (unsigned)links;
         n->max_links_per_addr = (unsigned)per_addr;

@@ -152,7 +152,7 @@ static void submit_send(Net *n, Link *l) {
         if (!sqe)
                 return; /* retried on the next completion */
 
-        size_t zc = u->zc_threshold == NET_ZC_AUTO ? (l->loopback ? 0 : (size_t)1 << 20) : u->zc_threshold;
+        size_t zc = u->zc_threshold == NET_ZC_AUTO ? 0 : u->zc_threshold; /* auto: never (net.h) */
         if (l->iovcnt == 1 && zc && l->iov[0].iov_len >= zc) {
                 l->tx_zc_pending++; /* until its notification */
                 io_uring_prep_send_zc(sqe, l->fd, l->iov[0].iov_base, l->iov[0].iov_len, MSG_NOSIGNAL, 0);

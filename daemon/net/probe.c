@@ -34,6 +34,7 @@ int net_probe(const NetConfig *c, const char *host, uint16_t port, const uint8_t
         pc.backend = NET_BACKEND_EPOLL;
         pc.pool_bytes = 64u << 10;
         pc.max_links = 1;
+        pc.lanes = 1;
         pc.relay_host = NULL;
         pc.relay_wait = false;
         _cleanup_(net_freep) Net *n = NULL;

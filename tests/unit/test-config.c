@@ -121,6 +121,7 @@ Test(config, shipped_sample_gives_defaults) {
         cr_assert_eq(c.net.idle_timeout_ms, 120000);
         cr_assert_eq(c.net.stall_timeout_ms, 10000);
         cr_assert_eq(c.net.pool_bytes, 64u << 20);
+        cr_assert_eq(c.net.lanes, 1);
         /* and the transport's own defaults */
         cr_assert_eq(c.net.limits.max_payload, n.limits.max_payload);
         cr_assert_eq(c.net.limits.max_control, n.limits.max_control);
@@ -310,6 +311,8 @@ Test(config, errors_name_file_line_and_setting) {
         expect_error("max_frame = 65536;", "max_frame = 1024;",
                      "10: network.max_frame: must be an integer in [4096, 67108864], got 1024");
         expect_error("\"auto\";", "2147483647;", "9: network.zerocopy_threshold: must be an integer in [0, 1073741824]");
+        expect_error("max_frame = 65536;", "max_frame = 65536; connections = 9;",
+                     "10: network.connections: must be an integer in [1, 8], got 9");
         /* host:port */
         expect_error("\"127.0.0.1:7000\"", "\"127.0.0.1\"", "4: network.listen: must be \"host:port\"");
         expect_error("\"127.0.0.1:7000\"", "\"127.0.0.1:0\"", "4: network.listen: port must be in [1, 65535]");
