@@ -53,6 +53,8 @@ struct Averager {
         float *anchor, *momentum; /* outer optimizer: compute thread only */
         bool anchored;
         atomic_bool last; /* the round asked for is a requested (last) one: whole, of parameters (set with WANT) */
+        atomic_uint join_left;   /* join rounds still to take (averager_join) */
+        atomic_bool join_round;  /* the round asked for is one of them (set with WANT) */
 
         /* averaging thread only */
         CollRound *rd[COLL_MAX_MEMBERS];
@@ -216,7 +218,7 @@ static void fill_f32(float *d, float v, size_t n) {
 
 static int start_rounds(Averager *a) {
         a->n_rd = 0;
-        a->outer_round = a->cfg.outer.enabled && !atomic_load(&a->last);
+        a->outer_round = a->cfg.outer.enabled && !atomic_load(&a->last) && !atomic_load(&a->join_round);
         /* what no round covers: a delta of 0, or for an outer step "unchanged" */
         fill_f32(a->delta, a->outer_round ? NAN : 0.0f, a->cfg.len);
         if (a->cfg.method == AVERAGER_MOSHPIT)
@@ -333,9 +335,17 @@ static bool due(Averager *a, uint64_t now) {
                 return true; /* asked for: now, settled links or not */
         if (!links_settled(a, now))
                 return false;
+        if (atomic_load(&a->join_left))
+                return true; /* joining: the swarm's parameters before anything else */
         if (a->cfg.interval_steps)
                 return atomic_load(&a->steps) - a->steps_at_last >= a->cfg.interval_steps;
         return now >= a->next_due_ns;
+}
+
+/* A join round is over (applied, failed or given up): one fewer to take. */
+static void join_taken(Averager *a) {
+        if (atomic_exchange(&a->join_round, false))
+                atomic_fetch_sub(&a->join_left, 1);
 }
 
 static void *averager_main(void *arg) {
@@ -360,6 +370,7 @@ static void *averager_main(void *arg) {
                                 a->round_start_ns = now;
                                 a->round_ticket = atomic_load(&a->requested);
                                 atomic_store(&a->last, a->round_ticket > a->delta_ticket);
+                                atomic_store(&a->join_round, !atomic_load(&a->last) && atomic_load(&a->join_left));
                                 atomic_store(&a->state, AV_WANT);
                         }
                         break;
@@ -381,6 +392,7 @@ static void *averager_main(void *arg) {
                                 a->steps_at_last = atomic_load(&a->steps);
                                 a->delta_ticket = a->round_ticket;
                                 atomic_store(&a->done, a->round_ticket); /* nothing to hand back */
+                                join_taken(a);
                                 atomic_store(&a->state, AV_IDLE);
                         } else
                                 atomic_store(&a->state, AV_RUNNING);
@@ -399,6 +411,7 @@ static void *averager_main(void *arg) {
                                 a->n_rd = 0;
                                 a->delta_ticket = a->round_ticket;
                                 atomic_store(&a->done, a->round_ticket);
+                                join_taken(a);
                                 atomic_store(&a->state, AV_IDLE);
                         } else if (rounds_finished(a)) {
                                 finish_rounds(a, now);
@@ -469,18 +482,20 @@ int averager_sync(Averager *a, float *params, uint64_t samples) {
         }
         switch (atomic_load(&a->state)) {
         case AV_DELTA:
-                if (a->anchor && !atomic_load(&a->last))
+                if (a->anchor && !atomic_load(&a->last) && !atomic_load(&a->join_round))
                         outer_step(a, params);
                 else
                         apply_delta(a, params);
+                join_taken(a);
                 atomic_store(&a->done, a->delta_ticket);
                 atomic_store(&a->state, AV_IDLE);
                 done = AVERAGER_APPLIED;
                 break;
         case AV_WANT:
                 memcpy(a->snapshot, params, a->cfg.len * sizeof *params);
-                /* weighted by samples trained since the last snapshot */
-                a->weight = a->samples ? (double)a->samples : 1.0;
+                /* weighted by samples trained since the last snapshot;
+                 * joining, next to nothing */
+                a->weight = atomic_load(&a->join_round) ? AVERAGER_JOIN_WEIGHT : a->samples ? (double)a->samples : 1.0;
                 a->samples = 0;
                 atomic_store(&a->state, AV_SNAPPED);
                 done = AVERAGER_SNAPSHOT;
@@ -502,6 +517,16 @@ uint64_t averager_request(Averager *a, unsigned join_ms) {
 
 uint64_t averager_done_ticket(Averager *a) {
         return atomic_load(&a->done);
+}
+
+unsigned averager_join(Averager *a) {
+        unsigned n = a->cfg.method == AVERAGER_RING && a->cfg.fragments > 1 ? a->cfg.fragments : 1;
+        atomic_store(&a->join_left, n);
+        return n;
+}
+
+bool averager_joining(const Averager *a) {
+        return atomic_load(&a->join_left) > 0;
 }
 
 int averager_set_outer_state(Averager *a, const float *anchor, const float *momentum) {

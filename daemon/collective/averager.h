@@ -127,3 +127,15 @@ int averager_outer_state(const Averager *a, const float **ret_anchor, const floa
  * has ended and its delta has been handed over by averager_sync(). */
 uint64_t averager_request(Averager *a, unsigned join_ms);
 uint64_t averager_done_ticket(Averager *a);
+/* Join a swarm that trains already: the next rounds (one, or one per
+ * fragment) start as soon as the links are up, and this node's snapshot
+ * weighs AVERAGER_JOIN_WEIGHT in them, next to nothing against the others'
+ * samples: it takes their average and gives none of its own parameters,
+ * so a node back from an old checkpoint or new to the swarm does not pull
+ * the others back. Its delta is applied as a plain average (the outer
+ * optimizer's anchor becomes it). Members that all join at once weigh the
+ * same and average as usual. Returns the rounds to take; averager_joining()
+ * is true until they are over (applied, failed or given up). */
+#define AVERAGER_JOIN_WEIGHT 1e-9
+unsigned averager_join(Averager *a);
+bool averager_joining(const Averager *a);

@@ -89,9 +89,7 @@ void lanes_deliver(Net *n, Bundle *b) {
                 if (it.type == FRAME_TENSOR) {
                         NetTensor *t = malloc(sizeof *t);
                         if (!t) {
-                                s->used = true; /* slot_clear() counts it off */
-                                *s = it;
-                                slot_clear(n, s);
+                                slot_clear(n, &it);
                                 net_link_close(primary, -ENOMEM);
                                 return;
                         }

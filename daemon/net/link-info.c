@@ -7,12 +7,9 @@
 
 #include "net-internal.h"
 
-int net_peer_link_info(const Net *n, uint32_t peer, double *ret_rtt, double *ret_rate, bool *ret_app_limited) {
-        Link *l = net_link_find(n, peer);
+static int lane_info(const Link *l, double *ret_rtt, double *ret_rate, bool *ret_app_limited) {
         struct tcp_info ti = {};
         socklen_t len = sizeof ti;
-        if (!l)
-                return -ENOTCONN;
         if (getsockopt(l->fd, IPPROTO_TCP, TCP_INFO, &ti, &len) < 0)
                 return -errno;
         *ret_rtt = (double)ti.tcpi_rtt * 1e-6;
@@ -21,4 +18,24 @@ int net_peer_link_info(const Net *n, uint32_t peer, double *ret_rtt, double *ret
                             : 0;
         *ret_app_limited = ti.tcpi_delivery_rate_app_limited;
         return 0;
+}
+
+/* A link of several connections: the slowest round trip, the rates summed
+ * (app-limited if any lane was). */
+int net_peer_link_info(const Net *n, uint32_t peer, double *ret_rtt, double *ret_rate, bool *ret_app_limited) {
+        Link *l = net_link_find(n, peer);
+        if (!l)
+                return -ENOTCONN;
+        int r = lane_info(l, ret_rtt, ret_rate, ret_app_limited);
+        for (unsigned i = 1; r >= 0 && l->bundle && l->lane == 0 && i < l->bundle->k; i++) {
+                Link *o = net_link_find(n, l->bundle->lane[i]);
+                double rtt, rate;
+                bool limited;
+                if (!o || lane_info(o, &rtt, &rate, &limited) < 0)
+                        continue;
+                *ret_rtt = rtt > *ret_rtt ? rtt : *ret_rtt;
+                *ret_rate += rate;
+                *ret_app_limited |= limited;
+        }
+        return r;
 }

@@ -486,6 +486,7 @@ int net_connect(Net *n, const char *host, uint16_t port, uint32_t *ret_peer) {
                 if ((r = connect_one(n, host, port, HANDSHAKE_LANE_EXTRA, &extra)) >= 0)
                         lanes_join(net_link_find(n, extra), b, i);
         if (r < 0) {
+                primary->extra = true; /* the application never had it: no closed() */
                 net_link_close(primary, r);
                 return r;
         }
@@ -676,6 +677,10 @@ void net_link_close(Link *l, int reason) {
 
 void net_link_released(Link *l) {
         Net *n = l->net;
+        /* The first lane of a link goes last: every sent() of the link's
+         * other lanes comes before its closed() (net_run() comes back). */
+        if (l->bundle && l->lane == 0 && l->bundle->refs > 1)
+                return;
         uint8_t id[IDENTITY_PK_SIZE];
         uint32_t peer = l->id;
         int reason = l->close_reason;
@@ -781,7 +786,9 @@ int net_run(Net *n, int timeout_ms) {
 
 void net_get_stats(const Net *n, NetStats *ret) {
         *ret = n->stats;
-        ret->links = n->n_links;
+        ret->links = n->n_links; /* links, not their other lanes */
+        for (unsigned i = 0; i < n->cfg.max_links; i++)
+                ret->links -= n->links[i] && n->links[i]->extra;
         ret->pool_in_use = n->pool ? n->pool->in_use : 0;
 }
 

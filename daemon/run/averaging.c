@@ -192,6 +192,30 @@ int averaging_final(Averaging *a, float *params, void (*poll)(void *ud), void *u
         return 0;
 }
 
+int averaging_join(Averaging *a, float *params, void (*poll)(void *ud), void *ud) {
+        if (!a->active)
+                return 0;
+        uint64_t start = now_ns();
+        uint64_t deadline = start + ((uint64_t)a->join_timeout_ms + 2ull * a->round_timeout_ms) * 1000000ull;
+        unsigned rounds = averager_join(a->av);
+        while (averager_joining(a->av) && now_ns() < deadline) {
+                averaging_step(a, params, 0);
+                if (poll)
+                        poll(ud);
+        }
+        AveragerStats s;
+        averager_get_stats(a->av, &s);
+        if (averager_joining(a->av) || s.rounds_done == 0) {
+                log_warning("Took no parameters from the other members in %.1f s: training from this node's own",
+                            (double)(now_ns() - start) / 1e9);
+                return -ETIMEDOUT;
+        }
+        log_info("Took the other members' parameters before training: %u round%s, the last of %u of %u members, "
+                 "%.0f ms after the start",
+                 rounds, rounds == 1 ? "" : "s", s.last_participants, a->ring_size, (double)(now_ns() - start) / 1e6);
+        return 0;
+}
+
 int averaging_outer_state(const Averaging *a, const float **ret_anchor, const float **ret_momentum) {
         return a->active ? averager_outer_state(a->av, ret_anchor, ret_momentum) : -EINVAL;
 }

@@ -58,6 +58,12 @@ void averaging_stop(Averaging *a);
  * member took part, -EUCLEAN when the round went on without some (logged
  * either way: "The last averaging round included all ..." or a warning). */
 int averaging_final(Averaging *a, float *params, void (*poll)(void *ud), void *ud);
+/* Before the first step: take the swarm's parameters (averager_join(): the
+ * others' average, this node's own weighing next to nothing), waiting at
+ * most a join timeout and two round timeouts, calling poll meanwhile.
+ * Logs how long it took and with how many members; 0, or -ETIMEDOUT (it
+ * trains from its own parameters then). */
+int averaging_join(Averaging *a, float *params, void (*poll)(void *ud), void *ud);
 /* The outer optimizer's state (averaging.outer), for checkpoints: see
  * averager_outer_state(). -EINVAL when this run has no outer optimizer. */
 int averaging_outer_state(const Averaging *a, const float **ret_anchor, const float **ret_momentum);

@@ -658,7 +658,14 @@ static int run_rings(Run *run, const Identity *id) {
         if ((r = plan_rings(run->plan, &run->job->model, run->cluster, run->stage, rings, &n_rings)) < 0)
                 return r;
         r = averaging_start(&run->av, &run->plan->averaging, id, pipe_stage(run->pipe)->n_params, rings, n_rings);
-        return r < 0 ? r : run_outer_state(run);
+        if (r < 0 || (r = run_outer_state(run)) < 0)
+                return r;
+        /* A stage new to the swarm, or back from a checkpoint, starts from
+         * the others' parameters; one the coordinator handed its layers to
+         * has them already. */
+        if (!run->o->load_model_params)
+                (void)averaging_join(&run->av, pipe_stage(run->pipe)->params, poll_run, run);
+        return 0;
 }
 
 /* A safe stop was asked for: the micro-batches on the way finish first,

@@ -40,7 +40,10 @@ static void fuzz_header(const uint8_t in[FRAME_HEADER_SIZE], const uint8_t *rest
 
         CHECK(frame_type_to_string(h.type));
         CHECK(!(h.flags & ~_FRAME_FLAGS_KNOWN));
-        CHECK(h.type == FRAME_DATA || (h.flags == 0 && h.offset == 0));
+        CHECK(h.type == FRAME_DATA || h.flags == 0);
+        /* an item's number, on a link of several connections: these types only */
+        CHECK(h.offset == 0 || h.type == FRAME_DATA || h.type == FRAME_TENSOR || h.type == FRAME_PLAN ||
+              h.type == FRAME_CONTROL);
         CHECK(h.length <= (h.type == FRAME_DATA ? limits.max_payload : limits.max_control));
 
         frame_header_encode(&h, out);

@@ -8,7 +8,8 @@
 # averaging round had every member):
 #   1. bad links: 2 clusters x 2 stages over 20 Mbit/s links (tbf) with
 #      20 ms of delay each way (nfq-delay: no netem here) and 1 % loss
-#      (iptables statistic);
+#      (iptables statistic), every link of two TCP connections
+#      (network.connections);
 #   2. a partition: 3 clusters x 2 stages, cluster 3 cut off from the
 #      others for 30 s and healed; the others average meanwhile, and it
 #      rejoins;
@@ -208,16 +209,24 @@ begin() {
 
 
 # ---- 1. bad links ---------------------------------------------------------------
+
+# connections_at_least NAME N: NAME holds N established TCP connections.
+connections_at_least() {
+        [ "$(nsx "${ns_of[$1]}" ss -tnH state established 2>/dev/null | wc -l)" -ge "$2" ]
+}
 scenario_bad_links() {
-        begin bad-links 2 2 "$EPOCHS_BAD" "" || return
+        net_extra="connections = 2;" begin bad-links 2 2 "$EPOCHS_BAD" "" || return
         local n
         for n in "${names[@]}"; do shape "$n" || { fail "bad-links: links shaped"; return; }; done
         [ -x "$NFQ_DELAY" ] || log "SKIP part: $NFQ_DELAY missing (apt-get install libnetfilter-queue-dev): no delay"
         swarm_start "$d" "$EPOCHS_BAD"
         swarm_peak_rss "$d" &
+        # c1s1's links, to its next stage and to its averaging partner, of
+        # two connections each
+        check "bad-links: c1s1's two links have two connections each" wait_for 60 connections_at_least c1s1 4
         swarm_finish "$d"
         stop_helpers
-        report "bad links (20 Mbit/s, 20 ms each way, 1 % loss)"
+        report "bad links (20 Mbit/s, 20 ms each way, 1 % loss; links of two connections)"
 }
 
 # first_line_after LOG PATTERN OFFSET: PATTERN shows in LOG past its first

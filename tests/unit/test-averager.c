@@ -59,6 +59,7 @@ typedef struct Node {
         float bump;     /* added once right after the snapshot: an update made during the round */
         const float *anchor0, *momentum0; /* the outer optimizer's state to start from, or NULL */
         int die_after_snapshot_us;        /* > 0: this member's averager is freed that long after its snapshot */
+        bool join;                        /* averager_join() before it starts */
         pthread_t thread;
 } Node;
 
@@ -110,6 +111,8 @@ static void start_nodes(Node *nodes, unsigned n, AveragerConfig *cfg, const Aver
                 cr_assert_eq(averager_new(&c, &nodes[i].av), 0);
                 if (nodes[i].anchor0)
                         cr_assert_eq(averager_set_outer_state(nodes[i].av, nodes[i].anchor0, nodes[i].momentum0), 0);
+                if (nodes[i].join)
+                        cr_assert_eq(averager_join(nodes[i].av), 1);
         }
         for (unsigned i = 0; i < n; i++)
                 for (unsigned j = 0; j < n; j++)
@@ -202,6 +205,47 @@ Test(averager, multi_ring_delta_keeps_updates) {
         free(model[0]);
         free(model[1]);
         free(seg);
+}
+
+/* A member that joins takes the others' average and gives nothing: after
+ * one round of three, with member 2 joining, every member holds the mean
+ * of members 0 and 1 alone (member 2's values would move it by a third of
+ * their distance), and member 2 is joined. */
+Test(averager, a_joining_member_takes_and_gives_nothing) {
+        enum { LEN = 4096 };
+        Node nodes[3] = {};
+        size_t lens[3] = { LEN, LEN, LEN };
+        for (unsigned i = 0; i < 3; i++) {
+                fill(&nodes[i], LEN, 300 + i);
+                nodes[i].deltas_wanted = 1;
+        }
+        for (size_t k = 0; k < LEN; k++)
+                nodes[2].w[k] = nodes[2].x0[k] = 50.0f; /* far from the others */
+        nodes[2].join = true;
+        AveragerConfig cfg;
+        averager_config_defaults(&cfg);
+        cfg.interval_ms = 100;
+        AveragerRing ring = { .group = 1, .n = 3, .members = { 0, 1, 2 }, .len = LEN };
+        AveragerRing rings[3][4] = { { ring }, { ring }, { ring } };
+        unsigned n_rings[3] = { 1, 1, 1 };
+        start_nodes(nodes, 3, &cfg, rings, n_rings, lens);
+        for (unsigned i = 0; i < 3; i++) {
+                AveragerStats st;
+                averager_get_stats(nodes[i].av, &st);
+                cr_assert_eq(st.rounds_done, 1, "member %u: %lu rounds (error %d)", i, st.rounds_done, st.last_error);
+                cr_assert_eq(st.last_participants, 3);
+                for (size_t k = 0; k < LEN; k++) {
+                        double want = ((double)nodes[0].x0[k] + nodes[1].x0[k]) / 2;
+                        cr_assert(fabs(nodes[i].w[k] - want) < 1e-5, "member %u value %zu: %g, not %g", i, k,
+                                  nodes[i].w[k], want);
+                }
+        }
+        cr_assert(!averager_joining(nodes[2].av));
+        for (unsigned i = 0; i < 3; i++) {
+                free(nodes[i].w);
+                free(nodes[i].x0);
+                averager_free(nodes[i].av);
+        }
 }
 
 /* Moshpit on a full 2x2x2 grid: after 3 rounds (one per dimension) every

@@ -427,3 +427,118 @@ Test(netlink, a_quiet_link_is_kept_by_heartbeats) {
         net_free(cl.n);
         net_free(s.n);
 }
+
+/* ---- links of several lanes, driven by hand ------------------------------------ */
+
+/* A protected frame from the raw client. */
+static void raw_sealed(Raw *r, FrameHeader h, const uint8_t *p) {
+        uint8_t hdr[FRAME_HEADER_SIZE], body[256], tag[16];
+        cr_assert_leq(h.length, sizeof body);
+        memcpy(body, p, h.length);
+        seal_frame(&r->seal, &h, hdr, body, h.length, tag);
+        raw_write(r, hdr, sizeof hdr);
+        raw_write(r, body, h.length);
+        raw_write(r, tag, seal_tag_size(&r->seal));
+}
+
+/* The raw client's handshake with lane bits in its HELLO. */
+static int raw_lane_handshake(Srv *s, Raw *r, uint16_t port, uint32_t bits) {
+        HandshakeConfig hc = { .identity = &client_id, .secret = secret, .ciphers = cipher_available() | bits };
+        raw_connect(r, port);
+        return raw_handshake(s, r, &hc);
+}
+
+/* Serve until the raw connection is closed by the server. */
+static bool raw_dropped(Srv *s, Raw *r) {
+        uint8_t buf[256];
+        for (int i = 0; i < 3000; i++) {
+                net_run(s->n, 2);
+                struct pollfd pfd = { r->fd, POLLIN, 0 };
+                if (poll(&pfd, 1, 0) > 0 && recv(r->fd, buf, sizeof buf, 0) <= 0)
+                        return true;
+        }
+        return false;
+}
+
+/* Another lane that names no link, or speaks before it says which, is
+ * dropped without the application hearing of it; a link announced with
+ * more lanes than come is never announced and times out. */
+Test(netlink, lanes_that_do_not_join) {
+        Srv s;
+        Raw r, e;
+        uint16_t port = srv_start(&s, NET_BACKEND_URING, false, 0);
+        uint8_t lane[HANDSHAKE_NONCE_SIZE + 1] = { 1, 2, 3 };
+        lane[HANDSHAKE_NONCE_SIZE] = 1;
+        cr_assert_eq(raw_lane_handshake(&s, &e, port, HANDSHAKE_LANE_EXTRA), 0);
+        raw_sealed(&e, (FrameHeader){ .type = FRAME_LANE, .length = sizeof lane }, lane);
+        cr_assert(raw_dropped(&s, &e), "a lane of no link was kept");
+        raw_close(&e);
+        cr_assert_eq(raw_lane_handshake(&s, &e, port, HANDSHAKE_LANE_EXTRA), 0);
+        raw_sealed(&e, (FrameHeader){ .type = FRAME_CONTROL, .length = 4 }, (const uint8_t *)"RVPZ");
+        cr_assert(raw_dropped(&s, &e), "a lane that did not say which link was kept");
+        raw_close(&e);
+        cr_assert_eq(s.connected, 0);
+        cr_assert_eq(s.closed, 0, "the application heard of a lane");
+
+        cr_assert_eq(raw_lane_handshake(&s, &r, port, 1u << HANDSHAKE_LANES_SHIFT), 0);
+        cr_assert(raw_dropped(&s, &r), "a link waiting for its lane was kept past the handshake timeout");
+        for (int i = 0; i < 100 && !s.closed; i++)
+                net_run(s.n, 2);
+        cr_assert_eq(s.connected, 0);
+        cr_assert_eq(s.closed, 1);
+        cr_assert_eq(s.reason, -ETIMEDOUT);
+        raw_close(&r);
+        net_free(s.n);
+}
+
+/* A link of two lanes joined by hand is announced once; then an ACK for
+ * more than was sent, a CONTROL numbered outside the window, and a CONTROL
+ * on another lane than the first each drop the link (both lanes, one
+ * closed()); on a link of one lane, a numbered CONTROL does. */
+static void lanes_joined(Srv *s, Raw *r, Raw *e, uint16_t port) {
+        cr_assert_eq(raw_lane_handshake(s, r, port, 1u << HANDSHAKE_LANES_SHIFT), 0);
+        uint8_t lane[HANDSHAKE_NONCE_SIZE + 1];
+        memcpy(lane, r->hs.hello + 4 + 32, HANDSHAKE_NONCE_SIZE);
+        lane[HANDSHAKE_NONCE_SIZE] = 1;
+        cr_assert_eq(raw_lane_handshake(s, e, port, HANDSHAKE_LANE_EXTRA), 0);
+        raw_sealed(e, (FrameHeader){ .type = FRAME_LANE, .length = sizeof lane }, lane);
+        for (int i = 0; i < 500 && !s->connected; i++)
+                net_run(s->n, 2);
+        cr_assert_eq(s->connected, 1);
+}
+
+Test(netlink, lanes_broken_rules) {
+        uint8_t ack[8] = { 5 };
+        for (int k = 0; k < 3; k++) {
+                Srv s;
+                Raw r, e;
+                uint16_t port = srv_start(&s, NET_BACKEND_EPOLL, false, 0);
+                lanes_joined(&s, &r, &e, port);
+                if (k == 0)
+                        raw_sealed(&r, (FrameHeader){ .type = FRAME_ACK, .length = 8 }, ack);
+                else if (k == 1)
+                        raw_sealed(&r, (FrameHeader){ .type = FRAME_CONTROL, .offset = 64, .length = 4 },
+                                   (const uint8_t *)"RVPZ");
+                else
+                        raw_sealed(&e, (FrameHeader){ .type = FRAME_CONTROL, .length = 4 }, (const uint8_t *)"RVPZ");
+                cr_assert(raw_dropped(&s, &r), "case %d: the link was kept", k);
+                cr_assert(raw_dropped(&s, &e), "case %d: the other lane was kept", k);
+                for (int i = 0; i < 100 && !s.closed; i++)
+                        net_run(s.n, 2);
+                cr_assert_eq(s.closed, 1, "case %d", k);
+                cr_assert_eq(s.reason, -EBADMSG, "case %d: %d", k, s.reason);
+                raw_close(&r);
+                raw_close(&e);
+                net_free(s.n);
+        }
+        Srv s;
+        Raw r;
+        uint16_t port = srv_start(&s, NET_BACKEND_EPOLL, false, 0);
+        HandshakeConfig hc = { .identity = &client_id, .secret = secret, .ciphers = cipher_available() };
+        raw_connect(&r, port);
+        cr_assert_eq(raw_handshake(&s, &r, &hc), 0);
+        raw_sealed(&r, (FrameHeader){ .type = FRAME_CONTROL, .offset = 1, .length = 4 }, (const uint8_t *)"RVPZ");
+        cr_assert(raw_dropped(&s, &r));
+        raw_close(&r);
+        net_free(s.n);
+}
