@@ -55,6 +55,7 @@ struct Averager {
         atomic_bool last; /* the round asked for is a requested (last) one: whole, of parameters (set with WANT) */
         atomic_uint join_left;   /* join rounds still to take (averager_join) */
         atomic_bool join_round;  /* the round asked for is one of them (set with WANT) */
+        atomic_bool peers_up;    /* every ring has another member connected (Moshpit: any member) */
 
         /* averaging thread only */
         CollRound *rd[COLL_MAX_MEMBERS];
@@ -333,19 +334,38 @@ static bool links_settled(Averager *a, uint64_t now) {
 static bool due(Averager *a, uint64_t now) {
         if (atomic_load(&a->requested) > a->round_ticket)
                 return true; /* asked for: now, settled links or not */
+        /* joining: the swarm's parameters before anything else, from
+         * whoever of each ring is up */
+        if (atomic_load(&a->join_left) && atomic_load(&a->peers_up))
+                return true;
         if (!links_settled(a, now))
                 return false;
-        if (atomic_load(&a->join_left))
-                return true; /* joining: the swarm's parameters before anything else */
         if (a->cfg.interval_steps)
                 return atomic_load(&a->steps) - a->steps_at_last >= a->cfg.interval_steps;
         return now >= a->next_due_ns;
 }
 
+/* Whether every ring of this node has another member connected. */
+static bool ring_peers_up(const Averager *a) {
+        if (a->cfg.method == AVERAGER_MOSHPIT)
+                return coll_n_connected(a->coll) > 0;
+        for (unsigned i = 0; i < a->cfg.n_rings; i++) {
+                bool up = false;
+                for (unsigned k = 0; k < a->rings[i].n && !up; k++)
+                        up = a->rings[i].members[k] != a->cfg.coll.self && coll_connected(a->coll, a->rings[i].members[k]);
+                if (!up)
+                        return false;
+        }
+        return true;
+}
+
 /* A join round is over (applied, failed or given up): one fewer to take. */
 static void join_taken(Averager *a) {
-        if (atomic_exchange(&a->join_round, false))
-                atomic_fetch_sub(&a->join_left, 1);
+        if (!atomic_exchange(&a->join_round, false))
+                return;
+        unsigned left = atomic_load(&a->join_left); /* averager_join_cancel() may have set 0 */
+        while (left > 0 && !atomic_compare_exchange_weak(&a->join_left, &left, left - 1))
+                ;
 }
 
 static void *averager_main(void *arg) {
@@ -356,6 +376,7 @@ static void *averager_main(void *arg) {
                 coll_run(a->coll, 5);
                 uint64_t now = now_ns();
                 unsigned connected = coll_n_connected(a->coll);
+                atomic_store(&a->peers_up, ring_peers_up(a));
                 if (connected != a->stats.connected) { /* only this thread writes it */
                         NetStats ns;
                         net_get_stats(coll_net(a->coll), &ns);
@@ -526,7 +547,15 @@ unsigned averager_join(Averager *a) {
 }
 
 bool averager_joining(const Averager *a) {
-        return atomic_load(&a->join_left) > 0;
+        return atomic_load(&a->join_left) > 0 || atomic_load(&a->join_round);
+}
+
+bool averager_peers_up(const Averager *a) {
+        return atomic_load(&a->peers_up);
+}
+
+void averager_join_cancel(Averager *a) {
+        atomic_store(&a->join_left, 0);
 }
 
 int averager_set_outer_state(Averager *a, const float *anchor, const float *momentum) {

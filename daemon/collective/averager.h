@@ -128,7 +128,7 @@ int averager_outer_state(const Averager *a, const float **ret_anchor, const floa
 uint64_t averager_request(Averager *a, unsigned join_ms);
 uint64_t averager_done_ticket(Averager *a);
 /* Join a swarm that trains already: the next rounds (one, or one per
- * fragment) start as soon as the links are up, and this node's snapshot
+ * fragment) start as soon as each ring has another member connected, and this node's snapshot
  * weighs AVERAGER_JOIN_WEIGHT in them, next to nothing against the others'
  * samples: it takes their average and gives none of its own parameters,
  * so a node back from an old checkpoint or new to the swarm does not pull
@@ -139,3 +139,8 @@ uint64_t averager_done_ticket(Averager *a);
 #define AVERAGER_JOIN_WEIGHT 1e-9
 unsigned averager_join(Averager *a);
 bool averager_joining(const Averager *a);
+/* No more join rounds (one under way finishes as one). */
+void averager_join_cancel(Averager *a);
+/* Whether every ring of this node has another member connected (Moshpit:
+ * any member), as the averaging thread last saw it. */
+bool averager_peers_up(const Averager *a);

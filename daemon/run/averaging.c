@@ -197,13 +197,20 @@ int averaging_join(Averaging *a, float *params, void (*poll)(void *ud), void *ud
                 return 0;
         uint64_t start = now_ns();
         uint64_t deadline = start + ((uint64_t)a->join_timeout_ms + 2ull * a->round_timeout_ms) * 1000000ull;
+        uint64_t alone = start + MIN((uint64_t)a->join_timeout_ms, AVERAGING_JOIN_ALONE_MS) * 1000000ull;
         unsigned rounds = averager_join(a->av);
+        AveragerStats s;
         while (averager_joining(a->av) && now_ns() < deadline) {
                 averaging_step(a, params, 0);
                 if (poll)
                         poll(ud);
+                averager_get_stats(a->av, &s);
+                if (!averager_peers_up(a->av) && s.rounds_done + s.rounds_failed == 0 && now_ns() > alone) {
+                        averager_join_cancel(a->av); /* the first one up: nobody to take from */
+                        log_info("No other member of its rings is up: training from this node's own parameters");
+                        return 0;
+                }
         }
-        AveragerStats s;
         averager_get_stats(a->av, &s);
         if (averager_joining(a->av) || s.rounds_done == 0) {
                 log_warning("Took no parameters from the other members in %.1f s: training from this node's own",

@@ -37,8 +37,8 @@
 #   RAVNESTD=... RAVNESTCTL=... MAKE_TEST_DATA=... NFQ_DELAY=... CKPT_DISTANCE=... \
 #       tests/system/test-faults.sh [--long] [SCENARIO...]
 #
-# SCENARIO: bad-links, partition, churn, disk-full, coordinator (default:
-# all), soak
+# SCENARIO: bad-links, partition, churn, disk-full, coordinator, late
+# (default: all), soak
 # (what --long adds).
 set -u
 here=$(cd "$(dirname "$0")" && pwd)
@@ -511,7 +511,48 @@ scenario_coordinator() {
         report "coordinator (killed and started again 8 s later)"
 }
 
-# ---- 6. a soak (--long) ------------------------------------------------------------
+# ---- 6. joining late ---------------------------------------------------------------
+# in_step NAME: how long after its start NAME held the others' parameters
+# (ms), from its log.
+in_step() {
+        sed -n "s/.*Took the other members' parameters before training: .*, \([0-9]*\) ms after the start.*/\1/p" \
+                "$d/$1.log" | head -n 1
+}
+
+# The same swarm twice: all four nodes started together, then cluster 2's
+# two started LATE_S seconds after cluster 1's. Each joiner takes the
+# others' parameters in its first round (a weight of next to nothing)
+# before it trains; both runs end as one averaged model above the bar.
+scenario_late() {
+        local n a_together a_late
+        round_timeout=60000 begin late-together 2 2 "$EPOCHS_LATE" "" || return
+        swarm_start "$d" "$EPOCHS_LATE"
+        swarm_peak_rss "$d" &
+        swarm_finish "$d"
+        a_together=$(swarm_accuracy "$d/c1s2.log")
+        report "late: all four started together"
+
+        round_timeout=60000 begin late 2 2 "$EPOCHS_LATE" "" || return
+        swarm_start_node "$d" c1s2 "$EPOCHS_LATE"
+        swarm_start_node "$d" c1s1 "$EPOCHS_LATE"
+        check "late: cluster 1 trains alone" wait_for 30 grep -q "Stage 2 of 2 in cluster 1" "$d/c1s2.log"
+        sleep "$LATE_S"
+        swarm_start_node "$d" c2s2 "$EPOCHS_LATE"
+        swarm_start_node "$d" c2s1 "$EPOCHS_LATE"
+        swarm_peak_rss "$d" &
+        for n in c2s1 c2s2; do
+                if wait_for 60 grep -q "Took the other members' parameters.*the last of 2 of 2 members" "$d/$n.log"; then
+                        pass "late: $n takes the others' parameters before it trains"
+                        log "late: $n in step $(in_step "$n") ms after its start"
+                else fail "late: $n takes the others' parameters before it trains" "$(tail -n 5 "$d/$n.log")"; fi
+        done
+        swarm_finish "$d"
+        a_late=$(swarm_accuracy "$d/c1s2.log")
+        log "late: test accuracy ${a_late:-none}% with cluster 2 started $LATE_S s late, ${a_together:-none}% all together"
+        report "late: cluster 2 started $LATE_S s after cluster 1"
+}
+
+# ---- 7. a soak (--long) ------------------------------------------------------------
 
 scenario_soak() {
         # over ten minutes the clusters' progress drifts apart by more than
@@ -542,11 +583,13 @@ EPOCHS_CHURN=${EPOCHS_CHURN:-40}
 EPOCHS_DISK=${EPOCHS_DISK:-20}
 EPOCHS_SOAK=${EPOCHS_SOAK:-300} # about ten minutes here
 EPOCHS_COORD=${EPOCHS_COORD:-60}
+EPOCHS_LATE=${EPOCHS_LATE:-1000}
+LATE_S=${LATE_S:-3}
 scenarios=()
 for a in "$@"; do
         if [ "$a" = --long ]; then long=1; else scenarios+=("$a"); fi
 done
-[ ${#scenarios[@]} -gt 0 ] || scenarios=(bad-links partition churn disk-full coordinator)
+[ ${#scenarios[@]} -gt 0 ] || scenarios=(bad-links partition churn disk-full coordinator late)
 [ "${long:-0}" = 1 ] && scenarios+=(soak)
 log "files in $dir"
 for s in "${scenarios[@]}"; do
@@ -557,6 +600,7 @@ for s in "${scenarios[@]}"; do
                 churn) scenario_churn ;;
                 disk-full) scenario_disk_full ;;
                 coordinator) scenario_coordinator ;;
+                late) scenario_late ;;
                 soak) scenario_soak ;;
                 *) echo "test-faults.sh: unknown scenario $one" >&2; exit 64 ;;
                 esac

@@ -60,12 +60,18 @@ typedef struct Node {
         const float *anchor0, *momentum0; /* the outer optimizer's state to start from, or NULL */
         int die_after_snapshot_us;        /* > 0: this member's averager is freed that long after its snapshot */
         bool join;                        /* averager_join() before it starts */
+        int start_after_us;               /* > 0: its averager starts that late */
+        const volatile unsigned *until;   /* set: sync until it is non-zero too */
         pthread_t thread;
 } Node;
 
 static void *train(void *arg) {
         Node *nd = arg;
-        for (int i = 0; i < 20000 && nd->deltas < nd->deltas_wanted; i++) {
+        if (nd->start_after_us > 0) {
+                usleep((useconds_t)nd->start_after_us);
+                cr_assert_eq(averager_start(nd->av), 0);
+        }
+        for (int i = 0; i < 20000 && ((nd->until && !*nd->until) || nd->deltas < nd->deltas_wanted); i++) {
                 int r = averager_sync(nd->av, nd->w, 0);
                 if ((r & AVERAGER_SNAPSHOT) && nd->die_after_snapshot_us > 0) {
                         usleep((useconds_t)nd->die_after_snapshot_us);
@@ -118,7 +124,8 @@ static void start_nodes(Node *nodes, unsigned n, AveragerConfig *cfg, const Aver
                 for (unsigned j = 0; j < n; j++)
                         averager_set_address(nodes[i].av, j, "127.0.0.1", averager_port(nodes[j].av));
         for (unsigned i = 0; i < n; i++) {
-                cr_assert_eq(averager_start(nodes[i].av), 0);
+                if (nodes[i].start_after_us <= 0)
+                        cr_assert_eq(averager_start(nodes[i].av), 0);
                 cr_assert_eq(pthread_create(&nodes[i].thread, NULL, train, &nodes[i]), 0);
         }
         for (unsigned i = 0; i < n; i++)
@@ -208,10 +215,11 @@ Test(averager, multi_ring_delta_keeps_updates) {
 }
 
 /* A member that joins takes the others' average and gives nothing: after
- * one round of three, with member 2 joining, every member holds the mean
- * of members 0 and 1 alone (member 2's values would move it by a third of
- * their distance), and member 2 is joined. */
-Test(averager, a_joining_member_takes_and_gives_nothing) {
+ * its round (one of three), every member holds the mean of members 0 and 1
+ * alone (member 2's values would move it by a third of their distance),
+ * and member 2 is joined: when all three start together, and when member 2
+ * starts while the other two average on without it. */
+static void join(int late_us) {
         enum { LEN = 4096 };
         Node nodes[3] = {};
         size_t lens[3] = { LEN, LEN, LEN };
@@ -219,12 +227,16 @@ Test(averager, a_joining_member_takes_and_gives_nothing) {
                 fill(&nodes[i], LEN, 300 + i);
                 nodes[i].deltas_wanted = 1;
         }
+        nodes[2].start_after_us = late_us;
+        if (late_us) /* the others average among themselves meanwhile, and on until it has joined */
+                nodes[0].until = nodes[1].until = &nodes[2].deltas;
         for (size_t k = 0; k < LEN; k++)
                 nodes[2].w[k] = nodes[2].x0[k] = 50.0f; /* far from the others */
         nodes[2].join = true;
         AveragerConfig cfg;
         averager_config_defaults(&cfg);
         cfg.interval_ms = 100;
+        cfg.coll.join_timeout_ms = 300; /* the first two go on without the third after this */
         AveragerRing ring = { .group = 1, .n = 3, .members = { 0, 1, 2 }, .len = LEN };
         AveragerRing rings[3][4] = { { ring }, { ring }, { ring } };
         unsigned n_rings[3] = { 1, 1, 1 };
@@ -232,8 +244,11 @@ Test(averager, a_joining_member_takes_and_gives_nothing) {
         for (unsigned i = 0; i < 3; i++) {
                 AveragerStats st;
                 averager_get_stats(nodes[i].av, &st);
-                cr_assert_eq(st.rounds_done, 1, "member %u: %lu rounds (error %d)", i, st.rounds_done, st.last_error);
-                cr_assert_eq(st.last_participants, 3);
+                if (i == 2 || !late_us) {
+                        cr_assert_eq(st.rounds_done, 1, "member %u: %lu rounds (error %d)", i, st.rounds_done,
+                                     st.last_error);
+                        cr_assert_eq(st.last_participants, 3);
+                }
                 for (size_t k = 0; k < LEN; k++) {
                         double want = ((double)nodes[0].x0[k] + nodes[1].x0[k]) / 2;
                         cr_assert(fabs(nodes[i].w[k] - want) < 1e-5, "member %u value %zu: %g, not %g", i, k,
@@ -247,6 +262,9 @@ Test(averager, a_joining_member_takes_and_gives_nothing) {
                 averager_free(nodes[i].av);
         }
 }
+
+Test(averager, a_joining_member_takes_and_gives_nothing) { join(0); }
+Test(averager, a_member_joining_late_takes_and_gives_nothing) { join(700 * 1000); }
 
 /* Moshpit on a full 2x2x2 grid: after 3 rounds (one per dimension) every
  * member holds the exact average of the 8 (Moshpit SGD, Section 3.1). */
