@@ -250,11 +250,18 @@ Test(swarm_short, nodes_behind_nat_dial_every_link, .timeout = 300) {
         for (size_t i = 0; i < 4; i++) {
                 Proc st;
                 char expect[64];
+                bool seen = false;
                 snprintf(sock, sizeof sock, "%s/%s.sock", swarm_dir, want[i][0]);
-                proc_start(&st, (char *[]){ RAVNESTCTL, "status", "--json", "--socket", sock, NULL }, NULL);
-                cr_assert_eq(proc_exit(&st), 0, "%s", st.out);
                 snprintf(expect, sizeof expect, "\"Reachability\": \"%s\"", want[i][1]);
-                cr_expect(strstr(st.out, expect), "%s: no %s in %s", want[i][0], expect, st.out);
+                /* a stage reports once it trains: after its first round */
+                for (int k = 0; k < 120 && !seen; k++) {
+                        proc_start(&st, (char *[]){ RAVNESTCTL, "status", "--json", "--socket", sock, NULL }, NULL);
+                        cr_assert_eq(proc_exit(&st), 0, "%s", st.out);
+                        seen = strstr(st.out, expect) != NULL;
+                        if (!seen)
+                                usleep(250 * 1000);
+                }
+                cr_expect(seen, "%s: no %s in %s", want[i][0], expect, st.out);
         }
         proc_start(&st_text, (char *[]){ RAVNESTCTL, "status", "--socket", sock, NULL }, NULL);
         cr_assert_eq(proc_exit(&st_text), 0, "%s", st_text.out);
