@@ -126,7 +126,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         if (size < 1)
                 return 0;
         Link *l = calloc(1, sizeof *l);
-        CHECK(link_init(l, net, -1, false, false) == 0);
+        CHECK(link_init(l, net, -1, false, false, 0) == 0);
         l->id = 1;
 
         if (!(data[0] & 1))
