@@ -168,7 +168,7 @@ static int link_key(Link *l) {
 void link_describe(const Link *l, NetPeerInfo *ret) {
         *ret = (NetPeerInfo){ .open = l->opened, .timeout = l->timeout, .peer_version = l->peer_version };
         memcpy(ret->address, l->address, sizeof ret->address);
-        if (l->opened || l->state == LINK_WAIT_WELCOME) {
+        if (l->opened || l->keyed) { /* keys derived: the peer proved peer_id (also once closing) */
                 ret->key_known = true;
                 memcpy(ret->key, l->peer_id, IDENTITY_PK_SIZE);
         } else if (l->hs.peer_key_known) { /* signed, then refused */

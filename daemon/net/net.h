@@ -174,7 +174,8 @@ int net_connect_relayed(Net *n, const uint8_t target[IDENTITY_PK_SIZE], uint32_t
 
 /* Whether the node with identity key accepts connections at host:port, as
  * a peer of c's settings would find it: dial, run the handshake, compare
- * the key it proves, and say goodbye. A transport of its own (epoll, one
+ * the key it proves in its HELLO_REPLY (closing the link right after is
+ * still an answer), and say goodbye. A transport of its own (epoll, one
  * link), so any thread may call it; blocks at most c->handshake_timeout_ms
  * (twice that when the TCP connection itself is slow to open). 0: it
  * answered; -EKEYREJECTED: a node of another key answered; -ETIMEDOUT,

@@ -6,6 +6,7 @@
 #include "util/time-util.h"
 
 typedef struct Probe {
+        Net *net;
         bool connected, closed;
         int reason;
         uint8_t key[IDENTITY_PK_SIZE];
@@ -17,10 +18,18 @@ static void probe_connected(void *ud, uint32_t peer, const uint8_t id[IDENTITY_P
         memcpy(p->key, id, IDENTITY_PK_SIZE);
 }
 
+/* A node that proved its identity in its HELLO_REPLY answered, even if
+ * it then closed the link before its WELCOME went out (as a stage does to
+ * a peer that is not its neighbour). */
 static void probe_closed(void *ud, uint32_t peer, int reason, const uint8_t id[IDENTITY_PK_SIZE]) {
         Probe *p = ud;
+        NetPeerInfo info;
         p->closed = true;
         p->reason = reason ? reason : -ECONNRESET;
+        if (net_peer_describe(p->net, peer, &info) == 0 && info.key_known && reason != -EACCES) {
+                p->connected = true;
+                memcpy(p->key, info.key, IDENTITY_PK_SIZE);
+        }
 }
 
 int net_probe(const NetConfig *c, const char *host, uint16_t port, const uint8_t key[IDENTITY_PK_SIZE]) {
@@ -40,6 +49,7 @@ int net_probe(const NetConfig *c, const char *host, uint16_t port, const uint8_t
         _cleanup_(net_freep) Net *n = NULL;
         if ((r = net_new(&pc, &cb, &p, &n)) < 0)
                 return r;
+        p.net = n;
         uint64_t deadline = now_ns() + (uint64_t)pc.handshake_timeout_ms * 1000000ull;
         if ((r = net_connect(n, host, port, &peer)) < 0)
                 return r;

@@ -233,7 +233,10 @@ static void on_control(void *ud, uint32_t peer, uint8_t type, const uint8_t *p, 
                         return drop(s, m, "it holds a newer epoch than the one being formed");
                 m->join = j;
                 m->joined = true;
-                if (j.pipeline_port)
+                /* one that holds a plan was dialed back when it first joined
+                 * (this coordinator restarted); one found unreachable then
+                 * joins without ports since */
+                if (j.pipeline_port && j.epoch == 0)
                         probe_ask(s, m);
                 /* a node that joins while layers are collected has nothing to hand in */
                 m->done = s->phase == PHASE_COLLECTING;

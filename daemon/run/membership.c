@@ -197,10 +197,12 @@ static void on_control(void *ud, uint32_t peer, uint8_t type, const uint8_t *p, 
                 if (r == 0)
                         log_info("The coordinator dialed this node back at %s:%u: it accepts connections",
                                  m->join.host, m->join.pipeline_port);
-                else
+                else {
                         log_warning("The coordinator could not dial this node back at %s:%u (%s): it accepts no "
                                     "connections and dials every link itself, as behind NAT",
                                     m->join.host, m->join.pipeline_port, strerror(r));
+                        m->join.pipeline_port = m->join.averaging_port = 0; /* and joins so from now on */
+                }
                 return;
         }
         if (type == FRAME_CONTROL) {

@@ -121,6 +121,34 @@ EOF
         done
 }
 
+# swarm_write_members DIR COORDINATOR MEMORY: swarm_keys, and each node's
+# configuration under membership: co coordinates only, at COORDINATOR
+# (host:port), the others join it and train, each listening at
+# listen_of:port_of (averaging 100 above) and offering MEMORY (less than a
+# replica makes 2 clusters x 2 stages of four members).
+swarm_write_members() {
+        local d=$1 n
+        swarm_keys "$d" || return 1
+        for n in "${names[@]}"; do
+                cat >"$d/$n.conf" <<EOF
+state_directory = "$d/$n";
+threads = 1;
+control_socket = "$d/$n.sock";
+idle = { enabled = false; };
+network = { secret_file = "$d/secret"; };
+pipeline = { micro_batch = 32; staleness = 4; update_frequency = 4; listen = "${listen_of[$n]}:${port_of[$n]}"; };
+averaging = { interval = 0.25; listen = "${listen_of[$n]}:$((${port_of[$n]} + 100))"; round_timeout = 10000; };
+membership = {
+  coordinator = "${key_of[co]}@$2";
+  coordinate = $([ "$n" = co ] && echo true || echo false);
+  train = $([ "$n" = co ] && echo false || echo true);
+  probe = 0.1; min_nodes = 4; settle = 1.0; heartbeat = 0.5; deadline = 4.0;
+  memory = "$3";
+};
+EOF
+        done
+}
+
 # swarm_start_node DIR NAME EPOCHS: one node in its namespace, in place (its
 # pid is its own); pid in pid_of[NAME]; its log appended to DIR/NAME.log.
 swarm_start_node() {

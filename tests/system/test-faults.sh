@@ -420,27 +420,9 @@ scenario_disk_full() {
 # memory is too small for a whole replica, so the plan is 2 clusters x 2
 # stages, as in the other scenarios.
 coordinated_write() {
-        local d=$1 n coord
-        swarm_keys "$d" || return 1
-        coord="${key_of[co]}@${ip_of[co]}:7300"
-        for n in "${names[@]}"; do
-                cat >"$d/$n.conf" <<EOF
-state_directory = "$d/$n";
-threads = 1;
-control_socket = "$d/$n.sock";
-idle = { enabled = false; };
-network = { secret_file = "$d/secret"; };
-pipeline = { micro_batch = 32; staleness = 4; update_frequency = 4; listen = "${ip_of[$n]}:7101"; };
-averaging = { interval = 0.25; listen = "${ip_of[$n]}:7201"; round_timeout = 10000; };
-membership = {
-  coordinator = "$coord";
-  coordinate = $([ "$n" = co ] && echo true || echo false);
-  train = $([ "$n" = co ] && echo false || echo true);
-  probe = 0.1; min_nodes = 4; settle = 1.0; heartbeat = 0.5; deadline = 4.0;
-  memory = "360K"; # less than a replica of the job needs: two stages per cluster
-};
-EOF
-        done
+        local n
+        for n in "${names[@]}"; do port_of[$n]=7101; done
+        swarm_write_members "$1" "${ip_of[co]}:7300" 360K
 }
 
 # members_say SECONDS PATTERN WHAT: each member's log shows PATTERN within
@@ -583,7 +565,7 @@ EPOCHS_CHURN=${EPOCHS_CHURN:-40}
 EPOCHS_DISK=${EPOCHS_DISK:-20}
 EPOCHS_SOAK=${EPOCHS_SOAK:-300} # about ten minutes here
 EPOCHS_COORD=${EPOCHS_COORD:-60}
-EPOCHS_LATE=${EPOCHS_LATE:-1000}
+EPOCHS_LATE=${EPOCHS_LATE:-600}
 LATE_S=${LATE_S:-3}
 scenarios=()
 for a in "$@"; do

@@ -209,25 +209,8 @@ names=(co m1 m2 m3 m4)
 place co "$pub" m1 "$pub" m2 "$pub" m3 "$pub" m4 "$home"
 i=0
 for n in "${names[@]}"; do port_of[$n]=$((7101 + i)); i=$((i + 1)); done
-swarm_keys "$d" || { fail "keys written"; summary; exit 1; }
-for n in "${names[@]}"; do
-        cat >"$d/$n.conf" <<EOF
-state_directory = "$d/$n";
-threads = 1;
-control_socket = "$d/$n.sock";
-idle = { enabled = false; };
-network = { secret_file = "$d/secret"; };
-pipeline = { micro_batch = 32; staleness = 4; update_frequency = 4; listen = "${listen_of[$n]}:${port_of[$n]}"; };
-averaging = { interval = 0.25; listen = "${listen_of[$n]}:$((${port_of[$n]} + 100))"; };
-membership = {
-  coordinator = "${key_of[co]}@10.77.1.1:7300";
-  coordinate = $([ "$n" = co ] && echo true || echo false);
-  train = $([ "$n" = co ] && echo false || echo true);
-  probe = 0.1; min_nodes = 4; settle = 1.0; heartbeat = 0.5; deadline = 4.0;
-  memory = "30M"; # less than a replica of the MLP (52 MiB): two stages per cluster
-};
-EOF
-done
+# less than a replica of the MLP (52 MiB) each: two stages per cluster
+swarm_write_members "$d" 10.77.1.1:7300 30M || { fail "keys and configurations written"; summary; exit 1; }
 for n in "${names[@]}"; do swarm_start_node "$d" "$n" 1; done
 if wait_for 60 grep -q "does not accept connections at 10.77.2.1:${port_of[m4]}" "$d/co.log"; then
         pass "the coordinator cannot dial m4 back through the NAT"

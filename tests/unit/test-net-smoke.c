@@ -64,6 +64,8 @@ Test(netsmoke, large_frames_uring_send_zc) { smoke_with(NET_BACKEND_URING, 4096,
  * are each told apart. The listener runs on a thread of its own, as a
  * member's does while its coordinator dials it back. */
 typedef struct Served { Net *n; volatile int stop; } Served;
+/* a stage's way with a peer that is not its neighbour: closed at once */
+static void close_at_once(void *ud, uint32_t peer, const uint8_t id[32]) { net_close_peer(((Served *)ud)->n, peer); }
 static void *serve_net(void *ud) {
         Served *s = ud;
         while (!s->stop)
@@ -87,9 +89,22 @@ Test(netsmoke, probe_dials_back) {
         cb2.secret = other;
         int r = net_probe(&cb2, "127.0.0.1", port, a.pk);
         cr_assert(r < 0 && r != -EKEYREJECTED, "a node of another swarm answered: %d", r);
+        cb2.secret = secret;
         sv.stop = 1;
         pthread_join(t, NULL);
         net_free(sv.n);
+
+        /* a node that proves its key and then closes the link answered too */
+        Served closer = { .stop = 0 };
+        NetCallbacks ccb = { .connected = close_at_once };
+        cr_assert_eq(net_new(&ca, &ccb, &closer, &closer.n), 0);
+        cr_assert_eq(net_listen(closer.n, "127.0.0.1", 0, &port), 0);
+        cr_assert_eq(pthread_create(&t, NULL, serve_net, &closer), 0);
+        cr_assert_eq(net_probe(&cb2, "127.0.0.1", port, a.pk), 0);
+        cr_assert_eq(net_probe(&cb2, "127.0.0.1", port, b.pk), -EKEYREJECTED);
+        closer.stop = 1;
+        pthread_join(t, NULL);
+        net_free(closer.n);
         cb2.secret = secret;
         cr_assert_eq(net_probe(&cb2, "127.0.0.1", port, a.pk), -ECONNREFUSED);
 }
