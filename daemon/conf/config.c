@@ -598,7 +598,8 @@ static int parse_payload(const config_setting_t *g, ConfigAveraging *a, Diag *d)
 static int parse_averaging(const config_setting_t *root, Config *c, Diag *d) {
         static const char *const keys[] = {
                 "method", "interval", "interval_steps", "listen", "members", "payload", "fp16", "join_timeout",
-                "round_timeout", "grid", "topology", "weight", "outer", "fragments", "error_feedback", NULL,
+                "round_timeout", "grid", "topology", "weight", "outer", "fragments", "error_feedback",
+                "take_parameters", NULL,
         };
         ConfigAveraging *a = &c->averaging;
         config_setting_t *g, *s, *members;
@@ -615,7 +616,8 @@ static int parse_averaging(const config_setting_t *root, Config *c, Diag *d) {
             (r = parse_payload(g, a, d)) < 0 ||
             (r = conf_get_int(g, "join_timeout", false, 100, 3600000, a->join_timeout_ms, &join, d)) < 0 ||
             (r = conf_get_int(g, "round_timeout", false, 100, 3600000, a->round_timeout_ms, &round, d)) < 0 ||
-            (r = get_strings(g, "members", CONFIG_MAX_PEERS, &members, d)) < 0)
+            (r = get_strings(g, "members", CONFIG_MAX_PEERS, &members, d)) < 0 ||
+            (r = conf_get_bool(g, "take_parameters", false, &a->take_parameters, d)) < 0)
                 return r;
         a->method = (ConfigAveragingMethod)method;
         if ((r = parse_gossip(root, g, a, d)) < 0 || (r = parse_outer(g, a, d)) < 0)

@@ -74,6 +74,7 @@ typedef struct ConfigAveraging {
         size_t n_members;
         int payload;                /* a CollPayload (collective/coll-wire.h): how values travel */
         bool error_feedback;        /* int8: each round's quantization error carried into the next */
+        bool take_parameters;       /* a stage takes the others' parameters before training (averaging_join) */
         bool outer;                 /* an outer optimizer on pseudo-gradients (averaging.outer) */
         double outer_lr, outer_momentum;
         bool outer_nesterov;

@@ -663,7 +663,7 @@ static int run_rings(Run *run, const Identity *id) {
         /* A stage new to the swarm, or back from a checkpoint, starts from
          * the others' parameters; one the coordinator handed its layers to
          * has them already. */
-        if (!run->o->load_model_params)
+        if (!run->o->load_model_params && run->plan->averaging.settings->take_parameters)
                 (void)averaging_join(&run->av, pipe_stage(run->pipe)->params, poll_run, run);
         return 0;
 }

@@ -189,7 +189,8 @@ report() {
 
 # begin NAME CLUSTERS STAGES EPOCHS EXTRA: a fresh network and swarm (EXTRA:
 # more settings of each node; net_extra: of its network group;
-# round_timeout: its averaging rounds', in ms).
+# round_timeout: its averaging rounds', in ms; av_extra: more of its
+# averaging group).
 begin() {
         log "---- $1"
         d=$dir/$1
@@ -204,7 +205,8 @@ begin() {
         redone=0
         job=$("$MAKE_TEST_DATA" "$d/data" "$4") || { fail "$1: data written"; return 1; }
         JOB=$job
-        swarm_write "$d" "${net_extra:-}" "round_timeout = ${round_timeout:-10000};" "$5" || { fail "$1: keys and configurations"; return 1; }
+        swarm_write "$d" "${net_extra:-}" "round_timeout = ${round_timeout:-10000}; ${av_extra:-}" "$5" ||
+                { fail "$1: keys and configurations"; return 1; }
 }
 
 
@@ -501,20 +503,20 @@ in_step() {
                 "$d/$1.log" | head -n 1
 }
 
-# The same swarm twice: all four nodes started together, then cluster 2's
-# two started LATE_S seconds after cluster 1's. Each joiner takes the
-# others' parameters in its first round (a weight of next to nothing)
-# before it trains; both runs end as one averaged model above the bar.
+# The same swarm twice, with averaging.take_parameters: all four nodes
+# started together, then cluster 2's two started LATE_S seconds after
+# cluster 1's. Each joiner takes the others' parameters in its first round
+# (a weight of next to nothing) before it trains; both runs end as one averaged model above the bar.
 scenario_late() {
         local n a_together a_late
-        round_timeout=60000 begin late-together 2 2 "$EPOCHS_LATE" "" || return
+        round_timeout=60000 av_extra="take_parameters = true;" begin late-together 2 2 "$EPOCHS_LATE" "" || return
         swarm_start "$d" "$EPOCHS_LATE"
         swarm_peak_rss "$d" &
         swarm_finish "$d"
         a_together=$(swarm_accuracy "$d/c1s2.log")
         report "late: all four started together"
 
-        round_timeout=60000 begin late 2 2 "$EPOCHS_LATE" "" || return
+        round_timeout=60000 av_extra="take_parameters = true;" begin late 2 2 "$EPOCHS_LATE" "" || return
         swarm_start_node "$d" c1s2 "$EPOCHS_LATE"
         swarm_start_node "$d" c1s1 "$EPOCHS_LATE"
         check "late: cluster 1 trains alone" wait_for 30 grep -q "Stage 2 of 2 in cluster 1" "$d/c1s2.log"
