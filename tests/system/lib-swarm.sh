@@ -90,6 +90,13 @@ swarm_keys() {
         done
 }
 
+# _node_head DIR NAME: the settings every test node has: its state, one
+# thread, its control socket, no idle gating.
+_node_head() {
+        printf 'state_directory = "%s/%s";\nthreads = 1;\ncontrol_socket = "%s/%s.sock";\nidle = { enabled = false; };\n' \
+                "$1" "$2" "$1" "$2"
+}
+
 # swarm_write DIR NETWORK AVERAGING EXTRA: swarm_keys, and each node's
 # configuration: NETWORK goes into its network group, AVERAGING into its
 # averaging group, EXTRA at the end.
@@ -98,10 +105,7 @@ swarm_write() {
         swarm_keys "$d" || return 1
         for n in "${names[@]}"; do
                 cat >"$d/$n.conf" <<EOF
-state_directory = "$d/$n";
-threads = 1;
-control_socket = "$d/$n.sock";
-idle = { enabled = false; };
+$(_node_head "$d" "$n")
 network = { secret_file = "$d/secret"; $network };
 pipeline = {
   micro_batch = 32; staleness = 4; update_frequency = 4;
@@ -131,10 +135,7 @@ swarm_write_members() {
         swarm_keys "$d" || return 1
         for n in "${names[@]}"; do
                 cat >"$d/$n.conf" <<EOF
-state_directory = "$d/$n";
-threads = 1;
-control_socket = "$d/$n.sock";
-idle = { enabled = false; };
+$(_node_head "$d" "$n")
 network = { secret_file = "$d/secret"; };
 pipeline = { micro_batch = 32; staleness = 4; update_frequency = 4; listen = "${listen_of[$n]}:${port_of[$n]}"; };
 averaging = { interval = 0.25; listen = "${listen_of[$n]}:$((${port_of[$n]} + 100))"; round_timeout = 10000; };
@@ -147,6 +148,30 @@ membership = {
 };
 EOF
         done
+}
+
+# swarm_stop_members PREFIX NAME...: stop each node (SIGTERM: members of
+# a swarm with membership stay until stopped); each exits 0, each that
+# scores reaches BAR, all with the same accuracy (one averaged model).
+# PREFIX starts every check's name.
+swarm_stop_members() {
+        local prefix=$1 n status a first="" same=1
+        shift
+        for n in "$@"; do
+                kill -TERM "${pid_of[$n]}"
+                wait "${pid_of[$n]}"
+                status=$?
+                if [ "$status" -eq 0 ]; then pass "$prefix$n exits 0"
+                else fail "$prefix$n exits 0" "exit $status" "$(tail -n 5 "$d/$n.log")"; fi
+                a=$(swarm_accuracy "$d/$n.log")
+                [ -n "$a" ] || continue # a stage before the last scores nothing
+                log "$prefix$n test accuracy $a% (bar $BAR%)"
+                check "$prefix$n reaches $BAR%" awk -v a="$a" -v bar="$BAR" 'BEGIN { exit !(a >= bar) }'
+                [ -z "$first" ] && first=$a
+                [ "$a" = "$first" ] || same=0
+        done
+        check "${prefix}one averaged model" test "$same" = 1
+        pids=()
 }
 
 # swarm_start_node DIR NAME EPOCHS: one node in its namespace, in place (its

@@ -438,7 +438,7 @@ members_say() {
 }
 
 scenario_coordinator() {
-        local n t_kill t_back a first="" same=1 status
+        local n t_kill t_back
         log "---- coordinator"
         d=$dir/coordinator
         t_scenario=$(date +%s)
@@ -474,23 +474,7 @@ scenario_coordinator() {
                 wait_for 300 grep -q "Training is over" "$d/$n.log" ||
                         fail "coordinator: $n trains to the end" "$(tail -n 5 "$d/$n.log")"
         done
-        for n in m1 m2 m3 m4; do
-                kill -TERM "${pid_of[$n]}"
-                wait "${pid_of[$n]}"
-                status=$?
-                if [ "$status" -eq 0 ]; then pass "coordinator: $n exits 0"; else fail "coordinator: $n exits 0" "exit $status" "$(tail -n 5 "$d/$n.log")"; fi
-                a=$(swarm_accuracy "$d/$n.log")
-                [ -n "$a" ] || continue # a stage before the last scores nothing
-                log "coordinator: $n test accuracy $a% (bar $BAR%)"
-                check "coordinator: $n reaches $BAR%" awk -v a="$a" -v bar="$BAR" 'BEGIN { exit !(a >= bar) }'
-                [ -z "$first" ] && first=$a
-                [ "$a" = "$first" ] || same=0
-        done
-        check "coordinator: one averaged model" test "$same" = 1
-        kill -TERM "${pid_of[co]}"
-        wait "${pid_of[co]}"
-        check "coordinator: co exits 0" test $? -eq 0
-        pids=()
+        swarm_stop_members "coordinator: " m1 m2 m3 m4 co
         stop_helpers
         report "coordinator (killed and started again 8 s later)"
 }

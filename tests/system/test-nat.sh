@@ -228,19 +228,5 @@ check "m1's status says it is reachable" wait_for 60 says m1 reachable
 for n in m1 m2 m3 m4; do
         wait_for 180 grep -q "Training is over" "$d/$n.log" || fail "$n trains to the end" "$(tail -n 5 "$d/$n.log")"
 done
-first="" same=1
-for n in m1 m2 m3 m4 co; do
-        kill -TERM "${pid_of[$n]}"
-        wait "${pid_of[$n]}"
-        status=$?
-        check "$n exits 0 (status $status)" test "$status" -eq 0
-        a=$(swarm_accuracy "$d/$n.log")
-        [ -n "$a" ] || continue # a first stage scores nothing
-        log "$n: test accuracy $a% (bar $BAR%)"
-        check "$n reaches $BAR%" awk -v a="$a" -v bar="$BAR" 'BEGIN { exit !(a >= bar) }'
-        [ -z "$first" ] && first=$a
-        [ "$a" = "$first" ] || same=0
-done
-check "one averaged model" test "$same" = 1
-pids=()
+swarm_stop_members "" m1 m2 m3 m4 co
 summary
