@@ -100,6 +100,32 @@ static int check_clusters(const Plan *p) {
         return 0;
 }
 
+static int cmp_node_key(const void *a, const void *b, void *userdata) {
+        const Plan *p = userdata;
+        return memcmp(p->nodes[*(const uint16_t *)a].key, p->nodes[*(const uint16_t *)b].key, PLAN_KEY_SIZE);
+}
+
+/* No two nodes with one key. Every member checks a plan of up to a
+ * thousand nodes: in key order (as a coordinator writes them) one pass,
+ * else a sort, never every pair. */
+static bool keys_unique(const Plan *p) {
+        uint16_t order[PLAN_MAX_NODES];
+        unsigned n = p->n_nodes;
+        bool sorted = true;
+        for (unsigned i = 0; i < n; i++) {
+                order[i] = (uint16_t)i;
+                if (i > 0 && sorted && memcmp(p->nodes[i - 1].key, p->nodes[i].key, PLAN_KEY_SIZE) >= 0)
+                        sorted = false;
+        }
+        if (sorted)
+                return true;
+        qsort_r(order, n, sizeof *order, cmp_node_key, (void *)p);
+        for (unsigned i = 1; i < n; i++)
+                if (memcmp(p->nodes[order[i - 1]].key, p->nodes[order[i]].key, PLAN_KEY_SIZE) == 0)
+                        return false;
+        return true;
+}
+
 int plan_check(const Plan *p) {
         int r = check_counts(p->epoch, p->n_nodes, p->n_clusters, p->n_layers, p->micro_batch, p->staleness,
                              p->update_frequency);
@@ -110,10 +136,9 @@ int plan_check(const Plan *p) {
                 size_t len = strnlen(n->host, PLAN_HOST_MAX);
                 if (!plan_host_valid(n->host, len) || !n->pipeline_port != !n->averaging_port)
                         return -EINVAL;
-                for (unsigned j = 0; j < i; j++)
-                        if (memcmp(p->nodes[j].key, n->key, PLAN_KEY_SIZE) == 0)
-                                return -EINVAL;
         }
+        if (!keys_unique(p))
+                return -EINVAL;
         return check_clusters(p);
 }
 
