@@ -576,11 +576,13 @@ static void relay_keep_waiting(Net *n) {
 
 /* An open link the application knows: not another lane, not a link of
  * lanes before all are open. */
+static bool link_visible(const Link *l) {
+        return l && l->state == LINK_OPEN && !l->extra && !l->lane_pending && (!l->bundle || l->bundle->announced);
+}
+
 static Link *visible_link(const Net *n, uint32_t peer) {
         Link *l = net_link_find(n, peer);
-        if (!l || l->state != LINK_OPEN || l->extra || l->lane_pending || (l->bundle && !l->bundle->announced))
-                return NULL;
-        return l;
+        return link_visible(l) ? l : NULL;
 }
 
 int net_send_tensor(Net *n, uint32_t peer, uint32_t stream, const TensorDesc *desc, const void *data,
@@ -604,10 +606,7 @@ int net_send_tensor(Net *n, uint32_t peer, uint32_t stream, const TensorDesc *de
         return 0;
 }
 
-int net_send_control(Net *n, uint32_t peer, uint8_t type, const void *payload, size_t len) {
-        Link *l = visible_link(n, peer);
-        if (!l)
-                return -ENOTCONN;
+static int send_control(Net *n, Link *l, uint8_t type, const void *payload, size_t len) {
         if (type != FRAME_PLAN && type != FRAME_CONTROL && type != FRAME_HEARTBEAT && type != FRAME_BYE)
                 return -EINVAL;
         if (len > n->cfg.limits.max_control)
@@ -621,11 +620,15 @@ int net_send_control(Net *n, uint32_t peer, uint8_t type, const void *payload, s
         return 0;
 }
 
+int net_send_control(Net *n, uint32_t peer, uint8_t type, const void *payload, size_t len) {
+        Link *l = visible_link(n, peer);
+        return l ? send_control(n, l, type, payload, len) : -ENOTCONN;
+}
+
 int net_broadcast_control(Net *n, uint8_t type, const void *payload, size_t len) {
         int sent = 0;
-        for (unsigned i = 0; i < n->cfg.max_links; i++)
-                if (n->links[i] && visible_link(n, n->links[i]->id) &&
-                    net_send_control(n, n->links[i]->id, type, payload, len) == 0)
+        for (unsigned i = 0; i < n->cfg.max_links; i++) /* each link once: no lookup by id */
+                if (link_visible(n->links[i]) && send_control(n, n->links[i], type, payload, len) == 0)
                         sent++;
         return sent;
 }
@@ -671,6 +674,7 @@ void net_link_close(Link *l, int reason) {
                 l->timeout = NET_TIMEOUT_NONE;
         l->close_reason = reason == -ESHUTDOWN ? 0 : reason;
         l->state = LINK_CLOSING;
+        n->closed_pending = true;
         n->backend->close_link(n, l);
         lanes_close(l, reason); /* one lane lost is the link lost */
 }
@@ -766,21 +770,47 @@ static void check_timers(Net *n) {
         }
 }
 
+/* How often the deadlines are checked: a sixteenth of the shortest one,
+ * 1 to 100 ms (every slot is visited: not on every wake-up). */
+static uint64_t timer_tick_ns(const NetConfig *c) {
+        unsigned ms = c->handshake_timeout_ms;
+        if (c->idle_timeout_ms)
+                ms = MIN(ms, c->idle_timeout_ms);
+        if (c->stall_timeout_ms)
+                ms = MIN(ms, c->stall_timeout_ms);
+        return (uint64_t)CLAMP(ms / 16, 1u, 100u) * 1000000ULL;
+}
+
+/* Links closed outside the backend's handlers (timers, the application) go
+ * once nothing of theirs is in flight. */
+static void release_closed(Net *n) {
+        bool waiting = false;
+        n->closed_pending = false;
+        for (unsigned i = 0; i < n->cfg.max_links; i++) {
+                Link *l = n->links[i];
+                if (l && l->state == LINK_CLOSING) {
+                        if (l->inflight == 0)
+                                net_link_released(l);
+                        waiting |= n->links[i] != NULL; /* in flight, or a link's first lane kept for last */
+                }
+        }
+        n->closed_pending |= waiting;
+}
+
 int net_run(Net *n, int timeout_ms) {
         int r = n->backend->wait(n, timeout_ms);
-        check_timers(n);
+        uint64_t now = net_now_ns();
+        if (now - n->timers_ns >= timer_tick_ns(&n->cfg)) {
+                n->timers_ns = now;
+                check_timers(n);
+        }
         relay_keep_waiting(n);
         if (n->accept_paused_until && net_now_ns() > n->accept_paused_until) {
                 n->accept_paused_until = 0;
                 n->backend->resume_accept(n);
         }
-        /* Links closed outside the backend's handlers (timers, the
-         * application) go once nothing of theirs is in flight. */
-        for (unsigned i = 0; i < n->cfg.max_links; i++) {
-                Link *l = n->links[i];
-                if (l && l->state == LINK_CLOSING && l->inflight == 0)
-                        net_link_released(l);
-        }
+        if (n->closed_pending)
+                release_closed(n);
         return r;
 }
 
