@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sysexits.h>
 #include <unistd.h>
 
@@ -153,6 +154,21 @@ static int check(const Args *a, const Config *config) {
         return 0;
 }
 
+/* A coordinator holds a link to every member, a thousand and more, and
+ * each is a descriptor: the soft limit on open files (often 1024) goes up
+ * to the hard one. Nothing here uses select(). Under systemd the unit's
+ * LimitNOFILE= sets both (its seccomp filter refuses setrlimit()). */
+static void raise_open_files(void) {
+        struct rlimit rl;
+        if (getrlimit(RLIMIT_NOFILE, &rl) < 0 || rl.rlim_cur >= rl.rlim_max)
+                return;
+        rlim_t was = rl.rlim_cur;
+        rl.rlim_cur = rl.rlim_max;
+        if (setrlimit(RLIMIT_NOFILE, &rl) < 0)
+                log_full_errno(LOG_DEBUG, -errno, "Failed to raise the limit on open files from %llu: %m",
+                               (unsigned long long)was);
+}
+
 int main(int argc, char *argv[]) {
         Args a = { .run = { .progress_interval_ms = 1000 } };
         static Config config;
@@ -168,6 +184,7 @@ int main(int argc, char *argv[]) {
                 config_free(&config);
                 return r;
         }
+        raise_open_files();
         DaemonOptions opts = { .job_path = a.job_path, .standalone = a.job_path != NULL, .no_idle = a.no_idle,
                                .run = a.run };
         daemon_init(&daemon, &config, &opts);

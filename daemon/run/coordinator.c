@@ -12,7 +12,11 @@
 #include "util/log.h"
 #include "util/time-util.h"
 
-#define MAX_LINKS 256 /* members and links still in the handshake; the transport's default */
+/* Links the coordinator holds: every member a plan can have, and a
+ * quarter more for nodes that connected and have not joined yet (the
+ * transport keeps a quarter of its links for handshakes in progress); at
+ * least the transport's default. */
+#define MAX_LINKS MAX(PLAN_MAX_NODES + PLAN_MAX_NODES / 4, 256)
 
 typedef struct Member {
         bool used, joined, done;
@@ -21,15 +25,32 @@ typedef struct Member {
         uint8_t key[IDENTITY_PK_SIZE];
         PlanJoin join;
         uint64_t samples; /* what it trained as a first stage, from its DONE */
+        int node;         /* its index in the plan being formed, -1 if none */
+        int cluster, stage; /* its place in the last plan sent; cluster -1: a spare, or not in it */
 } Member;
+
+/* Members sit in slots that never move; a member is found from its link
+ * by a binary search of an index sorted by peer id, so a message costs
+ * O(log n) and not a scan of every slot. */
+typedef struct PeerSlot {
+        uint32_t peer;
+        uint16_t slot;
+} PeerSlot;
 
 /* A dial-back, asked of the prober thread and answered by it. */
 typedef struct Probe {
+        uint32_t peer; /* the member's link: an answer finds it, or finds it gone */
         uint8_t key[IDENTITY_PK_SIZE];
         char host[PLAN_HOST_MAX];
         uint16_t port;
         int error; /* the answer: 0 or a negative errno */
 } Probe;
+
+/* A first-in, first-out ring of probes. */
+typedef struct ProbeQueue {
+        Probe item[MAX_LINKS];
+        unsigned head, n;
+} ProbeQueue;
 
 /* Dial-backs run on a thread of their own: a member that does not answer
  * would hold the coordinator's loop for a handshake timeout. One at a
@@ -38,8 +59,7 @@ typedef struct Prober {
         pthread_mutex_t lock;
         pthread_cond_t wake;
         NetConfig net;            /* the coordinator's own transport settings */
-        Probe asked[MAX_LINKS], answered[MAX_LINKS];
-        unsigned n_asked, n_answered;
+        ProbeQueue asked, answered;
         bool stop, running;
         pthread_t thread;
 } Prober;
@@ -58,6 +78,13 @@ struct CoordinatorState {
         size_t n_params;
         size_t layer_off[PLAN_MAX_LAYERS + 1];
         Member members[MAX_LINKS];
+        PeerSlot by_peer[MAX_LINKS]; /* the used slots, by peer id */
+        unsigned n_members;          /* used slots: linked, joined or not */
+        uint16_t free_slots[MAX_LINKS];
+        unsigned n_free;
+        /* of the joined members: how many there are, are dialed back, came
+         * with an epoch (trained before), handed in (collecting) */
+        unsigned n_joined, n_probing, n_trained, n_done;
         Plan *plan;           /* the last one sent; NULL before the first */
         uint64_t epoch;       /* the last one used (sent, or asked to stop for) */
         uint64_t samples;     /* trained by every cluster before the current plan */
@@ -73,18 +100,67 @@ struct CoordinatorState {
         volatile bool stop;
 };
 
-static Member *member_of(CoordinatorState *s, uint32_t peer) {
-        for (unsigned i = 0; i < MAX_LINKS; i++)
-                if (s->members[i].used && s->members[i].peer == peer)
-                        return &s->members[i];
-        return NULL;
+/* Where peer is in the index, or where it would go. */
+static unsigned peer_rank(const CoordinatorState *s, uint32_t peer) {
+        unsigned lo = 0, hi = s->n_members;
+        while (lo < hi) {
+                unsigned mid = (lo + hi) / 2;
+                if (s->by_peer[mid].peer < peer)
+                        lo = mid + 1;
+                else
+                        hi = mid;
+        }
+        return lo;
 }
 
-static unsigned n_joined(const CoordinatorState *s) {
-        unsigned n = 0;
-        for (unsigned i = 0; i < MAX_LINKS; i++)
-                n += s->members[i].used && s->members[i].joined;
-        return n;
+static Member *member_of(CoordinatorState *s, uint32_t peer) {
+        unsigned i = peer_rank(s, peer);
+        return i < s->n_members && s->by_peer[i].peer == peer ? &s->members[s->by_peer[i].slot] : NULL;
+}
+
+/* A slot for a new link; NULL when every one is taken. */
+static Member *member_add(CoordinatorState *s, uint32_t peer, const uint8_t key[IDENTITY_PK_SIZE]) {
+        if (s->n_free == 0)
+                return NULL;
+        uint16_t slot = s->free_slots[--s->n_free];
+        unsigned i = peer_rank(s, peer);
+        memmove(s->by_peer + i + 1, s->by_peer + i, (s->n_members - i) * sizeof *s->by_peer);
+        s->by_peer[i] = (PeerSlot){ .peer = peer, .slot = slot };
+        s->n_members++;
+        Member *m = &s->members[slot];
+        *m = (Member){ .used = true, .peer = peer, .node = -1, .cluster = -1 };
+        memcpy(m->key, key, IDENTITY_PK_SIZE);
+        return m;
+}
+
+/* The link is gone: out of the counts, the index and its slot. */
+static void member_remove(CoordinatorState *s, Member *m) {
+        if (m->joined) {
+                s->n_joined--;
+                s->n_trained -= m->join.epoch > 0;
+                s->n_probing -= m->probing;
+                s->n_done -= m->done;
+        }
+        unsigned i = peer_rank(s, m->peer);
+        memmove(s->by_peer + i, s->by_peer + i + 1, (s->n_members - i - 1) * sizeof *s->by_peer);
+        s->n_members--;
+        s->free_slots[s->n_free++] = (uint16_t)(m - s->members);
+        *m = (Member){};
+}
+
+/* The i-th used slot, in peer order: `for (i < s->n_members)` visits every link. */
+static Member *member_at(CoordinatorState *s, unsigned i) {
+        return &s->members[s->by_peer[i].slot];
+}
+
+static void set_done(CoordinatorState *s, Member *m, bool done) {
+        s->n_done += (unsigned)done - (unsigned)m->done;
+        m->done = done;
+}
+
+static void set_probing(CoordinatorState *s, Member *m, bool probing) {
+        s->n_probing += (unsigned)probing - (unsigned)m->probing;
+        m->probing = probing;
 }
 
 static void changed(CoordinatorState *s) {
@@ -92,20 +168,30 @@ static void changed(CoordinatorState *s) {
         s->changed_ns = now_ns();
 }
 
+static void queue_push(ProbeQueue *q, const Probe *p) {
+        q->item[(q->head + q->n++) % MAX_LINKS] = *p;
+}
+
+static void queue_pop(ProbeQueue *q, Probe *ret) {
+        *ret = q->item[q->head];
+        q->head = (q->head + 1) % MAX_LINKS;
+        q->n--;
+}
+
 static void *prober_main(void *ud) {
         Prober *p = ud;
         pthread_mutex_lock(&p->lock);
         for (;;) {
-                while (!p->stop && p->n_asked == 0)
+                while (!p->stop && p->asked.n == 0)
                         pthread_cond_wait(&p->wake, &p->lock);
                 if (p->stop)
                         break;
-                Probe q = p->asked[0];
-                memmove(p->asked, p->asked + 1, --p->n_asked * sizeof *p->asked);
+                Probe q;
+                queue_pop(&p->asked, &q);
                 pthread_mutex_unlock(&p->lock);
                 q.error = net_probe(&p->net, q.host, q.port, q.key);
                 pthread_mutex_lock(&p->lock);
-                p->answered[p->n_answered++] = q; /* as many as were asked, at most */
+                queue_push(&p->answered, &q); /* as many as were asked, at most */
         }
         pthread_mutex_unlock(&p->lock);
         return NULL;
@@ -116,73 +202,59 @@ static void *prober_main(void *ud) {
  * takes the member at its word. */
 static void probe_ask(CoordinatorState *s, Member *m) {
         Prober *p = &s->prober;
-        Probe q = { .port = m->join.pipeline_port };
+        Probe q = { .peer = m->peer, .port = m->join.pipeline_port };
         memcpy(q.key, m->key, sizeof q.key);
         snprintf(q.host, sizeof q.host, "%s", m->join.host);
         pthread_mutex_lock(&p->lock);
-        if (p->n_asked + p->n_answered < MAX_LINKS) {
-                p->asked[p->n_asked++] = q;
-                m->probing = true;
+        if (p->asked.n + p->answered.n < MAX_LINKS) {
+                queue_push(&p->asked, &q);
+                set_probing(s, m, true);
                 pthread_cond_signal(&p->wake);
         }
         pthread_mutex_unlock(&p->lock);
 }
 
-static Member *member_by_key(CoordinatorState *s, const uint8_t key[IDENTITY_PK_SIZE]) {
-        for (unsigned i = 0; i < MAX_LINKS; i++)
-                if (s->members[i].used && s->members[i].joined && !memcmp(s->members[i].key, key, IDENTITY_PK_SIZE))
-                        return &s->members[i];
-        return NULL;
+/* One of the prober's answers to the member it concerns: one that did not
+ * answer is in every plan as one that accepts no connections. */
+static void probe_answer(CoordinatorState *s, const Probe *q) {
+        Member *m = member_of(s, q->peer);
+        if (!m || !m->joined || !m->probing)
+                return; /* it left meanwhile */
+        set_probing(s, m, false);
+        uint8_t msg[PLAN_REACH_SIZE];
+        plan_reach_encode(-q->error, msg);
+        net_send_control(s->net, m->peer, FRAME_CONTROL, msg, sizeof msg);
+        char hex[IDENTITY_HEX_SIZE];
+        identity_to_hex(m->key, hex);
+        if (q->error == 0) {
+                log_info("Coordinator: %.16s… accepts connections at %s:%u (dialed back)", hex, q->host, q->port);
+                return;
+        }
+        log_warning("Coordinator: %.16s… does not accept connections at %s:%u (%s): it dials every link "
+                    "itself, as behind NAT", hex, q->host, q->port, strerror(-q->error));
+        m->join.pipeline_port = m->join.averaging_port = 0;
+        changed(s);
 }
 
-/* The prober's answers, to the members they concern: one that did not
- * answer is in every plan as one that accepts no connections. */
 static void probe_answers(CoordinatorState *s) {
         Prober *p = &s->prober;
-        Probe got[MAX_LINKS];
-        pthread_mutex_lock(&p->lock);
-        unsigned n = p->n_answered;
-        memcpy(got, p->answered, n * sizeof *got);
-        p->n_answered = 0;
-        pthread_mutex_unlock(&p->lock);
-        for (unsigned i = 0; i < n; i++) {
-                Member *m = member_by_key(s, got[i].key);
-                if (!m || !m->probing)
-                        continue; /* it left meanwhile */
-                m->probing = false;
-                uint8_t msg[PLAN_REACH_SIZE];
-                plan_reach_encode(-got[i].error, msg);
-                net_send_control(s->net, m->peer, FRAME_CONTROL, msg, sizeof msg);
-                char hex[IDENTITY_HEX_SIZE];
-                identity_to_hex(m->key, hex);
-                if (got[i].error == 0) {
-                        log_info("Coordinator: %.16s… accepts connections at %s:%u (dialed back)", hex, got[i].host,
-                                 got[i].port);
-                        continue;
-                }
-                log_warning("Coordinator: %.16s… does not accept connections at %s:%u (%s): it dials every link "
-                            "itself, as behind NAT", hex, got[i].host, got[i].port, strerror(-got[i].error));
-                m->join.pipeline_port = m->join.averaging_port = 0;
-                changed(s);
+        for (;;) {
+                Probe q;
+                pthread_mutex_lock(&p->lock);
+                bool any = p->answered.n > 0;
+                if (any)
+                        queue_pop(&p->answered, &q);
+                pthread_mutex_unlock(&p->lock);
+                if (!any)
+                        return;
+                probe_answer(s, &q);
         }
-}
-
-static bool probing(const CoordinatorState *s) {
-        for (unsigned i = 0; i < MAX_LINKS; i++)
-                if (s->members[i].used && s->members[i].joined && s->members[i].probing)
-                        return true;
-        return false;
 }
 
 static void on_connected(void *ud, uint32_t peer, const uint8_t id[IDENTITY_PK_SIZE]) {
         CoordinatorState *s = ud;
-        for (unsigned i = 0; i < MAX_LINKS; i++)
-                if (!s->members[i].used) {
-                        s->members[i] = (Member){ .used = true, .peer = peer };
-                        memcpy(s->members[i].key, id, IDENTITY_PK_SIZE);
-                        return;
-                }
-        net_close_peer(s->net, peer);
+        if (!member_add(s, peer, id))
+                net_close_peer(s->net, peer);
 }
 
 static void on_closed(void *ud, uint32_t peer, int reason, const uint8_t id[IDENTITY_PK_SIZE]) {
@@ -190,19 +262,21 @@ static void on_closed(void *ud, uint32_t peer, int reason, const uint8_t id[IDEN
         Member *m = member_of(s, peer);
         if (!m)
                 return;
-        if (m->joined) {
-                char hex[IDENTITY_HEX_SIZE], why[128];
+        bool joined = m->joined;
+        char hex[IDENTITY_HEX_SIZE];
+        identity_to_hex(m->key, hex);
+        member_remove(s, m);
+        if (joined) {
+                char why[128];
                 NetPeerInfo info = {};
                 (void)net_peer_describe(s->net, peer, &info);
-                identity_to_hex(m->key, hex);
                 if (reason == -ETIMEDOUT && info.timeout == NET_TIMEOUT_IDLE)
                         snprintf(why, sizeof why, "missed its heartbeats");
                 else
                         node_close_reason(reason, &info, why, sizeof why);
-                log_info("Coordinator: member %.16s… left (%s); %u members", hex, why, n_joined(s) - 1);
+                log_info("Coordinator: member %.16s… left (%s); %u members", hex, why, s->n_joined);
                 changed(s);
         }
-        *m = (Member){};
 }
 
 static void drop(CoordinatorState *s, Member *m, const char *why) {
@@ -212,45 +286,60 @@ static void drop(CoordinatorState *s, Member *m, const char *why) {
         net_close_peer(s->net, m->peer);
 }
 
+/* A JOIN ("RVMJ"): the member's capabilities, for the next plan. */
+static void on_join(CoordinatorState *s, Member *m, const uint8_t *p, size_t len) {
+        PlanJoin j;
+        if (m->joined)
+                return drop(s, m, "joined twice");
+        if (plan_join_decode(p, len, &j) < 0)
+                return drop(s, m, "a malformed JOIN");
+        if (j.n_layers != (unsigned)s->job->model.n_layers || j.n_params != s->n_params)
+                return drop(s, m, "it runs another model");
+        if (s->n_joined >= PLAN_MAX_NODES) {
+                char why[64];
+                snprintf(why, sizeof why, "the plan is full (%d nodes)", PLAN_MAX_NODES);
+                return drop(s, m, why);
+        }
+        if (s->phase == PHASE_COLLECTING && j.epoch >= s->epoch) /* it dials again after this one */
+                return drop(s, m, "it holds a newer epoch than the one being formed");
+        m->join = j;
+        m->joined = true;
+        s->n_joined++;
+        /* one that rejoins has its place in the plan sent still */
+        unsigned cluster, stage;
+        int index;
+        if (plan_find(s->plan, m->key, &index, &cluster, &stage) == 0) {
+                m->cluster = (int)cluster;
+                m->stage = (int)stage;
+        }
+        s->n_trained += j.epoch > 0;
+        /* one that holds a plan was dialed back when it first joined
+         * (this coordinator restarted); one found unreachable then
+         * joins without ports since */
+        if (j.pipeline_port && j.epoch == 0)
+                probe_ask(s, m);
+        /* a node that joins while layers are collected has nothing to hand in */
+        set_done(s, m, s->phase == PHASE_COLLECTING);
+        if (j.epoch > s->epoch) /* a restarted coordinator goes on above what nodes hold */
+                s->epoch = j.epoch;
+        char hex[IDENTITY_HEX_SIZE];
+        identity_to_hex(m->key, hex);
+        log_info("Coordinator: %.16s… joined from %s (%.1f GFLOP/s, %.0f MiB, link %.0f Mbit/s and "
+                 "%.3f ms measured, at epoch %llu); %u members",
+                 hex, j.host, j.gflops, (double)j.memory / (1 << 20), j.bandwidth * 8e-6, j.latency * 1e3,
+                 (unsigned long long)j.epoch, s->n_joined);
+        changed(s);
+}
+
 static void on_control(void *ud, uint32_t peer, uint8_t type, const uint8_t *p, size_t len) {
         CoordinatorState *s = ud;
         Member *m = member_of(s, peer);
-        PlanJoin j;
         uint64_t epoch, samples;
 
         if (!m)
                 return;
-        if (type == FRAME_CONTROL && len >= 4 && memcmp(p, "RVMJ", 4) == 0) {
-                if (m->joined)
-                        return drop(s, m, "joined twice");
-                if (plan_join_decode(p, len, &j) < 0)
-                        return drop(s, m, "a malformed JOIN");
-                if (j.n_layers != (unsigned)s->job->model.n_layers || j.n_params != s->n_params)
-                        return drop(s, m, "it runs another model");
-                if (n_joined(s) >= PLAN_MAX_NODES)
-                        return drop(s, m, "the plan is full (64 nodes)");
-                if (s->phase == PHASE_COLLECTING && j.epoch >= s->epoch) /* it dials again after this one */
-                        return drop(s, m, "it holds a newer epoch than the one being formed");
-                m->join = j;
-                m->joined = true;
-                /* one that holds a plan was dialed back when it first joined
-                 * (this coordinator restarted); one found unreachable then
-                 * joins without ports since */
-                if (j.pipeline_port && j.epoch == 0)
-                        probe_ask(s, m);
-                /* a node that joins while layers are collected has nothing to hand in */
-                m->done = s->phase == PHASE_COLLECTING;
-                if (j.epoch > s->epoch) /* a restarted coordinator goes on above what nodes hold */
-                        s->epoch = j.epoch;
-                char hex[IDENTITY_HEX_SIZE];
-                identity_to_hex(m->key, hex);
-                log_info("Coordinator: %.16s… joined from %s (%.1f GFLOP/s, %.0f MiB, link %.0f Mbit/s and "
-                         "%.3f ms measured, at epoch %llu); %u members",
-                         hex, j.host, j.gflops, (double)j.memory / (1 << 20), j.bandwidth * 8e-6, j.latency * 1e3,
-                         (unsigned long long)j.epoch, n_joined(s));
-                changed(s);
-                return;
-        }
+        if (type == FRAME_CONTROL && len >= 4 && memcmp(p, "RVMJ", 4) == 0)
+                return on_join(s, m, p, len);
         if (type == FRAME_CONTROL && len >= 4 && memcmp(p, "RVML", 4) == 0) {
                 double bw, lat;
                 if (!m->joined || plan_link_decode(p, len, &bw, &lat) < 0)
@@ -267,7 +356,7 @@ static void on_control(void *ud, uint32_t peer, uint8_t type, const uint8_t *p, 
                 if (!m->joined || plan_done_decode(p, len, &epoch, &samples) < 0)
                         return drop(s, m, "a malformed DONE");
                 if (s->phase == PHASE_COLLECTING && epoch == s->epoch && !m->done) {
-                        m->done = true;
+                        set_done(s, m, true);
                         m->samples = samples;
                 }
                 return;
@@ -281,8 +370,6 @@ static void on_tensor(void *ud, NetTensor *t) {
         CoordinatorState *s = ud;
         Member *m = member_of(s, t->peer);
         uint32_t layer = t->stream;
-        unsigned cluster, stage;
-        int index;
         if (m && m->joined && (s->phase != PHASE_COLLECTING || m->done)) { /* late: too late, not hostile */
                 net_tensor_release(s->net, t);
                 return;
@@ -292,9 +379,8 @@ static void on_tensor(void *ud, NetTensor *t) {
                   t->desc.dims[0] == s->layer_off[layer + 1] - s->layer_off[layer] && t->desc.dims[0] > 0;
         /* a member hands in the layers of its stage in the plan it held, no others */
         if (ok && s->plan->epoch > 0)
-                ok = plan_find(s->plan, m->key, &index, &cluster, &stage) == 0 &&
-                     (int)layer >= s->plan->clusters[cluster].bounds[stage] &&
-                     (int)layer < s->plan->clusters[cluster].bounds[stage + 1];
+                ok = m->cluster >= 0 && (int)layer >= s->plan->clusters[m->cluster].bounds[m->stage] &&
+                     (int)layer < s->plan->clusters[m->cluster].bounds[m->stage + 1];
         if (ok) {
                 const float *v = (const float *)t->data;
                 float *dst = s->sum + s->layer_off[layer];
@@ -350,30 +436,25 @@ static int cmp_member(const void *a, const void *b) {
         return memcmp((*(Member *const *)a)->key, (*(Member *const *)b)->key, IDENTITY_PK_SIZE);
 }
 
-/* A plan for the members joined now. */
-static int form(CoordinatorState *s, uint64_t epoch, Plan *ret) {
-        const Config *c = s->c;
-        Member *m[PLAN_MAX_NODES];
-        Capability caps[PLAN_MAX_NODES];
+/* The joined members, by key (the same members give the same plan): each
+ * one's node is its index there. */
+static unsigned plan_members(CoordinatorState *s, Member **ret) {
         unsigned n = 0;
-        Diag d = {};
-        int r;
-
-        for (unsigned i = 0; i < MAX_LINKS && n < PLAN_MAX_NODES; i++)
-                if (s->members[i].used && s->members[i].joined)
-                        m[n++] = &s->members[i];
-        if (n == 0)
-                return -ENODATA;
-        qsort(m, n, sizeof *m, cmp_member); /* the same members give the same plan */
-        for (unsigned i = 0; i < n; i++)
-                caps[i] = (Capability){ .gflops = m[i]->join.gflops, .memory = m[i]->join.memory,
-                                        .bandwidth = m[i]->join.bandwidth, .latency = m[i]->join.latency };
-        _cleanup_(formation_freep) Formation *f = NULL;
-        r = formation_run(&s->fm, caps, (int)n, &(FormationParams){ .seed = epoch }, &f, &d);
-        if (r < 0) {
-                log_warning_errno(r, "Coordinator: no plan for %u members: %s", n, d.text);
-                return r;
+        for (unsigned i = 0; i < s->n_members; i++) {
+                Member *m = member_at(s, i);
+                m->node = -1;
+                if (m->joined && n < PLAN_MAX_NODES)
+                        ret[n++] = m;
         }
+        qsort(ret, n, sizeof *ret, cmp_member);
+        for (unsigned i = 0; i < n; i++)
+                ret[i]->node = (int)i;
+        return n;
+}
+
+/* A plan's settings and nodes, without clusters: every node a spare. */
+static void plan_start(CoordinatorState *s, uint64_t epoch, Member *const *m, unsigned n, Plan *ret) {
+        const Config *c = s->c;
         memset(ret, 0, sizeof *ret);
         ret->epoch = epoch;
         memcpy(ret->signer, s->id.pk, PLAN_KEY_SIZE);
@@ -391,6 +472,28 @@ static int form(CoordinatorState *s, uint64_t epoch, Plan *ret) {
                 pn->pipeline_port = m[i]->join.pipeline_port;
                 pn->averaging_port = m[i]->join.averaging_port;
         }
+}
+
+/* A plan for the members joined now. */
+static int form(CoordinatorState *s, uint64_t epoch, Plan *ret) {
+        Member *m[PLAN_MAX_NODES];
+        Capability caps[PLAN_MAX_NODES];
+        unsigned n = plan_members(s, m);
+        Diag d = {};
+        int r;
+
+        if (n == 0)
+                return -ENODATA;
+        for (unsigned i = 0; i < n; i++)
+                caps[i] = (Capability){ .gflops = m[i]->join.gflops, .memory = m[i]->join.memory,
+                                        .bandwidth = m[i]->join.bandwidth, .latency = m[i]->join.latency };
+        _cleanup_(formation_freep) Formation *f = NULL;
+        r = formation_run(&s->fm, caps, (int)n, &(FormationParams){ .seed = epoch }, &f, &d);
+        if (r < 0) {
+                log_warning_errno(r, "Coordinator: no plan for %u members: %s", n, d.text);
+                return r;
+        }
+        plan_start(s, epoch, m, n, ret);
         for (int k = 0; k < f->n_clusters && ret->n_clusters < PLAN_MAX_CLUSTERS; k++) {
                 const FormationCluster *fc = &f->clusters[k];
                 PlanCluster *pc = &ret->clusters[ret->n_clusters];
@@ -406,6 +509,74 @@ static int form(CoordinatorState *s, uint64_t epoch, Plan *ret) {
                 ret->n_clusters++;
         }
         return plan_check(ret) < 0 ? -EINVAL : 0;
+}
+
+/* Each member's place in p, the plan about to be sent: its node index
+ * was set when p was made of the members joined (plan_members()). */
+static void place_members(CoordinatorState *s, const Plan *p) {
+        int16_t cluster_of[PLAN_MAX_NODES];
+        uint8_t stage_of[PLAN_MAX_NODES];
+        for (unsigned i = 0; i < p->n_nodes; i++)
+                cluster_of[i] = -1;
+        for (unsigned k = 0; k < p->n_clusters; k++)
+                for (unsigned st = 0; st < p->clusters[k].n_stages; st++) {
+                        cluster_of[p->clusters[k].nodes[st]] = (int16_t)k;
+                        stage_of[p->clusters[k].nodes[st]] = (uint8_t)st;
+                }
+        for (unsigned i = 0; i < s->n_members; i++) {
+                Member *m = member_at(s, i);
+                bool in = m->joined && m->node >= 0 && (unsigned)m->node < p->n_nodes;
+                m->cluster = in ? cluster_of[m->node] : -1;
+                m->stage = in && m->cluster >= 0 ? stage_of[m->node] : 0;
+        }
+}
+
+/* The averaged layers of m's new stage: how many went out. */
+static unsigned hand_over(CoordinatorState *s, const Member *m, const Plan *p) {
+        unsigned n = 0;
+        if (m->cluster < 0)
+                return 0;
+        const PlanCluster *pc = &p->clusters[m->cluster];
+        for (int l = pc->bounds[m->stage]; l < pc->bounds[m->stage + 1]; l++) {
+                size_t len = s->layer_off[l + 1] - s->layer_off[l];
+                TensorDesc desc;
+                if (!len || !s->count[l] || tensor_desc_init(&desc, DTYPE_F32, 1, (uint32_t[]){ (uint32_t)len }) < 0)
+                        continue;
+                if (net_send_tensor(s->net, m->peer, (uint32_t)l, &desc, s->sum + s->layer_off[l], 0) == 0) {
+                        s->sends++;
+                        n++;
+                }
+        }
+        return n;
+}
+
+#define LOG_CLUSTERS 32 /* clusters of a plan logged one per line; the rest counted */
+
+static void log_plan(const Plan *p, const uint8_t *buf, int len, unsigned sent, unsigned layers, uint64_t t0) {
+        unsigned stages = 0;
+        for (unsigned k = 0; k < p->n_clusters; k++)
+                stages += p->clusters[k].n_stages;
+        char sig[9];
+        for (int i = 0; i < 4; i++)
+                snprintf(sig + 2 * i, 3, "%02x", buf[len - PLAN_SIG_SIZE + i]);
+        log_info("Coordinator: plan epoch %llu (signature %s…) to %u members: %u clusters, %u stages, %u spares, %u "
+                 "layers handed over, %llu samples trained before (%.1f ms, %d bytes signed)",
+                 (unsigned long long)p->epoch, sig, sent, p->n_clusters, stages, p->n_nodes - stages, layers,
+                 (unsigned long long)p->samples, ns_to_sec(now_ns() - t0) * 1e3, len);
+        for (unsigned k = 0; k < p->n_clusters && k < LOG_CLUSTERS; k++) {
+                char line[512];
+                size_t at = 0;
+                for (unsigned st = 0; st < p->clusters[k].n_stages && at < sizeof line - 64; st++) {
+                        char hex[IDENTITY_HEX_SIZE];
+                        identity_to_hex(p->nodes[p->clusters[k].nodes[st]].key, hex);
+                        at += (size_t)snprintf(line + at, sizeof line - at, " %.8s…:%d-%d", hex,
+                                               p->clusters[k].bounds[st], p->clusters[k].bounds[st + 1] - 1);
+                }
+                log_info("Coordinator: epoch %llu cluster %u:%s", (unsigned long long)p->epoch, k + 1, line);
+        }
+        if (p->n_clusters > LOG_CLUSTERS)
+                log_info("Coordinator: epoch %llu: and %u clusters more", (unsigned long long)p->epoch,
+                         p->n_clusters - LOG_CLUSTERS);
 }
 
 /* Each node of the plan: its layers (after a hand-over), then the plan. */
@@ -427,124 +598,90 @@ static void publish(CoordinatorState *s, Plan *p, bool with_layers) {
                         if (s->count[l] > 1)
                                 for (size_t i = s->layer_off[l]; i < s->layer_off[l + 1]; i++)
                                         s->sum[i] /= (float)s->count[l];
-        for (unsigned i = 0; i < MAX_LINKS; i++) {
-                Member *m = &s->members[i];
-                unsigned cluster, stage;
-                int index;
-                if (!m->used || !m->joined)
+        place_members(s, p);
+        for (unsigned i = 0; i < s->n_members; i++) {
+                Member *m = member_at(s, i);
+                if (!m->joined)
                         continue;
-                if (with_layers && plan_find(p, m->key, &index, &cluster, &stage) == 0) {
-                        const PlanCluster *pc = &p->clusters[cluster];
-                        for (int l = pc->bounds[stage]; l < pc->bounds[stage + 1]; l++) {
-                                size_t len_l = s->layer_off[l + 1] - s->layer_off[l];
-                                TensorDesc desc;
-                                if (!len_l || !s->count[l] ||
-                                    tensor_desc_init(&desc, DTYPE_F32, 1, (uint32_t[]){ (uint32_t)len_l }) < 0)
-                                        continue;
-                                if (net_send_tensor(s->net, m->peer, (uint32_t)l, &desc, s->sum + s->layer_off[l],
-                                                    0) == 0) {
-                                        s->sends++;
-                                        layers++;
-                                }
-                        }
-                }
+                if (with_layers)
+                        layers += hand_over(s, m, p);
                 if (net_send_control(s->net, m->peer, FRAME_PLAN, buf, (size_t)len) == 0)
                         sent++;
         }
-        unsigned stages = 0;
-        for (unsigned k = 0; k < p->n_clusters; k++)
-                stages += p->clusters[k].n_stages;
-        char sig[9];
-        for (int i = 0; i < 4; i++)
-                snprintf(sig + 2 * i, 3, "%02x", buf[len - PLAN_SIG_SIZE + i]);
-        log_info("Coordinator: plan epoch %llu (signature %s…) to %u members: %u clusters, %u stages, %u spares, %u "
-                 "layers handed over, %llu samples trained before (%.1f ms, %d bytes signed)",
-                 (unsigned long long)p->epoch, sig, sent, p->n_clusters, stages, p->n_nodes - stages, layers,
-                 (unsigned long long)p->samples, ns_to_sec(now_ns() - t0) * 1e3, len);
-        for (unsigned k = 0; k < p->n_clusters; k++) {
-                char line[512];
-                size_t at = 0;
-                for (unsigned st = 0; st < p->clusters[k].n_stages && at < sizeof line - 64; st++) {
-                        char hex[IDENTITY_HEX_SIZE];
-                        identity_to_hex(p->nodes[p->clusters[k].nodes[st]].key, hex);
-                        at += (size_t)snprintf(line + at, sizeof line - at, " %.8s…:%d-%d", hex,
-                                               p->clusters[k].bounds[st], p->clusters[k].bounds[st + 1] - 1);
-                }
-                log_info("Coordinator: epoch %llu cluster %u:%s", (unsigned long long)p->epoch, k + 1, line);
-        }
+        log_plan(p, buf, len, sent, layers, t0);
         memcpy(s->plan, p, sizeof *p);
+}
+
+/* Every member stops at its next safe point and hands in its layers, for
+ * a new epoch. */
+static void stop_members(CoordinatorState *s, uint64_t now) {
+        const ConfigMembership *cm = &s->c->membership;
+        s->epoch++;
+        memset(s->sum, 0, s->n_params * sizeof(float));
+        memset(s->count, 0, sizeof s->count);
+        uint8_t msg[PLAN_STOP_SIZE];
+        plan_stop_encode(s->epoch, msg);
+        for (unsigned i = 0; i < s->n_members; i++) {
+                Member *m = member_at(s, i);
+                if (m->joined) {
+                        set_done(s, m, false);
+                        m->samples = 0;
+                        net_send_control(s->net, m->peer, FRAME_CONTROL, msg, sizeof msg);
+                }
+        }
+        s->phase = PHASE_COLLECTING;
+        s->deadline_ns = now + (uint64_t)cm->handover_timeout_ms * 1000000ULL;
+        log_info("Coordinator: epoch %llu: members stop at a safe point and hand in their layers",
+                 (unsigned long long)s->epoch);
 }
 
 /* Membership changed and settled: a new epoch. The first plan goes out at
  * once; later ones after the members handed in their layers. */
-static void tick(CoordinatorState *s) {
+static void tick_waiting(CoordinatorState *s, uint64_t now) {
         const ConfigMembership *cm = &s->c->membership;
-        uint64_t now = now_ns();
-        bool trained = s->plan->epoch > 0;
+        /* a plan sent, or members that trained on one (this coordinator restarted) */
+        bool trained = s->plan->epoch > 0 || s->n_trained > 0;
 
-        for (unsigned i = 0; !trained && i < MAX_LINKS; i++)
-                trained = s->members[i].used && s->members[i].joined && s->members[i].join.epoch > 0;
-
-        probe_answers(s);
-        if (s->phase == PHASE_WAITING) {
-                if (!s->dirty || probing(s) || now - s->changed_ns < (uint64_t)cm->settle_ms * 1000000ULL ||
-                    n_joined(s) < (s->plan->epoch ? 1 : cm->min_nodes))
-                        return;
-                if (s->sends) /* the last hand-over still leaves from sum */
-                        return;
-                _cleanup_(plan_freep) Plan *p = plan_new();
-                if (!p)
-                        return;
+        if (!s->dirty || s->n_probing || now - s->changed_ns < (uint64_t)cm->settle_ms * 1000000ULL ||
+            s->n_joined < (s->plan->epoch ? 1 : cm->min_nodes))
+                return;
+        if (s->sends) /* the last hand-over still leaves from sum */
+                return;
+        if (trained && !s->pending) {
                 s->dirty = false;
-                if (s->pending) { /* the members stopped and handed in already */
-                        if (form(s, s->epoch, p) == 0) {
-                                s->pending = false;
-                                publish(s, p, true);
-                        }
-                        return;
+                return stop_members(s, now);
+        }
+        _cleanup_(plan_freep) Plan *p = plan_new();
+        if (!p)
+                return;
+        s->dirty = false;
+        if (s->pending) { /* the members stopped and handed in already */
+                if (form(s, s->epoch, p) == 0) {
+                        s->pending = false;
+                        publish(s, p, true);
                 }
-                if (!trained) {
-                        if (form(s, s->epoch + 1, p) == 0) {
-                                s->epoch++;
-                                publish(s, p, false);
-                        }
-                        return;
-                }
-                /* stop, hand in, re-form */
-                s->epoch++;
-                memset(s->sum, 0, s->n_params * sizeof(float));
-                memset(s->count, 0, sizeof s->count);
-                uint8_t msg[PLAN_STOP_SIZE];
-                plan_stop_encode(s->epoch, msg);
-                for (unsigned i = 0; i < MAX_LINKS; i++) {
-                        Member *m = &s->members[i];
-                        if (m->used && m->joined) {
-                                m->done = false;
-                                m->samples = 0;
-                                net_send_control(s->net, m->peer, FRAME_CONTROL, msg, sizeof msg);
-                        }
-                }
-                s->phase = PHASE_COLLECTING;
-                s->deadline_ns = now + (uint64_t)cm->handover_timeout_ms * 1000000ULL;
-                log_info("Coordinator: epoch %llu: members stop at a safe point and hand in their layers",
-                         (unsigned long long)s->epoch);
                 return;
         }
+        if (form(s, s->epoch + 1, p) == 0) {
+                s->epoch++;
+                publish(s, p, false);
+        }
+}
 
-        bool all = true;
-        for (unsigned i = 0; i < MAX_LINKS; i++)
-                if (s->members[i].used && s->members[i].joined && !s->members[i].done)
-                        all = false;
+/* Layers coming in: once every member handed in (or the time is up), the
+ * new plan, with the averaged layers. */
+static void tick_collecting(CoordinatorState *s, uint64_t now) {
+        bool all = s->n_done == s->n_joined;
         if (!all && now < s->deadline_ns)
                 return;
         if (!all)
                 log_warning("Coordinator: epoch %llu: not every member handed in its layers in time; going on "
                             "with what came", (unsigned long long)s->epoch);
-        uint64_t samples = 0;
-        for (unsigned i = 0; i < MAX_LINKS; i++)
-                if (s->members[i].used && s->members[i].joined)
-                        samples += s->members[i].samples;
-        s->samples += samples;
+        for (unsigned i = 0; i < s->n_members; i++) {
+                const Member *m = member_at(s, i);
+                if (m->joined)
+                        s->samples += m->samples;
+        }
         s->phase = PHASE_WAITING;
         s->dirty = false;
         _cleanup_(plan_freep) Plan *p = plan_new();
@@ -555,6 +692,15 @@ static void tick(CoordinatorState *s) {
                 log_warning("Coordinator: epoch %llu: no plan; training waits for more members",
                             (unsigned long long)s->epoch);
         }
+}
+
+static void tick(CoordinatorState *s) {
+        uint64_t now = now_ns();
+        probe_answers(s);
+        if (s->phase == PHASE_WAITING)
+                tick_waiting(s, now);
+        else
+                tick_collecting(s, now);
 }
 
 static void *coordinator_main(void *ud) {
@@ -618,6 +764,8 @@ int coordinator_start(Coordinator *co, const Config *c, const Job *job, const Id
         s->c = c;
         s->job = job;
         s->id = *id;
+        for (unsigned i = 0; i < MAX_LINKS; i++) /* slot 0 taken first */
+                s->free_slots[s->n_free++] = (uint16_t)(MAX_LINKS - 1 - i);
         for (int l = 0; l < job->model.n_layers; l++)
                 s->layer_off[l + 1] = s->layer_off[l] + model_spec_params(&job->model, l, l + 1);
         s->n_params = s->layer_off[job->model.n_layers];
@@ -642,6 +790,7 @@ int coordinator_start(Coordinator *co, const Config *c, const Job *job, const Id
         }
         s->prober.running = true;
         nc.idle_timeout_ms = cm->deadline_ms; /* a member silent this long has left */
+        nc.max_links = MAX_LINKS; /* whatever net.max_links says for the node's other links */
         /* the layers handed in: one copy at a time per link, the rest malloc()ed */
         nc.pool_bytes = MIN(s->n_params * sizeof(float) + (1u << 20), (size_t)1 << 30);
         nc.max_receive_bytes = MAX(nc.max_receive_bytes, (uint64_t)nc.pool_bytes);
