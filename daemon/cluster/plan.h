@@ -7,6 +7,10 @@
  * only from the coordinator it was configured with and never goes back to
  * an older one.
  *
+ * A ring of the averaging holds one stage of every cluster; with more
+ * clusters than one round of the averaging takes (COLL_MAX_MEMBERS), the
+ * averager splits it into groups on a grid (collective/averager.h).
+ *
  * Everything here is pure: no I/O, no logging. plan_decode() bounds every
  * count and length before it reads what they describe, and refuses a plan
  * whose signature does not verify; the exact layout is in
@@ -34,8 +38,8 @@
 #define PLAN_KEY_SIZE 32
 #define PLAN_SIG_SIZE 64
 #define PLAN_SK_SIZE 64
-#define PLAN_MAX_NODES 64    /* a ring of the averaging holds at most 64 members */
-#define PLAN_MAX_CLUSTERS 64
+#define PLAN_MAX_NODES 1024  /* with IPv4 hosts a plan of 1024 nodes fits PLAN_MAX_BYTES */
+#define PLAN_MAX_CLUSTERS 1024
 #define PLAN_MAX_STAGES 64
 #define PLAN_MAX_LAYERS 256  /* MODEL_MAX_LAYERS */
 #define PLAN_HOST_MAX 254    /* a DNS name has at most 253 characters */

@@ -31,9 +31,17 @@
 
 enum { AV_IDLE, AV_WANT, AV_SNAPPED, AV_RUNNING, AV_DELTA };
 
+/* Where this node sits in one of its rings, and whom it meets there. */
+typedef struct RingPlace {
+        RingGrid grid;
+        unsigned pos;           /* its position in the ring's members */
+        unsigned *near, n_near; /* the members of its groups in every dimension, itself too */
+} RingPlace;
+
 struct Averager {
         AveragerConfig cfg;
         AveragerRing *rings;
+        RingPlace *places; /* one per ring */
         Coll *coll;
         uint16_t port;
         pthread_t thread;
@@ -62,7 +70,8 @@ struct Averager {
         size_t rd_off[COLL_MAX_MEMBERS]; /* where each round's values sit in the slab */
         unsigned n_rd;
         bool outer_round; /* the rounds in flight average pseudo-gradients */
-        uint64_t next_due_ns, steps_at_last, moshpit_round, fragment_round, round_start_ns, started_ns;
+        unsigned round_group; /* the smallest group of the rounds in flight */
+        uint64_t next_due_ns, steps_at_last, moshpit_round, fragment_round, last_rounds, round_start_ns, started_ns;
         bool settled;
 
         pthread_mutex_t lock; /* stats */
@@ -78,14 +87,48 @@ static bool outer_valid(const AveragerOuter *o) {
         return !o->enabled || (isfinite(o->lr) && o->lr > 0 && o->lr <= 10 && o->momentum >= 0 && o->momentum < 1);
 }
 
+/* Every ring's grid, this node's position in it and the members it meets
+ * there; with ring averaging, links go to those alone. */
+static int place_rings(Averager *a) {
+        unsigned width = a->cfg.group_size ? a->cfg.group_size : COLL_MAX_MEMBERS, self = a->cfg.coll.self;
+        for (unsigned i = 0; i < a->cfg.n_rings; i++) {
+                const AveragerRing *g = &a->rings[i];
+                RingPlace *p = &a->places[i];
+                unsigned pos[COLL_MAX_MEMBERS];
+                p->pos = UINT32_MAX;
+                for (unsigned k = 0; k < g->n; k++)
+                        if (g->members[k] == self)
+                                p->pos = k;
+                if (p->pos == UINT32_MAX || ring_grid(g->n, width, &p->grid) < 0)
+                        return -EINVAL;
+                p->near = calloc(g->n, sizeof *p->near);
+                if (!p->near)
+                        return -ENOMEM;
+                for (unsigned d = 0; d < p->grid.dims; d++)
+                        for (unsigned k = 0, n = ring_grid_group(&p->grid, p->pos, d, pos); k < n; k++)
+                                if (d == 0 || pos[k] != p->pos) /* itself once */
+                                        p->near[p->n_near++] = g->members[pos[k]];
+        }
+        if (a->cfg.method != AVERAGER_RING)
+                return 0;
+        for (unsigned m = 0; m < a->cfg.coll.n_members; m++)
+                coll_want(a->coll, m, false);
+        for (unsigned i = 0; i < a->cfg.n_rings; i++)
+                for (unsigned k = 0; k < a->places[i].n_near; k++)
+                        coll_want(a->coll, a->places[i].near[k], true);
+        return 0;
+}
+
 int averager_new(const AveragerConfig *cfg, Averager **ret) {
         if (cfg->len == 0 || (cfg->method == AVERAGER_RING && cfg->n_rings == 0) ||
             cfg->n_rings > COLL_MAX_MEMBERS || (cfg->interval_ms == 0 && cfg->interval_steps == 0) ||
             !outer_valid(&cfg->outer) || cfg->fragments > AVERAGER_MAX_FRAGMENTS ||
-            (cfg->fragments > 1 && cfg->method != AVERAGER_RING))
+            (cfg->fragments > 1 && cfg->method != AVERAGER_RING) || cfg->group_size == 1 ||
+            cfg->group_size > COLL_MAX_MEMBERS)
                 return -EINVAL;
         for (unsigned i = 0; i < cfg->n_rings; i++)
-                if (cfg->rings[i].off > cfg->len || cfg->rings[i].len > cfg->len - cfg->rings[i].off)
+                if (cfg->rings[i].off > cfg->len || cfg->rings[i].len > cfg->len - cfg->rings[i].off ||
+                    cfg->rings[i].n > AVERAGER_RING_MAX || cfg->rings[i].group >= 1u << 20)
                         return -EINVAL;
         if (cfg->method == AVERAGER_MOSHPIT) {
                 uint64_t cells;
@@ -99,10 +142,11 @@ int averager_new(const AveragerConfig *cfg, Averager **ret) {
         a->cfg = *cfg;
         pthread_mutex_init(&a->lock, NULL);
         a->rings = calloc(MAX(cfg->n_rings, 1u), sizeof *a->rings);
+        a->places = calloc(MAX(cfg->n_rings, 1u), sizeof *a->places);
         a->snapshot = aligned_alloc(64, ALIGN_TO(cfg->len * sizeof(float), 64));
         a->delta = aligned_alloc(64, ALIGN_TO(cfg->len * sizeof(float), 64));
         int r = -ENOMEM;
-        if (!a->rings || !a->snapshot || !a->delta)
+        if (!a->rings || !a->places || !a->snapshot || !a->delta)
                 goto fail;
         if (cfg->outer.enabled) {
                 a->anchor = aligned_alloc(64, ALIGN_TO(cfg->len * sizeof(float), 64));
@@ -120,6 +164,9 @@ int averager_new(const AveragerConfig *cfg, Averager **ret) {
                 memcpy(a->rings, cfg->rings, cfg->n_rings * sizeof *a->rings);
         a->cfg.rings = a->rings;
         r = coll_new(&cfg->coll, &a->coll);
+        if (r < 0)
+                goto fail;
+        r = place_rings(a);
         if (r < 0)
                 goto fail;
         r = coll_listen(a->coll, cfg->listen_port, &a->port);
@@ -147,6 +194,9 @@ Averager *averager_free(Averager *a) {
         free(a->anchor);
         free(a->momentum);
         free(a->feedback);
+        for (unsigned i = 0; a->places && i < a->cfg.n_rings; i++)
+                free(a->places[i].near);
+        free(a->places);
         free(a->rings);
         pthread_mutex_destroy(&a->lock);
         free(a);
@@ -183,7 +233,7 @@ static void ring_part(const Averager *a, const AveragerRing *g, int k, uint32_t 
         if (k < 0 || f <= 1)
                 return;
         size_t lo = g->len * (size_t)k / f, hi = g->len * (size_t)(k + 1) / f;
-        *group = (uint32_t)(k + 1) << 24 | (g->group & 0xffffffu);
+        *group = (uint32_t)(k + 1) << 24 | g->group;
         *off = g->off + lo;
         *len = hi - lo;
 }
@@ -205,6 +255,7 @@ static int start_moshpit(Averager *a) {
         uint32_t group = 0x80000000u | (uint32_t)(a->moshpit_round & 0x7fff) << 16 | (uint32_t)(key & 0xffff);
         a->moshpit_round++;
         a->rd_off[0] = 0;
+        a->round_group = n;
         int r = coll_round_start(a->coll, group, members, n, a->snapshot, a->cfg.len, a->weight, &a->rd[0]);
         if (r < 0)
                 return r;
@@ -217,26 +268,47 @@ static void fill_f32(float *d, float v, size_t n) {
                 d[i] = v;
 }
 
+/* Ring i's round: its group in this turn's dimension, the values of
+ * fragment k (k < 0: all). A member alone in its group sits it out. */
+static int start_ring(Averager *a, unsigned i, int k, uint64_t turn) {
+        const AveragerRing *g = &a->rings[i];
+        const RingPlace *p = &a->places[i];
+        unsigned pos[COLL_MAX_MEMBERS], members[COLL_MAX_MEMBERS], dim = (unsigned)(turn % p->grid.dims);
+        unsigned n = ring_grid_group(&p->grid, p->pos, dim, pos);
+        uint32_t group;
+        size_t off, len;
+
+        ring_part(a, g, k, &group, &off, &len);
+        if (len == 0 || (p->grid.dims > 1 && n < 2))
+                return 0;
+        for (unsigned j = 0; j < n; j++)
+                members[j] = g->members[pos[j]];
+        if (p->grid.dims > 1)
+                group |= (dim + 1) << 20; /* bits 20-23; the ring's own id is below */
+        a->round_group = MIN(a->round_group, n);
+        int r = coll_round_start(a->coll, group, members, n, a->snapshot + off, len, a->weight, &a->rd[a->n_rd]);
+        if (r < 0)
+                return r;
+        a->rd_off[a->n_rd] = off;
+        return round_outputs(a, a->rd[a->n_rd++], off);
+}
+
 static int start_rounds(Averager *a) {
         a->n_rd = 0;
+        a->round_group = UINT32_MAX;
         a->outer_round = a->cfg.outer.enabled && !atomic_load(&a->last) && !atomic_load(&a->join_round);
         /* what no round covers: a delta of 0, or for an outer step "unchanged" */
         fill_f32(a->delta, a->outer_round ? NAN : 0.0f, a->cfg.len);
         if (a->cfg.method == AVERAGER_MOSHPIT)
                 return start_moshpit(a);
-        int k = a->cfg.fragments > 1 && !atomic_load(&a->last) ? (int)(a->fragment_round++ % a->cfg.fragments) : -1;
+        /* the fragment in turn and the grid dimension of wide rings: each
+         * fragment goes through every dimension; a last round is whole */
+        bool whole = atomic_load(&a->last);
+        uint64_t f = MAX(a->cfg.fragments, 1u), t = whole ? a->last_rounds++ : a->fragment_round++;
+        int k = f > 1 && !whole ? (int)(t % f) : -1;
+        uint64_t turn = whole ? t : t / f;
         for (unsigned i = 0; i < a->cfg.n_rings; i++) {
-                uint32_t group;
-                size_t off, len;
-                ring_part(a, &a->rings[i], k, &group, &off, &len);
-                if (len == 0)
-                        continue;
-                int r = coll_round_start(a->coll, group, a->rings[i].members, a->rings[i].n, a->snapshot + off, len,
-                                         a->weight, &a->rd[a->n_rd]);
-                if (r < 0)
-                        return r;
-                a->rd_off[a->n_rd] = off;
-                r = round_outputs(a, a->rd[a->n_rd++], off);
+                int r = start_ring(a, i, k, turn);
                 if (r < 0)
                         return r;
         }
@@ -309,6 +381,7 @@ static void finish_rounds(Averager *a, uint64_t now) {
         s.values_averaged += values;
         s.last_error = error;
         s.last_participants = smallest == UINT32_MAX ? 0 : smallest;
+        s.last_group = a->round_group == UINT32_MAX ? 0 : a->round_group;
         s.last_round_ns = now - a->round_start_ns;
         s.last_done_realtime_us = now_realtime_usec();
         a->stats = s;
@@ -323,8 +396,8 @@ static bool links_settled(Averager *a, uint64_t now) {
                 return true;
         bool all = true;
         for (unsigned i = 0; i < a->cfg.n_rings && all; i++)
-                for (unsigned k = 0; k < a->rings[i].n && all; k++)
-                        all = coll_connected(a->coll, a->rings[i].members[k]);
+                for (unsigned k = 0; k < a->places[i].n_near && all; k++)
+                        all = coll_connected(a->coll, a->places[i].near[k]);
         if (a->cfg.method == AVERAGER_MOSHPIT)
                 all = coll_n_connected(a->coll) + 1 >= a->cfg.coll.n_members;
         a->settled = all || now - a->started_ns >= (uint64_t)a->cfg.coll.join_timeout_ms * 1000000ull;
@@ -345,14 +418,15 @@ static bool due(Averager *a, uint64_t now) {
         return now >= a->next_due_ns;
 }
 
-/* Whether every ring of this node has another member connected. */
+/* Whether every ring of this node has another member it meets connected. */
 static bool ring_peers_up(const Averager *a) {
         if (a->cfg.method == AVERAGER_MOSHPIT)
                 return coll_n_connected(a->coll) > 0;
         for (unsigned i = 0; i < a->cfg.n_rings; i++) {
                 bool up = false;
-                for (unsigned k = 0; k < a->rings[i].n && !up; k++)
-                        up = a->rings[i].members[k] != a->cfg.coll.self && coll_connected(a->coll, a->rings[i].members[k]);
+                const RingPlace *p = &a->places[i];
+                for (unsigned k = 0; k < p->n_near && !up; k++)
+                        up = p->near[k] != a->cfg.coll.self && coll_connected(a->coll, p->near[k]);
                 if (!up)
                         return false;
         }
@@ -538,6 +612,13 @@ uint64_t averager_request(Averager *a, unsigned join_ms) {
 
 uint64_t averager_done_ticket(Averager *a) {
         return atomic_load(&a->done);
+}
+
+unsigned averager_last_rounds(const Averager *a) {
+        unsigned n = 1;
+        for (unsigned i = 0; a->cfg.method == AVERAGER_RING && i < a->cfg.n_rings; i++)
+                n = MAX(n, a->places[i].grid.dims);
+        return n;
 }
 
 unsigned averager_join(Averager *a) {

@@ -28,16 +28,24 @@
 
 #include "coll.h"
 #include "moshpit-sim.h"
+#include "segments.h"
 
 typedef enum AveragerMethod {
         AVERAGER_RING,    /* one ring per segment, all at once */
         AVERAGER_MOSHPIT, /* groups along one grid dimension per round */
 } AveragerMethod;
 
-/* One ring this node takes part in: values [off, off + len) of its slab. */
+/* One ring this node takes part in: values [off, off + len) of its slab.
+ * A ring of more members than group_size averages in groups on a grid
+ * (ring_grid(), collective/segments.h), one dimension per round: round t
+ * of fragment k (t counts every fragment's rounds) takes the dimension
+ * t / fragments mod dims, so each fragment goes through every dimension,
+ * and a requested (last) round is as many whole rounds as the grid has
+ * dimensions, so the replicas still end as one model on a full grid. */
+#define AVERAGER_RING_MAX SEGMENTS_MAX_OWNERS
 typedef struct AveragerRing {
-        uint32_t group;
-        unsigned members[COLL_MAX_MEMBERS], n;
+        uint32_t group;                 /* below 1 << 20 */
+        unsigned members[AVERAGER_RING_MAX], n;
         size_t off, len;
 } AveragerRing;
 
@@ -73,6 +81,7 @@ typedef struct AveragerConfig {
         size_t len;                 /* values in the slab */
         const AveragerRing *rings;  /* AVERAGER_RING */
         unsigned n_rings;
+        unsigned group_size;        /* the most members a round takes, 2..COLL_MAX_MEMBERS; 0: COLL_MAX_MEMBERS */
         MoshpitGrid grid;           /* AVERAGER_MOSHPIT: member i sits in cell i */
         unsigned interval_ms;       /* cadence in time, or */
         unsigned interval_steps;    /* in local steps (averager_sync calls); 0: by time */
@@ -87,7 +96,8 @@ typedef struct AveragerStats {
         uint64_t last_round_ns;               /* duration, snapshot to delta */
         uint64_t last_done_realtime_us;       /* CLOCK_REALTIME of the last delta */
         int last_error;
-        unsigned last_participants;           /* smallest group of the last round */
+        unsigned last_participants;           /* fewest members that took part in one group of the last round */
+        unsigned last_group;                  /* the smallest group the last round asked for */
         unsigned connected;
         uint64_t links_in;                    /* links members dialed to this one (NetStats.links_in) */
         uint64_t bytes_sent, bytes_received;
@@ -127,6 +137,9 @@ int averager_outer_state(const Averager *a, const float **ret_anchor, const floa
  * has ended and its delta has been handed over by averager_sync(). */
 uint64_t averager_request(Averager *a, unsigned join_ms);
 uint64_t averager_done_ticket(Averager *a);
+/* How many requested rounds in a row end with one model: the most grid
+ * dimensions of this node's rings (1 for rings no wider than group_size). */
+unsigned averager_last_rounds(const Averager *a);
 /* Join a swarm that trains already: the next rounds (one, or one per
  * fragment) start as soon as each ring has another member connected, and this node's snapshot
  * weighs AVERAGER_JOIN_WEIGHT in them, next to nothing against the others'

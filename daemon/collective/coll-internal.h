@@ -12,6 +12,7 @@ typedef struct Member {
         uint32_t dial_peer; /* our outgoing link, until it is authenticated or gone */
         uint64_t next_dial_ns;
         uint64_t banned_until_ns; /* sent a bad piece: refused until then */
+        bool unwanted;            /* coll_want(): not dialed */
 } Member;
 
 /* The last READY each member sent for a group; the leader reads them. */

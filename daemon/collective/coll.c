@@ -250,7 +250,7 @@ static void dial(Coll *c, uint64_t now) {
                 bool relayed = net_relays(accepts, !m->m.no_accept, c->self < i) && c->cfg.net->relay_host;
                 if (i == c->self || (!relayed && !net_dials(accepts, !m->m.no_accept, c->self < i)))
                         continue;
-                if (m->up || m->dialing || now < m->next_dial_ns || now < m->banned_until_ns ||
+                if (m->up || m->dialing || m->unwanted || now < m->next_dial_ns || now < m->banned_until_ns ||
                     (!relayed && m->m.port == 0))
                         continue;
                 m->next_dial_ns = now + (uint64_t)c->cfg.redial_ms * 1000000ull;
@@ -270,6 +270,11 @@ int coll_run(Coll *c, int timeout_ms) {
         }
         round_tick(c, now);
         return r;
+}
+
+void coll_want(Coll *c, unsigned member, bool want) {
+        if (member < c->n_members)
+                c->members[member].unwanted = !want;
 }
 
 bool coll_connected(const Coll *c, unsigned member) {

@@ -103,6 +103,10 @@ int coll_listen(Coll *c, uint16_t port, uint16_t *ret_port);
 int coll_set_address(Coll *c, unsigned member, const char *host, uint16_t port);
 /* Wait up to timeout_ms for I/O and run whatever is due. */
 int coll_run(Coll *c, int timeout_ms);
+/* Whether to dial a member (all are, at first): a node that meets only
+ * some of the members in its rounds (a wide ring's grid groups) keeps
+ * links with those alone. A member not wanted may still dial in. */
+void coll_want(Coll *c, unsigned member, bool want);
 bool coll_connected(const Coll *c, unsigned member);
 unsigned coll_n_connected(const Coll *c);
 Net *coll_net(Coll *c);

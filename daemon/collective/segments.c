@@ -17,7 +17,7 @@ static int cmp_unsigned(const void *a, const void *b) {
 
 int segments_plan(const ClusterCut *cuts, unsigned n_clusters, size_t total, Segment **ret, size_t *ret_n) {
         size_t n_bounds = 0;
-        if (n_clusters == 0 || n_clusters > COLL_MAX_MEMBERS || total == 0)
+        if (n_clusters == 0 || n_clusters > SEGMENTS_MAX_OWNERS || total == 0)
                 return -EINVAL;
         for (unsigned c = 0; c < n_clusters; c++) {
                 const ClusterCut *k = &cuts[c];
@@ -67,4 +67,32 @@ int segments_plan(const ClusterCut *cuts, unsigned n_clusters, size_t total, Seg
         *ret = TAKE_PTR(seg);
         *ret_n = n - 1;
         return 0;
+}
+
+int ring_grid(unsigned n, unsigned width, RingGrid *ret) {
+        if (n < 1 || n > SEGMENTS_MAX_OWNERS || width < 2 || width > COLL_MAX_MEMBERS)
+                return -EINVAL;
+        unsigned dims = 1, side = 2;
+        for (uint64_t cells = width; cells < n; cells *= width)
+                dims++;
+        for (;; side++) { /* side^dims >= n; n <= 1024 bounds the loop */
+                uint64_t cells = 1;
+                for (unsigned d = 0; d < dims; d++)
+                        cells *= side;
+                if (cells >= n)
+                        break;
+        }
+        *ret = (RingGrid){ .n = n, .dims = dims, .side = dims == 1 ? n : side };
+        return 0;
+}
+
+unsigned ring_grid_group(const RingGrid *g, unsigned pos, unsigned dim, unsigned out[COLL_MAX_MEMBERS]) {
+        unsigned stride = 1, n = 0;
+        for (unsigned d = 0; d < dim % g->dims; d++)
+                stride *= g->side;
+        unsigned digit = pos / stride % g->side, base = pos - digit * stride;
+        for (unsigned v = 0; v < g->side; v++)
+                if (base + v * stride < g->n)
+                        out[n++] = base + v * stride;
+        return n;
 }

@@ -56,13 +56,20 @@ void config_defaults(Config *c) {
         idle_settings_default(&c->idle);
 }
 
+ConfigCluster *config_clusters_free(ConfigCluster *clusters, unsigned n) {
+        for (unsigned k = 0; clusters && k < n; k++)
+                free(clusters[k].nodes);
+        free(clusters);
+        return NULL;
+}
+
 void config_free(Config *c) {
         if (!c)
                 return;
         c->peers = mfree(c->peers);
         c->allowed = mfree(c->allowed);
         c->averaging.members = mfree(c->averaging.members);
-        c->pipeline.clusters = mfree(c->pipeline.clusters);
+        c->pipeline.clusters = config_clusters_free(c->pipeline.clusters, c->pipeline.n_clusters);
         c->pipeline.n_clusters = 0;
         c->averaging.n_members = 0;
         c->n_peers = c->n_allowed = 0;
@@ -471,20 +478,24 @@ static int parse_gossip(const config_setting_t *root, const config_setting_t *g,
         return 0;
 }
 
-/* averaging.outer = { lr; momentum; nesterov; } and averaging.fragments:
+/* averaging.outer = { lr; momentum; nesterov; }, averaging.fragments and group_size:
  * for the methods that run rounds of a group (ring; Moshpit without
  * fragments). */
 static int parse_outer(const config_setting_t *g, ConfigAveraging *a, Diag *d) {
         static const char *const keys[] = { "lr", "momentum", "nesterov", NULL };
         config_setting_t *o, *s;
-        long long fragments;
+        long long fragments, group;
         int r;
 
         if ((r = conf_get_group(g, "outer", false, false, &o, d)) < 0 ||
-            (r = conf_get_int(g, "fragments", false, 1, AVERAGER_MAX_FRAGMENTS, 1, &fragments, d)) < 0)
+            (r = conf_get_int(g, "fragments", false, 1, AVERAGER_MAX_FRAGMENTS, 1, &fragments, d)) < 0 ||
+            (r = conf_get_int(g, "group_size", false, 2, COLL_MAX_MEMBERS, COLL_MAX_MEMBERS, &group, d)) < 0)
                 return r;
         a->fragments = (unsigned)fragments;
+        a->group_size = (unsigned)group;
         if ((s = member(g, "fragments")) && a->method != CONFIG_AVERAGING_RING)
+                return conf_error(s, NULL, -EINVAL, d, "only used with method = \"ring\"");
+        if ((s = member(g, "group_size")) && a->method != CONFIG_AVERAGING_RING)
                 return conf_error(s, NULL, -EINVAL, d, "only used with method = \"ring\"");
         if (!o)
                 return 0;
@@ -599,7 +610,7 @@ static int parse_averaging(const config_setting_t *root, Config *c, Diag *d) {
         static const char *const keys[] = {
                 "method", "interval", "interval_steps", "listen", "members", "payload", "fp16", "join_timeout",
                 "round_timeout", "grid", "topology", "weight", "outer", "fragments", "error_feedback",
-                "take_parameters", NULL,
+                "take_parameters", "group_size", NULL,
         };
         ConfigAveraging *a = &c->averaging;
         config_setting_t *g, *s, *members;
@@ -664,6 +675,9 @@ static int parse_cluster(const config_setting_t *e, bool relay, ConfigCluster *k
                 return r;
         if (!nodes || config_setting_length(nodes) < 1)
                 return conf_error(e, "nodes", -EINVAL, d, "missing: the cluster's nodes, \"<key>@host:port\", in stage order");
+        k->nodes = calloc((size_t)config_setting_length(nodes), sizeof *k->nodes);
+        if (!k->nodes)
+                return -ENOMEM;
         k->n_stages = (unsigned)config_setting_length(nodes);
         for (unsigned i = 0; i < k->n_stages; i++) {
                 if ((r = get_member(config_setting_get_elem(nodes, i), true, &k->nodes[i], d)) < 0)

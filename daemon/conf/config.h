@@ -79,19 +79,20 @@ typedef struct ConfigAveraging {
         double outer_lr, outer_momentum;
         bool outer_nesterov;
         unsigned fragments;         /* 1: every round syncs all values */
+        unsigned group_size;        /* ring: the most members one round takes; wider rings average on a grid */
         unsigned join_timeout_ms, round_timeout_ms;
         unsigned grid_dims, grid_side; /* moshpit; 0: the smallest square-ish grid that holds everyone */
         int topology;               /* gossip: a GossipTopology (collective/topology.h) */
         double weight;              /* gossip and auto: the self weight w; 0: 1/|G| (the group's average) */
 } ConfigAveraging;
 
-#define CONFIG_MAX_CLUSTERS 64
+#define CONFIG_MAX_CLUSTERS 1024
 #define CONFIG_MAX_STAGES 64
 
 /* One cluster of the pipeline plan: its nodes in stage order (key and
  * pipeline address) and where it cuts the model (layer indices). */
 typedef struct ConfigCluster {
-        ConfigMember nodes[CONFIG_MAX_STAGES];
+        ConfigMember *nodes;               /* n_stages of them */
         int bounds[CONFIG_MAX_STAGES + 1]; /* n_stages + 1: 0 < ... < layers */
         unsigned n_stages;
 } ConfigCluster;
@@ -193,3 +194,5 @@ int config_load(const char *path, Config *ret, Diag *d);
 int config_net(const Config *c, const Identity *id, NetConfig *ret, Diag *d);
 /* Free the lists and wipe the secret; c may be reused after config_defaults(). */
 void config_free(Config *c);
+/* Free n clusters and the nodes of each; NULL. */
+ConfigCluster *config_clusters_free(ConfigCluster *clusters, unsigned n);

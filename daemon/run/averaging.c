@@ -100,6 +100,7 @@ int averaging_start(Averaging *a, const AveragingGroup *g, const Identity *id, s
         ac.outer = (AveragerOuter){ .enabled = ca->outer, .lr = (float)ca->outer_lr,
                                     .momentum = (float)ca->outer_momentum, .nesterov = ca->outer_nesterov };
         ac.fragments = ca->fragments;
+        ac.group_size = ca->group_size;
         ac.error_feedback = ca->error_feedback;
         ac.listen_port = ca->listen.port;
         r = averager_new(&ac, &a->av);
@@ -113,9 +114,6 @@ int averaging_start(Averaging *a, const AveragingGroup *g, const Identity *id, s
         a->n_members = (unsigned)ca->n_members;
         a->join_timeout_ms = ca->join_timeout_ms;
         a->round_timeout_ms = ca->round_timeout_ms;
-        a->ring_size = ca->method == CONFIG_AVERAGING_MOSHPIT ? ca->grid_side : a->n_members;
-        for (unsigned i = 0; rings && i < n_rings; i++)
-                a->ring_size = MIN(a->ring_size, rings[i].n);
         a->active = true;
         log_started(a, ca);
         return 0;
@@ -160,9 +158,9 @@ void averaging_stop(Averaging *a) {
         a->active = false;
 }
 
-int averaging_final(Averaging *a, float *params, void (*poll)(void *ud), void *ud) {
-        if (!a->active)
-                return 0;
+/* One requested round, waited for: 0, -ETIMEDOUT, or -EUCLEAN when it
+ * went on without some members. */
+static int final_round(Averaging *a, float *params, void (*poll)(void *ud), void *ud, unsigned *ret_group) {
         /* everyone comes to this round when their training ends: wait for
          * the others as long as a round may take */
         AveragerStats before, s;
@@ -183,12 +181,30 @@ int averaging_final(Averaging *a, float *params, void (*poll)(void *ud), void *u
          * round given up or failed while it waited does not count. */
         averager_get_stats(a->av, &s);
         bool done = s.rounds_done > before.rounds_done && s.last_error == 0;
-        if (!done || s.last_participants < a->ring_size) {
+        if (!done || s.last_participants < s.last_group) {
                 log_warning("The last averaging round included %u of %u members: this replica is evaluated "
-                            "without the others' last updates", done ? s.last_participants : 1, a->ring_size);
+                            "without the others' last updates", done ? s.last_participants : 1, s.last_group);
                 return -EUCLEAN;
         }
-        log_info("The last averaging round included all %u members", a->ring_size);
+        *ret_group = s.last_group;
+        return 0;
+}
+
+int averaging_final(Averaging *a, float *params, void (*poll)(void *ud), void *ud) {
+        if (!a->active)
+                return 0;
+        /* a ring wider than one group: one round per grid dimension */
+        unsigned rounds = averager_last_rounds(a->av), last_group = 0;
+        for (unsigned i = 0; i < rounds; i++) {
+                int r = final_round(a, params, poll, ud, &last_group);
+                if (r < 0)
+                        return r;
+        }
+        if (rounds > 1)
+                log_info("The last averaging round included all %u members of its group (the last of %u rounds, one "
+                         "per dimension of the rings' grid)", last_group, rounds);
+        else
+                log_info("The last averaging round included all %u members", last_group);
         return 0;
 }
 
@@ -219,7 +235,7 @@ int averaging_join(Averaging *a, float *params, void (*poll)(void *ud), void *ud
         }
         log_info("Took the other members' parameters before training: %u round%s, the last of %u of %u members, "
                  "%.0f ms after the start",
-                 rounds, rounds == 1 ? "" : "s", s.last_participants, a->ring_size, (double)(now_ns() - start) / 1e6);
+                 rounds, rounds == 1 ? "" : "s", s.last_participants, s.last_group, (double)(now_ns() - start) / 1e6);
         return 0;
 }
 

@@ -30,7 +30,6 @@ typedef struct Averaging {
         AveragerStats seen;         /* as of the last averaging_step() */
         uint64_t logged_ns, logged_rounds; /* the last round that had a log line */
         unsigned join_timeout_ms, round_timeout_ms;
-        unsigned ring_size;         /* members of this node's smallest ring: a complete round */
         bool active;
 } Averaging;
 

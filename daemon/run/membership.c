@@ -286,7 +286,7 @@ typedef struct PlanInputs {
 } PlanInputs;
 
 static void plan_inputs_done(PlanInputs *in) {
-        in->pipeline.clusters = mfree(in->pipeline.clusters);
+        in->pipeline.clusters = config_clusters_free(in->pipeline.clusters, in->pipeline.n_clusters);
         in->averaging.members = mfree(in->averaging.members);
 }
 
@@ -295,6 +295,7 @@ static int plan_inputs(const Membership *m, const Plan *p, PlanInputs *ret) {
         unsigned n = 0;
 
         in.pipeline.clusters = calloc(p->n_clusters, sizeof *in.pipeline.clusters);
+        in.pipeline.n_clusters = in.pipeline.clusters ? p->n_clusters : 0;
         in.averaging.members = calloc(p->n_nodes, sizeof *in.averaging.members);
         if (!in.pipeline.clusters || !in.averaging.members) {
                 plan_inputs_done(&in);
@@ -302,6 +303,11 @@ static int plan_inputs(const Membership *m, const Plan *p, PlanInputs *ret) {
         }
         for (unsigned k = 0; k < p->n_clusters; k++) {
                 ConfigCluster *cl = &in.pipeline.clusters[k];
+                cl->nodes = calloc(p->clusters[k].n_stages, sizeof *cl->nodes);
+                if (!cl->nodes) {
+                        plan_inputs_done(&in);
+                        return -ENOMEM;
+                }
                 cl->n_stages = p->clusters[k].n_stages;
                 for (unsigned s = 0; s < cl->n_stages; s++) {
                         const PlanNode *pn = &p->nodes[p->clusters[k].nodes[s]];
@@ -318,7 +324,6 @@ static int plan_inputs(const Membership *m, const Plan *p, PlanInputs *ret) {
                 }
                 cl->bounds[cl->n_stages] = p->clusters[k].bounds[cl->n_stages];
         }
-        in.pipeline.n_clusters = p->n_clusters;
         in.pipeline.enabled = true;
         in.pipeline.micro_batch = (int)p->micro_batch;
         in.pipeline.staleness = (int)p->staleness;

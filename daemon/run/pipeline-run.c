@@ -443,17 +443,21 @@ static int check_rings_reachable(const StagePlan *plan, const Segment *seg, size
 static int plan_rings(const StagePlan *plan, const ModelSpec *m, unsigned cluster, unsigned stage, AveragerRing *rings,
                       unsigned *n_rings) {
         const ConfigPipeline *p = plan->pipeline;
-        size_t bounds[CONFIG_MAX_CLUSTERS][CONFIG_MAX_STAGES + 1];
-        unsigned owners[CONFIG_MAX_CLUSTERS][CONFIG_MAX_STAGES];
-        ClusterCut cuts[CONFIG_MAX_CLUSTERS];
-        size_t total = model_spec_params(m, 0, m->n_layers), n_seg;
-        Segment *seg;
+        size_t total = model_spec_params(m, 0, m->n_layers), n_seg, n_bounds = 0;
+        for (unsigned k = 0; k < p->n_clusters; k++)
+                n_bounds += p->clusters[k].n_stages + 1;
+        _cleanup_(freep) size_t *bounds = calloc(n_bounds, sizeof *bounds);
+        _cleanup_(freep) unsigned *owners = calloc(n_bounds, sizeof *owners);
+        _cleanup_(freep) ClusterCut *cuts = calloc(p->n_clusters, sizeof *cuts);
+        _cleanup_(freep) Segment *seg = NULL;
         int r;
 
-        for (unsigned k = 0; k < p->n_clusters; k++) {
+        if (!bounds || !owners || !cuts)
+                return log_error_errno(-ENOMEM, "Out of memory");
+        for (unsigned k = 0, at = 0; k < p->n_clusters; k++) {
                 const ConfigCluster *cl = &p->clusters[k];
                 for (unsigned s = 0; s <= cl->n_stages; s++)
-                        bounds[k][s] = model_spec_params(m, 0, cl->bounds[s]);
+                        bounds[at + s] = model_spec_params(m, 0, cl->bounds[s]);
                 for (unsigned s = 0; s < cl->n_stages; s++) {
                         int i = member_index(plan->averaging.settings, cl->nodes[s].id);
                         if (i < 0) {
@@ -461,9 +465,10 @@ static int plan_rings(const StagePlan *plan, const ModelSpec *m, unsigned cluste
                                           s + 1, k + 1);
                                 return -EINVAL;
                         }
-                        owners[k][s] = (unsigned)i;
+                        owners[at + s] = (unsigned)i;
                 }
-                cuts[k] = (ClusterCut){ bounds[k], owners[k], cl->n_stages };
+                cuts[k] = (ClusterCut){ bounds + at, owners + at, cl->n_stages };
+                at += cl->n_stages + 1;
         }
         r = segments_plan(cuts, p->n_clusters, total, &seg, &n_seg);
         if (r < 0) {
@@ -471,11 +476,9 @@ static int plan_rings(const StagePlan *plan, const ModelSpec *m, unsigned cluste
                           "in two clusters)", plan->source);
                 return r;
         }
-        if ((r = check_rings_reachable(plan, seg, n_seg)) < 0) {
-                free(seg);
+        if ((r = check_rings_reachable(plan, seg, n_seg)) < 0)
                 return r;
-        }
-        size_t lo = bounds[cluster][stage], hi = bounds[cluster][stage + 1];
+        size_t lo = cuts[cluster].bounds[stage], hi = cuts[cluster].bounds[stage + 1];
         *n_rings = 0;
         for (size_t i = 0; i < n_seg && *n_rings < COLL_MAX_MEMBERS; i++) {
                 if (seg[i].off < lo || seg[i].off >= hi)
@@ -485,7 +488,6 @@ static int plan_rings(const StagePlan *plan, const ModelSpec *m, unsigned cluste
                                      .len = seg[i].len };
                 memcpy(g->members, seg[i].owners, seg[i].n_owners * sizeof *g->members);
         }
-        free(seg);
         return 0;
 }
 
@@ -649,12 +651,15 @@ static int run_outer_state(Run *run) {
 
 /* Rings: the same layers in the other clusters. */
 static int run_rings(Run *run, const Identity *id) {
-        AveragerRing rings[COLL_MAX_MEMBERS];
+        _cleanup_(freep) AveragerRing *rings = NULL;
         unsigned n_rings = 0;
         int r;
 
         if (!run->plan->averaging.settings->enabled)
                 return 0;
+        rings = calloc(COLL_MAX_MEMBERS, sizeof *rings); /* about 4 KiB each */
+        if (!rings)
+                return log_error_errno(-ENOMEM, "Out of memory");
         if ((r = plan_rings(run->plan, &run->job->model, run->cluster, run->stage, rings, &n_rings)) < 0)
                 return r;
         r = averaging_start(&run->av, &run->plan->averaging, id, pipe_stage(run->pipe)->n_params, rings, n_rings);

@@ -4,8 +4,9 @@
  * exits non-zero, a node killed with SIGKILL comes back from its own
  * checkpoint (--restart), a stage whose neighbour is gone for good
  * gives up after pipeline.neighbour_timeout, what a stage moves over
- * its links and to average shows in its status and the swarm's table, and
- * nodes that accept no connections (as behind NAT) dial every link. */
+ * its links and to average shows in its status and the swarm's table,
+ * nodes that accept no connections (as behind NAT) dial every link, and
+ * rings wider than one round average on a grid. */
 #include <criterion/criterion.h>
 #include <errno.h>
 #include <signal.h>
@@ -94,6 +95,28 @@ Test(swarm_short, the_last_round_gathers_every_cluster, .timeout = 600) {
                 expect_traffic_columns(p.out, nodes, i);
                 cr_log_info("run %zu: %s", i, strstr(p.out, "swarm: the averaged model"));
         }
+}
+
+/* More clusters than a round takes (group_size 2, 4 clusters): every ring
+ * averages on a 2 x 2 grid, a node links only with the two members of its
+ * rings it meets, and the last two rounds (one per dimension) leave one
+ * averaged model all the same. */
+Test(swarm_short, wide_rings_average_on_a_grid, .timeout = 300) {
+        Proc p;
+        swarm(&p, (char *[]){ "--job", quick, "--clusters", "4", "--averaging", "group_size = 2;", NULL });
+        int status = proc_exit(&p);
+        cr_assert_eq(status, 0, "exit %d\n%s", status, p.out);
+        cr_assert(strstr(p.out, "swarm: the averaged model"), "%s", p.out);
+        cr_assert_eq(test_count(p.out, "The last averaging round included all 2 members of its group (the last of 2 "
+                                       "rounds"), 8, "%s", p.out);
+        cr_assert_geq(test_count(p.out, "Averaging: 2 of 7 other members connected"), 8, "%s", p.out);
+        for (int n = 3; n <= 7; n++) {
+                char line[64];
+                snprintf(line, sizeof line, "Averaging: %d of 7 other members connected", n);
+                cr_assert_null(strstr(p.out, line), "a link to a member no round meets\n%s", p.out);
+        }
+        expect_traffic_columns(p.out, 8, 0);
+        cr_log_info("%s", strstr(p.out, "swarm: the averaged model"));
 }
 
 /* A restarted node's cluster finishes later than the others by the time

@@ -45,6 +45,44 @@ Test(segments, cut_at_every_boundary) {
         cr_assert_eq(segments_plan(cuts, 2, 99, &s, &n), -EINVAL, "bounds do not end at total");
 }
 
+
+/* Wide rings: the grid's shape, and every position's group in every
+ * dimension is the positions that differ from it in that coordinate only. */
+Test(segments, ring_grid_shapes_and_groups) {
+        struct { unsigned n, width, dims, side; } shapes[] = {
+                { 1024, 64, 2, 32 }, { 1000, 64, 2, 32 }, { 64, 64, 1, 64 }, { 65, 64, 2, 9 },
+                { 9, 3, 2, 3 },      { 8, 2, 3, 2 },      { 6, 4, 2, 3 },    { 2, 2, 1, 2 },
+        };
+        for (size_t i = 0; i < ELEMENTSOF(shapes); i++) {
+                RingGrid g;
+                cr_assert_eq(ring_grid(shapes[i].n, shapes[i].width, &g), 0);
+                cr_assert(g.dims == shapes[i].dims && g.side == shapes[i].side, "%u in groups of %u: %u x %u",
+                          shapes[i].n, shapes[i].width, g.dims, g.side);
+        }
+        RingGrid g;
+        cr_assert_eq(ring_grid(0, 64, &g), -EINVAL);
+        cr_assert_eq(ring_grid(SEGMENTS_MAX_OWNERS + 1, 64, &g), -EINVAL);
+        cr_assert_eq(ring_grid(10, 1, &g), -EINVAL);
+        cr_assert_eq(ring_grid(10, COLL_MAX_MEMBERS + 1, &g), -EINVAL);
+
+        cr_assert_eq(ring_grid(1000, 64, &g), 0);
+        for (unsigned pos = 0; pos < 1000; pos++)
+                for (unsigned d = 0; d < g.dims; d++) {
+                        unsigned out[COLL_MAX_MEMBERS], n = ring_grid_group(&g, pos, d, out), seen = 0;
+                        cr_assert(n >= 1 && n <= g.side);
+                        for (unsigned k = 0; k < n; k++) {
+                                unsigned other = out[k], stride = d ? g.side : 1;
+                                cr_assert(other < 1000 && (k == 0 || other > out[k - 1]));
+                                cr_assert_eq(other % stride, pos % stride, "lower coordinate kept");
+                                cr_assert_eq(other / (stride * g.side), pos / (stride * g.side), "higher kept");
+                                seen += other == pos;
+                        }
+                        cr_assert_eq(seen, 1);
+                        /* a partial last row: 1000 = 31 rows of 32 and one of 8 */
+                        cr_assert_eq(n, d == 0 ? (pos >= 992 ? 8u : 32u) : (pos % 32 < 8 ? 32u : 31u));
+                }
+}
+
 /* ---- averagers in threads ---------------------------------------------- */
 /* (the outer optimizer's tests are at the end) */
 
@@ -311,6 +349,65 @@ static void moshpit_full_grid(unsigned dims, unsigned side, bool outer) {
 Test(averager, moshpit_exact_after_d_rounds_2x2x2) { moshpit_full_grid(3, 2, false); }
 Test(averager, moshpit_with_an_outer_step_of_lr_1_2x2x2) { moshpit_full_grid(3, 2, true); }
 Test(averager, moshpit_exact_after_d_rounds_3x3) { moshpit_full_grid(2, 3, false); }
+
+
+/* A ring wider than group_size: n members on a full grid average in
+ * groups, one dimension per round, and after as many rounds as dimensions
+ * every member holds the exact average of all of them (with fragments,
+ * each fragment goes through every dimension). A node links only with the
+ * members it meets. */
+static void wide_ring(unsigned n, unsigned group, unsigned dims, unsigned fragments) {
+        enum { LEN = 3000 };
+        cr_assert(n <= MAX_NODES);
+        Node nodes[MAX_NODES] = {};
+        size_t lens[MAX_NODES];
+        static AveragerRing rings[MAX_NODES][4];
+        unsigned n_rings[MAX_NODES], f = MAX(fragments, 1u);
+        for (unsigned i = 0; i < n; i++) {
+                fill(&nodes[i], LEN, 11 * i + 3);
+                nodes[i].deltas_wanted = dims * f;
+                lens[i] = LEN;
+                rings[i][0] = (AveragerRing){ .group = 1, .n = n, .len = LEN };
+                for (unsigned k = 0; k < n; k++)
+                        rings[i][0].members[k] = k;
+                n_rings[i] = 1;
+        }
+        AveragerConfig cfg;
+        averager_config_defaults(&cfg);
+        cfg.interval_steps = 1;
+        cfg.group_size = group;
+        cfg.fragments = fragments;
+        start_nodes(nodes, n, &cfg, (const AveragerRing (*)[4])rings, n_rings, lens);
+        for (size_t k = 0; k < LEN; k++) {
+                long double exact = 0;
+                for (unsigned i = 0; i < n; i++)
+                        exact += nodes[i].x0[k];
+                exact /= n;
+                for (unsigned i = 0; i < n; i++)
+                        cr_assert(fabsl(nodes[i].w[k] - exact) < 1e-6L, "member %u value %zu: %g vs %Lg after %u rounds",
+                                  i, k, nodes[i].w[k], exact, nodes[i].deltas);
+        }
+        RingGrid g;
+        cr_assert_eq(ring_grid(n, group, &g), 0);
+        for (unsigned i = 0; i < n; i++) {
+                AveragerStats st;
+                averager_get_stats(nodes[i].av, &st);
+                cr_assert_eq(st.rounds_done, dims * f);
+                cr_assert_eq(st.last_participants, g.side, "member %u: groups of one row", i);
+                cr_assert_eq(st.last_group, g.side);
+                cr_assert_eq(st.connected, dims * (g.side - 1), "member %u: links to %u members", i, st.connected);
+                cr_assert_eq(averager_last_rounds(nodes[i].av), dims);
+        }
+        for (unsigned i = 0; i < n; i++) {
+                free(nodes[i].w);
+                free(nodes[i].x0);
+                averager_free(nodes[i].av);
+        }
+}
+
+Test(averager, wide_ring_exact_after_d_rounds_3x3) { wide_ring(9, 3, 2, 1); }
+Test(averager, wide_ring_exact_after_d_rounds_2x2x2) { wide_ring(8, 2, 3, 1); }
+Test(averager, wide_ring_with_fragments_2x2) { wide_ring(4, 2, 2, 2); }
 
 /* one round is not enough: after 1 of 3 rounds the members still differ */
 Test(averager, moshpit_one_round_is_partial) {

@@ -711,6 +711,7 @@ Test(config, averaging_outer_and_fragments) {
         cr_assert_float_eq(c.averaging.outer_lr, 0.5, 1e-12);
         cr_assert_float_eq(c.averaging.outer_momentum, 0.9, 1e-12);
         cr_assert_eq(c.averaging.fragments, 4);
+        cr_assert_eq(c.averaging.group_size, COLL_MAX_MEMBERS, "the default");
         config_free(&c);
         snprintf(body, sizeof body, "  idle_timeout = 30000;\n};\naveraging = {\n%s  outer = { momentum = 1.5; };\n};\n", line);
         expect_error(base_end, body, "16: averaging.outer.momentum: ");
@@ -718,6 +719,11 @@ Test(config, averaging_outer_and_fragments) {
         expect_error(base_end, body, "16: averaging.outer.step: unknown setting");
         snprintf(body, sizeof body, "  idle_timeout = 30000;\n};\naveraging = {\n%s  fragments = 0;\n};\n", line);
         expect_error(base_end, body, "16: averaging.fragments: ");
+        snprintf(body, sizeof body, "  idle_timeout = 30000;\n};\naveraging = {\n%s  group_size = 65;\n};\n", line);
+        expect_error(base_end, body, "16: averaging.group_size: ");
+        snprintf(body, sizeof body, "  idle_timeout = 30000;\n};\naveraging = {\n%s  method = \"moshpit\";\n  group_size = 8;\n};\n",
+                 line);
+        expect_error(base_end, body, "17: averaging.group_size: only used with method = \"ring\"");
         snprintf(body, sizeof body, "  idle_timeout = 30000;\n};\naveraging = {\n%s  method = \"moshpit\";\n  fragments = 2;\n};\n",
                  line);
         expect_error(base_end, body, "17: averaging.fragments: only used with method = \"ring\"");

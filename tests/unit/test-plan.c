@@ -85,6 +85,55 @@ Test(plan, round_trip) {
         cr_assert(q->nodes[2].pipeline_port == 0 && q->nodes[2].averaging_port == 0);
 }
 
+
+/* PLAN_MAX_NODES nodes with the longest IPv4 addresses fit one PLAN frame,
+ * in 1024 one-stage clusters or 256 of four stages; longer host names do
+ * not, and plan_encode says so. */
+static void wide_plan(unsigned stages, const char *host_format, int want) {
+        _cleanup_(plan_freep) Plan *p = plan_new(), *q = plan_new();
+        static uint8_t buf[PLAN_MAX_BYTES];
+        cr_assert(p && q);
+        p->epoch = 2;
+        memcpy(p->signer, pk, PLAN_KEY_SIZE);
+        p->n_layers = 4;
+        p->micro_batch = p->staleness = p->update_frequency = 1;
+        p->n_nodes = PLAN_MAX_NODES;
+        for (unsigned i = 0; i < PLAN_MAX_NODES; i++) {
+                memset(p->nodes[i].key, 0, PLAN_KEY_SIZE);
+                memcpy(p->nodes[i].key, &i, sizeof i);
+                snprintf(p->nodes[i].host, sizeof p->nodes[i].host, host_format, 100 + i / 256, 100 + i % 256 % 156);
+                p->nodes[i].pipeline_port = p->nodes[i].averaging_port = (uint16_t)(10000 + i);
+        }
+        p->n_clusters = PLAN_MAX_NODES / stages;
+        for (unsigned k = 0; k < p->n_clusters; k++) {
+                PlanCluster *c = &p->clusters[k];
+                c->n_stages = stages;
+                for (unsigned st = 0; st <= stages; st++)
+                        c->bounds[st] = (int)(st * 4 / stages);
+                for (unsigned st = 0; st < stages; st++)
+                        c->nodes[st] = (uint16_t)(k * stages + st);
+        }
+        int n = encode(p, buf);
+        if (want < 0) {
+                cr_assert_eq(n, want);
+                return;
+        }
+        cr_assert_gt(n, 0, "%u-stage clusters: %s", stages, strerror(-n));
+        cr_assert_eq(plan_decode(buf, (size_t)n, pk, q), 0);
+        cr_assert_eq(q->n_nodes, PLAN_MAX_NODES);
+        cr_assert_eq(q->n_clusters, PLAN_MAX_NODES / stages);
+        unsigned cluster, stage;
+        int index;
+        cr_assert_eq(plan_find(q, p->nodes[1023].key, &index, &cluster, &stage), 0);
+        cr_assert(index == 1023 && cluster == 1023 / stages && stage == 1023 % stages);
+}
+
+Test(plan, a_thousand_nodes) {
+        wide_plan(1, "100.100.%u.%u", 0);
+        wide_plan(4, "100.100.%u.%u", 0);
+        wide_plan(1, "node-%u-%u.swarm.example.org", -EMSGSIZE);
+}
+
 Test(plan, forgery_refused) {
         _cleanup_(plan_freep) Plan *p = sample(), *q = plan_new();
         static uint8_t buf[PLAN_MAX_BYTES], copy[PLAN_MAX_BYTES];
@@ -161,8 +210,8 @@ Test(plan, hostile_plans_refused) {
         expect_refused(stages_over_layers, "more stages than layers");
         expect_refused(no_stages, "a cluster without stages");
         expect_refused(too_many_stages, "65 stages");
-        expect_refused(too_many_nodes, "65 nodes");
-        expect_refused(too_many_clusters, "65 clusters");
+        expect_refused(too_many_nodes, "1025 nodes");
+        expect_refused(too_many_clusters, "1025 clusters");
         expect_refused(epoch_zero, "epoch 0");
         expect_refused(same_key_twice, "one key twice");
         expect_refused(bad_host, "a host with a space");
@@ -183,9 +232,9 @@ Test(plan, hostile_bytes_refused_after_signature) {
                 { 4, 2, -EBADMSG },                  /* version */
                 { 5, 0x80, -EBADMSG },               /* unknown flag */
                 { 6, 0, -EBADMSG },                  /* no nodes */
-                { 6, PLAN_MAX_NODES + 1, -EMSGSIZE },
+                { 7, 4, -EMSGSIZE },                 /* 1030 nodes: PLAN_MAX_NODES + 6 */
                 { 7, 0xff, -EMSGSIZE },              /* 65285 nodes */
-                { 58, PLAN_MAX_CLUSTERS + 1, -EMSGSIZE },
+                { 59, 4, -EMSGSIZE },                /* 1026 clusters: PLAN_MAX_CLUSTERS + 2 */
                 { 58, 3, -EBADMSG },                 /* a cluster more than the bytes hold */
                 { 68, 1, -EBADMSG },                 /* reserved */
                 { PLAN_HEADER_SIZE + 36, 200, -EBADMSG }, /* a host longer than the plan */
