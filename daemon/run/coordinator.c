@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "cluster/formation.h"
+#include "cluster/plan-repair.h"
 #include "cluster/plan.h"
 #include "node.h"
 #include "util/log.h"
@@ -474,7 +475,56 @@ static void plan_start(CoordinatorState *s, uint64_t epoch, Member *const *m, un
         }
 }
 
-/* A plan for the members joined now. */
+/* Every stage of ret holds parameters (fix_cut()); a cluster where that
+ * cannot be is dropped, its nodes spares. */
+static void fix_cuts(const CoordinatorState *s, Plan *ret, int *assign) {
+        unsigned kept = 0;
+        for (unsigned k = 0; k < ret->n_clusters; k++) {
+                PlanCluster *pc = &ret->clusters[k];
+                if (fix_cut(s, pc->bounds, pc->n_stages)) {
+                        ret->clusters[kept++] = *pc;
+                        continue;
+                }
+                log_warning("Coordinator: cluster %u of the formation has a stage without parameters; its nodes stay "
+                            "spares", k + 1);
+                for (unsigned st = 0; assign && st < pc->n_stages; st++)
+                        assign[pc->nodes[st]] = -1;
+        }
+        ret->n_clusters = kept;
+}
+
+#define REPAIR_MARGIN 0.05 /* a repaired plan may predict this much less than a new one */
+
+/* The plan sent, repaired for the members joined now (plan-repair.h): 0
+ * with ret, or -ESTALE when a plan formed from scratch (predicting
+ * `fresh`) is better by more than REPAIR_MARGIN. */
+static int repair(CoordinatorState *s, Member *const *m, const Capability *caps, unsigned n, uint64_t epoch,
+                  double fresh, Plan *ret) {
+        double sim = formation_similarity(&(FormationParams){});
+        _cleanup_(freep) int *assign = malloc(n * sizeof *assign);
+        PlanRepairStats st;
+        if (!assign)
+                return -ENOMEM;
+        plan_start(s, epoch, m, n, ret);
+        int r = plan_repair(&s->fm, s->plan, ret, caps, sim, assign, &st);
+        if (r < 0)
+                return r;
+        fix_cuts(s, ret, assign);
+        double fitness = formation_fitness(&s->fm, caps, (int)n, assign, sim, NULL);
+        if (fitness < (1 - REPAIR_MARGIN) * fresh) {
+                log_info("Coordinator: epoch %llu: formed anew: the plan repaired would train at %.1f (fitness), "
+                         "one formed anew at %.1f, more than %.0f%% faster", (unsigned long long)epoch, fitness, fresh,
+                         REPAIR_MARGIN * 100);
+                return -ESTALE;
+        }
+        log_info("Coordinator: epoch %llu: plan repaired: %u clusters kept, %u cut again, %u filled with spares, %u "
+                 "dissolved, %u formed of spares; fitness %.1f, %.1f formed anew", (unsigned long long)epoch, st.kept,
+                 st.recut, st.filled, st.dissolved, st.formed, fitness, fresh);
+        return plan_check(ret) < 0 ? -EINVAL : 0;
+}
+
+/* A plan for the members joined now: the one sent, repaired, when that is
+ * nearly as good as one formed anew (fewer nodes move), else the new one. */
 static int form(CoordinatorState *s, uint64_t epoch, Plan *ret) {
         Member *m[PLAN_MAX_NODES];
         Capability caps[PLAN_MAX_NODES];
@@ -493,21 +543,18 @@ static int form(CoordinatorState *s, uint64_t epoch, Plan *ret) {
                 log_warning_errno(r, "Coordinator: no plan for %u members: %s", n, d.text);
                 return r;
         }
+        if (s->plan->epoch > 0 && repair(s, m, caps, n, epoch, f->fitness, ret) == 0)
+                return 0;
         plan_start(s, epoch, m, n, ret);
         for (int k = 0; k < f->n_clusters && ret->n_clusters < PLAN_MAX_CLUSTERS; k++) {
                 const FormationCluster *fc = &f->clusters[k];
-                PlanCluster *pc = &ret->clusters[ret->n_clusters];
+                PlanCluster *pc = &ret->clusters[ret->n_clusters++];
                 pc->n_stages = (unsigned)fc->n_nodes;
                 memcpy(pc->bounds, fc->bounds, sizeof(int) * (size_t)(fc->n_nodes + 1));
                 for (int st = 0; st < fc->n_nodes; st++)
                         pc->nodes[st] = (uint16_t)fc->nodes[st];
-                if (!fix_cut(s, pc->bounds, pc->n_stages)) {
-                        log_warning("Coordinator: cluster %d of the formation has a stage without parameters; "
-                                    "its nodes stay spares", k + 1);
-                        continue;
-                }
-                ret->n_clusters++;
         }
+        fix_cuts(s, ret, NULL);
         return plan_check(ret) < 0 ? -EINVAL : 0;
 }
 
