@@ -5,12 +5,12 @@
  *        0    4 magic "RVPL"
  *        4    1 version 1
  *        5    1 flags: bit 0 the synchronous schedule
- *        6    2 n_nodes (1..64)
+ *        6    2 n_nodes (1..1024)
  *        8    8 epoch (>= 1)
  *       16   32 signer: the coordinator's public key
  *       48    8 samples trained before this epoch
  *       56    2 n_layers (1..256)
- *       58    2 n_clusters (0..64)
+ *       58    2 n_clusters (0..1024)
  *       60    4 micro_batch (1..65536)
  *       64    2 staleness (1..1024)
  *       66    2 update_frequency (1..1024)

@@ -10,6 +10,7 @@
 #include <strings.h>
 #include <sys/stat.h>
 
+#include "cluster/plan.h"
 #include "collective/averager.h"
 #include "collective/coll-wire.h"
 #include "collective/topology.h"
@@ -776,7 +777,7 @@ static int parse_membership(const config_setting_t *root, Config *c, Diag *d) {
             (r = conf_get_bool(g, "train", true, &m->train, d)) < 0 ||
             (r = conf_get_bool(g, "behind_nat", false, &m->behind_nat, d)) < 0 ||
             (r = conf_get_double(g, "probe", false, 0.01, 10, m->probe_ms / 1000.0, &probe, d)) < 0 ||
-            (r = conf_get_int(g, "min_nodes", false, 1, 64, m->min_nodes, &min_nodes, d)) < 0 ||
+            (r = conf_get_int(g, "min_nodes", false, 1, PLAN_MAX_NODES, m->min_nodes, &min_nodes, d)) < 0 ||
             (r = conf_get_double(g, "settle", false, 0, 3600, m->settle_ms / 1000.0, &settle, d)) < 0 ||
             (r = conf_get_double(g, "heartbeat", false, 0.05, 600, m->heartbeat_ms / 1000.0, &heartbeat, d)) < 0 ||
             (r = conf_get_double(g, "deadline", false, 0.2, 3600, m->deadline_ms / 1000.0, &deadline, d)) < 0 ||

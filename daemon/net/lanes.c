@@ -32,15 +32,17 @@ void lanes_join(Link *l, Bundle *b, unsigned index) {
 }
 
 static void slot_clear(Net *n, LaneSlot *s) {
-        if (s->used && s->type == FRAME_TENSOR) {
-                n->rx_bytes -= s->desc.bytes;
-                if (bufpool_owns(n->pool, s->data))
-                        bufpool_free(n->pool, s->data, s->desc.bytes);
-                else
-                        free(s->data);
-        } else if (s->used)
-                free(s->data);
+        LaneSlot it = *s;
         *s = (LaneSlot){};
+        free(it.chunks);
+        if (it.used && it.type == FRAME_TENSOR) {
+                n->rx_bytes -= it.desc.bytes;
+                if (bufpool_owns(n->pool, it.data))
+                        bufpool_free(n->pool, it.data, it.desc.bytes);
+                else
+                        free(it.data);
+        } else if (it.used)
+                free(it.data);
 }
 
 void lanes_unref(Link *l) {
@@ -86,6 +88,8 @@ void lanes_deliver(Net *n, Bundle *b) {
                 LaneSlot it = *s;
                 *s = (LaneSlot){};
                 b->rx_next++;
+                free(it.chunks);
+                it.chunks = NULL;
                 if (it.type == FRAME_TENSOR) {
                         NetTensor *t = malloc(sizeof *t);
                         if (!t) {
@@ -216,15 +220,17 @@ int lanes_rx_item(Link *l, const FrameHeader *h, const uint8_t *payload) {
         return 0;
 }
 
-/* Which lanes carry a part of a tensor of bytes bytes cut in stripes. */
-static unsigned lanes_used(uint64_t bytes, uint32_t stripe, unsigned k) {
-        uint64_t chunks = bytes ? (bytes + stripe - 1) / stripe : 1;
-        return (unsigned)MIN(chunks, (uint64_t)k);
+/* Chunks of stripe bytes in a tensor of bytes bytes (one for an empty one). */
+static uint64_t n_chunks(uint64_t bytes, uint32_t stripe) {
+        return bytes ? (bytes + stripe - 1) / stripe : 1;
 }
 
-/* A TENSOR frame on a lane: this lane's part of item seq follows, its
- * first chunk at lane * stripe. The first lane to say so makes the slot
- * (and the buffer); the others must describe the same tensor. */
+#define LANES_MAX_CHUNKS (UINT64_C(1) << 20) /* a slot's chunk map: at most 128 KiB */
+
+/* A TENSOR frame on a lane: chunks of item seq follow on it (this ends the
+ * lane's part of the item before, which other lanes may still complete).
+ * The first lane to say so makes the slot (and the buffer); the others
+ * must describe the same tensor. */
 int lanes_rx_part(Link *l, const FrameHeader *h, const uint8_t *p, size_t len) {
         Net *n = l->net;
         Bundle *b = l->bundle;
@@ -232,25 +238,27 @@ int lanes_rx_part(Link *l, const FrameHeader *h, const uint8_t *p, size_t len) {
         TensorDesc d;
         int r;
 
-        if (!s || len < 4)
+        if (!s || len < 4 || (s->used && s->complete))
                 return -EBADMSG;
         uint32_t stripe = get_le32(p + len - 4);
         if ((r = tensor_desc_decode(p, len - 4, n->cfg.limits.max_tensor_bytes, &d)) < 0)
                 return r;
-        if (stripe == 0 || stripe > n->cfg.limits.max_payload ||
-            l->lane >= lanes_used(d.bytes, stripe, b->k))
+        if (stripe == 0 || stripe > n->cfg.limits.max_payload || n_chunks(d.bytes, stripe) > LANES_MAX_CHUNKS)
                 return -EBADMSG;
         if (!s->used) {
                 if (n->rx_bytes + d.bytes > n->cfg.max_receive_bytes)
                         return -ENOBUFS;
-                uint8_t *data = bufpool_alloc(n->pool, d.bytes);
-                if (!data)
+                uint8_t *chunks = calloc((size_t)(n_chunks(d.bytes, stripe) + 7) / 8, 1);
+                uint8_t *data = chunks ? bufpool_alloc(n->pool, d.bytes) : NULL;
+                if (chunks && !data)
                         data = malloc(MAX(d.bytes, (uint64_t)1));
-                if (!data)
+                if (!data) {
+                        free(chunks);
                         return -ENOMEM;
+                }
                 n->rx_bytes += d.bytes;
                 *s = (LaneSlot){ .used = true, .type = FRAME_TENSOR, .stream = h->stream, .desc = d,
-                                 .stripe = stripe, .lanes_left = lanes_used(d.bytes, stripe, b->k), .data = data };
+                                 .stripe = stripe, .chunks = chunks, .data = data };
         } else if (s->type != FRAME_TENSOR || s->stream != h->stream || s->stripe != stripe ||
                    s->desc.bytes != d.bytes || s->desc.dtype != d.dtype || s->desc.ndim != d.ndim ||
                    memcmp(s->desc.dims, d.dims, sizeof(uint32_t) * d.ndim) != 0)
@@ -258,51 +266,58 @@ int lanes_rx_part(Link *l, const FrameHeader *h, const uint8_t *p, size_t len) {
         l->rx = (NetTensor){ .peer = b->lane[0], .stream = h->stream, .desc = d, .data = s->data };
         l->rx_slot = s;
         l->rx_active = true;
-        l->rx_got = (uint64_t)l->lane * stripe;
         l->rx_progress_ns = net_now_ns();
         if (d.bytes == 0)
-                lanes_part_done(l);
+                lanes_slot_done(l->net, b, s);
         return 0;
 }
 
-/* The next chunk this lane's part expects, or 0 if the frame is not it. */
-size_t lanes_rx_chunk(const Link *l, const FrameHeader *h) {
-        const LaneSlot *s = l->rx_slot;
-        if (!l->rx_active || !s || h->stream != s->stream || h->offset != l->rx_got || l->rx_got >= s->desc.bytes)
+/* A DATA frame's header on a lane: the length of the chunk it announces,
+ * or 0 if it is not a chunk of the lane's item that no frame announced
+ * yet (its bit is set now, so no other frame may write there). */
+size_t lanes_rx_chunk(Link *l, const FrameHeader *h) {
+        LaneSlot *s = l->rx_slot;
+        if (!l->rx_active || !s || h->stream != s->stream || h->offset >= s->desc.bytes || h->offset % s->stripe)
                 return 0;
-        size_t want = (size_t)MIN((uint64_t)s->stripe, s->desc.bytes - l->rx_got);
-        return h->length == want ? want : 0;
+        uint64_t c = h->offset / s->stripe;
+        size_t want = (size_t)MIN((uint64_t)s->stripe, s->desc.bytes - h->offset);
+        if (h->length != want || (s->chunks[c / 8] & (1u << (c % 8))))
+                return 0;
+        s->chunks[c / 8] |= (uint8_t)(1u << (c % 8));
+        return want;
 }
 
-/* A chunk of this lane's part is in: on to the next one, or the part is
- * done (the chunk must then say it is its last). */
+/* A chunk is in (the last of the tensor must say so): every lane waiting on
+ * this item has progress; the item is complete with its last byte. */
 int lanes_rx_chunk_done(Link *l, const FrameHeader *h) {
         LaneSlot *s = l->rx_slot;
-        l->rx_got += (uint64_t)s->stripe * l->bundle->k;
-        bool last = l->rx_got >= s->desc.bytes;
+        Bundle *b = l->bundle;
+        bool last = h->offset + h->length == s->desc.bytes;
         if (last != !!(h->flags & FRAME_FLAG_LAST))
                 return -EBADMSG;
-        if (last)
-                lanes_part_done(l);
+        s->got += h->length;
+        for (unsigned i = 0; i < b->k; i++) {
+                Link *o = lane_link(l->net, b, i);
+                if (o && o->rx_slot == s)
+                        o->rx_progress_ns = l->last_frame_ns;
+        }
+        if (s->got == s->desc.bytes)
+                lanes_slot_done(l->net, b, s);
         return 0;
 }
 
-void lanes_part_done(Link *l) {
-        LaneSlot *s = l->rx_slot;
-        l->rx_active = false;
-        l->rx_slot = NULL;
-        l->rx.data = NULL;
-        if (--s->lanes_left == 0) {
-                s->complete = true;
-                lanes_deliver(l->net, l->bundle);
+/* Every byte of a tensor is in: no lane carries more of it. */
+void lanes_slot_done(Net *n, Bundle *b, LaneSlot *s) {
+        for (unsigned i = 0; i < b->k; i++) {
+                Link *o = lane_link(n, b, i);
+                if (o && o->rx_slot == s) {
+                        o->rx_active = false;
+                        o->rx_slot = NULL;
+                        o->rx.data = NULL;
+                }
         }
-}
-
-static uint64_t part_bytes(uint64_t bytes, uint32_t stripe, unsigned k, unsigned lane) {
-        uint64_t sum = 0;
-        for (uint64_t o = (uint64_t)lane * stripe; o < bytes; o += (uint64_t)stripe * k)
-                sum += MIN((uint64_t)stripe, bytes - o);
-        return sum;
+        s->complete = true;
+        lanes_deliver(n, b);
 }
 
 uint64_t lanes_queued(const Net *n, const Link *l) {
@@ -315,12 +330,13 @@ uint64_t lanes_queued(const Net *n, const Link *l) {
         return b ? q : l->queued;
 }
 
-/* A tensor as parts, one per lane that has a chunk of it. */
+/* A tensor as an item on every lane (one on the primary for an empty
+ * one): each lane takes chunks from the shared cursor while it sends. The
+ * lanes' queued bytes count equal shares of it. */
 int lanes_send_tensor(Net *n, Link *primary, uint32_t stream, const TensorDesc *desc, const void *data,
                       uint64_t cookie) {
         Bundle *b = primary->bundle;
-        uint32_t stripe = n->cfg.chunk;
-        unsigned used = lanes_used(desc->bytes, stripe, b->k);
+        unsigned used = desc->bytes ? b->k : 1;
         TxShared *sh = malloc(sizeof *sh);
         TxItem *items[NET_MAX_LANES] = {};
         if (!sh)
@@ -337,13 +353,35 @@ int lanes_send_tensor(Net *n, Link *primary, uint32_t stream, const TensorDesc *
         for (unsigned i = 0; i < used; i++) {
                 Link *o = lane_link(n, b, i);
                 TxItem *it = items[i];
+                uint64_t share = desc->bytes / used + (i < desc->bytes % used);
                 *it = (TxItem){ .type = FRAME_TENSOR, .stream = stream, .desc = *desc, .data = data,
-                                .offset = (uint64_t)i * stripe, .cookie = cookie, .numbered = true, .seq = seq,
-                                .lanes = b->k, .stripe = stripe, .shared = sh };
-                link_queue_item(o, it, part_bytes(desc->bytes, stripe, b->k, i));
+                                .cookie = cookie, .numbered = true, .seq = seq, .stripe = n->cfg.chunk,
+                                .shared = sh, .share = share };
+                link_queue_item(o, it, share);
                 n->backend->kick_send(n, o);
         }
         return 0;
+}
+
+/* A lane's item takes the next chunk no lane has taken, into i->offset:
+ * false when none is left (an empty tensor's one item takes its one
+ * "chunk"). */
+bool lanes_claim(TxItem *i) {
+        TxShared *sh = i->shared;
+        if (sh->cursor >= MAX(i->desc.bytes, (uint64_t)1))
+                return false;
+        i->offset = sh->cursor;
+        i->claimed = true;
+        sh->cursor += i->stripe;
+        return true;
+}
+
+/* A chunk of len bytes went out on l: its queued bytes go down by as much
+ * as this item counted there. */
+void lanes_chunk_sent(Link *l, TxItem *i, uint64_t len) {
+        uint64_t d = MIN(len, i->share);
+        i->share -= d;
+        l->queued -= d;
 }
 
 /* PLAN and CONTROL are numbered among the tensors; the rest is not. */
@@ -360,9 +398,12 @@ bool lanes_may_start(const Link *l, const TxItem *i) {
         return !i->numbered || !l->bundle || i->seq < l->bundle->tx_acked + NET_LANE_WINDOW;
 }
 
-/* One part of a striped tensor is out; sent() when it was the last. */
+/* A lane's item is done (its chunks out, or none left to take); sent()
+ * when it was the last lane's. */
 void lanes_part_sent(Net *n, Link *l, TxItem *i) {
         TxShared *sh = i->shared;
+        l->queued -= i->share;
+        i->share = 0;
         if (--sh->left > 0)
                 return;
         uint32_t peer = sh->peer;

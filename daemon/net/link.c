@@ -278,7 +278,9 @@ static int rx_header(Link *l) {
                 if (l->rx_records && seal_open_begin(&l->seal, l->hdr, h) < 0)
                         return -EBADMSG;
         } else {
-                if (h->type == FRAME_TENSOR && (l->rx_active || h->length > TENSOR_DESC_MAX_SIZE + (l->bundle ? 4 : 0)))
+                /* on a lane, a TENSOR frame ends its part of the item before */
+                if (h->type == FRAME_TENSOR &&
+                    ((l->rx_active && !l->bundle) || h->length > TENSOR_DESC_MAX_SIZE + (l->bundle ? 4 : 0)))
                         return -EBADMSG;
                 rx_expect(l, RX_PAYLOAD, l->ctl, h->length);
         }
@@ -467,6 +469,22 @@ int link_rx_done(Link *l, size_t n) {
         return 0;
 }
 
+/* The head item is done: off the queue, sent() where it is due. */
+static void tx_pop(Link *l) {
+        Net *net = l->net;
+        TxItem *i = l->tx_head;
+        l->tx_head = i->next;
+        if (!l->tx_head)
+                l->tx_tail = NULL;
+        if (i->shared)
+                lanes_part_sent(net, l, i);
+        else if (i->type == FRAME_TENSOR && net->cb.sent)
+                net->cb.sent(net->userdata, l->id, i->cookie);
+        if (i->type == FRAME_BYE)
+                net_link_close(l, 0);
+        free(i);
+}
+
 /* A DATA frame larger than this is sealed a record at a time into the
  * stage, each record just before it is sent, so the bytes the kernel copies
  * out are still in the cache (a sealed megabyte is not, by then). */
@@ -512,6 +530,11 @@ bool link_tx_prepare(Link *l) {
                 l->bye_sending = true;
                 goto ready;
         }
+        /* a lane's item of a tensor whose chunks other lanes took: done */
+        while (i && i->shared && !i->claimed && !lanes_claim(i)) {
+                tx_pop(l);
+                i = l->tx_head;
+        }
         if (!i)
                 return false;
         /* Before the handshake is done only handshake frames may go. */
@@ -527,12 +550,10 @@ bool link_tx_prepare(Link *l) {
         l->iovcnt = 1;
 
         if (i->type == FRAME_TENSOR && i->desc_sent) {
-                uint64_t step = i->numbered ? (uint64_t)i->stripe * i->lanes : 0;
                 len = MIN((uint64_t)(i->numbered ? i->stripe : c->chunk), i->desc.bytes - i->offset);
                 h.type = FRAME_DATA;
                 h.offset = i->offset;
-                h.flags = (i->numbered ? i->offset + step >= i->desc.bytes : i->offset + len == i->desc.bytes)
-                                  ? FRAME_FLAG_LAST : 0;
+                h.flags = i->offset + len == i->desc.bytes ? FRAME_FLAG_LAST : 0;
                 if (l->seal.cipher == CIPHER_NONE) {
                         /* plaintext: the header from the stage, the data where it is */
                         h.length = (uint32_t)len;
@@ -609,26 +630,19 @@ void link_tx_done(Link *l, size_t n) {
         if (i->type == FRAME_TENSOR) {
                 if (!i->desc_sent)
                         i->desc_sent = true;
-                else {
-                        uint64_t len = MIN((uint64_t)(i->numbered ? i->stripe : net->cfg.chunk),
-                                           i->desc.bytes - i->offset);
-                        i->offset += i->numbered ? MIN((uint64_t)i->stripe * i->lanes, i->desc.bytes - i->offset)
-                                                 : len;
+                else if (i->shared) { /* a lane's chunk: the next one no lane has taken */
+                        lanes_chunk_sent(l, i, MIN((uint64_t)i->stripe, i->desc.bytes - i->offset));
+                        if (lanes_claim(i))
+                                return;
+                        i->offset = i->desc.bytes;
+                } else {
+                        uint64_t len = MIN((uint64_t)net->cfg.chunk, i->desc.bytes - i->offset);
+                        i->offset += len;
                         l->queued -= len;
                 }
                 if (i->offset < i->desc.bytes)
                         return;
         } else
                 l->queued -= i->len;
-
-        l->tx_head = i->next;
-        if (!l->tx_head)
-                l->tx_tail = NULL;
-        if (i->shared)
-                lanes_part_sent(net, l, i);
-        else if (i->type == FRAME_TENSOR && net->cb.sent)
-                net->cb.sent(net->userdata, l->id, i->cookie);
-        if (i->type == FRAME_BYE)
-                net_link_close(l, 0);
-        free(i);
+        tx_pop(l);
 }

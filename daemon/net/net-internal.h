@@ -24,9 +24,11 @@ typedef enum RxPhase {
 
 /* A link of several lanes (connections): the primary's Bundle, which its
  * other lanes point to. Items (tensors, PLAN and CONTROL frames) are
- * numbered in the order the application queued them; a tensor's chunks go
- * round the lanes, each lane's part after a TENSOR frame of its own; the
- * receiver delivers items in their order once all their parts are in. A
+ * numbered in the order the application queued them. A tensor's chunks go
+ * to whichever lane is ready to send first (each takes the next chunk when
+ * its previous one is out, so a fast lane carries more), a lane's chunks
+ * after a TENSOR frame of its own; the receiver delivers items in their
+ * order once all their bytes are in. A
  * sender keeps at most NET_LANE_WINDOW items ahead of what its peer said
  * it delivered (ACK), so a receiver holds at most that many. */
 #define NET_MAX_LANES NET_LANES_MAX
@@ -38,7 +40,8 @@ typedef struct LaneSlot {
         uint32_t stream;
         TensorDesc desc;      /* tensor */
         uint32_t stripe;      /* tensor: bytes per chunk, as its TENSOR frames said */
-        unsigned lanes_left;  /* tensor: lanes whose part is still coming */
+        uint64_t got;         /* tensor: bytes in */
+        uint8_t *chunks;      /* tensor: a bit per chunk, set once a DATA frame announced it */
         uint8_t *data;        /* tensor bytes (pool or malloc), or the payload */
         size_t len;           /* PLAN, CONTROL: payload bytes */
 } LaneSlot;
@@ -58,8 +61,9 @@ typedef struct Bundle {
 /* A tensor sent in parts over several lanes: sent() once all are out. */
 typedef struct TxShared {
         uint64_t cookie;
-        uint32_t peer; /* the primary's id, the one the application knows */
-        unsigned left;
+        uint32_t peer;   /* the primary's id, the one the application knows */
+        unsigned left;   /* lanes whose item is still queued */
+        uint64_t cursor; /* the next chunk no lane has taken */
 } TxShared;
 
 /* Something queued to send. */
@@ -75,13 +79,14 @@ typedef struct TxItem {
         bool desc_sent;
         uint64_t cookie;
         /* on a link of several lanes: the item's number (TENSOR, PLAN,
-         * CONTROL), and a tensor's part: this lane's first chunk at
-         * offset, every lanes * stripe bytes after */
+         * CONTROL), and for a tensor this lane's part: chunks of stripe
+         * bytes taken from the shared cursor, offset the one being sent */
         bool numbered;
         uint64_t seq;
-        unsigned lanes;
         uint32_t stripe;
         TxShared *shared;
+        uint64_t share;  /* of the bytes counted in the lane's queued, what this item still holds */
+        bool claimed;    /* it took a chunk: its TENSOR frame goes */
         /* everything else: the payload, copied */
         size_t len;
         uint8_t payload[];
@@ -236,9 +241,9 @@ int lanes_rx_lane(Link *l, const uint8_t *p, size_t len);
 int lanes_rx_ack(Link *l, const uint8_t *p, size_t len);
 int lanes_rx_item(Link *l, const FrameHeader *h, const uint8_t *payload);
 int lanes_rx_part(Link *l, const FrameHeader *h, const uint8_t *p, size_t len);
-size_t lanes_rx_chunk(const Link *l, const FrameHeader *h);
+size_t lanes_rx_chunk(Link *l, const FrameHeader *h);
 int lanes_rx_chunk_done(Link *l, const FrameHeader *h);
-void lanes_part_done(Link *l);
+void lanes_slot_done(Net *n, Bundle *b, LaneSlot *s);
 void lanes_deliver(Net *n, Bundle *b);
 uint64_t lanes_queued(const Net *n, const Link *l);
 int lanes_send_tensor(Net *n, Link *primary, uint32_t stream, const TensorDesc *desc, const void *data,
@@ -246,3 +251,5 @@ int lanes_send_tensor(Net *n, Link *primary, uint32_t stream, const TensorDesc *
 void lanes_number(Bundle *b, TxItem *i);
 bool lanes_may_start(const Link *l, const TxItem *i);
 void lanes_part_sent(Net *n, Link *l, TxItem *i);
+bool lanes_claim(TxItem *i);
+void lanes_chunk_sent(Link *l, TxItem *i, uint64_t len);

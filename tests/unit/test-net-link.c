@@ -492,9 +492,10 @@ Test(netlink, lanes_that_do_not_join) {
 }
 
 /* A link of two lanes joined by hand is announced once; then an ACK for
- * more than was sent, a CONTROL numbered outside the window, and a CONTROL
- * on another lane than the first each drop the link (both lanes, one
- * closed()); on a link of one lane, a numbered CONTROL does. */
+ * more than was sent, a CONTROL numbered outside the window, a CONTROL on
+ * another lane than the first, a tensor's chunk sent on both lanes, one
+ * off the chunk grid and one of the wrong length each drop the link (both
+ * lanes, one closed()); on a link of one lane, a numbered CONTROL does. */
 static void lanes_joined(Srv *s, Raw *r, Raw *e, uint16_t port) {
         cr_assert_eq(raw_lane_handshake(s, r, port, 1u << HANDSHAKE_LANES_SHIFT), 0);
         uint8_t lane[HANDSHAKE_NONCE_SIZE + 1];
@@ -507,9 +508,20 @@ static void lanes_joined(Srv *s, Raw *r, Raw *e, uint16_t port) {
         cr_assert_eq(s->connected, 1);
 }
 
+/* A TENSOR frame on a lane (item 0: 64 bytes of u8 in chunks of 16), then a
+ * DATA frame at offset and of length len. */
+static void raw_chunk(Raw *r, uint64_t offset, uint32_t len) {
+        TensorDesc d = { .dtype = DTYPE_U8, .ndim = 1, .dims = { 64 }, .bytes = 64 };
+        uint8_t desc[TENSOR_DESC_MAX_SIZE + 4], zeros[64] = {};
+        size_t n = tensor_desc_encode(&d, desc);
+        put_le32(desc + n, 16);
+        raw_sealed(r, (FrameHeader){ .type = FRAME_TENSOR, .length = (uint32_t)n + 4 }, desc);
+        raw_sealed(r, (FrameHeader){ .type = FRAME_DATA, .offset = offset, .length = len }, zeros);
+}
+
 Test(netlink, lanes_broken_rules) {
         uint8_t ack[8] = { 5 };
-        for (int k = 0; k < 3; k++) {
+        for (int k = 0; k < 6; k++) {
                 Srv s;
                 Raw r, e;
                 uint16_t port = srv_start(&s, NET_BACKEND_EPOLL, false, 0);
@@ -519,8 +531,13 @@ Test(netlink, lanes_broken_rules) {
                 else if (k == 1)
                         raw_sealed(&r, (FrameHeader){ .type = FRAME_CONTROL, .offset = 64, .length = 4 },
                                    (const uint8_t *)"RVPZ");
-                else
+                else if (k == 2)
                         raw_sealed(&e, (FrameHeader){ .type = FRAME_CONTROL, .length = 4 }, (const uint8_t *)"RVPZ");
+                else if (k == 3) { /* one chunk on both lanes */
+                        raw_chunk(&r, 16, 16);
+                        raw_chunk(&e, 16, 16);
+                } else
+                        raw_chunk(&r, k == 4 ? 8 : 48, k == 4 ? 16 : 15); /* off the grid; short */
                 cr_assert(raw_dropped(&s, &r), "case %d: the link was kept", k);
                 cr_assert(raw_dropped(&s, &e), "case %d: the other lane was kept", k);
                 for (int i = 0; i < 100 && !s.closed; i++)
