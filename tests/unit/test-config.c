@@ -569,8 +569,8 @@ Test(config, membership) {
         expect_error(base_end, body, "17: membership.train: false only with coordinate = true");
         snprintf(body, sizeof body, "%s  memory = \"lots\";\n};\n", sections);
         expect_error(base_end, body, "17: membership.memory: must be bytes, or a size");
-        snprintf(body, sizeof body, "%s  min_nodes = 65;\n};\n", sections);
-        expect_error(base_end, body, "17: membership.min_nodes: must be an integer in [1, 64]");
+        snprintf(body, sizeof body, "%s  min_nodes = 1025;\n};\n", sections);
+        expect_error(base_end, body, "17: membership.min_nodes: must be an integer in [1, 1024]");
         snprintf(body, sizeof body, "%s  heartbeat = 2; deadline = 3;\n};\n", sections);
         expect_error(base_end, body, "17: membership.deadline: the deadline (3 s) must be at least two heartbeats");
         snprintf(body, sizeof body, "%s  leader = true;\n};\n", sections);
