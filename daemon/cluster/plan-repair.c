@@ -112,6 +112,8 @@ static unsigned keep_clusters(const FormationModel *fm, const Plan *prev, Plan *
                         st->recut++;
                 } else if (left > 0)
                         broken[n_broken++] = k;
+                else
+                        st->dissolved++; /* none of its nodes left */
         }
         return n_broken;
 }
@@ -179,11 +181,33 @@ static void keep_numbers(Plan *next, const int *origin, int *assign) {
                         assign[next->clusters[k].nodes[s]] = (int)k;
 }
 
+/* prev's clusters within its bounds (prev->n_nodes checked): 1 to
+ * PLAN_MAX_STAGES stages each, of its nodes, none in two (keep_clusters()
+ * indexes by them). */
+static bool clusters_valid(const Plan *prev) {
+        bool used[PLAN_MAX_NODES] = {};
+        for (unsigned k = 0; k < prev->n_clusters; k++) {
+                const PlanCluster *pc = &prev->clusters[k];
+                if (pc->n_stages < 1 || pc->n_stages > PLAN_MAX_STAGES)
+                        return false;
+                for (unsigned s = 0; s < pc->n_stages; s++) {
+                        if (pc->nodes[s] >= prev->n_nodes || used[pc->nodes[s]])
+                                return false;
+                        used[pc->nodes[s]] = true;
+                }
+        }
+        return true;
+}
+
 int plan_repair(const FormationModel *fm, const Plan *prev, Plan *next, const Capability *caps, double similarity,
                 int *assign, PlanRepairStats *ret_stats) {
+        _cleanup_(plan_freep) Plan *none = NULL;
         PlanRepairStats st = {};
         unsigned n = next->n_nodes;
-        if (n > PLAN_MAX_NODES || prev->n_nodes > PLAN_MAX_NODES || prev->n_clusters > PLAN_MAX_CLUSTERS)
+        if (!prev && !(prev = none = plan_new())) /* no plan before: every node new */
+                return -ENOMEM;
+        if (n > PLAN_MAX_NODES || prev->n_nodes > PLAN_MAX_NODES || prev->n_clusters > PLAN_MAX_CLUSTERS ||
+            !clusters_valid(prev))
                 return -EINVAL;
         _cleanup_(freep) int *order = malloc(MAX(n, 1u) * sizeof *order);
         _cleanup_(freep) int *map = malloc(MAX(prev->n_nodes, 1u) * sizeof *map);

@@ -30,14 +30,17 @@ typedef struct PlanRepairStats {
         unsigned kept;      /* clusters as they were */
         unsigned recut;     /* clusters that lost nodes, cut again among the rest */
         unsigned filled;    /* ... that took spares to hold the model */
-        unsigned dissolved; /* ... whose nodes became spares */
+        unsigned dissolved; /* ... whose nodes became spares (or that has none left) */
         unsigned formed;    /* new clusters of spares */
 } PlanRepairStats;
 
 /* next->clusters from prev's, for next's nodes (keys matched; next->n_nodes
- * and next->nodes set, next->n_clusters 0). assign (next->n_nodes) gets
- * each node's cluster in next, -1 for a spare. -ENOMEM, or -EINVAL for
- * counts out of bounds. A cut may hold a stage without parameters (as
+ * and next->nodes set, next->n_clusters 0). prev NULL: no plan before, every
+ * node new. assign (next->n_nodes) gets each node's cluster in next, -1 for
+ * a spare. kept + recut + filled + dissolved is prev->n_clusters, kept +
+ * recut + filled + formed next->n_clusters. -ENOMEM, or -EINVAL for counts
+ * out of bounds (a cluster of prev too: 1 to PLAN_MAX_STAGES stages, of
+ * prev's nodes, none in two). A cut may hold a stage without parameters (as
  * formation_run()'s may): the caller moves it. */
 int plan_repair(const FormationModel *fm, const Plan *prev, Plan *next, const Capability *caps, double similarity,
                 int *assign, PlanRepairStats *ret_stats);
