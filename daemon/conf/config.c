@@ -517,7 +517,10 @@ static int parse_members(config_setting_t *g, config_setting_t *members, ConfigA
         if (n < 2)
                 return conf_error(members ? members : g, members ? NULL : "members", -EINVAL, d,
                                   "needs every member, this node included: at least two");
-        unsigned max = a->method == CONFIG_AVERAGING_MOSHPIT ? CONFIG_MAX_PEERS : 64; /* a coll round's map */
+        /* a ring wider than one round averages on a grid; gossip's groups are one round's map */
+        unsigned max = a->method == CONFIG_AVERAGING_MOSHPIT ? CONFIG_MAX_PEERS
+                       : a->method == CONFIG_AVERAGING_RING  ? AVERAGER_RING_MAX
+                                                             : COLL_MAX_MEMBERS;
         if ((unsigned)n > max)
                 return conf_error(members, NULL, -E2BIG, d, "at most %u members with method \"%s\"", max,
                                   method_names[a->method]);

@@ -88,7 +88,7 @@ int averaging_start(Averaging *a, const AveragingGroup *g, const Identity *id, s
         if (r < 0)
                 return r;
         a->self = ac.coll.self;
-        for (size_t i = 0; i < ca->n_members && i < COLL_MAX_MEMBERS; i++)
+        for (size_t i = 0; i < ca->n_members && i < AVERAGER_RING_MAX; i++)
                 ring.members[ring.n++] = (unsigned)i;
         ac.method = ca->method == CONFIG_AVERAGING_MOSHPIT ? AVERAGER_MOSHPIT : AVERAGER_RING;
         ac.grid = (MoshpitGrid){ .dims = ca->grid_dims, .side = ca->grid_side };
