@@ -28,6 +28,7 @@
 #include "net/handshake.h"
 #include "net/identity.h"
 #include "net/relay.h"
+#include "util/file.h"
 #include "util/format.h"
 #include "util/log.h"
 #include "util/macro.h"
@@ -110,16 +111,6 @@ static uint16_t free_port(const SwarmNode *nodes, unsigned n) {
                                 return port;
                 }
         return probe_port(0); /* no room below the range: let the kernel pick */
-}
-
-static int write_file(const char *path, const char *text, mode_t mode) {
-        int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, mode);
-        if (fd < 0)
-                return -errno;
-        size_t n = strlen(text);
-        ssize_t k = write(fd, text, n);
-        close(fd);
-        return k == (ssize_t)n ? 0 : -EIO;
 }
 
 /* Equal nodes: the partitioner's cut by compute, the same in every cluster. */
@@ -323,7 +314,7 @@ static int make_nodes(Swarm *s) {
                 snprintf(hex + 2 * i, 3, "%02x", secret[i]);
         strcat(hex, "\n");
         snprintf(path, sizeof path, "%s/secret", s->dir);
-        if ((r = write_file(path, hex, 0600)) < 0)
+        if ((r = file_write_text(path, hex, 0600)) < 0)
                 return log_error_errno(r, "Failed to write %s: %m", path);
         for (unsigned i = 0; i < s->n; i++) {
                 SwarmNode *nd = &s->nodes[i];
@@ -427,7 +418,7 @@ static int write_config(const Swarm *s, const SwarmNode *nd, const char *plan, c
                          o->interval, nd->avg_port, members, o->averaging ? o->averaging : "");
         }
         snprintf(path, sizeof path, "%s/%.15s.conf", dir, nd->name);
-        if ((r = write_file(path, conf, 0644)) < 0)
+        if ((r = file_write_text(path, conf, 0644)) < 0)
                 return log_error_errno(r, "Failed to write %s: %m", path);
         return 0;
 }

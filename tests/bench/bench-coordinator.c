@@ -63,6 +63,7 @@
 #include "conf/job.h"
 #include "conf/option.h"
 #include "net/net.h"
+#include "util/file.h"
 #include "util/rng.h"
 #include "bench.h"
 
@@ -342,16 +343,6 @@ static void member_stop(Member *m) {
 
 /* ---- the coordinator --------------------------------------------------- */
 
-static int write_file(const char *path, const char *text, mode_t mode) {
-        int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, mode);
-        if (fd < 0)
-                return -errno;
-        size_t len = strlen(text);
-        ssize_t n = write(fd, text, len);
-        close(fd);
-        return n == (ssize_t)len ? 0 : -EIO;
-}
-
 static uint16_t free_port(void) {
         struct sockaddr_in a = { .sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
         socklen_t len = sizeof a;
@@ -386,7 +377,7 @@ static int write_config(Bench *b, int min_nodes, char *path, size_t size) {
         sodium_bin2hex(secret_hex, sizeof secret_hex, b->secret, sizeof b->secret);
         snprintf(file, sizeof file, "%s/secret", b->dir);
         snprintf(text, sizeof text, "%s\n", secret_hex);
-        if ((r = write_file(file, text, 0600)) < 0)
+        if ((r = file_write_text(file, text, 0600)) < 0)
                 return r;
         b->port = free_port();
         snprintf(text, sizeof text,
@@ -410,7 +401,7 @@ static int write_config(Bench *b, int min_nodes, char *path, size_t size) {
                  "};\n",
                  b->dir, b->dir, free_port(), free_port(), hex, b->port, min_nodes, b->settle, b->heartbeat);
         snprintf(path, size, "%s/coordinator.conf", b->dir);
-        return write_file(path, text, 0644);
+        return file_write_text(path, text, 0644);
 }
 
 static pid_t spawn(char *const argv[], const char *log_path) {

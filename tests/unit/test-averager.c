@@ -304,6 +304,19 @@ static void join(int late_us) {
 Test(averager, a_joining_member_takes_and_gives_nothing) { join(0); }
 Test(averager, a_member_joining_late_takes_and_gives_nothing) { join(700 * 1000); }
 
+/* Every member holds the exact average of the n members' first values. */
+static void expect_exact_average(const Node *nodes, unsigned n, size_t len) {
+        for (size_t k = 0; k < len; k++) {
+                long double exact = 0;
+                for (unsigned i = 0; i < n; i++)
+                        exact += nodes[i].x0[k];
+                exact /= n;
+                for (unsigned i = 0; i < n; i++)
+                        cr_assert(fabsl(nodes[i].w[k] - exact) < 1e-6L, "member %u value %zu: %g vs %Lg after %u rounds",
+                                  i, k, nodes[i].w[k], exact, nodes[i].deltas);
+        }
+}
+
 /* Moshpit on a full 2x2x2 grid: after 3 rounds (one per dimension) every
  * member holds the exact average of the 8 (Moshpit SGD, Section 3.1). */
 static void moshpit_full_grid(unsigned dims, unsigned side, bool outer) {
@@ -326,15 +339,7 @@ static void moshpit_full_grid(unsigned dims, unsigned side, bool outer) {
         if (outer) /* lr 1 without momentum: the outer step is the average */
                 cfg.outer = (AveragerOuter){ .enabled = true, .lr = 1, .momentum = 0, .nesterov = true };
         start_nodes(nodes, n, &cfg, NULL, NULL, lens);
-        for (size_t k = 0; k < 5000; k++) {
-                long double exact = 0;
-                for (unsigned i = 0; i < n; i++)
-                        exact += nodes[i].x0[k];
-                exact /= n;
-                for (unsigned i = 0; i < n; i++)
-                        cr_assert(fabsl(nodes[i].w[k] - exact) < 1e-6L, "member %u value %zu: %g vs %Lg after %u rounds",
-                                  i, k, nodes[i].w[k], exact, nodes[i].deltas);
-        }
+        expect_exact_average(nodes, n, 5000);
         for (unsigned i = 0; i < n; i++) {
                 AveragerStats st;
                 averager_get_stats(nodes[i].av, &st);
@@ -378,15 +383,7 @@ static void wide_ring(unsigned n, unsigned group, unsigned dims, unsigned fragme
         cfg.group_size = group;
         cfg.fragments = fragments;
         start_nodes(nodes, n, &cfg, (const AveragerRing (*)[4])rings, n_rings, lens);
-        for (size_t k = 0; k < LEN; k++) {
-                long double exact = 0;
-                for (unsigned i = 0; i < n; i++)
-                        exact += nodes[i].x0[k];
-                exact /= n;
-                for (unsigned i = 0; i < n; i++)
-                        cr_assert(fabsl(nodes[i].w[k] - exact) < 1e-6L, "member %u value %zu: %g vs %Lg after %u rounds",
-                                  i, k, nodes[i].w[k], exact, nodes[i].deltas);
-        }
+        expect_exact_average(nodes, n, LEN);
         RingGrid g;
         cr_assert_eq(ring_grid(n, group, &g), 0);
         for (unsigned i = 0; i < n; i++) {
