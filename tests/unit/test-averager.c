@@ -86,7 +86,7 @@ Test(segments, ring_grid_shapes_and_groups) {
 /* ---- averagers in threads ---------------------------------------------- */
 /* (the outer optimizer's tests are at the end) */
 
-#define MAX_NODES 9
+#define MAX_NODES 64
 static const uint8_t secret[HANDSHAKE_SECRET_SIZE] = { 9 };
 
 typedef struct Node {
@@ -405,6 +405,7 @@ static void wide_ring(unsigned n, unsigned group, unsigned dims, unsigned fragme
 Test(averager, wide_ring_exact_after_d_rounds_3x3) { wide_ring(9, 3, 2, 1); }
 Test(averager, wide_ring_exact_after_d_rounds_2x2x2) { wide_ring(8, 2, 3, 1); }
 Test(averager, wide_ring_with_fragments_2x2) { wide_ring(4, 2, 2, 2); }
+Test(averager, wide_ring_of_64_on_8x8, .timeout = 120) { wide_ring(64, 8, 2, 1); }
 
 /* one round is not enough: after 1 of 3 rounds the members still differ */
 Test(averager, moshpit_one_round_is_partial) {
