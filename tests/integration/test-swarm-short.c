@@ -98,8 +98,8 @@ Test(swarm_short, the_last_round_gathers_every_cluster, .timeout = 600) {
 }
 
 /* More clusters than a round takes (group_size 2, 4 clusters): every ring
- * averages on a 2 x 2 grid, a node links only with the two members of its
- * rings it meets, and the last two rounds (one per dimension) leave one
+ * averages on a 2 x 2 grid, a node links with none but the two members of
+ * its rings it meets, and the last two rounds (one per dimension) leave one
  * averaged model all the same. */
 Test(swarm_short, wide_rings_average_on_a_grid, .timeout = 300) {
         Proc p;
@@ -109,7 +109,10 @@ Test(swarm_short, wide_rings_average_on_a_grid, .timeout = 300) {
         cr_assert(strstr(p.out, "swarm: the averaged model"), "%s", p.out);
         cr_assert_eq(test_count(p.out, "The last averaging round included all 2 members of its group (the last of 2 "
                                        "rounds"), 8, "%s", p.out);
-        cr_assert_geq(test_count(p.out, "Averaging: 2 of 7 other members connected"), 8, "%s", p.out);
+        /* each round needs one dimension's partner only, so a node may log
+         * its links before both are up and after one has gone: some reach
+         * two, none more */
+        cr_assert_geq(test_count(p.out, "Averaging: 2 of 7 other members connected"), 1, "%s", p.out);
         for (int n = 3; n <= 7; n++) {
                 char line[64];
                 snprintf(line, sizeof line, "Averaging: %d of 7 other members connected", n);
