@@ -141,6 +141,7 @@ static void start_nodes(Node *nodes, unsigned n, AveragerConfig *cfg, const Aver
         for (unsigned i = 0; i < n; i++) {
                 AveragerConfig c = *cfg;
                 net_config_defaults(&nc[i]);
+                nc[i].pool_bytes = 4u << 20; /* the vectors here are small; 64 nodes must not pin 4 GiB */
                 nc[i].identity = &ids[i];
                 nc[i].secret = secret;
                 c.coll.net = &nc[i];
