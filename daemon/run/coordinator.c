@@ -476,21 +476,23 @@ static void plan_start(CoordinatorState *s, uint64_t epoch, Member *const *m, un
 }
 
 /* Every stage of ret holds parameters (fix_cut()); a cluster where that
- * cannot be is dropped, its nodes spares. */
+ * cannot be is dropped, its nodes spares, and the last cluster takes its
+ * number (one cluster renumbered, not every one after it). */
 static void fix_cuts(const CoordinatorState *s, Plan *ret, int *assign) {
-        unsigned kept = 0;
-        for (unsigned k = 0; k < ret->n_clusters; k++) {
+        for (unsigned k = 0; k < ret->n_clusters;) {
                 PlanCluster *pc = &ret->clusters[k];
                 if (fix_cut(s, pc->bounds, pc->n_stages)) {
-                        ret->clusters[kept++] = *pc;
+                        k++;
                         continue;
                 }
-                log_warning("Coordinator: cluster %u of the formation has a stage without parameters; its nodes stay "
-                            "spares", k + 1);
+                log_warning("Coordinator: a cluster of the formation has a stage without parameters; its %u nodes "
+                            "stay spares", pc->n_stages);
                 for (unsigned st = 0; assign && st < pc->n_stages; st++)
                         assign[pc->nodes[st]] = -1;
+                *pc = ret->clusters[--ret->n_clusters];
+                for (unsigned st = 0; assign && k < ret->n_clusters && st < pc->n_stages; st++)
+                        assign[pc->nodes[st]] = (int)k;
         }
-        ret->n_clusters = kept;
 }
 
 #define REPAIR_MARGIN 0.05 /* a repaired plan may predict this much less than a new one */
