@@ -417,19 +417,6 @@ static pid_t spawn(char *const argv[], const char *log_path) {
         _exit(127);
 }
 
-/* Whether ravnestd takes min_nodes = n (membership.min_nodes has a bound of
- * its own in config.c). */
-static bool config_takes(Bench *b, int n) {
-        char conf[256];
-        if (write_config(b, n, conf, sizeof conf) < 0)
-                return false;
-        pid_t pid = spawn((char *[]){ RAVNESTD, "--config", conf, "--check-config", "--job", (char *)b->job_path,
-                                      NULL },
-                          NULL);
-        int status;
-        return pid > 0 && waitpid(pid, &status, 0) == pid && WIFEXITED(status) && WEXITSTATUS(status) == 0;
-}
-
 static bool log_has(const Bench *b, const char *what) {
         char path[128], buf[1 << 16];
         snprintf(path, sizeof path, "%s/coordinator.log", b->dir);
@@ -908,16 +895,7 @@ int main(int argc, char *argv[]) {
                 if (!(b.decode[i] = plan_new()))
                         return EX_OSERR;
 
-        /* membership.min_nodes has a bound in config.c: the first plan at
-         * every member if it takes that many, else at the bound (joins come
-         * faster than membership.settle, so it waits for all the same) */
-        int min_nodes = b.nodes;
-        snprintf(b.dir, sizeof b.dir, "/tmp/ravnest-bench-coordinator-XXXXXX");
-        if (!mkdtemp(b.dir))
-                return EX_OSERR;
-        for (; min_nodes > 1 && !config_takes(&b, min_nodes); min_nodes = min_nodes > 64 ? 64 : min_nodes / 2)
-                ;
-        nftw(b.dir, rm_file, 16, FTW_DEPTH | FTW_PHYS);
+        int min_nodes = b.nodes; /* the first plan at every member (membership.min_nodes goes to PLAN_MAX_NODES) */
         printf("bench-coordinator: %d members, job %s (%u layers, %llu parameters), settle %g s, heartbeat %g s, "
                "min_nodes %d, %d run%s\n", b.nodes, job.name, b.n_layers, (unsigned long long)b.n_params, b.settle,
                b.heartbeat, min_nodes, b.runs, b.runs > 1 ? "s" : "");
