@@ -385,15 +385,17 @@ int plan_reach_decode(const uint8_t *buf, size_t len, int *ret_error) {
         return 0;
 }
 
-void plan_stop_encode(uint64_t epoch, uint8_t buf[PLAN_STOP_SIZE]) {
+void plan_stop_encode(uint64_t epoch, bool hand_in, uint8_t buf[PLAN_STOP_SIZE]) {
         memcpy(buf, "RVMS", 4);
         put64(buf + 4, epoch);
+        buf[12] = hand_in;
 }
 
-int plan_stop_decode(const uint8_t *buf, size_t len, uint64_t *ret_epoch) {
-        if (len != PLAN_STOP_SIZE || memcmp(buf, "RVMS", 4) != 0 || get64(buf + 4) < 1)
+int plan_stop_decode(const uint8_t *buf, size_t len, uint64_t *ret_epoch, bool *ret_hand_in) {
+        if (len != PLAN_STOP_SIZE || memcmp(buf, "RVMS", 4) != 0 || get64(buf + 4) < 1 || buf[12] > 1)
                 return -EBADMSG;
         *ret_epoch = get64(buf + 4);
+        *ret_hand_in = buf[12];
         return 0;
 }
 

@@ -137,9 +137,12 @@ int plan_link_decode(const uint8_t *buf, size_t len, double *ret_bandwidth, doub
 void plan_reach_encode(int error, uint8_t buf[PLAN_REACH_SIZE]);
 int plan_reach_decode(const uint8_t *buf, size_t len, int *ret_error);
 
-#define PLAN_STOP_SIZE 12
+/* STOP ("RVMS", 13 bytes): stop at a safe point for a new epoch, and hand
+ * in the stage's layers when hand_in (the new plan gives them to a node
+ * that did not hold them), else keep them (flags byte: bit 0, no other). */
+#define PLAN_STOP_SIZE 13
 #define PLAN_DONE_SIZE 20
-void plan_stop_encode(uint64_t epoch, uint8_t buf[PLAN_STOP_SIZE]);
-int plan_stop_decode(const uint8_t *buf, size_t len, uint64_t *ret_epoch);
+void plan_stop_encode(uint64_t epoch, bool hand_in, uint8_t buf[PLAN_STOP_SIZE]);
+int plan_stop_decode(const uint8_t *buf, size_t len, uint64_t *ret_epoch, bool *ret_hand_in);
 void plan_done_encode(uint64_t epoch, uint64_t samples, uint8_t buf[PLAN_DONE_SIZE]);
 int plan_done_decode(const uint8_t *buf, size_t len, uint64_t *ret_epoch, uint64_t *ret_samples);

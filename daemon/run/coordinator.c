@@ -28,6 +28,8 @@ typedef struct Member {
         uint64_t samples; /* what it trained as a first stage, from its DONE */
         int node;         /* its index in the plan being formed, -1 if none */
         int cluster, stage; /* its place in the last plan sent; cluster -1: a spare, or not in it */
+        bool keeps;       /* its layers are the same in the plan formed at the stop: none handed to it */
+        bool hand_in;     /* it was asked for its layers at the stop */
 } Member;
 
 /* Members sit in slots that never move; a member is found from its link
@@ -93,6 +95,8 @@ struct CoordinatorState {
         uint64_t changed_ns;
         Phase phase;
         bool pending;         /* layers collected for epoch `epoch` wait for a plan */
+        Plan *formed;         /* collecting: the plan formed at the stop, sent when it ends */
+        bool have_formed;     /* ... else every member hands in and the plan is formed then */
         uint64_t deadline_ns;
         float *sum;           /* collecting: the layers handed in, summed */
         unsigned count[PLAN_MAX_LAYERS];
@@ -380,7 +384,7 @@ static void on_tensor(void *ud, NetTensor *t) {
                   t->desc.dims[0] == s->layer_off[layer + 1] - s->layer_off[layer] && t->desc.dims[0] > 0;
         /* a member hands in the layers of its stage in the plan it held, no others */
         if (ok && s->plan->epoch > 0)
-                ok = m->cluster >= 0 && (int)layer >= s->plan->clusters[m->cluster].bounds[m->stage] &&
+                ok = (!s->have_formed || m->hand_in) && m->cluster >= 0 && (int)layer >= s->plan->clusters[m->cluster].bounds[m->stage] &&
                      (int)layer < s->plan->clusters[m->cluster].bounds[m->stage + 1];
         if (ok) {
                 const float *v = (const float *)t->data;
@@ -560,18 +564,34 @@ static int form(CoordinatorState *s, uint64_t epoch, Plan *ret) {
         return plan_check(ret) < 0 ? -EINVAL : 0;
 }
 
-/* Each member's place in p, the plan about to be sent: its node index
- * was set when p was made of the members joined (plan_members()). */
-static void place_members(CoordinatorState *s, const Plan *p) {
-        int16_t cluster_of[PLAN_MAX_NODES];
-        uint8_t stage_of[PLAN_MAX_NODES];
-        for (unsigned i = 0; i < p->n_nodes; i++)
+/* The cluster (-1: a spare) and stage of each node of p. */
+static void plan_places(const Plan *p, int16_t cluster_of[PLAN_MAX_NODES], uint8_t stage_of[PLAN_MAX_NODES]) {
+        for (unsigned i = 0; i < p->n_nodes; i++) {
                 cluster_of[i] = -1;
+                stage_of[i] = 0;
+        }
         for (unsigned k = 0; k < p->n_clusters; k++)
                 for (unsigned st = 0; st < p->clusters[k].n_stages; st++) {
                         cluster_of[p->clusters[k].nodes[st]] = (int16_t)k;
                         stage_of[p->clusters[k].nodes[st]] = (uint8_t)st;
                 }
+}
+
+/* The layers [lo, hi) of a place in p; lo == hi for a spare. */
+static void place_layers(const Plan *p, int cluster, int stage, int *lo, int *hi) {
+        *lo = *hi = 0;
+        if (cluster >= 0 && (unsigned)cluster < p->n_clusters) {
+                *lo = p->clusters[cluster].bounds[stage];
+                *hi = p->clusters[cluster].bounds[stage + 1];
+        }
+}
+
+/* Each member's place in p, the plan about to be sent: its node index
+ * was set when p was made of the members joined (plan_members()). */
+static void place_members(CoordinatorState *s, const Plan *p) {
+        int16_t cluster_of[PLAN_MAX_NODES];
+        uint8_t stage_of[PLAN_MAX_NODES];
+        plan_places(p, cluster_of, stage_of);
         for (unsigned i = 0; i < s->n_members; i++) {
                 Member *m = member_at(s, i);
                 bool in = m->joined && m->node >= 0 && (unsigned)m->node < p->n_nodes;
@@ -580,10 +600,53 @@ static void place_members(CoordinatorState *s, const Plan *p) {
         }
 }
 
+#define HANDOVER_COPIES 2 /* copies of a layer collected for the nodes that take it anew */
+
+/* p, formed at the stop, against the plan sent: a member whose layers stay
+ * the same keeps them; for each layer some node takes anew, the first
+ * HANDOVER_COPIES members that held it hand theirs in. The rest of the
+ * swarm sends nothing. False when the coordinator does not know who holds
+ * what (it restarted since the plan was sent): then all hand in. */
+static bool choose_donors(CoordinatorState *s, const Plan *p, unsigned *ret_donors, unsigned *ret_keep) {
+        int16_t cluster_of[PLAN_MAX_NODES];
+        uint8_t stage_of[PLAN_MAX_NODES], want[PLAN_MAX_LAYERS] = {};
+        int lo, hi;
+
+        if (s->plan->epoch == 0)
+                return false;
+        plan_places(p, cluster_of, stage_of);
+        *ret_donors = *ret_keep = 0;
+        for (unsigned i = 0; i < s->n_members; i++) {
+                Member *m = member_at(s, i);
+                int nlo = 0, nhi = 0;
+                m->keeps = m->hand_in = false;
+                if (!m->joined || m->node < 0 || (unsigned)m->node >= p->n_nodes)
+                        continue;
+                place_layers(p, cluster_of[m->node], stage_of[m->node], &nlo, &nhi);
+                place_layers(s->plan, m->cluster, m->stage, &lo, &hi);
+                m->keeps = nhi > nlo && lo == nlo && hi == nhi;
+                *ret_keep += m->keeps;
+                for (int l = nlo; l < nhi && !m->keeps; l++)
+                        want[l] = HANDOVER_COPIES;
+        }
+        for (unsigned i = 0; i < s->n_members; i++) {
+                Member *m = member_at(s, i);
+                if (!m->joined)
+                        continue;
+                place_layers(s->plan, m->cluster, m->stage, &lo, &hi);
+                for (int l = lo; l < hi; l++)
+                        m->hand_in |= want[l] > 0 && has_params(s, l, l + 1);
+                for (int l = lo; l < hi && m->hand_in; l++)
+                        want[l] -= want[l] > 0;
+                *ret_donors += m->hand_in;
+        }
+        return true;
+}
+
 /* The averaged layers of m's new stage: how many went out. */
 static unsigned hand_over(CoordinatorState *s, const Member *m, const Plan *p) {
         unsigned n = 0;
-        if (m->cluster < 0)
+        if (m->cluster < 0 || (s->have_formed && m->keeps))
                 return 0;
         const PlanCluster *pc = &p->clusters[m->cluster];
         for (int l = pc->bounds[m->stage]; l < pc->bounds[m->stage + 1]; l++) {
@@ -661,18 +724,21 @@ static void publish(CoordinatorState *s, Plan *p, bool with_layers) {
         memcpy(s->plan, p, sizeof *p);
 }
 
-/* Every member stops at its next safe point and hands in its layers, for
- * a new epoch. */
+/* Every member stops at its next safe point for a new epoch. The plan is
+ * formed now, so only members whose layers some node takes anew hand
+ * theirs in; without one (too few members), all do. */
 static void stop_members(CoordinatorState *s, uint64_t now) {
         const ConfigMembership *cm = &s->c->membership;
+        unsigned donors = 0, keep = 0;
         s->epoch++;
         memset(s->sum, 0, s->n_params * sizeof(float));
         memset(s->count, 0, sizeof s->count);
-        uint8_t msg[PLAN_STOP_SIZE];
-        plan_stop_encode(s->epoch, msg);
+        s->have_formed = form(s, s->epoch, s->formed) == 0 && choose_donors(s, s->formed, &donors, &keep);
         for (unsigned i = 0; i < s->n_members; i++) {
                 Member *m = member_at(s, i);
                 if (m->joined) {
+                        uint8_t msg[PLAN_STOP_SIZE];
+                        plan_stop_encode(s->epoch, !s->have_formed || m->hand_in, msg);
                         set_done(s, m, false);
                         m->samples = 0;
                         net_send_control(s->net, m->peer, FRAME_CONTROL, msg, sizeof msg);
@@ -680,8 +746,13 @@ static void stop_members(CoordinatorState *s, uint64_t now) {
         }
         s->phase = PHASE_COLLECTING;
         s->deadline_ns = now + (uint64_t)cm->handover_timeout_ms * 1000000ULL;
-        log_info("Coordinator: epoch %llu: members stop at a safe point and hand in their layers",
-                 (unsigned long long)s->epoch);
+        if (s->have_formed)
+                log_info("Coordinator: epoch %llu: members stop at a safe point; %u of %u hand in their layers (at "
+                         "most %d copies of each layer a node takes anew), %u keep theirs",
+                         (unsigned long long)s->epoch, donors, s->n_joined, HANDOVER_COPIES, keep);
+        else
+                log_info("Coordinator: epoch %llu: members stop at a safe point and hand in their layers",
+                         (unsigned long long)s->epoch);
 }
 
 /* Membership changed and settled: a new epoch. The first plan goes out at
@@ -732,6 +803,12 @@ static void tick_collecting(CoordinatorState *s, uint64_t now) {
                         s->samples += m->samples;
         }
         s->phase = PHASE_WAITING;
+        if (s->have_formed) { /* members that came or went meanwhile make the next epoch */
+                s->formed->samples = s->samples;
+                publish(s, s->formed, true);
+                s->have_formed = false;
+                return;
+        }
         s->dirty = false;
         _cleanup_(plan_freep) Plan *p = plan_new();
         if (p && form(s, s->epoch, p) == 0)
@@ -781,6 +858,7 @@ static CoordinatorState *state_free(CoordinatorState *s) {
         pthread_cond_destroy(&s->prober.wake);
         s->net = net_free(s->net);
         s->plan = plan_free(s->plan);
+        s->formed = plan_free(s->formed);
         free(s->sum);
         identity_clear(&s->id);
         free(s);
@@ -808,7 +886,7 @@ int coordinator_start(Coordinator *co, const Config *c, const Job *job, const Id
                 return log_error_errno(-ENOMEM, "Out of memory");
         pthread_mutex_init(&s->prober.lock, NULL);
         pthread_cond_init(&s->prober.wake, NULL);
-        if (!(s->plan = plan_new()))
+        if (!(s->plan = plan_new()) || !(s->formed = plan_new()))
                 return log_error_errno(-ENOMEM, "Out of memory"), state_free(s), -ENOMEM;
         s->c = c;
         s->job = job;

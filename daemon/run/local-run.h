@@ -18,6 +18,20 @@ typedef struct LinkFigures {
         double bandwidth, latency;
 } LinkFigures;
 
+/* pipeline_run() under membership: the stage's optimizer state, and the
+ * outer optimizer's, kept in memory from one plan to the next, so a node
+ * whose layers stay the same goes on with them (stage_carry_clear() frees
+ * it). */
+typedef struct StageCarry {
+        int lo, hi;           /* the layers it is of; lo == hi: none */
+        size_t n;             /* their parameters */
+        uint64_t t;           /* the optimizer's steps */
+        float *optim;         /* optim_state_floats() values */
+        float *outer;         /* the outer optimizer's anchor, then its momentum (2n); NULL: none */
+} StageCarry;
+
+void stage_carry_clear(StageCarry *c);
+
 typedef struct LocalRunOptions {
         int threads;              /* OpenBLAS threads; <= 0 leaves the default */
         int epochs;               /* > 0 overrides the job */
@@ -41,6 +55,7 @@ typedef struct LocalRunOptions {
          * load_model_params (else from the job's initialization). */
         float *model_params;
         bool load_model_params;
+        StageCarry *carry;          /* written when the stage stops; read at start when its layers match */
         uint64_t resume_samples;    /* samples every cluster trained before: where to go on from */
         uint64_t *ret_samples;      /* pipeline_run(): samples this first stage trained */
         /* pipeline_run(): when set, stop at a safe point: the micro-batches

@@ -39,11 +39,14 @@ typedef struct Membership {
         char next_sig[9];         /* its signature's first bytes, to tell plans apart in the log */
         bool have_next;
         uint64_t stop_epoch;      /* the coordinator asked to stop for this epoch */
+        bool stop_hand_in;        /* ... and for this stage's layers (else it keeps them) */
         bool training;            /* inside pipeline_run() */
         volatile sig_atomic_t restart; /* pipeline_run()'s stop flag */
         bool finished;
         size_t layer_off[PLAN_MAX_LAYERS + 1];
         float *model;             /* the whole model, by layer offsets: what the stage trains from and hands in */
+        int own_lo, own_hi;       /* the layers of model this node trained last; none when equal */
+        StageCarry carry;         /* their optimizer state */
         float *incoming;          /* layers handed over for stop_epoch */
         uint64_t got[PLAN_MAX_LAYERS]; /* the epoch each layer of incoming came for */
         uint64_t sends;           /* layers handed in, not yet sent */
@@ -146,6 +149,7 @@ static void send_done(Membership *m, uint64_t samples) {
 static void on_control(void *ud, uint32_t peer, uint8_t type, const uint8_t *p, size_t len) {
         Membership *m = ud;
         uint64_t epoch;
+        bool hand_in;
         int r;
 
         if ((int64_t)peer != m->coord)
@@ -178,10 +182,11 @@ static void on_control(void *ud, uint32_t peer, uint8_t type, const uint8_t *p, 
                 m->restart = 1; /* a stage of an older plan stops */
                 return;
         }
-        if (type == FRAME_CONTROL && plan_stop_decode(p, len, &epoch) == 0) {
+        if (type == FRAME_CONTROL && plan_stop_decode(p, len, &epoch, &hand_in) == 0) {
                 if (epoch <= m->plan->epoch || epoch <= m->stop_epoch)
                         return;
                 m->stop_epoch = epoch;
+                m->stop_hand_in = hand_in;
                 if (m->training) {
                         log_info("The coordinator asks for epoch %llu: stopping at the next safe point",
                                  (unsigned long long)epoch);
@@ -335,9 +340,15 @@ static int plan_inputs(const Membership *m, const Plan *p, PlanInputs *ret) {
         return 0;
 }
 
-/* Hand in the layers this stage held, then say so. */
+/* Hand in the layers this stage held, when asked, then say so. */
 static void hand_in(Membership *m, int lo, int hi, uint64_t samples) {
         unsigned n = 0;
+        if (!m->stop_hand_in) {
+                send_done(m, samples);
+                log_info("Stopped for epoch %llu, keeping layers %d-%d (the coordinator does not need them)",
+                         (unsigned long long)m->stop_epoch, lo, hi - 1);
+                return;
+        }
         for (int l = lo; l < hi && m->coord >= 0; l++) {
                 size_t len = m->layer_off[l + 1] - m->layer_off[l];
                 TensorDesc desc;
@@ -405,6 +416,7 @@ static int run_stage(Membership *m, unsigned cluster, unsigned stage, bool hande
         o.load_checkpoint = false;
         o.model_params = m->model;
         o.load_model_params = handed_over;
+        o.carry = &m->carry;
         o.resume_samples = m->plan->samples;
         o.ret_samples = &samples;
         o.quiesce = &m->restart;
@@ -416,6 +428,10 @@ static int run_stage(Membership *m, unsigned cluster, unsigned stage, bool hande
         r = pipeline_run(&plan, m->job, m->id, &o, m->stop);
         m->training = false;
         plan_inputs_done(&in);
+        if (r == 0 || r == -ECANCELED) { /* pipeline_run() wrote the stage's parameters back into model */
+                m->own_lo = lo;
+                m->own_hi = hi;
+        }
         if (r == 0) {
                 m->finished = true;
                 log_info("Training is over (plan epoch %llu); serving the coordinator until stopped",
@@ -427,7 +443,6 @@ static int run_stage(Membership *m, unsigned cluster, unsigned stage, bool hande
         if (r != -ECANCELED)
                 log_warning_errno(r, "Stage %u of cluster %u ended (%m); waiting for the next plan", stage + 1,
                                   cluster + 1);
-        /* pipeline_run() wrote the stage's parameters back into model */
         if (m->stop_epoch > m->plan->epoch)
                 hand_in(m, lo, hi, samples);
         return 0;
@@ -447,6 +462,8 @@ static int take_plan(Membership *m) {
                 control_report_plan(m->o->control, m->plan->epoch);
         bool handed_over = false;
         if (plan_find(m->plan, m->id->pk, &index, &cluster, &stage) < 0) {
+                m->own_lo = m->own_hi = 0; /* what it trained grows old */
+                stage_carry_clear(&m->carry);
                 log_info("Holds plan epoch %llu (signature %s…): a spare (%u nodes, %u clusters)",
                          (unsigned long long)m->plan->epoch, m->next_sig, m->plan->n_nodes, m->plan->n_clusters);
                 return 0;
@@ -462,19 +479,22 @@ static int take_plan(Membership *m) {
                 else
                         missing++;
         }
-        /* all or nothing: a stage of layers from one model */
+        /* all or nothing: a stage of layers from one model; else its own
+         * when it trained these layers last (the coordinator kept them) */
         handed_over = missing == 0 && m->plan->samples > 0;
+        bool own = !handed_over && m->own_hi > m->own_lo && lo == m->own_lo && hi == m->own_hi;
         log_info("Holds plan epoch %llu (signature %s…): cluster %u of %u, stage %u of %u, layers %d-%d, %s",
                  (unsigned long long)m->plan->epoch, m->next_sig, cluster + 1, m->plan->n_clusters, stage + 1,
                  pc->n_stages, lo, hi - 1,
                  handed_over ? "starting from the layers handed over" :
+                 own         ? "going on from its own layers" :
                  m->plan->samples ? "layers missing from the hand-over: starting from the job's initialization" :
                                     "starting from the job's initialization");
         if (m->finished) {
                 log_info("Training is over here: plan epoch %llu not run", (unsigned long long)m->plan->epoch);
                 return 0;
         }
-        return run_stage(m, cluster, stage, handed_over);
+        return run_stage(m, cluster, stage, handed_over || own);
 }
 
 static void member_done(Membership *m) {
@@ -485,6 +505,7 @@ static void member_done(Membership *m) {
         m->model = mfree(m->model);
         m->reach = net_free(m->reach);
         m->incoming = mfree(m->incoming);
+        stage_carry_clear(&m->carry);
 }
 
 int membership_run(const Config *c, const Job *job, const Identity *id, const LocalRunOptions *o,

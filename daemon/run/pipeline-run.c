@@ -543,8 +543,48 @@ static int run_load_data(Run *run) {
         return 0;
 }
 
+void stage_carry_clear(StageCarry *c) {
+        c->optim = mfree(c->optim);
+        c->outer = mfree(c->outer);
+        c->lo = c->hi = 0;
+}
+
+static bool carry_fits(const Run *run, const StageCarry *c) {
+        return c && c->optim && c->lo == run->pc.lo && c->hi == run->pc.hi &&
+               c->n == pipe_stage(run->pipe)->n_params;
+}
+
+/* The stage's optimizer state (and the outer optimizer's) for the node's
+ * next plan; before averaging_stop(), which frees the latter. */
+static void carry_save(Run *run) {
+        StageCarry *c = run->o->carry;
+        const Stage *s = pipe_stage(run->pipe);
+        const Optim *op = pipe_optim(run->pipe);
+        size_t k = optim_state_floats(op->spec.kind, s->n_params);
+        const float *anchor, *momentum;
+
+        if (!c)
+                return;
+        stage_carry_clear(c);
+        bool outer = averaging_outer_state(&run->av, &anchor, &momentum) == 0;
+        c->optim = malloc(MAX(k, (size_t)1) * sizeof(float));
+        c->outer = outer ? malloc(2 * s->n_params * sizeof(float)) : NULL;
+        if (!c->optim || (outer && !c->outer)) {
+                stage_carry_clear(c);
+                return;
+        }
+        memcpy(c->optim, op->state, k * sizeof(float));
+        if (outer) {
+                memcpy(c->outer, anchor, s->n_params * sizeof(float));
+                memcpy(c->outer + s->n_params, momentum, s->n_params * sizeof(float));
+        }
+        *c = (StageCarry){ .lo = run->pc.lo, .hi = run->pc.hi, .n = s->n_params, .t = op->t, .optim = c->optim,
+                           .outer = c->outer };
+}
+
 /* Where a stage goes on from: the parameters handed over from the previous
- * plan's owners, the clusters' progress, or its own checkpoint. */
+ * plan's owners (or its own, kept with its optimizer's state when its
+ * layers stay the same), the clusters' progress, or its own checkpoint. */
 static void run_resume(Run *run, size_t steps, int U) {
         const LocalRunOptions *o = run->o;
         const ConfigPipeline *p = run->plan->pipeline;
@@ -554,6 +594,12 @@ static void run_resume(Run *run, size_t steps, int U) {
         if (o->model_params && o->load_model_params)
                 memcpy(pipe_stage(pipe)->params, o->model_params + model_spec_params(&run->job->model, 0, run->pc.lo),
                        pipe_stage(pipe)->n_params * sizeof(float));
+        if (o->model_params && o->load_model_params && carry_fits(run, o->carry)) {
+                Optim *op = pipe_optim(pipe);
+                memcpy(op->state, o->carry->optim, optim_state_floats(op->spec.kind, o->carry->n) * sizeof(float));
+                op->t = o->carry->t;
+                log_info("Going on with this stage's optimizer state (%llu steps)", (unsigned long long)op->t);
+        }
         if (o->resume_samples) { /* go on where the clusters were, in this plan's shards */
                 uint64_t per = (uint64_t)p->n_clusters * (uint64_t)p->micro_batch;
                 uint64_t n = (uint64_t)steps * per, done = o->resume_samples;
@@ -643,6 +689,8 @@ static int run_outer_state(Run *run) {
         _cleanup_(freep) float *buf = malloc(2 * s->n_params * sizeof(float));
         if (!buf)
                 return log_error_errno(-ENOMEM, "Out of memory");
+        if (o->load_model_params && carry_fits(run, o->carry) && o->carry->outer)
+                return averaging_set_outer_state(&run->av, o->carry->outer, o->carry->outer + s->n_params);
         if (run->resumed && stage_checkpoint_load_outer(o->checkpoint_dir, run->job->name, s, buf,
                                                         buf + s->n_params, run->resumed_step) >= 0)
                 return averaging_set_outer_state(&run->av, buf, buf + s->n_params);
@@ -853,6 +901,7 @@ static void run_hand_back(Run *run, int r, const volatile sig_atomic_t *stop) {
         Stage *s = pipe_stage(run->pipe);
         PipeStats st;
 
+        carry_save(run);
         averaging_stop(&run->av);
         run->finished = r == PIPE_FINISHED;
         if (o->model_params)

@@ -23,7 +23,9 @@
  *   - --leave (10%) of the members leave at once (their transport says BYE
  *     and closes): time until every remaining member holds the plan without
  *     them, and how many remaining members moved;
- *   - --join new members join at once: the same.
+ *   - --join new members join at once: the same;
+ *   - for each, how many members the coordinator's STOP asked to hand in
+ *     their layers (the others keep theirs and send none).
  *
  * "Moved" is counted two ways between the plan before and the plan after:
  * a member whose (cluster index, stage index) changed, as the plan numbers
@@ -226,14 +228,18 @@ static void take_plan(Member *m, const uint8_t *p, size_t len) {
         atomic_store(&m->epoch, e); /* last: the others are read once it moves */
 }
 
+static atomic_uint stops_hand_in; /* STOPs that asked a member for its layers since the last reset */
+
 static void on_control(void *ud, uint32_t peer, uint8_t type, const uint8_t *p, size_t len) {
         Member *m = ud;
         uint64_t epoch;
+        bool hand_in;
         if ((int64_t)peer != m->coord)
                 return;
         if (type == FRAME_PLAN)
                 return take_plan(m, p, len);
-        if (type == FRAME_CONTROL && plan_stop_decode(p, len, &epoch) == 0) {
+        if (type == FRAME_CONTROL && plan_stop_decode(p, len, &epoch, &hand_in) == 0) {
+                atomic_fetch_add(&stops_hand_in, hand_in);
                 uint8_t msg[PLAN_DONE_SIZE]; /* nothing trained, nothing to hand in */
                 plan_done_encode(epoch, 0, msg);
                 net_send_control(m->net, peer, FRAME_CONTROL, msg, sizeof msg);
@@ -599,7 +605,10 @@ typedef struct Change {
         double seconds;          /* from the change to every member holding the new plan */
         double moved_index, moved_work; /* fractions of the members in both plans */
         unsigned n_nodes, clusters_before, clusters_after;
+        double hand_in;          /* STOPs that asked for the member's layers, per member of the plan after */
 } Change;
+
+
 
 static int compare_epochs(Bench *b, uint64_t e1, uint64_t e2, Change *c) {
         _cleanup_(plan_freep) Plan *p1 = plan_new();
@@ -662,6 +671,7 @@ static int start_members(Bench *b, int from, int to) {
 static int leave(Bench *b, Rng *rng, int n, uint64_t e1, Figures *f, uint64_t *ret_epoch) {
         int count = (int)lround(n * b->leave / 100.0), left = 0;
         uint64_t t0 = now_ns(), last;
+        atomic_store(&stops_hand_in, 0);
         while (left < count) {
                 Member *m = &b->m[rng_below(rng, (uint32_t)n)];
                 if (!present(m))
@@ -676,6 +686,7 @@ static int leave(Bench *b, Rng *rng, int n, uint64_t e1, Figures *f, uint64_t *r
         if (r < 0)
                 return r;
         f->leave.seconds = ns_to_sec(last - t0);
+        f->leave.hand_in = (double)atomic_load(&stops_hand_in) / (n - count);
         return compare_epochs(b, e1, *ret_epoch, &f->leave);
 }
 
@@ -684,6 +695,7 @@ static int join(Bench *b, Rng *rng, int n, unsigned want, uint64_t e2, Figures *
         for (int i = n; i < n + b->join; i++)
                 member_init(b, &b->m[i], rng);
         b->n_members = n + b->join;
+        atomic_store(&stops_hand_in, 0);
         int r = start_members(b, n, n + b->join);
         if (r < 0)
                 return r;
@@ -691,6 +703,7 @@ static int join(Bench *b, Rng *rng, int n, unsigned want, uint64_t e2, Figures *
         if (r < 0)
                 return r;
         f->join.seconds = ns_to_sec(last - last_join(b, n, n + b->join));
+        f->join.hand_in = (double)atomic_load(&stops_hand_in) / want;
         return compare_epochs(b, e2, e3, &f->join);
 }
 
@@ -781,12 +794,12 @@ static void print_run(const Bench *b, int run, const Figures *f) {
                "%u clusters; coordinator CPU %.2f s to then, %.1f ms/s idle, peak RSS %.1f MiB\n",
                run + 1, f->first_s, f->first_from_start_s, f->dials, f->plan_bytes, f->leave.clusters_before,
                f->cpu_first_s, f->cpu_idle * 1e3, f->rss_mib);
-        printf("       leave: %.3f s, %.1f%% moved (index), %.1f%% moved (work), %u -> %u clusters", f->leave.seconds,
-               100 * f->leave.moved_index, 100 * f->leave.moved_work, f->leave.clusters_before,
-               f->leave.clusters_after);
+        printf("       leave: %.3f s, %.1f%% moved (index), %.1f%% moved (work), %.1f%% asked for layers, %u -> %u "
+               "clusters", f->leave.seconds, 100 * f->leave.moved_index, 100 * f->leave.moved_work,
+               100 * f->leave.hand_in, f->leave.clusters_before, f->leave.clusters_after);
         if (b->join > 0)
-                printf("; join: %.3f s, %.1f%% moved (index), %.1f%% moved (work)", f->join.seconds,
-                       100 * f->join.moved_index, 100 * f->join.moved_work);
+                printf("; join: %.3f s, %.1f%% moved (index), %.1f%% moved (work), %.1f%% asked for layers",
+                       f->join.seconds, 100 * f->join.moved_index, 100 * f->join.moved_work, 100 * f->join.hand_in);
         printf("\n");
 }
 
@@ -816,14 +829,14 @@ static void print_medians(const Bench *b, const Figures *f, int n, int min_nodes
                MEDIAN_OF(hb_up), MEDIAN_OF(hb_down), b->idle, frame, FRAME_HEADER_SIZE, FRAME_TAG_SIZE,
                b->heartbeat, frame / b->heartbeat);
         printf("  %.3g%% leave at once:               every remaining member holds the new plan %.3f s later; "
-               "moved: %.1f%% (cluster, stage) index, %.1f%% work\n",
+               "moved: %.1f%% (cluster, stage) index, %.1f%% work; %.1f%% asked for their layers\n",
                b->leave, MEDIAN_OF(leave.seconds), 100 * MEDIAN_OF(leave.moved_index),
-               100 * MEDIAN_OF(leave.moved_work));
+               100 * MEDIAN_OF(leave.moved_work), 100 * MEDIAN_OF(leave.hand_in));
         if (b->join > 0)
                 printf("  %d join%s at once:                    every member holds the new plan %.3f s after the "
-                       "last JOIN; moved: %.1f%% index, %.1f%% work\n",
+                       "last JOIN; moved: %.1f%% index, %.1f%% work; %.1f%% asked for their layers\n",
                        b->join, b->join > 1 ? "s" : "", MEDIAN_OF(join.seconds), 100 * MEDIAN_OF(join.moved_index),
-                       100 * MEDIAN_OF(join.moved_work));
+                       100 * MEDIAN_OF(join.moved_work), 100 * MEDIAN_OF(join.hand_in));
 }
 
 static int parse_options(int argc, char *argv[], Bench *b) {

@@ -58,8 +58,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
                 CHECK(n == (int)size && memcmp(out, data, size) == 0);
         }
         uint64_t epoch, samples;
-        if (plan_stop_decode(data, size, &epoch) == 0)
-                CHECK(epoch >= 1 && size == PLAN_STOP_SIZE);
+        bool hand_in;
+        if (plan_stop_decode(data, size, &epoch, &hand_in) == 0)
+                CHECK(epoch >= 1 && size == PLAN_STOP_SIZE && data[12] == hand_in);
         if (plan_done_decode(data, size, &epoch, &samples) == 0)
                 CHECK(epoch >= 1 && size == PLAN_DONE_SIZE);
         double bw, lat;

@@ -293,12 +293,18 @@ Test(plan, membership_messages) {
 
         uint8_t stop[PLAN_STOP_SIZE], done[PLAN_DONE_SIZE];
         uint64_t epoch, samples;
-        plan_stop_encode(9, stop);
-        cr_assert_eq(plan_stop_decode(stop, sizeof stop, &epoch), 0);
-        cr_assert_eq(epoch, 9);
-        cr_assert_lt(plan_stop_decode(stop, sizeof stop - 1, &epoch), 0);
-        plan_stop_encode(0, stop);
-        cr_assert_lt(plan_stop_decode(stop, sizeof stop, &epoch), 0);
+        bool hand_in;
+        plan_stop_encode(9, true, stop);
+        cr_assert_eq(plan_stop_decode(stop, sizeof stop, &epoch, &hand_in), 0);
+        cr_assert(epoch == 9 && hand_in);
+        plan_stop_encode(9, false, stop);
+        cr_assert_eq(plan_stop_decode(stop, sizeof stop, &epoch, &hand_in), 0);
+        cr_assert(epoch == 9 && !hand_in);
+        cr_assert_lt(plan_stop_decode(stop, sizeof stop - 1, &epoch, &hand_in), 0);
+        stop[12] = 2; /* no flag but hand-in */
+        cr_assert_lt(plan_stop_decode(stop, sizeof stop, &epoch, &hand_in), 0);
+        plan_stop_encode(0, true, stop);
+        cr_assert_lt(plan_stop_decode(stop, sizeof stop, &epoch, &hand_in), 0);
         plan_done_encode(9, 4096, done);
         cr_assert_eq(plan_done_decode(done, sizeof done, &epoch, &samples), 0);
         cr_assert_eq(samples, 4096);
