@@ -12,7 +12,11 @@
 #include <string.h>
 
 static inline float nn_expf(float x) {
-        x = x < -87.0f ? -87.0f : x > 88.0f ? 88.0f : x;
+        /* two selects, each on a comparison made on every lane: a nested
+         * one would compare conditionally, which the vectorizer may not
+         * do with trapping math */
+        x = x < -87.0f ? -87.0f : x;
+        x = x > 88.0f ? 88.0f : x;
         /* round to nearest by the 1.5 * 2^23 trick: no rounding instruction
          * needed, and the compiler cannot fold it without -ffast-math */
         float n = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
@@ -34,8 +38,6 @@ static inline float nn_expf(float x) {
 /* tanh(u) = (1 - e^-2|u|) / (1 + e^-2|u|) with u's sign: the absolute error
  * stays near 1e-7, which is what GELU's 1 + tanh needs. */
 static inline float nn_tanhf(float u) {
-        float a = u < 0.0f ? -u : u;
-        float e = nn_expf(-2.0f * a);
-        float t = (1.0f - e) / (1.0f + e);
-        return u < 0.0f ? -t : t;
+        float e = nn_expf(-2.0f * __builtin_fabsf(u));
+        return __builtin_copysignf((1.0f - e) / (1.0f + e), u);
 }
