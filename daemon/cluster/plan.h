@@ -137,6 +137,14 @@ int plan_link_decode(const uint8_t *buf, size_t len, double *ret_bandwidth, doub
 void plan_reach_encode(int error, uint8_t buf[PLAN_REACH_SIZE]);
 int plan_reach_decode(const uint8_t *buf, size_t len, int *ret_error);
 
+/* A layer handed over (to the coordinator and from it) is a tensor whose
+ * stream is PLAN_STREAM(part, layer): part 0 its parameters, part k its
+ * optimizer's k-th moment (SGD's momentum; AdamW's m, then v), k at most
+ * PLAN_MAX_MOMENTS. */
+#define PLAN_MAX_MOMENTS 2
+#define PLAN_PARTS (1 + PLAN_MAX_MOMENTS)
+#define PLAN_STREAM(part, layer) ((uint32_t)(part) * PLAN_MAX_LAYERS + (uint32_t)(layer))
+
 /* STOP ("RVMS", 13 bytes): stop at a safe point for a new epoch, and hand
  * in the stage's layers when hand_in (the new plan gives them to a node
  * that did not hold them), else keep them (flags byte: bit 0, no other). */

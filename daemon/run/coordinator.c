@@ -98,8 +98,11 @@ struct CoordinatorState {
         Plan *formed;         /* collecting: the plan formed at the stop, sent when it ends */
         bool have_formed;     /* ... else every member hands in and the plan is formed then */
         uint64_t deadline_ns;
-        float *sum;           /* collecting: the layers handed in, summed */
-        unsigned count[PLAN_MAX_LAYERS];
+        /* collecting: the layers handed in, summed, by part (PLAN_STREAM():
+         * parameters, then the optimizer's moments, allocated when the
+         * first comes), and how many copies of each */
+        float *sum[PLAN_PARTS];
+        unsigned count[PLAN_PARTS][PLAN_MAX_LAYERS];
         uint64_t sends;       /* tensors out of sum not yet sent */
         Prober prober;
         volatile bool stop;
@@ -369,33 +372,37 @@ static void on_control(void *ud, uint32_t peer, uint8_t type, const uint8_t *p, 
         drop(s, m, "a message the coordinator does not take");
 }
 
-/* Layers handed in: stream = layer index, one float32 vector of exactly
- * that layer's parameters, only while collecting. */
+/* Layers handed in: stream PLAN_STREAM(part, layer), one float32 vector of
+ * exactly that layer's parameters, only while collecting, only from a
+ * member asked for them, of the stage it held. */
 static void on_tensor(void *ud, NetTensor *t) {
         CoordinatorState *s = ud;
         Member *m = member_of(s, t->peer);
-        uint32_t layer = t->stream;
+        uint32_t layer = t->stream % PLAN_MAX_LAYERS, part = t->stream / PLAN_MAX_LAYERS;
         if (m && m->joined && (s->phase != PHASE_COLLECTING || m->done)) { /* late: too late, not hostile */
                 net_tensor_release(s->net, t);
                 return;
         }
-        bool ok = m && m->joined && layer < (uint32_t)s->job->model.n_layers && t->desc.dtype == DTYPE_F32 &&
-                  t->desc.ndim == 1 &&
+        bool ok = m && m->joined && part < PLAN_PARTS && layer < (uint32_t)s->job->model.n_layers &&
+                  t->desc.dtype == DTYPE_F32 && t->desc.ndim == 1 &&
                   t->desc.dims[0] == s->layer_off[layer + 1] - s->layer_off[layer] && t->desc.dims[0] > 0;
         /* a member hands in the layers of its stage in the plan it held, no others */
         if (ok && s->plan->epoch > 0)
-                ok = (!s->have_formed || m->hand_in) && m->cluster >= 0 && (int)layer >= s->plan->clusters[m->cluster].bounds[m->stage] &&
+                ok = (!s->have_formed || m->hand_in) && m->cluster >= 0 &&
+                     (int)layer >= s->plan->clusters[m->cluster].bounds[m->stage] &&
                      (int)layer < s->plan->clusters[m->cluster].bounds[m->stage + 1];
-        if (ok) {
+        if (ok && !s->sum[part])
+                s->sum[part] = calloc(s->n_params, sizeof(float));
+        if (ok && s->sum[part]) {
                 const float *v = (const float *)t->data;
-                float *dst = s->sum + s->layer_off[layer];
+                float *dst = s->sum[part] + s->layer_off[layer];
                 bool finite = true;
                 for (uint32_t i = 0; i < t->desc.dims[0]; i++)
                         finite &= isfinite(v[i]) != 0; /* no NaN or infinity into everyone's model */
                 if (finite) {
                         for (uint32_t i = 0; i < t->desc.dims[0]; i++)
                                 dst[i] += v[i];
-                        s->count[layer]++;
+                        s->count[part][layer]++;
                 }
                 ok = finite;
         }
@@ -643,22 +650,26 @@ static bool choose_donors(CoordinatorState *s, const Plan *p, unsigned *ret_dono
         return true;
 }
 
-/* The averaged layers of m's new stage: how many went out. */
+/* The averaged layers of m's new stage, with their optimizer's moments
+ * where they came: how many tensors went out. */
 static unsigned hand_over(CoordinatorState *s, const Member *m, const Plan *p) {
         unsigned n = 0;
         if (m->cluster < 0 || (s->have_formed && m->keeps))
                 return 0;
         const PlanCluster *pc = &p->clusters[m->cluster];
-        for (int l = pc->bounds[m->stage]; l < pc->bounds[m->stage + 1]; l++) {
-                size_t len = s->layer_off[l + 1] - s->layer_off[l];
-                TensorDesc desc;
-                if (!len || !s->count[l] || tensor_desc_init(&desc, DTYPE_F32, 1, (uint32_t[]){ (uint32_t)len }) < 0)
-                        continue;
-                if (net_send_tensor(s->net, m->peer, (uint32_t)l, &desc, s->sum + s->layer_off[l], 0) == 0) {
-                        s->sends++;
-                        n++;
+        for (unsigned part = 0; part < PLAN_PARTS; part++)
+                for (int l = pc->bounds[m->stage]; l < pc->bounds[m->stage + 1]; l++) {
+                        size_t len = s->layer_off[l + 1] - s->layer_off[l];
+                        TensorDesc desc;
+                        if (!len || !s->count[part][l] ||
+                            tensor_desc_init(&desc, DTYPE_F32, 1, (uint32_t[]){ (uint32_t)len }) < 0)
+                                continue;
+                        if (net_send_tensor(s->net, m->peer, PLAN_STREAM(part, l), &desc,
+                                            s->sum[part] + s->layer_off[l], 0) == 0) {
+                                s->sends++;
+                                n++;
+                        }
                 }
-        }
         return n;
 }
 
@@ -705,11 +716,11 @@ static void publish(CoordinatorState *s, Plan *p, bool with_layers) {
                 log_error_errno(len, "Coordinator: cannot encode plan epoch %llu: %m", (unsigned long long)p->epoch);
                 return;
         }
-        if (with_layers) /* the average of the copies handed in */
+        for (unsigned part = 0; with_layers && part < PLAN_PARTS; part++) /* the average of the copies */
                 for (unsigned l = 0; l < p->n_layers; l++)
-                        if (s->count[l] > 1)
+                        if (s->count[part][l] > 1)
                                 for (size_t i = s->layer_off[l]; i < s->layer_off[l + 1]; i++)
-                                        s->sum[i] /= (float)s->count[l];
+                                        s->sum[part][i] /= (float)s->count[part][l];
         place_members(s, p);
         for (unsigned i = 0; i < s->n_members; i++) {
                 Member *m = member_at(s, i);
@@ -731,7 +742,9 @@ static void stop_members(CoordinatorState *s, uint64_t now) {
         const ConfigMembership *cm = &s->c->membership;
         unsigned donors = 0, keep = 0;
         s->epoch++;
-        memset(s->sum, 0, s->n_params * sizeof(float));
+        for (unsigned part = 0; part < PLAN_PARTS; part++)
+                if (s->sum[part])
+                        memset(s->sum[part], 0, s->n_params * sizeof(float));
         memset(s->count, 0, sizeof s->count);
         s->have_formed = form(s, s->epoch, s->formed) == 0 && choose_donors(s, s->formed, &donors, &keep);
         for (unsigned i = 0; i < s->n_members; i++) {
@@ -859,7 +872,8 @@ static CoordinatorState *state_free(CoordinatorState *s) {
         s->net = net_free(s->net);
         s->plan = plan_free(s->plan);
         s->formed = plan_free(s->formed);
-        free(s->sum);
+        for (unsigned part = 0; part < PLAN_PARTS; part++)
+                free(s->sum[part]);
         identity_clear(&s->id);
         free(s);
         return NULL;
@@ -903,9 +917,6 @@ int coordinator_start(Coordinator *co, const Config *c, const Job *job, const Id
                 state_free(s);
                 return log_error_errno(r, "Coordinator: %s: %s", job->name, d.text);
         }
-        s->sum = calloc(s->n_params, sizeof(float));
-        if (!s->sum)
-                return state_free(s), log_error_errno(-ENOMEM, "Out of memory");
         if ((r = config_net(c, &s->id, &nc, &d)) < 0) {
                 state_free(s);
                 return log_error_errno(r, "Invalid configuration: %s", d.text);

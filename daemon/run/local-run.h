@@ -25,10 +25,12 @@ typedef struct LinkFigures {
 typedef struct StageCarry {
         int lo, hi;           /* the layers it is of; lo == hi: none */
         size_t n;             /* their parameters */
-        uint64_t t;           /* the optimizer's steps */
+        uint64_t t;           /* the optimizer's steps; STAGE_CARRY_T_SWARM: the swarm's updates */
         float *optim;         /* optim_state_floats() values */
         float *outer;         /* the outer optimizer's anchor, then its momentum (2n); NULL: none */
 } StageCarry;
+
+#define STAGE_CARRY_T_SWARM UINT64_MAX /* state handed over: as many steps as the swarm's updates */
 
 void stage_carry_clear(StageCarry *c);
 

@@ -47,8 +47,11 @@ typedef struct Membership {
         float *model;             /* the whole model, by layer offsets: what the stage trains from and hands in */
         int own_lo, own_hi;       /* the layers of model this node trained last; none when equal */
         StageCarry carry;         /* their optimizer state */
-        float *incoming;          /* layers handed over for stop_epoch */
-        uint64_t got[PLAN_MAX_LAYERS]; /* the epoch each layer of incoming came for */
+        /* layers handed over for stop_epoch, by part (PLAN_STREAM()): the
+         * parameters, then the optimizer's moments (allocated when the
+         * first comes); the epoch each part of each layer came for */
+        float *incoming[PLAN_PARTS];
+        uint64_t got[PLAN_PARTS][PLAN_MAX_LAYERS];
         uint64_t sends;           /* layers handed in, not yet sent */
         uint64_t joined_ns;
         Net *reach;               /* answers the coordinator's dial-back until a stage listens */
@@ -216,22 +219,31 @@ static void on_control(void *ud, uint32_t peer, uint8_t type, const uint8_t *p, 
         }
 }
 
+/* The optimizer's moments a layer hands over with it: SGD's momentum,
+ * AdamW's m and v (AccumAdam's gradients summed so far stay behind). */
+static unsigned job_moments(const Job *job) {
+        return (unsigned)MIN(optim_state_floats(job->optim.kind, 1), (size_t)PLAN_MAX_MOMENTS);
+}
+
 /* Layers of the new stage: only from the coordinator, only after it asked
  * for a new epoch, one float32 vector of exactly that layer's size. */
 static void on_tensor(void *ud, NetTensor *t) {
         Membership *m = ud;
-        uint32_t l = t->stream, peer = t->peer;
+        uint32_t l = t->stream % PLAN_MAX_LAYERS, part = t->stream / PLAN_MAX_LAYERS, peer = t->peer;
         bool ok = (int64_t)peer == m->coord && m->stop_epoch > m->plan->epoch && !m->training &&
-                  l < (uint32_t)m->job->model.n_layers && t->desc.dtype == DTYPE_F32 && t->desc.ndim == 1 &&
-                  t->desc.dims[0] > 0 && t->desc.dims[0] == m->layer_off[l + 1] - m->layer_off[l];
+                  part <= job_moments(m->job) && l < (uint32_t)m->job->model.n_layers &&
+                  t->desc.dtype == DTYPE_F32 && t->desc.ndim == 1 && t->desc.dims[0] > 0 &&
+                  t->desc.dims[0] == m->layer_off[l + 1] - m->layer_off[l];
         if (ok) {
                 const float *v = (const float *)t->data;
                 for (uint32_t i = 0; ok && i < t->desc.dims[0]; i++)
                         ok = isfinite(v[i]);
         }
-        if (ok) {
-                memcpy(m->incoming + m->layer_off[l], t->data, t->desc.bytes);
-                m->got[l] = m->stop_epoch;
+        if (ok && !m->incoming[part])
+                m->incoming[part] = calloc(m->layer_off[m->job->model.n_layers], sizeof(float));
+        if (ok && m->incoming[part]) {
+                memcpy(m->incoming[part] + m->layer_off[l], t->data, t->desc.bytes);
+                m->got[part][l] = m->stop_epoch;
         }
         net_tensor_release(m->net, t);
         if (!ok) {
@@ -340,7 +352,20 @@ static int plan_inputs(const Membership *m, const Plan *p, PlanInputs *ret) {
         return 0;
 }
 
-/* Hand in the layers this stage held, when asked, then say so. */
+/* Part `part` of layer l (PLAN_STREAM()) of the stage [lo, hi) this node
+ * trained last: its parameters, or a moment of its optimizer's state when
+ * that state is kept; NULL when not. */
+static const float *own_part(const Membership *m, unsigned part, int lo, int hi, int l) {
+        const StageCarry *c = &m->carry;
+        if (part == 0)
+                return m->model + m->layer_off[l];
+        if (!c->optim || c->lo != lo || c->hi != hi)
+                return NULL;
+        return c->optim + (part - 1) * c->n + (m->layer_off[l] - m->layer_off[lo]);
+}
+
+/* Hand in the layers this stage held, when asked, with the optimizer's
+ * moments, then say so. */
 static void hand_in(Membership *m, int lo, int hi, uint64_t samples) {
         unsigned n = 0;
         if (!m->stop_hand_in) {
@@ -349,19 +374,20 @@ static void hand_in(Membership *m, int lo, int hi, uint64_t samples) {
                          (unsigned long long)m->stop_epoch, lo, hi - 1);
                 return;
         }
-        for (int l = lo; l < hi && m->coord >= 0; l++) {
-                size_t len = m->layer_off[l + 1] - m->layer_off[l];
-                TensorDesc desc;
-                if (!len || tensor_desc_init(&desc, DTYPE_F32, 1, (uint32_t[]){ (uint32_t)len }) < 0)
-                        continue;
-                if (net_send_tensor(m->net, (uint32_t)m->coord, (uint32_t)l, &desc, m->model + m->layer_off[l], 0) ==
-                    0) {
-                        m->sends++;
-                        n++;
+        for (unsigned part = 0; part <= job_moments(m->job); part++)
+                for (int l = lo; l < hi && m->coord >= 0; l++) {
+                        size_t len = m->layer_off[l + 1] - m->layer_off[l];
+                        const float *v = own_part(m, part, lo, hi, l);
+                        TensorDesc desc;
+                        if (!len || !v || tensor_desc_init(&desc, DTYPE_F32, 1, (uint32_t[]){ (uint32_t)len }) < 0)
+                                continue;
+                        if (net_send_tensor(m->net, (uint32_t)m->coord, PLAN_STREAM(part, l), &desc, v, 0) == 0) {
+                                m->sends++;
+                                n++;
+                        }
                 }
-        }
         send_done(m, samples);
-        log_info("Handed in layers %d-%d (%u tensors) for epoch %llu", lo, hi - 1, n,
+        log_info("Handed in layers %d-%d (%u tensors, with the optimizer's state) for epoch %llu", lo, hi - 1, n,
                  (unsigned long long)m->stop_epoch);
 }
 
@@ -448,6 +474,30 @@ static int run_stage(Membership *m, unsigned cluster, unsigned stage, bool hande
         return 0;
 }
 
+/* The optimizer's moments handed over with the layers [lo, hi), as the
+ * state the stage goes on with; false when any is missing. */
+static bool take_moments(Membership *m, int lo, int hi) {
+        unsigned moments = job_moments(m->job);
+        size_t n = m->layer_off[hi] - m->layer_off[lo];
+        if (!moments)
+                return false;
+        for (unsigned part = 1; part <= moments; part++)
+                for (int l = lo; l < hi; l++)
+                        if (m->layer_off[l + 1] > m->layer_off[l] && m->got[part][l] != m->plan->epoch)
+                                return false;
+        stage_carry_clear(&m->carry);
+        m->carry.optim = calloc(MAX(optim_state_floats(m->job->optim.kind, n), (size_t)1), sizeof(float));
+        if (!m->carry.optim)
+                return false;
+        for (unsigned part = 1; part <= moments; part++)
+                memcpy(m->carry.optim + (part - 1) * n, m->incoming[part] + m->layer_off[lo], n * sizeof(float));
+        m->carry.lo = lo;
+        m->carry.hi = hi;
+        m->carry.n = n;
+        m->carry.t = STAGE_CARRY_T_SWARM;
+        return true;
+}
+
 /* Take the newest plan received: the handed-over layers of this node's
  * stage, then the stage. */
 static int take_plan(Membership *m) {
@@ -473,8 +523,8 @@ static int take_plan(Membership *m) {
         for (int l = lo; l < hi; l++) {
                 if (m->layer_off[l + 1] == m->layer_off[l])
                         continue;
-                if (m->got[l] == m->plan->epoch)
-                        memcpy(m->model + m->layer_off[l], m->incoming + m->layer_off[l],
+                if (m->got[0][l] == m->plan->epoch)
+                        memcpy(m->model + m->layer_off[l], m->incoming[0] + m->layer_off[l],
                                (m->layer_off[l + 1] - m->layer_off[l]) * sizeof(float));
                 else
                         missing++;
@@ -482,14 +532,18 @@ static int take_plan(Membership *m) {
         /* all or nothing: a stage of layers from one model; else its own
          * when it trained these layers last (the coordinator kept them) */
         handed_over = missing == 0 && m->plan->samples > 0;
-        bool own = !handed_over && m->own_hi > m->own_lo && lo == m->own_lo && hi == m->own_hi;
-        log_info("Holds plan epoch %llu (signature %s…): cluster %u of %u, stage %u of %u, layers %d-%d, %s",
+        bool same = m->own_hi > m->own_lo && lo == m->own_lo && hi == m->own_hi;
+        bool own = !handed_over && same;
+        /* the optimizer's state: its own when its layers stay, else theirs */
+        bool moments = handed_over && !same && take_moments(m, lo, hi);
+        log_info("Holds plan epoch %llu (signature %s…): cluster %u of %u, stage %u of %u, layers %d-%d, %s%s",
                  (unsigned long long)m->plan->epoch, m->next_sig, cluster + 1, m->plan->n_clusters, stage + 1,
                  pc->n_stages, lo, hi - 1,
                  handed_over ? "starting from the layers handed over" :
                  own         ? "going on from its own layers" :
                  m->plan->samples ? "layers missing from the hand-over: starting from the job's initialization" :
-                                    "starting from the job's initialization");
+                                    "starting from the job's initialization",
+                 moments ? ", with their optimizer's state" : "");
         if (m->finished) {
                 log_info("Training is over here: plan epoch %llu not run", (unsigned long long)m->plan->epoch);
                 return 0;
@@ -504,7 +558,8 @@ static void member_done(Membership *m) {
         m->scratch = plan_free(m->scratch);
         m->model = mfree(m->model);
         m->reach = net_free(m->reach);
-        m->incoming = mfree(m->incoming);
+        for (unsigned part = 0; part < PLAN_PARTS; part++)
+                m->incoming[part] = mfree(m->incoming[part]);
         stage_carry_clear(&m->carry);
 }
 
@@ -529,8 +584,8 @@ int membership_run(const Config *c, const Job *job, const Identity *id, const Lo
         m.next = plan_new();
         m.scratch = plan_new();
         m.model = calloc(n_params, sizeof(float));
-        m.incoming = calloc(n_params, sizeof(float));
-        if (!m.plan || !m.next || !m.scratch || !m.model || !m.incoming)
+        m.incoming[0] = calloc(n_params, sizeof(float));
+        if (!m.plan || !m.next || !m.scratch || !m.model || !m.incoming[0])
                 return log_error_errno(-ENOMEM, "Out of memory");
 
         /* what this node can give, measured */

@@ -591,21 +591,26 @@ static void run_resume(Run *run, size_t steps, int U) {
         Pipe *pipe = run->pipe;
         CheckpointInfo at;
 
+        uint64_t updates = 0;
+
         if (o->model_params && o->load_model_params)
                 memcpy(pipe_stage(pipe)->params, o->model_params + model_spec_params(&run->job->model, 0, run->pc.lo),
                        pipe_stage(pipe)->n_params * sizeof(float));
-        if (o->model_params && o->load_model_params && carry_fits(run, o->carry)) {
-                Optim *op = pipe_optim(pipe);
-                memcpy(op->state, o->carry->optim, optim_state_floats(op->spec.kind, o->carry->n) * sizeof(float));
-                op->t = o->carry->t;
-                log_info("Going on with this stage's optimizer state (%llu steps)", (unsigned long long)op->t);
-        }
         if (o->resume_samples) { /* go on where the clusters were, in this plan's shards */
                 uint64_t per = (uint64_t)p->n_clusters * (uint64_t)p->micro_batch;
                 uint64_t n = (uint64_t)steps * per, done = o->resume_samples;
+                updates = done / per / (uint64_t)U;
                 if (n)
                         pipe_resume(pipe, (int)MIN(done / n, (uint64_t)INT32_MAX), (size_t)((done % n) / per),
-                                    done / per / (uint64_t)U);
+                                    updates);
+        }
+        if (o->model_params && o->load_model_params && carry_fits(run, o->carry)) {
+                Optim *op = pipe_optim(pipe);
+                memcpy(op->state, o->carry->optim, optim_state_floats(op->spec.kind, o->carry->n) * sizeof(float));
+                op->t = o->carry->t == STAGE_CARRY_T_SWARM ? updates : o->carry->t;
+                log_info("Going on with %s optimizer state (%llu steps)",
+                         o->carry->t == STAGE_CARRY_T_SWARM ? "the handed-over" : "this stage's",
+                         (unsigned long long)op->t);
         }
         if (o->checkpoint_dir && o->load_checkpoint &&
             stage_checkpoint_load(o->checkpoint_dir, run->job->name, pipe_stage(pipe), pipe_optim(pipe), &at) >= 0) {
