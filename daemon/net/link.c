@@ -205,9 +205,6 @@ static void link_stop_waiting(Link *l) {
         n->relay_retry_ns = 0;
 }
 
-/* The most a read brings in of a frame opened as it arrives. */
-#define RX_RECORD (256u << 10)
-
 void link_rx_target(Link *l, uint8_t **ret_ptr, size_t *ret_len) {
         switch (l->phase) {
         case RX_HEADER:
@@ -221,10 +218,6 @@ void link_rx_target(Link *l, uint8_t **ret_ptr, size_t *ret_len) {
                 break;
         }
         *ret_len = l->rx_want - l->rx_have;
-        /* opened as it comes in: a read at most the cache holds, so the
-         * bytes the kernel copied in are still there to be opened */
-        if (l->rx_records && l->phase == RX_PAYLOAD)
-                *ret_len = MIN(*ret_len, (size_t)RX_RECORD);
 }
 
 static void rx_expect(Link *l, RxPhase phase, uint8_t *dst, size_t want) {
