@@ -387,7 +387,8 @@ static void hand_in(Membership *m, int lo, int hi, uint64_t samples) {
                         }
                 }
         send_done(m, samples);
-        log_info("Handed in layers %d-%d (%u tensors, with the optimizer's state) for epoch %llu", lo, hi - 1, n,
+        log_info("Handed in layers %d-%d (%u tensors, %s the optimizer's state) for epoch %llu", lo, hi - 1, n,
+                 job_moments(m->job) && own_part(m, 1, lo, hi, lo) ? "with" : "without",
                  (unsigned long long)m->stop_epoch);
 }
 
