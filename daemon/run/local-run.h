@@ -18,15 +18,15 @@ typedef struct LinkFigures {
         double bandwidth, latency;
 } LinkFigures;
 
-/* pipeline_run() under membership: the stage's optimizer state, and the
- * outer optimizer's, kept in memory from one plan to the next, so a node
- * whose layers stay the same goes on with them (stage_carry_clear() frees
- * it). */
+/* pipeline_run() under membership: the layers the stage trained last and
+ * its optimizer's state, and the outer optimizer's, kept in memory from one
+ * plan to the next, so a node whose layers stay the same goes on with them
+ * (stage_carry_clear() frees it). */
 typedef struct StageCarry {
-        int lo, hi;           /* the layers it is of; lo == hi: none */
+        int lo, hi;           /* the layers trained last; lo == hi: none */
         size_t n;             /* their parameters */
         uint64_t t;           /* the optimizer's steps; STAGE_CARRY_T_SWARM: the swarm's updates */
-        float *optim;         /* optim_state_floats() values */
+        float *optim;         /* optim_state_floats() values; NULL: not kept */
         float *outer;         /* the outer optimizer's anchor, then its momentum (2n); NULL: none */
 } StageCarry;
 

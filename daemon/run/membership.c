@@ -45,8 +45,7 @@ typedef struct Membership {
         bool finished;
         size_t layer_off[PLAN_MAX_LAYERS + 1];
         float *model;             /* the whole model, by layer offsets: what the stage trains from and hands in */
-        int own_lo, own_hi;       /* the layers of model this node trained last; none when equal */
-        StageCarry carry;         /* their optimizer state */
+        StageCarry carry;         /* the layers of model this node trained last, and their optimizer's state */
         /* layers handed over for stop_epoch, by part (PLAN_STREAM()): the
          * parameters, then the optimizer's moments (allocated when the
          * first comes); the epoch each part of each layer came for */
@@ -455,10 +454,6 @@ static int run_stage(Membership *m, unsigned cluster, unsigned stage, bool hande
         r = pipeline_run(&plan, m->job, m->id, &o, m->stop);
         m->training = false;
         plan_inputs_done(&in);
-        if (r == 0 || r == -ECANCELED) { /* pipeline_run() wrote the stage's parameters back into model */
-                m->own_lo = lo;
-                m->own_hi = hi;
-        }
         if (r == 0) {
                 m->finished = true;
                 log_info("Training is over (plan epoch %llu); serving the coordinator until stopped",
@@ -513,8 +508,7 @@ static int take_plan(Membership *m) {
                 control_report_plan(m->o->control, m->plan->epoch);
         bool handed_over = false;
         if (plan_find(m->plan, m->id->pk, &index, &cluster, &stage) < 0) {
-                m->own_lo = m->own_hi = 0; /* what it trained grows old */
-                stage_carry_clear(&m->carry);
+                stage_carry_clear(&m->carry); /* what it trained grows old */
                 log_info("Holds plan epoch %llu (signature %s…): a spare (%u nodes, %u clusters)",
                          (unsigned long long)m->plan->epoch, m->next_sig, m->plan->n_nodes, m->plan->n_clusters);
                 return 0;
@@ -533,7 +527,7 @@ static int take_plan(Membership *m) {
         /* all or nothing: a stage of layers from one model; else its own
          * when it trained these layers last (the coordinator kept them) */
         handed_over = missing == 0 && m->plan->samples > 0;
-        bool same = m->own_hi > m->own_lo && lo == m->own_lo && hi == m->own_hi;
+        bool same = m->carry.hi > m->carry.lo && lo == m->carry.lo && hi == m->carry.hi;
         bool own = !handed_over && same;
         /* the optimizer's state: its own when its layers stay, else theirs */
         bool moments = handed_over && !same && take_moments(m, lo, hi);

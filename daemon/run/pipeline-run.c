@@ -554,32 +554,28 @@ static bool carry_fits(const Run *run, const StageCarry *c) {
                c->n == pipe_stage(run->pipe)->n_params;
 }
 
-/* The stage's optimizer state (and the outer optimizer's) for the node's
- * next plan; before averaging_stop(), which frees the latter. */
+/* The layers the stage trained (model_params holds them now) and its
+ * optimizer's state (and the outer optimizer's), for the node's next plan;
+ * before averaging_stop(), which frees the latter. Out of memory, the
+ * state is simply not kept. */
 static void carry_save(Run *run) {
         StageCarry *c = run->o->carry;
         const Stage *s = pipe_stage(run->pipe);
         const Optim *op = pipe_optim(run->pipe);
-        size_t k = optim_state_floats(op->spec.kind, s->n_params);
+        size_t k = optim_state_floats(op->spec.kind, s->n_params), n = s->n_params;
         const float *anchor, *momentum;
 
         if (!c)
                 return;
         stage_carry_clear(c);
-        bool outer = averaging_outer_state(&run->av, &anchor, &momentum) == 0;
-        c->optim = malloc(MAX(k, (size_t)1) * sizeof(float));
-        c->outer = outer ? malloc(2 * s->n_params * sizeof(float)) : NULL;
-        if (!c->optim || (outer && !c->outer)) {
-                stage_carry_clear(c);
+        *c = (StageCarry){ .lo = run->pc.lo, .hi = run->pc.hi, .n = n, .t = op->t };
+        if (!(c->optim = malloc(MAX(k, (size_t)1) * sizeof(float))))
                 return;
-        }
         memcpy(c->optim, op->state, k * sizeof(float));
-        if (outer) {
-                memcpy(c->outer, anchor, s->n_params * sizeof(float));
-                memcpy(c->outer + s->n_params, momentum, s->n_params * sizeof(float));
+        if (averaging_outer_state(&run->av, &anchor, &momentum) == 0 && (c->outer = malloc(2 * n * sizeof(float)))) {
+                memcpy(c->outer, anchor, n * sizeof(float));
+                memcpy(c->outer + n, momentum, n * sizeof(float));
         }
-        *c = (StageCarry){ .lo = run->pc.lo, .hi = run->pc.hi, .n = s->n_params, .t = op->t, .optim = c->optim,
-                           .outer = c->outer };
 }
 
 /* Where a stage goes on from: the parameters handed over from the previous
@@ -590,7 +586,6 @@ static void run_resume(Run *run, size_t steps, int U) {
         const ConfigPipeline *p = run->plan->pipeline;
         Pipe *pipe = run->pipe;
         CheckpointInfo at;
-
         uint64_t updates = 0;
 
         if (o->model_params && o->load_model_params)
@@ -691,11 +686,11 @@ static int run_outer_state(Run *run) {
 
         if (averaging_outer_state(&run->av, &anchor, &momentum) == -EINVAL)
                 return 0; /* no outer optimizer */
+        if (o->load_model_params && carry_fits(run, o->carry) && o->carry->outer)
+                return averaging_set_outer_state(&run->av, o->carry->outer, o->carry->outer + s->n_params);
         _cleanup_(freep) float *buf = malloc(2 * s->n_params * sizeof(float));
         if (!buf)
                 return log_error_errno(-ENOMEM, "Out of memory");
-        if (o->load_model_params && carry_fits(run, o->carry) && o->carry->outer)
-                return averaging_set_outer_state(&run->av, o->carry->outer, o->carry->outer + s->n_params);
         if (run->resumed && stage_checkpoint_load_outer(o->checkpoint_dir, run->job->name, s, buf,
                                                         buf + s->n_params, run->resumed_step) >= 0)
                 return averaging_set_outer_state(&run->av, buf, buf + s->n_params);
