@@ -608,8 +608,6 @@ typedef struct Change {
         double hand_in;          /* STOPs that asked for the member's layers, per member of the plan after */
 } Change;
 
-
-
 static int compare_epochs(Bench *b, uint64_t e1, uint64_t e2, Change *c) {
         _cleanup_(plan_freep) Plan *p1 = plan_new();
         _cleanup_(plan_freep) Plan *p2 = plan_new();
