@@ -10,6 +10,7 @@ const char *cipher_to_string(Cipher c) {
         case CIPHER_NONE: return "plaintext";
         case CIPHER_AES256GCM: return "aes256gcm";
         case CIPHER_CHACHA20POLY1305: return "chacha20poly1305";
+        case CIPHER_AEGIS256: return "aegis256";
         default: return "?";
         }
 }
@@ -18,6 +19,8 @@ uint32_t cipher_available(void) {
         uint32_t m = CIPHER_BIT(CIPHER_CHACHA20POLY1305);
         if (sodium_init() >= 0 && crypto_aead_aes256gcm_is_available())
                 m |= CIPHER_BIT(CIPHER_AES256GCM);
+        if (aegis256_available())
+                m |= CIPHER_BIT(CIPHER_AEGIS256);
         return m;
 }
 
@@ -96,10 +99,62 @@ static int aes_open_end(EVP_CIPHER_CTX *ctx, const uint8_t tag[FRAME_TAG_SIZE]) 
 }
 
 /* 96-bit nonce: 4 zero bytes then the little-endian seq. Each direction has
- * its own key, so the same seq in both directions never reuses a nonce. */
+ * its own key, so the same seq in both directions never reuses a nonce.
+ * AEGIS-256 takes 256 bits: the same 12 bytes, then zeros. */
 static void make_nonce(uint8_t n[12], uint64_t seq) {
         memset(n, 0, 4);
         put_le64(n + 4, seq);
+}
+
+static void aegis_begin(Aegis256 *a, const uint8_t key[SEAL_KEY_SIZE], const uint8_t nonce[12],
+                        const uint8_t *ad) {
+        uint8_t n[AEGIS256_NONCE_SIZE] = {};
+        memcpy(n, nonce, 12);
+        aegis256_init(a, key, n);
+        aegis256_absorb(a, ad, FRAME_HEADER_SIZE);
+}
+
+/* One AEAD message, begun, continued and ended, whichever streaming
+ * cipher the link runs. */
+static void tx_begin(Seal *s, const uint8_t nonce[12], const uint8_t *hdr) {
+        if (s->cipher == CIPHER_AEGIS256)
+                aegis_begin(&s->tx_aegis, s->tx_key, nonce, hdr);
+        else
+                aes_begin(s->tx_aes, nonce, hdr);
+}
+
+static void tx_update(Seal *s, uint8_t *dst, const uint8_t *src, size_t n) {
+        if (s->cipher == CIPHER_AEGIS256)
+                aegis256_encrypt(&s->tx_aegis, dst, src, n);
+        else
+                aes_update(s->tx_aes, dst, src, n);
+}
+
+static void tx_end(Seal *s, uint8_t tag[FRAME_TAG_SIZE]) {
+        if (s->cipher == CIPHER_AEGIS256)
+                aegis256_tag(&s->tx_aegis, tag);
+        else
+                aes_end(s->tx_aes, tag);
+}
+
+static int rx_begin(Seal *s, const uint8_t nonce[12], const uint8_t *hdr) {
+        if (s->cipher != CIPHER_AEGIS256)
+                return aes_open_begin(s->rx_aes, nonce, hdr);
+        aegis_begin(&s->rx_aegis, s->rx_key, nonce, hdr);
+        return 0;
+}
+
+static int rx_update(Seal *s, uint8_t *payload, size_t n) {
+        if (s->cipher != CIPHER_AEGIS256)
+                return aes_open_update(s->rx_aes, payload, n);
+        aegis256_decrypt(&s->rx_aegis, payload, payload, n);
+        return 0;
+}
+
+static int rx_end(Seal *s, const uint8_t tag[FRAME_TAG_SIZE]) {
+        if (s->cipher != CIPHER_AEGIS256)
+                return aes_open_end(s->rx_aes, tag);
+        return aegis256_verify(&s->rx_aegis, tag);
 }
 
 /* libsodium declares its buffers non-null even when empty. */
@@ -119,9 +174,10 @@ void seal_frame_to(Seal *s, FrameHeader *h, uint8_t hdr[FRAME_HEADER_SIZE], uint
         make_nonce(nonce, h->seq);
         switch (s->cipher) {
         case CIPHER_AES256GCM:
-                aes_begin(s->tx_aes, nonce, hdr);
-                aes_update(s->tx_aes, dst, src, len);
-                aes_end(s->tx_aes, tag);
+        case CIPHER_AEGIS256:
+                tx_begin(s, nonce, hdr);
+                tx_update(s, dst, src, len);
+                tx_end(s, tag);
                 break;
         case CIPHER_CHACHA20POLY1305:
                 crypto_aead_chacha20poly1305_ietf_encrypt_detached(dst, tag, &maclen, src, len, hdr,
@@ -151,9 +207,10 @@ int seal_open(Seal *s, const uint8_t hdr[FRAME_HEADER_SIZE], const FrameHeader *
         make_nonce(nonce, h->seq);
         switch (s->cipher) {
         case CIPHER_AES256GCM:
-                r = aes_open_begin(s->rx_aes, nonce, hdr);
-                r = r < 0 ? r : aes_open_update(s->rx_aes, payload, len);
-                r = r < 0 ? r : aes_open_end(s->rx_aes, tag);
+        case CIPHER_AEGIS256:
+                r = rx_begin(s, nonce, hdr);
+                r = r < 0 ? r : rx_update(s, payload, len);
+                r = r < 0 ? r : rx_end(s, tag);
                 break;
         case CIPHER_CHACHA20POLY1305:
                 r = crypto_aead_chacha20poly1305_ietf_decrypt_detached(payload, NULL, payload, len, tag, hdr,
@@ -172,26 +229,26 @@ void seal_begin(Seal *s, FrameHeader *h, uint8_t hdr[FRAME_HEADER_SIZE], size_t 
         uint8_t nonce[12];
 
         if (!seal_streams(s))
-                abort(); /* a caller's bug: no cipher but AES-256-GCM streams */
+                abort(); /* a caller's bug: this cipher does not stream */
         h->seq = s->tx_seq++;
         h->length = (uint32_t)len;
         frame_header_encode(h, hdr);
         make_nonce(nonce, h->seq);
-        aes_begin(s->tx_aes, nonce, hdr);
+        tx_begin(s, nonce, hdr);
         s->tx_left = len;
 }
 
 void seal_update(Seal *s, uint8_t *dst, const uint8_t *src, size_t n) {
         if (n > s->tx_left)
                 abort(); /* more than the header announced: the frame would not open */
-        aes_update(s->tx_aes, dst, src, n);
+        tx_update(s, dst, src, n);
         s->tx_left -= n;
 }
 
 void seal_end(Seal *s, uint8_t tag[FRAME_TAG_SIZE]) {
         if (s->tx_left)
                 abort();
-        aes_end(s->tx_aes, tag);
+        tx_end(s, tag);
 }
 
 int seal_open_begin(Seal *s, const uint8_t hdr[FRAME_HEADER_SIZE], const FrameHeader *h) {
@@ -201,18 +258,18 @@ int seal_open_begin(Seal *s, const uint8_t hdr[FRAME_HEADER_SIZE], const FrameHe
                 return -EBADMSG;
         make_nonce(nonce, h->seq);
         s->rx_left = h->length;
-        return aes_open_begin(s->rx_aes, nonce, hdr);
+        return rx_begin(s, nonce, hdr);
 }
 
 int seal_open_update(Seal *s, uint8_t *payload, size_t n) {
         if (n > s->rx_left)
                 return -EBADMSG;
         s->rx_left -= n;
-        return aes_open_update(s->rx_aes, payload, n);
+        return rx_update(s, payload, n);
 }
 
 int seal_open_end(Seal *s, const uint8_t tag[FRAME_TAG_SIZE]) {
-        if (s->rx_left || aes_open_end(s->rx_aes, tag) < 0)
+        if (s->rx_left || rx_end(s, tag) < 0)
                 return -EBADMSG;
         s->rx_seq++;
         return 0;

@@ -3,7 +3,7 @@
  * MPI_Allreduce over TCP measured in the same run.
  *
  * For 2 and 4 processes and 1, 16 and 64 MiB, each member forks, joins the
- * others over authenticated links (plaintext, AES-256-GCM, and plaintext
+ * others over authenticated links (plaintext, AES-256-GCM, AEGIS-256, and plaintext
  * with binary16 payloads), and runs
  * warm-up rounds and then --runs timed rounds. A round's time is that of the
  * slowest member, from START (when the group is assembled, as after the
@@ -15,9 +15,10 @@
  * replicas over the whole vector.
  *
  *     bench-allreduce [--runs N] [--no-reference] [--python PATH] [--procs N] [--mib M] [--piece BYTES]
- *                     [--netns MBIT]
+ *                     [--netns MBIT] [--only plain|aes|aegis|f16|i8]
  *
  * --procs and --mib keep one row of the first table (and skip the rest);
+ * --only runs one of its modes (to profile one alone);
  * --piece sets the bytes of values per piece. --netns MBIT runs only the
  * multi-ring comparison, between members in four network namespaces whose
  * links are limited to MBIT each way (root, iproute2).
@@ -80,7 +81,7 @@ typedef struct Part {
 
 typedef struct Experiment {
         unsigned procs;
-        bool plaintext;
+        Cipher cipher; /* CIPHER_NONE: plaintext */
         CollPayload payload;
         size_t len;                     /* values in the whole vector */
         Part parts[MAX_PROCS][3];       /* per member, up to three rings */
@@ -112,9 +113,9 @@ static int member(const Experiment *e, unsigned self, const Identity *ids, int p
         net_config_defaults(&nc);
         nc.identity = &ids[self];
         nc.secret = secret;
-        nc.plaintext = e->plaintext;
+        nc.plaintext = e->cipher == CIPHER_NONE;
         nc.pool_bytes = e->len * sizeof(float) + (16u << 20); /* the averages a round keeps, sums in flight */
-        nc.ciphers = e->plaintext ? 0 : CIPHER_BIT(CIPHER_AES256GCM);
+        nc.ciphers = e->cipher == CIPHER_NONE ? 0 : CIPHER_BIT(e->cipher);
         coll_config_defaults(&cc);
         for (unsigned i = 0; i < e->procs; i++) {
                 memcpy(m[i].id, ids[i].pk, IDENTITY_PK_SIZE);
@@ -276,8 +277,8 @@ static double run_experiment(const Experiment *e) {
 }
 
 /* Every member in one ring over the whole vector. */
-static void single_ring(Experiment *e, unsigned procs, size_t len, bool plaintext) {
-        *e = (Experiment){ .procs = procs, .plaintext = plaintext, .len = len };
+static void single_ring(Experiment *e, unsigned procs, size_t len, Cipher cipher) {
+        *e = (Experiment){ .procs = procs, .cipher = cipher, .len = len };
         for (unsigned i = 0; i < procs; i++) {
                 Part *p = &e->parts[i][0];
                 *p = (Part){ .group = 1, .n = procs, .len = len };
@@ -290,10 +291,10 @@ static void single_ring(Experiment *e, unsigned procs, size_t len, bool plaintex
 /* Cluster A = members 0 (first half) and 1; cluster B = members 2 (first
  * 30 %) and 3. Segments [0, 30 %) {0, 2}, [30 %, 50 %) {0, 3}, [50 %, 100 %)
  * {1, 3}: three rings at once, member 0 and 3 in two each. */
-static void multi_ring(Experiment *e, size_t len, bool plaintext) {
+static void multi_ring(Experiment *e, size_t len, Cipher cipher) {
         size_t cut[4] = { 0, len * 3 / 10, len / 2, len };
         unsigned owners[3][2] = { { 0, 2 }, { 0, 3 }, { 1, 3 } };
-        *e = (Experiment){ .procs = 4, .plaintext = plaintext, .len = len };
+        *e = (Experiment){ .procs = 4, .cipher = cipher, .len = len };
         for (unsigned s = 0; s < 3; s++)
                 for (unsigned k = 0; k < 2; k++) {
                         unsigned m = owners[s][k];
@@ -379,7 +380,7 @@ static void ratio(char *buf, size_t n, double ref, double ours) {
 
 static void usage(FILE *f) {
         fprintf(f, "Usage: bench-allreduce [--runs N] [--no-reference] [--python PATH] [--procs N] [--mib N] "
-                   "[--piece BYTES] [--netns MBIT]\n"
+                   "[--piece BYTES] [--netns MBIT] [--only plain|aes|aegis|f16|i8]\n"
                    "Ring all-reduce of ravnest against Gloo (PyTorch) and OpenMPI, the references.\n");
 }
 
@@ -392,12 +393,14 @@ int main(int argc, char **argv) {
                 { "mib", required_argument, NULL, 'm' },
                 { "piece", required_argument, NULL, 'b' },
                 { "netns", required_argument, NULL, 'N' },
+                { "only", required_argument, NULL, 'o' },
                 { "help", no_argument, NULL, 'h' },
                 {},
         };
         const char *python = "/usr/bin/python3";
         bool reference = true;
         unsigned only_procs = 0, only_mib = 0;
+        const char *only = NULL;
         unsigned sizes[] = { 1, 16, 64 }, procs[] = { 2, 4 };
         int o;
 
@@ -412,6 +415,14 @@ int main(int argc, char **argv) {
                 case 'm': r = option_int("mib", optarg, 1, 4096, &v); only_mib = (unsigned)v; break;
                 case 'b': r = option_int("piece", optarg, 1, 1 << 30, &v); piece_bytes = (size_t)v; break;
                 case 'N': r = option_int("netns", optarg, 1, 100000, &v); netns_mbit = (unsigned)v; break;
+                case 'o':
+                        only = optarg;
+                        if (strcmp(only, "plain") && strcmp(only, "aes") && strcmp(only, "aegis") && strcmp(only, "f16") &&
+                            strcmp(only, "i8")) {
+                                fprintf(stderr, "%s: --only: \"%s\" is none of plain, aes, aegis, f16, i8\n", argv[0], only);
+                                return EX_USAGE;
+                        }
+                        break;
                 case 'h': usage(stdout); return 0;
                 default: usage(stderr); return EX_USAGE;
                 }
@@ -435,8 +446,8 @@ int main(int argc, char **argv) {
                 }
                 printf("Multi-ring in network namespaces, every link %u Mbit/s each way, AES-256-GCM, 64 MiB model, "
                        "seconds per round (median of %d)\n", netns_mbit, runs);
-                Experiment e, one = { .procs = 2, .len = (size_t)64 << 18 };
-                multi_ring(&e, (size_t)64 << 18, false);
+                Experiment e, one = { .procs = 2, .cipher = CIPHER_AES256GCM, .len = (size_t)64 << 18 };
+                multi_ring(&e, (size_t)64 << 18, CIPHER_AES256GCM);
                 double multi = run_experiment(&e);
                 for (unsigned i = 0; i < 2; i++) {
                         one.parts[i][0] = (Part){ .group = 1, .members = { 0, 1 }, .n = 2, .len = one.len };
@@ -479,56 +490,78 @@ int main(int argc, char **argv) {
                         fprintf(stderr, "bench-allreduce: %s not built: no OpenMPI reference (libopenmpi-dev)\n", mpi);
         }
 
+        /* ours in each mode; the references are float32 plaintext */
+        static const struct {
+                const char *name, *column;
+                Cipher cipher;
+                CollPayload payload;
+        } modes[] = {
+                { "plain", "ours", CIPHER_NONE, COLL_PAYLOAD_F32 },
+                { "aes", "ours+aes", CIPHER_AES256GCM, COLL_PAYLOAD_F32 },
+                { "aegis", "ours+aegis", CIPHER_AEGIS256, COLL_PAYLOAD_F32 },
+                { "f16", "ours-f16", CIPHER_NONE, COLL_PAYLOAD_F16 },
+                { "i8", "ours-i8", CIPHER_NONE, COLL_PAYLOAD_INT8 },
+        };
+        enum { N_MODES = sizeof modes / sizeof *modes };
         printf("All-reduce (average) of float32 on loopback, median of %d rounds, seconds\n", runs);
-        printf("%5s %5s %9s %9s %9s %9s %9s %9s %9s %9s %9s %9s %9s\n", "procs", "MiB", "ours", "ours+aes", "ours-f16",
-               "ours-i8", "gloo", "openmpi", "gloo/ours", "mpi/ours", "gloo/aes", "gloo/f16", "gloo/i8");
+        printf("%5s %5s", "procs", "MiB");
+        for (unsigned k = 0; k < N_MODES; k++)
+                printf(" %10s", modes[k].column);
+        printf(" %10s %10s %10s", "gloo", "openmpi", "mpi/ours");
+        for (unsigned k = 0; k < N_MODES; k++)
+                printf(" %10s", k ? modes[k].name : "ours");
+        printf("\n%*s(the last %u columns: gloo / ours in each mode, above 1 is faster)\n", 12, "", N_MODES);
         for (unsigned p = 0; p < 2; p++)
                 for (unsigned s = 0; s < 3; s++) {
-                        Experiment e;
                         size_t len = (size_t)sizes[s] << 18;
+                        double t[N_MODES];
                         if ((only_procs && only_procs != procs[p]) || (only_mib && only_mib != sizes[s]))
                                 continue;
-                        single_ring(&e, procs[p], len, true);
-                        double plain = run_experiment(&e);
-                        single_ring(&e, procs[p], len, false);
-                        double aes = run_experiment(&e);
-                        single_ring(&e, procs[p], len, true);
-                        e.payload = COLL_PAYLOAD_F16;
-                        double f16 = run_experiment(&e);
-                        single_ring(&e, procs[p], len, true);
-                        e.payload = COLL_PAYLOAD_INT8;
-                        double i8 = run_experiment(&e);
+                        for (unsigned k = 0; k < N_MODES; k++) {
+                                Experiment e;
+                                t[k] = NAN;
+                                if (only && strcmp(only, modes[k].name) != 0)
+                                        continue;
+                                if (modes[k].cipher != CIPHER_NONE && !(cipher_available() & CIPHER_BIT(modes[k].cipher)))
+                                        continue; /* this CPU has no AES-NI */
+                                single_ring(&e, procs[p], len, modes[k].cipher);
+                                e.payload = modes[k].payload;
+                                t[k] = run_experiment(&e);
+                        }
                         double g = gloo[p] ? reference_line(gloo[p], "gloo", procs[p], sizes[s]) : NAN;
                         double m = ompi[p] ? reference_line(ompi[p], "mpi", procs[p], sizes[s]) : NAN;
-                        char r1[16], r2[16], r3[16], r4[16], r5[16];
-                        ratio(r1, sizeof r1, g, plain);
-                        ratio(r2, sizeof r2, m, plain);
-                        ratio(r3, sizeof r3, g, aes);
-                        ratio(r4, sizeof r4, g, f16);
-                        ratio(r5, sizeof r5, g, i8);
-                        printf("%5u %5u %9.4f %9.4f %9.4f %9.4f %9.4f %9.4f %9s %9s %9s %9s %9s\n", procs[p], sizes[s],
-                               plain, aes, f16, i8, g, m, r1, r2, r3, r4, r5);
+                        char r[16];
+                        printf("%5u %5u", procs[p], sizes[s]);
+                        for (unsigned k = 0; k < N_MODES; k++)
+                                printf(" %10.4f", t[k]);
+                        ratio(r, sizeof r, m, t[0]);
+                        printf(" %10.4f %10.4f %10s", g, m, r);
+                        for (unsigned k = 0; k < N_MODES; k++) {
+                                ratio(r, sizeof r, g, t[k]);
+                                printf(" %10s", r);
+                        }
+                        printf("\n");
                         fflush(stdout);
                 }
 
         printf("peak RSS of a member: %.0f MiB (its vector, the receive buffers in use at once, and the buffer "
                "of the sums it starts)\n", peak_rss_mib);
-        if (only_procs || only_mib)
+        if (only_procs || only_mib || only)
                 return 0;
         printf("\nMulti-ring: 2 clusters x 2 stages cut at 50 %% and 30 %%, 64 MiB model, seconds per round\n");
-        for (int enc = 0; enc < 2; enc++) {
+        for (unsigned k = 0; k < 3; k++) {
                 Experiment e;
                 size_t len = (size_t)64 << 18;
-                multi_ring(&e, len, !enc);
+                multi_ring(&e, len, modes[k].cipher);
                 double multi = run_experiment(&e);
-                Experiment one = { .procs = 2, .plaintext = !enc, .len = len };
+                Experiment one = { .procs = 2, .cipher = modes[k].cipher, .len = len };
                 for (unsigned i = 0; i < 2; i++) {
                         one.parts[i][0] = (Part){ .group = 1, .members = { 0, 1 }, .n = 2, .len = len };
                         one.n_parts[i] = 1;
                 }
                 double single = run_experiment(&one);
                 printf("  %-9s three rings at once %.4f   one ring of 2 replicas, whole vector %.4f   %.2fx\n",
-                       enc ? "aes" : "plaintext", multi, single, single / multi);
+                       k ? modes[k].name : "plaintext", multi, single, single / multi);
         }
         return 0;
 }

@@ -55,6 +55,9 @@ static const Mode modes[] = {
         { "chacha20poly1305 io_uring", CIPHER_CHACHA20POLY1305, NET_BACKEND_URING, 0 },
         { "plaintext via relay", CIPHER_NONE, NET_BACKEND_URING, 0, true },
         { "aes256gcm via relay", CIPHER_AES256GCM, NET_BACKEND_URING, 0, true },
+        { "aegis256 io_uring send", CIPHER_AEGIS256, NET_BACKEND_URING, 0 },
+        { "aegis256 epoll", CIPHER_AEGIS256, NET_BACKEND_EPOLL, 0 },
+        { "aegis256 via relay", CIPHER_AEGIS256, NET_BACKEND_URING, 0, true },
 };
 #define N_MODES (sizeof modes / sizeof modes[0])
 

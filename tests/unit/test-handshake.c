@@ -224,3 +224,36 @@ Test(handshake, lane_bits) {
         n = handshake_next(&p.r, &type, buf, sizeof buf);
         cr_assert_eq(handshake_recv(&p.i, type, buf, (size_t)n), -EBADMSG);
 }
+
+/* The cipher both sides end with: AEGIS-256 where both offer it, else
+ * AES-256-GCM (a peer of an older version offers no AEGIS-256 bit), else
+ * ChaCha20-Poly1305. */
+static Cipher agreed(uint32_t initiator, uint32_t responder) {
+        Pair p;
+        uint8_t buf[HANDSHAKE_MAX_SIZE], type, k[32], peer[32];
+        pair_init(&p);
+        p.ca.ciphers = initiator;
+        p.cb.ciphers = responder;
+        cr_assert_eq(handshake_init(&p.i, &p.ca, true), 0);
+        cr_assert_eq(handshake_init(&p.r, &p.cb, false), 0);
+        for (int step = 0; step < 3; step++) {
+                Handshake *from = step == 1 ? &p.r : &p.i, *to = step == 1 ? &p.i : &p.r;
+                int n = handshake_next(from, &type, buf, sizeof buf);
+                cr_assert_gt(n, 0);
+                cr_assert_eq(handshake_recv(to, type, buf, (size_t)n), 0);
+        }
+        Cipher ci, cr;
+        handshake_result(&p.i, &ci, k, k, peer);
+        handshake_result(&p.r, &cr, k, k, peer);
+        cr_assert_eq(ci, cr);
+        return ci;
+}
+
+Test(handshake, cipher_choice) {
+        uint32_t all = CIPHER_BIT(CIPHER_AEGIS256) | CIPHER_BIT(CIPHER_AES256GCM) | CIPHER_BIT(CIPHER_CHACHA20POLY1305);
+        uint32_t older = CIPHER_BIT(CIPHER_AES256GCM) | CIPHER_BIT(CIPHER_CHACHA20POLY1305);
+        cr_assert_eq(agreed(all, all), CIPHER_AEGIS256);
+        cr_assert_eq(agreed(older, all), CIPHER_AES256GCM);
+        cr_assert_eq(agreed(all, older), CIPHER_AES256GCM);
+        cr_assert_eq(agreed(all, CIPHER_BIT(CIPHER_CHACHA20POLY1305)), CIPHER_CHACHA20POLY1305);
+}

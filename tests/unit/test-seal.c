@@ -1,11 +1,14 @@
 /* Frame protection: AES-256-GCM through libcrypto gives exactly the bytes
  * of the standard construction (held against libsodium's implementation and
- * both ways), and every kind of tampering fails to open. */
+ * both ways), AEGIS-256 those of RFC 10032's test vectors, and every kind
+ * of tampering fails to open. */
 #include <criterion/criterion.h>
 #include <sodium.h>
 #include <string.h>
 
+#include "net/aegis.h"
 #include "net/seal.h"
+#include "util/macro.h"
 
 static void keys(uint8_t tx[32], uint8_t rx[32]) {
         for (int i = 0; i < 32; i++) {
@@ -52,12 +55,12 @@ Test(seal, aes_gcm_matches_libsodium_both_ways) {
         seal_clear(&b);
 }
 
-/* A changed payload, tag or header fails to open, for both ciphers. */
+/* A changed payload, tag or header fails to open, for every cipher. */
 Test(seal, tampering_fails_and_counters_move) {
         uint8_t tx[32], rx[32];
         keys(tx, rx);
-        Cipher ciphers[] = { CIPHER_AES256GCM, CIPHER_CHACHA20POLY1305 };
-        for (int c = 0; c < 2; c++) {
+        Cipher ciphers[] = { CIPHER_AES256GCM, CIPHER_CHACHA20POLY1305, CIPHER_AEGIS256 };
+        for (int c = 0; c < 3; c++) {
                 if (!(cipher_available() & CIPHER_BIT(ciphers[c])))
                         continue;
                 Seal a, b;
@@ -93,15 +96,15 @@ Test(seal, tampering_fails_and_counters_move) {
 /* A frame sealed in records of any sizes is byte for byte the frame sealed
  * whole; opened in records of other sizes it gives the plaintext back, and
  * a flipped byte anywhere, a short frame or a wrong tag fails at the end. */
-Test(seal, records_are_the_whole_frame) {
-        if (!(cipher_available() & CIPHER_BIT(CIPHER_AES256GCM)))
-                cr_skip_test("SKIP: this CPU has no AES-NI: records are AES-256-GCM's");
+static void records_are_the_whole_frame(Cipher c) {
+        if (!(cipher_available() & CIPHER_BIT(c)))
+                cr_skip_test("SKIP: this CPU has no AES-NI: no %s here", cipher_to_string(c));
         uint8_t tx[32], rx[32];
         keys(tx, rx);
         Seal whole, rec, open;
-        cr_assert_eq(seal_init(&whole, CIPHER_AES256GCM, tx, rx), 0);
-        cr_assert_eq(seal_init(&rec, CIPHER_AES256GCM, tx, rx), 0);
-        cr_assert_eq(seal_init(&open, CIPHER_AES256GCM, rx, tx), 0);
+        cr_assert_eq(seal_init(&whole, c, tx, rx), 0);
+        cr_assert_eq(seal_init(&rec, c, tx, rx), 0);
+        cr_assert_eq(seal_init(&open, c, rx, tx), 0);
         size_t n = (1u << 20) + 123;
         uint8_t *pt = malloc(n), *ct = malloc(n), *ct2 = malloc(n);
         for (size_t i = 0; i < n; i++)
@@ -149,4 +152,122 @@ Test(seal, records_are_the_whole_frame) {
         seal_clear(&whole);
         seal_clear(&rec);
         seal_clear(&open);
+}
+
+Test(seal, records_are_the_whole_frame_aes) {
+        records_are_the_whole_frame(CIPHER_AES256GCM);
+}
+
+Test(seal, records_are_the_whole_frame_aegis) {
+        records_are_the_whole_frame(CIPHER_AEGIS256);
+}
+
+/* ---- AEGIS-256 against the test vectors of RFC 10032 ---------------------- */
+
+static size_t unhex(const char *s, uint8_t *out) {
+        size_t n = 0;
+        for (; s[0] && s[1]; s += 2)
+                sscanf(s, "%2hhx", &out[n++]);
+        return n;
+}
+
+typedef struct Vector {
+        const char *key, *nonce, *ad, *msg, *ct, *tag;
+        bool valid;
+} Vector;
+
+#define K1 "1001000000000000000000000000000000000000000000000000000000000000"
+#define N1 "1000020000000000000000000000000000000000000000000000000000000000"
+static const Vector vectors[] = {
+        { K1, N1, "", "00000000000000000000000000000000", "754fc3d8c973246dcc6d741412a4b236",
+          "3fe91994768b332ed7f570a19ec5896e", true },
+        { K1, N1, "", "", "", "e3def978a0f054afd1e761d7553afba3", true },
+        { K1, N1, "0001020304050607", "000102030405060708090a0b0c0d0e0f101112131415161718191a1b1c1d1e1f",
+          "f373079ed84b2709faee373584585d60accd191db310ef5d8b11833df9dec711", "8d86f91ee606e9ff26a01b64ccbdd91d",
+          true },
+        { K1, N1, "0001020304050607", "000102030405060708090a0b0c0d", "f373079ed84b2709faee37358458",
+          "c60b9c2d33ceb058f96e6dd03c215652", true },
+        { K1, N1, "000102030405060708090a0b0c0d0e0f101112131415161718191a1b1c1d1e1f20212223242526272829",
+          "101112131415161718191a1b1c1d1e1f202122232425262728292a2b2c2d2e2f3031323334353637",
+          "57754a7d09963e7c787583a2e7b859bb24fa1e04d49fd550b2511a358e3bca252a9b1b8b30cc4a67",
+          "ab8a7d53fd0e98d727accca94925e128", true },
+        /* 6-9: key and nonce swapped, a ciphertext bit, an AD bit, a tag bit */
+        { N1, K1, "0001020304050607", NULL, "f373079ed84b2709faee37358458", "c60b9c2d33ceb058f96e6dd03c215652", false },
+        { K1, N1, "0001020304050607", NULL, "f373079ed84b2709faee37358459", "c60b9c2d33ceb058f96e6dd03c215652", false },
+        { K1, N1, "0001020304050608", NULL, "f373079ed84b2709faee37358458", "c60b9c2d33ceb058f96e6dd03c215652", false },
+        { K1, N1, "0001020304050607", NULL, "f373079ed84b2709faee37358458", "c60b9c2d33ceb058f96e6dd03c215653", false },
+};
+
+Test(seal, aegis256_rfc_vectors) {
+        if (!aegis256_available())
+                cr_skip_test("SKIP: this CPU has no AES-NI: ravnest does not offer AEGIS-256 here");
+        for (size_t v = 0; v < sizeof vectors / sizeof *vectors; v++) {
+                const Vector *t = &vectors[v];
+                uint8_t key[32], nonce[32], ad[64], msg[64], ct[64], tag[16], out[64], got[16];
+                unhex(t->key, key);
+                unhex(t->nonce, nonce);
+                size_t nad = unhex(t->ad, ad), nct = unhex(t->ct, ct);
+                unhex(t->tag, tag);
+                Aegis256 a;
+                if (t->msg) { /* encrypt: the ciphertext and the tag */
+                        size_t n = unhex(t->msg, msg);
+                        aegis256_init(&a, key, nonce);
+                        aegis256_absorb(&a, ad, nad);
+                        aegis256_encrypt(&a, out, msg, n);
+                        aegis256_tag(&a, got);
+                        cr_assert(n == nct && memcmp(out, ct, n) == 0, "vector %zu: ciphertext", v + 1);
+                        cr_assert(memcmp(got, tag, 16) == 0, "vector %zu: tag", v + 1);
+                }
+                aegis256_init(&a, key, nonce);
+                aegis256_absorb(&a, ad, nad);
+                aegis256_decrypt(&a, out, ct, nct);
+                cr_assert_eq(aegis256_verify(&a, tag), t->valid ? 0 : -EBADMSG, "vector %zu: verify", v + 1);
+                if (t->msg)
+                        cr_assert(memcmp(out, msg, nct) == 0, "vector %zu: plaintext", v + 1);
+        }
+}
+
+/* A message in pieces of any sizes, each ending anywhere in a block, gives
+ * the bytes and the tag of the whole message, both ways. */
+Test(seal, aegis256_pieces_are_the_whole) {
+        if (!aegis256_available())
+                cr_skip_test("SKIP: this CPU has no AES-NI: ravnest does not offer AEGIS-256 here");
+        uint8_t key[32], nonce[32] = { 7 }, ad[FRAME_HEADER_SIZE];
+        size_t n = 5000;
+        uint8_t *pt = malloc(n), *ct = malloc(n), *ct2 = malloc(n), tag[16], tag2[16];
+        for (size_t i = 0; i < 32; i++)
+                key[i] = (uint8_t)(i * 11 + 3);
+        for (size_t i = 0; i < sizeof ad; i++)
+                ad[i] = (uint8_t)i;
+        for (size_t i = 0; i < n; i++)
+                pt[i] = (uint8_t)(i * 13 + 5);
+        Aegis256 a;
+        aegis256_init(&a, key, nonce);
+        aegis256_absorb(&a, ad, sizeof ad);
+        aegis256_encrypt(&a, ct, pt, n);
+        aegis256_tag(&a, tag);
+        size_t steps[] = { 1, 15, 16, 17, 3, 64, 255, 4096 };
+        for (int round = 0; round < 8; round++) {
+                aegis256_init(&a, key, nonce);
+                aegis256_absorb(&a, ad, sizeof ad);
+                for (size_t at = 0, k = (size_t)round; at < n; k++) {
+                        size_t m = MIN(steps[k % 8], n - at);
+                        aegis256_encrypt(&a, ct2 + at, pt + at, m);
+                        at += m;
+                }
+                aegis256_tag(&a, tag2);
+                cr_assert(memcmp(ct, ct2, n) == 0 && memcmp(tag, tag2, 16) == 0, "round %d: pieces differ", round);
+                aegis256_init(&a, key, nonce);
+                aegis256_absorb(&a, ad, sizeof ad);
+                for (size_t at = 0, k = (size_t)round + 3; at < n; k++) { /* in place, other pieces */
+                        size_t m = MIN(steps[k % 8], n - at);
+                        aegis256_decrypt(&a, ct2 + at, ct2 + at, m);
+                        at += m;
+                }
+                cr_assert_eq(aegis256_verify(&a, tag2), 0, "round %d", round);
+                cr_assert(memcmp(ct2, pt, n) == 0, "round %d: plaintext", round);
+        }
+        free(pt);
+        free(ct);
+        free(ct2);
 }
