@@ -1,10 +1,14 @@
-/* net/aegis.c — AEGIS-256 (RFC 10032, section 3) with AES-NI intrinsics.
+/* net/aegis.c — AEGIS-256 and AEGIS-256X2 (RFC 10032, sections 3 and 4)
+ * with AES-NI and VAES intrinsics.
  *
- * The state is six 128-bit blocks S0..S5. Update(M) sets every Si to one
- * AES round of S(i-1) keyed by Si (S0's from S5, keyed by S0 ^ M), so the
- * six rounds of an update are independent and one update costs about the
- * latency of one round. A message block x gives the ciphertext
- * x ^ S1 ^ S4 ^ S5 ^ (S2 & S3), then is absorbed with Update(x). */
+ * The state is six 128-bit blocks S0..S5 per lane. Update(M) sets every Si
+ * to one AES round of S(i-1) keyed by Si (S0's from S5, keyed by S0 ^ M),
+ * so the six rounds of an update are independent and one update costs
+ * about the latency of one round. A message block x gives the ciphertext
+ * x ^ S1 ^ S4 ^ S5 ^ (S2 & S3), then is absorbed with Update(x). X2 keeps
+ * lane 1 in the upper halves of 256-bit registers; its lanes differ by a
+ * context xored into S3 and S5 before each update of the initialization,
+ * and its tag is the xor of the lanes' tags. */
 #include "aegis.h"
 
 #include <errno.h>
@@ -13,30 +17,37 @@
 
 #include "util/macro.h"
 
+static size_t block_size(const Aegis256 *a) {
+        return 16 * (size_t)a->lanes;
+}
+
 #if defined(__x86_64__)
 #include <immintrin.h>
 
-#define AES __attribute__((target("aes")))
+#define ONE __attribute__((target("aes,avx")))
+#define TWO __attribute__((target("aes,vaes,avx2")))
 
 static const uint8_t C0[16] = { 0x00, 0x01, 0x01, 0x02, 0x03, 0x05, 0x08, 0x0d,
                                 0x15, 0x22, 0x37, 0x59, 0x90, 0xe9, 0x79, 0x62 };
 static const uint8_t C1[16] = { 0xdb, 0x3d, 0x18, 0x55, 0x6d, 0xc2, 0x2f, 0xf1,
                                 0x20, 0x11, 0x31, 0x42, 0x73, 0xb5, 0x28, 0xdd };
+/* X2's contexts: the lane's index, then the highest index (1) */
+static const uint8_t CTX2[32] = { [0] = 0, [1] = 1, [16] = 1, [17] = 1 };
 
-bool aegis256_available(void) {
-        return __builtin_cpu_supports("aes");
+bool aegis256_available(unsigned lanes) {
+        bool aes = __builtin_cpu_supports("aes") && __builtin_cpu_supports("avx");
+        if (lanes == 2)
+                return aes && __builtin_cpu_supports("vaes") && __builtin_cpu_supports("avx2");
+        return lanes == 1 && aes;
 }
 
-static inline __m128i load(const uint8_t *p) {
-        return _mm_loadu_si128((const __m128i *)p);
-}
+/* ---- one lane: AEGIS-256 in 128-bit registers ---------------------------- */
 
-static inline void store(uint8_t *p, __m128i v) {
-        _mm_storeu_si128((__m128i *)p, v);
-}
+#define LD1(p) _mm_loadu_si128((const __m128i *)(p))
+#define ST1(p, v) _mm_storeu_si128((__m128i *)(p), v)
 
 /* In the order that reads each old block before it is replaced. */
-static inline AES void update(__m128i s[6], __m128i m) {
+static inline ONE void update1(__m128i s[6], __m128i m) {
         __m128i s5 = s[5];
         s[5] = _mm_aesenc_si128(s[4], s5);
         s[4] = _mm_aesenc_si128(s[3], s[4]);
@@ -46,95 +57,281 @@ static inline AES void update(__m128i s[6], __m128i m) {
         s[0] = _mm_aesenc_si128(s5, _mm_xor_si128(s[0], m));
 }
 
-static inline __m128i keystream(const __m128i s[6]) {
+static inline ONE __m128i keystream1(const __m128i s[6]) {
         return _mm_xor_si128(_mm_xor_si128(s[1], s[4]), _mm_xor_si128(s[5], _mm_and_si128(s[2], s[3])));
 }
 
-static inline void state_load(const Aegis256 *a, __m128i s[6]) {
+static inline ONE void load1(const Aegis256 *a, __m128i s[6]) {
         for (int i = 0; i < 6; i++)
-                s[i] = _mm_load_si128((const __m128i *)a->state[i]);
+                s[i] = LD1(a->state[i]);
 }
 
-static inline void state_store(Aegis256 *a, const __m128i s[6]) {
+static inline ONE void store1(Aegis256 *a, const __m128i s[6]) {
         for (int i = 0; i < 6; i++)
-                _mm_store_si128((__m128i *)a->state[i], s[i]);
+                ST1(a->state[i], s[i]);
 }
 
-AES void aegis256_init(Aegis256 *a, const uint8_t key[AEGIS256_KEY_SIZE], const uint8_t nonce[AEGIS256_NONCE_SIZE]) {
-        __m128i k0 = load(key), k1 = load(key + 16);
-        __m128i k0n0 = _mm_xor_si128(k0, load(nonce)), k1n1 = _mm_xor_si128(k1, load(nonce + 16));
-        __m128i c0 = load(C0), c1 = load(C1);
+static ONE void init1(Aegis256 *a, const uint8_t *key, const uint8_t *nonce) {
+        __m128i k0 = LD1(key), k1 = LD1(key + 16), c0 = LD1(C0), c1 = LD1(C1);
+        __m128i k0n0 = _mm_xor_si128(k0, LD1(nonce)), k1n1 = _mm_xor_si128(k1, LD1(nonce + 16));
         __m128i s[6] = { k0n0, k1n1, c1, c0, _mm_xor_si128(k0, c0), _mm_xor_si128(k1, c1) };
-
         for (int i = 0; i < 4; i++) {
-                update(s, k0);
-                update(s, k1);
-                update(s, k0n0);
-                update(s, k1n1);
+                update1(s, k0);
+                update1(s, k1);
+                update1(s, k0n0);
+                update1(s, k1n1);
         }
-        memset(a, 0, sizeof *a);
-        state_store(a, s);
+        store1(a, s);
 }
 
-AES void aegis256_absorb(Aegis256 *a, const uint8_t *ad, size_t n) {
+static ONE void absorb1(Aegis256 *a, const uint8_t *m) {
         __m128i s[6];
-        uint8_t last[16] = {};
+        load1(a, s);
+        update1(s, LD1(m));
+        store1(a, s);
+}
 
-        state_load(a, s);
+static ONE void keystream_out1(Aegis256 *a, uint8_t *z) {
+        __m128i s[6];
+        load1(a, s);
+        ST1(z, keystream1(s));
+}
+
+/* Whole blocks of n: the bytes done. */
+static ONE size_t bulk1(Aegis256 *a, uint8_t *dst, const uint8_t *src, size_t n, bool dec) {
+        __m128i s[6];
+        size_t i = 0;
+        load1(a, s);
+        if (dec)
+                for (; i + 16 <= n; i += 16) {
+                        __m128i x = _mm_xor_si128(LD1(src + i), keystream1(s));
+                        update1(s, x);
+                        ST1(dst + i, x);
+                }
+        else
+                for (; i + 16 <= n; i += 16) {
+                        __m128i x = LD1(src + i), z = keystream1(s);
+                        update1(s, x);
+                        ST1(dst + i, _mm_xor_si128(x, z));
+                }
+        store1(a, s);
+        return i;
+}
+
+/* Seven updates with the lengths in bits; the tag is the xor of the blocks. */
+static ONE void tag1(Aegis256 *a, uint8_t tag[AEGIS256_TAG_SIZE]) {
+        __m128i s[6];
+        load1(a, s);
+        __m128i t = _mm_xor_si128(s[3], _mm_set_epi64x((long long)(a->msg_len * 8), (long long)(a->ad_len * 8)));
+        for (int i = 0; i < 7; i++)
+                update1(s, t);
+        __m128i x = _mm_xor_si128(_mm_xor_si128(s[0], s[1]), _mm_xor_si128(s[2], s[3]));
+        ST1(tag, _mm_xor_si128(x, _mm_xor_si128(s[4], s[5])));
+}
+
+/* ---- two lanes: AEGIS-256X2 in 256-bit registers --------------------------- */
+
+#define LD2(p) _mm256_loadu_si256((const __m256i *)(p))
+#define ST2(p, v) _mm256_storeu_si256((__m256i *)(p), v)
+#define BOTH(v) _mm256_broadcastsi128_si256(v)
+
+static inline TWO void update2(__m256i s[6], __m256i m) {
+        __m256i s5 = s[5];
+        s[5] = _mm256_aesenc_epi128(s[4], s5);
+        s[4] = _mm256_aesenc_epi128(s[3], s[4]);
+        s[3] = _mm256_aesenc_epi128(s[2], s[3]);
+        s[2] = _mm256_aesenc_epi128(s[1], s[2]);
+        s[1] = _mm256_aesenc_epi128(s[0], s[1]);
+        s[0] = _mm256_aesenc_epi128(s5, _mm256_xor_si256(s[0], m));
+}
+
+static inline TWO __m256i keystream2(const __m256i s[6]) {
+        return _mm256_xor_si256(_mm256_xor_si256(s[1], s[4]), _mm256_xor_si256(s[5], _mm256_and_si256(s[2], s[3])));
+}
+
+static inline TWO void load2(const Aegis256 *a, __m256i s[6]) {
+        for (int i = 0; i < 6; i++)
+                s[i] = LD2(a->state[i]);
+}
+
+static inline TWO void store2(Aegis256 *a, const __m256i s[6]) {
+        for (int i = 0; i < 6; i++)
+                ST2(a->state[i], s[i]);
+}
+
+static TWO void init2(Aegis256 *a, const uint8_t *key, const uint8_t *nonce) {
+        __m128i k0 = LD1(key), k1 = LD1(key + 16), c0 = LD1(C0), c1 = LD1(C1);
+        __m128i k0n0 = _mm_xor_si128(k0, LD1(nonce)), k1n1 = _mm_xor_si128(k1, LD1(nonce + 16));
+        __m256i s[6] = { BOTH(k0n0), BOTH(k1n1), BOTH(c1), BOTH(c0), BOTH(_mm_xor_si128(k0, c0)),
+                         BOTH(_mm_xor_si128(k1, c1)) };
+        __m256i m[4] = { BOTH(k0), BOTH(k1), BOTH(k0n0), BOTH(k1n1) }, ctx = LD2(CTX2);
+        for (int i = 0; i < 16; i++) {
+                s[3] = _mm256_xor_si256(s[3], ctx);
+                s[5] = _mm256_xor_si256(s[5], ctx);
+                update2(s, m[i % 4]);
+        }
+        store2(a, s);
+}
+
+static TWO void absorb2(Aegis256 *a, const uint8_t *m) {
+        __m256i s[6];
+        load2(a, s);
+        update2(s, LD2(m));
+        store2(a, s);
+}
+
+static TWO void keystream_out2(Aegis256 *a, uint8_t *z) {
+        __m256i s[6];
+        load2(a, s);
+        ST2(z, keystream2(s));
+}
+
+static TWO size_t bulk2(Aegis256 *a, uint8_t *dst, const uint8_t *src, size_t n, bool dec) {
+        __m256i s[6];
+        size_t i = 0;
+        load2(a, s);
+        if (dec)
+                for (; i + 32 <= n; i += 32) {
+                        __m256i x = _mm256_xor_si256(LD2(src + i), keystream2(s));
+                        update2(s, x);
+                        ST2(dst + i, x);
+                }
+        else
+                for (; i + 32 <= n; i += 32) {
+                        __m256i x = LD2(src + i), z = keystream2(s);
+                        update2(s, x);
+                        ST2(dst + i, _mm256_xor_si256(x, z));
+                }
+        store2(a, s);
+        return i;
+}
+
+static TWO void tag2(Aegis256 *a, uint8_t tag[AEGIS256_TAG_SIZE]) {
+        __m256i s[6];
+        load2(a, s);
+        __m256i t = _mm256_xor_si256(s[3], BOTH(_mm_set_epi64x((long long)(a->msg_len * 8), (long long)(a->ad_len * 8))));
+        for (int i = 0; i < 7; i++)
+                update2(s, t);
+        __m256i x = _mm256_xor_si256(_mm256_xor_si256(s[0], s[1]), _mm256_xor_si256(s[2], s[3]));
+        x = _mm256_xor_si256(x, _mm256_xor_si256(s[4], s[5]));
+        ST1(tag, _mm_xor_si128(_mm256_castsi256_si128(x), _mm256_extracti128_si256(x, 1)));
+}
+
+/* ---- by the number of lanes ----------------------------------------------- */
+
+static void init_lanes(Aegis256 *a, const uint8_t *key, const uint8_t *nonce) {
+        if (a->lanes == 2)
+                init2(a, key, nonce);
+        else
+                init1(a, key, nonce);
+}
+
+static void absorb_block(Aegis256 *a, const uint8_t *m) {
+        if (a->lanes == 2)
+                absorb2(a, m);
+        else
+                absorb1(a, m);
+}
+
+static void keystream_out(Aegis256 *a, uint8_t *z) {
+        if (a->lanes == 2)
+                keystream_out2(a, z);
+        else
+                keystream_out1(a, z);
+}
+
+static size_t bulk(Aegis256 *a, uint8_t *dst, const uint8_t *src, size_t n, bool dec) {
+        return a->lanes == 2 ? bulk2(a, dst, src, n, dec) : bulk1(a, dst, src, n, dec);
+}
+
+static void tag_lanes(Aegis256 *a, uint8_t tag[AEGIS256_TAG_SIZE]) {
+        if (a->lanes == 2)
+                tag2(a, tag);
+        else
+                tag1(a, tag);
+}
+
+#else /* no AES instructions in this build: never offered */
+
+bool aegis256_available(unsigned lanes) {
+        return false;
+}
+
+static void init_lanes(Aegis256 *a, const uint8_t *key, const uint8_t *nonce) {
+        abort();
+}
+
+static void absorb_block(Aegis256 *a, const uint8_t *m) {
+        abort();
+}
+
+static void keystream_out(Aegis256 *a, uint8_t *z) {
+        abort();
+}
+
+static size_t bulk(Aegis256 *a, uint8_t *dst, const uint8_t *src, size_t n, bool dec) {
+        abort();
+}
+
+static void tag_lanes(Aegis256 *a, uint8_t tag[AEGIS256_TAG_SIZE]) {
+        abort();
+}
+
+#endif
+
+/* ---- the message, in pieces of any size ----------------------------------- */
+
+void aegis256_init(Aegis256 *a, unsigned lanes, const uint8_t key[AEGIS256_KEY_SIZE],
+                   const uint8_t nonce[AEGIS256_NONCE_SIZE]) {
+        memset(a, 0, sizeof *a);
+        a->lanes = lanes == 2 ? 2 : 1;
+        init_lanes(a, key, nonce);
+}
+
+void aegis256_absorb(Aegis256 *a, const uint8_t *ad, size_t n) {
+        size_t b = block_size(a);
+        uint8_t last[16 * AEGIS256_MAX_LANES] = {};
+
         a->ad_len += n;
-        for (; n >= 16; ad += 16, n -= 16)
-                update(s, load(ad));
+        for (; n >= b; ad += b, n -= b)
+                absorb_block(a, ad);
         if (n) {
                 memcpy(last, ad, n);
-                update(s, load(last));
+                absorb_block(a, last);
         }
-        state_store(a, s);
 }
 
 /* Bytes of a block already begun: each leaves with its keystream byte, and
  * the block's plaintext is absorbed once it is whole. */
-static AES size_t crypt_part(Aegis256 *a, __m128i s[6], uint8_t *dst, const uint8_t *src, size_t n, bool dec) {
-        size_t k = MIN(16 - a->n_part, n);
+static size_t crypt_part(Aegis256 *a, uint8_t *dst, const uint8_t *src, size_t n, bool dec) {
+        size_t b = block_size(a), k = MIN(b - a->n_part, n);
         for (size_t i = 0; i < k; i++) {
                 uint8_t in = src[i], out = in ^ a->z[a->n_part + i];
                 a->part[a->n_part + i] = dec ? out : in;
                 dst[i] = out;
         }
         a->n_part += (unsigned)k;
-        if (a->n_part == 16) {
-                update(s, load(a->part));
+        if (a->n_part == b) {
+                absorb_block(a, a->part);
                 a->n_part = 0;
         }
         return k;
 }
 
-static AES void crypt_bytes(Aegis256 *a, uint8_t *dst, const uint8_t *src, size_t n, bool dec) {
-        __m128i s[6];
+static void crypt_bytes(Aegis256 *a, uint8_t *dst, const uint8_t *src, size_t n, bool dec) {
         size_t k;
 
-        state_load(a, s);
         a->msg_len += n;
         if (a->n_part) {
-                k = crypt_part(a, s, dst, src, n, dec);
+                k = crypt_part(a, dst, src, n, dec);
                 dst += k, src += k, n -= k;
         }
-        if (dec)
-                for (; n >= 16; dst += 16, src += 16, n -= 16) {
-                        __m128i x = _mm_xor_si128(load(src), keystream(s));
-                        update(s, x);
-                        store(dst, x);
-                }
-        else
-                for (; n >= 16; dst += 16, src += 16, n -= 16) {
-                        __m128i x = load(src), z = keystream(s);
-                        update(s, x);
-                        store(dst, _mm_xor_si128(x, z));
-                }
+        k = bulk(a, dst, src, n, dec);
+        dst += k, src += k, n -= k;
         if (n) { /* a block begun: its keystream kept for the rest of it */
-                store(a->z, keystream(s));
-                crypt_part(a, s, dst, src, n, dec);
+                keystream_out(a, a->z);
+                crypt_part(a, dst, src, n, dec);
         }
-        state_store(a, s);
 }
 
 void aegis256_encrypt(Aegis256 *a, uint8_t *dst, const uint8_t *src, size_t n) {
@@ -145,51 +342,15 @@ void aegis256_decrypt(Aegis256 *a, uint8_t *dst, const uint8_t *src, size_t n) {
         crypt_bytes(a, dst, src, n, true);
 }
 
-/* A last block begun is absorbed zero-padded; then seven updates with the
- * lengths in bits, and the tag is the xor of the six blocks. */
-static AES void finalize(Aegis256 *a, uint8_t tag[AEGIS256_TAG_SIZE]) {
-        __m128i s[6];
-
-        state_load(a, s);
+/* A last block begun is absorbed zero-padded, then the tag. */
+static void finalize(Aegis256 *a, uint8_t tag[AEGIS256_TAG_SIZE]) {
         if (a->n_part) {
-                memset(a->part + a->n_part, 0, 16 - a->n_part);
-                update(s, load(a->part));
+                memset(a->part + a->n_part, 0, block_size(a) - a->n_part);
+                absorb_block(a, a->part);
         }
-        __m128i t = _mm_xor_si128(s[3], _mm_set_epi64x((long long)(a->msg_len * 8), (long long)(a->ad_len * 8)));
-        for (int i = 0; i < 7; i++)
-                update(s, t);
-        __m128i x = _mm_xor_si128(_mm_xor_si128(s[0], s[1]), _mm_xor_si128(s[2], s[3]));
-        store(tag, _mm_xor_si128(x, _mm_xor_si128(s[4], s[5])));
+        tag_lanes(a, tag);
         explicit_bzero(a, sizeof *a);
 }
-
-#else /* no AES-NI in this build: never offered */
-
-bool aegis256_available(void) {
-        return false;
-}
-
-void aegis256_init(Aegis256 *a, const uint8_t key[AEGIS256_KEY_SIZE], const uint8_t nonce[AEGIS256_NONCE_SIZE]) {
-        abort();
-}
-
-void aegis256_absorb(Aegis256 *a, const uint8_t *ad, size_t n) {
-        abort();
-}
-
-void aegis256_encrypt(Aegis256 *a, uint8_t *dst, const uint8_t *src, size_t n) {
-        abort();
-}
-
-void aegis256_decrypt(Aegis256 *a, uint8_t *dst, const uint8_t *src, size_t n) {
-        abort();
-}
-
-static void finalize(Aegis256 *a, uint8_t tag[AEGIS256_TAG_SIZE]) {
-        abort();
-}
-
-#endif
 
 void aegis256_tag(Aegis256 *a, uint8_t tag[AEGIS256_TAG_SIZE]) {
         finalize(a, tag);

@@ -1,17 +1,20 @@
-/* net/aegis.h — AEGIS-256, the AEAD of RFC 10032, on the AES round
- * instruction of x86-64 (AES-NI).
+/* net/aegis.h — AEGIS-256 and AEGIS-256X2, the AEADs of RFC 10032, on the
+ * AES round instructions of x86-64 (AES-NI, and VAES for X2).
  *
  * AEGIS-256 takes a 256-bit key and a 256-bit nonce and gives a 128-bit
  * tag; a message is encrypted and authenticated in one pass of six AES
  * rounds per 16 bytes, with no key schedule and no GHASH, so on a CPU with
  * AES-NI it runs several times faster than AES-256-GCM at the same key
- * size. One Aegis256 holds one message in progress: the associated data
+ * size. AEGIS-256X2 runs two AEGIS-256 states side by side in the two
+ * halves of 256-bit registers, 32 bytes per update, with the same security
+ * (RFC 10032, section 4); it is another cipher, with other bytes on the
+ * wire. One Aegis256 holds one message in progress: the associated data
  * once, then the message in pieces of any sizes (a piece may end inside a
- * 16-byte block), then the tag. The bytes and the tag are those of the
- * whole message at once, whatever the pieces.
+ * block), then the tag. The bytes and the tag are those of the whole
+ * message at once, whatever the pieces.
  *
  *     Aegis256 a;
- *     aegis256_init(&a, key, nonce);
+ *     aegis256_init(&a, 1, key, nonce);       // 1: AEGIS-256, 2: AEGIS-256X2
  *     aegis256_absorb(&a, ad, ad_len);
  *     aegis256_encrypt(&a, ct, pt, n);        // or aegis256_decrypt()
  *     aegis256_tag(&a, tag);                  // or r = aegis256_verify(&a, tag)
@@ -26,19 +29,22 @@
 #define AEGIS256_KEY_SIZE 32
 #define AEGIS256_NONCE_SIZE 32
 #define AEGIS256_TAG_SIZE 16
+#define AEGIS256_MAX_LANES 2
 
 typedef struct Aegis256 {
-        _Alignas(16) uint8_t state[6][16];
-        uint8_t part[16];     /* the plaintext of a block begun, not yet absorbed */
-        uint8_t z[16];        /* that block's keystream */
-        unsigned n_part;
+        _Alignas(32) uint8_t state[6][16 * AEGIS256_MAX_LANES]; /* block j of lane i at state[j] + 16 i */
+        uint8_t part[16 * AEGIS256_MAX_LANES]; /* the plaintext of a block begun, not yet absorbed */
+        uint8_t z[16 * AEGIS256_MAX_LANES];    /* that block's keystream */
+        unsigned lanes, n_part;
         uint64_t ad_len, msg_len; /* bytes */
 } Aegis256;
 
-/* This CPU has the AES round instruction (and this build uses it). */
-bool aegis256_available(void);
+/* This CPU has the instructions the variant of `lanes` (1 or 2) needs, and
+ * this build uses them. */
+bool aegis256_available(unsigned lanes);
 
-void aegis256_init(Aegis256 *a, const uint8_t key[AEGIS256_KEY_SIZE], const uint8_t nonce[AEGIS256_NONCE_SIZE]);
+void aegis256_init(Aegis256 *a, unsigned lanes, const uint8_t key[AEGIS256_KEY_SIZE],
+                   const uint8_t nonce[AEGIS256_NONCE_SIZE]);
 /* The associated data, all of it in one call, before any message byte. */
 void aegis256_absorb(Aegis256 *a, const uint8_t *ad, size_t n);
 /* The next n bytes of the message; dst may be src. */

@@ -11,6 +11,7 @@ const char *cipher_to_string(Cipher c) {
         case CIPHER_AES256GCM: return "aes256gcm";
         case CIPHER_CHACHA20POLY1305: return "chacha20poly1305";
         case CIPHER_AEGIS256: return "aegis256";
+        case CIPHER_AEGIS256X2: return "aegis256x2";
         default: return "?";
         }
 }
@@ -19,8 +20,10 @@ uint32_t cipher_available(void) {
         uint32_t m = CIPHER_BIT(CIPHER_CHACHA20POLY1305);
         if (sodium_init() >= 0 && crypto_aead_aes256gcm_is_available())
                 m |= CIPHER_BIT(CIPHER_AES256GCM);
-        if (aegis256_available())
+        if (aegis256_available(1))
                 m |= CIPHER_BIT(CIPHER_AEGIS256);
+        if (aegis256_available(2))
+                m |= CIPHER_BIT(CIPHER_AEGIS256X2);
         return m;
 }
 
@@ -100,59 +103,63 @@ static int aes_open_end(EVP_CIPHER_CTX *ctx, const uint8_t tag[FRAME_TAG_SIZE]) 
 
 /* 96-bit nonce: 4 zero bytes then the little-endian seq. Each direction has
  * its own key, so the same seq in both directions never reuses a nonce.
- * AEGIS-256 takes 256 bits: the same 12 bytes, then zeros. */
+ * AEGIS takes 256 bits: the same 12 bytes, then zeros. */
 static void make_nonce(uint8_t n[12], uint64_t seq) {
         memset(n, 0, 4);
         put_le64(n + 4, seq);
 }
 
-static void aegis_begin(Aegis256 *a, const uint8_t key[SEAL_KEY_SIZE], const uint8_t nonce[12],
+static bool is_aegis(const Seal *s) {
+        return s->cipher == CIPHER_AEGIS256 || s->cipher == CIPHER_AEGIS256X2;
+}
+
+static void aegis_begin(const Seal *s, Aegis256 *a, const uint8_t key[SEAL_KEY_SIZE], const uint8_t nonce[12],
                         const uint8_t *ad) {
         uint8_t n[AEGIS256_NONCE_SIZE] = {};
         memcpy(n, nonce, 12);
-        aegis256_init(a, key, n);
+        aegis256_init(a, s->cipher == CIPHER_AEGIS256X2 ? 2 : 1, key, n);
         aegis256_absorb(a, ad, FRAME_HEADER_SIZE);
 }
 
 /* One AEAD message, begun, continued and ended, whichever streaming
  * cipher the link runs. */
 static void tx_begin(Seal *s, const uint8_t nonce[12], const uint8_t *hdr) {
-        if (s->cipher == CIPHER_AEGIS256)
-                aegis_begin(&s->tx_aegis, s->tx_key, nonce, hdr);
+        if (is_aegis(s))
+                aegis_begin(s, &s->tx_aegis, s->tx_key, nonce, hdr);
         else
                 aes_begin(s->tx_aes, nonce, hdr);
 }
 
 static void tx_update(Seal *s, uint8_t *dst, const uint8_t *src, size_t n) {
-        if (s->cipher == CIPHER_AEGIS256)
+        if (is_aegis(s))
                 aegis256_encrypt(&s->tx_aegis, dst, src, n);
         else
                 aes_update(s->tx_aes, dst, src, n);
 }
 
 static void tx_end(Seal *s, uint8_t tag[FRAME_TAG_SIZE]) {
-        if (s->cipher == CIPHER_AEGIS256)
+        if (is_aegis(s))
                 aegis256_tag(&s->tx_aegis, tag);
         else
                 aes_end(s->tx_aes, tag);
 }
 
 static int rx_begin(Seal *s, const uint8_t nonce[12], const uint8_t *hdr) {
-        if (s->cipher != CIPHER_AEGIS256)
+        if (!is_aegis(s))
                 return aes_open_begin(s->rx_aes, nonce, hdr);
-        aegis_begin(&s->rx_aegis, s->rx_key, nonce, hdr);
+        aegis_begin(s, &s->rx_aegis, s->rx_key, nonce, hdr);
         return 0;
 }
 
 static int rx_update(Seal *s, uint8_t *payload, size_t n) {
-        if (s->cipher != CIPHER_AEGIS256)
+        if (!is_aegis(s))
                 return aes_open_update(s->rx_aes, payload, n);
         aegis256_decrypt(&s->rx_aegis, payload, payload, n);
         return 0;
 }
 
 static int rx_end(Seal *s, const uint8_t tag[FRAME_TAG_SIZE]) {
-        if (s->cipher != CIPHER_AEGIS256)
+        if (!is_aegis(s))
                 return aes_open_end(s->rx_aes, tag);
         return aegis256_verify(&s->rx_aegis, tag);
 }
@@ -175,6 +182,7 @@ void seal_frame_to(Seal *s, FrameHeader *h, uint8_t hdr[FRAME_HEADER_SIZE], uint
         switch (s->cipher) {
         case CIPHER_AES256GCM:
         case CIPHER_AEGIS256:
+        case CIPHER_AEGIS256X2:
                 tx_begin(s, nonce, hdr);
                 tx_update(s, dst, src, len);
                 tx_end(s, tag);
@@ -208,6 +216,7 @@ int seal_open(Seal *s, const uint8_t hdr[FRAME_HEADER_SIZE], const FrameHeader *
         switch (s->cipher) {
         case CIPHER_AES256GCM:
         case CIPHER_AEGIS256:
+        case CIPHER_AEGIS256X2:
                 r = rx_begin(s, nonce, hdr);
                 r = r < 0 ? r : rx_update(s, payload, len);
                 r = r < 0 ? r : rx_end(s, tag);

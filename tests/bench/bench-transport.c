@@ -56,8 +56,9 @@ static const Mode modes[] = {
         { "plaintext via relay", CIPHER_NONE, NET_BACKEND_URING, 0, true },
         { "aes256gcm via relay", CIPHER_AES256GCM, NET_BACKEND_URING, 0, true },
         { "aegis256 io_uring send", CIPHER_AEGIS256, NET_BACKEND_URING, 0 },
-        { "aegis256 epoll", CIPHER_AEGIS256, NET_BACKEND_EPOLL, 0 },
-        { "aegis256 via relay", CIPHER_AEGIS256, NET_BACKEND_URING, 0, true },
+        { "aegis256x2 io_uring send", CIPHER_AEGIS256X2, NET_BACKEND_URING, 0 },
+        { "aegis256x2 epoll", CIPHER_AEGIS256X2, NET_BACKEND_EPOLL, 0 },
+        { "aegis256x2 via relay", CIPHER_AEGIS256X2, NET_BACKEND_URING, 0, true },
 };
 #define N_MODES (sizeof modes / sizeof modes[0])
 

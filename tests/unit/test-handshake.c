@@ -225,7 +225,8 @@ Test(handshake, lane_bits) {
         cr_assert_eq(handshake_recv(&p.i, type, buf, (size_t)n), -EBADMSG);
 }
 
-/* The cipher both sides end with: AEGIS-256 where both offer it, else
+/* The cipher both sides end with: AEGIS-256X2 where both offer it, then
+ * AEGIS-256, else
  * AES-256-GCM (a peer of an older version offers no AEGIS-256 bit), else
  * ChaCha20-Poly1305. */
 static Cipher agreed(uint32_t initiator, uint32_t responder) {
@@ -252,6 +253,9 @@ static Cipher agreed(uint32_t initiator, uint32_t responder) {
 Test(handshake, cipher_choice) {
         uint32_t all = CIPHER_BIT(CIPHER_AEGIS256) | CIPHER_BIT(CIPHER_AES256GCM) | CIPHER_BIT(CIPHER_CHACHA20POLY1305);
         uint32_t older = CIPHER_BIT(CIPHER_AES256GCM) | CIPHER_BIT(CIPHER_CHACHA20POLY1305);
+        uint32_t x2 = all | CIPHER_BIT(CIPHER_AEGIS256X2);
+        cr_assert_eq(agreed(x2, x2), CIPHER_AEGIS256X2);
+        cr_assert_eq(agreed(x2, all), CIPHER_AEGIS256); /* a peer without VAES */
         cr_assert_eq(agreed(all, all), CIPHER_AEGIS256);
         cr_assert_eq(agreed(older, all), CIPHER_AES256GCM);
         cr_assert_eq(agreed(all, older), CIPHER_AES256GCM);

@@ -1,6 +1,6 @@
 /* Frame protection: AES-256-GCM through libcrypto gives exactly the bytes
  * of the standard construction (held against libsodium's implementation and
- * both ways), AEGIS-256 those of RFC 10032's test vectors, and every kind
+ * both ways), AEGIS-256 and AEGIS-256X2 those of RFC 10032's test vectors, and every kind
  * of tampering fails to open. */
 #include <criterion/criterion.h>
 #include <sodium.h>
@@ -59,8 +59,8 @@ Test(seal, aes_gcm_matches_libsodium_both_ways) {
 Test(seal, tampering_fails_and_counters_move) {
         uint8_t tx[32], rx[32];
         keys(tx, rx);
-        Cipher ciphers[] = { CIPHER_AES256GCM, CIPHER_CHACHA20POLY1305, CIPHER_AEGIS256 };
-        for (int c = 0; c < 3; c++) {
+        Cipher ciphers[] = { CIPHER_AES256GCM, CIPHER_CHACHA20POLY1305, CIPHER_AEGIS256, CIPHER_AEGIS256X2 };
+        for (int c = 0; c < 4; c++) {
                 if (!(cipher_available() & CIPHER_BIT(ciphers[c])))
                         continue;
                 Seal a, b;
@@ -172,38 +172,55 @@ static size_t unhex(const char *s, uint8_t *out) {
 }
 
 typedef struct Vector {
+        unsigned lanes;
         const char *key, *nonce, *ad, *msg, *ct, *tag;
         bool valid;
 } Vector;
 
 #define K1 "1001000000000000000000000000000000000000000000000000000000000000"
 #define N1 "1000020000000000000000000000000000000000000000000000000000000000"
+#define K2 "000102030405060708090a0b0c0d0e0f101112131415161718191a1b1c1d1e1f"
+#define N2 "101112131415161718191a1b1c1d1e1f202122232425262728292a2b2c2d2e2f"
 static const Vector vectors[] = {
-        { K1, N1, "", "00000000000000000000000000000000", "754fc3d8c973246dcc6d741412a4b236",
+        { 1, K1, N1, "", "00000000000000000000000000000000", "754fc3d8c973246dcc6d741412a4b236",
           "3fe91994768b332ed7f570a19ec5896e", true },
-        { K1, N1, "", "", "", "e3def978a0f054afd1e761d7553afba3", true },
-        { K1, N1, "0001020304050607", "000102030405060708090a0b0c0d0e0f101112131415161718191a1b1c1d1e1f",
+        { 1, K1, N1, "", "", "", "e3def978a0f054afd1e761d7553afba3", true },
+        { 1, K1, N1, "0001020304050607", "000102030405060708090a0b0c0d0e0f101112131415161718191a1b1c1d1e1f",
           "f373079ed84b2709faee373584585d60accd191db310ef5d8b11833df9dec711", "8d86f91ee606e9ff26a01b64ccbdd91d",
           true },
-        { K1, N1, "0001020304050607", "000102030405060708090a0b0c0d", "f373079ed84b2709faee37358458",
+        { 1, K1, N1, "0001020304050607", "000102030405060708090a0b0c0d", "f373079ed84b2709faee37358458",
           "c60b9c2d33ceb058f96e6dd03c215652", true },
-        { K1, N1, "000102030405060708090a0b0c0d0e0f101112131415161718191a1b1c1d1e1f20212223242526272829",
+        { 1, K1, N1, "000102030405060708090a0b0c0d0e0f101112131415161718191a1b1c1d1e1f20212223242526272829",
           "101112131415161718191a1b1c1d1e1f202122232425262728292a2b2c2d2e2f3031323334353637",
           "57754a7d09963e7c787583a2e7b859bb24fa1e04d49fd550b2511a358e3bca252a9b1b8b30cc4a67",
           "ab8a7d53fd0e98d727accca94925e128", true },
         /* 6-9: key and nonce swapped, a ciphertext bit, an AD bit, a tag bit */
-        { N1, K1, "0001020304050607", NULL, "f373079ed84b2709faee37358458", "c60b9c2d33ceb058f96e6dd03c215652", false },
-        { K1, N1, "0001020304050607", NULL, "f373079ed84b2709faee37358459", "c60b9c2d33ceb058f96e6dd03c215652", false },
-        { K1, N1, "0001020304050608", NULL, "f373079ed84b2709faee37358458", "c60b9c2d33ceb058f96e6dd03c215652", false },
-        { K1, N1, "0001020304050607", NULL, "f373079ed84b2709faee37358458", "c60b9c2d33ceb058f96e6dd03c215653", false },
+        { 1, N1, K1, "0001020304050607", NULL, "f373079ed84b2709faee37358458", "c60b9c2d33ceb058f96e6dd03c215652", false },
+        { 1, K1, N1, "0001020304050607", NULL, "f373079ed84b2709faee37358459", "c60b9c2d33ceb058f96e6dd03c215652", false },
+        { 1, K1, N1, "0001020304050608", NULL, "f373079ed84b2709faee37358458", "c60b9c2d33ceb058f96e6dd03c215652", false },
+        { 1, K1, N1, "0001020304050607", NULL, "f373079ed84b2709faee37358458", "c60b9c2d33ceb058f96e6dd03c215653", false },
+        /* AEGIS-256X2 */
+        { 2, K2, N2, "", "", "", "62cdbab084c83dacdb945bb446f049c8", true },
+        { 2, K2, N2, "0102030401020304",
+          "040506070405060704050607040506070405060704050607040506070405060704050607040506070405060704050607"
+          "040506070405060704050607040506070405060704050607040506070405060704050607040506070405060704050607"
+          "04050607040506070405060704050607" "0405060704050607",
+          "72120c2ea8236180d67859001f4729077b7064c414384fe3a7b52f1571f4f8a7d0f01e18db4f3bc0adb150702e5d147a"
+          "8d36522132761b994c1bd395589e2ccf0790dfe2a3d12d61cd666b2859827739db4037dd3124c78424459376f6cac08e"
+          "1a7223a2a43e398ce6385cd654a19f481cba3b8f25910b42",
+          "635d391828520bf1512763f0c8f5cdbd", true },
 };
 
 Test(seal, aegis256_rfc_vectors) {
-        if (!aegis256_available())
+        if (!aegis256_available(1))
                 cr_skip_test("SKIP: this CPU has no AES-NI: ravnest does not offer AEGIS-256 here");
+        if (!aegis256_available(2))
+                cr_log_warn("SKIP: this CPU has no VAES: AEGIS-256X2's vectors are not checked here");
         for (size_t v = 0; v < sizeof vectors / sizeof *vectors; v++) {
                 const Vector *t = &vectors[v];
-                uint8_t key[32], nonce[32], ad[64], msg[64], ct[64], tag[16], out[64], got[16];
+                uint8_t key[32], nonce[32], ad[64], msg[128], ct[128], tag[16], out[128], got[16];
+                if (!aegis256_available(t->lanes))
+                        continue;
                 unhex(t->key, key);
                 unhex(t->nonce, nonce);
                 size_t nad = unhex(t->ad, ad), nct = unhex(t->ct, ct);
@@ -211,14 +228,14 @@ Test(seal, aegis256_rfc_vectors) {
                 Aegis256 a;
                 if (t->msg) { /* encrypt: the ciphertext and the tag */
                         size_t n = unhex(t->msg, msg);
-                        aegis256_init(&a, key, nonce);
+                        aegis256_init(&a, t->lanes, key, nonce);
                         aegis256_absorb(&a, ad, nad);
                         aegis256_encrypt(&a, out, msg, n);
                         aegis256_tag(&a, got);
                         cr_assert(n == nct && memcmp(out, ct, n) == 0, "vector %zu: ciphertext", v + 1);
                         cr_assert(memcmp(got, tag, 16) == 0, "vector %zu: tag", v + 1);
                 }
-                aegis256_init(&a, key, nonce);
+                aegis256_init(&a, t->lanes, key, nonce);
                 aegis256_absorb(&a, ad, nad);
                 aegis256_decrypt(&a, out, ct, nct);
                 cr_assert_eq(aegis256_verify(&a, tag), t->valid ? 0 : -EBADMSG, "vector %zu: verify", v + 1);
@@ -229,9 +246,9 @@ Test(seal, aegis256_rfc_vectors) {
 
 /* A message in pieces of any sizes, each ending anywhere in a block, gives
  * the bytes and the tag of the whole message, both ways. */
-Test(seal, aegis256_pieces_are_the_whole) {
-        if (!aegis256_available())
-                cr_skip_test("SKIP: this CPU has no AES-NI: ravnest does not offer AEGIS-256 here");
+static void pieces_are_the_whole(unsigned lanes) {
+        if (!aegis256_available(lanes))
+                cr_skip_test("SKIP: this CPU lacks AES-NI or VAES: ravnest does not offer this AEGIS here");
         uint8_t key[32], nonce[32] = { 7 }, ad[FRAME_HEADER_SIZE];
         size_t n = 5000;
         uint8_t *pt = malloc(n), *ct = malloc(n), *ct2 = malloc(n), tag[16], tag2[16];
@@ -242,13 +259,13 @@ Test(seal, aegis256_pieces_are_the_whole) {
         for (size_t i = 0; i < n; i++)
                 pt[i] = (uint8_t)(i * 13 + 5);
         Aegis256 a;
-        aegis256_init(&a, key, nonce);
+        aegis256_init(&a, lanes, key, nonce);
         aegis256_absorb(&a, ad, sizeof ad);
         aegis256_encrypt(&a, ct, pt, n);
         aegis256_tag(&a, tag);
         size_t steps[] = { 1, 15, 16, 17, 3, 64, 255, 4096 };
         for (int round = 0; round < 8; round++) {
-                aegis256_init(&a, key, nonce);
+                aegis256_init(&a, lanes, key, nonce);
                 aegis256_absorb(&a, ad, sizeof ad);
                 for (size_t at = 0, k = (size_t)round; at < n; k++) {
                         size_t m = MIN(steps[k % 8], n - at);
@@ -257,7 +274,7 @@ Test(seal, aegis256_pieces_are_the_whole) {
                 }
                 aegis256_tag(&a, tag2);
                 cr_assert(memcmp(ct, ct2, n) == 0 && memcmp(tag, tag2, 16) == 0, "round %d: pieces differ", round);
-                aegis256_init(&a, key, nonce);
+                aegis256_init(&a, lanes, key, nonce);
                 aegis256_absorb(&a, ad, sizeof ad);
                 for (size_t at = 0, k = (size_t)round + 3; at < n; k++) { /* in place, other pieces */
                         size_t m = MIN(steps[k % 8], n - at);
@@ -270,4 +287,16 @@ Test(seal, aegis256_pieces_are_the_whole) {
         free(pt);
         free(ct);
         free(ct2);
+}
+
+Test(seal, aegis256_pieces_are_the_whole) {
+        pieces_are_the_whole(1);
+}
+
+Test(seal, aegis256x2_pieces_are_the_whole) {
+        pieces_are_the_whole(2);
+}
+
+Test(seal, records_are_the_whole_frame_aegis_x2) {
+        records_are_the_whole_frame(CIPHER_AEGIS256X2);
 }
