@@ -11,6 +11,7 @@
 #include "control.h"
 #include "node.h"
 #include "pipeline-run.h"
+#include "stage-checkpoint.h"
 #include "util/log.h"
 #include "util/time-util.h"
 
@@ -46,6 +47,7 @@ typedef struct Membership {
         size_t layer_off[PLAN_MAX_LAYERS + 1];
         float *model;             /* the whole model, by layer offsets: what the stage trains from and hands in */
         StageCarry carry;         /* the layers of model this node trained last, and their optimizer's state */
+        bool carry_checkpointed;  /* ... read from its checkpoint at start: older than any handed over */
         /* layers handed over for stop_epoch, by part (PLAN_STREAM()): the
          * parameters, then the optimizer's moments (allocated when the
          * first comes); the epoch each part of each layer came for */
@@ -98,7 +100,9 @@ static void send_link(Membership *m) {
 
 static void send_join(Membership *m) {
         uint8_t buf[PLAN_JOIN_MAX_SIZE];
-        m->join.epoch = m->plan->epoch;
+        /* layers from a checkpoint and no plan yet: as one that trained on
+         * a plan, so that a coordinator that restarted too asks for them */
+        m->join.epoch = m->plan->epoch ? m->plan->epoch : m->carry_checkpointed;
         measure_link(m); /* the handshake's round trips, at least */
         int n = plan_join_encode(&m->join, buf, sizeof buf);
         if (n > 0 && net_send_control(m->net, (uint32_t)m->coord, FRAME_CONTROL, buf, (size_t)n) == 0) {
@@ -141,6 +145,8 @@ static void on_closed(void *ud, uint32_t peer, int reason, const uint8_t id[IDEN
                                              "dialling again");
 }
 
+static void hand_in(Membership *m, int lo, int hi, uint64_t samples);
+
 static void send_done(Membership *m, uint64_t samples) {
         uint8_t msg[PLAN_DONE_SIZE];
         plan_done_encode(m->stop_epoch, samples, msg);
@@ -151,7 +157,7 @@ static void send_done(Membership *m, uint64_t samples) {
 static void on_control(void *ud, uint32_t peer, uint8_t type, const uint8_t *p, size_t len) {
         Membership *m = ud;
         uint64_t epoch;
-        bool hand_in;
+        bool asks_layers;
         int r;
 
         if ((int64_t)peer != m->coord)
@@ -184,16 +190,18 @@ static void on_control(void *ud, uint32_t peer, uint8_t type, const uint8_t *p, 
                 m->restart = 1; /* a stage of an older plan stops */
                 return;
         }
-        if (type == FRAME_CONTROL && plan_stop_decode(p, len, &epoch, &hand_in) == 0) {
+        if (type == FRAME_CONTROL && plan_stop_decode(p, len, &epoch, &asks_layers) == 0) {
                 if (epoch <= m->plan->epoch || epoch <= m->stop_epoch)
                         return;
                 m->stop_epoch = epoch;
-                m->stop_hand_in = hand_in;
+                m->stop_hand_in = asks_layers;
                 if (m->training) {
                         log_info("The coordinator asks for epoch %llu: stopping at the next safe point",
                                  (unsigned long long)epoch);
                         m->restart = 1;
-                } else
+                } else if (m->carry.hi > m->carry.lo) /* not training, but holding layers: a checkpoint's */
+                        hand_in(m, m->carry.lo, m->carry.hi, 0);
+                else
                         send_done(m, 0);
                 return;
         }
@@ -438,7 +446,7 @@ static int run_stage(Membership *m, unsigned cluster, unsigned stage, bool hande
                                           .source = "the coordinator's plan" } };
         o.poll = poll_member;
         o.poll_userdata = m;
-        o.checkpoint_dir = NULL; /* a stage's layers change with the plan: the hand-over carries them */
+        /* written as anywhere, by layer range; read at start (carry_checkpoint()) */
         o.load_checkpoint = false;
         o.model_params = m->model;
         o.load_model_params = handed_over;
@@ -450,6 +458,7 @@ static int run_stage(Membership *m, unsigned cluster, unsigned stage, bool hande
         o.reach_error = m->reach_error;
         m->reach = net_free(m->reach); /* the stage listens on the port now */
         m->restart = m->stop_epoch > m->plan->epoch || m->have_next; /* asked already: start, hand in */
+        m->carry_checkpointed = false; /* the stage saves its own carry */
         m->training = true;
         r = pipeline_run(&plan, m->job, m->id, &o, m->stop);
         m->training = false;
@@ -494,6 +503,33 @@ static bool take_moments(Membership *m, int lo, int hi) {
         return true;
 }
 
+/* The layers of this node's newest checkpoint, with their optimizer's
+ * state, as the layers it trained last: what it hands in when asked (a
+ * coordinator that restarted asks everyone), and what it goes on from when
+ * a plan gives it the same range and nobody hands it newer ones. */
+static void carry_checkpoint(Membership *m) {
+        const char *dir = m->o->checkpoint_dir;
+        StageCarry *c = &m->carry;
+        CheckpointInfo at;
+        int lo, hi;
+
+        if (!dir || !m->o->load_checkpoint || stage_checkpoint_newest(dir, m->job->name, &lo, &hi) < 0 ||
+            lo < 0 || lo >= hi || hi > m->job->model.n_layers)
+                return;
+        size_t n = m->layer_off[hi] - m->layer_off[lo], n_state = optim_state_floats(m->job->optim.kind, n);
+        float *optim = calloc(MAX(n_state, (size_t)1), sizeof(float));
+        /* the file is checked whole before anything is written: on failure the model is as it was */
+        if (!optim || stage_checkpoint_load_layers(dir, m->job->name, lo, hi, m->model + m->layer_off[lo], n,
+                                                   (uint32_t)m->job->optim.kind, optim, n_state, &at) < 0) {
+                free(optim);
+                return;
+        }
+        *c = (StageCarry){ .lo = lo, .hi = hi, .n = n, .t = at.optim_t, .optim = optim };
+        m->carry_checkpointed = true;
+        log_info("Holds layers %d-%d from its checkpoint, with their optimizer's state (%llu steps)", lo, hi - 1,
+                 (unsigned long long)at.optim_t);
+}
+
 /* Take the newest plan received: the handed-over layers of this node's
  * stage, then the stage. */
 static int take_plan(Membership *m) {
@@ -514,20 +550,24 @@ static int take_plan(Membership *m) {
                 return 0;
         }
         const PlanCluster *pc = &m->plan->clusters[cluster];
-        int lo = pc->bounds[stage], hi = pc->bounds[stage + 1], missing = 0;
+        int lo = pc->bounds[stage], hi = pc->bounds[stage + 1], missing = 0, got = 0;
         for (int l = lo; l < hi; l++) {
                 if (m->layer_off[l + 1] == m->layer_off[l])
                         continue;
-                if (m->got[0][l] == m->plan->epoch)
+                if (m->got[0][l] == m->plan->epoch) {
                         memcpy(m->model + m->layer_off[l], m->incoming[0] + m->layer_off[l],
                                (m->layer_off[l + 1] - m->layer_off[l]) * sizeof(float));
-                else
+                        got++;
+                } else
                         missing++;
         }
-        /* all or nothing: a stage of layers from one model; else its own
-         * when it trained these layers last (the coordinator kept them) */
-        handed_over = missing == 0 && m->plan->samples > 0;
-        bool same = m->carry.hi > m->carry.lo && lo == m->carry.lo && hi == m->carry.hi;
+        /* all or nothing: a stage of layers from one model (a swarm that
+         * restarted whole hands over from checkpoints, with no samples
+         * counted yet); else its own when it trained these layers last
+         * (the coordinator kept them) */
+        handed_over = missing == 0 && (got > 0 || m->plan->samples > 0);
+        bool same = m->carry.hi > m->carry.lo && lo == m->carry.lo && hi == m->carry.hi &&
+                    !(handed_over && m->carry_checkpointed); /* layers handed over are newer */
         bool own = !handed_over && same;
         /* the optimizer's state: its own when its layers stay, else theirs */
         bool moments = handed_over && !same && take_moments(m, lo, hi);
@@ -606,6 +646,7 @@ int membership_run(const Config *c, const Job *job, const Identity *id, const Lo
                 return log_error_errno(r, "Failed to start the membership transport: %m");
         if (m.join.pipeline_port)
                 reach_listen(&m);
+        carry_checkpoint(&m);
 
         while (!*stop) {
                 serve(&m, 100);

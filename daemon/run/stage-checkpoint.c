@@ -1,10 +1,12 @@
 /* run/stage-checkpoint.c */
 #include "stage-checkpoint.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <limits.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "events.h"
 #include "util/log.h"
@@ -48,29 +50,68 @@ int stage_checkpoint_save(const char *dir, const char *job, const Stage *s, cons
         return 0;
 }
 
-int stage_checkpoint_load(const char *dir, const char *job, Stage *s, Optim *o, CheckpointInfo *ret) {
+int stage_checkpoint_load_layers(const char *dir, const char *job, int lo, int hi, float *params, size_t n_params,
+                                 uint32_t optim_kind, float *optim, size_t n_state, CheckpointInfo *ret) {
         char name[160], path[PATH_MAX + 200];
         CheckpointInfo info;
         Diag d = {};
         int r;
 
-        file_name(job, s, name, sizeof name);
+        stage_checkpoint_name(job, lo, hi, name, sizeof name);
         snprintf(path, sizeof path, "%s/%s", dir, name);
-        r = checkpoint_read(path, &info, s->params, s->n_params, o->state,
-                            optim_state_floats(o->spec.kind, s->n_params), &d);
+        r = checkpoint_read(path, &info, params, n_params, optim, n_state, &d);
         if (r == -ENOENT)
                 return r;
-        if (r >= 0 && info.optim_kind != (uint32_t)o->spec.kind)
+        if (r >= 0 && info.optim_kind != optim_kind)
                 r = diag_set(&d, -EINVAL, "%s: written by another optimizer", path);
         if (r < 0) {
                 log_warning_errno(r, "Not resuming from the checkpoint, training starts afresh: %s", d.text);
                 return r;
         }
-        o->t = info.optim_t;
         log_info("Resuming from %s: step %llu, %llu epochs done", path, (unsigned long long)info.step,
                  (unsigned long long)info.epoch);
         *ret = info;
         return 0;
+}
+
+int stage_checkpoint_load(const char *dir, const char *job, Stage *s, Optim *o, CheckpointInfo *ret) {
+        int r = stage_checkpoint_load_layers(dir, job, s->first_layer, s->first_layer + s->n_layers, s->params,
+                                             s->n_params, (uint32_t)o->spec.kind, o->state,
+                                             optim_state_floats(o->spec.kind, s->n_params), ret);
+        if (r >= 0)
+                o->t = ret->optim_t;
+        return r;
+}
+
+int stage_checkpoint_newest(const char *dir, const char *job, int *ret_lo, int *ret_hi) {
+        char prefix[160];
+        struct timespec newest = {};
+        int r = -ENOENT;
+
+        stage_checkpoint_name(job, 0, 0, prefix, sizeof prefix);
+        *strstr(prefix, ".layers-") = 0; /* the job's part of every name */
+        DIR *d = opendir(dir);
+        if (!d)
+                return -errno;
+        for (struct dirent *e; (e = readdir(d));) {
+                size_t n = strlen(prefix);
+                int lo, hi, end = 0;
+                struct stat st;
+                if (strncmp(e->d_name, prefix, n) != 0 ||
+                    sscanf(e->d_name + n, ".layers-%d-%d.ckpt%n", &lo, &hi, &end) != 2 ||
+                    e->d_name[n + (size_t)end] != 0 || fstatat(dirfd(d), e->d_name, &st, 0) < 0 ||
+                    !S_ISREG(st.st_mode))
+                        continue;
+                if (r == -ENOENT || st.st_mtim.tv_sec > newest.tv_sec ||
+                    (st.st_mtim.tv_sec == newest.tv_sec && st.st_mtim.tv_nsec > newest.tv_nsec)) {
+                        newest = st.st_mtim;
+                        *ret_lo = lo;
+                        *ret_hi = hi;
+                        r = 0;
+                }
+        }
+        closedir(d);
+        return r;
 }
 
 static void outer_name(const char *job, const Stage *s, char *buf, size_t len) {

@@ -27,6 +27,15 @@ int stage_checkpoint_save(const char *dir, const char *job, const Stage *s, cons
  * -ENOENT when there is none; any other error is logged and leaves s and o
  * as they were, so training starts afresh. */
 int stage_checkpoint_load(const char *dir, const char *job, Stage *s, Optim *o, CheckpointInfo *ret);
+/* The same for the layers [lo, hi) of a model held elsewhere: their
+ * parameters into params and the state of an optimizer of optim_kind into
+ * optim (n_params and n_state floats, as the file must hold). */
+int stage_checkpoint_load_layers(const char *dir, const char *job, int lo, int hi, float *params, size_t n_params,
+                                 uint32_t optim_kind, float *optim, size_t n_state, CheckpointInfo *ret);
+/* The layers of job's checkpoint written last in dir, whatever its range (a
+ * node under membership moves between ranges): 0, -ENOENT when there is
+ * none, or -errno when dir cannot be read. */
+int stage_checkpoint_newest(const char *dir, const char *job, int *ret_lo, int *ret_hi);
 
 /* The outer optimizer's state of the stage (averaging.outer: the anchor and
  * its momentum, n values each) in a file of its own next to the stage's,

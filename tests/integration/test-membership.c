@@ -64,6 +64,7 @@ static void start(Proc *p, const char *conf, const char *epochs) {
 
 static unsigned short coordinator_port;
 static int behind_nat_node = -1; /* make_nodes(): this node (0-based) says membership.behind_nat */
+static const char *checkpoint_conf = "interval = 0; load = false;"; /* make_nodes(): every node's */
 
 /* n nodes in dir: keys, ports and configurations; node 1 coordinates (and
  * trains unless coordinate_only). */
@@ -94,7 +95,7 @@ static void make_nodes(const char *dir, int n, double heartbeat, double deadline
                          "threads = 1;\n"
                          "control_socket = \"\";\n"
                          "idle = { enabled = false; };\n"
-                         "checkpoint = { interval = 0; load = false; };\n"
+                         "checkpoint = { %s };\n"
                          "network = { secret_file = \"%s/secret\"; };\n"
                          "pipeline = { micro_batch = 32; staleness = 4; update_frequency = 4;\n"
                          "             listen = \"127.0.0.1:%u\"; };\n"
@@ -111,7 +112,7 @@ static void make_nodes(const char *dir, int n, double heartbeat, double deadline
                          "  deadline = %.2f;\n"
                          "%s"
                          "};\n",
-                         dir, i + 1, dir, port[i][0], port[i][1], hex[0], coord, i == 0 ? "true" : "false",
+                         dir, i + 1, checkpoint_conf, dir, port[i][0], port[i][1], hex[0], coord, i == 0 ? "true" : "false",
                          i == 0 && coordinate_only ? "false" : "true", n - coordinate_only,
                          heartbeat, deadline, i == behind_nat_node ? "  behind_nat = true;\n" : "");
                 snprintf(conf[i], 256, "%s/n%d.conf", dir, i + 1);
@@ -325,6 +326,57 @@ Test(membership, training_goes_on_without_the_coordinator, .timeout = 120) {
         cr_assert(proc_wait_for(&p[0], "plan epoch 2 (signature ", 10000), "%s", p[0].out);
         cr_log_info("peak RSS of a coordinator that only coordinates: %ld KiB through epoch 1; %ld KiB after it "
                     "came back and handed the layers over\n", rss_coordinator, proc_peak_rss_kib(p[0].pid));
+        for (int i = 0; i < 3; i++) {
+                kill(p[i].pid, SIGTERM);
+                cr_assert_eq(proc_exit(&p[i]), 0, "node %d\n%s", i + 1, p[i].out);
+        }
+        snprintf(text, sizeof text, "rm -rf %s", dir);
+        (void)!system(text);
+}
+
+/* The whole swarm goes down at once, coordinator included (a power cut:
+ * SIGKILL, no last checkpoint), and comes back. Each training node holds
+ * the layers of the checkpoint it wrote last, with their optimizer's
+ * state, and joins as one that trained; the fresh coordinator asks
+ * everyone for their layers before its first plan, so every stage starts
+ * from the checkpoints, whichever stage each node gets now. */
+Test(membership, a_swarm_killed_whole_starts_from_its_checkpoints, .timeout = 180) {
+        skip_without_dataset();
+        char dir[] = "/tmp/ravnest-test-membership-XXXXXX", conf[3][256], text[256];
+        Proc p[3];
+        cr_assert(mkdtemp(dir));
+        checkpoint_conf = "interval = 1; load = true;";
+        make_nodes(dir, 3, 0.5, 4.0, true, conf);
+        checkpoint_conf = "interval = 0; load = false;";
+        for (int i = 0; i < 3; i++)
+                start(&p[i], conf[i], "20"); /* longer than the test */
+        for (int i = 1; i < 3; i++) {
+                cr_assert(proc_wait_for(&p[i], "Holds plan epoch 1 (", 30000), "node %d\n%s", i + 1, p[i].out);
+                cr_assert(proc_wait_for(&p[i], "Checkpoint written: ", 30000), "node %d\n%s", i + 1, p[i].out);
+                cr_assert(proc_wait_for(&p[i], "Checkpoint written: ", 30000), "node %d\n%s", i + 1, p[i].out);
+        }
+        for (int i = 0; i < 3; i++) {
+                kill(p[i].pid, SIGKILL);
+                cr_assert_eq(proc_exit(&p[i]), 128 + SIGKILL);
+        }
+        double back = seconds();
+        for (int i = 0; i < 3; i++)
+                start(&p[i], conf[i], "20");
+        for (int i = 1; i < 3; i++) {
+                cr_assert(proc_wait_for(&p[i], "from its checkpoint, with their optimizer's state", 30000),
+                          "node %d\n%s", i + 1, p[i].out);
+                cr_assert(proc_wait_for(&p[i], "Handed in layers ", 30000), "node %d\n%s", i + 1, p[i].out);
+                cr_assert(strstr(p[i].out, "with the optimizer's state) for epoch "), "node %d\n%s", i + 1, p[i].out);
+                cr_assert(proc_wait_for(&p[i], "Holds plan epoch 2 (", 30000), "node %d\n%s", i + 1, p[i].out);
+                cr_assert(strstr(p[i].out, "starting from the layers handed over, with their optimizer's state") ||
+                                  strstr(p[i].out, "going on from its own layers"),
+                          "node %d\n%s", i + 1, p[i].out);
+                cr_assert(proc_wait_for(&p[i], "Going on with ", 30000), "node %d\n%s", i + 1, p[i].out);
+        }
+        cr_assert(proc_wait_for(&p[0], "members stop at a safe point and hand in their layers", 10000), "%s",
+                  p[0].out);
+        cr_log_info("a swarm killed whole trains again from its checkpoints %.1f s after the restart\n",
+                    seconds() - back);
         for (int i = 0; i < 3; i++) {
                 kill(p[i].pid, SIGTERM);
                 cr_assert_eq(proc_exit(&p[i]), 0, "node %d\n%s", i + 1, p[i].out);
