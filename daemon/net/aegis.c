@@ -46,15 +46,20 @@ bool aegis256_available(unsigned lanes) {
 #define LD1(p) _mm_loadu_si128((const __m128i *)(p))
 #define ST1(p, v) _mm_storeu_si128((__m128i *)(p), v)
 
-/* In the order that reads each old block before it is replaced. */
-static inline ONE void update1(__m128i s[6], __m128i m) {
+/* Update with S0 ^ M given (s0m), in the order that reads each old block
+ * before it is replaced. */
+static inline ONE void update1_s0m(__m128i s[6], __m128i s0m) {
         __m128i s5 = s[5];
         s[5] = _mm_aesenc_si128(s[4], s5);
         s[4] = _mm_aesenc_si128(s[3], s[4]);
         s[3] = _mm_aesenc_si128(s[2], s[3]);
         s[2] = _mm_aesenc_si128(s[1], s[2]);
         s[1] = _mm_aesenc_si128(s[0], s[1]);
-        s[0] = _mm_aesenc_si128(s5, _mm_xor_si128(s[0], m));
+        s[0] = _mm_aesenc_si128(s5, s0m);
+}
+
+static inline ONE void update1(__m128i s[6], __m128i m) {
+        update1_s0m(s, _mm_xor_si128(s[0], m));
 }
 
 static inline ONE __m128i keystream1(const __m128i s[6]) {
@@ -103,10 +108,10 @@ static ONE size_t bulk1(Aegis256 *a, uint8_t *dst, const uint8_t *src, size_t n,
         size_t i = 0;
         load1(a, s);
         if (dec)
-                for (; i + 16 <= n; i += 16) {
-                        __m128i x = _mm_xor_si128(LD1(src + i), keystream1(s));
-                        update1(s, x);
-                        ST1(dst + i, x);
+                for (; i + 16 <= n; i += 16) { /* S0 ^ x as (S0 ^ c) ^ z: shorter from one update to the next */
+                        __m128i c = LD1(src + i), z = keystream1(s), s0c = _mm_xor_si128(s[0], c);
+                        update1_s0m(s, _mm_xor_si128(s0c, z));
+                        ST1(dst + i, _mm_xor_si128(c, z));
                 }
         else
                 for (; i + 16 <= n; i += 16) {
@@ -135,14 +140,18 @@ static ONE void tag1(Aegis256 *a, uint8_t tag[AEGIS256_TAG_SIZE]) {
 #define ST2(p, v) _mm256_storeu_si256((__m256i *)(p), v)
 #define BOTH(v) _mm256_broadcastsi128_si256(v)
 
-static inline TWO void update2(__m256i s[6], __m256i m) {
+static inline TWO void update2_s0m(__m256i s[6], __m256i s0m) {
         __m256i s5 = s[5];
         s[5] = _mm256_aesenc_epi128(s[4], s5);
         s[4] = _mm256_aesenc_epi128(s[3], s[4]);
         s[3] = _mm256_aesenc_epi128(s[2], s[3]);
         s[2] = _mm256_aesenc_epi128(s[1], s[2]);
         s[1] = _mm256_aesenc_epi128(s[0], s[1]);
-        s[0] = _mm256_aesenc_epi128(s5, _mm256_xor_si256(s[0], m));
+        s[0] = _mm256_aesenc_epi128(s5, s0m);
+}
+
+static inline TWO void update2(__m256i s[6], __m256i m) {
+        update2_s0m(s, _mm256_xor_si256(s[0], m));
 }
 
 static inline TWO __m256i keystream2(const __m256i s[6]) {
@@ -192,9 +201,9 @@ static TWO size_t bulk2(Aegis256 *a, uint8_t *dst, const uint8_t *src, size_t n,
         load2(a, s);
         if (dec)
                 for (; i + 32 <= n; i += 32) {
-                        __m256i x = _mm256_xor_si256(LD2(src + i), keystream2(s));
-                        update2(s, x);
-                        ST2(dst + i, x);
+                        __m256i c = LD2(src + i), z = keystream2(s), s0c = _mm256_xor_si256(s[0], c);
+                        update2_s0m(s, _mm256_xor_si256(s0c, z));
+                        ST2(dst + i, _mm256_xor_si256(c, z));
                 }
         else
                 for (; i + 32 <= n; i += 32) {

@@ -2,7 +2,7 @@
  * beside iperf3's single TCP stream measured in the same run.
  *
  * For each frame size (1 MiB and 16 MiB tensors) and each configuration
- * (plaintext / AES-256-GCM / ChaCha20-Poly1305, io_uring / epoll, SEND /
+ * (plaintext / AES-256-GCM / ChaCha20-Poly1305 / AEGIS-256(X2), io_uring / epoll, SEND /
  * SEND_ZC) a receiver process is forked, the sender keeps its queue full for
  * --bytes bytes, and the receiver says when the last byte is in.
  * Configurations are interleaved run by run; medians are printed with the
@@ -14,8 +14,9 @@
  * asks for it; the relay's peak RSS is printed after the table.
  * --chunk sets the DATA payload per frame (max_frame in ravnestd.conf;
  * default 1 MiB), --only runs the configurations whose name holds a word.
+ * --ciphers prints only each cipher's speed on one core (Seal, in place).
  *
- *     bench-transport [--runs N] [--bytes MiB] [--chunk KiB] [--only WORD] [--no-iperf]
+ *     bench-transport [--runs N] [--bytes MiB] [--chunk KiB] [--only WORD] [--no-iperf] [--ciphers]
  */
 #include <getopt.h>
 #include <signal.h>
@@ -368,9 +369,69 @@ static void memory_figure(void) {
         waitpid(pid, NULL, 0);
 }
 
+/* ---- one core: each cipher sealing and opening 1 MiB frames in place ---- */
+
+/* Seconds to seal `frames` frames of len bytes in place, one thread, and
+ * to open each after it is sealed too (open true; each must open). */
+static double seal_time(Cipher c, bool open, uint8_t *buf, size_t len, int frames) {
+        uint8_t key[SEAL_KEY_SIZE] = { 7 }, hdr[FRAME_HEADER_SIZE], tag[FRAME_TAG_SIZE];
+        Seal tx, rx;
+
+        if (seal_init(&tx, c, key, key) < 0 || seal_init(&rx, c, key, key) < 0)
+                return -1;
+        double t0 = bench_now_s();
+        for (int i = 0; i < frames; i++) {
+                FrameHeader h = { .type = FRAME_DATA, .stream = 1 };
+                seal_frame(&tx, &h, hdr, buf, len, tag);
+                if (open && seal_open(&rx, hdr, &h, buf, len, tag) < 0)
+                        abort();
+        }
+        double t = bench_now_s() - t0;
+        seal_clear(&tx);
+        seal_clear(&rx);
+        return t;
+}
+
+static void cipher_figures(int runs) {
+        static const Cipher ciphers[] = { CIPHER_AES256GCM, CIPHER_CHACHA20POLY1305, CIPHER_AEGIS256,
+                                          CIPHER_AEGIS256X2 };
+        enum { N = sizeof ciphers / sizeof *ciphers };
+        double rate[N][2][MAX_RUNS] = {};
+        size_t len = 1u << 20;
+        int frames = 512;
+        uint8_t *buf = malloc(len);
+        for (size_t i = 0; i < len; i++)
+                buf[i] = (uint8_t)(i * 2654435761u >> 24);
+        for (int run = 0; run < runs; run++) /* interleaved, as the links are */
+                for (int k = 0; k < N; k++) {
+                        if (!(cipher_available() & CIPHER_BIT(ciphers[k])))
+                                continue;
+                        /* opening: sealing and opening, less sealing alone */
+                        double seal = seal_time(ciphers[k], false, buf, len, frames);
+                        double both = seal_time(ciphers[k], true, buf, len, frames);
+                        rate[k][0][run] = (double)frames * (double)len / seal / 1e9;
+                        rate[k][1][run] = both > seal ? (double)frames * (double)len / (both - seal) / 1e9 : -1;
+                }
+        double ref_seal = median(rate[0][0], runs), ref_open = median(rate[0][1], runs);
+        printf("One core, 1 MiB frames sealed and opened in place, median of %d runs of 512 MiB "
+               "(against AES-256-GCM in libcrypto)\n%-20s %16s %16s\n", runs, "cipher", "seal", "open");
+        for (int k = 0; k < N; k++) {
+                double s = median(rate[k][0], runs), o = median(rate[k][1], runs);
+                if (s < 0) {
+                        printf("%-20s not on this CPU\n", cipher_to_string(ciphers[k]));
+                        continue;
+                }
+                printf("%-20s %6.2f GB/s %4.2fx %6.2f GB/s %4.2fx\n", cipher_to_string(ciphers[k]), s, s / ref_seal, o,
+                       o / ref_open);
+        }
+        free(buf);
+}
+
 static void usage(FILE *f) {
-        fprintf(f, "Usage: bench-transport [--runs N] [--bytes MiB] [--chunk KiB] [--only WORD] [--no-iperf]\n"
+        fprintf(f, "Usage: bench-transport [--runs N] [--bytes MiB] [--chunk KiB] [--only WORD] [--no-iperf] "
+                   "[--ciphers]\n"
                    "Throughput of the transport on loopback, against iperf3 (the reference).\n"
+                   "  --ciphers     only each cipher's speed on one core, against AES-256-GCM\n"
                    "  --chunk KiB   DATA payload per frame (max_frame; default 1024)\n"
                    "  --only WORD   only the configurations whose name holds WORD (e.g. aes256gcm)\n");
 }
@@ -382,10 +443,11 @@ int main(int argc, char *argv[]) {
                 { "no-iperf", no_argument, NULL, 'n' },
                 { "chunk", required_argument, NULL, 'c' },
                 { "only", required_argument, NULL, 'o' },
+                { "ciphers", no_argument, NULL, 'C' },
                 { "help", no_argument, NULL, 'h' },
                 {},
         };
-        int runs = 5, use_iperf = 1, c;
+        int runs = 5, use_iperf = 1, ciphers_only = 0, c;
         const char *only = "";
         uint64_t total = 1024ull << 20;
         long long n = 0;
@@ -397,6 +459,7 @@ int main(int argc, char *argv[]) {
                 case 'n': use_iperf = 0; break;
                 case 'c': r = option_int("chunk", optarg, 4, 64 << 10, &n); chunk = (uint32_t)n << 10; break;
                 case 'o': only = optarg; break;
+                case 'C': ciphers_only = 1; break;
                 case 'h': usage(stdout); return 0;
                 default: usage(stderr); return EX_USAGE;
                 }
@@ -406,6 +469,10 @@ int main(int argc, char *argv[]) {
         if (optind < argc) {
                 fprintf(stderr, "%s: unexpected argument \"%s\"\n", argv[0], argv[optind]);
                 return EX_USAGE;
+        }
+        if (ciphers_only) {
+                cipher_figures(runs);
+                return 0;
         }
         if (use_iperf && system("command -v iperf3 >/dev/null") != 0) {
                 fprintf(stderr, "bench-transport: iperf3 not found (apt-get install iperf3), or pass --no-iperf\n");
