@@ -22,6 +22,7 @@ static size_t block_size(const Aegis256 *a) {
 }
 
 #if defined(__x86_64__)
+#include <cpuid.h>
 #include <immintrin.h>
 
 #define ONE __attribute__((target("aes,avx")))
@@ -34,10 +35,18 @@ static const uint8_t C1[16] = { 0xdb, 0x3d, 0x18, 0x55, 0x6d, 0xc2, 0x2f, 0xf1,
 /* X2's contexts: the lane's index, then the highest index (1) */
 static const uint8_t CTX2[32] = { [0] = 0, [1] = 1, [16] = 1, [17] = 1 };
 
+/* VAES: CPUID leaf 7, ECX bit 9 (not every compiler's
+ * __builtin_cpu_supports() knows it); the OS saving the YMM registers
+ * comes with "avx2". */
+static bool has_vaes(void) {
+        unsigned a, b, c, d;
+        return __get_cpuid_count(7, 0, &a, &b, &c, &d) && (c & (1u << 9));
+}
+
 bool aegis256_available(unsigned lanes) {
         bool aes = __builtin_cpu_supports("aes") && __builtin_cpu_supports("avx");
         if (lanes == 2)
-                return aes && __builtin_cpu_supports("vaes") && __builtin_cpu_supports("avx2");
+                return aes && __builtin_cpu_supports("avx2") && has_vaes();
         return lanes == 1 && aes;
 }
 
