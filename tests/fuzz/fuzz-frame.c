@@ -4,7 +4,8 @@
  * The input is a frame as it arrives on the wire: the first 32 bytes are
  * given to frame_header_decode(), the rest to tensor_desc_decode() (it is
  * what a FRAME_TENSOR carries) and, when the header is valid and the rest is
- * exactly its payload and a tag, to seal_open() of a protected link. Every
+ * exactly its payload and a tag, to seal_open() of a protected link (with
+ * each cipher this CPU runs). Every
  * accepted value must re-encode to the same bytes, and must respect the
  * limits it was checked against; anything else abort()s so libFuzzer
  * reports it.
@@ -56,15 +57,22 @@ static void fuzz_header(const uint8_t in[FRAME_HEADER_SIZE], const uint8_t *rest
         if (rest_len != (size_t)h.length + FRAME_TAG_SIZE)
                 return;
         static const uint8_t key[SEAL_KEY_SIZE] = { 0x52, 0x56, 0x4e, 0x31 };
-        Seal s;
-        uint8_t *payload = malloc(h.length ? h.length : 1);
-        CHECK(payload);
-        memcpy(payload, rest, h.length);
-        CHECK(seal_init(&s, CIPHER_CHACHA20POLY1305, key, key) == 0);
-        s.rx_seq = h.seq;
-        CHECK(seal_open(&s, in, &h, payload, h.length, rest + h.length) == -EBADMSG);
-        CHECK(s.rx_seq == h.seq);
-        free(payload);
+        static const Cipher ciphers[] = { CIPHER_CHACHA20POLY1305, CIPHER_AES256GCM, CIPHER_AEGIS256,
+                                          CIPHER_AEGIS256X2 };
+        for (size_t c = 0; c < sizeof ciphers / sizeof *ciphers; c++) {
+                Seal s;
+                if (!(cipher_available() & CIPHER_BIT(ciphers[c])))
+                        continue;
+                uint8_t *payload = malloc(h.length ? h.length : 1);
+                CHECK(payload);
+                memcpy(payload, rest, h.length);
+                CHECK(seal_init(&s, ciphers[c], key, key) == 0);
+                s.rx_seq = h.seq;
+                CHECK(seal_open(&s, in, &h, payload, h.length, rest + h.length) == -EBADMSG);
+                CHECK(s.rx_seq == h.seq);
+                seal_clear(&s);
+                free(payload);
+        }
 }
 
 static void fuzz_tensor_desc(const uint8_t *in, size_t len) {
