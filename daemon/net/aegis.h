@@ -32,7 +32,7 @@
 #define AEGIS256_MAX_LANES 2
 
 typedef struct Aegis256 {
-        _Alignas(32) uint8_t state[6][16 * AEGIS256_MAX_LANES]; /* block j of lane i at state[j] + 16 i */
+        uint8_t state[6][16 * AEGIS256_MAX_LANES]; /* block j of lane i at state[j] + 16 i (read unaligned) */
         uint8_t part[16 * AEGIS256_MAX_LANES]; /* the plaintext of a block begun, not yet absorbed */
         uint8_t z[16 * AEGIS256_MAX_LANES];    /* that block's keystream */
         unsigned lanes, n_part;
