@@ -150,10 +150,13 @@ static void cl_closed(void *ud, uint32_t peer, int reason, const uint8_t id[32])
         ((Client *)ud)->closed = reason ? reason : 1;
 }
 
+static uint32_t client_ciphers; /* client_start(): the ciphers it offers; 0: every one */
+
 static void client_start(Client *c, NetBackendKind kind, const Identity *id, const uint8_t (*allowed)[32],
                          size_t n_allowed, const uint8_t *sec, uint16_t port) {
         NetConfig cfg;
         test_config(&cfg, kind, id, allowed, n_allowed, sec);
+        cfg.ciphers = client_ciphers;
         NetCallbacks cb = { .connected = cl_connected, .tensor = cl_tensor, .control = cl_control, .closed = cl_closed };
         memset(c, 0, sizeof *c);
         cr_assert_eq(net_new(&cfg, &cb, c, &c->n), 0);
@@ -219,10 +222,44 @@ static void round_trips(NetBackendKind kind) {
         pid_t pid = server_start(kind, &a, NULL, 0, secret, &port);
         Client c;
         client_start(&c, kind, &b, NULL, 0, secret, port);
+        /* two nodes of this version on this CPU: the fastest cipher it runs */
+        uint32_t have = cipher_available();
+        Cipher best = have & CIPHER_BIT(CIPHER_AEGIS256X2) ? CIPHER_AEGIS256X2
+                      : have & CIPHER_BIT(CIPHER_AEGIS256) ? CIPHER_AEGIS256
+                      : have & CIPHER_BIT(CIPHER_AES256GCM) ? CIPHER_AES256GCM : CIPHER_CHACHA20POLY1305;
+        cr_assert_eq(net_peer_cipher(c.n, c.peer), (int)best, "%s", cipher_to_string(net_peer_cipher(c.n, c.peer)));
         static const size_t sizes[] = { 0, 1, 3, 4, 31, 4096, 65535, 1 << 20, (1 << 20) + 1, 3 << 20, 16 << 20, 64 << 20 };
         for (size_t k = 0; k < sizeof sizes / sizeof sizes[0]; k++)
                 round_trip(&c, sizes[k], (uint32_t)k);
         server_stop(&c, pid);
+}
+
+/* A peer that offers one cipher only (an older version, another CPU)
+ * gets it, and tensors go both ways bit for bit, whatever their sizes
+ * against the cipher's blocks and the frames. */
+Test(transport, every_cipher_round_trips, .timeout = 120) {
+        static const Cipher ciphers[] = { CIPHER_AES256GCM, CIPHER_CHACHA20POLY1305, CIPHER_AEGIS256,
+                                          CIPHER_AEGIS256X2 };
+        static const size_t sizes[] = { 0, 1, 31, 33, 65535, (1 << 20) + 1, 16 << 20 };
+        for (size_t k = 0; k < sizeof ciphers / sizeof *ciphers; k++) {
+                if (!(cipher_available() & CIPHER_BIT(ciphers[k]))) {
+                        cr_log_warn("SKIP: %s: this CPU does not run it\n", cipher_to_string(ciphers[k]));
+                        continue;
+                }
+                Identity a, b;
+                identity_generate(&a);
+                identity_generate(&b);
+                uint16_t port;
+                pid_t pid = server_start(NET_BACKEND_AUTO, &a, NULL, 0, secret, &port);
+                Client c;
+                client_ciphers = CIPHER_BIT(ciphers[k]);
+                client_start(&c, NET_BACKEND_AUTO, &b, NULL, 0, secret, port);
+                client_ciphers = 0;
+                cr_assert_eq(net_peer_cipher(c.n, c.peer), (int)ciphers[k], "%s", cipher_to_string(ciphers[k]));
+                for (size_t i = 0; i < sizeof sizes / sizeof *sizes; i++)
+                        round_trip(&c, sizes[i], (uint32_t)i);
+                server_stop(&c, pid);
+        }
 }
 
 Test(transport, round_trips_epoll, .timeout = 120) {
