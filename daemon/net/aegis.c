@@ -98,19 +98,6 @@ static ONE void init1(Aegis256 *a, const uint8_t *key, const uint8_t *nonce) {
         store1(a, s);
 }
 
-static ONE void absorb1(Aegis256 *a, const uint8_t *m) {
-        __m128i s[6];
-        load1(a, s);
-        update1(s, LD1(m));
-        store1(a, s);
-}
-
-static ONE void keystream_out1(Aegis256 *a, uint8_t *z) {
-        __m128i s[6];
-        load1(a, s);
-        ST1(z, keystream1(s));
-}
-
 /* Whole blocks of n: the bytes done. */
 static ONE size_t bulk1(Aegis256 *a, uint8_t *dst, const uint8_t *src, size_t n, bool dec) {
         __m128i s[6];
@@ -191,19 +178,6 @@ static TWO void init2(Aegis256 *a, const uint8_t *key, const uint8_t *nonce) {
         store2(a, s);
 }
 
-static TWO void absorb2(Aegis256 *a, const uint8_t *m) {
-        __m256i s[6];
-        load2(a, s);
-        update2(s, LD2(m));
-        store2(a, s);
-}
-
-static TWO void keystream_out2(Aegis256 *a, uint8_t *z) {
-        __m256i s[6];
-        load2(a, s);
-        ST2(z, keystream2(s));
-}
-
 static TWO size_t bulk2(Aegis256 *a, uint8_t *dst, const uint8_t *src, size_t n, bool dec) {
         __m256i s[6];
         size_t i = 0;
@@ -244,20 +218,6 @@ static void init_lanes(Aegis256 *a, const uint8_t *key, const uint8_t *nonce) {
                 init1(a, key, nonce);
 }
 
-static void absorb_block(Aegis256 *a, const uint8_t *m) {
-        if (a->lanes == 2)
-                absorb2(a, m);
-        else
-                absorb1(a, m);
-}
-
-static void keystream_out(Aegis256 *a, uint8_t *z) {
-        if (a->lanes == 2)
-                keystream_out2(a, z);
-        else
-                keystream_out1(a, z);
-}
-
 static size_t bulk(Aegis256 *a, uint8_t *dst, const uint8_t *src, size_t n, bool dec) {
         return a->lanes == 2 ? bulk2(a, dst, src, n, dec) : bulk1(a, dst, src, n, dec);
 }
@@ -279,14 +239,6 @@ static void init_lanes(Aegis256 *a, const uint8_t *key, const uint8_t *nonce) {
         abort();
 }
 
-static void absorb_block(Aegis256 *a, const uint8_t *m) {
-        abort();
-}
-
-static void keystream_out(Aegis256 *a, uint8_t *z) {
-        abort();
-}
-
 static size_t bulk(Aegis256 *a, uint8_t *dst, const uint8_t *src, size_t n, bool dec) {
         abort();
 }
@@ -298,6 +250,22 @@ static void tag_lanes(Aegis256 *a, uint8_t tag[AEGIS256_TAG_SIZE]) {
 #endif
 
 /* ---- the message, in pieces of any size ----------------------------------- */
+
+/* Absorbing a whole block is encrypting it and dropping the ciphertext. */
+static void absorb_block(Aegis256 *a, const uint8_t *m) {
+        uint8_t out[16 * AEGIS256_MAX_LANES];
+        bulk(a, out, m, block_size(a), false);
+        explicit_bzero(out, sizeof out);
+}
+
+/* The keystream of the next block, the state left as it is: a zero block
+ * encrypted on a copy (a block begun only at the end of a piece). */
+static void keystream_out(const Aegis256 *a, uint8_t *z) {
+        static const uint8_t zero[16 * AEGIS256_MAX_LANES];
+        Aegis256 t = *a;
+        bulk(&t, z, zero, block_size(a), false);
+        explicit_bzero(&t, sizeof t);
+}
 
 void aegis256_init(Aegis256 *a, unsigned lanes, const uint8_t key[AEGIS256_KEY_SIZE],
                    const uint8_t nonce[AEGIS256_NONCE_SIZE]) {

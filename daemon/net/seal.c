@@ -174,28 +174,21 @@ void seal_frame_to(Seal *s, FrameHeader *h, uint8_t hdr[FRAME_HEADER_SIZE], uint
 
         if (len == 0)
                 dst = (uint8_t *)(src = empty_payload);
-
+        if (seal_streams(s)) { /* the whole frame as one record */
+                seal_begin(s, h, hdr, len);
+                seal_update(s, dst, src, len);
+                seal_end(s, tag);
+                return;
+        }
         h->seq = s->tx_seq++;
         h->length = (uint32_t)len;
         frame_header_encode(h, hdr);
         make_nonce(nonce, h->seq);
-        switch (s->cipher) {
-        case CIPHER_AES256GCM:
-        case CIPHER_AEGIS256:
-        case CIPHER_AEGIS256X2:
-                tx_begin(s, nonce, hdr);
-                tx_update(s, dst, src, len);
-                tx_end(s, tag);
-                break;
-        case CIPHER_CHACHA20POLY1305:
+        if (s->cipher == CIPHER_CHACHA20POLY1305)
                 crypto_aead_chacha20poly1305_ietf_encrypt_detached(dst, tag, &maclen, src, len, hdr,
                                                                    FRAME_HEADER_SIZE, NULL, nonce, s->tx_key);
-                break;
-        default:
-                if (dst != src && len)
-                        memcpy(dst, src, len);
-                break;
-        }
+        else if (dst != src && len)
+                memcpy(dst, src, len);
 }
 
 void seal_frame(Seal *s, FrameHeader *h, uint8_t hdr[FRAME_HEADER_SIZE], uint8_t *payload,
@@ -206,29 +199,20 @@ void seal_frame(Seal *s, FrameHeader *h, uint8_t hdr[FRAME_HEADER_SIZE], uint8_t
 int seal_open(Seal *s, const uint8_t hdr[FRAME_HEADER_SIZE], const FrameHeader *h, uint8_t *payload,
               size_t len, const uint8_t tag[FRAME_TAG_SIZE]) {
         uint8_t nonce[12];
-        int r = 0;
 
         if (seal_check_seq(s, h) < 0 || h->length != len)
                 return -EBADMSG;
         if (len == 0)
                 payload = empty_payload;
-        make_nonce(nonce, h->seq);
-        switch (s->cipher) {
-        case CIPHER_AES256GCM:
-        case CIPHER_AEGIS256:
-        case CIPHER_AEGIS256X2:
-                r = rx_begin(s, nonce, hdr);
-                r = r < 0 ? r : rx_update(s, payload, len);
-                r = r < 0 ? r : rx_end(s, tag);
-                break;
-        case CIPHER_CHACHA20POLY1305:
-                r = crypto_aead_chacha20poly1305_ietf_decrypt_detached(payload, NULL, payload, len, tag, hdr,
-                                                                       FRAME_HEADER_SIZE, nonce, s->rx_key);
-                break;
-        default:
-                break;
+        if (seal_streams(s)) { /* the whole frame as one record */
+                if (seal_open_begin(s, hdr, h) < 0 || seal_open_update(s, payload, len) < 0)
+                        return -EBADMSG;
+                return seal_open_end(s, tag);
         }
-        if (r != 0)
+        make_nonce(nonce, h->seq);
+        if (s->cipher == CIPHER_CHACHA20POLY1305 &&
+            crypto_aead_chacha20poly1305_ietf_decrypt_detached(payload, NULL, payload, len, tag, hdr,
+                                                               FRAME_HEADER_SIZE, nonce, s->rx_key) != 0)
                 return -EBADMSG;
         s->rx_seq++;
         return 0;

@@ -90,11 +90,11 @@ int stage_checkpoint_newest(const char *dir, const char *job, int *ret_lo, int *
 
         stage_checkpoint_name(job, 0, 0, prefix, sizeof prefix);
         *strstr(prefix, ".layers-") = 0; /* the job's part of every name */
+        size_t n = strlen(prefix);
         DIR *d = opendir(dir);
         if (!d)
                 return -errno;
         for (struct dirent *e; (e = readdir(d));) {
-                size_t n = strlen(prefix);
                 int lo, hi, end = 0;
                 struct stat st;
                 if (strncmp(e->d_name, prefix, n) != 0 ||
