@@ -122,8 +122,11 @@ static void round_fail(CollRound *r, int error) {
         r->end_ns = now_ns();
 }
 
+/* Done once every piece is in and every piece of ours is handed to TCP: a
+ * node that stops after its last round must not take pieces a neighbour
+ * still waits for out of its send queue (net_free() says BYE first). */
 static void round_check_done(CollRound *r) {
-        if (r->state == COLL_ROUND_RUNNING && r->done == r->n_pieces) {
+        if (r->state == COLL_ROUND_RUNNING && r->done == r->n_pieces && r->sending == 0) {
                 r->state = COLL_ROUND_DONE;
                 r->end_ns = now_ns();
         }
@@ -464,6 +467,7 @@ void round_on_sent(Coll *c, uint64_t cookie) {
         if (r->state == COLL_ROUND_RUNNING) {
                 flush_backlog(r);
                 inject_more(r);
+                round_check_done(r);
         }
 }
 

@@ -78,10 +78,11 @@ static void kick_all(Net *n, Bundle *b) {
 }
 
 /* Items whose parts are all in, in their order, to the application; an
- * ACK when a quarter of the window has gone. */
+ * ACK when a quarter of the window has gone. The primary may have said BYE
+ * already: what the other lanes still bring came before it. */
 void lanes_deliver(Net *n, Bundle *b) {
         Link *primary = lane_link(n, b, 0);
-        while (b->announced && primary && primary->state == LINK_OPEN) {
+        while (b->announced && primary && (primary->state == LINK_OPEN || b->ending)) {
                 LaneSlot *s = &b->slot[b->rx_next % NET_LANE_WINDOW];
                 if (!s->used || !s->complete)
                         break;

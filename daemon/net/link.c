@@ -395,6 +395,8 @@ static int rx_frame(Link *l) {
         case FRAME_HEARTBEAT:
                 return 0;
         case FRAME_BYE:
+                if (l->bundle)
+                        l->bundle->ending = true;
                 return -ESHUTDOWN;
         case FRAME_LANE:
                 return lanes_rx_lane(l, l->ctl, h->length);
@@ -481,7 +483,7 @@ static void tx_pop(Link *l) {
         else if (i->type == FRAME_TENSOR && net->cb.sent)
                 net->cb.sent(net->userdata, l->id, i->cookie);
         if (i->type == FRAME_BYE)
-                net_link_close(l, 0);
+                net_link_bye_sent(l);
         free(i);
 }
 
@@ -515,7 +517,7 @@ bool link_tx_prepare(Link *l) {
 
         if (l->tx_ready)
                 return true;
-        if (l->tx_zc_pending || l->state == LINK_CLOSING)
+        if (l->tx_zc_pending || l->state == LINK_CLOSING || l->bye_sent)
                 return false;
         if (l->seal.tx_left) { /* the next record of a frame: nothing goes between */
                 tx_record(l, 0);
@@ -624,7 +626,8 @@ void link_tx_done(Link *l, size_t n) {
         net->stats.frames_sent++;
         l->last_sent_ns = net_now_ns();
         if (l->bye_sending) { /* not from the queue */
-                net_link_close(l, 0);
+                l->bye_sending = false;
+                net_link_bye_sent(l);
                 return;
         }
         if (i->type == FRAME_TENSOR) {

@@ -50,6 +50,7 @@ typedef struct Bundle {
         unsigned refs;        /* links pointing here */
         unsigned k, attached; /* lanes, and lanes open (and, responder, joined) */
         bool announced;       /* connected() told the application */
+        bool ending;          /* a lane said BYE: each other lane ends with its own */
         uint32_t lane[NET_MAX_LANES]; /* link ids; lane[0] the primary */
         uint8_t nonce[HANDSHAKE_NONCE_SIZE]; /* the primary's HELLO nonce: other lanes name it */
         uint8_t peer_id[IDENTITY_PK_SIZE];
@@ -110,6 +111,7 @@ typedef struct Link {
         bool opened;          /* the handshake finished */
         bool bye_pending;     /* net_free(): BYE goes out next */
         bool bye_sending;     /* l->iov holds that BYE */
+        bool bye_sent;        /* BYE is out and our side shut (net_link_bye_sent()) */
         bool relay_waiting;   /* a connection waiting at the relay: no deadline until its first byte */
         Bundle *bundle;       /* a link of several lanes: shared by them */
         unsigned lane;        /* this connection's index in it */
@@ -203,6 +205,7 @@ Link *net_link_find(const Net *n, uint32_t id);
 /* accept() failed for lack of resources: stop accepting for a while. */
 void net_accept_pause(Net *n);
 void net_link_close(Link *l, int reason);
+void net_link_bye_sent(Link *l);
 void net_link_released(Link *l);
 uint64_t net_now_ns(void);
 

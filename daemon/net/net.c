@@ -1,6 +1,7 @@
 /* net/net.c — the endpoint: configuration, listener, admission of new
  * connections, timers, and the application's calls. */
 #include <arpa/inet.h>
+#include <linux/sockios.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -8,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/ioctl.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -167,12 +169,25 @@ int net_new(const NetConfig *c, const NetCallbacks *cb, void *userdata, Net **re
         return 0;
 }
 
+/* A link whose BYE is still to go out, or whose bytes the peer's TCP has
+ * yet to acknowledge. Closing it then, with frames of the peer's unread,
+ * would answer with a reset, and a reset throws away what TCP still holds:
+ * on a lossy link, the last piece of a round. */
+static bool bye_unfinished(const Link *l) {
+        int queued = 0;
+        if (!l || l->state == LINK_CLOSING)
+                return false;
+        if (l->bye_pending || l->bye_sending)
+                return true;
+        return l->bye_sent && ioctl(l->fd, SIOCOUTQ, &queued) == 0 && queued > 0;
+}
+
 /* A stopping node says BYE on its open links, so its peers see an orderly
  * close and not a lost connection. Each BYE goes out after the frame its
- * link is sending (a tensor may be cut short: the peer drops it), and
- * closes its link; a link that cannot send it in NET_BYE_FLUSH_MS (a peer
- * that does not read) is closed without it. The application hears nothing
- * of this: it is freeing the Net. */
+ * link is sending (a tensor may be cut short: the peer drops it) and shuts
+ * the link's sending side; the links are closed once the peers' TCP has
+ * everything, or after NET_BYE_FLUSH_MS (a peer that does not read). The
+ * application hears nothing of this: it is freeing the Net. */
 static void net_say_bye(Net *n) {
         unsigned pending = 0;
 
@@ -195,8 +210,7 @@ static void net_say_bye(Net *n) {
                 net_run(n, 5);
                 pending = 0;
                 for (unsigned i = 0; i < n->cfg.max_links; i++)
-                        pending += n->links[i] && (n->links[i]->bye_pending || n->links[i]->bye_sending) &&
-                                   n->links[i]->state != LINK_CLOSING;
+                        pending += bye_unfinished(n->links[i]);
         }
 }
 
@@ -676,7 +690,18 @@ void net_link_close(Link *l, int reason) {
         l->state = LINK_CLOSING;
         n->closed_pending = true;
         n->backend->close_link(n, l);
-        lanes_close(l, reason); /* one lane lost is the link lost */
+        /* One lane lost is the link lost; but a lane that said BYE only
+         * ends itself: the others may still hold frames striped before it. */
+        if (reason != -ESHUTDOWN)
+                lanes_close(l, reason);
+}
+
+/* BYE is out: our side is shut (a FIN after everything queued); the link
+ * stays, reading, until the peer closes or net_say_bye() lets it go. */
+void net_link_bye_sent(Link *l) {
+        l->bye_sent = true;
+        if (shutdown(l->fd, SHUT_WR) < 0)
+                net_link_close(l, 0);
 }
 
 void net_link_released(Link *l) {

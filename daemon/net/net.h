@@ -150,9 +150,10 @@ typedef struct Net Net;
 
 int net_new(const NetConfig *c, const NetCallbacks *cb, void *userdata, Net **ret);
 /* Says BYE on every open link (after the frame each is sending, if any),
- * waits at most NET_BYE_FLUSH_MS for the BYEs to go out, then closes
- * everything. No callback runs but sent() for what was still queued. */
-#define NET_BYE_FLUSH_MS 200
+ * waits at most NET_BYE_FLUSH_MS until the peers' TCP has acknowledged all
+ * of it (a lossy link retransmits for a while), then closes everything. No
+ * callback runs but sent() for what was still queued. */
+#define NET_BYE_FLUSH_MS 2000
 Net *net_free(Net *n);
 DEFINE_TRIVIAL_CLEANUP_FUNC(Net *, net_free);
 const char *net_backend_name(const Net *n);

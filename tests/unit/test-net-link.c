@@ -18,6 +18,7 @@ static const uint8_t secret[32] = "net link unit test secret......";
 typedef struct Srv {
         Net *n;
         int connected, closed, reason;
+        int tensors, tensors_at_close; /* received; of those, before closed() */
         uint8_t id[IDENTITY_PK_SIZE];
         NetPeerInfo info; /* from net_peer_describe() in closed() */
         int describe;
@@ -26,14 +27,20 @@ typedef struct Srv {
 static void srv_connected(void *ud, uint32_t peer, const uint8_t id[32]) {
         ((Srv *)ud)->connected++;
 }
+static void srv_tensor(void *ud, NetTensor *t) {
+        Srv *s = ud;
+        s->tensors++;
+        net_tensor_release(s->n, t);
+}
 static void srv_closed(void *ud, uint32_t peer, int reason, const uint8_t id[32]) {
         Srv *s = ud;
         s->closed++;
+        s->tensors_at_close = s->tensors;
         s->reason = reason;
         memcpy(s->id, id, 32);
         s->describe = net_peer_describe(s->n, peer, &s->info);
 }
-static const NetCallbacks srv_cb = { .connected = srv_connected, .closed = srv_closed };
+static const NetCallbacks srv_cb = { .connected = srv_connected, .tensor = srv_tensor, .closed = srv_closed };
 
 static Identity server_id, client_id, stranger_id;
 
@@ -518,6 +525,41 @@ static void raw_chunk(Raw *r, uint64_t offset, uint32_t len) {
         raw_sealed(r, (FrameHeader){ .type = FRAME_TENSOR, .length = (uint32_t)n + 4 }, desc);
         raw_sealed(r, (FrameHeader){ .type = FRAME_DATA, .offset = offset, .length = len }, zeros);
 }
+
+/* A BYE on one lane ends that lane only: a tensor striped onto the other
+ * lane before it still arrives, and the link closes (reason 0, one
+ * closed()) once that lane says BYE too. On a lossy link the second lane's
+ * part may well come after the first lane's BYE. */
+static void lanes_bye(NetBackendKind kind) {
+        Srv s;
+        Raw r, e;
+        uint8_t desc[TENSOR_DESC_MAX_SIZE + 4], zeros[16] = {};
+        uint16_t port = srv_start(&s, kind, false, 0);
+        lanes_joined(&s, &r, &e, port);
+        raw_sealed(&r, (FrameHeader){ .type = FRAME_BYE }, zeros);
+        for (int i = 0; i < 50; i++)
+                net_run(s.n, 2);
+        cr_assert_eq(s.closed, 0, "a BYE on one lane closed the link before the other lane's part came");
+        TensorDesc d = { .dtype = DTYPE_U8, .ndim = 1, .dims = { 32 }, .bytes = 32 };
+        size_t n = tensor_desc_encode(&d, desc);
+        put_le32(desc + n, 16);
+        raw_sealed(&e, (FrameHeader){ .type = FRAME_TENSOR, .length = (uint32_t)n + 4 }, desc);
+        raw_sealed(&e, (FrameHeader){ .type = FRAME_DATA, .offset = 0, .length = 16 }, zeros);
+        raw_sealed(&e, (FrameHeader){ .type = FRAME_DATA, .flags = FRAME_FLAG_LAST, .offset = 16, .length = 16 },
+                   zeros);
+        raw_sealed(&e, (FrameHeader){ .type = FRAME_BYE }, zeros);
+        for (int i = 0; i < 500 && !s.closed; i++)
+                net_run(s.n, 2);
+        cr_assert_eq(s.tensors, 1, "the other lane's tensor was lost");
+        cr_assert_eq(s.closed, 1);
+        cr_assert_eq(s.tensors_at_close, 1, "closed() came before the tensor");
+        cr_assert_eq(s.reason, 0, "%d", s.reason);
+        raw_close(&r);
+        raw_close(&e);
+        net_free(s.n);
+}
+Test(netlink, a_lane_ends_with_its_own_bye_epoll) { lanes_bye(NET_BACKEND_EPOLL); }
+Test(netlink, a_lane_ends_with_its_own_bye_uring) { lanes_bye(NET_BACKEND_URING); }
 
 Test(netlink, lanes_broken_rules) {
         uint8_t ack[8] = { 5 };
