@@ -311,6 +311,17 @@ static int add_own(const CollRound *r, const Piece *p, uint8_t *a) {
         }
 }
 
+/* out = a, checking a as it goes: one pass over a received average. */
+_simd_clones_ static bool copy_finite_f32(float *restrict out, const float *restrict a, size_t n) {
+        const uint32_t *u = (const uint32_t *)a;
+        uint32_t bad = 0;
+        for (size_t i = 0; i < n; i++) {
+                bad |= (u[i] & F32_EXP) == F32_EXP;
+                out[i] = a[i];
+        }
+        return !bad;
+}
+
 /* A received average holds finite values only (int8: sane scales). */
 static bool received_ok(const CollRound *r, const uint8_t *a, size_t n) {
         switch (r->payload) {
@@ -363,7 +374,11 @@ static int take_piece(CollRound *r, uint32_t idx, uint8_t phase, NetTensor *t) {
 
         r->bytes_received += t->desc.bytes;
         if (phase == COLL_ALL_GATHER) {
-                if (!received_ok(r, in, p->count)) {
+                /* float32 into an output: checked as it is copied (a piece
+                 * not done is never read from the output) */
+                bool one_pass = r->out && r->payload == COLL_PAYLOAD_F32;
+                if (one_pass ? !copy_finite_f32(r->out + p->off, (const float *)in, p->count)
+                             : !received_ok(r, in, p->count)) {
                         net_tensor_release(r->coll->net, t);
                         round_fail(r, -EBADMSG);
                         return -EBADMSG;
@@ -371,7 +386,7 @@ static int take_piece(CollRound *r, uint32_t idx, uint8_t phase, NetTensor *t) {
                 p->held = t;
                 p->flags |= PIECE_GOT_AG | PIECE_DONE;
                 r->done++;
-                if (r->out)
+                if (r->out && !one_pass)
                         piece_output(r, p, t);
                 if ((r->rank + 1) % r->n_part != p->chunk)
                         send_piece(r, idx, COLL_ALL_GATHER);
