@@ -50,6 +50,7 @@ typedef struct LocalRunOptions {
         struct Control *control;
         const char *checkpoint_dir; /* checkpoints on request and on stop; NULL: none */
         bool load_checkpoint;       /* resume from the last one at start */
+        bool retire_checkpoints;    /* membership: a checkpoint written retires those of other layer ranges */
         const char *series_dir;     /* the series (run/series.h) appended there; NULL: none */
         /* pipeline_run() under membership: the whole model's parameters
          * (layer i at model_spec_params(m, 0, i)); the stage writes its

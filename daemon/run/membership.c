@@ -448,6 +448,7 @@ static int run_stage(Membership *m, unsigned cluster, unsigned stage, bool hande
         o.poll_userdata = m;
         /* written as anywhere, by layer range; read at start (carry_checkpoint()) */
         o.load_checkpoint = false;
+        o.retire_checkpoints = true;
         o.model_params = m->model;
         o.load_model_params = handed_over;
         o.carry = &m->carry;
@@ -545,6 +546,8 @@ static int take_plan(Membership *m) {
         bool handed_over = false;
         if (plan_find(m->plan, m->id->pk, &index, &cluster, &stage) < 0) {
                 stage_carry_clear(&m->carry); /* what it trained grows old */
+                if (m->o->checkpoint_dir) /* and so do its checkpoints: others hold their layers now */
+                        (void)stage_checkpoint_retire(m->o->checkpoint_dir, m->job->name, -1, -1);
                 log_info("Holds plan epoch %llu (signature %s…): a spare (%u nodes, %u clusters)",
                          (unsigned long long)m->plan->epoch, m->next_sig, m->plan->n_nodes, m->plan->n_clusters);
                 return 0;

@@ -324,10 +324,13 @@ static int save_checkpoint(Run *run) {
         if (averaging_outer_state(&run->av, &anchor, &momentum) >= 0)
                 (void)stage_checkpoint_save_outer(o->checkpoint_dir, run->job->name, pipe_stage(run->pipe), anchor,
                                                   momentum, as.rounds_done, &at);
-        int r = stage_checkpoint_save(o->checkpoint_dir, run->job->name, pipe_stage(run->pipe), pipe_optim(run->pipe),
-                                      &at);
+        const Stage *s = pipe_stage(run->pipe);
+        int r = stage_checkpoint_save(o->checkpoint_dir, run->job->name, s, pipe_optim(run->pipe), &at);
         if (r >= 0 && o->control)
                 control_report_checkpoint(o->control, at.step);
+        if (r >= 0 && o->retire_checkpoints) /* a layer range held before is someone else's now */
+                (void)stage_checkpoint_retire(o->checkpoint_dir, run->job->name, s->first_layer,
+                                              s->first_layer + s->n_layers);
         return r;
 }
 

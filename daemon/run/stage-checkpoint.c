@@ -83,10 +83,14 @@ int stage_checkpoint_load(const char *dir, const char *job, Stage *s, Optim *o, 
         return r;
 }
 
-int stage_checkpoint_newest(const char *dir, const char *job, int *ret_lo, int *ret_hi) {
+/* fn for each of job's stage checkpoints in dir ("<job>.layers-lo-hi.ckpt",
+ * a regular file), until it returns non-zero: that, 0, or -errno when dir
+ * cannot be read. */
+static int each_checkpoint(const char *dir, const char *job,
+                           int (*fn)(DIR *d, const char *name, int lo, int hi, const struct stat *st, void *ud),
+                           void *ud) {
         char prefix[160];
-        struct timespec newest = {};
-        int r = -ENOENT;
+        int r = 0;
 
         stage_checkpoint_name(job, 0, 0, prefix, sizeof prefix);
         *strstr(prefix, ".layers-") = 0; /* the job's part of every name */
@@ -94,7 +98,7 @@ int stage_checkpoint_newest(const char *dir, const char *job, int *ret_lo, int *
         DIR *d = opendir(dir);
         if (!d)
                 return -errno;
-        for (struct dirent *e; (e = readdir(d));) {
+        for (struct dirent *e; r == 0 && (e = readdir(d));) {
                 int lo, hi, end = 0;
                 struct stat st;
                 if (strncmp(e->d_name, prefix, n) != 0 ||
@@ -102,16 +106,73 @@ int stage_checkpoint_newest(const char *dir, const char *job, int *ret_lo, int *
                     e->d_name[n + (size_t)end] != 0 || fstatat(dirfd(d), e->d_name, &st, 0) < 0 ||
                     !S_ISREG(st.st_mode))
                         continue;
-                if (r == -ENOENT || st.st_mtim.tv_sec > newest.tv_sec ||
-                    (st.st_mtim.tv_sec == newest.tv_sec && st.st_mtim.tv_nsec > newest.tv_nsec)) {
-                        newest = st.st_mtim;
-                        *ret_lo = lo;
-                        *ret_hi = hi;
-                        r = 0;
-                }
+                r = fn(d, e->d_name, lo, hi, &st, ud);
         }
         closedir(d);
         return r;
+}
+
+typedef struct Newest {
+        struct timespec at;
+        int lo, hi;
+        bool found;
+} Newest;
+
+static int take_newer(DIR *d, const char *name, int lo, int hi, const struct stat *st, void *ud) {
+        Newest *w = ud;
+        if (!w->found || st->st_mtim.tv_sec > w->at.tv_sec ||
+            (st->st_mtim.tv_sec == w->at.tv_sec && st->st_mtim.tv_nsec > w->at.tv_nsec))
+                *w = (Newest){ .at = st->st_mtim, .lo = lo, .hi = hi, .found = true };
+        return 0;
+}
+
+int stage_checkpoint_newest(const char *dir, const char *job, int *ret_lo, int *ret_hi) {
+        Newest w = {};
+        int r = each_checkpoint(dir, job, take_newer, &w);
+        if (r < 0)
+                return r;
+        if (!w.found)
+                return -ENOENT;
+        *ret_lo = w.lo;
+        *ret_hi = w.hi;
+        return 0;
+}
+
+typedef struct Retire {
+        int keep_lo, keep_hi;
+        unsigned retired;
+        int error;
+} Retire;
+
+/* name, and its outer optimizer's file if there is one, to "<...>.retired" */
+static int retire_one(DIR *d, const char *name, int lo, int hi, const struct stat *st, void *ud) {
+        Retire *t = ud;
+        char from[200], to[220];
+        if (lo == t->keep_lo && hi == t->keep_hi)
+                return 0;
+        for (int outer = 0; outer < 2; outer++) {
+                snprintf(from, sizeof from, "%s%s", name, outer ? ".outer" : "");
+                snprintf(to, sizeof to, "%s.retired", from);
+                if (renameat(dirfd(d), from, dirfd(d), to) < 0 && !(outer && errno == ENOENT)) {
+                        t->error = -errno;
+                        return 0;
+                }
+        }
+        log_info("Retired the checkpoint of layers %d-%d (another node holds them now): kept as %s.retired, "
+                 "never loaded", lo, hi - 1, name);
+        t->retired++;
+        return 0;
+}
+
+int stage_checkpoint_retire(const char *dir, const char *job, int keep_lo, int keep_hi) {
+        Retire t = { .keep_lo = keep_lo, .keep_hi = keep_hi };
+        int r = each_checkpoint(dir, job, retire_one, &t);
+        if (r >= 0)
+                r = t.error;
+        if (r < 0)
+                return log_warning_errno(r, "Could not retire an older checkpoint in %s (it may be handed in after "
+                                            "a restart of the whole swarm): %m", dir);
+        return (int)t.retired;
 }
 
 static void outer_name(const char *job, const Stage *s, char *buf, size_t len) {

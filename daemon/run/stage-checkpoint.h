@@ -36,6 +36,12 @@ int stage_checkpoint_load_layers(const char *dir, const char *job, int lo, int h
  * node under membership moves between ranges): 0, -ENOENT when there is
  * none, or -errno when dir cannot be read. */
 int stage_checkpoint_newest(const char *dir, const char *job, int *ret_lo, int *ret_hi);
+/* A node under membership that no longer holds some layers (it moved, or is
+ * a spare) retires their checkpoints: every file of job's other than the
+ * range [keep_lo, keep_hi) (-1, -1: every one) is renamed to
+ * "<name>.retired", its ".outer" file too, so no restart loads layers that
+ * others trained on since. The number retired, or a logged -errno. */
+int stage_checkpoint_retire(const char *dir, const char *job, int keep_lo, int keep_hi);
 
 /* The outer optimizer's state of the stage (averaging.outer: the anchor and
  * its momentum, n values each) in a file of its own next to the stage's,

@@ -12,6 +12,7 @@
  * comes back; a member that breaks the rules loses its link and the
  * coordinator goes on. Times and peak memory are printed, never asserted. */
 #include <criterion/criterion.h>
+#include <dirent.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -340,6 +341,29 @@ Test(membership, training_goes_on_without_the_coordinator, .timeout = 120) {
  * state, and joins as one that trained; the fresh coordinator asks
  * everyone for their layers before its first plan, so every stage starts
  * from the checkpoints, whichever stage each node gets now. */
+/* The name of the one stage checkpoint ("*.ckpt") in dir, into name. */
+static void checkpoint_in(const char *dir, char *name, size_t len) {
+        DIR *d = opendir(dir);
+        cr_assert(d, "%s", dir);
+        name[0] = 0;
+        for (struct dirent *e; (e = readdir(d));) {
+                size_t n = strlen(e->d_name);
+                if (n > 5 && !strcmp(e->d_name + n - 5, ".ckpt")) {
+                        cr_assert_eq(name[0], 0, "two checkpoints in %s: %s and %s", dir, name, e->d_name);
+                        snprintf(name, len, "%s", e->d_name);
+                }
+        }
+        closedir(d);
+        cr_assert(name[0], "no checkpoint in %s", dir);
+}
+
+/* Read p's output until what occurs want times. */
+static bool wait_for_count(Proc *p, const char *what, int want, int timeout_ms) {
+        for (int t = 0; t < timeout_ms / 100 && test_count(p->out, what) < want; t++)
+                (void)proc_wait_for(p, "\x01", 100);
+        return test_count(p->out, what) >= want;
+}
+
 Test(membership, a_swarm_killed_whole_starts_from_its_checkpoints, .timeout = 180) {
         skip_without_dataset();
         char dir[] = "/tmp/ravnest-test-membership-XXXXXX", conf[3][256]; /* mkdtemp() fills in the X */
@@ -352,9 +376,24 @@ Test(membership, a_swarm_killed_whole_starts_from_its_checkpoints, .timeout = 18
                 start(&p[i], conf[i], "20"); /* longer than the test */
         for (int i = 1; i < 3; i++) {
                 cr_assert(proc_wait_for(&p[i], "Holds plan epoch 1 (", 30000), "node %d\n%s", i + 1, p[i].out);
-                cr_assert(proc_wait_for(&p[i], "Checkpoint written: ", 30000), "node %d\n%s", i + 1, p[i].out);
-                cr_assert(proc_wait_for(&p[i], "Checkpoint written: ", 30000), "node %d\n%s", i + 1, p[i].out);
+                cr_assert(wait_for_count(&p[i], "Checkpoint written: ", 2, 30000), "node %d\n%s", i + 1, p[i].out);
         }
+        /* node 2 with node 3's layers in a newer file, as if it had held
+         * them before: its next checkpoint retires that file */
+        char own[256], other[256], from[1600], to[600];
+        snprintf(from, sizeof from, "%s/n2", dir);
+        checkpoint_in(from, own, sizeof own);
+        snprintf(from, sizeof from, "%s/n3", dir);
+        checkpoint_in(from, other, sizeof other);
+        cr_assert(strcmp(own, other) != 0, "both nodes hold %s", own);
+        snprintf(from, sizeof from, "cp %s/n3/%s %s/n2/%s && touch -d '+10 seconds' %s/n2/%s", dir, other, dir, other,
+                 dir, other);
+        cr_assert_eq(system(from), 0, "%s", from);
+        int written = test_count(p[1].out, "Checkpoint written: ");
+        cr_assert(wait_for_count(&p[1], "Checkpoint written: ", written + 1, 30000), "%s", p[1].out);
+        cr_assert(proc_wait_for(&p[1], "Retired the checkpoint of layers ", 10000), "%s", p[1].out);
+        snprintf(to, sizeof to, "%s/n2/%s.retired", dir, other);
+        cr_assert_eq(access(to, F_OK), 0, "%s is not there", to);
         for (int i = 0; i < 3; i++) {
                 kill(p[i].pid, SIGKILL);
                 cr_assert_eq(proc_exit(&p[i]), 128 + SIGKILL);
@@ -362,6 +401,10 @@ Test(membership, a_swarm_killed_whole_starts_from_its_checkpoints, .timeout = 18
         double back = seconds();
         for (int i = 0; i < 3; i++)
                 start(&p[i], conf[i], "20");
+        int lo, hi;
+        cr_assert_eq(sscanf(strstr(own, ".layers-"), ".layers-%d-%d.ckpt", &lo, &hi), 2, "%s", own);
+        snprintf(to, sizeof to, "Holds layers %d-%d from its checkpoint", lo, hi - 1);
+        cr_assert(proc_wait_for(&p[1], to, 30000), "node 2 did not take its own layers (%s)\n%s", to, p[1].out);
         for (int i = 1; i < 3; i++) {
                 cr_assert(proc_wait_for(&p[i], "from its checkpoint, with their optimizer's state", 30000),
                           "node %d\n%s", i + 1, p[i].out);

@@ -1,7 +1,8 @@
 /* Checkpoints: a round trip is bit-identical; every flipped byte, truncation
  * and hostile header is refused with the outputs untouched; and a writer
  * killed at any moment (at every point of checkpoint_write, and at random
- * times) leaves the old or the new version, whole. */
+ * times) leaves the old or the new version, whole; retired layer ranges
+ * are never found again. */
 #include <criterion/criterion.h>
 #include <dirent.h>
 #include <fcntl.h>
@@ -18,6 +19,7 @@
 
 #include "nn/optim.h"
 #include "run/checkpoint.h"
+#include "run/stage-checkpoint.h"
 #include "util/rng.h"
 
 static char dir[] = "/tmp/ravnest-test-checkpoint-XXXXXX";
@@ -520,4 +522,47 @@ Test(checkpoint, clean_stale_removes_only_temporaries) {
         cr_assert_eq(access(p, F_OK), 0);
         cr_assert_eq(checkpoint_clean_stale(dir, "a/b"), -EINVAL);
         cr_assert_eq(checkpoint_clean_stale("/nonexistent-ravnest", "ckpt"), -ENOENT);
+}
+
+/* Under membership a node retires the checkpoints of layers it no longer
+ * holds: renamed to "<name>.retired" with their ".outer" file, never found
+ * again; the range it keeps, other jobs' files and other names stay. */
+static void touch_at(const char *name, time_t when) {
+        char p[300];
+        snprintf(p, sizeof p, "%s/%s", dir, name);
+        spit(p, "x", 1);
+        struct timespec t[2] = { { .tv_sec = when }, { .tv_sec = when } };
+        cr_assert_eq(utimensat(AT_FDCWD, p, t, 0), 0);
+}
+
+static bool exists(const char *name) {
+        char p[300];
+        snprintf(p, sizeof p, "%s/%s", dir, name);
+        return access(p, F_OK) == 0;
+}
+
+Test(checkpoint, retired_ranges_are_never_loaded) {
+        int lo = -1, hi = -1;
+        touch_at("job.layers-3-6.ckpt", 1000);
+        touch_at("job.layers-0-3.ckpt", 2000); /* the newest: another node's layers now */
+        touch_at("job.layers-0-3.ckpt.outer", 2000);
+        touch_at("other.layers-0-3.ckpt", 3000);
+        touch_at("job.layers-0-3.ckpt.tmp-a1B2c3", 4000);
+        cr_assert_eq(stage_checkpoint_newest(dir, "job", &lo, &hi), 0);
+        cr_assert(lo == 0 && hi == 3, "%d-%d", lo, hi);
+
+        cr_assert_eq(stage_checkpoint_retire(dir, "job", 3, 6), 1);
+        cr_assert(!exists("job.layers-0-3.ckpt") && !exists("job.layers-0-3.ckpt.outer"));
+        cr_assert(exists("job.layers-0-3.ckpt.retired") && exists("job.layers-0-3.ckpt.outer.retired"));
+        cr_assert(exists("job.layers-3-6.ckpt") && exists("other.layers-0-3.ckpt") &&
+                  exists("job.layers-0-3.ckpt.tmp-a1B2c3"));
+        cr_assert_eq(stage_checkpoint_newest(dir, "job", &lo, &hi), 0);
+        cr_assert(lo == 3 && hi == 6, "a retired range was found: %d-%d", lo, hi);
+        cr_assert_eq(stage_checkpoint_retire(dir, "job", 3, 6), 0, "retired twice");
+
+        cr_assert_eq(stage_checkpoint_retire(dir, "job", -1, -1), 1); /* a spare: every one */
+        cr_assert(exists("job.layers-3-6.ckpt.retired"));
+        cr_assert_eq(stage_checkpoint_newest(dir, "job", &lo, &hi), -ENOENT);
+        cr_assert_eq(stage_checkpoint_newest(dir, "other", &lo, &hi), 0);
+        cr_assert_lt(stage_checkpoint_retire("/nonexistent-ravnest", "job", -1, -1), 0);
 }
