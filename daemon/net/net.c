@@ -199,12 +199,13 @@ static void net_say_bye(Net *n) {
         n->cb.closed = NULL;
         for (unsigned i = 0; n->links && i < n->cfg.max_links; i++) {
                 Link *l = n->links[i];
-                if (!l || l->state != LINK_OPEN)
+                if (!l || l->state != LINK_OPEN || l->bye_sent) /* one the application said BYE on */
                         continue;
                 l->bye_pending = true;
                 n->backend->kick_send(n, l);
-                pending++;
         }
+        for (unsigned i = 0; n->links && i < n->cfg.max_links; i++)
+                pending += bye_unfinished(n->links[i]);
         uint64_t deadline = net_now_ns() + NET_BYE_FLUSH_MS * 1000000ULL;
         while (pending && net_now_ns() < deadline) {
                 net_run(n, 5);
