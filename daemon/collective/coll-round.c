@@ -368,17 +368,26 @@ static bool fill_own(CollRound *r, const Piece *p) {
 
 /* ---- receiving ---------------------------------------------------------- */
 
+/* A received average: false if it is not sane; else into the round's
+ * output, if it has one. float32 is checked as it is copied, one pass (a
+ * piece not done is never read from the output). */
+static bool take_average(CollRound *r, const Piece *p, const NetTensor *t) {
+        const uint8_t *in = t->data + COLL_PIECE_HEADER;
+        if (r->out && r->payload == COLL_PAYLOAD_F32)
+                return copy_finite_f32(r->out + p->off, (const float *)in, p->count);
+        if (!received_ok(r, in, p->count))
+                return false;
+        if (r->out)
+                piece_output(r, p, t);
+        return true;
+}
+
 static int take_piece(CollRound *r, uint32_t idx, uint8_t phase, NetTensor *t) {
         Piece *p = &r->pieces[idx];
-        uint8_t *in = t->data + COLL_PIECE_HEADER;
 
         r->bytes_received += t->desc.bytes;
         if (phase == COLL_ALL_GATHER) {
-                /* float32 into an output: checked as it is copied (a piece
-                 * not done is never read from the output) */
-                bool one_pass = r->out && r->payload == COLL_PAYLOAD_F32;
-                if (one_pass ? !copy_finite_f32(r->out + p->off, (const float *)in, p->count)
-                             : !received_ok(r, in, p->count)) {
+                if (!take_average(r, p, t)) {
                         net_tensor_release(r->coll->net, t);
                         round_fail(r, -EBADMSG);
                         return -EBADMSG;
@@ -386,8 +395,6 @@ static int take_piece(CollRound *r, uint32_t idx, uint8_t phase, NetTensor *t) {
                 p->held = t;
                 p->flags |= PIECE_GOT_AG | PIECE_DONE;
                 r->done++;
-                if (r->out && !one_pass)
-                        piece_output(r, p, t);
                 if ((r->rank + 1) % r->n_part != p->chunk)
                         send_piece(r, idx, COLL_ALL_GATHER);
                 else if (r->out) { /* the last to get it: nobody to pass it to */

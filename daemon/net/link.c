@@ -626,7 +626,6 @@ void link_tx_done(Link *l, size_t n) {
         net->stats.frames_sent++;
         l->last_sent_ns = net_now_ns();
         if (l->bye_sending) { /* not from the queue */
-                l->bye_sending = false;
                 net_link_bye_sent(l);
                 return;
         }

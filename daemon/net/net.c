@@ -700,6 +700,7 @@ void net_link_close(Link *l, int reason) {
 /* BYE is out: our side is shut (a FIN after everything queued); the link
  * stays, reading, until the peer closes or net_say_bye() lets it go. */
 void net_link_bye_sent(Link *l) {
+        l->bye_sending = false;
         l->bye_sent = true;
         if (shutdown(l->fd, SHUT_WR) < 0)
                 net_link_close(l, 0);

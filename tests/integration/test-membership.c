@@ -67,6 +67,13 @@ static unsigned short coordinator_port;
 static int behind_nat_node = -1; /* make_nodes(): this node (0-based) says membership.behind_nat */
 static const char *checkpoint_conf = "interval = 0; load = false;"; /* make_nodes(): every node's */
 
+/* A fresh directory for one test's nodes, into dir: mkdtemp() replaces
+ * the template's last six characters. */
+static void make_test_dir(char dir[64]) {
+        snprintf(dir, 64, "/tmp/ravnest-test-membership-XXXXXX");
+        cr_assert(mkdtemp(dir), "%s", dir);
+}
+
 /* n nodes in dir: keys, ports and configurations; node 1 coordinates (and
  * trains unless coordinate_only). */
 static void make_nodes(const char *dir, int n, double heartbeat, double deadline, bool coordinate_only,
@@ -123,9 +130,9 @@ static void make_nodes(const char *dir, int n, double heartbeat, double deadline
 
 Test(membership, six_join_one_leaves_training_goes_on, .timeout = 300) {
         skip_without_dataset();
-        char dir[] = "/tmp/ravnest-test-membership-XXXXXX", conf[N][256], text[256];
+        char dir[64], conf[N][256], text[256];
         Proc p[N];
-        cr_assert(mkdtemp(dir));
+        make_test_dir(dir);
         make_nodes(dir, N, 1.0, 10.0, false, conf);
 
         /* one by one: each joins before the next starts */
@@ -249,9 +256,9 @@ Test(membership, six_join_one_leaves_training_goes_on, .timeout = 300) {
  * gone after the deadline: a new epoch without it. */
 Test(membership, missed_heartbeats_make_a_new_epoch, .timeout = 120) {
         skip_without_dataset();
-        char dir[] = "/tmp/ravnest-test-membership-XXXXXX", conf[3][256], text[256], sig[9];
+        char dir[64], conf[3][256], text[256], sig[9];
         Proc p[3];
-        cr_assert(mkdtemp(dir));
+        make_test_dir(dir);
         make_nodes(dir, 3, 0.5, 4.0, false, conf);
         for (int i = 0; i < 3; i++) {
                 start(&p[i], conf[i], "1");
@@ -290,9 +297,9 @@ Test(membership, missed_heartbeats_make_a_new_epoch, .timeout = 120) {
  * their layers over. Node 1 only coordinates (membership.train = false). */
 Test(membership, training_goes_on_without_the_coordinator, .timeout = 120) {
         skip_without_dataset();
-        char dir[] = "/tmp/ravnest-test-membership-XXXXXX", conf[3][256], text[256];
+        char dir[64], conf[3][256], text[256];
         Proc p[3];
-        cr_assert(mkdtemp(dir));
+        make_test_dir(dir);
         make_nodes(dir, 3, 0.5, 4.0, true, conf);
         for (int i = 0; i < 3; i++) {
                 start(&p[i], conf[i], "20"); /* longer than the test */
@@ -335,12 +342,6 @@ Test(membership, training_goes_on_without_the_coordinator, .timeout = 120) {
         (void)!system(text);
 }
 
-/* The whole swarm goes down at once, coordinator included (a power cut:
- * SIGKILL, no last checkpoint), and comes back. Each training node holds
- * the layers of the checkpoint it wrote last, with their optimizer's
- * state, and joins as one that trained; the fresh coordinator asks
- * everyone for their layers before its first plan, so every stage starts
- * from the checkpoints, whichever stage each node gets now. */
 /* The name of the one stage checkpoint ("*.ckpt") in dir, into name. */
 static void checkpoint_in(const char *dir, char *name, size_t len) {
         DIR *d = opendir(dir);
@@ -364,11 +365,20 @@ static bool wait_for_count(Proc *p, const char *what, int want, int timeout_ms) 
         return test_count(p->out, what) >= want;
 }
 
+/* The whole swarm goes down at once, coordinator included (a power cut:
+ * SIGKILL, no last checkpoint), and comes back. Each training node holds
+ * the layers of the checkpoint it wrote last, with their optimizer's
+ * state, and joins as one that trained; the fresh coordinator asks
+ * everyone for their layers before its first plan, so every stage starts
+ * from the checkpoints, whichever stage each node gets now. A newer file
+ * of another node's layers, planted in node 2's directory while it trains
+ * (as if it had held them before), is retired at its next checkpoint and
+ * not loaded. */
 Test(membership, a_swarm_killed_whole_starts_from_its_checkpoints, .timeout = 180) {
         skip_without_dataset();
-        char dir[] = "/tmp/ravnest-test-membership-XXXXXX", conf[3][256]; /* mkdtemp() fills in the X */
+        char dir[64], conf[3][256];
         Proc p[3];
-        cr_assert(mkdtemp(dir));
+        make_test_dir(dir);
         checkpoint_conf = "interval = 1; load = true;";
         make_nodes(dir, 3, 0.5, 4.0, true, conf);
         checkpoint_conf = "interval = 0; load = false;";
@@ -378,8 +388,6 @@ Test(membership, a_swarm_killed_whole_starts_from_its_checkpoints, .timeout = 18
                 cr_assert(proc_wait_for(&p[i], "Holds plan epoch 1 (", 30000), "node %d\n%s", i + 1, p[i].out);
                 cr_assert(wait_for_count(&p[i], "Checkpoint written: ", 2, 30000), "node %d\n%s", i + 1, p[i].out);
         }
-        /* node 2 with node 3's layers in a newer file, as if it had held
-         * them before: its next checkpoint retires that file */
         char own[256], other[256], from[1600], to[600];
         snprintf(from, sizeof from, "%s/n2", dir);
         checkpoint_in(from, own, sizeof own);
@@ -432,9 +440,9 @@ Test(membership, a_swarm_killed_whole_starts_from_its_checkpoints, .timeout = 18
  * averaging members itself while nobody dials it. */
 Test(membership, a_node_behind_nat_joins_and_dials_out, .timeout = 120) {
         skip_without_dataset();
-        char dir[] = "/tmp/ravnest-test-membership-XXXXXX", conf[3][256];
+        char dir[64], conf[3][256];
         Proc p[3];
-        cr_assert(mkdtemp(dir));
+        make_test_dir(dir);
         behind_nat_node = 2;
         make_nodes(dir, 3, 0.5, 4.0, true, conf);
         behind_nat_node = -1;
@@ -514,9 +522,9 @@ static void rogue_try(const char *what, uint8_t type, const void *payload, size_
 
 Test(membership, a_member_breaking_the_rules_loses_its_link, .timeout = 120) {
         skip_without_dataset();
-        char dir[] = "/tmp/ravnest-test-membership-XXXXXX", conf[2][256], text[512];
+        char dir[64], conf[2][256], text[512];
         Proc p[2];
-        cr_assert(mkdtemp(dir));
+        make_test_dir(dir);
         make_nodes(dir, 2, 0.5, 4.0, true, conf);
         start(&p[0], conf[0], "1");
         cr_assert(proc_wait_for(&p[0], "Coordinating only", 30000), "%s", p[0].out);
