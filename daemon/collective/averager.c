@@ -450,13 +450,16 @@ static void *averager_main(void *arg) {
                 coll_run(a->coll, 5);
                 uint64_t now = now_ns();
                 unsigned connected = coll_n_connected(a->coll);
+                CollLoss lost = coll_loss(a->coll);
                 atomic_store(&a->peers_up, ring_peers_up(a));
-                if (connected != a->stats.connected) { /* only this thread writes it */
+                /* only this thread writes them */
+                if (connected != a->stats.connected || lost.count != a->stats.lost.count) {
                         NetStats ns;
                         net_get_stats(coll_net(a->coll), &ns);
                         pthread_mutex_lock(&a->lock);
                         a->stats.connected = connected;
                         a->stats.links_in = ns.links_in;
+                        a->stats.lost = lost;
                         pthread_mutex_unlock(&a->lock);
                 }
                 switch (atomic_load(&a->state)) {

@@ -100,6 +100,7 @@ typedef struct AveragerStats {
         unsigned last_group;                  /* the smallest group the last round asked for */
         unsigned connected;
         uint64_t links_in;                    /* links members dialed to this one (NetStats.links_in) */
+        CollLoss lost;                        /* links to members that closed, and the last */
         uint64_t bytes_sent, bytes_received;
 } AveragerStats;
 

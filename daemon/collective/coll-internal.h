@@ -125,6 +125,7 @@ struct Coll {
         bool final_next;      /* the rounds started next are last rounds */
         uint8_t *spare; /* the largest wire buffer of a past round, kept for the next */
         size_t spare_bytes;
+        CollLoss loss; /* links to members lost so far, and the last one */
 };
 
 int coll_member_of_peer(const Coll *c, uint32_t peer);

@@ -115,6 +115,8 @@ static void on_closed(void *ud, uint32_t peer, int reason, const uint8_t id[IDEN
                         m->next_dial_ns = now + (uint64_t)c->cfg.redial_ms * 1000000ull;
                 }
                 if (m->up && m->peer == peer) {
+                        c->loss = (CollLoss){ .count = c->loss.count + 1, .member = i, .reason = reason };
+                        (void)net_peer_describe(c->net, peer, &c->loss.info);
                         m->up = false;
                         m->next_dial_ns = now + (uint64_t)c->cfg.redial_ms * 1000000ull;
                         drop_early(c, early_from, &i);
@@ -286,6 +288,10 @@ unsigned coll_n_connected(const Coll *c) {
         for (unsigned i = 0; i < c->n_members; i++)
                 n += c->members[i].up;
         return n;
+}
+
+CollLoss coll_loss(const Coll *c) {
+        return c->loss;
 }
 
 Net *coll_net(Coll *c) {

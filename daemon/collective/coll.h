@@ -109,6 +109,15 @@ int coll_run(Coll *c, int timeout_ms);
 void coll_want(Coll *c, unsigned member, bool want);
 bool coll_connected(const Coll *c, unsigned member);
 unsigned coll_n_connected(const Coll *c);
+/* Links to members that closed, and the last of them: which member, why
+ * (NetCallbacks.closed's reason) and what the transport knew of the link. */
+typedef struct CollLoss {
+        uint64_t count;
+        unsigned member;
+        int reason;
+        NetPeerInfo info;
+} CollLoss;
+CollLoss coll_loss(const Coll *c);
 Net *coll_net(Coll *c);
 /* The Net peer of member's link, or -ENOTCONN. */
 int64_t coll_peer(const Coll *c, unsigned member);

@@ -4,6 +4,7 @@
 #include <string.h>
 
 #include "events.h"
+#include "node.h"
 #include "util/log.h"
 #include "util/time-util.h"
 
@@ -111,12 +112,29 @@ int averaging_start(Averaging *a, const AveragingGroup *g, const Identity *id, s
                 a->av = averager_free(a->av);
                 return log_error_errno(r, "Failed to start the averaging thread: %m");
         }
+        a->members = ca->members;
         a->n_members = (unsigned)ca->n_members;
         a->join_timeout_ms = ca->join_timeout_ms;
         a->round_timeout_ms = ca->round_timeout_ms;
         a->active = true;
         log_started(a, ca);
         return 0;
+}
+
+/* Which member's link closed last, and why (the averaging thread redials
+ * it): the event a node logs for a peer that left. */
+static void log_link_lost(const Averaging *a, const CollLoss *l, uint64_t since) {
+        const ConfigMember *m = l->member < a->n_members ? &a->members[l->member] : NULL;
+        char hex[IDENTITY_HEX_SIZE] = "?", why[128], more[64] = "", fields[384];
+        if (m)
+                identity_to_hex(m->id, hex);
+        node_close_reason(l->reason, &l->info, why, sizeof why);
+        snprintf(fields, sizeof fields, "PEER=%s\nPEER_ADDRESS=%s\nREASON=%s", hex, l->info.address, why);
+        if (since > 1)
+                snprintf(more, sizeof more, " (%llu links lost since the last line)", (unsigned long long)since);
+        log_event(l->reason == 0 ? LOG_INFO : LOG_WARNING, EVENT_PEER_LEFT, fields,
+                  "Averaging: the link to member %u at %s closed: %s%s", l->member + 1,
+                  l->info.address[0] ? l->info.address : "?", why, more);
 }
 
 void averaging_step(Averaging *a, float *params, uint64_t samples) {
@@ -148,6 +166,8 @@ void averaging_step(Averaging *a, float *params, uint64_t samples) {
                             "kept their values",
                             (unsigned long)(s.rounds_done + s.rounds_failed), strerror(-s.last_error),
                             s.last_participants, a->n_members);
+        if (s.lost.count != a->seen.lost.count)
+                log_link_lost(a, &s.lost, s.lost.count - a->seen.lost.count);
         if (s.connected != a->seen.connected)
                 log_info("Averaging: %u of %u other members connected", s.connected, a->n_members - 1);
         a->seen = s;

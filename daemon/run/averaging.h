@@ -26,6 +26,7 @@ typedef struct AveragingGroup {
 
 typedef struct Averaging {
         Averager *av;
+        const ConfigMember *members; /* the group's, for messages */
         unsigned self, n_members;
         AveragerStats seen;         /* as of the last averaging_step() */
         uint64_t logged_ns, logged_rounds; /* the last round that had a log line */

@@ -28,7 +28,9 @@ static const char *reason_text(int reason) {
 }
 
 const char *node_close_reason(int reason, const NetPeerInfo *info, char *buf, size_t size) {
-        if (reason == -ETIMEDOUT)
+        if (reason == -ETIMEDOUT && info->timeout == NET_TIMEOUT_NONE) /* TCP's own: TCP_USER_TIMEOUT */
+                snprintf(buf, size, "timed out (data sent and not acknowledged)");
+        else if (reason == -ETIMEDOUT)
                 snprintf(buf, size, "timed out (%s deadline)", net_timeout_to_string(info->timeout));
         else if (reason == -EPROTONOSUPPORT)
                 snprintf(buf, size, "peer speaks protocol version %u, this node speaks %u", info->peer_version,

@@ -272,6 +272,9 @@ scenario_partition() {
         if wait_for 40 first_line_after "$d/c1s1.log" "Averaging round .* done: 2 of " "$offset"; then
                 pass "partition: clusters 1 and 2 average without cluster 3"
         else fail "partition: clusters 1 and 2 average without cluster 3" "$(tail -n 5 "$d/c1s1.log")"; fi
+        if wait_for 30 first_line_after "$d/c1s1.log" "Averaging: the link to member [0-9]* at .* closed: timed out" "$offset"; then
+                pass "partition: c1s1 names the averaging link it lost, and why"
+        else fail "partition: c1s1 names the averaging link it lost, and why" "$(tail -n 5 "$d/c1s1.log")"; fi
         sleep "$(( $(date +%s) - t_cut < 30 ? 30 - ($(date +%s) - t_cut) : 0 ))"
         apart cut_end
         heal

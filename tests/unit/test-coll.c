@@ -413,6 +413,12 @@ static void forged(CollPayload payload) {
                 cr_assert_eq(s.node[i].info.state, COLL_ROUND_FAILED, "member %u", i);
         cr_assert(!coll_connected(s.node[0].coll, 2), "the sender is refused");
         cr_assert(coll_connected(s.node[0].coll, 1));
+        /* the lost link is recorded: whose, and where it was */
+        CollLoss l = coll_loss(s.node[0].coll);
+        cr_assert_eq(l.count, 1);
+        cr_assert_eq(l.member, 2);
+        cr_assert(strncmp(l.info.address, "127.0.0.1:", 10) == 0, "%s", l.info.address);
+        cr_assert_eq(coll_loss(s.node[1].coll).count, 0);
         release(&s);
         swarm_free(&s);
 }

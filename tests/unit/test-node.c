@@ -84,6 +84,9 @@ Test(node, close_reasons_say_which) {
         cr_assert_str_eq(node_close_reason(-ETIMEDOUT, &info, buf, sizeof buf), "timed out (stalled frame deadline)");
         info.timeout = NET_TIMEOUT_IDLE;
         cr_assert_str_eq(node_close_reason(-ETIMEDOUT, &info, buf, sizeof buf), "timed out (idle link deadline)");
+        info.timeout = NET_TIMEOUT_NONE; /* TCP gave up on data it sent */
+        cr_assert_str_eq(node_close_reason(-ETIMEDOUT, &info, buf, sizeof buf),
+                         "timed out (data sent and not acknowledged)");
         info.peer_version = 2;
         cr_assert_str_eq(node_close_reason(-EPROTONOSUPPORT, &info, buf, sizeof buf),
                          "peer speaks protocol version 2, this node speaks 1");
