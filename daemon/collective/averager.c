@@ -74,9 +74,26 @@ struct Averager {
         uint64_t next_due_ns, steps_at_last, moshpit_round, fragment_round, last_rounds, round_start_ns, started_ns;
         bool settled;
 
+        /* an optimizer's state for joiners: the compute thread's, named once */
+        float *moments;
+        unsigned moment_arrays;
+        const uint64_t *opt_steps;
+        atomic_bool has_optimizer;
+        atomic_int give;  /* GIVE_NONE -> WANT (averager) -> FILLED (compute) -> NONE (averager) */
+        uint8_t *give_buf;
+        unsigned give_member, give_ring;
+        atomic_int fetch; /* FETCH_NONE -> WANT (compute) -> RUNNING, DONE (averager) -> NONE (compute) */
+        float *incoming;
+        int fetch_result;
+        uint64_t fetch_steps;
+        unsigned fetch_member;
+
         pthread_mutex_t lock; /* stats */
         AveragerStats stats;
 };
+
+enum { GIVE_NONE, GIVE_WANT, GIVE_FILLED };
+enum { FETCH_NONE, FETCH_WANT, FETCH_RUNNING, FETCH_DONE };
 
 void averager_config_defaults(AveragerConfig *c) {
         *c = (AveragerConfig){ .method = AVERAGER_RING, .interval_ms = 5000 };
@@ -117,6 +134,143 @@ static int place_rings(Averager *a) {
                 for (unsigned k = 0; k < a->places[i].n_near; k++)
                         coll_want(a->coll, a->places[i].near[k], true);
         return 0;
+}
+
+/* ---- an optimizer's state for joiners ------------------------------------ */
+
+static unsigned state_arrays(const Averager *a) {
+        return a->moment_arrays + (a->anchor ? 1 : 0);
+}
+
+/* Averaging thread: a joiner asks for the state of one of our rings. One
+ * copy is made at a time, and at most AVERAGER_MAX_GIVING are sent. */
+static void on_state_ask(void *ud, unsigned member, const CollStateAsk *m) {
+        Averager *a = ud;
+        unsigned ring = 0;
+        int error = 0;
+        while (ring < a->cfg.n_rings && a->rings[ring].group != m->group)
+                ring++;
+        if (!atomic_load(&a->has_optimizer))
+                error = -ENODATA;
+        else if (ring == a->cfg.n_rings || m->values != a->rings[ring].len || m->arrays != state_arrays(a))
+                error = -EINVAL;
+        else if (atomic_load(&a->give) != GIVE_NONE || coll_state_giving(a->coll) >= AVERAGER_MAX_GIVING)
+                error = -EBUSY;
+        else if (!(a->give_buf = malloc(coll_state_bytes(m->values, m->arrays))))
+                error = -ENOMEM;
+        if (error) {
+                (void)coll_state_refuse(a->coll, member, m->group, error);
+                return;
+        }
+        a->give_member = member;
+        a->give_ring = ring;
+        atomic_store(&a->give, GIVE_WANT);
+}
+
+/* Compute thread: the copy asked for, between two steps. */
+static void fill_gift(Averager *a) {
+        const AveragerRing *g = &a->rings[a->give_ring];
+        const float *arrays[COLL_STATE_MAX_ARRAYS];
+        unsigned n = 0;
+        for (; n < a->moment_arrays; n++)
+                arrays[n] = a->moments + n * a->cfg.len + g->off;
+        if (a->anchor)
+                arrays[n++] = a->momentum + g->off;
+        coll_state_fill(a->give_buf, g->group, arrays, n, g->len, *a->opt_steps);
+        atomic_store(&a->give, GIVE_FILLED);
+}
+
+/* Every ring's state from one of its members, into incoming. */
+static void fetch_start(Averager *a) {
+        int r = 0;
+        for (unsigned i = 0; r == 0 && i < a->cfg.n_rings; i++) {
+                const AveragerRing *g = &a->rings[i];
+                float *dst[COLL_STATE_MAX_ARRAYS];
+                for (unsigned k = 0; k < state_arrays(a); k++)
+                        dst[k] = a->incoming + k * a->cfg.len + g->off;
+                r = coll_state_fetch(a->coll, g->group, g->members, g->n, dst, state_arrays(a), g->len);
+        }
+        if (r < 0) {
+                coll_state_forget(a->coll);
+                a->fetch_result = r;
+                atomic_store(&a->fetch, FETCH_DONE);
+        } else
+                atomic_store(&a->fetch, FETCH_RUNNING);
+}
+
+static void fetch_check(Averager *a) {
+        int result = 0;
+        a->fetch_steps = 0;
+        for (unsigned i = 0; i < a->cfg.n_rings; i++) {
+                uint64_t steps = 0;
+                unsigned member = 0;
+                int r = coll_state_fetched(a->coll, a->rings[i].group, &steps, &member);
+                if (r == -EINPROGRESS)
+                        return;
+                if (r < 0 && result == 0)
+                        result = r;
+                if (r == 0 && steps >= a->fetch_steps) {
+                        a->fetch_steps = steps;
+                        a->fetch_member = member;
+                }
+        }
+        coll_state_forget(a->coll);
+        a->fetch_result = result;
+        atomic_store(&a->fetch, FETCH_DONE);
+}
+
+/* Averaging thread: a filled copy goes out; a fetch starts or is checked. */
+static void state_step(Averager *a) {
+        if (atomic_load(&a->give) == GIVE_FILLED) {
+                const AveragerRing *g = &a->rings[a->give_ring];
+                (void)coll_state_give(a->coll, a->give_member, a->give_buf, g->group, g->len, state_arrays(a));
+                a->give_buf = NULL;
+                atomic_store(&a->give, GIVE_NONE);
+        }
+        int f = atomic_load(&a->fetch);
+        if (f == FETCH_WANT)
+                fetch_start(a);
+        else if (f == FETCH_RUNNING)
+                fetch_check(a);
+}
+
+void averager_set_optimizer(Averager *a, float *moments, unsigned arrays, const uint64_t *steps) {
+        if (arrays == 0 || arrays + (a->anchor ? 1 : 0) > COLL_STATE_MAX_ARRAYS)
+                return;
+        a->moments = moments;
+        a->moment_arrays = arrays;
+        a->opt_steps = steps;
+        atomic_store(&a->has_optimizer, true);
+}
+
+int averager_fetch_state(Averager *a) {
+        if (!atomic_load(&a->has_optimizer))
+                return -ENODATA;
+        if (atomic_load(&a->fetch) != FETCH_NONE)
+                return -EBUSY;
+        a->incoming = malloc(state_arrays(a) * a->cfg.len * sizeof(float));
+        if (!a->incoming)
+                return -ENOMEM;
+        atomic_store(&a->fetch, FETCH_WANT);
+        return 0;
+}
+
+int averager_fetched_state(Averager *a, const float **ret, uint64_t *ret_steps, unsigned *ret_member) {
+        if (atomic_load(&a->fetch) != FETCH_DONE)
+                return -EINPROGRESS;
+        if (a->fetch_result == 0) {
+                *ret = a->incoming;
+                *ret_steps = a->fetch_steps;
+                *ret_member = a->fetch_member;
+        }
+        return a->fetch_result;
+}
+
+void averager_fetch_done(Averager *a) {
+        if (atomic_load(&a->fetch) != FETCH_DONE)
+                return;
+        a->incoming = mfree(a->incoming);
+        atomic_store(&a->fetch, FETCH_NONE);
 }
 
 int averager_new(const AveragerConfig *cfg, Averager **ret) {
@@ -169,6 +323,7 @@ int averager_new(const AveragerConfig *cfg, Averager **ret) {
         r = place_rings(a);
         if (r < 0)
                 goto fail;
+        coll_set_state_hook(a->coll, on_state_ask, a);
         r = coll_listen(a->coll, cfg->listen_port, &a->port);
         if (r < 0)
                 goto fail;
@@ -194,6 +349,8 @@ Averager *averager_free(Averager *a) {
         free(a->anchor);
         free(a->momentum);
         free(a->feedback);
+        free(a->give_buf);
+        free(a->incoming);
         for (unsigned i = 0; a->places && i < a->cfg.n_rings; i++)
                 free(a->places[i].near);
         free(a->places);
@@ -448,6 +605,7 @@ static void *averager_main(void *arg) {
         a->next_due_ns = a->started_ns + (uint64_t)a->cfg.interval_ms * 1000000ull;
         while (!atomic_load(&a->stop)) {
                 coll_run(a->coll, 5);
+                state_step(a);
                 uint64_t now = now_ns();
                 unsigned connected = coll_n_connected(a->coll);
                 CollLoss lost = coll_loss(a->coll);
@@ -574,6 +732,8 @@ int averager_sync(Averager *a, float *params, uint64_t samples) {
         int done = 0;
         atomic_fetch_add(&a->steps, 1);
         a->samples += samples;
+        if (atomic_load(&a->give) == GIVE_WANT)
+                fill_gift(a);
         if (a->anchor && !a->anchored) { /* no state set: the parameters as they are now */
                 memcpy(a->anchor, params, a->cfg.len * sizeof *params);
                 a->anchored = true;
@@ -645,7 +805,8 @@ void averager_join_cancel(Averager *a) {
 int averager_set_outer_state(Averager *a, const float *anchor, const float *momentum) {
         if (!a->anchor)
                 return -EINVAL;
-        memcpy(a->anchor, anchor, a->cfg.len * sizeof *anchor);
+        if (anchor)
+                memcpy(a->anchor, anchor, a->cfg.len * sizeof *anchor);
         if (momentum)
                 memcpy(a->momentum, momentum, a->cfg.len * sizeof *momentum);
         else

@@ -125,7 +125,8 @@ int averager_sync(Averager *a, float *params, uint64_t samples);
 void averager_get_stats(Averager *a, AveragerStats *ret);
 /* The outer optimizer's state (outer.enabled), owned by the compute thread:
  * set it before training (the initial parameters and zero momentum, or a
- * checkpoint's; momentum NULL: zeros), read it for a checkpoint (-ENODATA
+ * checkpoint's; momentum NULL: zeros; anchor NULL: as it is), read it for a
+ * checkpoint (-ENODATA
  * before there is an anchor). Without
  * a set state, the parameters at the first averager_sync() are the anchor.
  * -EINVAL without an outer optimizer. */
@@ -155,6 +156,25 @@ unsigned averager_join(Averager *a);
 bool averager_joining(const Averager *a);
 /* No more join rounds (one under way finishes as one). */
 void averager_join_cancel(Averager *a);
+/* An optimizer's state for joiners. The compute thread names its
+ * optimizer's moments once, before training (arrays of the slab's len
+ * values, one after another, and its step count). Then a member that joins
+ * takes them from another member after its join rounds: every ring's values
+ * from one member of the ring (coll_state_fetch()), with the outer
+ * optimizer's momentum after the moments. A member gives at most
+ * AVERAGER_MAX_GIVING at once; the compute thread copies its state between
+ * two steps (averager_sync()). */
+#define AVERAGER_MAX_GIVING 2
+void averager_set_optimizer(Averager *a, float *moments, unsigned arrays, const uint64_t *steps);
+/* From the compute thread, after the join rounds: ask. -ENODATA without an
+ * optimizer named. */
+int averager_fetch_state(Averager *a);
+/* -EINPROGRESS, or how the fetch ended: 0, with *ret the arrays (the
+ * moments, then the outer momentum if any; len values each), the giver's
+ * steps and member index, until averager_fetch_done(); else why not. */
+int averager_fetched_state(Averager *a, const float **ret, uint64_t *ret_steps, unsigned *ret_member);
+void averager_fetch_done(Averager *a);
+
 /* Whether every ring of this node has another member connected (Moshpit:
  * any member), as the averaging thread last saw it. */
 bool averager_peers_up(const Averager *a);

@@ -105,6 +105,33 @@ struct CollRound {
         uint64_t bytes_sent, bytes_received;
 };
 
+/* An optimizer's state on its way to a joiner (coll-state.c). */
+#define COLL_MAX_DONATIONS 4
+typedef struct Donation {
+        uint32_t id;          /* the cookie of its pieces (rounds' cookies start at 1 << 32) */
+        unsigned member;
+        uint32_t peer;        /* the link it goes on: once gone, nothing more */
+        uint32_t group;
+        uint8_t *buf;         /* the pieces, header and values, PIECE_STRIDE apart; freed once sent */
+        size_t total, n_pieces, next, sending;
+} Donation;
+
+/* An optimizer's state asked for, one member of the group at a time. */
+typedef struct Fetch {
+        uint32_t group;
+        unsigned members[COLL_MAX_MEMBERS], n;
+        uint64_t tried;       /* bit i: members[i] was asked */
+        int donor;            /* the member asked now; -1: none */
+        float *dst[COLL_STATE_MAX_ARRAYS];
+        unsigned arrays;
+        size_t values, n_pieces, n_got;
+        uint8_t *got;         /* one byte per piece */
+        uint64_t steps, deadline_ns;
+        bool steps_known;
+        int last_error;       /* the last refusal, or why the last member failed */
+        int result;           /* -EINPROGRESS, 0, or last_error once nobody is left to ask */
+} Fetch;
+
 struct Coll {
         Net *net;
         CollConfig cfg;
@@ -126,6 +153,13 @@ struct Coll {
         uint8_t *spare; /* the largest wire buffer of a past round, kept for the next */
         size_t spare_bytes;
         CollLoss loss; /* links to members lost so far, and the last one */
+        Donation donations[COLL_MAX_DONATIONS];
+        unsigned n_donations;
+        uint32_t next_donation;
+        Fetch *fetches;
+        unsigned n_fetches;
+        CollStateHook state_hook;
+        void *state_ud;
 };
 
 int coll_member_of_peer(const Coll *c, uint32_t peer);
@@ -158,3 +192,13 @@ void round_on_abort(Coll *c, unsigned member, const CollAbort *m);
 void round_tick(Coll *c, uint64_t now);
 void round_destroy(CollRound *r);
 void round_release_held(CollRound *r);
+
+/* coll-state.c */
+void state_on_ask(Coll *c, unsigned member, const CollStateAsk *m);
+void state_on_no(Coll *c, unsigned member, const CollStateNo *m);
+void state_on_piece(Coll *c, unsigned member, const CollPiece *h, NetTensor *t);
+void state_on_sent(Coll *c, uint32_t id);
+void state_on_member_lost(Coll *c, unsigned member);
+void state_tick(Coll *c, uint64_t now);
+void state_stop_giving(Coll *c);
+void coll_state_free(Coll *c);

@@ -30,10 +30,11 @@ static bool weight_ok(double w) {
 }
 
 /*  0 u32 magic, 4 u8 kind, 5 u8 flags (READY, START: 1 final), 6..7 zero,
- *  8 u32 group, 12 u32 zero, 16 u64 round,
+ *  8 u32 group, 12 u32 zero, 16 u64 round (STATE_ASK, STATE_NO: zero),
  * READY: 24 f64 weight, 32 u64 view, 40 u64 blame            (48 bytes)
  * START: 24 u64 participants, 32 u32 n, 36 zero, 40 n x f64 (40 + 8n bytes)
- * ABORT: 24 i32 error, 28 zero                              (32 bytes) */
+ * ABORT, STATE_NO: 24 i32 error, 28 zero                    (32 bytes)
+ * STATE_ASK: 24 u64 values, 32 u32 arrays, 36 zero           (40 bytes) */
 static void ctl_head(uint8_t *out, uint8_t kind, uint32_t group, uint64_t round) {
         memset(out, 0, 24);
         put_le32(out, CTL_MAGIC);
@@ -69,6 +70,40 @@ size_t coll_abort_encode(const CollAbort *m, uint8_t *out) {
         return 32;
 }
 
+size_t coll_state_ask_encode(const CollStateAsk *m, uint8_t *out) {
+        ctl_head(out, COLL_STATE_ASK, m->group, 0);
+        put_le64(out + 24, m->values);
+        put_le32(out + 32, m->arrays);
+        put_le32(out + 36, 0);
+        return 40;
+}
+
+size_t coll_state_no_encode(const CollStateNo *m, uint8_t *out) {
+        ctl_head(out, COLL_STATE_NO, m->group, 0);
+        put_le32(out + 24, (uint32_t)m->error);
+        put_le32(out + 28, 0);
+        return 32;
+}
+
+static bool error_ok(int32_t e) {
+        return e < 0 && e >= -4095;
+}
+
+/* STATE_ASK, STATE_NO: no round, no flag. */
+static int decode_state(const uint8_t *in, size_t len, CollCtl *m) {
+        if (in[5] || get_le64(in + 16))
+                return -EBADMSG;
+        if (m->kind == COLL_STATE_NO) {
+                m->no = (CollStateNo){ .group = get_le32(in + 8), .error = (int32_t)get_le32(in + 24) };
+                return len == 32 && !get_le32(in + 28) && error_ok(m->no.error) ? 0 : -EBADMSG;
+        }
+        if (len != 40 || get_le32(in + 36))
+                return -EBADMSG;
+        m->ask = (CollStateAsk){ .group = get_le32(in + 8), .values = get_le64(in + 24), .arrays = get_le32(in + 32) };
+        return m->ask.values >= 1 && m->ask.values <= 1ull << 40 && m->ask.arrays >= 1 &&
+                               m->ask.arrays <= COLL_STATE_MAX_ARRAYS ? 0 : -EBADMSG;
+}
+
 int coll_ctl_decode(const uint8_t *in, size_t len, CollCtl *ret) {
         if (len < 32 || get_le32(in) != CTL_MAGIC || (in[5] & ~FLAG_FINAL) || in[6] || in[7] || get_le32(in + 12))
                 return -EBADMSG;
@@ -83,7 +118,12 @@ int coll_ctl_decode(const uint8_t *in, size_t len, CollCtl *ret) {
                         .round = get_le64(in + 16),
                         .error = (int32_t)get_le32(in + 24),
                 };
-                if (len != 32 || get_le32(in + 28) || m.abort.error >= 0 || m.abort.error < -4095)
+                if (len != 32 || get_le32(in + 28) || !error_ok(m.abort.error))
+                        return -EBADMSG;
+                break;
+        case COLL_STATE_ASK:
+        case COLL_STATE_NO:
+                if (decode_state(in, len, &m) < 0)
                         return -EBADMSG;
                 break;
         case COLL_READY:
@@ -168,7 +208,8 @@ int coll_piece_decode(const uint8_t *in, size_t len, CollPiece *ret) {
                 .round = get_le64(in + 16),
                 .count = get_le32(in + 24),
         };
-        if ((p.phase != COLL_REDUCE_SCATTER && p.phase != COLL_ALL_GATHER) || get_le16(in + 6) ||
+        if (p.phase < COLL_REDUCE_SCATTER || p.phase > COLL_STATE || (p.phase == COLL_STATE && p.dtype != DTYPE_F32) ||
+            get_le16(in + 6) ||
             p.count == 0 || coll_payload_size(p.dtype, p.count) == 0 ||
             len - COLL_PIECE_HEADER != coll_payload_size(p.dtype, p.count))
                 return -EBADMSG;

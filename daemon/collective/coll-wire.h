@@ -40,12 +40,32 @@ typedef enum CollCtlKind {
         COLL_READY = 1, /* member -> leader: I am ready for the next round of this group */
         COLL_START = 2, /* leader -> participants: who takes part, with what weight */
         COLL_ABORT = 3, /* participant -> participants: I gave this round up */
+        COLL_STATE_ASK = 4, /* joiner -> member: hand me your optimizer's state of this group's values */
+        COLL_STATE_NO = 5,  /* member -> joiner: it will not (busy, no state, other values) */
 } CollCtlKind;
 
 typedef enum CollPhase {
         COLL_REDUCE_SCATTER = 1,
         COLL_ALL_GATHER = 2,
+        COLL_STATE = 3, /* a piece of an optimizer's state handed to a joiner (round: its steps) */
 } CollPhase;
+
+/* An optimizer's state handed over: `arrays` float32 arrays of `values`
+ * each (the optimizer's moments, then the outer optimizer's momentum), one
+ * after another, cut into pieces of COLL_STATE_PIECE_VALUES. */
+#define COLL_STATE_MAX_ARRAYS 4
+#define COLL_STATE_PIECE_VALUES (128u << 10) /* 512 KiB */
+
+typedef struct CollStateAsk {
+        uint32_t group;
+        uint64_t values;  /* of each array: the group's values (1 .. 2^40) */
+        uint32_t arrays;  /* 1 .. COLL_STATE_MAX_ARRAYS */
+} CollStateAsk;
+
+typedef struct CollStateNo {
+        uint32_t group;
+        int32_t error;    /* -EBUSY, -ENODATA (no optimizer), -EINVAL (other values), ... */
+} CollStateNo;
 
 typedef struct CollReady {
         uint32_t group;
@@ -77,6 +97,8 @@ typedef struct CollCtl {
                 CollReady ready;
                 CollStart start;
                 CollAbort abort;
+                CollStateAsk ask;
+                CollStateNo no;
         };
 } CollCtl;
 
@@ -86,12 +108,14 @@ typedef struct CollCtl {
 size_t coll_ready_encode(const CollReady *m, uint8_t *out);
 size_t coll_start_encode(const CollStart *m, uint8_t *out);
 size_t coll_abort_encode(const CollAbort *m, uint8_t *out);
+size_t coll_state_ask_encode(const CollStateAsk *m, uint8_t *out);
+size_t coll_state_no_encode(const CollStateNo *m, uint8_t *out);
 /* -EBADMSG: wrong magic, kind, size, or a value out of range. */
 int coll_ctl_decode(const uint8_t *in, size_t len, CollCtl *ret);
 
 typedef struct CollPiece {
         uint8_t phase; /* CollPhase */
-        uint8_t dtype; /* DTYPE_F32, DTYPE_F16 or DTYPE_Q8 */
+        uint8_t dtype; /* DTYPE_F32, DTYPE_F16 or DTYPE_Q8; COLL_STATE: DTYPE_F32 */
         uint32_t group;
         uint32_t index; /* piece number in the round */
         uint32_t count; /* values that follow the header */

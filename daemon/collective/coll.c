@@ -121,6 +121,7 @@ static void on_closed(void *ud, uint32_t peer, int reason, const uint8_t id[IDEN
                         m->next_dial_ns = now + (uint64_t)c->cfg.redial_ms * 1000000ull;
                         drop_early(c, early_from, &i);
                         round_on_member_lost(c, i);
+                        state_on_member_lost(c, i);
                 }
         }
 }
@@ -139,6 +140,10 @@ static void on_control(void *ud, uint32_t peer, uint8_t type, const uint8_t *pay
                 round_on_ready(c, (unsigned)member, &m.ready);
         else if (m.kind == COLL_ABORT)
                 round_on_abort(c, (unsigned)member, &m.abort);
+        else if (m.kind == COLL_STATE_ASK)
+                state_on_ask(c, (unsigned)member, &m.ask);
+        else if (m.kind == COLL_STATE_NO)
+                state_on_no(c, (unsigned)member, &m.no);
         else if (round_on_start(c, (unsigned)member, &m.start) == -EBADMSG)
                 net_close_peer(c->net, peer);
 }
@@ -156,12 +161,17 @@ static void on_tensor(void *ud, NetTensor *t) {
                 coll_ban(c, (unsigned)member);
                 return;
         }
-        if (round_on_piece(c, (unsigned)member, &h, t) == -EBADMSG)
+        if (h.phase == COLL_STATE)
+                state_on_piece(c, (unsigned)member, &h, t);
+        else if (round_on_piece(c, (unsigned)member, &h, t) == -EBADMSG)
                 coll_ban(c, (unsigned)member);
 }
 
 static void on_sent(void *ud, uint32_t peer, uint64_t cookie) {
-        round_on_sent(ud, cookie);
+        if (cookie >> 32 == 0) /* a state's piece: rounds count from 1 */
+                state_on_sent(ud, (uint32_t)cookie);
+        else
+                round_on_sent(ud, cookie);
 }
 
 static const NetCallbacks callbacks = {
@@ -209,7 +219,9 @@ Coll *coll_free(Coll *c) {
                 round_release_held(r);
                 r->freed = true; /* the sent() calls of net_free() only count down */
         }
+        state_stop_giving(c);
         c->net = net_free(c->net);
+        coll_state_free(c);
         while (c->rounds) {
                 CollRound *r = c->rounds;
                 c->rounds = r->next;
@@ -271,6 +283,7 @@ int coll_run(Coll *c, int timeout_ms) {
                 c->next_heartbeat_ns = now + HEARTBEAT_NS;
         }
         round_tick(c, now);
+        state_tick(c, now);
         return r;
 }
 
@@ -288,6 +301,11 @@ unsigned coll_n_connected(const Coll *c) {
         for (unsigned i = 0; i < c->n_members; i++)
                 n += c->members[i].up;
         return n;
+}
+
+void coll_set_state_hook(Coll *c, CollStateHook hook, void *ud) {
+        c->state_hook = hook;
+        c->state_ud = ud;
 }
 
 CollLoss coll_loss(const Coll *c) {

@@ -123,6 +123,36 @@ Net *coll_net(Coll *c);
 int64_t coll_peer(const Coll *c, unsigned member);
 void coll_set_piece_hook(Coll *c, CollPieceHook hook, void *ud);
 
+/* ---- an optimizer's state for a joiner (coll-state.c) ----
+ * A member that joins a swarm that trains already asks the members of a
+ * group, one at a time, for their optimizer's state of the group's values
+ * (coll_state_fetch). Asked, a member's owner hears it through the hook
+ * and hands the state over (coll_state_give) or refuses (coll_state_refuse:
+ * busy, no state). The joiner checks every piece (from the member it asked,
+ * in its place, once, one step count, every value finite) and asks the next
+ * member on a refusal, a bad piece (its sender is refused for ban_ms), a
+ * lost link, or round_timeout_ms without a piece. */
+typedef void (*CollStateHook)(void *ud, unsigned member, const CollStateAsk *ask);
+void coll_set_state_hook(Coll *c, CollStateHook hook, void *ud);
+/* The buffer coll_state_fill() writes: arrays of values each, as pieces. */
+size_t coll_state_bytes(size_t values, unsigned arrays);
+void coll_state_fill(uint8_t *buf, uint32_t group, const float *const *arrays, unsigned n_arrays, size_t values,
+                     uint64_t steps);
+/* Send a filled buffer to member; coll frees it once sent (or at once on an
+ * error: -ENOTCONN, -EBUSY past COLL_MAX_DONATIONS under way). */
+int coll_state_give(Coll *c, unsigned member, uint8_t *buf, uint32_t group, size_t values, unsigned arrays);
+int coll_state_refuse(Coll *c, unsigned member, uint32_t group, int error);
+/* States being sent. */
+unsigned coll_state_giving(const Coll *c);
+/* Ask the connected members of group (not itself) in turn; dst[k] takes
+ * array k (values each), and must stay until coll_state_forget(). */
+int coll_state_fetch(Coll *c, uint32_t group, const unsigned *members, unsigned n, float *const *dst,
+                     unsigned arrays, size_t values);
+/* -EINPROGRESS; 0 with the giver's steps and index; or why no member gave
+ * it (the last refusal, -EBADMSG, -ETIMEDOUT, -ECONNRESET, -ENOTCONN). */
+int coll_state_fetched(const Coll *c, uint32_t group, uint64_t *ret_steps, unsigned *ret_member);
+void coll_state_forget(Coll *c);
+
 /* Start a round; x (len values) must stay unchanged until the round is
  * freed. -EBUSY if this group already has a round in progress. */
 int coll_round_start(Coll *c, uint32_t group, const unsigned *members, unsigned n, const float *x, size_t len,

@@ -56,6 +56,20 @@ size_t optim_state_floats(OptimKind kind, size_t n) {
         return kind == OPTIM_ACCUM_ADAM ? 3 * n : kind == OPTIM_ADAMW ? 2 * n : n;
 }
 
+unsigned optim_moments(OptimKind kind) {
+        return kind == OPTIM_SGD ? 1 : 2;
+}
+
+bool optim_moment_valid(OptimKind kind, unsigned k, const float *values, size_t n) {
+        bool second = kind != OPTIM_SGD && k == 1;
+        if (k >= optim_moments(kind))
+                return false;
+        for (size_t i = 0; i < n; i++)
+                if (!isfinite(values[i]) || (second && values[i] < 0))
+                        return false;
+        return true;
+}
+
 int optim_init(Optim *o, const OptimSpec *spec, size_t n, float *state) {
         if (spec->kind < 0 || spec->kind >= _OPTIM_KIND_MAX ||
             (spec->kind == OPTIM_ACCUM_ADAM && spec->accum_steps == 0))

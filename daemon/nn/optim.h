@@ -80,6 +80,16 @@ float lr_schedule_at(const OptimSpec *s, uint64_t t, uint64_t total);
 void optim_spec_defaults(OptimSpec *s, OptimKind kind);
 size_t optim_state_floats(OptimKind kind, size_t n);
 
+/* The arrays of n floats at the start of the state that are its moments,
+ * what a node that takes over layers or joins a swarm is handed: SGD's
+ * momentum, AdamW's and AccumAdam's m and v (AccumAdam's gradients summed
+ * since its last moment update stay behind). */
+unsigned optim_moments(OptimKind kind);
+/* Whether values (n of them) can be moment k of an optimizer's state: all
+ * finite, and a second moment never negative. Moments that come from
+ * another node (layers handed over, a joiner's donor) are checked with it. */
+bool optim_moment_valid(OptimKind kind, unsigned k, const float *values, size_t n);
+
 /* state must hold optim_state_floats() zeroed floats and outlive o. */
 int optim_init(Optim *o, const OptimSpec *spec, size_t n, float *state);
 

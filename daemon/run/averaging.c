@@ -228,6 +228,45 @@ int averaging_final(Averaging *a, float *params, void (*poll)(void *ud), void *u
         return 0;
 }
 
+void averaging_set_optimizer(Averaging *a, Optim *o) {
+        if (!a->active)
+                return;
+        a->optim = o;
+        averager_set_optimizer(a->av, o->state, optim_moments(o->spec.kind), &o->t);
+}
+
+/* After the join rounds: the moments of the values just taken, from a
+ * member of each ring, checked as any moments from another node are. */
+static void take_moments(Averaging *a, float *params, void (*poll)(void *ud), void *ud) {
+        Optim *o = a->optim;
+        unsigned k = optim_moments(o->spec.kind), member = 0;
+        uint64_t start = now_ns(), steps = 0;
+        const float *in = NULL;
+        int r = averager_fetch_state(a->av);
+        while (r >= 0 && (r = averager_fetched_state(a->av, &in, &steps, &member)) == -EINPROGRESS) {
+                averaging_step(a, params, 0);
+                if (poll)
+                        poll(ud);
+                r = 0;
+        }
+        for (unsigned i = 0; r == 0 && i < k; i++)
+                if (!optim_moment_valid(o->spec.kind, i, in + i * o->n, o->n))
+                        r = -EBADMSG;
+        if (r < 0) {
+                log_warning("Took no optimizer state from the other members (%s): its moments start from %s",
+                            r == -EBADMSG ? "moments no optimizer can hold" : strerror(-r),
+                            o->t ? "this node's checkpoint" : "zero");
+                averager_fetch_done(a->av);
+                return;
+        }
+        memcpy(o->state, in, k * o->n * sizeof(float));
+        o->t = steps;
+        (void)averager_set_outer_state(a->av, NULL, in + k * o->n); /* -EINVAL: no outer optimizer */
+        averager_fetch_done(a->av);
+        log_info("Took the optimizer's moments from member %u: %llu steps, %.0f ms", member + 1,
+                 (unsigned long long)steps, (double)(now_ns() - start) / 1e6);
+}
+
 int averaging_join(Averaging *a, float *params, void (*poll)(void *ud), void *ud) {
         if (!a->active)
                 return 0;
@@ -256,6 +295,8 @@ int averaging_join(Averaging *a, float *params, void (*poll)(void *ud), void *ud
         log_info("Took the other members' parameters before training: %u round%s, the last of %u of %u members, "
                  "%.0f ms after the start",
                  rounds, rounds == 1 ? "" : "s", s.last_participants, s.last_group, (double)(now_ns() - start) / 1e6);
+        if (a->optim)
+                take_moments(a, params, poll, ud);
         return 0;
 }
 

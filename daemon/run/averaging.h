@@ -14,6 +14,7 @@
 
 #include "collective/averager.h"
 #include "conf/config.h"
+#include "nn/optim.h"
 
 /* An averaging group as a run takes part in it: its members and settings
  * (from ravnestd.conf, or from a coordinator's plan), the transport its
@@ -27,6 +28,7 @@ typedef struct AveragingGroup {
 typedef struct Averaging {
         Averager *av;
         const ConfigMember *members; /* the group's, for messages */
+        Optim *optim;                /* whose moments joiners take (averaging_set_optimizer) */
         unsigned self, n_members;
         AveragerStats seen;         /* as of the last averaging_step() */
         uint64_t logged_ns, logged_rounds; /* the last round that had a log line */
@@ -66,6 +68,11 @@ int averaging_final(Averaging *a, float *params, void (*poll)(void *ud), void *u
  * trains from its own parameters then). */
 #define AVERAGING_JOIN_ALONE_MS 3000 /* no member of some ring connected this long: nobody to join */
 int averaging_join(Averaging *a, float *params, void (*poll)(void *ud), void *ud);
+/* The stage's optimizer, before training: members that join take its
+ * moments (and the outer optimizer's momentum) from a member of each ring
+ * after their join rounds, the step count with them, and this node gives
+ * its own to joiners (averager_set_optimizer()). */
+void averaging_set_optimizer(Averaging *a, Optim *o);
 /* The outer optimizer's state (averaging.outer), for checkpoints: see
  * averager_outer_state(). -EINVAL when this run has no outer optimizer. */
 int averaging_outer_state(const Averaging *a, const float **ret_anchor, const float **ret_momentum);

@@ -229,7 +229,7 @@ static void on_control(void *ud, uint32_t peer, uint8_t type, const uint8_t *p, 
 /* The optimizer's moments a layer hands over with it: SGD's momentum,
  * AdamW's m and v (AccumAdam's gradients summed so far stay behind). */
 static unsigned job_moments(const Job *job) {
-        return (unsigned)MIN(optim_state_floats(job->optim.kind, 1), (size_t)PLAN_MAX_MOMENTS);
+        return MIN(optim_moments(job->optim.kind), (unsigned)PLAN_MAX_MOMENTS);
 }
 
 /* Layers of the new stage: only from the coordinator, only after it asked
@@ -241,10 +241,11 @@ static void on_tensor(void *ud, NetTensor *t) {
                   part <= job_moments(m->job) && l < (uint32_t)m->job->model.n_layers &&
                   t->desc.dtype == DTYPE_F32 && t->desc.ndim == 1 && t->desc.dims[0] > 0 &&
                   t->desc.dims[0] == m->layer_off[l + 1] - m->layer_off[l];
-        if (ok) {
+        if (ok) { /* part 0: the layer's parameters; then its moments */
                 const float *v = (const float *)t->data;
-                for (uint32_t i = 0; ok && i < t->desc.dims[0]; i++)
+                for (uint32_t i = 0; ok && part == 0 && i < t->desc.dims[0]; i++)
                         ok = isfinite(v[i]);
+                ok = ok && (part == 0 || optim_moment_valid(m->job->optim.kind, part - 1, v, t->desc.dims[0]));
         }
         if (ok && !m->incoming[part])
                 m->incoming[part] = calloc(m->layer_off[m->job->model.n_layers], sizeof(float));

@@ -493,7 +493,8 @@ in_step() {
 # The same swarm twice, with averaging.take_parameters: all four nodes
 # started together, then cluster 2's two started LATE_S seconds after
 # cluster 1's. Each joiner takes the others' parameters in its first round
-# (a weight of next to nothing) before it trains; both runs end as one averaged model above the bar.
+# (a weight of next to nothing), then a member's optimizer moments, before
+# it trains; both runs end as one averaged model above the bar.
 scenario_late() {
         local n a_together a_late
         round_timeout=60000 av_extra="take_parameters = true;" begin late-together 2 2 "$EPOCHS_LATE" "" || return
@@ -516,6 +517,10 @@ scenario_late() {
                         pass "late: $n takes the others' parameters before it trains"
                         log "late: $n in step $(in_step "$n") ms after its start"
                 else fail "late: $n takes the others' parameters before it trains" "$(tail -n 5 "$d/$n.log")"; fi
+                if wait_for 30 grep -q "Took the optimizer's moments from member [0-9]*: [1-9][0-9]* steps" "$d/$n.log"; then
+                        pass "late: $n takes a member's optimizer moments, and its step count"
+                        log "late: $n: $(grep -o "Took the optimizer's moments.*" "$d/$n.log" | head -n 1)"
+                else fail "late: $n takes a member's optimizer moments, and its step count" "$(tail -n 5 "$d/$n.log")"; fi
         done
         swarm_finish "$d"
         a_late=$(swarm_accuracy "$d/c1s2.log")

@@ -9,6 +9,7 @@
 #include "collective/quant.h"
 #include "tensor/half.h"
 #include "util/rng.h"
+#include "util/time-util.h"
 
 /* ---- wire ---------------------------------------------------------------- */
 
@@ -65,6 +66,46 @@ Test(coll_wire, roundtrip_and_every_corruption) {
                 cr_assert(r == -EBADMSG || payload_field, "byte %zu flipped and accepted", i);
                 piece[i] = save;
         }
+}
+
+Test(coll_wire, state_messages) {
+        uint8_t buf[COLL_CTL_MAX];
+        CollCtl m;
+        size_t n = coll_state_ask_encode(&(CollStateAsk){ .group = 7, .values = 300000, .arrays = 3 }, buf);
+        cr_assert_eq(coll_ctl_decode(buf, n, &m), 0);
+        cr_assert(m.kind == COLL_STATE_ASK && m.ask.group == 7 && m.ask.values == 300000 && m.ask.arrays == 3);
+        cr_assert_eq(coll_ctl_decode(buf, n - 1, &m), -EBADMSG);
+        uint32_t bad_arrays[] = { 0, COLL_STATE_MAX_ARRAYS + 1 };
+        for (unsigned k = 0; k < 2; k++) {
+                n = coll_state_ask_encode(&(CollStateAsk){ .group = 7, .values = 1, .arrays = bad_arrays[k] }, buf);
+                cr_assert_eq(coll_ctl_decode(buf, n, &m), -EBADMSG, "%u arrays accepted", bad_arrays[k]);
+        }
+        uint64_t bad_values[] = { 0, (1ull << 40) + 1 };
+        for (unsigned k = 0; k < 2; k++) {
+                n = coll_state_ask_encode(&(CollStateAsk){ .group = 7, .values = bad_values[k], .arrays = 1 }, buf);
+                cr_assert_eq(coll_ctl_decode(buf, n, &m), -EBADMSG);
+        }
+        n = coll_state_ask_encode(&(CollStateAsk){ .group = 7, .values = 1, .arrays = 1 }, buf);
+        buf[16] = 1; /* no round */
+        cr_assert_eq(coll_ctl_decode(buf, n, &m), -EBADMSG);
+        n = coll_state_no_encode(&(CollStateNo){ .group = 7, .error = -EBUSY }, buf);
+        cr_assert_eq(coll_ctl_decode(buf, n, &m), 0);
+        cr_assert(m.kind == COLL_STATE_NO && m.no.group == 7 && m.no.error == -EBUSY);
+        buf[5] = 1;
+        cr_assert_eq(coll_ctl_decode(buf, n, &m), -EBADMSG, "no last-round flag");
+        n = coll_state_no_encode(&(CollStateNo){ .group = 7, .error = 5 }, buf);
+        cr_assert_eq(coll_ctl_decode(buf, n, &m), -EBADMSG, "an error is negative");
+
+        uint8_t piece[COLL_PIECE_HEADER + 8];
+        CollPiece h;
+        coll_piece_encode(&(CollPiece){ .phase = COLL_STATE, .dtype = DTYPE_F32, .group = 7, .count = 2, .round = 9 },
+                          piece);
+        cr_assert_eq(coll_piece_decode(piece, sizeof piece, &h), 0);
+        cr_assert(h.phase == COLL_STATE && h.round == 9);
+        coll_piece_encode(&(CollPiece){ .phase = COLL_STATE, .dtype = DTYPE_F16, .group = 7, .count = 4 }, piece);
+        cr_assert_eq(coll_piece_decode(piece, sizeof piece, &h), -EBADMSG, "a state is float32");
+        piece[4] = COLL_STATE + 1;
+        cr_assert_eq(coll_piece_decode(piece, sizeof piece, &h), -EBADMSG);
 }
 
 Test(coll_wire, piece_size_per_dtype) {
@@ -457,5 +498,125 @@ Test(coll, bad_arguments) {
         CollRound *r2;
         cr_assert_eq(coll_round_start(k, 0, (unsigned[]){ 0, 1 }, 2, x, 4, 1, &r2), -EBUSY);
         coll_round_free(r);
+        swarm_free(&s);
+}
+
+/* ---- an optimizer's state for a joiner ------------------------------------ */
+
+typedef struct Giver {
+        Coll *c;
+        const float *arrays[2];
+        uint64_t steps;
+        int refuse;  /* answer with this error */
+        bool forge;  /* a NaN in the first piece */
+        unsigned asked;
+} Giver;
+
+static void give(void *ud, unsigned member, const CollStateAsk *m) {
+        Giver *g = ud;
+        g->asked++;
+        if (g->refuse) {
+                cr_assert_eq(coll_state_refuse(g->c, member, m->group, g->refuse), 0);
+                return;
+        }
+        cr_assert_eq(m->arrays, 2);
+        uint8_t *buf = malloc(coll_state_bytes(m->values, m->arrays));
+        cr_assert(buf);
+        coll_state_fill(buf, m->group, g->arrays, m->arrays, m->values, g->steps);
+        if (g->forge)
+                memcpy(buf + COLL_PIECE_HEADER, &(float){ NAN }, sizeof(float));
+        cr_assert_eq(coll_state_give(g->c, member, buf, m->group, m->values, m->arrays), 0);
+}
+
+/* Every member runs in this thread, in turn, until cond holds. */
+static void run_all(Swarm *s, bool (*cond)(Swarm *s, void *arg), void *arg) {
+        uint64_t deadline = now_ns() + 20 * NSEC_PER_SEC;
+        while (!cond(s, arg)) {
+                cr_assert_lt(now_ns(), deadline, "timed out");
+                for (unsigned i = 0; i < s->n; i++)
+                        coll_run(s->node[i].coll, 1);
+        }
+}
+
+static bool all_linked(Swarm *s, void *arg) {
+        for (unsigned i = 0; i < s->n; i++)
+                if (coll_n_connected(s->node[i].coll) != s->n - 1)
+                        return false;
+        return true;
+}
+
+static bool fetched(Swarm *s, void *arg) {
+        uint64_t steps;
+        unsigned member;
+        return coll_state_fetched(s->node[2].coll, 5, &steps, &member) != -EINPROGRESS;
+}
+
+static bool none_giving(Swarm *s, void *arg) {
+        return coll_state_giving(s->node[0].coll) == 0 && coll_state_giving(s->node[1].coll) == 0;
+}
+
+/* Member 2 asks the group's members in turn for two arrays of 300,000
+ * values (five pieces, the last one short); members 0 and 1 answer as
+ * givers[0] and [1] say. The outcome, and what arrived. */
+static int fetch_from(Giver *givers, uint64_t *ret_steps, unsigned *ret_member, Swarm *s, float *got) {
+        enum { V = 300000 };
+        static float m[2][V];
+        CollConfig c;
+        coll_config_defaults(&c);
+        cr_assert_eq(swarm_init(s, 3, &c, false), 0);
+        for (size_t i = 0; i < V; i++) {
+                m[0][i] = (float)i * 0.5f;
+                m[1][i] = (float)(V - i);
+        }
+        for (unsigned i = 0; i < 2; i++) {
+                givers[i].c = s->node[i].coll;
+                givers[i].arrays[0] = m[0];
+                givers[i].arrays[1] = m[1];
+                coll_set_state_hook(s->node[i].coll, give, &givers[i]);
+        }
+        run_all(s, all_linked, NULL);
+        float *dst[2] = { got, got + V };
+        cr_assert_eq(coll_state_fetch(s->node[2].coll, 5, (unsigned[]){ 0, 1, 2 }, 3, dst, 2, V), 0);
+        cr_assert_eq(coll_state_fetch(s->node[2].coll, 5, (unsigned[]){ 0, 1, 2 }, 3, dst, 2, V), -EINVAL,
+                     "one fetch per group");
+        run_all(s, fetched, NULL);
+        int r = coll_state_fetched(s->node[2].coll, 5, ret_steps, ret_member);
+        if (r == 0)
+                for (size_t i = 0; i < V; i++)
+                        cr_assert(got[i] == m[0][i] && got[V + i] == m[1][i], "value %zu", i);
+        run_all(s, none_giving, NULL); /* the pieces sent, their buffers freed */
+        return r;
+}
+
+Test(coll_state, a_busy_member_sends_the_joiner_on_to_the_next) {
+        static float got[600000];
+        Giver g[2] = { { .refuse = -EBUSY }, { .steps = 77 } };
+        uint64_t steps = 0;
+        unsigned member = 9;
+        Swarm s;
+        cr_assert_eq(fetch_from(g, &steps, &member, &s, got), 0);
+        cr_assert(steps == 77 && member == 1 && g[0].asked == 1 && g[1].asked == 1);
+        swarm_free(&s);
+}
+
+Test(coll_state, a_forged_piece_refuses_its_sender) {
+        static float got[600000];
+        Giver g[2] = { { .forge = true, .steps = 5 }, { .steps = 6 } };
+        uint64_t steps = 0;
+        unsigned member = 9;
+        Swarm s;
+        cr_assert_eq(fetch_from(g, &steps, &member, &s, got), 0);
+        cr_assert(steps == 6 && member == 1);
+        cr_assert(!coll_connected(s.node[2].coll, 0), "the forger is refused");
+        swarm_free(&s);
+}
+
+Test(coll_state, nobody_gives) {
+        static float got[600000];
+        Giver g[2] = { { .refuse = -ENODATA }, { .refuse = -EBUSY } };
+        uint64_t steps;
+        unsigned member;
+        Swarm s;
+        cr_assert_eq(fetch_from(g, &steps, &member, &s, got), -EBUSY, "the last refusal");
         swarm_free(&s);
 }
