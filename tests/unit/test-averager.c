@@ -100,8 +100,37 @@ typedef struct Node {
         bool join;                        /* averager_join() before it starts */
         int start_after_us;               /* > 0: its averager starts that late */
         const volatile unsigned *until;   /* set: sync until it is non-zero too */
+        float *moments;                   /* set: its optimizer's (2 x len), given to joiners */
+        uint64_t steps;
+        bool fetch;                       /* once joined, take a member's moments into fetched */
+        float *fetched;
+        int fetch_result;
+        uint64_t fetched_steps;
+        volatile unsigned fetch_done;
         pthread_t thread;
 } Node;
+
+/* Once its join round is applied: ask for a member's moments, then wait
+ * for them. */
+static void fetch_step(Node *nd) {
+        const float *in;
+        unsigned member;
+        if (!nd->fetch || nd->fetch_done || nd->deltas == 0 || averager_joining(nd->av))
+                return;
+        int r = averager_fetched_state(nd->av, &in, &nd->fetched_steps, &member);
+        if (r == -EINPROGRESS && !nd->fetched) {
+                nd->fetched = malloc(2 * nd->len * sizeof(float));
+                cr_assert_eq(averager_fetch_state(nd->av), 0);
+                return;
+        }
+        if (r == -EINPROGRESS)
+                return;
+        if (r == 0)
+                memcpy(nd->fetched, in, 2 * nd->len * sizeof(float));
+        nd->fetch_result = r;
+        averager_fetch_done(nd->av);
+        nd->fetch_done = 1;
+}
 
 static void *train(void *arg) {
         Node *nd = arg;
@@ -109,8 +138,11 @@ static void *train(void *arg) {
                 usleep((useconds_t)nd->start_after_us);
                 cr_assert_eq(averager_start(nd->av), 0);
         }
-        for (int i = 0; i < 20000 && ((nd->until && !*nd->until) || nd->deltas < nd->deltas_wanted); i++) {
+        for (int i = 0; i < 20000 && ((nd->until && !*nd->until) || nd->deltas < nd->deltas_wanted ||
+                                      (nd->fetch && !nd->fetch_done));
+             i++) {
                 int r = averager_sync(nd->av, nd->w, 0);
+                fetch_step(nd);
                 if ((r & AVERAGER_SNAPSHOT) && nd->die_after_snapshot_us > 0) {
                         usleep((useconds_t)nd->die_after_snapshot_us);
                         nd->av = averager_free(nd->av); /* its links close mid-round */
@@ -158,6 +190,8 @@ static void start_nodes(Node *nodes, unsigned n, AveragerConfig *cfg, const Aver
                         cr_assert_eq(averager_set_outer_state(nodes[i].av, nodes[i].anchor0, nodes[i].momentum0), 0);
                 if (nodes[i].join)
                         cr_assert_eq(averager_join(nodes[i].av), 1);
+                if (nodes[i].moments)
+                        averager_set_optimizer(nodes[i].av, nodes[i].moments, 2, &nodes[i].steps);
         }
         for (unsigned i = 0; i < n; i++)
                 for (unsigned j = 0; j < n; j++)
@@ -303,6 +337,61 @@ static void join(int late_us) {
 }
 
 Test(averager, a_joining_member_takes_and_gives_nothing) { join(0); }
+
+/* A joiner takes two arrays of moments for each of its two rings, which sit
+ * elsewhere in its slab than in the givers': each ring's values from one
+ * giver, whole (a giver prepares one copy at a time, so the second ring's
+ * ask may go to the other giver), with the larger step count. */
+Test(averager, a_joiner_takes_the_moments_of_each_ring) {
+        enum { LEN = 1000, A = 300 };
+        Node nodes[3] = {};
+        size_t lens[3] = { LEN, LEN, LEN };
+        for (unsigned i = 0; i < 3; i++) {
+                fill(&nodes[i], LEN, 400 + i);
+                nodes[i].deltas_wanted = 1;
+        }
+        for (unsigned i = 0; i < 2; i++) { /* giver i: m = +-k, v = 2k + i, by place in its slab */
+                nodes[i].moments = malloc(2 * LEN * sizeof(float));
+                for (size_t k = 0; k < LEN; k++) {
+                        nodes[i].moments[k] = i ? -(float)k : (float)k;
+                        nodes[i].moments[LEN + k] = 2.0f * (float)k + (float)i;
+                }
+                nodes[i].steps = 100 + i;
+                nodes[i].until = &nodes[2].fetch_done;
+        }
+        nodes[2].moments = calloc(2 * LEN, sizeof(float));
+        nodes[2].join = nodes[2].fetch = true;
+        AveragerConfig cfg;
+        averager_config_defaults(&cfg);
+        cfg.interval_ms = 100;
+        /* ring 1 holds the givers' values [0, A) and the joiner's [LEN - A, LEN) */
+        AveragerRing a = { .group = 1, .n = 3, .members = { 0, 1, 2 }, .len = A };
+        AveragerRing b = { .group = 2, .n = 3, .members = { 0, 1, 2 }, .len = LEN - A };
+        AveragerRing rings[3][4] = { { a, b }, { a, b }, { a, b } };
+        rings[0][1].off = rings[1][1].off = A;
+        rings[2][0].off = LEN - A;
+        unsigned n_rings[3] = { 2, 2, 2 };
+        start_nodes(nodes, 3, &cfg, rings, n_rings, lens);
+
+        Node *j = &nodes[2];
+        cr_assert_eq(j->fetch_result, 0, "%s", strerror(-j->fetch_result));
+        cr_assert(j->fetched_steps == 100 || j->fetched_steps == 101);
+        for (unsigned r = 0; r < 2; r++) { /* each ring whole from one giver */
+                size_t from = r == 0 ? 0 : A, to = r == 0 ? LEN - A : 0, n = r == 0 ? A : LEN - A;
+                float sign = j->fetched[to + 1] < 0 ? -1 : 1;
+                for (size_t k = 0; k < n; k++) {
+                        cr_assert_eq(j->fetched[to + k], sign * (float)(from + k), "ring %u value %zu", r, k);
+                        cr_assert_eq(j->fetched[LEN + to + k], 2.0f * (float)(from + k) + (sign < 0), "ring %u", r);
+                }
+        }
+        for (unsigned i = 0; i < 3; i++) {
+                free(nodes[i].w);
+                free(nodes[i].x0);
+                free(nodes[i].moments);
+                free(nodes[i].fetched);
+                averager_free(nodes[i].av);
+        }
+}
 Test(averager, a_member_joining_late_takes_and_gives_nothing) { join(700 * 1000); }
 
 /* Every member holds the exact average of the n members' first values. */
