@@ -243,12 +243,12 @@ static void take_moments(Averaging *a, float *params, void (*poll)(void *ud), vo
         uint64_t start = now_ns(), steps = 0;
         const float *in = NULL;
         int r = averager_fetch_state(a->av);
-        while (r >= 0 && (r = averager_fetched_state(a->av, &in, &steps, &member)) == -EINPROGRESS) {
-                averaging_step(a, params, 0);
-                if (poll)
-                        poll(ud);
-                r = 0;
-        }
+        if (r == 0) /* it ends by itself: each member asked has a round timeout per piece */
+                while ((r = averager_fetched_state(a->av, &in, &steps, &member)) == -EINPROGRESS) {
+                        averaging_step(a, params, 0);
+                        if (poll)
+                                poll(ud);
+                }
         for (unsigned i = 0; r == 0 && i < k; i++)
                 if (!optim_moment_valid(o->spec.kind, i, in + i * o->n, o->n))
                         r = -EBADMSG;
