@@ -729,9 +729,13 @@ static void apply_delta(Averager *a, float *params) {
 }
 
 int averager_sync(Averager *a, float *params, uint64_t samples) {
-        int done = 0;
         atomic_fetch_add(&a->steps, 1);
         a->samples += samples;
+        return averager_serve(a, params);
+}
+
+int averager_serve(Averager *a, float *params) {
+        int done = 0;
         if (atomic_load(&a->give) == GIVE_WANT)
                 fill_gift(a);
         if (a->anchor && !a->anchored) { /* no state set: the parameters as they are now */

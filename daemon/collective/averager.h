@@ -122,6 +122,10 @@ enum {
  * since the last call (together, the snapshot's weight; 0 counts as 1).
  * Returns what it did: AVERAGER_APPLIED, AVERAGER_SNAPSHOT or 0. */
 int averager_sync(Averager *a, float *params, uint64_t samples);
+/* The same hand-offs without a step: for a compute thread that waits (for
+ * work, for a round), so its rounds, and the rounds it leads for others,
+ * never wait on it. */
+int averager_serve(Averager *a, float *params);
 void averager_get_stats(Averager *a, AveragerStats *ret);
 /* The outer optimizer's state (outer.enabled), owned by the compute thread:
  * set it before training (the initial parameters and zero momentum, or a

@@ -137,11 +137,9 @@ static void log_link_lost(const Averaging *a, const CollLoss *l, uint64_t since)
                   l->info.address[0] ? l->info.address : "?", why, more);
 }
 
-void averaging_step(Averaging *a, float *params, uint64_t samples) {
+/* What the averaging thread did since the last look, in the log. */
+static void log_progress(Averaging *a) {
         AveragerStats s;
-        if (!a->active)
-                return;
-        averager_sync(a->av, params, samples);
         averager_get_stats(a->av, &s);
         uint64_t now = now_ns();
         /* The first rounds, then at most one line every 2 s: frequent rounds
@@ -173,6 +171,20 @@ void averaging_step(Averaging *a, float *params, uint64_t samples) {
         a->seen = s;
 }
 
+void averaging_step(Averaging *a, float *params, uint64_t samples) {
+        if (!a->active)
+                return;
+        averager_sync(a->av, params, samples);
+        log_progress(a);
+}
+
+void averaging_serve(Averaging *a, float *params) {
+        if (!a->active)
+                return;
+        averager_serve(a->av, params);
+        log_progress(a);
+}
+
 void averaging_stop(Averaging *a) {
         a->av = averager_free(a->av);
         a->active = false;
@@ -188,7 +200,7 @@ static int final_round(Averaging *a, float *params, void (*poll)(void *ud), void
         uint64_t ticket = averager_request(a->av, a->round_timeout_ms);
         uint64_t deadline = now_ns() + (uint64_t)2 * a->round_timeout_ms * 1000000ull + 1000000000ull;
         while (averager_done_ticket(a->av) < ticket && now_ns() < deadline) {
-                averaging_step(a, params, 0);
+                averaging_serve(a, params);
                 if (poll)
                         poll(ud);
         }
@@ -245,7 +257,7 @@ static void take_moments(Averaging *a, float *params, void (*poll)(void *ud), vo
         int r = averager_fetch_state(a->av);
         if (r == 0) /* it ends by itself: each member asked has a round timeout per piece */
                 while ((r = averager_fetched_state(a->av, &in, &steps, &member)) == -EINPROGRESS) {
-                        averaging_step(a, params, 0);
+                        averaging_serve(a, params);
                         if (poll)
                                 poll(ud);
                 }
@@ -276,7 +288,7 @@ int averaging_join(Averaging *a, float *params, void (*poll)(void *ud), void *ud
         unsigned rounds = averager_join(a->av);
         AveragerStats s;
         while (averager_joining(a->av) && now_ns() < deadline) {
-                averaging_step(a, params, 0);
+                averaging_serve(a, params);
                 if (poll)
                         poll(ud);
                 averager_get_stats(a->av, &s);

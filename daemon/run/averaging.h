@@ -51,6 +51,10 @@ int averaging_start(Averaging *a, const AveragingGroup *g, const Identity *id, s
 /* Between steps: hand over a snapshot or apply a finished round, and log
  * rounds as they finish. */
 void averaging_step(Averaging *a, float *params, uint64_t samples);
+/* The same without a step, while the stage waits for work: a round that
+ * wants its parameters, or a joiner its moments, does not wait for its
+ * next update. */
+void averaging_serve(Averaging *a, float *params);
 void averaging_stop(Averaging *a);
 /* One more round now, with the others doing the same, and its delta added
  * to params: the replicas leave training as one averaged model. poll runs

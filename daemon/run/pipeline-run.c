@@ -844,7 +844,8 @@ static void run_after_step(Run *run) {
                 averaging_step(&run->av, s->params, st.samples - run->samples_synced);
                 run->samples_synced = st.samples;
                 run->updates_seen = st.updates;
-        }
+        } else
+                averaging_serve(&run->av, s->params);
         if (o->links && now - run->last_links_ns >= NSEC_PER_SEC) {
                 measure_links(run, o->links);
                 run->last_links_ns = now;

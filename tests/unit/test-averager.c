@@ -98,6 +98,7 @@ typedef struct Node {
         const float *anchor0, *momentum0; /* the outer optimizer's state to start from, or NULL */
         int die_after_snapshot_us;        /* > 0: this member's averager is freed that long after its snapshot */
         bool join;                        /* averager_join() before it starts */
+        bool idle;                        /* takes no step: averager_serve() only, as a stage waiting for work */
         int start_after_us;               /* > 0: its averager starts that late */
         const volatile unsigned *until;   /* set: sync until it is non-zero too */
         float *moments;                   /* set: its optimizer's (2 x len), given to joiners */
@@ -141,7 +142,7 @@ static void *train(void *arg) {
         for (int i = 0; i < 20000 && ((nd->until && !*nd->until) || nd->deltas < nd->deltas_wanted ||
                                       (nd->fetch && !nd->fetch_done));
              i++) {
-                int r = averager_sync(nd->av, nd->w, 0);
+                int r = nd->idle ? averager_serve(nd->av, nd->w) : averager_sync(nd->av, nd->w, 0);
                 fetch_step(nd);
                 if ((r & AVERAGER_SNAPSHOT) && nd->die_after_snapshot_us > 0) {
                         usleep((useconds_t)nd->die_after_snapshot_us);
@@ -337,6 +338,41 @@ static void join(int late_us) {
 }
 
 Test(averager, a_joining_member_takes_and_gives_nothing) { join(0); }
+
+/* A member that takes no step (a stage waiting for micro-batches) still
+ * hands its snapshot over and takes the average: the others' round does
+ * not wait for its next update. */
+Test(averager, an_idle_member_averages_without_a_step) {
+        enum { LEN = 2048 };
+        Node nodes[3] = {};
+        size_t lens[3] = { LEN, LEN, LEN };
+        for (unsigned i = 0; i < 3; i++) {
+                fill(&nodes[i], LEN, 500 + i);
+                nodes[i].deltas_wanted = 1;
+        }
+        nodes[0].idle = true; /* member 0 leads every round */
+        AveragerConfig cfg;
+        averager_config_defaults(&cfg);
+        cfg.interval_ms = 100;
+        AveragerRing ring = { .group = 1, .n = 3, .members = { 0, 1, 2 }, .len = LEN };
+        AveragerRing rings[3][4] = { { ring }, { ring }, { ring } };
+        unsigned n_rings[3] = { 1, 1, 1 };
+        start_nodes(nodes, 3, &cfg, rings, n_rings, lens);
+        for (unsigned i = 0; i < 3; i++) {
+                AveragerStats st;
+                averager_get_stats(nodes[i].av, &st);
+                cr_assert_geq(st.rounds_done, 1, "member %u", i);
+                for (size_t k = 0; k < LEN; k++) {
+                        double want = ((double)nodes[0].x0[k] + nodes[1].x0[k] + nodes[2].x0[k]) / 3;
+                        cr_assert(fabs(nodes[i].w[k] - want) < 1e-5, "member %u value %zu", i, k);
+                }
+        }
+        for (unsigned i = 0; i < 3; i++) {
+                free(nodes[i].w);
+                free(nodes[i].x0);
+                averager_free(nodes[i].av);
+        }
+}
 
 /* A joiner takes two arrays of moments for each of its two rings, which sit
  * elsewhere in its slab than in the givers': each ring's values from one
