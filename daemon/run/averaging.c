@@ -113,6 +113,7 @@ int averaging_start(Averaging *a, const AveragingGroup *g, const Identity *id, s
                 return log_error_errno(r, "Failed to start the averaging thread: %m");
         }
         a->members = ca->members;
+        a->take_parameters = ca->take_parameters;
         a->n_members = (unsigned)ca->n_members;
         a->join_timeout_ms = ca->join_timeout_ms;
         a->round_timeout_ms = ca->round_timeout_ms;
@@ -240,12 +241,6 @@ int averaging_final(Averaging *a, float *params, void (*poll)(void *ud), void *u
         return 0;
 }
 
-void averaging_set_optimizer(Averaging *a, Optim *o) {
-        if (!a->active)
-                return;
-        a->optim = o;
-        averager_set_optimizer(a->av, o->state, optim_moments(o->spec.kind), &o->t);
-}
 
 /* After the join rounds: the moments of the values just taken, from a
  * member of each ring, checked as any moments from another node are. */
@@ -318,4 +313,13 @@ int averaging_outer_state(const Averaging *a, const float **ret_anchor, const fl
 
 int averaging_set_outer_state(Averaging *a, const float *anchor, const float *momentum) {
         return a->active ? averager_set_outer_state(a->av, anchor, momentum) : -EINVAL;
+}
+
+void averaging_begin(Averaging *a, float *params, Optim *o, bool may_take, void (*poll)(void *ud), void *ud) {
+        if (!a->active)
+                return;
+        a->optim = o;
+        averager_set_optimizer(a->av, o->state, optim_moments(o->spec.kind), &o->t);
+        if (may_take && a->take_parameters)
+                (void)averaging_join(a, params, poll, ud);
 }

@@ -28,7 +28,8 @@ typedef struct AveragingGroup {
 typedef struct Averaging {
         Averager *av;
         const ConfigMember *members; /* the group's, for messages */
-        Optim *optim;                /* whose moments joiners take (averaging_set_optimizer) */
+        Optim *optim;                /* whose moments joiners take (averaging_begin) */
+        bool take_parameters;
         unsigned self, n_members;
         AveragerStats seen;         /* as of the last averaging_step() */
         uint64_t logged_ns, logged_rounds; /* the last round that had a log line */
@@ -72,11 +73,12 @@ int averaging_final(Averaging *a, float *params, void (*poll)(void *ud), void *u
  * trains from its own parameters then). */
 #define AVERAGING_JOIN_ALONE_MS 3000 /* no member of some ring connected this long: nobody to join */
 int averaging_join(Averaging *a, float *params, void (*poll)(void *ud), void *ud);
-/* The stage's optimizer, before training: members that join take its
- * moments (and the outer optimizer's momentum) from a member of each ring
- * after their join rounds, the step count with them, and this node gives
- * its own to joiners (averager_set_optimizer()). */
-void averaging_set_optimizer(Averaging *a, Optim *o);
+/* Before the first step, in every mode: the optimizer whose moments this
+ * node gives to joiners (averager_set_optimizer()); then, with
+ * take_parameters and unless the node was handed its layers (may_take
+ * false), averaging_join() and the moments (and the outer optimizer's
+ * momentum) of a member of each ring, with its step count. */
+void averaging_begin(Averaging *a, float *params, Optim *o, bool may_take, void (*poll)(void *ud), void *ud);
 /* The outer optimizer's state (averaging.outer), for checkpoints: see
  * averager_outer_state(). -EINVAL when this run has no outer optimizer. */
 int averaging_outer_state(const Averaging *a, const float **ret_anchor, const float **ret_momentum);

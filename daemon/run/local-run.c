@@ -203,6 +203,8 @@ int local_run(const Job *job, const LocalRunOptions *o, const volatile sig_atomi
                 if (o->control)
                         control_report_checkpoint(o->control, pr.at.step);
         }
+        if (o->begin)
+                o->begin(o->step_userdata, t->stage->params, &t->optim);
         r = trainer_run(t, on_progress, &pr, stop);
         if (pr.last.epoch > 0)
                 series_tick(&pr, &pr.last, now_ns(), true);

@@ -43,6 +43,8 @@ typedef struct LocalRunOptions {
         void *poll_userdata;
         /* called after every step with the parameter slab (averaging) */
         void (*step)(void *userdata, float *params, uint64_t samples);
+        /* called once before the first step, after the checkpoint (averaging_begin) */
+        void (*begin)(void *userdata, float *params, struct Optim *optim);
         void *step_userdata;
         int shard, n_shards;      /* this node's part of the training set; n_shards 0: all */
         /* The daemon's: pause, stop and checkpoint requests between steps,

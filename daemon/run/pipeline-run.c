@@ -716,12 +716,11 @@ static int run_rings(Run *run, const Identity *id) {
         r = averaging_start(&run->av, &run->plan->averaging, id, pipe_stage(run->pipe)->n_params, rings, n_rings);
         if (r < 0 || (r = run_outer_state(run)) < 0)
                 return r;
-        averaging_set_optimizer(&run->av, pipe_optim(run->pipe));
         /* A stage new to the swarm, or back from a checkpoint, starts from
          * the others' parameters and their optimizer's moments; one the
          * coordinator handed its layers to has them already. */
-        if (!run->o->load_model_params && run->plan->averaging.settings->take_parameters)
-                (void)averaging_join(&run->av, pipe_stage(run->pipe)->params, poll_run, run);
+        averaging_begin(&run->av, pipe_stage(run->pipe)->params, pipe_optim(run->pipe), !run->o->load_model_params,
+                        poll_run, run);
         return 0;
 }
 

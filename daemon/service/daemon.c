@@ -71,6 +71,11 @@ static void step_averaging(void *userdata, float *params, uint64_t samples) {
         averaging_step(&d->averaging, params, samples);
 }
 
+static void begin_averaging(void *userdata, float *params, Optim *optim) {
+        Daemon *d = userdata;
+        averaging_begin(&d->averaging, params, optim, true, NULL, NULL);
+}
+
 static void step_gossip(void *userdata, float *params, uint64_t samples) {
         Daemon *d = userdata;
         d->steps++;
@@ -148,6 +153,7 @@ static int run_job(Daemon *d) {
                 return r;
         if (d->averaging.active) { /* every member trains its own shard of the data */
                 o.step = step_averaging;
+                o.begin = begin_averaging;
                 o.step_userdata = d;
                 o.shard = (int)d->averaging.self;
                 o.n_shards = (int)d->averaging.n_members;

@@ -256,7 +256,10 @@ Test(daemon, falls_back_to_epoll_without_io_uring, .timeout = 120) {
 
 #include "net/identity.h"
 
-/* state-<name>/identity created ahead, so the configs can name the keys */
+/* state-<name>/identity created ahead, so the configs can name the keys.
+ * With take_parameters, as a stage of a pipeline does, each takes the
+ * other's parameters in its first round and its optimizer's moments before
+ * it trains. */
 Test(daemon, two_members_average_while_training, .timeout = 300) {
         skip_without_dataset();
         char dir[] = "/tmp/ravnest-test-avg-XXXXXX", secret[256], conf[2][256], hex[2][IDENTITY_HEX_SIZE];
@@ -279,6 +282,7 @@ Test(daemon, two_members_average_while_training, .timeout = 300) {
                          "averaging = {\n"
                          "  method = \"ring\";\n"
                          "  interval = 1.0;\n"
+                         "  take_parameters = true;\n"
                          "  listen = \"127.0.0.1:%u\";\n"
                          "  members = [ \"%s@127.0.0.1:%u\", \"%s@127.0.0.1:%u\" ];\n"
                          "};\n",
@@ -294,6 +298,9 @@ Test(daemon, two_members_average_while_training, .timeout = 300) {
                 cr_assert(proc_wait_for(&p[i], "Finished", 240000), "%s: %s", names[i], p[i].out);
                 cr_assert(strstr(p[i].out, "this node reads its shard"), "%s", p[i].out);
                 cr_assert(strstr(p[i].out, "Averaging round 1 done: 2 of 2 members"), "%s: %s", names[i], p[i].out);
+                cr_assert(strstr(p[i].out, "Took the other members' parameters before training: 1 round"), "%s: %s",
+                          names[i], p[i].out);
+                cr_assert(strstr(p[i].out, "Took the optimizer's moments from member"), "%s: %s", names[i], p[i].out);
                 double acc = test_final_accuracy(p[i].out);
                 cr_log_info("member %s: test accuracy %.2f%% after 1 epoch on half the data each\n", names[i], acc);
                 cr_assert(acc >= 80.0, "%s: accuracy %.2f%%: %s", names[i], acc, p[i].out);
