@@ -193,6 +193,10 @@ void round_tick(Coll *c, uint64_t now);
 void round_destroy(CollRound *r);
 void round_release_held(CollRound *r);
 
+/* out = a, n values, in one pass that also checks them: false if one is
+ * not finite (coll-round.c). */
+bool copy_finite_f32(float *restrict out, const float *restrict a, size_t n);
+
 /* coll-state.c */
 void state_on_ask(Coll *c, unsigned member, const CollStateAsk *m);
 void state_on_no(Coll *c, unsigned member, const CollStateNo *m);

@@ -312,7 +312,7 @@ static int add_own(const CollRound *r, const Piece *p, uint8_t *a) {
 }
 
 /* out = a, checking a as it goes: one pass over a received average. */
-_simd_clones_ static bool copy_finite_f32(float *restrict out, const float *restrict a, size_t n) {
+_simd_clones_ bool copy_finite_f32(float *restrict out, const float *restrict a, size_t n) {
         const uint32_t *u = (const uint32_t *)a;
         uint32_t bad = 0;
         for (size_t i = 0; i < n; i++) {

@@ -3,7 +3,6 @@
  * member's owner hands it over (coll_state_give) or refuses (STATE_NO), and
  * the pieces travel as TENSOR frames of phase COLL_STATE. */
 #include <errno.h>
-#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -31,12 +30,15 @@ static void gather(float *v, const float *const *arrays, size_t values, size_t f
         }
 }
 
-static void scatter(float *const *arrays, size_t values, size_t first, const float *v, size_t count) {
+/* The other way, checking every value: false if one is not finite. */
+static bool scatter(float *const *arrays, size_t values, size_t first, const float *v, size_t count) {
+        bool ok = true;
         while (count) {
                 size_t k = first / values, off = first % values, m = MIN(count, values - off);
-                memcpy(arrays[k] + off, v, m * sizeof *v);
+                ok &= copy_finite_f32(arrays[k] + off, v, m);
                 v += m, first += m, count -= m;
         }
+        return ok;
 }
 
 /* ---- giving ------------------------------------------------------------- */
@@ -234,11 +236,9 @@ void state_on_piece(Coll *c, unsigned member, const CollPiece *h, NetTensor *t) 
         const float *v = (const float *)(t->data + COLL_PIECE_HEADER);
         bool ok = h->index < f->n_pieces && !f->got[h->index] &&
                   h->count == piece_count(f->values * f->arrays, h->index) &&
-                  (!f->steps_known || h->round == f->steps);
-        for (uint32_t i = 0; ok && i < h->count; i++)
-                ok = isfinite(v[i]);
-        if (ok)
-                scatter(f->dst, f->values, (size_t)h->index * COLL_STATE_PIECE_VALUES, v, h->count);
+                  (!f->steps_known || h->round == f->steps) &&
+                  /* a bad value leaves part of dst written: the next member's pieces cover it */
+                  scatter(f->dst, f->values, (size_t)h->index * COLL_STATE_PIECE_VALUES, v, h->count);
         net_tensor_release(c->net, t);
         if (!ok) {
                 coll_ban(c, member);
