@@ -216,6 +216,32 @@ static void fill(Node *nd, size_t len, uint64_t seed) {
                 nd->w[k] = nd->x0[k] = 2 * rng_uniform(&rng) - 1;
 }
 
+/* Every node in one ring (group 1) over its whole slab of len values. */
+static void start_one_ring(Node *nodes, unsigned n, AveragerConfig *cfg, size_t len) {
+        static AveragerRing rings[MAX_NODES][4];
+        static unsigned n_rings[MAX_NODES];
+        static size_t lens[MAX_NODES];
+        AveragerRing ring = { .group = 1, .n = n, .len = len };
+        for (unsigned i = 0; i < n; i++)
+                ring.members[i] = i;
+        for (unsigned i = 0; i < n; i++) {
+                rings[i][0] = ring;
+                n_rings[i] = 1;
+                lens[i] = len;
+        }
+        start_nodes(nodes, n, cfg, rings, n_rings, lens);
+}
+
+static void free_nodes(Node *nodes, unsigned n) {
+        for (unsigned i = 0; i < n; i++) {
+                free(nodes[i].w);
+                free(nodes[i].x0);
+                free(nodes[i].moments);
+                free(nodes[i].fetched);
+                averager_free(nodes[i].av);
+        }
+}
+
 /* 2 clusters x 2 stages of a 1000-value model, cut at 500 and 300: three
  * rings at once. After one round each replica of a value holds the average
  * of the two clusters' values plus the update it made during the round. */
@@ -296,7 +322,6 @@ Test(averager, multi_ring_delta_keeps_updates) {
 static void join(int late_us) {
         enum { LEN = 4096 };
         Node nodes[3] = {};
-        size_t lens[3] = { LEN, LEN, LEN };
         for (unsigned i = 0; i < 3; i++) {
                 fill(&nodes[i], LEN, 300 + i);
                 nodes[i].deltas_wanted = 1;
@@ -311,10 +336,7 @@ static void join(int late_us) {
         averager_config_defaults(&cfg);
         cfg.interval_ms = 100;
         cfg.coll.join_timeout_ms = 300; /* the first two go on without the third after this */
-        AveragerRing ring = { .group = 1, .n = 3, .members = { 0, 1, 2 }, .len = LEN };
-        AveragerRing rings[3][4] = { { ring }, { ring }, { ring } };
-        unsigned n_rings[3] = { 1, 1, 1 };
-        start_nodes(nodes, 3, &cfg, rings, n_rings, lens);
+        start_one_ring(nodes, 3, &cfg, LEN);
         for (unsigned i = 0; i < 3; i++) {
                 AveragerStats st;
                 averager_get_stats(nodes[i].av, &st);
@@ -330,11 +352,7 @@ static void join(int late_us) {
                 }
         }
         cr_assert(!averager_joining(nodes[2].av));
-        for (unsigned i = 0; i < 3; i++) {
-                free(nodes[i].w);
-                free(nodes[i].x0);
-                averager_free(nodes[i].av);
-        }
+        free_nodes(nodes, 3);
 }
 
 Test(averager, a_joining_member_takes_and_gives_nothing) { join(0); }
@@ -345,7 +363,6 @@ Test(averager, a_joining_member_takes_and_gives_nothing) { join(0); }
 Test(averager, an_idle_member_averages_without_a_step) {
         enum { LEN = 2048 };
         Node nodes[3] = {};
-        size_t lens[3] = { LEN, LEN, LEN };
         for (unsigned i = 0; i < 3; i++) {
                 fill(&nodes[i], LEN, 500 + i);
                 nodes[i].deltas_wanted = 1;
@@ -354,10 +371,7 @@ Test(averager, an_idle_member_averages_without_a_step) {
         AveragerConfig cfg;
         averager_config_defaults(&cfg);
         cfg.interval_ms = 100;
-        AveragerRing ring = { .group = 1, .n = 3, .members = { 0, 1, 2 }, .len = LEN };
-        AveragerRing rings[3][4] = { { ring }, { ring }, { ring } };
-        unsigned n_rings[3] = { 1, 1, 1 };
-        start_nodes(nodes, 3, &cfg, rings, n_rings, lens);
+        start_one_ring(nodes, 3, &cfg, LEN);
         for (unsigned i = 0; i < 3; i++) {
                 AveragerStats st;
                 averager_get_stats(nodes[i].av, &st);
@@ -367,11 +381,7 @@ Test(averager, an_idle_member_averages_without_a_step) {
                         cr_assert(fabs(nodes[i].w[k] - want) < 1e-5, "member %u value %zu", i, k);
                 }
         }
-        for (unsigned i = 0; i < 3; i++) {
-                free(nodes[i].w);
-                free(nodes[i].x0);
-                averager_free(nodes[i].av);
-        }
+        free_nodes(nodes, 3);
 }
 
 /* A joiner takes two arrays of moments for each of its two rings, which sit
@@ -420,13 +430,7 @@ Test(averager, a_joiner_takes_the_moments_of_each_ring) {
                         cr_assert_eq(j->fetched[LEN + to + k], 2.0f * (float)(from + k) + (sign < 0), "ring %u", r);
                 }
         }
-        for (unsigned i = 0; i < 3; i++) {
-                free(nodes[i].w);
-                free(nodes[i].x0);
-                free(nodes[i].moments);
-                free(nodes[i].fetched);
-                averager_free(nodes[i].av);
-        }
+        free_nodes(nodes, 3);
 }
 Test(averager, a_member_joining_late_takes_and_gives_nothing) { join(700 * 1000); }
 
