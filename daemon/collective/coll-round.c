@@ -430,6 +430,22 @@ static int take_piece(CollRound *r, uint32_t idx, uint8_t phase, NetTensor *t) {
         return 0;
 }
 
+/* A piece of this round's number from a member that is not our left
+ * neighbour: while links come up, two leaders can start rounds of one
+ * number whose participants overlap. Nobody's fault, so no ban: the
+ * sender's round is told off (ABORT), and ours too when the sender is one
+ * of its participants (the ring cannot close as it thinks). */
+static void views_differ(CollRound *r, unsigned member, uint64_t round) {
+        Coll *c = r->coll;
+        uint8_t buf[COLL_CTL_MAX];
+        size_t n = coll_abort_encode(&(CollAbort){ .group = r->group, .round = round, .error = -ESTALE }, buf);
+        if (c->members[member].up)
+                (void)net_send_control(c->net, c->members[member].peer, FRAME_CONTROL, buf, n);
+        for (unsigned i = 0; i < r->n_part; i++)
+                if (r->part[i] == member)
+                        round_fail(r, -ESTALE);
+}
+
 int round_on_piece(Coll *c, unsigned member, const CollPiece *h, NetTensor *t) {
         CollRound *r = round_of_group(c, h->group);
         uint64_t *last = coll_last_round(c, h->group);
@@ -445,9 +461,14 @@ int round_on_piece(Coll *c, unsigned member, const CollPiece *h, NetTensor *t) {
                 return 0;
         }
 
+        if (member != r->left) {
+                net_tensor_release(c->net, t);
+                views_differ(r, member, h->round);
+                return 0;
+        }
         uint32_t P = r->n_part;
         Piece *p = h->index < r->n_pieces ? &r->pieces[h->index] : NULL;
-        bool ok = member == r->left && p && h->count == p->count && h->dtype == wire_dtype(r);
+        bool ok = p && h->count == p->count && h->dtype == wire_dtype(r);
         if (ok && h->phase == COLL_REDUCE_SCATTER)
                 ok = p->chunk != (r->rank + P - 1) % P && !(p->flags & PIECE_GOT_RS);
         else if (ok)

@@ -280,28 +280,41 @@ int averaging_join(Averaging *a, float *params, void (*poll)(void *ud), void *ud
         uint64_t start = now_ns();
         uint64_t deadline = start + ((uint64_t)a->join_timeout_ms + 2ull * a->round_timeout_ms) * 1000000ull;
         uint64_t alone = start + MIN((uint64_t)a->join_timeout_ms, AVERAGING_JOIN_ALONE_MS) * 1000000ull;
-        unsigned rounds = averager_join(a->av);
-        AveragerStats s;
-        while (averager_joining(a->av) && now_ns() < deadline) {
-                averaging_serve(a, params);
-                if (poll)
-                        poll(ud);
+        unsigned rounds = averager_join(a->av), tries = 1;
+        AveragerStats s, before;
+        averager_get_stats(a->av, &before);
+        for (;;) {
                 averager_get_stats(a->av, &s);
-                if (!averager_peers_up(a->av) && s.rounds_done + s.rounds_failed == 0 && now_ns() > alone) {
+                bool joined = s.rounds_done - before.rounds_done >= rounds;
+                if (!averager_joining(a->av) && (joined || now_ns() >= deadline))
+                        break;
+                if (!averager_joining(a->av)) { /* a round failed (links still coming up, a member gone): again */
+                        averager_join(a->av);
+                        tries++;
+                }
+                if (now_ns() >= deadline) {
+                        averager_join_cancel(a->av); /* a round under way finishes as one */
+                        break;
+                }
+                if (!averager_peers_up(a->av) && s.rounds_done + s.rounds_failed == before.rounds_done +
+                    before.rounds_failed && now_ns() > alone) {
                         averager_join_cancel(a->av); /* the first one up: nobody to take from */
                         log_info("No other member of its rings is up: training from this node's own parameters");
                         return 0;
                 }
+                averaging_serve(a, params);
+                if (poll)
+                        poll(ud);
         }
-        averager_get_stats(a->av, &s);
-        if (averager_joining(a->av) || s.rounds_done == 0) {
-                log_warning("Took no parameters from the other members in %.1f s: training from this node's own",
-                            (double)(now_ns() - start) / 1e9);
+        if (s.rounds_done - before.rounds_done < rounds) {
+                log_warning("Took no parameters from the other members in %.1f s (%u tries): training from this "
+                            "node's own", (double)(now_ns() - start) / 1e9, tries);
                 return -ETIMEDOUT;
         }
         log_info("Took the other members' parameters before training: %u round%s, the last of %u of %u members, "
-                 "%.0f ms after the start",
-                 rounds, rounds == 1 ? "" : "s", s.last_participants, s.last_group, (double)(now_ns() - start) / 1e6);
+                 "%.0f ms after the start%s",
+                 rounds, rounds == 1 ? "" : "s", s.last_participants, s.last_group, (double)(now_ns() - start) / 1e6,
+                 tries > 1 ? " (a round failed first)" : "");
         if (a->optim)
                 take_moments(a, params, poll, ud);
         return 0;

@@ -410,11 +410,13 @@ typedef struct Forger {
         Coll *c;
         CollPayload payload;
         uint32_t count; /* values of piece 0 */
+        unsigned to;    /* whom it sends it to */
+        bool sane;      /* finite values: not a forgery, a piece sent to the wrong member */
 } Forger;
 
-/* Member 2 sends member 0, its right neighbour, a well-formed piece 0 of
- * the running sum whose first value (int8: the first block's scale) is a
- * NaN, ahead of the real one. */
+/* A member sends member `to` a well-formed piece 0 of the running sum
+ * whose first value (int8: the first block's scale) is a NaN, unless sane,
+ * ahead of the real one. */
 static void forge(void *ud, uint8_t phase, unsigned sent) {
         static uint8_t buf[COLL_PIECE_HEADER + 4096];
         Forger *f = ud;
@@ -429,9 +431,10 @@ static void forge(void *ud, uint8_t phase, unsigned sent) {
         coll_piece_encode(&(CollPiece){ .phase = COLL_REDUCE_SCATTER, .dtype = dtype, .group = 0, .index = 0,
                                         .count = f->count, .round = 1 },
                           buf);
-        memcpy(buf + COLL_PIECE_HEADER, &nan, sizeof nan);
+        if (!f->sane)
+                memcpy(buf + COLL_PIECE_HEADER, &nan, sizeof nan);
         tensor_desc_init(&d, DTYPE_U8, 1, &bytes);
-        int64_t peer = coll_peer(f->c, 0);
+        int64_t peer = coll_peer(f->c, f->to);
         if (peer >= 0)
                 net_send_tensor(coll_net(f->c), (uint32_t)peer, 0, &d, buf, 0);
 }
@@ -460,6 +463,27 @@ static void forged(CollPayload payload) {
         cr_assert_eq(l.member, 2);
         cr_assert(strncmp(l.info.address, "127.0.0.1:", 10) == 0, "%s", l.info.address);
         cr_assert_eq(coll_loss(s.node[1].coll).count, 0);
+        release(&s);
+        swarm_free(&s);
+}
+
+/* Member 1 sends member 0, whose left neighbour is 2, a sane piece of the
+ * round: as when two leaders started rounds of one number while links came
+ * up. Both rounds are given up at once, and nobody is refused. */
+Test(coll, a_piece_from_another_view_aborts_without_a_ban) {
+        Swarm s;
+        CollConfig c;
+        coll_config_defaults(&c);
+        cr_assert_eq(swarm_init(&s, 3, &c, false), 0);
+        fill(&s, 3000, 12, false);
+        Forger f = { .c = s.node[1].coll, .payload = COLL_PAYLOAD_F32, .count = 1000, .to = 0, .sane = true };
+        coll_set_piece_hook(s.node[1].coll, forge, &f);
+        cr_assert_eq(swarm_round(&s), 0);
+        cr_assert_eq(s.node[0].info.state, COLL_ROUND_FAILED);
+        cr_assert_eq(s.node[0].info.error, -ESTALE);
+        cr_assert_eq(s.node[1].info.state, COLL_ROUND_FAILED);
+        cr_assert(coll_connected(s.node[0].coll, 1) && coll_connected(s.node[0].coll, 2), "nobody refused");
+        cr_assert_eq(coll_loss(s.node[0].coll).count, 0);
         release(&s);
         swarm_free(&s);
 }
