@@ -51,6 +51,7 @@ void config_defaults(Config *c) {
                         .join_timeout_ms = 10000,
                         .round_timeout_ms = 30000,
                         .topology = GOSSIP_ALT_EXP_RING,
+                        .take_parameters = true,
                 },
         };
         net_config_defaults(&c->net);
@@ -632,7 +633,7 @@ static int parse_averaging(const config_setting_t *root, Config *c, Diag *d) {
             (r = conf_get_int(g, "join_timeout", false, 100, 3600000, a->join_timeout_ms, &join, d)) < 0 ||
             (r = conf_get_int(g, "round_timeout", false, 100, 3600000, a->round_timeout_ms, &round, d)) < 0 ||
             (r = get_strings(g, "members", CONFIG_MAX_PEERS, &members, d)) < 0 ||
-            (r = conf_get_bool(g, "take_parameters", false, &a->take_parameters, d)) < 0)
+            (r = conf_get_bool(g, "take_parameters", a->take_parameters, &a->take_parameters, d)) < 0)
                 return r;
         a->method = (ConfigAveragingMethod)method;
         if ((r = parse_gossip(root, g, a, d)) < 0 || (r = parse_outer(g, a, d)) < 0)

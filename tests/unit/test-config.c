@@ -447,8 +447,16 @@ Test(config, averaging_payload) {
                 cr_assert_eq(load_variant(base_end, body, &c, &d, path), 0, "%s: %s", ok[i].settings, d.text);
                 cr_assert_eq(c.averaging.payload, ok[i].payload, "%s", ok[i].settings);
                 cr_assert_eq(c.averaging.error_feedback, ok[i].feedback, "%s", ok[i].settings);
+                cr_assert(c.averaging.take_parameters, "a joiner takes the others' parameters unless told not to");
                 config_free(&c);
         }
+        Config c;
+        Diag d = {};
+        snprintf(body, sizeof body, "  idle_timeout = 30000;\n};\naveraging = {\n%s  take_parameters = false;\n};\n",
+                 line);
+        cr_assert_eq(load_variant(base_end, body, &c, &d, path), 0, "%s", d.text);
+        cr_assert(!c.averaging.take_parameters);
+        config_free(&c);
         snprintf(body, sizeof body, "  idle_timeout = 30000;\n};\naveraging = {\n%s  payload = \"bf16\";\n};\n", line);
         expect_error(base_end, body, "16: averaging.payload: unknown value \"bf16\" (known: f32, f16, int8)");
         snprintf(body, sizeof body, "  idle_timeout = 30000;\n};\naveraging = {\n%s  payload = 8;\n};\n", line);
