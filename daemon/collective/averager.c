@@ -62,6 +62,7 @@ struct Averager {
         bool anchored;
         atomic_bool last; /* the round asked for is a requested (last) one: whole, of parameters (set with WANT) */
         atomic_uint join_left;   /* join rounds still to take (averager_join) */
+        atomic_uint_fast64_t join_since_ns; /* when averager_join() asked */
         atomic_bool join_round;  /* the round asked for is one of them (set with WANT) */
         atomic_bool peers_up;    /* every ring has another member connected (Moshpit: any member) */
 
@@ -548,25 +549,31 @@ static void finish_rounds(Averager *a, uint64_t now) {
 /* Before the first round, give the links time to come up: until every
  * member we average with is connected, or for one join timeout. After that
  * a missing member is one that is down, and rounds go on without it. */
-static bool links_settled(Averager *a, uint64_t now) {
-        if (a->settled)
-                return true;
-        bool all = true;
-        for (unsigned i = 0; i < a->cfg.n_rings && all; i++)
-                for (unsigned k = 0; k < a->places[i].n_near && all; k++)
-                        all = coll_connected(a->coll, a->places[i].near[k]);
+static bool all_linked(const Averager *a) {
         if (a->cfg.method == AVERAGER_MOSHPIT)
-                all = coll_n_connected(a->coll) + 1 >= a->cfg.coll.n_members;
-        a->settled = all || now - a->started_ns >= (uint64_t)a->cfg.coll.join_timeout_ms * 1000000ull;
+                return coll_n_connected(a->coll) + 1 >= a->cfg.coll.n_members;
+        for (unsigned i = 0; i < a->cfg.n_rings; i++)
+                for (unsigned k = 0; k < a->places[i].n_near; k++)
+                        if (!coll_connected(a->coll, a->places[i].near[k]))
+                                return false;
+        return true;
+}
+
+static bool links_settled(Averager *a, uint64_t now) {
+        if (!a->settled)
+                a->settled = all_linked(a) || now - a->started_ns >= (uint64_t)a->cfg.coll.join_timeout_ms * 1000000ull;
         return a->settled;
 }
 
 static bool due(Averager *a, uint64_t now) {
         if (atomic_load(&a->requested) > a->round_ticket)
                 return true; /* asked for: now, settled links or not */
-        /* joining: the swarm's parameters before anything else, from
-         * whoever of each ring is up */
-        if (atomic_load(&a->join_left) && atomic_load(&a->peers_up))
+        /* joining: the swarm's parameters before anything else, from every
+         * member it meets once linked with all, or after a while from
+         * whoever of each ring is up (nodes started together then start
+         * together, and the round's leader is one all of them see) */
+        if (atomic_load(&a->join_left) && atomic_load(&a->peers_up) &&
+            (all_linked(a) || now - atomic_load(&a->join_since_ns) >= AVERAGER_JOIN_GATHER_MS * 1000000ull))
                 return true;
         if (!links_settled(a, now))
                 return false;
@@ -790,6 +797,7 @@ unsigned averager_last_rounds(const Averager *a) {
 
 unsigned averager_join(Averager *a) {
         unsigned n = a->cfg.method == AVERAGER_RING && a->cfg.fragments > 1 ? a->cfg.fragments : 1;
+        atomic_store(&a->join_since_ns, now_ns());
         atomic_store(&a->join_left, n);
         return n;
 }

@@ -147,7 +147,9 @@ uint64_t averager_done_ticket(Averager *a);
  * dimensions of this node's rings (1 for rings no wider than group_size). */
 unsigned averager_last_rounds(const Averager *a);
 /* Join a swarm that trains already: the next rounds (one, or one per
- * fragment) start as soon as each ring has another member connected, and this node's snapshot
+ * fragment) start as soon as every member this node meets is connected, or
+ * after AVERAGER_JOIN_GATHER_MS once each ring has another member
+ * connected, and this node's snapshot
  * weighs AVERAGER_JOIN_WEIGHT in them, next to nothing against the others'
  * samples: it takes their average and gives none of its own parameters,
  * so a node back from an old checkpoint or new to the swarm does not pull
@@ -156,6 +158,7 @@ unsigned averager_last_rounds(const Averager *a);
  * same and average as usual. Returns the rounds to take; averager_joining()
  * is true until they are over (applied, failed or given up). */
 #define AVERAGER_JOIN_WEIGHT 1e-9
+#define AVERAGER_JOIN_GATHER_MS 2000
 unsigned averager_join(Averager *a);
 bool averager_joining(const Averager *a);
 /* No more join rounds (one under way finishes as one). */
