@@ -88,6 +88,7 @@ struct CollRound {
 
         /* from START */
         unsigned part[COLL_MAX_MEMBERS], n_part, rank, left, right;
+        bool right_gone; /* the right neighbour said BYE: what it would get from us is dropped */
         uint64_t part_map;
         double total_weight;
         float coef;
@@ -186,7 +187,7 @@ int round_on_start(Coll *c, unsigned member, const CollStart *m);
 /* Consumes t (releases it) in every case; -EBADMSG if the sender broke a rule. */
 int round_on_piece(Coll *c, unsigned member, const CollPiece *h, NetTensor *t);
 void round_on_sent(Coll *c, uint64_t cookie);
-void round_on_member_lost(Coll *c, unsigned member);
+void round_on_member_lost(Coll *c, unsigned member, int reason);
 /* A participant gave the round up: so do we (-ECONNABORTED). */
 void round_on_abort(Coll *c, unsigned member, const CollAbort *m);
 void round_tick(Coll *c, uint64_t now);

@@ -136,6 +136,22 @@ static void inject_more(CollRound *r);
 
 /* ---- sending ------------------------------------------------------------ */
 
+/* A piece went to the right neighbour (or had nobody to go to): a running
+ * sum is done with, one of our own is out, an average already in the
+ * output needs its buffer no more. */
+static void piece_sent(CollRound *r, uint32_t idx, uint8_t phase) {
+        Piece *p = &r->pieces[idx];
+        if (phase == COLL_REDUCE_SCATTER && p->sum) {
+                net_tensor_release(r->coll->net, p->sum);
+                p->sum = NULL;
+        } else if (phase == COLL_REDUCE_SCATTER && p->chunk == r->inject && r->inject_out > 0)
+                r->inject_out--;
+        if (phase == COLL_ALL_GATHER && r->out && p->held) {
+                net_tensor_release(r->coll->net, p->held);
+                p->held = NULL;
+        }
+}
+
 static int send_now(CollRound *r, uint32_t idx, uint8_t phase) {
         Coll *c = r->coll;
         Piece *p = &r->pieces[idx];
@@ -144,6 +160,10 @@ static int send_now(CollRound *r, uint32_t idx, uint8_t phase) {
         TensorDesc d;
         int k;
 
+        if (r->right_gone) { /* it has all it needed from us, or stopped: nobody to send to */
+                piece_sent(r, idx, phase);
+                return 0;
+        }
         if (!c->members[r->right].up)
                 return -ECONNRESET;
         if (phase == COLL_ALL_GATHER)
@@ -490,18 +510,9 @@ void round_on_sent(Coll *c, uint64_t cookie) {
                 ;
         if (!r || idx >= r->n_pieces || r->pieces[idx].sends == 0)
                 return;
-        Piece *p = &r->pieces[idx];
-        p->sends--;
+        r->pieces[idx].sends--;
         r->sending--;
-        if (phase == COLL_REDUCE_SCATTER && p->sum) { /* a running sum is done with once sent */
-                net_tensor_release(c->net, p->sum);
-                p->sum = NULL;
-        } else if (phase == COLL_REDUCE_SCATTER && p->chunk == r->inject && r->inject_out > 0)
-                r->inject_out--; /* one of ours went */
-        if (phase == COLL_ALL_GATHER && r->out && p->held) { /* the average is in the output already */
-                net_tensor_release(c->net, p->held);
-                p->held = NULL;
-        }
+        piece_sent(r, idx, phase);
         if (r->freed) {
                 if (r->sending == 0)
                         round_unlink(r);
@@ -833,10 +844,25 @@ void round_on_abort(Coll *c, unsigned member, const CollAbort *m) {
                 }
 }
 
-void round_on_member_lost(Coll *c, unsigned member) {
-        for (CollRound *r = c->rounds; r; r = r->next)
-                if (!r->freed && r->state == COLL_ROUND_RUNNING && (member == r->left || member == r->right))
+/* A neighbour lost is the round lost, but for a right neighbour that said
+ * BYE: it stops once its round is done, with every piece it needed from
+ * us, and what we still get from the left completes ours. If it stopped
+ * mid-round instead, ours fails soon (RIGHT_GONE_GRACE_MS), not at the
+ * deadline. */
+#define RIGHT_GONE_GRACE_MS 2000
+void round_on_member_lost(Coll *c, unsigned member, int reason) {
+        for (CollRound *r = c->rounds; r; r = r->next) {
+                if (r->freed || r->state != COLL_ROUND_RUNNING || (member != r->left && member != r->right))
+                        continue;
+                if (member == r->left || reason != 0) {
                         round_fail(r, -ECONNRESET);
+                        continue;
+                }
+                r->right_gone = true;
+                r->deadline_ns = MIN(r->deadline_ns, now_ns() + RIGHT_GONE_GRACE_MS * MS);
+                flush_backlog(r); /* what waited for it goes nowhere */
+                round_check_done(r);
+        }
 }
 
 void round_tick(Coll *c, uint64_t now) {

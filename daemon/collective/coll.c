@@ -120,7 +120,7 @@ static void on_closed(void *ud, uint32_t peer, int reason, const uint8_t id[IDEN
                         m->up = false;
                         m->next_dial_ns = now + (uint64_t)c->cfg.redial_ms * 1000000ull;
                         drop_early(c, early_from, &i);
-                        round_on_member_lost(c, i);
+                        round_on_member_lost(c, i, reason);
                         state_on_member_lost(c, i);
                 }
         }
