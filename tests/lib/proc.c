@@ -92,15 +92,40 @@ int proc_exit_within(Proc *p, int timeout_ms) {
         return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
 }
 
+/* A port free now, below the kernel's ephemeral range (32768 and up here):
+ * one the kernel handed out for binding to port 0 could be given next to
+ * an outgoing connection of another test before the daemon binds it, and
+ * stay taken as long as that connection lives. */
+static bool given_before(unsigned short port) {
+        static unsigned short given[256];
+        static unsigned n;
+        for (unsigned i = 0; i < n && i < 256; i++)
+                if (given[i] == port)
+                        return true;
+        given[n++ % 256] = port;
+        return false;
+}
+
 unsigned short test_free_port(void) {
-        int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-        struct sockaddr_in sa = { .sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
-        socklen_t len = sizeof sa;
-        cr_assert(fd >= 0);
-        cr_assert_eq(bind(fd, (struct sockaddr *)&sa, sizeof sa), 0);
-        getsockname(fd, (struct sockaddr *)&sa, &len);
-        close(fd);
-        return ntohs(sa.sin_port);
+        static unsigned seed;
+        if (!seed)
+                seed = (unsigned)getpid() * 2654435761u ^ (unsigned)time(NULL);
+        for (int tries = 0; tries < 1000; tries++) {
+                seed = seed * 1103515245u + 12345u;
+                unsigned short port = (unsigned short)(20000 + (seed >> 8) % 12000);
+                if (given_before(port)) /* not yet bound by whoever asked for it */
+                        continue;
+                int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+                struct sockaddr_in sa = { .sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK),
+                                          .sin_port = htons(port) };
+                cr_assert(fd >= 0);
+                int r = bind(fd, (struct sockaddr *)&sa, sizeof sa);
+                close(fd);
+                if (r == 0)
+                        return port;
+        }
+        cr_assert_fail("no free port in 20000-31999");
+        return 0;
 }
 
 long proc_peak_rss_kib(pid_t pid) {
