@@ -199,9 +199,11 @@ static void fetch_start(Averager *a) {
                 atomic_store(&a->fetch, FETCH_RUNNING);
 }
 
+/* Done once every ring's is: the first failure, or the most steps. */
 static void fetch_check(Averager *a) {
+        uint64_t most = 0;
+        unsigned from = 0;
         int result = 0;
-        a->fetch_steps = 0;
         for (unsigned i = 0; i < a->cfg.n_rings; i++) {
                 uint64_t steps = 0;
                 unsigned member = 0;
@@ -210,13 +212,15 @@ static void fetch_check(Averager *a) {
                         return;
                 if (r < 0 && result == 0)
                         result = r;
-                if (r == 0 && steps >= a->fetch_steps) {
-                        a->fetch_steps = steps;
-                        a->fetch_member = member;
+                if (r == 0 && steps >= most) {
+                        most = steps;
+                        from = member;
                 }
         }
         coll_state_forget(a->coll);
         a->fetch_result = result;
+        a->fetch_steps = most;
+        a->fetch_member = from;
         atomic_store(&a->fetch, FETCH_DONE);
 }
 

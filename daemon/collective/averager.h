@@ -130,9 +130,8 @@ void averager_get_stats(Averager *a, AveragerStats *ret);
 /* The outer optimizer's state (outer.enabled), owned by the compute thread:
  * set it before training (the initial parameters and zero momentum, or a
  * checkpoint's; momentum NULL: zeros; anchor NULL: as it is), read it for a
- * checkpoint (-ENODATA
- * before there is an anchor). Without
- * a set state, the parameters at the first averager_sync() are the anchor.
+ * checkpoint (-ENODATA before there is an anchor). Without a set state, the
+ * parameters at the first averager_sync() are the anchor.
  * -EINVAL without an outer optimizer. */
 int averager_set_outer_state(Averager *a, const float *anchor, const float *momentum);
 int averager_outer_state(const Averager *a, const float **ret_anchor, const float **ret_momentum);
@@ -149,8 +148,8 @@ unsigned averager_last_rounds(const Averager *a);
 /* Join a swarm that trains already: the next rounds (one, or one per
  * fragment) start as soon as every member this node meets is connected, or
  * after AVERAGER_JOIN_GATHER_MS once each ring has another member
- * connected, and this node's snapshot
- * weighs AVERAGER_JOIN_WEIGHT in them, next to nothing against the others'
+ * connected, and this node's snapshot weighs AVERAGER_JOIN_WEIGHT in them,
+ * next to nothing against the others'
  * samples: it takes their average and gives none of its own parameters,
  * so a node back from an old checkpoint or new to the swarm does not pull
  * the others back. Its delta is applied as a plain average (the outer
@@ -170,7 +169,7 @@ void averager_join_cancel(Averager *a);
  * from one member of the ring (coll_state_fetch()), with the outer
  * optimizer's momentum after the moments. A member gives at most
  * AVERAGER_MAX_GIVING at once; the compute thread copies its state between
- * two steps (averager_sync()). */
+ * two steps or while it waits (averager_sync(), averager_serve()). */
 #define AVERAGER_MAX_GIVING 2
 void averager_set_optimizer(Averager *a, float *moments, unsigned arrays, const uint64_t *steps);
 /* From the compute thread, after the join rounds: ask. -ENODATA without an

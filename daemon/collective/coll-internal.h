@@ -127,8 +127,7 @@ typedef struct Fetch {
         unsigned arrays;
         size_t values, n_pieces, n_got;
         uint8_t *got;         /* one byte per piece */
-        uint64_t steps, deadline_ns;
-        bool steps_known;
+        uint64_t steps, deadline_ns; /* steps: those of the pieces in so far */
         int last_error;       /* the last refusal, or why the last member failed */
         int result;           /* -EINPROGRESS, 0, or last_error once nobody is left to ask */
 } Fetch;

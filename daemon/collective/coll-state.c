@@ -90,14 +90,16 @@ static void give_end(Coll *c, unsigned i) {
 }
 
 int coll_state_give(Coll *c, unsigned member, uint8_t *buf, uint32_t group, size_t values, unsigned arrays) {
-        if (member >= c->n_members || !c->members[member].up || values == 0 || arrays == 0 ||
-            arrays > COLL_STATE_MAX_ARRAYS) {
+        int r = 0;
+        if (member >= c->n_members || values == 0 || arrays == 0 || arrays > COLL_STATE_MAX_ARRAYS)
+                r = -EINVAL;
+        else if (!c->members[member].up)
+                r = -ENOTCONN;
+        else if (c->n_donations == COLL_MAX_DONATIONS)
+                r = -EBUSY;
+        if (r < 0) {
                 free(buf);
-                return member < c->n_members && !c->members[member].up ? -ENOTCONN : -EINVAL;
-        }
-        if (c->n_donations == COLL_MAX_DONATIONS) {
-                free(buf);
-                return -EBUSY;
+                return r;
         }
         Donation *d = &c->donations[c->n_donations++];
         *d = (Donation){ .id = c->next_donation++, .member = member,
@@ -165,7 +167,6 @@ static void fetch_next(Coll *c, Fetch *f, int why) {
                         continue;
                 f->donor = (int)m;
                 f->n_got = 0;
-                f->steps_known = false;
                 memset(f->got, 0, f->n_pieces);
                 f->deadline_ns = now_ns() + (uint64_t)c->cfg.round_timeout_ms * 1000000ull;
                 return;
@@ -236,7 +237,7 @@ void state_on_piece(Coll *c, unsigned member, const CollPiece *h, NetTensor *t) 
         const float *v = (const float *)(t->data + COLL_PIECE_HEADER);
         bool ok = h->index < f->n_pieces && !f->got[h->index] &&
                   h->count == piece_count(f->values * f->arrays, h->index) &&
-                  (!f->steps_known || h->round == f->steps) &&
+                  (f->n_got == 0 || h->round == f->steps) &&
                   /* a bad value leaves part of dst written: the next member's pieces cover it */
                   scatter(f->dst, f->values, (size_t)h->index * COLL_STATE_PIECE_VALUES, v, h->count);
         net_tensor_release(c->net, t);
@@ -247,7 +248,6 @@ void state_on_piece(Coll *c, unsigned member, const CollPiece *h, NetTensor *t) 
         }
         f->got[h->index] = 1;
         f->steps = h->round;
-        f->steps_known = true;
         f->deadline_ns = now_ns() + (uint64_t)c->cfg.round_timeout_ms * 1000000ull;
         if (++f->n_got == f->n_pieces)
                 f->result = 0;

@@ -241,7 +241,6 @@ int averaging_final(Averaging *a, float *params, void (*poll)(void *ud), void *u
         return 0;
 }
 
-
 /* After the join rounds: the moments of the values just taken, from a
  * member of each ring, checked as any moments from another node are. */
 static void take_moments(Averaging *a, float *params, void (*poll)(void *ud), void *ud) {
@@ -285,14 +284,13 @@ int averaging_join(Averaging *a, float *params, void (*poll)(void *ud), void *ud
         averager_get_stats(a->av, &before);
         for (;;) {
                 averager_get_stats(a->av, &s);
-                bool joined = s.rounds_done - before.rounds_done >= rounds;
-                if (!averager_joining(a->av) && (joined || now_ns() >= deadline))
-                        break;
-                if (!averager_joining(a->av)) { /* a round failed (links still coming up, a member gone): again */
-                        averager_join(a->av);
+                bool over = now_ns() >= deadline;
+                if (!averager_joining(a->av)) {
+                        if (s.rounds_done - before.rounds_done >= rounds || over)
+                                break;
+                        averager_join(a->av); /* a round failed (links still coming up, a member gone): again */
                         tries++;
-                }
-                if (now_ns() >= deadline) {
+                } else if (over) {
                         averager_join_cancel(a->av); /* a round under way finishes as one */
                         break;
                 }

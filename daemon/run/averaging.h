@@ -68,8 +68,8 @@ int averaging_final(Averaging *a, float *params, void (*poll)(void *ud), void *u
 /* Before the first step: take the swarm's parameters (averager_join(): the
  * others' average, this node's own weighing next to nothing; a round that
  * fails is tried again), waiting at most a join timeout and two round
- * timeouts, calling poll meanwhile; when
- * a ring of its has nobody else up after AVERAGING_JOIN_ALONE_MS, none.
+ * timeouts, calling poll meanwhile; when a ring of its has nobody else up
+ * after AVERAGING_JOIN_ALONE_MS, none.
  * Logs how long it took and with how many members; 0, or -ETIMEDOUT (it
  * trains from its own parameters then). */
 #define AVERAGING_JOIN_ALONE_MS 3000 /* no member of some ring connected this long: nobody to join */

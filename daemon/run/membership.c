@@ -241,12 +241,12 @@ static void on_tensor(void *ud, NetTensor *t) {
                   part <= job_moments(m->job) && l < (uint32_t)m->job->model.n_layers &&
                   t->desc.dtype == DTYPE_F32 && t->desc.ndim == 1 && t->desc.dims[0] > 0 &&
                   t->desc.dims[0] == m->layer_off[l + 1] - m->layer_off[l];
-        if (ok) { /* part 0: the layer's parameters; then its moments */
-                const float *v = (const float *)t->data;
-                for (uint32_t i = 0; ok && part == 0 && i < t->desc.dims[0]; i++)
+        const float *v = (const float *)t->data;
+        if (ok && part == 0) /* the layer's parameters */
+                for (uint32_t i = 0; ok && i < t->desc.dims[0]; i++)
                         ok = isfinite(v[i]);
-                ok = ok && (part == 0 || optim_moment_valid(m->job->optim.kind, part - 1, v, t->desc.dims[0]));
-        }
+        else if (ok) /* one of its moments */
+                ok = optim_moment_valid(m->job->optim.kind, part - 1, v, t->desc.dims[0]);
         if (ok && !m->incoming[part])
                 m->incoming[part] = calloc(m->layer_off[m->job->model.n_layers], sizeof(float));
         if (ok && m->incoming[part]) {

@@ -439,18 +439,25 @@ static void forge(void *ud, uint8_t phase, unsigned sent) {
                 net_send_tensor(coll_net(f->c), (uint32_t)peer, 0, &d, buf, 0);
 }
 
+/* A round of three members in which member `from` also sends the piece f
+ * describes (f lives until the round is over). */
+static void round_with_forger(Swarm *s, unsigned from, Forger *f, uint64_t seed) {
+        CollConfig c;
+        coll_config_defaults(&c);
+        c.payload = f->payload;
+        cr_assert_eq(swarm_init(s, 3, &c, false), 0);
+        fill(s, 3000, seed, false);
+        f->c = s->node[from].coll;
+        coll_set_piece_hook(f->c, forge, f);
+        cr_assert_eq(swarm_round(s), 0);
+}
+
 /* The round fails where the piece arrives, as a bad piece, the others give
  * it up too, and the sender is refused. */
 static void forged(CollPayload payload) {
         Swarm s;
-        CollConfig c;
-        coll_config_defaults(&c);
-        c.payload = payload;
-        cr_assert_eq(swarm_init(&s, 3, &c, false), 0);
-        fill(&s, 3000, 11, false);
-        Forger f = { .c = s.node[2].coll, .payload = payload, .count = 1000 /* chunk 0, one piece */ };
-        coll_set_piece_hook(s.node[2].coll, forge, &f);
-        cr_assert_eq(swarm_round(&s), 0);
+        Forger f = { .payload = payload, .count = 1000 /* chunk 0, one piece */ };
+        round_with_forger(&s, 2, &f, 11);
         cr_assert_eq(s.node[0].info.state, COLL_ROUND_FAILED);
         cr_assert_eq(s.node[0].info.error, -EBADMSG);
         for (unsigned i = 1; i < 3; i++)
@@ -472,13 +479,8 @@ static void forged(CollPayload payload) {
  * up. Both rounds are given up at once, and nobody is refused. */
 Test(coll, a_piece_from_another_view_aborts_without_a_ban) {
         Swarm s;
-        CollConfig c;
-        coll_config_defaults(&c);
-        cr_assert_eq(swarm_init(&s, 3, &c, false), 0);
-        fill(&s, 3000, 12, false);
-        Forger f = { .c = s.node[1].coll, .payload = COLL_PAYLOAD_F32, .count = 1000, .to = 0, .sane = true };
-        coll_set_piece_hook(s.node[1].coll, forge, &f);
-        cr_assert_eq(swarm_round(&s), 0);
+        Forger f = { .payload = COLL_PAYLOAD_F32, .count = 1000, .to = 0, .sane = true };
+        round_with_forger(&s, 1, &f, 12);
         cr_assert_eq(s.node[0].info.state, COLL_ROUND_FAILED);
         cr_assert_eq(s.node[0].info.error, -ESTALE);
         cr_assert_eq(s.node[1].info.state, COLL_ROUND_FAILED);
