@@ -286,9 +286,13 @@ int averaging_join(Averaging *a, float *params, void (*poll)(void *ud), void *ud
                 averager_get_stats(a->av, &s);
                 bool over = now_ns() >= deadline;
                 if (!averager_joining(a->av)) {
-                        if (s.rounds_done - before.rounds_done >= rounds || over)
+                        /* A round that timed out had nobody to take part: the
+                         * others may be in their last rounds, waiting for this
+                         * one to train. Only one that failed at once (links
+                         * still coming up, another leader's round) is tried again. */
+                        if (s.rounds_done - before.rounds_done >= rounds || over || s.last_error == -ETIMEDOUT)
                                 break;
-                        averager_join(a->av); /* a round failed (links still coming up, a member gone): again */
+                        averager_join(a->av);
                         tries++;
                 } else if (over) {
                         averager_join_cancel(a->av); /* a round under way finishes as one */
