@@ -4,7 +4,12 @@
  * The state is six 128-bit blocks S0..S5 per lane. Update(M) sets every Si
  * to one AES round of S(i-1) keyed by Si (S0's from S5, keyed by S0 ^ M),
  * so the six rounds of an update are independent and one update costs
- * about the latency of one round. A message block x gives the ciphertext
+ * about the latency of one round. The bulk loops keep S0 ^ Y for S0, Y
+ * the xor of the blocks absorbed so far: an AES round keyed by K ^ M is the
+ * round keyed by K, xored with M, so S0 ^ Y takes one AES round per update
+ * with no xor in its way, and S0 itself (S1's next input) is one xor off
+ * the chain: the longest path from one update to the next is shorter by
+ * the xor (decrypting, by the keystream's three). A message block x gives the ciphertext
  * x ^ S1 ^ S4 ^ S5 ^ (S2 & S3), then is absorbed with Update(x). X2 keeps
  * lane 1 in the upper halves of 256-bit registers; its lanes differ by a
  * context xored into S3 and S5 before each update of the initialization,
@@ -55,20 +60,22 @@ bool aegis256_available(unsigned lanes) {
 #define LD1(p) _mm_loadu_si128((const __m128i *)(p))
 #define ST1(p, v) _mm_storeu_si128((__m128i *)(p), v)
 
-/* Update with S0 ^ M given (s0m), in the order that reads each old block
- * before it is replaced. */
-static inline ONE void update1_s0m(__m128i s[6], __m128i s0m) {
-        __m128i s5 = s[5];
+/* Update(m) on a state whose s[0] holds S0 ^ *y (see the top). */
+static inline ONE void update1_lazy(__m128i s[6], __m128i *y, __m128i m) {
+        __m128i s0 = _mm_xor_si128(s[0], *y), s5 = s[5];
         s[5] = _mm_aesenc_si128(s[4], s5);
         s[4] = _mm_aesenc_si128(s[3], s[4]);
         s[3] = _mm_aesenc_si128(s[2], s[3]);
         s[2] = _mm_aesenc_si128(s[1], s[2]);
-        s[1] = _mm_aesenc_si128(s[0], s[1]);
-        s[0] = _mm_aesenc_si128(s5, s0m);
+        s[1] = _mm_aesenc_si128(s0, s[1]);
+        s[0] = _mm_aesenc_si128(s5, s[0]);
+        *y = _mm_xor_si128(*y, m);
 }
 
 static inline ONE void update1(__m128i s[6], __m128i m) {
-        update1_s0m(s, _mm_xor_si128(s[0], m));
+        __m128i y = _mm_setzero_si128();
+        update1_lazy(s, &y, m);
+        s[0] = _mm_xor_si128(s[0], y);
 }
 
 static inline ONE __m128i keystream1(const __m128i s[6]) {
@@ -100,21 +107,15 @@ static ONE void init1(Aegis256 *a, const uint8_t *key, const uint8_t *nonce) {
 
 /* Whole blocks of n: the bytes done. */
 static ONE size_t bulk1(Aegis256 *a, uint8_t *dst, const uint8_t *src, size_t n, bool dec) {
-        __m128i s[6];
+        __m128i s[6], y = _mm_setzero_si128();
         size_t i = 0;
         load1(a, s);
-        if (dec)
-                for (; i + 16 <= n; i += 16) { /* S0 ^ x as (S0 ^ c) ^ z: shorter from one update to the next */
-                        __m128i c = LD1(src + i), z = keystream1(s), s0c = _mm_xor_si128(s[0], c);
-                        update1_s0m(s, _mm_xor_si128(s0c, z));
-                        ST1(dst + i, _mm_xor_si128(c, z));
-                }
-        else
-                for (; i + 16 <= n; i += 16) {
-                        __m128i x = LD1(src + i), z = keystream1(s);
-                        update1(s, x);
-                        ST1(dst + i, _mm_xor_si128(x, z));
-                }
+        for (; i + 16 <= n; i += 16) {
+                __m128i in = LD1(src + i), out = _mm_xor_si128(in, keystream1(s));
+                update1_lazy(s, &y, dec ? out : in);
+                ST1(dst + i, out);
+        }
+        s[0] = _mm_xor_si128(s[0], y);
         store1(a, s);
         return i;
 }
@@ -136,18 +137,21 @@ static ONE void tag1(Aegis256 *a, uint8_t tag[AEGIS256_TAG_SIZE]) {
 #define ST2(p, v) _mm256_storeu_si256((__m256i *)(p), v)
 #define BOTH(v) _mm256_broadcastsi128_si256(v)
 
-static inline TWO void update2_s0m(__m256i s[6], __m256i s0m) {
-        __m256i s5 = s[5];
+static inline TWO void update2_lazy(__m256i s[6], __m256i *y, __m256i m) {
+        __m256i s0 = _mm256_xor_si256(s[0], *y), s5 = s[5];
         s[5] = _mm256_aesenc_epi128(s[4], s5);
         s[4] = _mm256_aesenc_epi128(s[3], s[4]);
         s[3] = _mm256_aesenc_epi128(s[2], s[3]);
         s[2] = _mm256_aesenc_epi128(s[1], s[2]);
-        s[1] = _mm256_aesenc_epi128(s[0], s[1]);
-        s[0] = _mm256_aesenc_epi128(s5, s0m);
+        s[1] = _mm256_aesenc_epi128(s0, s[1]);
+        s[0] = _mm256_aesenc_epi128(s5, s[0]);
+        *y = _mm256_xor_si256(*y, m);
 }
 
 static inline TWO void update2(__m256i s[6], __m256i m) {
-        update2_s0m(s, _mm256_xor_si256(s[0], m));
+        __m256i y = _mm256_setzero_si256();
+        update2_lazy(s, &y, m);
+        s[0] = _mm256_xor_si256(s[0], y);
 }
 
 static inline TWO __m256i keystream2(const __m256i s[6]) {
@@ -179,21 +183,15 @@ static TWO void init2(Aegis256 *a, const uint8_t *key, const uint8_t *nonce) {
 }
 
 static TWO size_t bulk2(Aegis256 *a, uint8_t *dst, const uint8_t *src, size_t n, bool dec) {
-        __m256i s[6];
+        __m256i s[6], y = _mm256_setzero_si256();
         size_t i = 0;
         load2(a, s);
-        if (dec)
-                for (; i + 32 <= n; i += 32) {
-                        __m256i c = LD2(src + i), z = keystream2(s), s0c = _mm256_xor_si256(s[0], c);
-                        update2_s0m(s, _mm256_xor_si256(s0c, z));
-                        ST2(dst + i, _mm256_xor_si256(c, z));
-                }
-        else
-                for (; i + 32 <= n; i += 32) {
-                        __m256i x = LD2(src + i), z = keystream2(s);
-                        update2(s, x);
-                        ST2(dst + i, _mm256_xor_si256(x, z));
-                }
+        for (; i + 32 <= n; i += 32) {
+                __m256i in = LD2(src + i), out = _mm256_xor_si256(in, keystream2(s));
+                update2_lazy(s, &y, dec ? out : in);
+                ST2(dst + i, out);
+        }
+        s[0] = _mm256_xor_si256(s[0], y);
         store2(a, s);
         return i;
 }

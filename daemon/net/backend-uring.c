@@ -1,7 +1,11 @@
 /* net/backend-uring.c — io_uring: one ring per Net (so per thread), at most
  * one receive and one send in flight per link, submissions and completions
- * handled in batches. Payloads are read with READ_FIXED straight into the
- * registered receive region; frames at or above the zero-copy threshold go
+ * handled in batches. Payloads are received straight into the tensor's
+ * buffer with plain RECV: reading into a registered region (READ_FIXED)
+ * pinned the whole region, so counted it all in the process's RSS, and the
+ * kernel copied into it with a slower memcpy than the one of a plain
+ * receive (measured: docs/figures.md, Transport). Frames at or above the
+ * zero-copy threshold go
  * out with SEND_ZC, and the frame's buffer is not reused before the kernel's
  * notification says it is done with it. */
 #include <liburing.h>
@@ -25,7 +29,6 @@ enum {
 
 typedef struct UringData {
         struct io_uring ring;
-        bool registered; /* the receive region is buffer 0 */
         struct sockaddr_storage accept_addr;
         socklen_t accept_len;
         size_t zc_threshold;
@@ -56,8 +59,7 @@ static int ur_init(Net *n) {
         /* An old kernel may have io_uring without the operations used here:
          * then this backend is not available and the caller falls back. */
         struct io_uring_probe *probe = io_uring_get_probe_ring(&u->ring);
-        static const int needed[] = { IORING_OP_ACCEPT, IORING_OP_RECV, IORING_OP_SEND, IORING_OP_SENDMSG,
-                                      IORING_OP_READ_FIXED };
+        static const int needed[] = { IORING_OP_ACCEPT, IORING_OP_RECV, IORING_OP_SEND, IORING_OP_SENDMSG };
         bool ok = probe != NULL, zc = false;
         for (size_t i = 0; ok && i < ELEMENTSOF(needed); i++)
                 ok = io_uring_opcode_supported(probe, needed[i]);
@@ -69,12 +71,6 @@ static int ur_init(Net *n) {
                 io_uring_queue_exit(&u->ring);
                 free(u);
                 return -EOPNOTSUPP;
-        }
-        if (n->pool && n->pool->size) {
-                struct iovec iov = { n->pool->base, n->pool->size };
-                /* Without it (a low RLIMIT_MEMLOCK, say) reads still land in
-                 * the region, just without the fixed-buffer shortcut. */
-                u->registered = io_uring_register_buffers(&u->ring, &iov, 1) == 0;
         }
         /* On loopback the kernel copies zero-copy sends anyway and plain SEND
          * is faster (measured: see README), so auto means "not on loopback". */
@@ -133,10 +129,7 @@ static int submit_recv(Net *n, Link *l) {
         if (!sqe)
                 return -EBUSY;
         link_rx_target(l, &p, &want);
-        if (u->registered && bufpool_owns(n->pool, p))
-                io_uring_prep_read_fixed(sqe, l->fd, p, (unsigned)MIN(want, (size_t)1 << 30), 0, 0);
-        else
-                io_uring_prep_recv(sqe, l->fd, p, want, 0);
+        io_uring_prep_recv(sqe, l->fd, p, want, 0);
         io_uring_sqe_set_data64(sqe, UD(OP_RECV, l->slot));
         l->inflight++;
         return 0;

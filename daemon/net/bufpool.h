@@ -1,10 +1,10 @@
 /* net/bufpool.h — the region tensors are received into.
  *
- * One mmap'd region, cut into 64 KiB pages, handed out as contiguous runs.
- * The io_uring backend registers the whole region once, so a payload is read
- * with READ_FIXED straight into the buffer the application gets, without
- * pinning pages on every read. A request the region cannot hold returns
- * NULL and the caller falls back to plain memory.
+ * One mmap'd region, cut into 64 KiB pages, handed out as contiguous runs:
+ * a payload is received straight into the buffer the application gets,
+ * and a page is touched (counted in RSS) only once a tensor needed it. A
+ * request the region cannot hold returns NULL and the caller falls back to
+ * plain memory.
  *
  *     BufPool *p;
  *     bufpool_new(64 << 20, &p);

@@ -4,7 +4,7 @@
  * I/O backend (io_uring, or epoll where io_uring is unavailable or turned
  * off). Every link runs the handshake of handshake.h, then carries frames
  * protected by seal.h. Tensors are received straight into buffers of a
- * registered pool and handed to the application, which releases them.
+ * pool and handed to the application, which releases them.
  * Everything a peer controls is bounded (net_config_defaults() lists the
  * limits); a peer that breaks a rule loses its link and nobody else notices.
  *
@@ -69,7 +69,7 @@ typedef struct NetConfig {
         unsigned handshake_timeout_ms;
         unsigned idle_timeout_ms;  /* no complete frame for this long: drop (peers heartbeat) */
         unsigned stall_timeout_ms; /* stopped mid-frame for this long: drop */
-        size_t pool_bytes;         /* the registered receive region */
+        size_t pool_bytes;         /* the receive region (bufpool.h) */
         /* A relay (relay.h) for links to nodes that accept no connections:
          * net_connect_relayed() asks it for a peer; with relay_wait, the Net
          * keeps one connection waiting there for whoever asks for this node. */
