@@ -490,6 +490,78 @@ Test(coll, a_piece_from_another_view_aborts_without_a_ban) {
         swarm_free(&s);
 }
 
+/* ---- a neighbour that leaves first ---------------------------------------- */
+
+static atomic_bool member2_gone; /* member 2 freed its Coll: its BYEs are out */
+static bool held_until_gone;
+
+/* Member 0's second all-gather piece (member 2's chunk, which it passes on
+ * to member 1, the last to get it) waits in its queue until member 2 is
+ * gone. On links that keep their order, its first is its own chunk. */
+static void hold_until_gone(void *ud, uint8_t phase, unsigned sent) {
+        if (phase != COLL_ALL_GATHER || sent != 2)
+                return;
+        for (int i = 0; i < 5000 && !atomic_load(&member2_gone); i++)
+                usleep(1000);
+        held_until_gone = atomic_load(&member2_gone);
+}
+
+/* A member's round; member 2 leaves the moment its own is done. */
+static void *leaving_member(void *arg) {
+        SwarmNode *nd = arg;
+        Swarm *s = nd->swarm;
+        CollRound *rd;
+
+        for (int i = 0; i < 5000 && coll_n_connected(nd->coll) < s->n - 1; i++)
+                coll_run(nd->coll, 2);
+        if (coll_round_start(nd->coll, 0, (unsigned[]){ 0, 1, 2 }, 3, nd->x, nd->len, 1, &rd) < 0)
+                return NULL;
+        while (!coll_round_finished(rd))
+                coll_run(nd->coll, 5);
+        coll_round_info(rd, &nd->info);
+        if (coll_round_read(rd, 0, nd->len, nd->avg) < 0)
+                nd->avg = mfree(nd->avg);
+        coll_round_free(rd);
+        if (nd->index == 2) {
+                nd->coll = coll_free(nd->coll);
+                atomic_store(&member2_gone, true);
+                return NULL;
+        }
+        atomic_fetch_add(&s->finished, 1);
+        while (atomic_load(&s->finished) < 2)
+                coll_run(nd->coll, 2);
+        return NULL;
+}
+
+/* Member 2 finishes first and says BYE while member 1, whose right
+ * neighbour it is, still waits for a piece from member 0: member 1's round
+ * drops what would have gone to member 2 and completes. */
+Test(coll, a_right_neighbour_that_said_bye_when_done_does_not_fail_a_round) {
+        Swarm s;
+        CollConfig c;
+        coll_config_defaults(&c);
+        cr_assert_eq(swarm_init(&s, 3, &c, false), 0);
+        fill(&s, 3000, 13, false);
+        coll_set_piece_hook(s.node[0].coll, hold_until_gone, NULL);
+        for (unsigned i = 0; i < 3; i++)
+                cr_assert_eq(pthread_create(&s.node[i].thread, NULL, leaving_member, &s.node[i]), 0);
+        for (unsigned i = 0; i < 3; i++)
+                pthread_join(s.node[i].thread, NULL);
+        cr_assert(held_until_gone, "member 0 held its last piece until member 2 was gone");
+        double worst = 0;
+        for (unsigned i = 0; i < 3; i++) {
+                cr_assert_eq(s.node[i].info.state, COLL_ROUND_DONE, "member %u: state %d error %d", i,
+                             s.node[i].info.state, s.node[i].info.error);
+                for (size_t k = 0; k < 3000; k++) {
+                        double exact = ((double)s.node[0].x[k] + s.node[1].x[k] + s.node[2].x[k]) / 3;
+                        worst = fmax(worst, fabs(s.node[i].avg[k] - exact));
+                }
+        }
+        cr_assert(worst <= 1e-6, "max error %g", worst);
+        release(&s);
+        swarm_free(&s);
+}
+
 Test(coll, bad_piece_f32_nan) { forged(COLL_PAYLOAD_F32); }
 Test(coll, bad_piece_int8_nan_scale) { forged(COLL_PAYLOAD_INT8); }
 
