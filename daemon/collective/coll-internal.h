@@ -70,6 +70,7 @@ struct CollRound {
         unsigned members[COLL_MAX_MEMBERS], n_members, self_pos;
         const float *x;
         float *out; /* coll_round_set_output(): where averages go as they complete */
+        bool out_around_cache; /* out is too large to stay cached: written with non-temporal stores */
         float *feedback; /* coll_round_set_feedback(): int8 errors carried between rounds */
         size_t len;
         double weight;
@@ -196,6 +197,7 @@ void round_release_held(CollRound *r);
 /* out = a, n values, in one pass that also checks them: false if one is
  * not finite (coll-round.c). */
 bool copy_finite_f32(float *restrict out, const float *restrict a, size_t n);
+bool copy_finite_f32_around(float *restrict out, const float *restrict a, size_t n);
 
 /* coll-state.c */
 void state_on_ask(Coll *c, unsigned member, const CollStateAsk *m);

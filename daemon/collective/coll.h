@@ -159,8 +159,9 @@ int coll_round_start(Coll *c, uint32_t group, const unsigned *members, unsigned 
                      double weight, CollRound **ret);
 /* Right after coll_round_start(): write each piece's average to out (len
  * values; out may be x itself, an in-place all-reduce) the moment it is
- * complete, while it is still in the cache, and let go of its receive buffer
- * once it is passed on. The pieces not complete when a round fails keep
+ * complete, while the received piece is still in the cache (an out of 16
+ * MiB or more is written around the cache: it would leave it before it is
+ * read), and let go of its receive buffer once it is passed on. The pieces not complete when a round fails keep
  * what out held. coll_round_read() and coll_round_apply() read from out
  * then; apply needs out != x. -EBUSY if the round has an output already. */
 int coll_round_set_output(CollRound *r, float *out);

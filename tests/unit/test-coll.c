@@ -6,6 +6,7 @@
 #include <math.h>
 
 #include "../lib/coll-swarm.h"
+#include "collective/coll-internal.h"
 #include "collective/quant.h"
 #include "tensor/half.h"
 #include "util/rng.h"
@@ -486,6 +487,49 @@ Test(coll, a_piece_from_another_view_aborts_without_a_ban) {
         cr_assert_eq(s.node[1].info.state, COLL_ROUND_FAILED);
         cr_assert(coll_connected(s.node[0].coll, 1) && coll_connected(s.node[0].coll, 2), "nobody refused");
         cr_assert_eq(coll_loss(s.node[0].coll).count, 0);
+        release(&s);
+        swarm_free(&s);
+}
+
+/* ---- outputs written around the cache ---------------------------------------- */
+
+Test(coll, copies_around_the_cache_are_exact_and_find_every_bad_value) {
+        float a[80], out[96];
+        for (unsigned k = 0; k < 80; k++)
+                a[k] = (float)k * 0.37f - 9;
+        for (unsigned align = 0; align < 8; align++)
+                for (size_t n = 0; n <= 80; n += n < 9 ? 1 : 7) {
+                        memset(out, 0xff, sizeof out);
+                        cr_assert(copy_finite_f32_around(out + align, a, n), "align %u n %zu", align, n);
+                        cr_assert(memcmp(out + align, a, n * sizeof(float)) == 0, "align %u n %zu", align, n);
+                        for (size_t i = align + n; i < 96; i++)
+                                cr_assert_eq(((uint32_t *)out)[i], 0xffffffffu, "wrote past the end");
+                        for (size_t bad = 0; bad < n; bad += 1 + n / 4) {
+                                float keep = a[bad];
+                                a[bad] = bad % 2 ? NAN : -INFINITY;
+                                cr_assert(!copy_finite_f32_around(out + align, a, n), "missed value %zu", bad);
+                                a[bad] = keep;
+                        }
+                }
+}
+
+/* A vector too large for the cache: averages land in the output written
+ * around it, the same bits as read back. */
+Test(coll, a_large_output_written_around_the_cache) {
+        Swarm s;
+        CollConfig c;
+        size_t len = (16u << 20) / sizeof(float) + 1001; /* one past the threshold, and odd */
+        coll_config_defaults(&c);
+        cr_assert_eq(swarm_init(&s, 3, &c, false), 0);
+        fill(&s, len, 14, true);
+        for (unsigned i = 0; i < 3; i++)
+                cr_assert_not_null(s.node[i].out = malloc(len * sizeof(float)));
+        cr_assert_eq(swarm_round(&s), 0);
+        check_average(&s, 1e-6);
+        for (unsigned i = 0; i < 3; i++) {
+                cr_assert(memcmp(s.node[i].out, s.node[i].avg, len * sizeof(float)) == 0, "member %u", i);
+                free(s.node[i].out);
+        }
         release(&s);
         swarm_free(&s);
 }
