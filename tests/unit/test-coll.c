@@ -565,6 +565,7 @@ static void *leaving_member(void *arg) {
         coll_round_info(rd, &nd->info);
         if (coll_round_read(rd, 0, nd->len, nd->avg) < 0)
                 nd->avg = mfree(nd->avg);
+        coll_round_apply(rd, nd->w);
         coll_round_free(rd);
         if (nd->index == 2) {
                 nd->coll = coll_free(nd->coll);
@@ -591,17 +592,8 @@ Test(coll, a_right_neighbour_that_said_bye_when_done_does_not_fail_a_round) {
                 cr_assert_eq(pthread_create(&s.node[i].thread, NULL, leaving_member, &s.node[i]), 0);
         for (unsigned i = 0; i < 3; i++)
                 pthread_join(s.node[i].thread, NULL);
+        check_average(&s, 1e-6);
         cr_assert(held_until_gone, "member 0 held its last piece until member 2 was gone");
-        double worst = 0;
-        for (unsigned i = 0; i < 3; i++) {
-                cr_assert_eq(s.node[i].info.state, COLL_ROUND_DONE, "member %u: state %d error %d", i,
-                             s.node[i].info.state, s.node[i].info.error);
-                for (size_t k = 0; k < 3000; k++) {
-                        double exact = ((double)s.node[0].x[k] + s.node[1].x[k] + s.node[2].x[k]) / 3;
-                        worst = fmax(worst, fabs(s.node[i].avg[k] - exact));
-                }
-        }
-        cr_assert(worst <= 1e-6, "max error %g", worst);
         release(&s);
         swarm_free(&s);
 }
