@@ -110,6 +110,27 @@ Test(formation, large_sets_feasible_and_better_than_greedy) {
         formation_free(f);
 }
 
+/* The scale a swarm of donated machines reaches: every node in one cluster
+ * or a spare, every cluster feasible, no worse than the greedy start. */
+Test(formation, ten_thousand_nodes) {
+        FormationModel fm;
+        model(&fm);
+        enum { N = 10000 };
+        static Capability nodes[N];
+        Diag d = {};
+        draw(nodes, N, 10000, 24, 192);
+        _cleanup_(formation_freep) Formation *f = NULL;
+        cr_assert_eq(formation_run(&fm, nodes, N, &(FormationParams){ .similarity = 0.1, .seed = 1 }, &f, &d), 0,
+                     "%s", d.text);
+        assert_feasible(&fm, nodes, N, f->cluster_of);
+        cr_assert_geq(f->fitness, f->greedy_fitness);
+        int placed = f->n_spares;
+        for (int c = 0; c < f->n_clusters; c++)
+                placed += f->clusters[c].n_nodes;
+        cr_assert_eq(placed, N, "every node is in one cluster or a spare");
+        cr_assert_gt(f->n_clusters, 100);
+}
+
 Test(formation, deterministic_per_seed) {
         FormationModel fm;
         model(&fm);

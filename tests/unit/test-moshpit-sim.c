@@ -368,6 +368,21 @@ Test(moshpit_sim, converges_despite_failures) {
                 }
 }
 
+/* 10,000 peers on a 100 x 100 grid, failing at 1 %: the exact mean, kept. */
+Test(moshpit_sim, ten_thousand_peers_converge) {
+        for (int pl = 0; pl < _MOSHPIT_PLACEMENT_MAX; pl++) {
+                MoshpitSimConfig c = paper_config(10000, 0.01, 5, (MoshpitPlacement)pl);
+                c.grid = (MoshpitGrid){ 2, 100 };
+                MoshpitSimResult res;
+                cr_assert_eq(moshpit_simulate(&c, &res), 0);
+                cr_assert(res.converged, "%s: variance %g after %u rounds", moshpit_placement_to_string(pl),
+                          res.final_variance, res.rounds);
+                cr_assert_lt(res.final_variance, 1e-9);
+                cr_assert_gt(res.failures, 0);
+                cr_assert_lt(res.mean_drift, 1e-12, "averaging moved the mean by %g", res.mean_drift);
+        }
+}
+
 Test(moshpit_sim, allreduce_takes_one_round_or_stalls) {
         MoshpitSimConfig c = paper_config(900, 0, 3, MOSHPIT_PLACEMENT_FIXED);
         MoshpitSimResult res;
