@@ -54,18 +54,15 @@ static const uint8_t *piece_avg(const Piece *p) {
         return p->held->data + COLL_PIECE_HEADER;
 }
 
+static bool copy_to_out(CollRound *r, const Piece *p, const float *v);
+
 /* The piece's average, just completed in t, into the round's output. */
 static void piece_output(CollRound *r, const Piece *p, const NetTensor *t) {
         const uint8_t *v = t->data + COLL_PIECE_HEADER;
         switch (r->payload) {
         case COLL_PAYLOAD_F16: half_to_float(r->out + p->off, (const uint16_t *)v, p->count); break;
         case COLL_PAYLOAD_INT8: quant_to_float(r->out + p->off, v, p->count); break;
-        default:
-                if (r->out_around_cache) /* a sum of ours: checked already */
-                        (void)copy_finite_f32_around(r->out + p->off, (const float *)v, p->count);
-                else
-                        memcpy(r->out + p->off, v, p->count * sizeof(float));
-                break;
+        default: (void)copy_to_out(r, p, (const float *)v); break; /* a sum of ours, or checked on arrival */
         }
 }
 
@@ -376,6 +373,12 @@ bool copy_finite_f32_around(float *restrict out, const float *restrict a, size_t
 #endif
 }
 
+/* A float32 average into the round's output, checked as it goes. */
+static bool copy_to_out(CollRound *r, const Piece *p, const float *v) {
+        float *dst = r->out + p->off;
+        return r->out_around_cache ? copy_finite_f32_around(dst, v, p->count) : copy_finite_f32(dst, v, p->count);
+}
+
 /* A received average holds finite values only (int8: sane scales). */
 static bool received_ok(const CollRound *r, const uint8_t *a, size_t n) {
         switch (r->payload) {
@@ -428,8 +431,7 @@ static bool fill_own(CollRound *r, const Piece *p) {
 static bool take_average(CollRound *r, const Piece *p, const NetTensor *t) {
         const uint8_t *in = t->data + COLL_PIECE_HEADER;
         if (r->out && r->payload == COLL_PAYLOAD_F32)
-                return r->out_around_cache ? copy_finite_f32_around(r->out + p->off, (const float *)in, p->count) :
-                                             copy_finite_f32(r->out + p->off, (const float *)in, p->count);
+                return copy_to_out(r, p, (const float *)in);
         if (!received_ok(r, in, p->count))
                 return false;
         if (r->out)

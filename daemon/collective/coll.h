@@ -161,8 +161,8 @@ int coll_round_start(Coll *c, uint32_t group, const unsigned *members, unsigned 
  * values; out may be x itself, an in-place all-reduce) the moment it is
  * complete, while the received piece is still in the cache (an out of 16
  * MiB or more is written around the cache: it would leave it before it is
- * read), and let go of its receive buffer once it is passed on. The pieces not complete when a round fails keep
- * what out held. coll_round_read() and coll_round_apply() read from out
+ * read), and let go of its receive buffer once it is passed on. The pieces
+ * not complete when a round fails keep what out held. coll_round_read() and coll_round_apply() read from out
  * then; apply needs out != x. -EBUSY if the round has an output already. */
 int coll_round_set_output(CollRound *r, float *out);
 /* Error feedback for int8 payloads, right after coll_round_start(): err (len

@@ -8,9 +8,11 @@
  * the xor of the blocks absorbed so far: an AES round keyed by K ^ M is the
  * round keyed by K, xored with M, so S0 ^ Y takes one AES round per update
  * with no xor in its way, and S0 itself (S1's next input) is one xor off
- * the chain: the longest path from one update to the next is shorter by
- * the xor (decrypting, by the keystream's three). A message block x gives the ciphertext
- * x ^ S1 ^ S4 ^ S5 ^ (S2 & S3), then is absorbed with Update(x). X2 keeps
+ * it. The longest cycle of dependencies gets shorter, decrypting most (the
+ * keystream no longer feeds S0's round): 12 % faster sealing and 16 %
+ * faster opening here (docs/figures.md). A message block x gives the
+ * ciphertext x ^ S1 ^ S4 ^ S5 ^ (S2 & S3), then is absorbed with
+ * Update(x). X2 keeps
  * lane 1 in the upper halves of 256-bit registers; its lanes differ by a
  * context xored into S3 and S5 before each update of the initialization,
  * and its tag is the xor of the lanes' tags. */

@@ -5,9 +5,8 @@
  * pinned the whole region, so counted it all in the process's RSS, and the
  * kernel copied into it with a slower memcpy than the one of a plain
  * receive (measured: docs/figures.md, Transport). Frames at or above the
- * zero-copy threshold go
- * out with SEND_ZC, and the frame's buffer is not reused before the kernel's
- * notification says it is done with it. */
+ * zero-copy threshold go out with SEND_ZC, and the frame's buffer is not
+ * reused before the kernel's notification says it is done with it. */
 #include <liburing.h>
 #include <stdlib.h>
 #include <sys/socket.h>
