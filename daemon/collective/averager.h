@@ -149,13 +149,13 @@ unsigned averager_last_rounds(const Averager *a);
  * fragment) start as soon as every member this node meets is connected, or
  * after AVERAGER_JOIN_GATHER_MS once each ring has another member
  * connected, and this node's snapshot weighs AVERAGER_JOIN_WEIGHT in them,
- * next to nothing against the others'
- * samples: it takes their average and gives none of its own parameters,
- * so a node back from an old checkpoint or new to the swarm does not pull
- * the others back. Its delta is applied as a plain average (the outer
- * optimizer's anchor becomes it). Members that all join at once weigh the
- * same and average as usual. Returns the rounds to take; averager_joining()
- * is true until they are over (applied, failed or given up). */
+ * next to nothing against the others' samples: it takes their average and
+ * gives none of its own parameters, so a node back from an old checkpoint
+ * or new to the swarm does not pull the others back. Its delta is applied
+ * as a plain average (the outer optimizer's anchor becomes it). Members
+ * that all join at once weigh the same and average as usual. Returns the
+ * rounds to take; averager_joining() is true until they are over (applied,
+ * failed or given up). */
 #define AVERAGER_JOIN_WEIGHT 1e-9
 #define AVERAGER_JOIN_GATHER_MS 2000
 unsigned averager_join(Averager *a);

@@ -54,18 +54,6 @@ static const uint8_t *piece_avg(const Piece *p) {
         return p->held->data + COLL_PIECE_HEADER;
 }
 
-static bool copy_to_out(CollRound *r, const Piece *p, const float *v);
-
-/* The piece's average, just completed in t, into the round's output. */
-static void piece_output(CollRound *r, const Piece *p, const NetTensor *t) {
-        const uint8_t *v = t->data + COLL_PIECE_HEADER;
-        switch (r->payload) {
-        case COLL_PAYLOAD_F16: half_to_float(r->out + p->off, (const uint16_t *)v, p->count); break;
-        case COLL_PAYLOAD_INT8: quant_to_float(r->out + p->off, v, p->count); break;
-        default: (void)copy_to_out(r, p, (const float *)v); break; /* a sum of ours, or checked on arrival */
-        }
-}
-
 /* Cookies name the round, the phase and the piece of a send. */
 #define COOKIE(r, phase, idx) ((uint64_t)(r)->uid << 32 | (uint64_t)(phase) << 30 | (idx))
 
@@ -377,6 +365,16 @@ bool copy_finite_f32_around(float *restrict out, const float *restrict a, size_t
 static bool copy_to_out(CollRound *r, const Piece *p, const float *v) {
         float *dst = r->out + p->off;
         return r->out_around_cache ? copy_finite_f32_around(dst, v, p->count) : copy_finite_f32(dst, v, p->count);
+}
+
+/* The piece's average, just completed in t, into the round's output. */
+static void piece_output(CollRound *r, const Piece *p, const NetTensor *t) {
+        const uint8_t *v = t->data + COLL_PIECE_HEADER;
+        switch (r->payload) {
+        case COLL_PAYLOAD_F16: half_to_float(r->out + p->off, (const uint16_t *)v, p->count); break;
+        case COLL_PAYLOAD_INT8: quant_to_float(r->out + p->off, v, p->count); break;
+        default: (void)copy_to_out(r, p, (const float *)v); break; /* a sum of ours, or checked on arrival */
+        }
 }
 
 /* A received average holds finite values only (int8: sane scales). */

@@ -67,9 +67,9 @@ void averaging_stop(Averaging *a);
 int averaging_final(Averaging *a, float *params, void (*poll)(void *ud), void *ud);
 /* Before the first step: take the swarm's parameters (averager_join(): the
  * others' average, this node's own weighing next to nothing; a round that
- * fails at once is tried again, one that times out is not), waiting at most a join timeout and two round
- * timeouts, calling poll meanwhile; when a ring of its has nobody else up
- * after AVERAGING_JOIN_ALONE_MS, none.
+ * fails at once is tried again, one that times out is not), waiting at
+ * most a join timeout and two round timeouts, calling poll meanwhile; when
+ * a ring of its has nobody else up after AVERAGING_JOIN_ALONE_MS, none.
  * Logs how long it took and with how many members; 0, or -ETIMEDOUT (it
  * trains from its own parameters then). */
 #define AVERAGING_JOIN_ALONE_MS 3000 /* no member of some ring connected this long: nobody to join */

@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "proc.h"
+#include "util/rng.h"
 
 #include <limits.h>
 #include <stdio.h>
@@ -107,12 +108,13 @@ static bool given_before(unsigned short port) {
 }
 
 unsigned short test_free_port(void) {
-        static unsigned seed;
-        if (!seed)
-                seed = (unsigned)getpid() * 2654435761u ^ (unsigned)time(NULL);
+        static Rng rng;
+        static bool seeded;
+        if (!seeded) /* another port sequence in every test process */
+                rng_seed(&rng, (uint64_t)getpid() << 32 ^ (uint64_t)time(NULL), RNG_STREAM_TEST);
+        seeded = true;
         for (int tries = 0; tries < 1000; tries++) {
-                seed = seed * 1103515245u + 12345u;
-                unsigned short port = (unsigned short)(20000 + (seed >> 8) % 12000);
+                unsigned short port = (unsigned short)(20000 + rng_below(&rng, 12000));
                 if (given_before(port)) /* not yet bound by whoever asked for it */
                         continue;
                 int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
