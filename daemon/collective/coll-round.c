@@ -95,10 +95,13 @@ static void round_unlink(CollRound *r) {
 static void round_fail(CollRound *r, int error) {
         if (r->state == COLL_ROUND_DONE || r->state == COLL_ROUND_FAILED)
                 return;
-        if ((r->state == COLL_ROUND_RUNNING && error != -ECONNABORTED) || r->state == COLL_ROUND_JOINING) {
+        if ((r->state == COLL_ROUND_RUNNING && (error != -ECONNABORTED || r->led)) || r->state == COLL_ROUND_JOINING) {
                 /* Tell the others, so nobody waits for the deadline. A round
                  * given up while joining may have been started by its leader
-                 * already, START on the way: it is the one after the last. */
+                 * already, START on the way: it is the one after the last.
+                 * A participant still joining when that ABORT came dropped
+                 * it and may run our START since: the leader passes every
+                 * ABORT on, after its START on the same link. */
                 const unsigned *who = r->state == COLL_ROUND_RUNNING ? r->part : r->members;
                 unsigned n_who = r->state == COLL_ROUND_RUNNING ? r->n_part : r->n_members;
                 uint64_t *last = coll_last_round(r->coll, r->group);
@@ -850,6 +853,7 @@ static void joining_step(CollRound *r, uint64_t now) {
         for (unsigned i = 0; i < r->n_members; i++)
                 if (i != r->self_pos && (s.participants & (1ull << i)))
                         (void)net_send_control(c->net, c->members[r->members[i]].peer, FRAME_CONTROL, buf, n);
+        r->led = true;
         for (unsigned i = 0; i < r->n_members; i++) /* used: the next round needs new ones */
                 if (s.participants & (1ull << i)) {
                         ReadyEntry *e = ready_find(c, r->group, r->members[i]);
@@ -869,7 +873,8 @@ void round_on_abort(Coll *c, unsigned member, const CollAbort *m) {
          * then in whole or not applied, as with any failed round). Under
          * another number (a member that restarted counts from its own last
          * round, or the ABORT is of an older round) the others may not have
-         * heard: tell them too (-ECANCELED sends ABORT; -ECONNABORTED not). */
+         * heard: tell them too (-ECANCELED sends ABORT; -ECONNABORTED not,
+         * but from the leader, see round_fail()). */
         if (!r || r->state != COLL_ROUND_RUNNING)
                 return;
         for (unsigned i = 0; i < r->n_part; i++)

@@ -754,3 +754,86 @@ Test(coll_state, nobody_gives) {
         cr_assert_eq(fetch_from(g, &steps, &member, &s, got), -EBUSY, "the last refusal");
         swarm_free(&s);
 }
+
+/* ---- an ABORT a joining member could not take ------------------------------- */
+
+typedef struct AbortRace {
+        CollRound *r[2];  /* members 0 (the leader) and 1 */
+        uint64_t frames1; /* frames member 1 had received before member 2's ABORT */
+} AbortRace;
+
+/* Member 2 speaks by hand: one control message to one member. */
+static void member2_says(Swarm *s, unsigned to, const uint8_t *buf, size_t n) {
+        Coll *c = s->node[2].coll;
+        cr_assert_eq(net_send_control(coll_net(c), coll_peer(c, to), FRAME_CONTROL, buf, n), 0);
+}
+
+static uint64_t frames_received(Swarm *s, unsigned i) {
+        NetStats ns;
+        net_get_stats(coll_net(s->node[i].coll), &ns);
+        return ns.frames_received;
+}
+
+static bool leader_has_readies(Swarm *s, void *arg) {
+        return s->node[0].coll->n_readies == (size_t)(uintptr_t)arg;
+}
+
+static bool member1_heard(Swarm *s, void *arg) {
+        return frames_received(s, 1) > ((AbortRace *)arg)->frames1;
+}
+
+static bool state_is(Swarm *s, void *arg, CollRoundState want) {
+        AbortRace *a = arg;
+        for (unsigned i = 0; i < 2; i++) {
+                CollRoundInfo info;
+                coll_round_info(a->r[i], &info);
+                if (info.state != want)
+                        return false;
+        }
+        return true;
+}
+
+static bool both_running(Swarm *s, void *arg) { return state_is(s, arg, COLL_ROUND_RUNNING); }
+static bool both_failed(Swarm *s, void *arg) { return state_is(s, arg, COLL_ROUND_FAILED); }
+
+/* Member 2 says READY to the leader, then gives up while joining: its
+ * ABORT reaches member 1 before the leader's START does (member 1 drops
+ * it: it is not running yet), and the leader only after its START went
+ * out. Member 1 learns from the leader, whose ABORT follows its START on
+ * the same link, and fails at once, not at the round's deadline. */
+Test(coll, an_abort_a_joining_member_dropped_reaches_it_from_the_leader) {
+        Swarm s;
+        CollConfig c;
+        coll_config_defaults(&c);
+        c.round_timeout_ms = 120000; /* longer than run_all() waits */
+        cr_assert_eq(swarm_init(&s, 3, &c, false), 0);
+        fill(&s, 3000, 17, false);
+        run_all(&s, all_linked, NULL);
+        const unsigned members[] = { 0, 1, 2 };
+        AbortRace a = {};
+        uint8_t buf[COLL_CTL_MAX];
+
+        cr_assert_eq(coll_round_start(s.node[1].coll, 0, members, 3, s.node[1].x, 3000, 1, &a.r[1]), 0);
+        run_all(&s, leader_has_readies, (void *)1);
+        CollReady ready = { .group = 0, .weight = 1, .view = coll_view(s.node[2].coll, members, 3) };
+        member2_says(&s, 0, buf, coll_ready_encode(&ready, buf));
+        run_all(&s, leader_has_readies, (void *)2);
+        a.frames1 = frames_received(&s, 1);
+        member2_says(&s, 1, buf, coll_abort_encode(&(CollAbort){ .group = 0, .round = 1, .error = -ECANCELED }, buf));
+        run_all(&s, member1_heard, &a);
+
+        cr_assert_eq(coll_round_start(s.node[0].coll, 0, members, 3, s.node[0].x, 3000, 1, &a.r[0]), 0);
+        run_all(&s, both_running, &a);
+        CollRoundInfo info;
+        coll_round_info(a.r[0], &info);
+        cr_assert_eq(info.participants, 3, "the leader started with member 2");
+        member2_says(&s, 0, buf, coll_abort_encode(&(CollAbort){ .group = 0, .round = 1, .error = -ECANCELED }, buf));
+        run_all(&s, both_failed, &a);
+        for (unsigned i = 0; i < 2; i++) {
+                coll_round_info(a.r[i], &info);
+                cr_assert_eq(info.error, -ECONNABORTED, "member %u: %d", i, info.error);
+                coll_round_free(a.r[i]);
+        }
+        release(&s);
+        swarm_free(&s);
+}
