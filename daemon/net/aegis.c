@@ -1,5 +1,5 @@
-/* net/aegis.c — AEGIS-256 and AEGIS-256X2 (RFC 10032, sections 3 and 4)
- * with AES-NI and VAES intrinsics.
+/* net/aegis.c — AEGIS-256, AEGIS-256X2 and AEGIS-256X4 (RFC 10032,
+ * sections 3 and 4) with AES-NI and VAES intrinsics.
  *
  * The state is six 128-bit blocks S0..S5 per lane. Update(M) sets every Si
  * to one AES round of S(i-1) keyed by Si (S0's from S5, keyed by S0 ^ M),
@@ -13,9 +13,10 @@
  * faster opening here (docs/figures.md). A message block x gives the
  * ciphertext x ^ S1 ^ S4 ^ S5 ^ (S2 & S3), then is absorbed with
  * Update(x). X2 keeps
- * lane 1 in the upper halves of 256-bit registers; its lanes differ by a
- * context xored into S3 and S5 before each update of the initialization,
- * and its tag is the xor of the lanes' tags. */
+ * lane 1 in the upper halves of 256-bit registers, X4 its four lanes in
+ * the quarters of 512-bit ones; the lanes differ by a context xored into
+ * S3 and S5 before each update of the initialization, and the tag is the
+ * xor of the lanes' tags. */
 #include "aegis.h"
 
 #include <errno.h>
@@ -34,13 +35,15 @@ static size_t block_size(const Aegis256 *a) {
 
 #define ONE __attribute__((target("aes,avx")))
 #define TWO __attribute__((target("aes,vaes,avx2")))
+#define FOUR __attribute__((target("aes,vaes,avx2,avx512f")))
 
 static const uint8_t C0[16] = { 0x00, 0x01, 0x01, 0x02, 0x03, 0x05, 0x08, 0x0d,
                                 0x15, 0x22, 0x37, 0x59, 0x90, 0xe9, 0x79, 0x62 };
 static const uint8_t C1[16] = { 0xdb, 0x3d, 0x18, 0x55, 0x6d, 0xc2, 0x2f, 0xf1,
                                 0x20, 0x11, 0x31, 0x42, 0x73, 0xb5, 0x28, 0xdd };
-/* X2's contexts: the lane's index, then the highest index (1) */
+/* X2's and X4's contexts: the lane's index, then the highest index */
 static const uint8_t CTX2[32] = { [0] = 0, [1] = 1, [16] = 1, [17] = 1 };
+static const uint8_t CTX4[64] = { [0] = 0, [1] = 3, [16] = 1, [17] = 3, [32] = 2, [33] = 3, [48] = 3, [49] = 3 };
 
 /* VAES: CPUID leaf 7, ECX bit 9 (not every compiler's
  * __builtin_cpu_supports() knows it); the OS saving the YMM registers
@@ -52,6 +55,8 @@ static bool has_vaes(void) {
 
 bool aegis256_available(unsigned lanes) {
         bool aes = __builtin_cpu_supports("aes") && __builtin_cpu_supports("avx");
+        if (lanes == 4)
+                return aes && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("avx512f") && has_vaes();
         if (lanes == 2)
                 return aes && __builtin_cpu_supports("avx2") && has_vaes();
         return lanes == 1 && aes;
@@ -209,21 +214,105 @@ static TWO void tag2(Aegis256 *a, uint8_t tag[AEGIS256_TAG_SIZE]) {
         ST1(tag, _mm_xor_si128(_mm256_castsi256_si128(x), _mm256_extracti128_si256(x, 1)));
 }
 
+/* ---- four lanes: AEGIS-256X4 in 512-bit registers -------------------------- */
+
+#define LD4(p) _mm512_loadu_si512((const void *)(p))
+#define ST4(p, v) _mm512_storeu_si512((void *)(p), v)
+#define ALL4(v) _mm512_broadcast_i32x4(v)
+
+static inline FOUR void update4_lazy(__m512i s[6], __m512i *y, __m512i m) {
+        __m512i s0 = _mm512_xor_si512(s[0], *y), s5 = s[5];
+        s[5] = _mm512_aesenc_epi128(s[4], s5);
+        s[4] = _mm512_aesenc_epi128(s[3], s[4]);
+        s[3] = _mm512_aesenc_epi128(s[2], s[3]);
+        s[2] = _mm512_aesenc_epi128(s[1], s[2]);
+        s[1] = _mm512_aesenc_epi128(s0, s[1]);
+        s[0] = _mm512_aesenc_epi128(s5, s[0]);
+        *y = _mm512_xor_si512(*y, m);
+}
+
+static inline FOUR void update4(__m512i s[6], __m512i m) {
+        __m512i y = _mm512_setzero_si512();
+        update4_lazy(s, &y, m);
+        s[0] = _mm512_xor_si512(s[0], y);
+}
+
+/* S1 ^ S4 ^ S5 in one three-way xor (truth table 0x96) */
+static inline FOUR __m512i keystream4(const __m512i s[6]) {
+        return _mm512_xor_si512(_mm512_ternarylogic_epi64(s[1], s[4], s[5], 0x96), _mm512_and_si512(s[2], s[3]));
+}
+
+static inline FOUR void load4(const Aegis256 *a, __m512i s[6]) {
+        for (int i = 0; i < 6; i++)
+                s[i] = LD4(a->state[i]);
+}
+
+static inline FOUR void store4(Aegis256 *a, const __m512i s[6]) {
+        for (int i = 0; i < 6; i++)
+                ST4(a->state[i], s[i]);
+}
+
+static FOUR void init4(Aegis256 *a, const uint8_t *key, const uint8_t *nonce) {
+        __m128i k0 = LD1(key), k1 = LD1(key + 16), c0 = LD1(C0), c1 = LD1(C1);
+        __m128i k0n0 = _mm_xor_si128(k0, LD1(nonce)), k1n1 = _mm_xor_si128(k1, LD1(nonce + 16));
+        __m512i s[6] = { ALL4(k0n0), ALL4(k1n1), ALL4(c1), ALL4(c0), ALL4(_mm_xor_si128(k0, c0)),
+                         ALL4(_mm_xor_si128(k1, c1)) };
+        __m512i m[4] = { ALL4(k0), ALL4(k1), ALL4(k0n0), ALL4(k1n1) }, ctx = LD4(CTX4);
+        for (int i = 0; i < 16; i++) {
+                s[3] = _mm512_xor_si512(s[3], ctx);
+                s[5] = _mm512_xor_si512(s[5], ctx);
+                update4(s, m[i % 4]);
+        }
+        store4(a, s);
+}
+
+static FOUR size_t bulk4(Aegis256 *a, uint8_t *dst, const uint8_t *src, size_t n, bool dec) {
+        __m512i s[6], y = _mm512_setzero_si512();
+        size_t i = 0;
+        load4(a, s);
+        for (; i + 64 <= n; i += 64) {
+                __m512i in = LD4(src + i), out = _mm512_xor_si512(in, keystream4(s));
+                update4_lazy(s, &y, dec ? out : in);
+                ST4(dst + i, out);
+        }
+        s[0] = _mm512_xor_si512(s[0], y);
+        store4(a, s);
+        return i;
+}
+
+static FOUR void tag4(Aegis256 *a, uint8_t tag[AEGIS256_TAG_SIZE]) {
+        __m512i s[6];
+        load4(a, s);
+        __m512i t = _mm512_xor_si512(s[3], ALL4(_mm_set_epi64x((long long)(a->msg_len * 8), (long long)(a->ad_len * 8))));
+        for (int i = 0; i < 7; i++)
+                update4(s, t);
+        __m512i x = _mm512_xor_si512(_mm512_ternarylogic_epi64(s[0], s[1], s[2], 0x96),
+                                     _mm512_ternarylogic_epi64(s[3], s[4], s[5], 0x96));
+        __m256i h = _mm256_xor_si256(_mm512_castsi512_si256(x), _mm512_extracti64x4_epi64(x, 1));
+        ST1(tag, _mm_xor_si128(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1)));
+}
+
 /* ---- by the number of lanes ----------------------------------------------- */
 
 static void init_lanes(Aegis256 *a, const uint8_t *key, const uint8_t *nonce) {
-        if (a->lanes == 2)
+        if (a->lanes == 4)
+                init4(a, key, nonce);
+        else if (a->lanes == 2)
                 init2(a, key, nonce);
         else
                 init1(a, key, nonce);
 }
 
 static size_t bulk(Aegis256 *a, uint8_t *dst, const uint8_t *src, size_t n, bool dec) {
+        if (a->lanes == 4)
+                return bulk4(a, dst, src, n, dec);
         return a->lanes == 2 ? bulk2(a, dst, src, n, dec) : bulk1(a, dst, src, n, dec);
 }
 
 static void tag_lanes(Aegis256 *a, uint8_t tag[AEGIS256_TAG_SIZE]) {
-        if (a->lanes == 2)
+        if (a->lanes == 4)
+                tag4(a, tag);
+        else if (a->lanes == 2)
                 tag2(a, tag);
         else
                 tag1(a, tag);
@@ -270,7 +359,7 @@ static void keystream_out(const Aegis256 *a, uint8_t *z) {
 void aegis256_init(Aegis256 *a, unsigned lanes, const uint8_t key[AEGIS256_KEY_SIZE],
                    const uint8_t nonce[AEGIS256_NONCE_SIZE]) {
         memset(a, 0, sizeof *a);
-        a->lanes = lanes == 2 ? 2 : 1;
+        a->lanes = lanes == 4 || lanes == 2 ? lanes : 1;
         init_lanes(a, key, nonce);
 }
 

@@ -1,5 +1,6 @@
-/* net/aegis.h — AEGIS-256 and AEGIS-256X2, the AEADs of RFC 10032, on the
- * AES round instructions of x86-64 (AES-NI, and VAES for X2).
+/* net/aegis.h — AEGIS-256, AEGIS-256X2 and AEGIS-256X4, the AEADs of RFC
+ * 10032, on the AES round instructions of x86-64 (AES-NI; VAES for X2, and
+ * AVX-512 as well for X4).
  *
  * AEGIS-256 takes a 256-bit key and a 256-bit nonce and gives a 128-bit
  * tag; a message is encrypted and authenticated in one pass of six AES
@@ -8,13 +9,13 @@
  * size. AEGIS-256X2 runs two AEGIS-256 states side by side in the two
  * halves of 256-bit registers, 32 bytes per update, with the same security
  * (RFC 10032, section 4); it is another cipher, with other bytes on the
- * wire. One Aegis256 holds one message in progress: the associated data
+ * wire. AEGIS-256X4 runs four, in 512-bit registers. One Aegis256 holds one message in progress: the associated data
  * once, then the message in pieces of any sizes (a piece may end inside a
  * block), then the tag. The bytes and the tag are those of the whole
  * message at once, whatever the pieces.
  *
  *     Aegis256 a;
- *     aegis256_init(&a, 1, key, nonce);       // 1: AEGIS-256, 2: AEGIS-256X2
+ *     aegis256_init(&a, 1, key, nonce);       // 1: AEGIS-256, 2: -256X2, 4: -256X4
  *     aegis256_absorb(&a, ad, ad_len);
  *     aegis256_encrypt(&a, ct, pt, n);        // or aegis256_decrypt()
  *     aegis256_tag(&a, tag);                  // or r = aegis256_verify(&a, tag)
@@ -29,7 +30,7 @@
 #define AEGIS256_KEY_SIZE 32
 #define AEGIS256_NONCE_SIZE 32
 #define AEGIS256_TAG_SIZE 16
-#define AEGIS256_MAX_LANES 2
+#define AEGIS256_MAX_LANES 4
 
 typedef struct Aegis256 {
         uint8_t state[6][16 * AEGIS256_MAX_LANES]; /* block j of lane i at state[j] + 16 i (read unaligned) */
@@ -39,7 +40,7 @@ typedef struct Aegis256 {
         uint64_t ad_len, msg_len; /* bytes */
 } Aegis256;
 
-/* This CPU has the instructions the variant of `lanes` (1 or 2) needs, and
+/* This CPU has the instructions the variant of `lanes` (1, 2 or 4) needs, and
  * this build uses them. */
 bool aegis256_available(unsigned lanes);
 

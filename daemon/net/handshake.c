@@ -123,12 +123,14 @@ static void derive_keys(Handshake *hs) {
 }
 
 /* Plaintext when both ends asked for it (benchmarks on loopback: see
- * net.h), else the first both accept of AEGIS-256X2 (where both ends have
- * VAES), AEGIS-256 (AES-NI), AES-256-GCM and ChaCha20-Poly1305: all with
- * 256-bit keys, the fastest first. */
+ * net.h), else the first both accept of AEGIS-256X4 (where both ends have
+ * VAES and AVX-512), AEGIS-256X2 (VAES), AEGIS-256 (AES-NI), AES-256-GCM
+ * and ChaCha20-Poly1305: all with 256-bit keys, the fastest first. */
 static Cipher choose_cipher(uint32_t both) {
         if (both & CIPHER_BIT(CIPHER_NONE))
                 return CIPHER_NONE;
+        if (both & CIPHER_BIT(CIPHER_AEGIS256X4))
+                return CIPHER_AEGIS256X4;
         if (both & CIPHER_BIT(CIPHER_AEGIS256X2))
                 return CIPHER_AEGIS256X2;
         if (both & CIPHER_BIT(CIPHER_AEGIS256))

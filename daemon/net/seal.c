@@ -12,6 +12,7 @@ const char *cipher_to_string(Cipher c) {
         case CIPHER_CHACHA20POLY1305: return "chacha20poly1305";
         case CIPHER_AEGIS256: return "aegis256";
         case CIPHER_AEGIS256X2: return "aegis256x2";
+        case CIPHER_AEGIS256X4: return "aegis256x4";
         default: return "?";
         }
 }
@@ -24,6 +25,8 @@ uint32_t cipher_available(void) {
                 m |= CIPHER_BIT(CIPHER_AEGIS256);
         if (aegis256_available(2))
                 m |= CIPHER_BIT(CIPHER_AEGIS256X2);
+        if (aegis256_available(4))
+                m |= CIPHER_BIT(CIPHER_AEGIS256X4);
         return m;
 }
 
@@ -109,15 +112,25 @@ static void make_nonce(uint8_t n[12], uint64_t seq) {
         put_le64(n + 4, seq);
 }
 
+/* The AEGIS variant's lanes, or 0. */
+static unsigned aegis_lanes(const Seal *s) {
+        switch (s->cipher) {
+        case CIPHER_AEGIS256: return 1;
+        case CIPHER_AEGIS256X2: return 2;
+        case CIPHER_AEGIS256X4: return 4;
+        default: return 0;
+        }
+}
+
 static bool is_aegis(const Seal *s) {
-        return s->cipher == CIPHER_AEGIS256 || s->cipher == CIPHER_AEGIS256X2;
+        return aegis_lanes(s) > 0;
 }
 
 static void aegis_begin(const Seal *s, Aegis256 *a, const uint8_t key[SEAL_KEY_SIZE], const uint8_t nonce[12],
                         const uint8_t *ad) {
         uint8_t n[AEGIS256_NONCE_SIZE] = {};
         memcpy(n, nonce, 12);
-        aegis256_init(a, s->cipher == CIPHER_AEGIS256X2 ? 2 : 1, key, n);
+        aegis256_init(a, aegis_lanes(s), key, n);
         aegis256_absorb(a, ad, FRAME_HEADER_SIZE);
 }
 

@@ -36,6 +36,7 @@ typedef enum Cipher {
         CIPHER_CHACHA20POLY1305 = 2,
         CIPHER_AEGIS256 = 3,
         CIPHER_AEGIS256X2 = 4,
+        CIPHER_AEGIS256X4 = 5,
         _CIPHER_MAX,
 } Cipher;
 
@@ -87,7 +88,8 @@ void seal_frame_to(Seal *s, FrameHeader *h, uint8_t hdr[FRAME_HEADER_SIZE], uint
  *     seal_open_update(&s, payload, n);       // in place, len in all
  *     r = seal_open_end(&s, tag);             // -EBADMSG: forged or short */
 static inline bool seal_streams(const Seal *s) {
-        return s->cipher == CIPHER_AES256GCM || s->cipher == CIPHER_AEGIS256 || s->cipher == CIPHER_AEGIS256X2;
+        return s->cipher == CIPHER_AES256GCM || s->cipher == CIPHER_AEGIS256 || s->cipher == CIPHER_AEGIS256X2 ||
+               s->cipher == CIPHER_AEGIS256X4;
 }
 void seal_begin(Seal *s, FrameHeader *h, uint8_t hdr[FRAME_HEADER_SIZE], size_t len);
 void seal_update(Seal *s, uint8_t *dst, const uint8_t *src, size_t n);

@@ -15,10 +15,12 @@
  * replicas over the whole vector.
  *
  *     bench-allreduce [--runs N] [--no-reference] [--python PATH] [--procs N] [--mib M] [--piece BYTES]
- *                     [--netns MBIT] [--only plain|aes|aegis|f16|i8]
+ *                     [--netns MBIT] [--only plain|aes|aegis|f16|i8] [--lanes 1|2|4]
  *
  * --procs and --mib keep one row of the first table (and skip the rest);
  * --only runs one of its modes (to profile one alone);
+ * --lanes picks the AEGIS of the aegis column (AEGIS-256, -256X2,
+ * -256X4; by default the one the handshake chooses on this CPU);
  * --piece sets the bytes of values per piece. --netns MBIT runs only the
  * multi-ring comparison, between members in four network namespaces whose
  * links are limited to MBIT each way (root, iproute2).
@@ -51,6 +53,7 @@ static int runs = 5;
 static size_t piece_bytes; /* 0: the default */
 static double peak_rss_mib; /* the largest member of any experiment */
 static unsigned netns_mbit;  /* > 0: members in network namespaces, links of this rate */
+static unsigned aegis_lanes; /* 0: the AEGIS the handshake chooses */
 
 #define NETNS "rvnbench"
 
@@ -380,7 +383,7 @@ static void ratio(char *buf, size_t n, double ref, double ours) {
 
 static void usage(FILE *f) {
         fprintf(f, "Usage: bench-allreduce [--runs N] [--no-reference] [--python PATH] [--procs N] [--mib N] "
-                   "[--piece BYTES] [--netns MBIT] [--only plain|aes|aegis|f16|i8]\n"
+                   "[--piece BYTES] [--netns MBIT] [--only plain|aes|aegis|f16|i8] [--lanes 1|2|4]\n"
                    "Ring all-reduce of ravnest against Gloo (PyTorch) and OpenMPI, the references.\n");
 }
 
@@ -394,6 +397,7 @@ int main(int argc, char **argv) {
                 { "piece", required_argument, NULL, 'b' },
                 { "netns", required_argument, NULL, 'N' },
                 { "only", required_argument, NULL, 'o' },
+                { "lanes", required_argument, NULL, 'l' },
                 { "help", no_argument, NULL, 'h' },
                 {},
         };
@@ -420,6 +424,14 @@ int main(int argc, char **argv) {
                         if (strcmp(only, "plain") && strcmp(only, "aes") && strcmp(only, "aegis") && strcmp(only, "f16") &&
                             strcmp(only, "i8")) {
                                 fprintf(stderr, "%s: --only: \"%s\" is none of plain, aes, aegis, f16, i8\n", argv[0], only);
+                                return EX_USAGE;
+                        }
+                        break;
+                case 'l':
+                        r = option_int("lanes", optarg, 1, 4, &v);
+                        aegis_lanes = (unsigned)v;
+                        if (r == 0 && (v == 3 || !aegis256_available(aegis_lanes))) {
+                                fprintf(stderr, "%s: --lanes: this CPU runs no AEGIS of %lld lanes\n", argv[0], v);
                                 return EX_USAGE;
                         }
                         break;
@@ -503,10 +515,14 @@ int main(int argc, char **argv) {
                 { "i8", "ours-i8", CIPHER_NONE, COLL_PAYLOAD_INT8 },
         };
         enum { N_MODES = sizeof modes / sizeof *modes };
-        if (!(cipher_available() & CIPHER_BIT(CIPHER_AEGIS256X2))) /* no VAES: the one-lane AEGIS */
-                modes[2].cipher = CIPHER_AEGIS256;
-        printf("aes: AES-256-GCM; aegis: %s, the cipher ravnest's handshake chooses on this CPU\n",
-               modes[2].cipher == CIPHER_AEGIS256X2 ? "AEGIS-256X2" : "AEGIS-256");
+        static const Cipher by_lanes[] = { [1] = CIPHER_AEGIS256, [2] = CIPHER_AEGIS256X2, [4] = CIPHER_AEGIS256X4 };
+        unsigned lanes = aegis_lanes;
+        for (unsigned l = 4; !lanes && l >= 1; l /= 2) /* the handshake's choice: the most lanes */
+                if (cipher_available() & CIPHER_BIT(by_lanes[l]))
+                        lanes = l;
+        modes[2].cipher = by_lanes[lanes ? lanes : 1];
+        printf("aes: AES-256-GCM; aegis: %s%s\n", lanes == 4 ? "AEGIS-256X4" : lanes == 2 ? "AEGIS-256X2" : "AEGIS-256",
+               aegis_lanes ? " (--lanes)" : ", the cipher ravnest's handshake chooses on this CPU");
         printf("All-reduce (average) of float32 on loopback, median of %d rounds, seconds\n", runs);
         printf("%5s %5s", "procs", "MiB");
         for (unsigned k = 0; k < N_MODES; k++)

@@ -60,6 +60,7 @@ static const Mode modes[] = {
         { "aegis256x2 io_uring send", CIPHER_AEGIS256X2, NET_BACKEND_URING, 0 },
         { "aegis256x2 epoll", CIPHER_AEGIS256X2, NET_BACKEND_EPOLL, 0 },
         { "aegis256x2 via relay", CIPHER_AEGIS256X2, NET_BACKEND_URING, 0, true },
+        { "aegis256x4 io_uring send", CIPHER_AEGIS256X4, NET_BACKEND_URING, 0 },
 };
 #define N_MODES (sizeof modes / sizeof modes[0])
 
@@ -394,7 +395,7 @@ static double seal_time(Cipher c, bool open, uint8_t *buf, size_t len, int frame
 
 static void cipher_figures(int runs) {
         static const Cipher ciphers[] = { CIPHER_AES256GCM, CIPHER_CHACHA20POLY1305, CIPHER_AEGIS256,
-                                          CIPHER_AEGIS256X2 };
+                                          CIPHER_AEGIS256X2, CIPHER_AEGIS256X4 };
         enum { N = sizeof ciphers / sizeof *ciphers };
         double rate[N][2][MAX_RUNS] = {};
         size_t len = 1u << 20;

@@ -58,7 +58,7 @@ static void fuzz_header(const uint8_t in[FRAME_HEADER_SIZE], const uint8_t *rest
                 return;
         static const uint8_t key[SEAL_KEY_SIZE] = { 0x52, 0x56, 0x4e, 0x31 };
         static const Cipher ciphers[] = { CIPHER_CHACHA20POLY1305, CIPHER_AES256GCM, CIPHER_AEGIS256,
-                                          CIPHER_AEGIS256X2 };
+                                          CIPHER_AEGIS256X2, CIPHER_AEGIS256X4 };
         for (size_t c = 0; c < sizeof ciphers / sizeof *ciphers; c++) {
                 Seal s;
                 if (!(cipher_available() & CIPHER_BIT(ciphers[c])))

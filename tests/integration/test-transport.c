@@ -224,7 +224,8 @@ static void round_trips(NetBackendKind kind) {
         client_start(&c, kind, &b, NULL, 0, secret, port);
         /* two nodes of this version on this CPU: the fastest cipher it runs */
         uint32_t have = cipher_available();
-        Cipher best = have & CIPHER_BIT(CIPHER_AEGIS256X2) ? CIPHER_AEGIS256X2
+        Cipher best = have & CIPHER_BIT(CIPHER_AEGIS256X4)   ? CIPHER_AEGIS256X4
+                      : have & CIPHER_BIT(CIPHER_AEGIS256X2) ? CIPHER_AEGIS256X2
                       : have & CIPHER_BIT(CIPHER_AEGIS256) ? CIPHER_AEGIS256
                       : have & CIPHER_BIT(CIPHER_AES256GCM) ? CIPHER_AES256GCM : CIPHER_CHACHA20POLY1305;
         cr_assert_eq(net_peer_cipher(c.n, c.peer), (int)best, "%s", cipher_to_string(net_peer_cipher(c.n, c.peer)));
@@ -239,7 +240,7 @@ static void round_trips(NetBackendKind kind) {
  * against the cipher's blocks and the frames. */
 Test(transport, every_cipher_round_trips, .timeout = 120) {
         static const Cipher ciphers[] = { CIPHER_AES256GCM, CIPHER_CHACHA20POLY1305, CIPHER_AEGIS256,
-                                          CIPHER_AEGIS256X2 };
+                                          CIPHER_AEGIS256X2, CIPHER_AEGIS256X4 };
         static const size_t sizes[] = { 0, 1, 31, 33, 65535, (1 << 20) + 1, 16 << 20 };
         for (size_t k = 0; k < sizeof ciphers / sizeof *ciphers; k++) {
                 if (!(cipher_available() & CIPHER_BIT(ciphers[k]))) {

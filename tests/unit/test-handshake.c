@@ -254,6 +254,10 @@ Test(handshake, cipher_choice) {
         uint32_t all = CIPHER_BIT(CIPHER_AEGIS256) | CIPHER_BIT(CIPHER_AES256GCM) | CIPHER_BIT(CIPHER_CHACHA20POLY1305);
         uint32_t older = CIPHER_BIT(CIPHER_AES256GCM) | CIPHER_BIT(CIPHER_CHACHA20POLY1305);
         uint32_t x2 = all | CIPHER_BIT(CIPHER_AEGIS256X2);
+        uint32_t x4 = x2 | CIPHER_BIT(CIPHER_AEGIS256X4);
+        cr_assert_eq(agreed(x4, x4), CIPHER_AEGIS256X4);
+        cr_assert_eq(agreed(x4, x2), CIPHER_AEGIS256X2); /* a peer without AVX-512, or of an older version */
+        cr_assert_eq(agreed(x2, x4), CIPHER_AEGIS256X2);
         cr_assert_eq(agreed(x2, x2), CIPHER_AEGIS256X2);
         cr_assert_eq(agreed(x2, all), CIPHER_AEGIS256); /* a peer without VAES */
         cr_assert_eq(agreed(all, all), CIPHER_AEGIS256);

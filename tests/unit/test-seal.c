@@ -1,6 +1,6 @@
 /* Frame protection: AES-256-GCM through libcrypto gives exactly the bytes
  * of the standard construction (held against libsodium's implementation and
- * both ways), AEGIS-256 and AEGIS-256X2 those of RFC 10032's test vectors, and every kind
+ * both ways), AEGIS-256, AEGIS-256X2 and AEGIS-256X4 those of RFC 10032's test vectors, and every kind
  * of tampering fails to open. */
 #include <criterion/criterion.h>
 #include <sodium.h>
@@ -59,8 +59,9 @@ Test(seal, aes_gcm_matches_libsodium_both_ways) {
 Test(seal, tampering_fails_and_counters_move) {
         uint8_t tx[32], rx[32];
         keys(tx, rx);
-        Cipher ciphers[] = { CIPHER_AES256GCM, CIPHER_CHACHA20POLY1305, CIPHER_AEGIS256, CIPHER_AEGIS256X2 };
-        for (int c = 0; c < 4; c++) {
+        Cipher ciphers[] = { CIPHER_AES256GCM, CIPHER_CHACHA20POLY1305, CIPHER_AEGIS256, CIPHER_AEGIS256X2,
+                             CIPHER_AEGIS256X4 };
+        for (int c = 0; c < 5; c++) {
                 if (!(cipher_available() & CIPHER_BIT(ciphers[c])))
                         continue;
                 Seal a, b;
@@ -209,6 +210,23 @@ static const Vector vectors[] = {
           "8d36522132761b994c1bd395589e2ccf0790dfe2a3d12d61cd666b2859827739db4037dd3124c78424459376f6cac08e"
           "1a7223a2a43e398ce6385cd654a19f481cba3b8f25910b42",
           "635d391828520bf1512763f0c8f5cdbd", true },
+        /* AEGIS-256X4 */
+        { 4, K2, N2, "", "", "", "3b7fee6cee7bf17888ad11ed2397beb4", true },
+        { 4, K2, N2, "0102030401020304",
+          "040506070405060704050607040506070405060704050607040506070405060704050607040506070405060704050607"
+          "040506070405060704050607040506070405060704050607040506070405060704050607040506070405060704050607"
+          "04050607040506070405060704050607" "0405060704050607",
+          "bfc2085b7e8017da99b0b6d646ae4d01f4ba8f2e7dfca1d759ae48a135139b9aaac6b4f5db810d426be1fdaff4e14541"
+          "53a34b11da78ed7e418ee2ee9853042e95536aecbb694cea1b16a478eb0d4d1bf6509b1ce652a45af58e0e46ffccfa2d"
+          "0426e702391d2ff5813808b81748a490dd656465fed61f09",
+          "b63b611b13975e2f3dc3cb6c2397bfcd", true },
+        /* a ciphertext bit, a tag bit */
+        { 4, K2, N2, "0102030401020304", NULL,
+          "bfc2085b7e8017da99b0b6d646ae4d01f4ba8f2e7dfca1d759ae48a135139b9aaac6b4f5db810d426be1fdaff4e14541"
+          "53a34b11da78ed7e418ee2ee9853042e95536aecbb694cea1b16a478eb0d4d1bf6509b1ce652a45af58e0e46ffccfa2d"
+          "0426e702391d2ff5813808b81748a490dd656465fed61f08",
+          "b63b611b13975e2f3dc3cb6c2397bfcd", false },
+        { 4, K2, N2, "", NULL, "", "3b7fee6cee7bf17888ad11ed2397beb5", false },
 };
 
 Test(seal, aegis256_rfc_vectors) {
@@ -216,6 +234,8 @@ Test(seal, aegis256_rfc_vectors) {
                 cr_skip_test("SKIP: this CPU has no AES-NI: ravnest does not offer AEGIS-256 here");
         if (!aegis256_available(2))
                 cr_log_warn("SKIP: this CPU has no VAES: AEGIS-256X2's vectors are not checked here");
+        if (!aegis256_available(4))
+                cr_log_warn("SKIP: this CPU has no VAES or no AVX-512: AEGIS-256X4's vectors are not checked here");
         for (size_t v = 0; v < sizeof vectors / sizeof *vectors; v++) {
                 const Vector *t = &vectors[v];
                 uint8_t key[32], nonce[32], ad[64], msg[128], ct[128], tag[16], out[128], got[16];
@@ -299,4 +319,12 @@ Test(seal, aegis256x2_pieces_are_the_whole) {
 
 Test(seal, records_are_the_whole_frame_aegis_x2) {
         records_are_the_whole_frame(CIPHER_AEGIS256X2);
+}
+
+Test(seal, aegis256x4_pieces_are_the_whole) {
+        pieces_are_the_whole(4);
+}
+
+Test(seal, records_are_the_whole_frame_aegis_x4) {
+        records_are_the_whole_frame(CIPHER_AEGIS256X4);
 }
