@@ -41,9 +41,6 @@ static const uint8_t C0[16] = { 0x00, 0x01, 0x01, 0x02, 0x03, 0x05, 0x08, 0x0d,
                                 0x15, 0x22, 0x37, 0x59, 0x90, 0xe9, 0x79, 0x62 };
 static const uint8_t C1[16] = { 0xdb, 0x3d, 0x18, 0x55, 0x6d, 0xc2, 0x2f, 0xf1,
                                 0x20, 0x11, 0x31, 0x42, 0x73, 0xb5, 0x28, 0xdd };
-/* X2's and X4's contexts: the lane's index, then the highest index */
-static const uint8_t CTX2[32] = { [0] = 0, [1] = 1, [16] = 1, [17] = 1 };
-static const uint8_t CTX4[64] = { [0] = 0, [1] = 3, [16] = 1, [17] = 3, [32] = 2, [33] = 3, [48] = 3, [49] = 3 };
 
 /* VAES: CPUID leaf 7, ECX bit 9 (not every compiler's
  * __builtin_cpu_supports() knows it); the OS saving the YMM registers
@@ -62,235 +59,70 @@ bool aegis256_available(unsigned lanes) {
         return lanes == 1 && aes;
 }
 
-/* ---- one lane: AEGIS-256 in 128-bit registers ---------------------------- */
+/* ---- the three widths (aegis-lanes.h) --------------------------------------- */
 
 #define LD1(p) _mm_loadu_si128((const __m128i *)(p))
 #define ST1(p, v) _mm_storeu_si128((__m128i *)(p), v)
 
-/* Update(m) on a state whose s[0] holds S0 ^ *y (see the top). */
-static inline ONE void update1_lazy(__m128i s[6], __m128i *y, __m128i m) {
-        __m128i s0 = _mm_xor_si128(s[0], *y), s5 = s[5];
-        s[5] = _mm_aesenc_si128(s[4], s5);
-        s[4] = _mm_aesenc_si128(s[3], s[4]);
-        s[3] = _mm_aesenc_si128(s[2], s[3]);
-        s[2] = _mm_aesenc_si128(s[1], s[2]);
-        s[1] = _mm_aesenc_si128(s0, s[1]);
-        s[0] = _mm_aesenc_si128(s5, s[0]);
-        *y = _mm_xor_si128(*y, m);
+/* The lanes' contexts: the lane's index, then the highest index (zero for
+ * one lane). */
+static const uint8_t CTX1[16] = {};
+static const uint8_t CTX2[32] = { [0] = 0, [1] = 1, [16] = 1, [17] = 1 };
+static const uint8_t CTX4[64] = { [0] = 0, [1] = 3, [16] = 1, [17] = 3, [32] = 2, [33] = 3, [48] = 3, [49] = 3 };
+
+/* one lane: AEGIS-256 in 128-bit registers */
+#define LANES 1
+#define TARGET ONE
+#define VEC __m128i
+#define XOR _mm_xor_si128
+#define AND _mm_and_si128
+#define AESENC _mm_aesenc_si128
+#define ZERO _mm_setzero_si128
+#define LOAD LD1
+#define STORE ST1
+#define ALL(b) (b)
+#define FOLD(v) (v)
+#define CTX CTX1
+#include "aegis-lanes.h"
+
+/* two lanes: AEGIS-256X2, lane 1 in the upper halves of 256-bit registers */
+static inline TWO __m128i fold2(__m256i v) {
+        return _mm_xor_si128(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
 }
 
-static inline ONE void update1(__m128i s[6], __m128i m) {
-        __m128i y = _mm_setzero_si128();
-        update1_lazy(s, &y, m);
-        s[0] = _mm_xor_si128(s[0], y);
+#define LANES 2
+#define TARGET TWO
+#define VEC __m256i
+#define XOR _mm256_xor_si256
+#define AND _mm256_and_si256
+#define AESENC _mm256_aesenc_epi128
+#define ZERO _mm256_setzero_si256
+#define LOAD(p) _mm256_loadu_si256((const __m256i *)(p))
+#define STORE(p, v) _mm256_storeu_si256((__m256i *)(p), v)
+#define ALL _mm256_broadcastsi128_si256
+#define FOLD fold2
+#define CTX CTX2
+#include "aegis-lanes.h"
+
+/* four lanes: AEGIS-256X4, one per quarter of 512-bit registers */
+static inline FOUR __m128i fold4(__m512i v) {
+        __m256i h = _mm256_xor_si256(_mm512_castsi512_si256(v), _mm512_extracti64x4_epi64(v, 1));
+        return _mm_xor_si128(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
 }
 
-static inline ONE __m128i keystream1(const __m128i s[6]) {
-        return _mm_xor_si128(_mm_xor_si128(s[1], s[4]), _mm_xor_si128(s[5], _mm_and_si128(s[2], s[3])));
-}
-
-static inline ONE void load1(const Aegis256 *a, __m128i s[6]) {
-        for (int i = 0; i < 6; i++)
-                s[i] = LD1(a->state[i]);
-}
-
-static inline ONE void store1(Aegis256 *a, const __m128i s[6]) {
-        for (int i = 0; i < 6; i++)
-                ST1(a->state[i], s[i]);
-}
-
-static ONE void init1(Aegis256 *a, const uint8_t *key, const uint8_t *nonce) {
-        __m128i k0 = LD1(key), k1 = LD1(key + 16), c0 = LD1(C0), c1 = LD1(C1);
-        __m128i k0n0 = _mm_xor_si128(k0, LD1(nonce)), k1n1 = _mm_xor_si128(k1, LD1(nonce + 16));
-        __m128i s[6] = { k0n0, k1n1, c1, c0, _mm_xor_si128(k0, c0), _mm_xor_si128(k1, c1) };
-        for (int i = 0; i < 4; i++) {
-                update1(s, k0);
-                update1(s, k1);
-                update1(s, k0n0);
-                update1(s, k1n1);
-        }
-        store1(a, s);
-}
-
-/* Whole blocks of n: the bytes done. */
-static ONE size_t bulk1(Aegis256 *a, uint8_t *dst, const uint8_t *src, size_t n, bool dec) {
-        __m128i s[6], y = _mm_setzero_si128();
-        size_t i = 0;
-        load1(a, s);
-        for (; i + 16 <= n; i += 16) {
-                __m128i in = LD1(src + i), out = _mm_xor_si128(in, keystream1(s));
-                update1_lazy(s, &y, dec ? out : in);
-                ST1(dst + i, out);
-        }
-        s[0] = _mm_xor_si128(s[0], y);
-        store1(a, s);
-        return i;
-}
-
-/* Seven updates with the lengths in bits; the tag is the xor of the blocks. */
-static ONE void tag1(Aegis256 *a, uint8_t tag[AEGIS256_TAG_SIZE]) {
-        __m128i s[6];
-        load1(a, s);
-        __m128i t = _mm_xor_si128(s[3], _mm_set_epi64x((long long)(a->msg_len * 8), (long long)(a->ad_len * 8)));
-        for (int i = 0; i < 7; i++)
-                update1(s, t);
-        __m128i x = _mm_xor_si128(_mm_xor_si128(s[0], s[1]), _mm_xor_si128(s[2], s[3]));
-        ST1(tag, _mm_xor_si128(x, _mm_xor_si128(s[4], s[5])));
-}
-
-/* ---- two lanes: AEGIS-256X2 in 256-bit registers --------------------------- */
-
-#define LD2(p) _mm256_loadu_si256((const __m256i *)(p))
-#define ST2(p, v) _mm256_storeu_si256((__m256i *)(p), v)
-#define BOTH(v) _mm256_broadcastsi128_si256(v)
-
-static inline TWO void update2_lazy(__m256i s[6], __m256i *y, __m256i m) {
-        __m256i s0 = _mm256_xor_si256(s[0], *y), s5 = s[5];
-        s[5] = _mm256_aesenc_epi128(s[4], s5);
-        s[4] = _mm256_aesenc_epi128(s[3], s[4]);
-        s[3] = _mm256_aesenc_epi128(s[2], s[3]);
-        s[2] = _mm256_aesenc_epi128(s[1], s[2]);
-        s[1] = _mm256_aesenc_epi128(s0, s[1]);
-        s[0] = _mm256_aesenc_epi128(s5, s[0]);
-        *y = _mm256_xor_si256(*y, m);
-}
-
-static inline TWO void update2(__m256i s[6], __m256i m) {
-        __m256i y = _mm256_setzero_si256();
-        update2_lazy(s, &y, m);
-        s[0] = _mm256_xor_si256(s[0], y);
-}
-
-static inline TWO __m256i keystream2(const __m256i s[6]) {
-        return _mm256_xor_si256(_mm256_xor_si256(s[1], s[4]), _mm256_xor_si256(s[5], _mm256_and_si256(s[2], s[3])));
-}
-
-static inline TWO void load2(const Aegis256 *a, __m256i s[6]) {
-        for (int i = 0; i < 6; i++)
-                s[i] = LD2(a->state[i]);
-}
-
-static inline TWO void store2(Aegis256 *a, const __m256i s[6]) {
-        for (int i = 0; i < 6; i++)
-                ST2(a->state[i], s[i]);
-}
-
-static TWO void init2(Aegis256 *a, const uint8_t *key, const uint8_t *nonce) {
-        __m128i k0 = LD1(key), k1 = LD1(key + 16), c0 = LD1(C0), c1 = LD1(C1);
-        __m128i k0n0 = _mm_xor_si128(k0, LD1(nonce)), k1n1 = _mm_xor_si128(k1, LD1(nonce + 16));
-        __m256i s[6] = { BOTH(k0n0), BOTH(k1n1), BOTH(c1), BOTH(c0), BOTH(_mm_xor_si128(k0, c0)),
-                         BOTH(_mm_xor_si128(k1, c1)) };
-        __m256i m[4] = { BOTH(k0), BOTH(k1), BOTH(k0n0), BOTH(k1n1) }, ctx = LD2(CTX2);
-        for (int i = 0; i < 16; i++) {
-                s[3] = _mm256_xor_si256(s[3], ctx);
-                s[5] = _mm256_xor_si256(s[5], ctx);
-                update2(s, m[i % 4]);
-        }
-        store2(a, s);
-}
-
-static TWO size_t bulk2(Aegis256 *a, uint8_t *dst, const uint8_t *src, size_t n, bool dec) {
-        __m256i s[6], y = _mm256_setzero_si256();
-        size_t i = 0;
-        load2(a, s);
-        for (; i + 32 <= n; i += 32) {
-                __m256i in = LD2(src + i), out = _mm256_xor_si256(in, keystream2(s));
-                update2_lazy(s, &y, dec ? out : in);
-                ST2(dst + i, out);
-        }
-        s[0] = _mm256_xor_si256(s[0], y);
-        store2(a, s);
-        return i;
-}
-
-static TWO void tag2(Aegis256 *a, uint8_t tag[AEGIS256_TAG_SIZE]) {
-        __m256i s[6];
-        load2(a, s);
-        __m256i t = _mm256_xor_si256(s[3], BOTH(_mm_set_epi64x((long long)(a->msg_len * 8), (long long)(a->ad_len * 8))));
-        for (int i = 0; i < 7; i++)
-                update2(s, t);
-        __m256i x = _mm256_xor_si256(_mm256_xor_si256(s[0], s[1]), _mm256_xor_si256(s[2], s[3]));
-        x = _mm256_xor_si256(x, _mm256_xor_si256(s[4], s[5]));
-        ST1(tag, _mm_xor_si128(_mm256_castsi256_si128(x), _mm256_extracti128_si256(x, 1)));
-}
-
-/* ---- four lanes: AEGIS-256X4 in 512-bit registers -------------------------- */
-
-#define LD4(p) _mm512_loadu_si512((const void *)(p))
-#define ST4(p, v) _mm512_storeu_si512((void *)(p), v)
-#define ALL4(v) _mm512_broadcast_i32x4(v)
-
-static inline FOUR void update4_lazy(__m512i s[6], __m512i *y, __m512i m) {
-        __m512i s0 = _mm512_xor_si512(s[0], *y), s5 = s[5];
-        s[5] = _mm512_aesenc_epi128(s[4], s5);
-        s[4] = _mm512_aesenc_epi128(s[3], s[4]);
-        s[3] = _mm512_aesenc_epi128(s[2], s[3]);
-        s[2] = _mm512_aesenc_epi128(s[1], s[2]);
-        s[1] = _mm512_aesenc_epi128(s0, s[1]);
-        s[0] = _mm512_aesenc_epi128(s5, s[0]);
-        *y = _mm512_xor_si512(*y, m);
-}
-
-static inline FOUR void update4(__m512i s[6], __m512i m) {
-        __m512i y = _mm512_setzero_si512();
-        update4_lazy(s, &y, m);
-        s[0] = _mm512_xor_si512(s[0], y);
-}
-
-/* S1 ^ S4 ^ S5 in one three-way xor (truth table 0x96) */
-static inline FOUR __m512i keystream4(const __m512i s[6]) {
-        return _mm512_xor_si512(_mm512_ternarylogic_epi64(s[1], s[4], s[5], 0x96), _mm512_and_si512(s[2], s[3]));
-}
-
-static inline FOUR void load4(const Aegis256 *a, __m512i s[6]) {
-        for (int i = 0; i < 6; i++)
-                s[i] = LD4(a->state[i]);
-}
-
-static inline FOUR void store4(Aegis256 *a, const __m512i s[6]) {
-        for (int i = 0; i < 6; i++)
-                ST4(a->state[i], s[i]);
-}
-
-static FOUR void init4(Aegis256 *a, const uint8_t *key, const uint8_t *nonce) {
-        __m128i k0 = LD1(key), k1 = LD1(key + 16), c0 = LD1(C0), c1 = LD1(C1);
-        __m128i k0n0 = _mm_xor_si128(k0, LD1(nonce)), k1n1 = _mm_xor_si128(k1, LD1(nonce + 16));
-        __m512i s[6] = { ALL4(k0n0), ALL4(k1n1), ALL4(c1), ALL4(c0), ALL4(_mm_xor_si128(k0, c0)),
-                         ALL4(_mm_xor_si128(k1, c1)) };
-        __m512i m[4] = { ALL4(k0), ALL4(k1), ALL4(k0n0), ALL4(k1n1) }, ctx = LD4(CTX4);
-        for (int i = 0; i < 16; i++) {
-                s[3] = _mm512_xor_si512(s[3], ctx);
-                s[5] = _mm512_xor_si512(s[5], ctx);
-                update4(s, m[i % 4]);
-        }
-        store4(a, s);
-}
-
-static FOUR size_t bulk4(Aegis256 *a, uint8_t *dst, const uint8_t *src, size_t n, bool dec) {
-        __m512i s[6], y = _mm512_setzero_si512();
-        size_t i = 0;
-        load4(a, s);
-        for (; i + 64 <= n; i += 64) {
-                __m512i in = LD4(src + i), out = _mm512_xor_si512(in, keystream4(s));
-                update4_lazy(s, &y, dec ? out : in);
-                ST4(dst + i, out);
-        }
-        s[0] = _mm512_xor_si512(s[0], y);
-        store4(a, s);
-        return i;
-}
-
-static FOUR void tag4(Aegis256 *a, uint8_t tag[AEGIS256_TAG_SIZE]) {
-        __m512i s[6];
-        load4(a, s);
-        __m512i t = _mm512_xor_si512(s[3], ALL4(_mm_set_epi64x((long long)(a->msg_len * 8), (long long)(a->ad_len * 8))));
-        for (int i = 0; i < 7; i++)
-                update4(s, t);
-        __m512i x = _mm512_xor_si512(_mm512_ternarylogic_epi64(s[0], s[1], s[2], 0x96),
-                                     _mm512_ternarylogic_epi64(s[3], s[4], s[5], 0x96));
-        __m256i h = _mm256_xor_si256(_mm512_castsi512_si256(x), _mm512_extracti64x4_epi64(x, 1));
-        ST1(tag, _mm_xor_si128(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1)));
-}
+#define LANES 4
+#define TARGET FOUR
+#define VEC __m512i
+#define XOR _mm512_xor_si512
+#define AND _mm512_and_si512
+#define AESENC _mm512_aesenc_epi128
+#define ZERO _mm512_setzero_si512
+#define LOAD(p) _mm512_loadu_si512((const void *)(p))
+#define STORE(p, v) _mm512_storeu_si512((void *)(p), v)
+#define ALL _mm512_broadcast_i32x4
+#define FOLD fold4
+#define CTX CTX4
+#include "aegis-lanes.h"
 
 /* ---- by the number of lanes ----------------------------------------------- */
 
