@@ -559,7 +559,7 @@ EPOCHS_CHURN=${EPOCHS_CHURN:-40}
 EPOCHS_DISK=${EPOCHS_DISK:-20}
 EPOCHS_SOAK=${EPOCHS_SOAK:-300} # about ten minutes here
 EPOCHS_COORD=${EPOCHS_COORD:-60}
-EPOCHS_LATE=${EPOCHS_LATE:-600}
+EPOCHS_LATE=${EPOCHS_LATE:-2000} # cluster 1 still trains when cluster 2 is up, on a busy machine too
 LATE_S=${LATE_S:-3}
 scenarios=()
 for a in "$@"; do
