@@ -45,7 +45,7 @@ typedef enum Cipher {
 
 typedef struct Seal {
         EVP_CIPHER_CTX *tx_aes, *rx_aes; /* AES-256-GCM: the keys expanded once */
-        Aegis256 tx_aegis, rx_aegis;     /* AEGIS-256(X2): the frame being sealed / opened */
+        Aegis256 tx_aegis, rx_aegis;     /* AEGIS-256(X2, X4): the frame being sealed / opened */
         uint8_t tx_key[SEAL_KEY_SIZE], rx_key[SEAL_KEY_SIZE];
         uint64_t tx_seq, rx_seq;
         size_t tx_left, rx_left; /* bytes of the frame being sealed / opened in records */
@@ -78,7 +78,7 @@ void seal_frame_to(Seal *s, FrameHeader *h, uint8_t hdr[FRAME_HEADER_SIZE], uint
  * copied it in, while it is still in the cache. The bytes on the wire are
  * those of seal_frame_to() and seal_open(): one AEAD over the whole frame,
  * checked by its one tag, so a receiver may hand no byte of it on before
- * seal_open_end() succeeds. AEGIS-256(X2) and AES-256-GCM (seal_streams()).
+ * seal_open_end() succeeds. AEGIS-256 (X2, X4) and AES-256-GCM (seal_streams()).
  *
  *     seal_begin(&s, &h, hdr, len);           // h.seq, h.length, hdr
  *     seal_update(&s, dst, src, n);           // any n, len in all

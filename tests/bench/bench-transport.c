@@ -2,7 +2,7 @@
  * beside iperf3's single TCP stream measured in the same run.
  *
  * For each frame size (1 MiB and 16 MiB tensors) and each configuration
- * (plaintext / AES-256-GCM / ChaCha20-Poly1305 / AEGIS-256(X2), io_uring / epoll, SEND /
+ * (plaintext / AES-256-GCM / ChaCha20-Poly1305 / AEGIS-256, -X2, -X4, io_uring / epoll, SEND /
  * SEND_ZC) a receiver process is forked, the sender keeps its queue full for
  * --bytes bytes, and the receiver says when the last byte is in.
  * Configurations are interleaved run by run; medians are printed with the
