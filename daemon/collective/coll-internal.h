@@ -85,7 +85,6 @@ struct CollRound {
         uint64_t view_sent;      /* the view our last READY carried */
         unsigned join_ms;        /* this round's join timeout */
         bool final;              /* a last round: only with others in theirs */
-        bool led;                /* this member sent the round's START */
         CollPayload payload;     /* how its values travel (a last round's in float32) */
 
         /* from START */

@@ -92,10 +92,17 @@ static void round_unlink(CollRound *r) {
         round_destroy(r);
 }
 
+/* This member sent the round's START: the leader is the participant of
+ * the lowest position (round_on_start() takes START from no other). */
+static bool round_led(const CollRound *r) {
+        return r->n_part > 0 && r->part[0] == r->coll->self;
+}
+
 static void round_fail(CollRound *r, int error) {
         if (r->state == COLL_ROUND_DONE || r->state == COLL_ROUND_FAILED)
                 return;
-        if ((r->state == COLL_ROUND_RUNNING && (error != -ECONNABORTED || r->led)) || r->state == COLL_ROUND_JOINING) {
+        if ((r->state == COLL_ROUND_RUNNING && (error != -ECONNABORTED || round_led(r))) ||
+            r->state == COLL_ROUND_JOINING) {
                 /* Tell the others, so nobody waits for the deadline. A round
                  * given up while joining may have been started by its leader
                  * already, START on the way: it is the one after the last.
@@ -853,7 +860,6 @@ static void joining_step(CollRound *r, uint64_t now) {
         for (unsigned i = 0; i < r->n_members; i++)
                 if (i != r->self_pos && (s.participants & (1ull << i)))
                         (void)net_send_control(c->net, c->members[r->members[i]].peer, FRAME_CONTROL, buf, n);
-        r->led = true;
         for (unsigned i = 0; i < r->n_members; i++) /* used: the next round needs new ones */
                 if (s.participants & (1ull << i)) {
                         ReadyEntry *e = ready_find(c, r->group, r->members[i]);

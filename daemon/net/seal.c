@@ -112,25 +112,15 @@ static void make_nonce(uint8_t n[12], uint64_t seq) {
         put_le64(n + 4, seq);
 }
 
-/* The AEGIS variant's lanes, or 0. */
-static unsigned aegis_lanes(const Seal *s) {
-        switch (s->cipher) {
-        case CIPHER_AEGIS256: return 1;
-        case CIPHER_AEGIS256X2: return 2;
-        case CIPHER_AEGIS256X4: return 4;
-        default: return 0;
-        }
-}
-
 static bool is_aegis(const Seal *s) {
-        return aegis_lanes(s) > 0;
+        return seal_aegis_lanes(s) > 0;
 }
 
 static void aegis_begin(const Seal *s, Aegis256 *a, const uint8_t key[SEAL_KEY_SIZE], const uint8_t nonce[12],
                         const uint8_t *ad) {
         uint8_t n[AEGIS256_NONCE_SIZE] = {};
         memcpy(n, nonce, 12);
-        aegis256_init(a, aegis_lanes(s), key, n);
+        aegis256_init(a, seal_aegis_lanes(s), key, n);
         aegis256_absorb(a, ad, FRAME_HEADER_SIZE);
 }
 

@@ -87,9 +87,18 @@ void seal_frame_to(Seal *s, FrameHeader *h, uint8_t hdr[FRAME_HEADER_SIZE], uint
  *     r = seal_open_begin(&s, hdr, &h);       // -EBADMSG: not the next seq
  *     seal_open_update(&s, payload, n);       // in place, len in all
  *     r = seal_open_end(&s, tag);             // -EBADMSG: forged or short */
+/* The lanes of the link's AEGIS variant, or 0 for another cipher. */
+static inline unsigned seal_aegis_lanes(const Seal *s) {
+        switch (s->cipher) {
+        case CIPHER_AEGIS256: return 1;
+        case CIPHER_AEGIS256X2: return 2;
+        case CIPHER_AEGIS256X4: return 4;
+        default: return 0;
+        }
+}
+
 static inline bool seal_streams(const Seal *s) {
-        return s->cipher == CIPHER_AES256GCM || s->cipher == CIPHER_AEGIS256 || s->cipher == CIPHER_AEGIS256X2 ||
-               s->cipher == CIPHER_AEGIS256X4;
+        return s->cipher == CIPHER_AES256GCM || seal_aegis_lanes(s) > 0;
 }
 void seal_begin(Seal *s, FrameHeader *h, uint8_t hdr[FRAME_HEADER_SIZE], size_t len);
 void seal_update(Seal *s, uint8_t *dst, const uint8_t *src, size_t n);

@@ -521,7 +521,7 @@ int main(int argc, char **argv) {
                 if (cipher_available() & CIPHER_BIT(by_lanes[l]))
                         lanes = l;
         modes[2].cipher = by_lanes[lanes ? lanes : 1];
-        printf("aes: AES-256-GCM; aegis: %s%s\n", lanes == 4 ? "AEGIS-256X4" : lanes == 2 ? "AEGIS-256X2" : "AEGIS-256",
+        printf("aes: AES-256-GCM; aegis: %s%s\n", cipher_to_string(modes[2].cipher),
                aegis_lanes ? " (--lanes)" : ", the cipher ravnest's handshake chooses on this CPU");
         printf("All-reduce (average) of float32 on loopback, median of %d rounds, seconds\n", runs);
         printf("%5s %5s", "procs", "MiB");
