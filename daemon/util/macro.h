@@ -25,8 +25,9 @@
 
 /* Hot elementwise loops are compiled for AVX-512, AVX2 and the baseline,
  * and the loader picks the best the CPU has (GCC function multiversioning),
- * so packages built for generic x86-64 still run wide vectors. */
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+ * so packages built for generic x86-64 still run wide vectors. Not under
+ * ThreadSanitizer: the loader runs the resolvers before its runtime is up. */
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(__SANITIZE_THREAD__)
 #define _simd_clones_ __attribute__((target_clones("avx512f", "avx2", "default")))
 #else
 #define _simd_clones_

@@ -5,6 +5,7 @@
 #include <poll.h>
 #include <signal.h>
 #include <sys/prctl.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -25,6 +26,7 @@ void proc_start(Proc *p, char *const argv[], void (*setup)(void)) {
         cr_assert_eq(pipe(fds), 0);
         p->len = 0;
         p->out[0] = 0;
+        snprintf(p->exe, sizeof p->exe, "%s", argv[0]);
         p->pid = fork();
         cr_assert(p->pid >= 0);
         if (p->pid == 0) {
@@ -39,6 +41,7 @@ void proc_start(Proc *p, char *const argv[], void (*setup)(void)) {
                 sigprocmask(SIG_SETMASK, &none, NULL);
                 signal(SIGINT, SIG_DFL);
                 signal(SIGTERM, SIG_DFL);
+                setrlimit(RLIMIT_CORE, &(struct rlimit){ RLIM_INFINITY, RLIM_INFINITY });
                 if (setup)
                         setup();
                 execv(argv[0], argv);
@@ -76,6 +79,33 @@ int proc_exit(Proc *p) {
         return proc_exit_within(p, 120000);
 }
 
+/* A crash's backtrace, from the core the child left in the working
+ * directory ("core" or "core.PID"), which is then removed. */
+static void print_backtrace(const Proc *p) {
+        char core[64], cmd[512];
+        snprintf(core, sizeof core, "core.%d", (int)p->pid);
+        if (access(core, R_OK) < 0)
+                snprintf(core, sizeof core, "core");
+        if (access(core, R_OK) < 0) {
+                fprintf(stderr, "proc: no core of pid %d here (see /proc/sys/kernel/core_pattern)\n", (int)p->pid);
+                return;
+        }
+        snprintf(cmd, sizeof cmd, "gdb -q -batch -ex 'thread apply all bt 24' '%s' '%s' >&2 2>&1", p->exe, core);
+        if (system(cmd) != 0)
+                fprintf(stderr, "proc: gdb could not read %s of %s\n", core, p->exe);
+        unlink(core);
+}
+
+static void report_signal(Proc *p, int status) {
+        int sig = WTERMSIG(status);
+        size_t room = sizeof p->out - 1 - p->len;
+        int n = snprintf(p->out + p->len, room + 1, "\n[proc: %s (pid %d) ended by signal %d (%s)%s]\n", p->exe,
+                         (int)p->pid, sig, strsignal(sig), WCOREDUMP(status) ? ", core dumped" : "");
+        p->len += MIN((size_t)MAX(n, 0), room);
+        if (WCOREDUMP(status))
+                print_backtrace(p);
+}
+
 /* A child still running after timeout_ms is asked to stop (SIGTERM), then
  * killed 10 s later, so the test fails with its output instead of hanging. */
 int proc_exit_within(Proc *p, int timeout_ms) {
@@ -90,6 +120,8 @@ int proc_exit_within(Proc *p, int timeout_ms) {
         if (done != p->pid)
                 cr_assert_eq(waitpid(p->pid, &status, 0), p->pid);
         close(p->err);
+        if (WIFSIGNALED(status))
+                report_signal(p, status);
         return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
 }
 

@@ -14,6 +14,7 @@ typedef struct Proc {
         int err; /* read end of the child's stderr and stdout */
         char out[65536];
         size_t len;
+        char exe[256]; /* argv[0], for the backtrace of a crash */
 } Proc;
 
 /* setup, when not NULL, runs in the child before exec. */
@@ -21,7 +22,10 @@ void proc_start(Proc *p, char *const argv[], void (*setup)(void));
 /* Read output until it contains what (or EOF, or timeout). */
 bool proc_wait_for(Proc *p, const char *what, int timeout_ms);
 /* Read to the end and reap: the exit status, or 128 + the signal. Output
- * after 120 s (timeout_ms) is not read. */
+ * after 120 s (timeout_ms) is not read. A child that a signal ended has a
+ * line saying which appended to out, and, where it dumped core (children
+ * start with RLIMIT_CORE unlimited; core_pattern "core"), its threads'
+ * backtraces from gdb on the test's stderr. */
 int proc_exit(Proc *p);
 int proc_exit_within(Proc *p, int timeout_ms);
 /* A loopback port that was free a moment ago (bound to port 0, let go). */
