@@ -3,7 +3,8 @@
  * A job is cut into parts that threads claim with a compare-and-swap on one
  * 64-bit ticket, (job number << 32) | next part, so a thread that wakes late
  * can never claim a part of a later job with a stale view of the current
- * one. The job is done when all its parts are, whoever ran them: the caller
+ * one; the caller closes the ticket before it writes the next job. The job
+ * is done when all its parts are, whoever ran them: the caller
  * never waits for a worker that another process keeps off its core unless
  * that worker holds a part. Waiting spins briefly, then sleeps on a futex. */
 #include "pool.h"
@@ -60,7 +61,8 @@ static inline void cpu_relax(void) {
 static void run_parts(Pool *p, uint32_t gen) {
         uint64_t t = atomic_load(&p->ticket);
         for (;;) {
-                uint32_t parts = atomic_load_explicit(&p->n_parts, memory_order_relaxed);
+                /* acquire: a count of the next job comes with its closed ticket */
+                uint32_t parts = atomic_load_explicit(&p->n_parts, memory_order_acquire);
                 if ((uint32_t)(t >> 32) != gen || (uint32_t)t >= parts)
                         return;
                 if (!atomic_compare_exchange_weak(&p->ticket, &t, t + 1))
@@ -149,12 +151,19 @@ void pool_for(Pool *p, size_t n, size_t grain, PoolRangeFn fn, void *ctx) {
          * claimed one at a time: they are few and each is worth a claim */
         size_t per = align == 1 ? MAX(grain, (size_t)1) : ALIGN_TO(MAX((n + parts - 1) / parts, grain), align);
         uint32_t gen = atomic_load(&p->generation) + 1;
+        /* Close the ticket before anything of this job is written. A worker
+         * that saw the last job's ticket (every part claimed), then this
+         * job's larger n_parts, would otherwise claim a part of this job
+         * under the old number while its fields are being written, and run
+         * it twice or with the wrong context. Its claim now fails, and none
+         * succeeds until the ticket is opened below. */
+        atomic_store(&p->ticket, (uint64_t)gen << 32 | UINT32_MAX);
         p->fn = fn;
         p->ctx = ctx;
         p->n = n;
         p->per = per;
         uint32_t parts_n = (uint32_t)((n + per - 1) / per);
-        atomic_store_explicit(&p->n_parts, parts_n, memory_order_relaxed);
+        atomic_store_explicit(&p->n_parts, parts_n, memory_order_release);
         atomic_store(&p->done, 0);
         atomic_store(&p->ticket, (uint64_t)gen << 32);
         atomic_store(&p->generation, gen);
