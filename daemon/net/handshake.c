@@ -122,11 +122,7 @@ static void derive_keys(Handshake *hs) {
         sodium_memzero(hs->eph_sk, sizeof hs->eph_sk);
 }
 
-/* Plaintext when both ends asked for it (benchmarks on loopback: see
- * net.h), else the first both accept of AEGIS-256X4 (where both ends have
- * VAES and AVX-512), AEGIS-256X2 (VAES), AEGIS-256 (AES-NI), AES-256-GCM
- * and ChaCha20-Poly1305: all with 256-bit keys, the fastest first. */
-static Cipher choose_cipher(uint32_t both) {
+Cipher handshake_choose_cipher(uint32_t both) {
         if (both & CIPHER_BIT(CIPHER_NONE))
                 return CIPHER_NONE;
         if (both & CIPHER_BIT(CIPHER_AEGIS256X4))
@@ -214,7 +210,7 @@ int handshake_recv(Handshake *hs, uint8_t type, const uint8_t *in, size_t len) {
                 r = take_peer_eph(hs, in + 4);
                 if (r < 0)
                         return fail(hs, r);
-                hs->cipher = choose_cipher(hs->offered & hs->cfg.ciphers);
+                hs->cipher = handshake_choose_cipher(hs->offered & hs->cfg.ciphers);
                 if (hs->cipher == _CIPHER_MAX)
                         return fail(hs, -EOPNOTSUPP);
                 hs->state = HS_SEND_REPLY;

@@ -108,3 +108,11 @@ void handshake_result(const Handshake *hs, Cipher *ret_cipher, uint8_t tx[SEAL_K
                       uint8_t rx[SEAL_KEY_SIZE], uint8_t peer[IDENTITY_PK_SIZE]);
 /* Wipe ephemeral secrets and keys. */
 void handshake_clear(Handshake *hs);
+
+/* The cipher of a link whose ends both accept the set both (CIPHER_BIT()s):
+ * plaintext when both asked for it (benchmarks on loopback: see net.h),
+ * else the first of AEGIS-256X4 (where both ends have VAES and AVX-512),
+ * AEGIS-256X2 (VAES), AEGIS-256 (AES-NI), AES-256-GCM and
+ * ChaCha20-Poly1305: all with 256-bit keys, the fastest first. _CIPHER_MAX
+ * if none. */
+Cipher handshake_choose_cipher(uint32_t both);

@@ -73,6 +73,16 @@ void seal_frame(Seal *s, FrameHeader *h, uint8_t hdr[FRAME_HEADER_SIZE], uint8_t
 void seal_frame_to(Seal *s, FrameHeader *h, uint8_t hdr[FRAME_HEADER_SIZE], uint8_t *dst,
                    const uint8_t *src, size_t len, uint8_t tag[FRAME_TAG_SIZE]);
 
+/* The lanes of the link's AEGIS variant, or 0 for another cipher. */
+static inline unsigned seal_aegis_lanes(const Seal *s) {
+        switch (s->cipher) {
+        case CIPHER_AEGIS256: return 1;
+        case CIPHER_AEGIS256X2: return 2;
+        case CIPHER_AEGIS256X4: return 4;
+        default: return 0;
+        }
+}
+
 /* A frame sealed or opened a record at a time, so that each record is
  * encrypted just before the kernel copies it out, or decrypted just after it
  * copied it in, while it is still in the cache. The bytes on the wire are
@@ -87,16 +97,6 @@ void seal_frame_to(Seal *s, FrameHeader *h, uint8_t hdr[FRAME_HEADER_SIZE], uint
  *     r = seal_open_begin(&s, hdr, &h);       // -EBADMSG: not the next seq
  *     seal_open_update(&s, payload, n);       // in place, len in all
  *     r = seal_open_end(&s, tag);             // -EBADMSG: forged or short */
-/* The lanes of the link's AEGIS variant, or 0 for another cipher. */
-static inline unsigned seal_aegis_lanes(const Seal *s) {
-        switch (s->cipher) {
-        case CIPHER_AEGIS256: return 1;
-        case CIPHER_AEGIS256X2: return 2;
-        case CIPHER_AEGIS256X4: return 4;
-        default: return 0;
-        }
-}
-
 static inline bool seal_streams(const Seal *s) {
         return s->cipher == CIPHER_AES256GCM || seal_aegis_lanes(s) > 0;
 }

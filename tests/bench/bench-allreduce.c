@@ -516,11 +516,9 @@ int main(int argc, char **argv) {
         };
         enum { N_MODES = sizeof modes / sizeof *modes };
         static const Cipher by_lanes[] = { [1] = CIPHER_AEGIS256, [2] = CIPHER_AEGIS256X2, [4] = CIPHER_AEGIS256X4 };
-        unsigned lanes = aegis_lanes;
-        for (unsigned l = 4; !lanes && l >= 1; l /= 2) /* the handshake's choice: the most lanes */
-                if (cipher_available() & CIPHER_BIT(by_lanes[l]))
-                        lanes = l;
-        modes[2].cipher = by_lanes[lanes ? lanes : 1];
+        const uint32_t aegis = CIPHER_BIT(CIPHER_AEGIS256) | CIPHER_BIT(CIPHER_AEGIS256X2) | CIPHER_BIT(CIPHER_AEGIS256X4);
+        Cipher chosen = handshake_choose_cipher(cipher_available() & aegis);
+        modes[2].cipher = aegis_lanes ? by_lanes[aegis_lanes] : chosen == _CIPHER_MAX ? CIPHER_AEGIS256 : chosen;
         printf("aes: AES-256-GCM; aegis: %s%s\n", cipher_to_string(modes[2].cipher),
                aegis_lanes ? " (--lanes)" : ", the cipher ravnest's handshake chooses on this CPU");
         printf("All-reduce (average) of float32 on loopback, median of %d rounds, seconds\n", runs);
