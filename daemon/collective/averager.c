@@ -745,6 +745,10 @@ int averager_sync(Averager *a, float *params, uint64_t samples) {
         return averager_serve(a, params);
 }
 
+bool averager_delta_ready(Averager *a) {
+        return atomic_load(&a->state) == AV_DELTA;
+}
+
 int averager_serve(Averager *a, float *params) {
         int done = 0;
         if (atomic_load(&a->give) == GIVE_WANT)

@@ -91,6 +91,7 @@ struct Pipe {
         Version *versions;
         int cur;
         float **copies; /* stashed-version buffers not in use */
+        float *last_step; /* predict_weights: the last update, after minus before */
         int n_copies;
         Trace *eval_trace;
         Labels *labels; /* the last stage: labels waiting for their activations */
@@ -192,7 +193,10 @@ int pipe_new(const PipeConfig *c, const Ops *ops, Pipe **ret, Diag *d) {
 
         p->slots = calloc((size_t)p->tau, sizeof *p->slots);
         p->versions = calloc((size_t)p->tau + 1, sizeof *p->versions);
-        p->copies = calloc((size_t)p->tau, sizeof *p->copies);
+        p->copies = calloc((size_t)p->tau + 1, sizeof *p->copies);
+        if (c->predict_weights && c->schedule == PIPE_ASYNC && !p->last && p->tau > 1 &&
+            !(p->last_step = calloc(p->s->n_params, sizeof(float))))
+                return -ENOMEM;
         p->labels = calloc(2 * (size_t)p->tau + 2, sizeof *p->labels);
         if (!p->slots || !p->versions || !p->copies || !p->labels)
                 return -ENOMEM;
@@ -246,6 +250,7 @@ Pipe *pipe_free(Pipe *p) {
         for (int i = 0; p->copies && i < p->n_copies; i++)
                 free(p->copies[i]);
         free(p->idx);
+        free(p->last_step);
         free(p->labels);
         free(p->slots);
         free(p->versions);
@@ -310,6 +315,19 @@ void pipe_set_backward_hook(Pipe *p, PipeBackwardHook hook, void *ud) {
 
 /* ---- weight stashing ---------------------------------------------------- */
 
+/* out = x + a y */
+_simd_clones_ static void axpy_to(float *restrict out, const float *restrict x, float a, const float *restrict y,
+                                  size_t n) {
+        for (size_t i = 0; i < n; i++)
+                out[i] = x[i] + a * y[i];
+}
+
+/* d = x - d: the update, where d held the parameters before it */
+_simd_clones_ static void sub_from(float *restrict d, const float *restrict x, size_t n) {
+        for (size_t i = 0; i < n; i++)
+                d[i] = x[i] - d[i];
+}
+
 static int version_ref(Pipe *p) {
         p->versions[p->cur].refs++;
         return p->cur;
@@ -346,6 +364,39 @@ static int stash_live(Pipe *p) {
         return -EOVERFLOW; /* more versions than micro-batches in flight: cannot happen */
 }
 
+int pipe_stash_live(Pipe *p) {
+        return stash_live(p);
+}
+
+/* Weight prediction (Chen et al., SpecTrain, 2018). With k updates still to
+ * come before a micro-batch's gradient lands here, its forward pass runs on
+ * w + k * (the last update) instead of w, and its backward pass on the same
+ * copy: a gradient taken k steps late meets weights close to the ones it
+ * was taken at. Without it an asynchronous stage trains on stale
+ * gradients; the GPT at lr 0.003 ends 25 % worse for a delay of one step
+ * (docs/figures.md). k: the micro-batches on the way before this one, in
+ * updates. The new slot is already counted. */
+static int version_for_forward(Pipe *p) {
+        int used = 0;
+        for (int i = 0; i < p->tau; i++)
+                used += p->slots[i].used;
+        int k = (used - 1 + p->accumulated) / p->U;
+        if (!p->last_step || k <= 0)
+                return version_ref(p);
+        for (int i = 0; i <= p->tau; i++) {
+                Version *v = &p->versions[i];
+                if (i == p->cur || v->refs || v->w)
+                        continue;
+                float *copy = p->n_copies ? p->copies[--p->n_copies] : malloc(p->s->n_params * sizeof(float));
+                if (!copy)
+                        return version_ref(p); /* no memory: the live version, stale */
+                axpy_to(copy, p->s->params, (float)k, p->last_step, p->s->n_params);
+                *v = (Version){ .w = copy, .refs = 1 };
+                return i;
+        }
+        return version_ref(p);
+}
+
 static unsigned stashed(const Pipe *p) {
         unsigned n = 0;
         for (int i = 0; i <= p->tau; i++)
@@ -373,7 +424,11 @@ static int after_backward(Pipe *p, uint32_t id, const float *w) {
         if (p->U > 1) /* each gradient is a mean over its micro-batch: average them */
                 scale(p->s->grads, 1.0f / (float)p->U, p->s->n_params);
         optim_set_lr(&p->optim, lr_schedule_at(p->cfg.optim, p->st.updates, MAX(p->cfg.total_updates, 1)));
+        if (p->last_step)
+                memcpy(p->last_step, p->s->params, p->s->n_params * sizeof(float));
         optim_step(&p->optim, p->s->params, p->s->grads);
+        if (p->last_step)
+                sub_from(p->last_step, p->s->params, p->s->n_params);
         p->st.updates++;
         p->accumulated = 0;
         return 0;
@@ -588,8 +643,9 @@ static int first_inject(Pipe *p, bool eval) {
                 return send_copy(p, p->next, KIND_EVAL, id, DTYPE_F32, (uint32_t)B, (uint32_t)p->out_features,
                                  trace_output(tr), (size_t)B * p->out_features * sizeof(float));
         }
-        *sl = (Slot){ .used = true, .sending = true, .id = id, .B = B, .version = version_ref(p), .trace = sl->trace,
+        *sl = (Slot){ .used = true, .sending = true, .id = id, .B = B, .version = -1, .trace = sl->trace,
                       .labels = sl->labels };
+        sl->version = version_for_forward(p);
         stage_forward(p->s, p->ops, version_w(p, sl->version), tr, B);
         p->st.forwards++;
         p->st.samples += (uint64_t)B;
@@ -685,8 +741,9 @@ static int do_forward(Pipe *p, NetTensor *t) {
                 l->used = false;
                 return r;
         }
-        *sl = (Slot){ .used = true, .sending = true, .id = id, .B = B, .version = version_ref(p), .trace = sl->trace,
+        *sl = (Slot){ .used = true, .sending = true, .id = id, .B = B, .version = -1, .trace = sl->trace,
                       .labels = sl->labels };
+        sl->version = version_for_forward(p);
         stage_forward(p->s, p->ops, version_w(p, sl->version), sl->trace, B);
         p->st.forwards++;
         p->st.samples += (uint64_t)B;

@@ -8,8 +8,11 @@
  * ahead of the activations to the last stage, which computes the loss and
  * sends the gradient back at once. Weight stashing: a micro-batch's backward
  * pass uses the parameter version its forward pass used; a version is copied
- * only when an update would change it while micro-batches still need it, so
- * at most in_flight copies exist. The synchronous schedule (in_flight
+ * only when an update (or an averaging round's delta, pipe_stash_live())
+ * would change it while micro-batches still need it, so at most in_flight
+ * copies exist. With predict_weights, a forward pass that k updates will
+ * overtake runs on a copy of its own, w + k * (the last update), the
+ * weights its gradient will meet (weight prediction). The synchronous schedule (in_flight
  * micro-batches form a batch: all forward, then all backward, one update) is
  * the same code with the first stage waiting for a batch to drain.
  *
@@ -60,6 +63,9 @@ typedef struct PipeConfig {
         int update_frequency;       /* gradients per update (sync: forced to in_flight) */
         PipeSchedule schedule;
         uint64_t total_updates;     /* for the learning-rate schedule */
+        /* asynchronous: a forward pass runs on the parameters its gradient
+         * will meet, predicted from the last update (pipe.c) */
+        bool predict_weights;
         /* the first stage only: what it trains on and evaluates with */
         const Dataset *train, *test;
         int shard, n_shards;
@@ -130,6 +136,10 @@ void pipe_release(Pipe *p);
  * micro-batch while on, and the ones on the way finish (PipeStats.in_flight
  * falls to 0 once every stage has done their backward passes). */
 void pipe_quiesce(Pipe *p, bool on);
+/* The live parameters are about to change outside an update (an averaging
+ * round's delta): the micro-batches on the way that ran their forward pass
+ * on them keep a copy for their backward pass. */
+int pipe_stash_live(Pipe *p);
 /* After each backward pass, before any update (tests): micro-batch id, the
  * parameter version it used, the live parameters, and its gradient dw. */
 typedef void (*PipeBackwardHook)(void *ud, uint32_t id, const float *w, const float *live, const float *dw, size_t n);

@@ -179,6 +179,10 @@ void averaging_step(Averaging *a, float *params, uint64_t samples) {
         log_progress(a);
 }
 
+bool averaging_will_write(const Averaging *a) {
+        return a->active && averager_delta_ready(a->av);
+}
+
 void averaging_serve(Averaging *a, float *params) {
         if (!a->active)
                 return;

@@ -640,6 +640,7 @@ static int run_stage(Run *run) {
                 .update_frequency = p->update_frequency,
                 .schedule = p->synchronous ? PIPE_SYNC : PIPE_ASYNC,
                 .total_updates = (uint64_t)run->epochs * steps / (uint64_t)U,
+                .predict_weights = true,
                 .train = run->stage == 0 ? run->train : NULL,
                 .test = run->test,
                 .shard = (int)run->cluster,
@@ -837,8 +838,12 @@ static void run_after_step(Run *run) {
         Stage *s = pipe_stage(run->pipe);
         uint64_t now = now_ns();
         PipeStats st;
+        int r;
 
         pipe_get_stats(run->pipe, &st);
+        /* weight stashing: a backward pass on the way must not see the delta */
+        if (averaging_will_write(&run->av) && (r = pipe_stash_live(run->pipe)) < 0)
+                log_warning_errno(r, "Failed to keep the parameters of the micro-batches on the way: %m");
         if (st.updates != run->updates_seen) {
                 averaging_step(&run->av, s->params, st.samples - run->samples_synced);
                 run->samples_synced = st.samples;

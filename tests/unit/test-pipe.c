@@ -57,6 +57,7 @@ typedef struct Node {
         Net *net;
         int64_t peer;
         int bad;
+        bool first;
         pthread_t thread;
 } Node;
 
@@ -70,12 +71,18 @@ static void on_control(void *ud, uint32_t peer, uint8_t type, const uint8_t *p, 
 static const NetCallbacks cbs = { .connected = on_conn, .tensor = on_tensor, .sent = on_sent, .control = on_control };
 
 static atomic_int finished;
+/* Called on the first stage's thread after each of its units of work, as
+ * the daemon's averaging hand-off is; NULL: nothing. */
+static void (*meddle_first)(Pipe *p);
 
 static void *run_node(void *arg) {
         Node *n = arg;
         int r;
-        while ((r = pipe_work(n->pipe)) != PIPE_FINISHED && r >= 0)
+        while ((r = pipe_work(n->pipe)) != PIPE_FINISHED && r >= 0) {
+                if (meddle_first && n->first)
+                        meddle_first(n->pipe);
                 net_run(n->net, r > 0 ? 0 : 1);
+        }
         n->bad += r < 0;
         /* what we queued last (DONE, say) still has to leave */
         atomic_fetch_add(&finished, 1);
@@ -91,7 +98,7 @@ static void run_two(const PipeConfig *base, int cut, Pipe **ret0, Pipe **ret1, P
         static const uint8_t secret[HANDSHAKE_SECRET_SIZE] = { 4 };
         identity_generate(&a);
         identity_generate(&b);
-        Node n[2] = { { .peer = -1 }, { .peer = -1 } };
+        Node n[2] = { { .peer = -1, .first = true }, { .peer = -1 } };
         PipeConfig c0 = *base, c1 = *base;
         c0.hi = cut;
         c1.lo = cut;
@@ -215,7 +222,9 @@ static void hook1(void *ud, uint32_t id, const float *w, const float *live, cons
         }
 }
 
-Test(pipe, stashed_gradient_is_the_whole_models) {
+/* Every backward pass of the first stage against the whole model holding
+ * the weights it used: its gradient is that model's. */
+static void check_stashed_gradients(bool predict, void (*meddle)(Pipe *)) {
         ModelSpec m;
         OptimSpec o;
         make_model(&m);
@@ -226,9 +235,12 @@ Test(pipe, stashed_gradient_is_the_whole_models) {
         PipeConfig c = config(&m, &o, train, test, PIPE_ASYNC);
         c.epochs = 4;
         c.total_updates = 4 * (N / 16);
+        c.predict_weights = predict;
+        meddle_first = meddle;
         memset(&seen, 0, sizeof seen);
         Pipe *p0, *p1;
         run_two(&c, 2, &p0, &p1, hook0, hook1, NULL);
+        meddle_first = NULL;
 
         /* micro-batch id's samples: the first stage's epoch-0 order */
         Sampler smp;
@@ -279,4 +291,34 @@ Test(pipe, stashed_gradient_is_the_whole_models) {
         pipe_free(p1);
         dataset_free(train);
         dataset_free(test);
+}
+
+Test(pipe, stashed_gradient_is_the_whole_models) {
+        check_stashed_gradients(false, NULL);
+}
+
+/* An averaging round's delta lands between forward and backward passes,
+ * as in the daemon: announced with pipe_stash_live(), it never reaches a
+ * backward pass whose forward pass ran before it. */
+static unsigned meddled;
+static void add_delta(Pipe *p) {
+        if (++meddled % 3)
+                return;
+        cr_assert_eq(pipe_stash_live(p), 0);
+        Stage *s = pipe_stage(p);
+        for (size_t i = 0; i < s->n_params; i++)
+                s->params[i] += 1e-3f * (float)((i * 7 + meddled) % 5) - 2e-3f;
+}
+
+Test(pipe, a_delta_between_forward_and_backward_stays_out_of_it) {
+        meddled = 0;
+        check_stashed_gradients(false, add_delta);
+        cr_assert_gt(meddled, 100);
+}
+
+/* With weight prediction, forward passes run on predicted copies: the
+ * gradients are still the whole model's at the weights each one used. */
+Test(pipe, predicted_weights_keep_gradients_whole) {
+        meddled = 0;
+        check_stashed_gradients(true, add_delta);
 }
