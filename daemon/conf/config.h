@@ -103,6 +103,7 @@ typedef struct ConfigPipeline {
         bool enabled;
         int micro_batch, staleness, update_frequency;
         bool synchronous;
+        bool weight_prediction; /* async: forward passes on the predicted weights (pipe.h) */
         unsigned neighbour_timeout_s; /* a stage gives up on a neighbour gone (or not come) this long; 0: never */
         ConfigAddress listen;
         ConfigCluster *clusters;

@@ -193,7 +193,7 @@ int pipe_new(const PipeConfig *c, const Ops *ops, Pipe **ret, Diag *d) {
 
         p->slots = calloc((size_t)p->tau, sizeof *p->slots);
         p->versions = calloc((size_t)p->tau + 1, sizeof *p->versions);
-        p->copies = calloc((size_t)p->tau + 1, sizeof *p->copies);
+        p->copies = calloc((size_t)p->tau, sizeof *p->copies);
         if (c->predict_weights && c->schedule == PIPE_ASYNC && !p->last && p->tau > 1 &&
             !(p->last_step = calloc(p->s->n_params, sizeof(float))))
                 return -ENOMEM;

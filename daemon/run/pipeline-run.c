@@ -640,7 +640,7 @@ static int run_stage(Run *run) {
                 .update_frequency = p->update_frequency,
                 .schedule = p->synchronous ? PIPE_SYNC : PIPE_ASYNC,
                 .total_updates = (uint64_t)run->epochs * steps / (uint64_t)U,
-                .predict_weights = true,
+                .predict_weights = p->weight_prediction,
                 .train = run->stage == 0 ? run->train : NULL,
                 .test = run->test,
                 .shard = (int)run->cluster,

@@ -788,3 +788,22 @@ Test(config, who_dials) {
         cr_assert(!net_dials(true, false, true) && !net_dials(true, false, false));
         cr_assert(!net_dials(false, false, true) && !net_dials(false, false, false));
 }
+
+Test(config, weight_prediction) {
+        char path[64], body[1024];
+        Config c;
+        Diag d = {};
+        const char *fmt = "  idle_timeout = 30000;\n};\npipeline = { listen = \"127.0.0.1:7200\";%s\n"
+                          "  clusters = ( { nodes = [ \"" K1 "@h:1\", \"" K2 "@h:2\" ]; stages = [ 0, 3, 6 ]; } ); };\n";
+
+        snprintf(body, sizeof body, fmt, "");
+        cr_assert_eq(load_variant(base_end, body, &c, &d, path), 0, "%s", d.text);
+        cr_assert(c.pipeline.weight_prediction, "on by default");
+        config_free(&c);
+        snprintf(body, sizeof body, fmt, " weight_prediction = false;");
+        cr_assert_eq(load_variant(base_end, body, &c, &d, path), 0, "%s", d.text);
+        cr_assert(!c.pipeline.weight_prediction);
+        config_free(&c);
+        snprintf(body, sizeof body, fmt, " weight_prediction = 1;");
+        expect_error(base_end, body, "13: pipeline.weight_prediction: must be");
+}
