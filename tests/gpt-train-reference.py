@@ -3,7 +3,7 @@
 node, and print the validation loss after each epoch: the reference that
 tests/integration/test-gpt.c holds ravnest's validation loss against.
 
-    gpt-train-reference.py CORPUS CONTEXT LAYERS HEADS DIM BATCH EPOCHS LR WD SCHEDULE SEED [THREADS]
+    gpt-train-reference.py CORPUS CONTEXT LAYERS HEADS DIM BATCH EPOCHS LR WD SCHEDULE SEED [THREADS [WARMUP]]
 
 The same data as ravnest's text datasets (data/text.c): the corpus's bytes,
 the last 5 % the validation split; a sample is the window of CONTEXT bytes
@@ -13,8 +13,9 @@ last one smaller). The same model (tests/gpt-reference.py: GPT-2's
 pre-LayerNorm blocks, untied head), initialized as ravnest does (normal,
 std 0.02; residual projections scaled by 1/sqrt(2 LAYERS); biases 0,
 LayerNorm 1 and 0), the same AdamW (betas 0.9, 0.999, eps 1e-8, the same
-decay on every parameter), the same schedule (constant, or cosine from LR
-to 0 over every step). Only the random numbers differ.
+decay on every parameter), the same schedule (the rate rising linearly to
+LR over the first WARMUP steps, default 0, then constant, or cosine from LR
+to 0 over the steps left). Only the random numbers differ.
 """
 import importlib.util
 import math
@@ -71,11 +72,21 @@ def init(model, L):
             torch.nn.init.normal_(p, 0.0, std)
 
 
+def rate(lr, schedule, warmup, t, total):
+    """The learning rate of step t (0-based), as optim.c's lr_schedule_at()."""
+    if t < warmup:
+        return lr * (t + 1) / warmup
+    if schedule == "constant" or total <= warmup:
+        return lr
+    return 0.5 * lr * (1 + math.cos(math.pi * (min(t, total) - warmup) / (total - warmup)))
+
+
 def main():
     a = sys.argv[1:]
     corpus, T, L, NH, C, B, epochs = a[0], int(a[1]), int(a[2]), int(a[3]), int(a[4]), int(a[5]), int(a[6])
     lr, wd, schedule, seed = float(a[7]), float(a[8]), a[9], int(a[10])
     torch.set_num_threads(int(a[11]) if len(a) > 11 else 2)
+    warmup = int(a[12]) if len(a) > 12 else 0
     torch.manual_seed(seed)
     data = read_corpus(corpus)
     valid = len(data) // 20
@@ -92,7 +103,7 @@ def main():
         for s in range(steps):
             t = epoch * steps + s
             for g in opt.param_groups:
-                g["lr"] = lr if schedule == "constant" else 0.5 * lr * (1 + math.cos(math.pi * t / total))
+                g["lr"] = rate(lr, schedule, warmup, t, total)
             idx = order[s * B:(s + 1) * B]
             loss = F.cross_entropy(model(xt[idx]).view(-1, 256), yt[idx].view(-1))
             opt.zero_grad()

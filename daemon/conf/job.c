@@ -170,11 +170,12 @@ static int parse_model(const config_setting_t *root, ModelSpec *m, JobData *data
 
 static int parse_optim(const config_setting_t *root, OptimSpec *o, Diag *d) {
         static const char *const keys[] = { "type", "lr", "schedule", "momentum", "nesterov",
-                                            "weight_decay", "beta1", "beta2", "eps", "accum_steps", NULL };
+                                            "weight_decay", "beta1", "beta2", "eps", "accum_steps",
+                                            "warmup_steps", NULL };
         config_setting_t *g;
         char type[16], schedule[16];
         double lr, mom, wd, b1, b2, eps;
-        long long accum;
+        long long accum, warmup;
         bool nesterov;
         int r;
 
@@ -204,7 +205,8 @@ static int parse_optim(const config_setting_t *root, OptimSpec *o, Diag *d) {
             (r = conf_get_double(g, "beta1", false, 0.0, 0.9999, o->beta1, &b1, d)) < 0 ||
             (r = conf_get_double(g, "beta2", false, 0.0, 0.999999, o->beta2, &b2, d)) < 0 ||
             (r = conf_get_double(g, "eps", false, 1e-12, 1.0, o->eps ? o->eps : 1e-8, &eps, d)) < 0 ||
-            (r = conf_get_int(g, "accum_steps", false, 1, 1024, o->accum_steps, &accum, d)) < 0)
+            (r = conf_get_int(g, "accum_steps", false, 1, 1024, o->accum_steps, &accum, d)) < 0 ||
+            (r = conf_get_int(g, "warmup_steps", false, 0, 1 << 30, 0, &warmup, d)) < 0)
                 return r;
         if ((r = conf_get_string(g, "schedule", false, "constant", schedule, sizeof schedule, d)) < 0)
                 return r;
@@ -222,6 +224,7 @@ static int parse_optim(const config_setting_t *root, OptimSpec *o, Diag *d) {
         o->beta2 = (float)b2;
         o->eps = (float)eps;
         o->accum_steps = (unsigned)accum;
+        o->warmup_steps = (unsigned)warmup;
         return 0;
 }
 

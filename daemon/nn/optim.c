@@ -23,13 +23,20 @@ static const char *const schedule_names[_LR_SCHEDULE_MAX] = {
 
 DEFINE_STRING_TABLE_LOOKUP(lr_schedule, LrSchedule, schedule_names, _LR_SCHEDULE_MAX, _LR_SCHEDULE_INVALID)
 
-/* Cosine annealing without restarts (Loshchilov and Hutter, 2017), to 0 at
- * the end of the run, as PyTorch's CosineAnnealingLR(T_max=total) stepped
- * once per batch. */
+/* A linear warm-up over the first warmup_steps steps (a large rate on
+ * random parameters sends a transformer to the plateau of byte frequencies,
+ * and how long it stays there is chance), then the schedule over the steps
+ * left: constant, or cosine annealing without restarts (Loshchilov and
+ * Hutter, 2017) to 0 at the end of the run, as PyTorch's
+ * CosineAnnealingLR(T_max = total - warmup) stepped once per batch. */
 float lr_schedule_at(const OptimSpec *s, uint64_t t, uint64_t total) {
-        if (s->schedule != LR_COSINE || total == 0)
+        uint64_t w = s->warmup_steps;
+        if (t < w)
+                return (float)((double)s->lr * (double)(t + 1) / (double)w);
+        if (s->schedule != LR_COSINE || total <= w)
                 return s->lr;
-        return (float)(0.5 * s->lr * (1.0 + cos(M_PI * (double)MIN(t, total) / (double)total)));
+        double x = (double)(MIN(t, total) - w) / (double)(total - w);
+        return (float)(0.5 * s->lr * (1.0 + cos(M_PI * x)));
 }
 
 void optim_spec_defaults(OptimSpec *s, OptimKind kind) {

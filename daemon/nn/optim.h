@@ -34,7 +34,7 @@ typedef enum OptimKind {
 
 typedef enum LrSchedule {
         LR_CONSTANT,
-        LR_COSINE, /* lr * (1 + cos(pi t / T)) / 2 over the T steps of the run */
+        LR_COSINE, /* lr * (1 + cos(pi t / T)) / 2 over the T steps after the warm-up */
         _LR_SCHEDULE_MAX,
         _LR_SCHEDULE_INVALID = -1,
 } LrSchedule;
@@ -43,6 +43,8 @@ typedef struct OptimSpec {
         OptimKind kind;
         LrSchedule schedule;
         float lr; /* the base learning rate */
+        /* the first steps' rate rises linearly to lr: lr (t + 1) / warmup_steps */
+        unsigned warmup_steps;
         float weight_decay;
         /* SGD */
         float momentum;
@@ -71,7 +73,8 @@ OptimKind optim_kind_from_string(const char *s);
 const char *lr_schedule_to_string(LrSchedule s);
 LrSchedule lr_schedule_from_string(const char *s);
 
-/* The learning rate the schedule gives for step t (0-based) of total. */
+/* The learning rate the schedule gives for step t (0-based) of total: the
+ * warm-up's, then the schedule's over the steps after it. */
 float lr_schedule_at(const OptimSpec *s, uint64_t t, uint64_t total);
 
 /* PyTorch's defaults: SGD lr 0.01, momentum 0; AdamW lr 1e-3, betas

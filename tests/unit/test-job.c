@@ -41,8 +41,8 @@ static const char *base =
         "optimizer = { type = \"sgd\"; lr = 0.1; };\n"                 /* 10 */
         "training = { batch_size = 32; epochs = 1; };\n";              /* 11 */
 
-/* Write base with one substitution and load it. */
-static int load_variant(const char *from, const char *to, Diag *d, char *path) {
+/* Write base with one substitution and load it (into j, if not NULL). */
+static int load_job_variant(const char *from, const char *to, Diag *d, char *path, Job *j) {
         char text[4096];
         const char *at = strstr(base, from);
         cr_assert_not_null(at, "variant anchor \"%s\" not in base", from);
@@ -52,10 +52,14 @@ static int load_variant(const char *from, const char *to, Diag *d, char *path) {
         cr_assert(fd >= 0);
         cr_assert_eq(write(fd, text, strlen(text)), (ssize_t)strlen(text));
         close(fd);
-        Job j;
-        int r = job_load(path, &j, d);
+        Job local;
+        int r = job_load(path, j ? j : &local, d);
         unlink(path);
         return r;
+}
+
+static int load_variant(const char *from, const char *to, Diag *d, char *path) {
+        return load_job_variant(from, to, d, path, NULL);
 }
 
 static void expect_error(const char *from, const char *to, const char *where) {
@@ -120,6 +124,18 @@ Test(job, accumadam_and_its_accum_steps) {
         expect_error("type = \"sgd\"; lr = 0.1;", "type = \"accumadam\"; accum_steps = 0;",
                      "10: optimizer.accum_steps: must be an integer in [1, 1024], got 0");
         expect_error("type = \"sgd\"; lr = 0.1;", "type = \"sgd\"; beta1 = 0.8;", "10: optimizer: beta1, beta2 and eps are settings of adamw and accumadam");
+}
+
+Test(job, warmup_steps) {
+        char path[64];
+        Diag d = {};
+        Job j;
+        cr_assert_eq(load_job_variant("lr = 0.1;", "lr = 0.1; warmup_steps = 50;", &d, path, &j), 0, "%s", d.text);
+        cr_assert_eq(j.optim.warmup_steps, 50);
+        cr_assert_eq(load_job_variant("lr = 0.1;", "lr = 0.1;", &d, path, &j), 0, "%s", d.text);
+        cr_assert_eq(j.optim.warmup_steps, 0, "no warm-up unless the job asks");
+        expect_error("lr = 0.1;", "lr = 0.1; warmup_steps = -1;", "10: optimizer.warmup_steps: must be an integer in [0, 1073741824], got -1");
+        expect_error("lr = 0.1;", "lr = 0.1; warmup_steps = 0.5;", "10: optimizer.warmup_steps: must be an integer");
 }
 
 /* A GPT on text: its short form expands into embed, blocks and the head;

@@ -178,3 +178,34 @@ Test(optim, pooled_step_equals_serial_step) {
         }
         pool_free(p);
 }
+
+Test(optim, schedules_with_and_without_warmup) {
+        OptimSpec s;
+        optim_spec_defaults(&s, OPTIM_ADAMW);
+        s.lr = 0.004f;
+        /* constant: lr at every step, before and after the end */
+        cr_assert_eq(lr_schedule_at(&s, 0, 100), 0.004f);
+        cr_assert_eq(lr_schedule_at(&s, 500, 100), 0.004f);
+        /* cosine from lr at step 0, half of it half-way, 0 at the end */
+        s.schedule = LR_COSINE;
+        cr_assert_float_eq(lr_schedule_at(&s, 0, 100), 0.004f, 1e-9f);
+        cr_assert_float_eq(lr_schedule_at(&s, 50, 100), 0.002f, 1e-9f);
+        cr_assert_float_eq(lr_schedule_at(&s, 100, 100), 0.0f, 1e-9f);
+        cr_assert_float_eq(lr_schedule_at(&s, 200, 100), 0.0f, 1e-9f);
+        /* a warm-up of 10 steps: 0.0004, 0.0008, ... 0.004 at step 9; then
+         * the cosine over the 90 steps left: lr at 10, half at 55, 0 at 100 */
+        s.warmup_steps = 10;
+        cr_assert_float_eq(lr_schedule_at(&s, 0, 100), 0.0004f, 1e-9f);
+        cr_assert_float_eq(lr_schedule_at(&s, 4, 100), 0.002f, 1e-9f);
+        cr_assert_float_eq(lr_schedule_at(&s, 9, 100), 0.004f, 1e-9f);
+        cr_assert_float_eq(lr_schedule_at(&s, 10, 100), 0.004f, 1e-9f);
+        cr_assert_float_eq(lr_schedule_at(&s, 55, 100), 0.002f, 1e-9f);
+        cr_assert_float_eq(lr_schedule_at(&s, 100, 100), 0.0f, 1e-9f);
+        /* a run no longer than its warm-up: the rate stays at lr after it */
+        cr_assert_float_eq(lr_schedule_at(&s, 5, 8), 0.0024f, 1e-9f);
+        cr_assert_float_eq(lr_schedule_at(&s, 20, 8), 0.004f, 1e-9f);
+        /* constant after the warm-up */
+        s.schedule = LR_CONSTANT;
+        cr_assert_float_eq(lr_schedule_at(&s, 4, 100), 0.002f, 1e-9f);
+        cr_assert_eq(lr_schedule_at(&s, 10, 100), 0.004f);
+}
