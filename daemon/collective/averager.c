@@ -79,6 +79,9 @@ struct Averager {
         float *moments;
         unsigned moment_arrays;
         const uint64_t *opt_steps;
+        /* averager_on_write(): compute thread only */
+        void (*on_write)(void *ud);
+        void *on_write_ud;
         atomic_bool has_optimizer;
         atomic_int give;  /* GIVE_NONE -> WANT (averager) -> FILLED (compute) -> NONE (averager) */
         uint8_t *give_buf;
@@ -745,8 +748,9 @@ int averager_sync(Averager *a, float *params, uint64_t samples) {
         return averager_serve(a, params);
 }
 
-bool averager_delta_ready(Averager *a) {
-        return atomic_load(&a->state) == AV_DELTA;
+void averager_on_write(Averager *a, void (*fn)(void *ud), void *ud) {
+        a->on_write = fn;
+        a->on_write_ud = ud;
 }
 
 int averager_serve(Averager *a, float *params) {
@@ -759,6 +763,8 @@ int averager_serve(Averager *a, float *params) {
         }
         switch (atomic_load(&a->state)) {
         case AV_DELTA:
+                if (a->on_write)
+                        a->on_write(a->on_write_ud);
                 if (a->anchor && !atomic_load(&a->last) && !atomic_load(&a->join_round))
                         outer_step(a, params);
                 else

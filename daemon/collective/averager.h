@@ -126,9 +126,10 @@ int averager_sync(Averager *a, float *params, uint64_t samples);
  * work, for a round), so its rounds, and the rounds it leads for others,
  * never wait on it. */
 int averager_serve(Averager *a, float *params);
-/* The next averager_sync() or averager_serve() writes the parameters (a
- * round's delta, or an outer step). */
-bool averager_delta_ready(Averager *a);
+/* fn(ud) runs inside averager_sync() and averager_serve(), on the caller's
+ * thread, just before they write the parameters (a round's delta, an outer
+ * step): for a caller that keeps copies of them (weight stashing). */
+void averager_on_write(Averager *a, void (*fn)(void *ud), void *ud);
 void averager_get_stats(Averager *a, AveragerStats *ret);
 /* The outer optimizer's state (outer.enabled), owned by the compute thread:
  * set it before training (the initial parameters and zero momentum, or a

@@ -179,8 +179,9 @@ void averaging_step(Averaging *a, float *params, uint64_t samples) {
         log_progress(a);
 }
 
-bool averaging_will_write(const Averaging *a) {
-        return a->active && averager_delta_ready(a->av);
+void averaging_on_write(Averaging *a, void (*fn)(void *ud), void *ud) {
+        if (a->active)
+                averager_on_write(a->av, fn, ud);
 }
 
 void averaging_serve(Averaging *a, float *params) {

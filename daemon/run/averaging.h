@@ -56,8 +56,9 @@ void averaging_step(Averaging *a, float *params, uint64_t samples);
  * wants its parameters, or a joiner its moments, does not wait for its
  * next update. */
 void averaging_serve(Averaging *a, float *params);
-/* The next averaging_step() or averaging_serve() changes the parameters. */
-bool averaging_will_write(const Averaging *a);
+/* fn(ud) runs just before averaging_step() or averaging_serve() write the
+ * parameters (averager_on_write()). */
+void averaging_on_write(Averaging *a, void (*fn)(void *ud), void *ud);
 void averaging_stop(Averaging *a);
 /* One more round now, with the others doing the same, and its delta added
  * to params: the replicas leave training as one averaged model. poll runs

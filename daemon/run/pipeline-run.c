@@ -701,6 +701,15 @@ static int run_outer_state(Run *run) {
         return averaging_set_outer_state(&run->av, s->params, NULL);
 }
 
+/* The averager is about to write the stage's parameters: the micro-batches
+ * on the way keep the version their forward pass ran on (weight stashing). */
+static void keep_versions(void *ud) {
+        Run *run = ud;
+        int r = pipe_stash_live(run->pipe);
+        if (r < 0)
+                log_warning_errno(r, "Failed to keep the parameters of the micro-batches on the way: %m");
+}
+
 /* Rings: the same layers in the other clusters. */
 static int run_rings(Run *run, const Identity *id) {
         _cleanup_(freep) AveragerRing *rings = NULL;
@@ -717,6 +726,7 @@ static int run_rings(Run *run, const Identity *id) {
         r = averaging_start(&run->av, &run->plan->averaging, id, pipe_stage(run->pipe)->n_params, rings, n_rings);
         if (r < 0 || (r = run_outer_state(run)) < 0)
                 return r;
+        averaging_on_write(&run->av, keep_versions, run);
         /* A stage new to the swarm, or back from a checkpoint, starts from
          * the others' parameters and their optimizer's moments; one the
          * coordinator handed its layers to has them already. */
@@ -838,12 +848,8 @@ static void run_after_step(Run *run) {
         Stage *s = pipe_stage(run->pipe);
         uint64_t now = now_ns();
         PipeStats st;
-        int r;
 
         pipe_get_stats(run->pipe, &st);
-        /* weight stashing: a backward pass on the way must not see the delta */
-        if (averaging_will_write(&run->av) && (r = pipe_stash_live(run->pipe)) < 0)
-                log_warning_errno(r, "Failed to keep the parameters of the micro-batches on the way: %m");
         if (st.updates != run->updates_seen) {
                 averaging_step(&run->av, s->params, st.samples - run->samples_synced);
                 run->samples_synced = st.samples;

@@ -108,8 +108,16 @@ typedef struct Node {
         int fetch_result;
         uint64_t fetched_steps;
         volatile unsigned fetch_done;
+        unsigned writes;                  /* averager_on_write() calls */
+        float w0_at_write;                /* w[0] when the last one came */
         pthread_t thread;
 } Node;
+
+static void saw_write(void *ud) {
+        Node *nd = ud;
+        nd->writes++;
+        nd->w0_at_write = nd->w[0];
+}
 
 /* Once its join round is applied: ask for a member's moments, then wait
  * for them. */
@@ -142,7 +150,12 @@ static void *train(void *arg) {
         for (int i = 0; i < 20000 && ((nd->until && !*nd->until) || nd->deltas < nd->deltas_wanted ||
                                       (nd->fetch && !nd->fetch_done));
              i++) {
+                float w0 = nd->w[0];
                 int r = nd->idle ? averager_serve(nd->av, nd->w) : averager_sync(nd->av, nd->w, 0);
+                /* told once per write, before it: the values then were those before the call */
+                cr_assert_eq(nd->writes, nd->deltas + !!(r & AVERAGER_APPLIED));
+                if (r & AVERAGER_APPLIED)
+                        cr_assert_eq(nd->w0_at_write, w0);
                 fetch_step(nd);
                 if ((r & AVERAGER_SNAPSHOT) && nd->die_after_snapshot_us > 0) {
                         usleep((useconds_t)nd->die_after_snapshot_us);
@@ -193,6 +206,7 @@ static void start_nodes(Node *nodes, unsigned n, AveragerConfig *cfg, const Aver
                         cr_assert_eq(averager_join(nodes[i].av), 1);
                 if (nodes[i].moments)
                         averager_set_optimizer(nodes[i].av, nodes[i].moments, 2, &nodes[i].steps);
+                averager_on_write(nodes[i].av, saw_write, &nodes[i]);
         }
         for (unsigned i = 0; i < n; i++)
                 for (unsigned j = 0; j < n; j++)
