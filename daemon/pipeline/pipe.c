@@ -345,27 +345,36 @@ static void version_unref(Pipe *p, int v) {
         }
 }
 
+/* A buffer for a copy of the parameters: from the free list, else new. */
+static float *copy_buffer(Pipe *p) {
+        return p->n_copies ? p->copies[--p->n_copies] : malloc(p->s->n_params * sizeof(float));
+}
+
+/* A version no micro-batch uses and no copy holds, other than the live one;
+ * there is one, as versions outnumber the micro-batches in flight. */
+static int version_free(const Pipe *p) {
+        for (int i = 0; i <= p->tau; i++)
+                if (i != p->cur && p->versions[i].refs == 0 && !p->versions[i].w)
+                        return i;
+        return -1;
+}
+
 /* Before the live parameters change: if a micro-batch in flight still needs
  * them, they become a stashed copy and a new live version begins. */
-static int stash_live(Pipe *p) {
+int pipe_stash_live(Pipe *p) {
         Version *cur = &p->versions[p->cur];
         if (cur->refs == 0)
                 return 0;
-        float *copy = p->n_copies ? p->copies[--p->n_copies] : malloc(p->s->n_params * sizeof(float));
+        int next = version_free(p);
+        if (next < 0)
+                return -EOVERFLOW; /* more versions than micro-batches in flight: cannot happen */
+        float *copy = copy_buffer(p);
         if (!copy)
                 return -ENOMEM;
         memcpy(copy, p->s->params, p->s->n_params * sizeof(float));
         cur->w = copy;
-        for (int i = 0; i <= p->tau; i++)
-                if (i != p->cur && p->versions[i].refs == 0 && !p->versions[i].w) {
-                        p->cur = i;
-                        return 0;
-                }
-        return -EOVERFLOW; /* more versions than micro-batches in flight: cannot happen */
-}
-
-int pipe_stash_live(Pipe *p) {
-        return stash_live(p);
+        p->cur = next;
+        return 0;
 }
 
 /* Weight prediction (Chen et al., SpecTrain, 2018). With k updates still to
@@ -374,27 +383,19 @@ int pipe_stash_live(Pipe *p) {
  * copy: a gradient taken k steps late meets weights close to the ones it
  * was taken at. Without it an asynchronous stage trains on stale
  * gradients; the GPT at lr 0.003 ends 25 % worse for a delay of one step
- * (docs/figures.md). k: the micro-batches on the way before this one, in
- * updates. The new slot is already counted. */
+ * (docs/figures.md). k: the micro-batches on the way ahead of the one about
+ * to take a slot, in updates. */
 static int version_for_forward(Pipe *p) {
         int used = 0;
         for (int i = 0; i < p->tau; i++)
                 used += p->slots[i].used;
-        int k = (used - 1 + p->accumulated) / p->U;
-        if (!p->last_step || k <= 0)
+        int k = (used + p->accumulated) / p->U, v = k > 0 && p->last_step ? version_free(p) : -1;
+        float *copy = v >= 0 ? copy_buffer(p) : NULL;
+        if (!copy) /* no delay, no prediction, or no memory: the live version */
                 return version_ref(p);
-        for (int i = 0; i <= p->tau; i++) {
-                Version *v = &p->versions[i];
-                if (i == p->cur || v->refs || v->w)
-                        continue;
-                float *copy = p->n_copies ? p->copies[--p->n_copies] : malloc(p->s->n_params * sizeof(float));
-                if (!copy)
-                        return version_ref(p); /* no memory: the live version, stale */
-                axpy_to(copy, p->s->params, (float)k, p->last_step, p->s->n_params);
-                *v = (Version){ .w = copy, .refs = 1 };
-                return i;
-        }
-        return version_ref(p);
+        axpy_to(copy, p->s->params, (float)k, p->last_step, p->s->n_params);
+        p->versions[v] = (Version){ .w = copy, .refs = 1 };
+        return v;
 }
 
 static unsigned stashed(const Pipe *p) {
@@ -418,7 +419,7 @@ static int after_backward(Pipe *p, uint32_t id, const float *w) {
                 p->hook(p->hook_ud, id, w, p->s->params, p->s->grads, p->s->n_params);
         if (++p->accumulated < p->U)
                 return 0;
-        int r = stash_live(p);
+        int r = pipe_stash_live(p);
         if (r < 0)
                 return r;
         if (p->U > 1) /* each gradient is a mean over its micro-batch: average them */
@@ -643,9 +644,8 @@ static int first_inject(Pipe *p, bool eval) {
                 return send_copy(p, p->next, KIND_EVAL, id, DTYPE_F32, (uint32_t)B, (uint32_t)p->out_features,
                                  trace_output(tr), (size_t)B * p->out_features * sizeof(float));
         }
-        *sl = (Slot){ .used = true, .sending = true, .id = id, .B = B, .version = -1, .trace = sl->trace,
-                      .labels = sl->labels };
-        sl->version = version_for_forward(p);
+        *sl = (Slot){ .used = true, .sending = true, .id = id, .B = B, .version = version_for_forward(p),
+                      .trace = sl->trace, .labels = sl->labels };
         stage_forward(p->s, p->ops, version_w(p, sl->version), tr, B);
         p->st.forwards++;
         p->st.samples += (uint64_t)B;
@@ -741,9 +741,8 @@ static int do_forward(Pipe *p, NetTensor *t) {
                 l->used = false;
                 return r;
         }
-        *sl = (Slot){ .used = true, .sending = true, .id = id, .B = B, .version = -1, .trace = sl->trace,
-                      .labels = sl->labels };
-        sl->version = version_for_forward(p);
+        *sl = (Slot){ .used = true, .sending = true, .id = id, .B = B, .version = version_for_forward(p),
+                      .trace = sl->trace, .labels = sl->labels };
         stage_forward(p->s, p->ops, version_w(p, sl->version), sl->trace, B);
         p->st.forwards++;
         p->st.samples += (uint64_t)B;
