@@ -171,6 +171,8 @@ static void swarm_usage(FILE *f) {
                    "  --interval S          seconds between averaging rounds, 0.05 to 86400 (default 0.25)\n"
                    "  --averaging SETTINGS  more settings of each node's averaging group (ravnestd.conf(5)), e.g.\n"
                    "                        'interval_steps = 100; outer = { lr = 0.7; momentum = 0.9; };'\n"
+                   "  --pipeline SETTINGS   more settings of each node's pipeline (ravnestd.conf(5)), e.g.\n"
+                   "                        'weight_prediction = false;'\n"
                    "  --progress MS         progress lines every MS ms, 0 to 1000000 (default 2000; 0: none)\n"
                    "  --dir DIR             keys and configurations there, kept\n"
                    "  --keep                keep the generated directory\n"
@@ -204,6 +206,7 @@ static int parse_swarm_args(int argc, char *argv[], SwarmOptions *o) {
                 { "sync", no_argument, NULL, 'S' },
                 { "interval", required_argument, NULL, 'i' },
                 { "averaging", required_argument, NULL, 'A' },
+                { "pipeline", required_argument, NULL, 'L' },
                 { "progress", required_argument, NULL, 'p' },
                 { "dir", required_argument, NULL, 'D' },
                 { "keep", no_argument, NULL, 'k' },
@@ -237,6 +240,7 @@ static int parse_swarm_args(int argc, char *argv[], SwarmOptions *o) {
                 case 'S': o->synchronous = true; break;
                 case 'i': r = option_double("interval", optarg, 0.05, 86400, &o->interval); break;
                 case 'A': o->averaging = optarg; break;
+                case 'L': o->pipeline = optarg; break;
                 case 'p': r = option_int("progress", optarg, 0, 1000000, &v); o->progress_ms = (unsigned)v; break;
                 case 'D': o->dir = optarg; break;
                 case 'k': o->keep = true; break;

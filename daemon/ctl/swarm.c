@@ -402,10 +402,12 @@ static int write_config(const Swarm *s, const SwarmNode *nd, const char *plan, c
                  "  neighbour_timeout = %u;\n"
                  "  listen = \"127.0.0.1:%u\";\n"
                  "  clusters = (\n%s  );\n"
+                 "  %s\n"
                  "};\n",
                  nd->name, dir, nd->name, dir, nd->name, o->checkpoint_interval_s, dir, s->relay_setting,
                  micro_batch(s), o->staleness, update_frequency(s),
-                 o->synchronous ? "sync" : "async", o->neighbour_timeout_s, nd->pipe_port, plan);
+                 o->synchronous ? "sync" : "async", o->neighbour_timeout_s, nd->pipe_port, plan,
+                 o->pipeline ? o->pipeline : "");
         if (o->clusters > 1) { /* one cluster has nothing to average with */
                 size_t used = strlen(conf);
                 snprintf(conf + used, cap - used,
@@ -424,7 +426,8 @@ static int write_config(const Swarm *s, const SwarmNode *nd, const char *plan, c
 }
 
 static int write_configs(const Swarm *s) {
-        size_t cap = 4096 + (size_t)s->n * 512 + (s->o->averaging ? strlen(s->o->averaging) : 0);
+        size_t cap = 4096 + (size_t)s->n * 512 + (s->o->averaging ? strlen(s->o->averaging) : 0) +
+                     (s->o->pipeline ? strlen(s->o->pipeline) : 0);
         _cleanup_(freep) char *conf = malloc(cap), *plan = malloc(cap), *members = malloc(cap);
         int r;
 

@@ -28,6 +28,7 @@ typedef struct SwarmOptions {
         bool synchronous;
         double interval;        /* seconds between averaging rounds */
         const char *averaging;  /* more settings for each node's averaging group, or NULL */
+        const char *pipeline;   /* more settings for each node's pipeline, or NULL */
         unsigned progress_ms;
         bool keep;              /* keep dir afterwards */
         bool keep_going;        /* a node that fails does not stop the others */

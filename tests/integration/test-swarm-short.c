@@ -5,8 +5,9 @@
  * checkpoint (--restart), a stage whose neighbour is gone for good
  * gives up after pipeline.neighbour_timeout, what a stage moves over
  * its links and to average shows in its status and the swarm's table,
- * nodes that accept no connections (as behind NAT) dial every link, and
- * rings wider than one round average on a grid. */
+ * nodes that accept no connections (as behind NAT) dial every link,
+ * rings wider than one round average on a grid, and --pipeline's
+ * settings reach every node. */
 #include <criterion/criterion.h>
 #include <errno.h>
 #include <signal.h>
@@ -314,5 +315,16 @@ Test(swarm_short, nodes_behind_nat_dial_every_link, .timeout = 300) {
         status = proc_exit_within(&p, 240000);
         cr_assert_neq(status, 0, "%s", p.out);
         cr_assert(strstr(p.out, ".conf:18: pipeline.clusters.[1].nodes.[1]: stages 1 and 2 both accept no connections"),
+                  "%s", p.out);
+}
+
+/* --pipeline adds to every node's pipeline section; a bad setting there
+ * stops the swarm with the nodes' own message, naming file, line and
+ * setting. */
+Test(swarm_short, a_bad_pipeline_setting_is_named, .timeout = 120) {
+        Proc p;
+        swarm(&p, (char *[]){ "--job", quick, "--pipeline", "weight_prediction = 3;", NULL });
+        cr_assert_neq(proc_exit(&p), 0, "%s", p.out);
+        cr_assert(strstr(p.out, ".conf:") && strstr(p.out, ": pipeline.weight_prediction: must be true or false"),
                   "%s", p.out);
 }
