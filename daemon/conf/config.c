@@ -32,6 +32,7 @@ void config_defaults(Config *c) {
                         .staleness = 4,
                         .update_frequency = 1,
                         .weight_prediction = true,
+                        .synchronous_start = -1,
                         .neighbour_timeout_s = 600,
                 },
                 .membership = {
@@ -713,8 +714,8 @@ static int parse_cluster(const config_setting_t *e, bool relay, ConfigCluster *k
 
 static int parse_pipeline(const config_setting_t *root, Config *c, Diag *d) {
         static const char *const keys[] = {
-                "micro_batch", "staleness", "update_frequency", "schedule", "weight_prediction", "neighbour_timeout",
-                "listen", "clusters", NULL,
+                "micro_batch", "staleness", "update_frequency", "schedule", "weight_prediction",
+                "synchronous_start", "neighbour_timeout", "listen", "clusters", NULL,
         };
         ConfigPipeline *p = &c->pipeline;
         config_setting_t *g, *s, *clusters;
@@ -730,6 +731,8 @@ static int parse_pipeline(const config_setting_t *root, Config *c, Diag *d) {
             (r = conf_get_int(g, "neighbour_timeout", false, 0, 7 * 86400, p->neighbour_timeout_s, &lost, d)) < 0 ||
             (r = get_choice(g, "schedule", schedule_names, &sched, d)) < 0 ||
             (r = conf_get_bool(g, "weight_prediction", p->weight_prediction, &p->weight_prediction, d)) < 0 ||
+            (r = conf_get_int(g, "synchronous_start", false, 0, 1ll << 40, p->synchronous_start,
+                              &p->synchronous_start, d)) < 0 ||
             (r = conf_get_group(g, "clusters", !c->membership.enabled, true, &clusters, d)) < 0)
                 return r;
         if (clusters && c->membership.enabled)

@@ -104,6 +104,7 @@ typedef struct ConfigPipeline {
         int micro_batch, staleness, update_frequency;
         bool synchronous;
         bool weight_prediction; /* async: forward passes on the predicted weights (pipe.h) */
+        long long synchronous_start; /* async: updates with no gradient late; -1: twice the job's warm-up */
         unsigned neighbour_timeout_s; /* a stage gives up on a neighbour gone (or not come) this long; 0: never */
         ConfigAddress listen;
         ConfigCluster *clusters;

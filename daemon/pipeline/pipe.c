@@ -814,14 +814,14 @@ static int control(Pipe *p, int64_t peer, const uint8_t msg[4]) {
         return peer < 0 ? 0 : net_send_control(p->net, (uint32_t)peer, FRAME_CONTROL, msg, 4);
 }
 
-/* Micro-batches the asynchronous schedule may have in flight. While the
- * learning rate warms up, no more than one update takes, so that no
- * gradient lands late (docs/figures.md: a GPT cluster at staleness 2 on
- * half the data otherwise stays on the plateau of byte frequencies for
- * twice as many steps and ends 20 % worse); after it, the configured
- * staleness. */
+/* Micro-batches the asynchronous schedule may have in flight: over the
+ * first sync_updates updates no more than one update takes, so that no
+ * gradient lands late while the loss falls fastest; after them, the
+ * configured staleness. Stale gradients from the start kept a GPT cluster
+ * at staleness 2 on the plateau of byte frequencies twice as long, and
+ * the swarm 20 % above one node (docs/figures.md). */
 static unsigned async_room(const Pipe *p) {
-        if (p->st.updates < p->cfg.optim->warmup_steps && p->U < p->tau)
+        if (p->st.updates < p->cfg.sync_updates && p->U < p->tau)
                 return (unsigned)(p->U - p->accumulated);
         return (unsigned)p->tau;
 }

@@ -66,6 +66,9 @@ typedef struct PipeConfig {
         /* asynchronous: a forward pass runs on the parameters its gradient
          * will meet, predicted from the last update (pipe.c) */
         bool predict_weights;
+        /* asynchronous: updates at the start with only one update's
+         * micro-batches in flight (no gradient lands late) */
+        uint64_t sync_updates;
         /* the first stage only: what it trains on and evaluates with */
         const Dataset *train, *test;
         int shard, n_shards;

@@ -641,6 +641,8 @@ static int run_stage(Run *run) {
                 .schedule = p->synchronous ? PIPE_SYNC : PIPE_ASYNC,
                 .total_updates = (uint64_t)run->epochs * steps / (uint64_t)U,
                 .predict_weights = p->weight_prediction,
+                .sync_updates = p->synchronous_start >= 0 ? (uint64_t)p->synchronous_start
+                                                          : 2 * (uint64_t)job->optim.warmup_steps,
                 .train = run->stage == 0 ? run->train : NULL,
                 .test = run->test,
                 .shard = (int)run->cluster,

@@ -68,20 +68,21 @@ Test(gpt, one_node_matches_pytorch, .timeout = 900) {
  *   ravnestd --no-idle --control-socket none --job J --data-dir CORPUS --epochs 4 --threads 2
  * where J is this job with batch_size = 16 and seed = 1, 2, 3.
  *
- * The swarm (the command below) does not reach it. With the job's warm-up
- * and weight prediction its runs on 2026-11-27 gave 2.22-2.55 (two groups,
- * about 2.22 and about 2.45; docs/figures.md), 10-27 % above the node: one
- * cluster of two asynchronous stages comes within 2 % of one node, and two
- * clusters of one stage, or of two stages one micro-batch apart, within
- * 4 %, but the asynchronous pipeline and the averaging together lose more,
- * for a reason not yet found. Before the warm-up, every run sat on the
- * plateau of byte frequencies for a chance number of steps and the swarm
- * gave 2.61-3.26. The test holds the swarm to 30 % above the node (2.617,
- * below every run before the warm-up and far below a swarm that does not
- * learn: the plateau is 3.28, an untrained model ln 256 = 5.5), and the
- * tests run one at a time. */
+ * The swarm (the command below) comes within 8 % of it: eight runs on
+ * 2026-11-27 gave 2.164-2.237, median 2.176 (docs/figures.md). Two things
+ * brought it there. A learning-rate warm-up took every run past the
+ * plateau of byte frequencies, where runs had sat for a chance number of
+ * steps (2.61-3.26 before it). And the asynchronous pipeline keeps only
+ * one update's micro-batches in flight during that warm-up: with stale
+ * gradients from the start, a cluster on its half of the data stayed on
+ * the plateau twice as long, and the swarm gave 2.16-2.57, median 2.45.
+ * The test holds the swarm to 15 % above the node (2.315): above every
+ * run since, below most runs without the synchronous warm-up, and far
+ * below a swarm that does not learn (the plateau is 3.28, an untrained
+ * model ln 256 = 5.5). A run that misses it gets a second one, as load
+ * from outside moves an asynchronous run; the tests run one at a time. */
 #define BATCH16_VALID_LOSS 2.0133
-#define SWARM_BAR (BATCH16_VALID_LOSS * 1.30)
+#define SWARM_BAR (BATCH16_VALID_LOSS * 1.15)
 
 /* One swarm run: the averaged model's validation loss; the run's output in
  * out. */

@@ -807,3 +807,24 @@ Test(config, weight_prediction) {
         snprintf(body, sizeof body, fmt, " weight_prediction = 1;");
         expect_error(base_end, body, "13: pipeline.weight_prediction: must be");
 }
+
+Test(config, synchronous_start) {
+        char path[64], body[1024];
+        Config c;
+        Diag d = {};
+        const char *fmt = "  idle_timeout = 30000;\n};\npipeline = { listen = \"127.0.0.1:7200\";%s\n"
+                          "  clusters = ( { nodes = [ \"" K1 "@h:1\", \"" K2 "@h:2\" ]; stages = [ 0, 3, 6 ]; } ); };\n";
+
+        snprintf(body, sizeof body, fmt, "");
+        cr_assert_eq(load_variant(base_end, body, &c, &d, path), 0, "%s", d.text);
+        cr_assert_eq(c.pipeline.synchronous_start, -1, "twice the job's warm-up by default");
+        config_free(&c);
+        snprintf(body, sizeof body, fmt, " synchronous_start = 0;");
+        cr_assert_eq(load_variant(base_end, body, &c, &d, path), 0, "%s", d.text);
+        cr_assert_eq(c.pipeline.synchronous_start, 0);
+        config_free(&c);
+        snprintf(body, sizeof body, fmt, " synchronous_start = -5;");
+        expect_error(base_end, body, "13: pipeline.synchronous_start: ");
+        snprintf(body, sizeof body, fmt, " synchronous_start = \"auto\";");
+        expect_error(base_end, body, "13: pipeline.synchronous_start: ");
+}

@@ -323,7 +323,7 @@ Test(pipe, predicted_weights_keep_gradients_whole) {
         check_stashed_gradients(true, add_delta);
 }
 
-/* ---- warm-up ------------------------------------------------------------ */
+/* ---- the synchronous start -------------------------------------------------- */
 
 static bool moved[WATCH], heard[WATCH];
 
@@ -334,20 +334,20 @@ static void hook_moved(void *ud, uint32_t id, const float *w, const float *live,
         }
 }
 
-/* While the learning rate warms up, the asynchronous schedule keeps one
+/* Over the first sync_updates updates the asynchronous schedule keeps one
  * update's micro-batches in flight: no backward pass meets parameters an
- * update has changed since its forward pass. After the warm-up the
- * configured staleness applies again, and most do. */
-Test(pipe, no_late_gradient_during_the_warmup) {
+ * update has changed since its forward pass. After them the configured
+ * staleness applies again, and most do. */
+Test(pipe, no_late_gradient_at_the_start) {
         ModelSpec m;
         OptimSpec o;
         make_model(&m);
         optim_spec_defaults(&o, OPTIM_SGD);
         o.lr = 0.2f;
-        o.warmup_steps = 10;
         Dataset *train = make_dataset(1), *test = make_dataset(2);
         PipeConfig c = config(&m, &o, train, test, PIPE_ASYNC);
         c.predict_weights = true;
+        c.sync_updates = 10;
         memset(moved, 0, sizeof moved);
         memset(heard, 0, sizeof heard);
         Pipe *p0, *p1;
@@ -355,13 +355,13 @@ Test(pipe, no_late_gradient_during_the_warmup) {
         int late = 0;
         for (uint32_t id = 0; id < WATCH; id++) {
                 cr_assert(heard[id], "micro-batch %u not seen", id);
-                if (id < o.warmup_steps)
-                        cr_assert_not(moved[id], "micro-batch %u of the warm-up met moved parameters", id);
+                if (id < c.sync_updates)
+                        cr_assert_not(moved[id], "micro-batch %u of the synchronous start met moved parameters", id);
                 else
                         late += moved[id];
         }
-        cr_assert_gt(late, (WATCH - (int)o.warmup_steps) / 2, "after the warm-up only %d of %d were late", late,
-                     WATCH - (int)o.warmup_steps);
+        cr_assert_gt(late, (WATCH - (int)c.sync_updates) / 2, "after the start only %d of %d were late", late,
+                     WATCH - (int)c.sync_updates);
         PipeStats s1;
         pipe_get_stats(p1, &s1);
         cr_assert_gt(s1.test_acc, 0.6, "it learned: %g", s1.test_acc);
