@@ -12,9 +12,12 @@
  * would change it while micro-batches still need it, so at most in_flight
  * copies exist. With predict_weights, a forward pass that k updates will
  * overtake runs on a copy of its own, w + k * (the last update), the
- * weights its gradient will meet (weight prediction). The synchronous schedule (in_flight
- * micro-batches form a batch: all forward, then all backward, one update) is
- * the same code with the first stage waiting for a batch to drain.
+ * weights its gradient will meet (weight prediction). Over the first
+ * sync_updates updates the first stage keeps only one update's
+ * micro-batches on the way, so no gradient lands late while the loss falls
+ * fastest. The synchronous schedule (in_flight micro-batches form a batch:
+ * all forward, then all backward, one update) is the same code with the
+ * first stage waiting for a batch to drain.
  *
  * A broken link loses the micro-batches on the way through it: the stages
  * on each side drop what they hold of them and tell the stages beyond

@@ -68,19 +68,20 @@ Test(gpt, one_node_matches_pytorch, .timeout = 900) {
  *   ravnestd --no-idle --control-socket none --job J --data-dir CORPUS --epochs 4 --threads 2
  * where J is this job with batch_size = 16 and seed = 1, 2, 3.
  *
- * The swarm (the command below) comes within 8 % of it: eight runs on
- * 2026-11-27 gave 2.164-2.237, median 2.176 (docs/figures.md). Two things
+ * The swarm (the command below) comes within 6 % of it: five runs on
+ * 2026-11-27 gave 2.123-2.145, median 2.138 (docs/figures.md). Two things
  * brought it there. A learning-rate warm-up took every run past the
  * plateau of byte frequencies, where runs had sat for a chance number of
  * steps (2.61-3.26 before it). And the asynchronous pipeline keeps only
- * one update's micro-batches in flight during that warm-up: with stale
- * gradients from the start, a cluster on its half of the data stayed on
- * the plateau twice as long, and the swarm gave 2.16-2.57, median 2.45.
- * The test holds the swarm to 15 % above the node (2.315): above every
- * run since, below most runs without the synchronous warm-up, and far
- * below a swarm that does not learn (the plateau is 3.28, an untrained
- * model ln 256 = 5.5). A run that misses it gets a second one, as load
- * from outside moves an asynchronous run; the tests run one at a time. */
+ * one update's micro-batches in flight over twice that warm-up
+ * (pipeline.synchronous_start): with stale gradients from the start, a
+ * cluster on its half of the data stayed on the plateau twice as long,
+ * and the swarm gave 2.16-2.57, median 2.45. The test holds the swarm to
+ * 15 % above the node (2.315): above every run since, below most runs
+ * without the synchronous start, and far below a swarm that does not
+ * learn (the plateau is 3.28, an untrained model ln 256 = 5.5). A run
+ * that misses it gets a second one, as load from outside moves an
+ * asynchronous run; the tests run one at a time. */
 #define BATCH16_VALID_LOSS 2.0133
 #define SWARM_BAR (BATCH16_VALID_LOSS * 1.15)
 
