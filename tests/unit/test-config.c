@@ -789,42 +789,43 @@ Test(config, who_dials) {
         cr_assert(!net_dials(false, false, true) && !net_dials(false, false, false));
 }
 
-Test(config, weight_prediction) {
-        char path[64], body[1024];
-        Config c;
-        Diag d = {};
-        const char *fmt = "  idle_timeout = 30000;\n};\npipeline = { listen = \"127.0.0.1:7200\";%s\n"
-                          "  clusters = ( { nodes = [ \"" K1 "@h:1\", \"" K2 "@h:2\" ]; stages = [ 0, 3, 6 ]; } ); };\n";
+/* A pipeline section with settings inserted on line 13. */
+static const char pipeline_fmt[] =
+        "  idle_timeout = 30000;\n};\npipeline = { listen = \"127.0.0.1:7200\";%s\n"
+        "  clusters = ( { nodes = [ \"" K1 "@h:1\", \"" K2 "@h:2\" ]; stages = [ 0, 3, 6 ]; } ); };\n";
 
-        snprintf(body, sizeof body, fmt, "");
-        cr_assert_eq(load_variant(base_end, body, &c, &d, path), 0, "%s", d.text);
+static void load_pipeline(const char *settings, Config *c) {
+        char path[64], body[1024];
+        Diag d = {};
+        snprintf(body, sizeof body, pipeline_fmt, settings);
+        cr_assert_eq(load_variant(base_end, body, c, &d, path), 0, "%s", d.text);
+}
+
+static void expect_pipeline_error(const char *settings, const char *want) {
+        char body[1024];
+        snprintf(body, sizeof body, pipeline_fmt, settings);
+        expect_error(base_end, body, want);
+}
+
+Test(config, weight_prediction) {
+        Config c;
+        load_pipeline("", &c);
         cr_assert(c.pipeline.weight_prediction, "on by default");
         config_free(&c);
-        snprintf(body, sizeof body, fmt, " weight_prediction = false;");
-        cr_assert_eq(load_variant(base_end, body, &c, &d, path), 0, "%s", d.text);
+        load_pipeline(" weight_prediction = false;", &c);
         cr_assert(!c.pipeline.weight_prediction);
         config_free(&c);
-        snprintf(body, sizeof body, fmt, " weight_prediction = 1;");
-        expect_error(base_end, body, "13: pipeline.weight_prediction: must be");
+        expect_pipeline_error(" weight_prediction = 1;", "13: pipeline.weight_prediction: must be");
 }
 
 Test(config, synchronous_start) {
-        char path[64], body[1024];
         Config c;
-        Diag d = {};
-        const char *fmt = "  idle_timeout = 30000;\n};\npipeline = { listen = \"127.0.0.1:7200\";%s\n"
-                          "  clusters = ( { nodes = [ \"" K1 "@h:1\", \"" K2 "@h:2\" ]; stages = [ 0, 3, 6 ]; } ); };\n";
-
-        snprintf(body, sizeof body, fmt, "");
-        cr_assert_eq(load_variant(base_end, body, &c, &d, path), 0, "%s", d.text);
+        load_pipeline("", &c);
         cr_assert_eq(c.pipeline.synchronous_start, -1, "twice the job's warm-up by default");
         config_free(&c);
-        snprintf(body, sizeof body, fmt, " synchronous_start = 0;");
-        cr_assert_eq(load_variant(base_end, body, &c, &d, path), 0, "%s", d.text);
+        load_pipeline(" synchronous_start = 0;", &c);
         cr_assert_eq(c.pipeline.synchronous_start, 0);
         config_free(&c);
-        snprintf(body, sizeof body, fmt, " synchronous_start = -5;");
-        expect_error(base_end, body, "13: pipeline.synchronous_start: ");
-        snprintf(body, sizeof body, fmt, " synchronous_start = \"auto\";");
-        expect_error(base_end, body, "13: pipeline.synchronous_start: ");
+        expect_pipeline_error(" synchronous_start = -5;", "13: pipeline.synchronous_start: ");
+        expect_pipeline_error(" synchronous_start = \"auto\";", "13: pipeline.synchronous_start: ");
 }

@@ -139,22 +139,35 @@ static void run_two(const PipeConfig *base, int cut, Pipe **ret0, Pipe **ret1, P
         net_free(n[1].net);
 }
 
-static PipeConfig config(const ModelSpec *m, const OptimSpec *o, const Dataset *train, const Dataset *test,
-                         PipeSchedule sched) {
-        return (PipeConfig){ .model = m, .lo = 0, .hi = m->n_layers, .seed = 42, .optim = o, .micro_batch = 16,
-                             .in_flight = 4, .update_frequency = 1, .schedule = sched,
-                             .total_updates = 2 * (N / 16), .train = train, .test = test, .epochs = 2,
+/* The model, an SGD optimizer at lr, the data and a pipeline of them. */
+typedef struct Setup {
+        ModelSpec m;
+        OptimSpec o;
+        Dataset *train, *test;
+        PipeConfig c;
+} Setup;
+
+static void setup(Setup *s, float lr, PipeSchedule sched) {
+        make_model(&s->m);
+        optim_spec_defaults(&s->o, OPTIM_SGD);
+        s->o.lr = lr;
+        s->train = make_dataset(1);
+        s->test = make_dataset(2);
+        s->c = (PipeConfig){ .model = &s->m, .lo = 0, .hi = s->m.n_layers, .seed = 42, .optim = &s->o,
+                             .micro_batch = 16, .in_flight = 4, .update_frequency = 1, .schedule = sched,
+                             .total_updates = 2 * (N / 16), .train = s->train, .test = s->test, .epochs = 2,
                              .data_seed = 7 };
 }
 
+static void setup_free(Setup *s) {
+        dataset_free(s->train);
+        dataset_free(s->test);
+}
+
 Test(pipe, synchronous_equals_one_stage) {
-        ModelSpec m;
-        OptimSpec o;
-        make_model(&m);
-        optim_spec_defaults(&o, OPTIM_SGD);
-        o.lr = 0.1f;
-        Dataset *train = make_dataset(1), *test = make_dataset(2);
-        PipeConfig c = config(&m, &o, train, test, PIPE_SYNC);
+        Setup su;
+        setup(&su, 0.1f, PIPE_SYNC);
+        PipeConfig c = su.c;
         c.epochs = 10;
         c.total_updates = 10 * (N / 16) / 4;
 
@@ -187,8 +200,7 @@ Test(pipe, synchronous_equals_one_stage) {
         pipe_free(one);
         pipe_free(p0);
         pipe_free(p1);
-        dataset_free(train);
-        dataset_free(test);
+        setup_free(&su);
 }
 
 /* ---- stashing ----------------------------------------------------------- */
@@ -225,14 +237,11 @@ static void hook1(void *ud, uint32_t id, const float *w, const float *live, cons
 /* Every backward pass of the first stage against the whole model holding
  * the weights it used: its gradient is that model's. */
 static void check_stashed_gradients(bool predict, void (*meddle)(Pipe *)) {
-        ModelSpec m;
-        OptimSpec o;
-        make_model(&m);
-        optim_spec_defaults(&o, OPTIM_SGD);
-        o.lr = 0.2f;
-        o.momentum = 0; /* the stashed weights differ from micro-batch to micro-batch */
-        Dataset *train = make_dataset(1), *test = make_dataset(2);
-        PipeConfig c = config(&m, &o, train, test, PIPE_ASYNC);
+        Setup su;
+        setup(&su, 0.2f, PIPE_ASYNC);
+        su.o.momentum = 0; /* the stashed weights differ from micro-batch to micro-batch */
+        const Dataset *train = su.train;
+        PipeConfig c = su.c;
         c.epochs = 4;
         c.total_updates = 4 * (N / 16);
         c.predict_weights = predict;
@@ -248,7 +257,7 @@ static void check_stashed_gradients(bool predict, void (*meddle)(Pipe *)) {
         sampler_shuffle(&smp, 0);
         Stage *whole;
         Diag d = {};
-        cr_assert_eq(stage_new(&m, 0, 4, 42, &whole, &d), 0);
+        cr_assert_eq(stage_new(&su.m, 0, 4, 42, &whole, &d), 0);
         Trace *tr;
         cr_assert_eq(trace_new(whole, 16, &tr), 0);
         float x[16 * FEATURES], dlogits[16 * CLASSES], *dw = calloc(whole->n_params, sizeof(float));
@@ -289,8 +298,7 @@ static void check_stashed_gradients(bool predict, void (*meddle)(Pipe *)) {
         stage_free(whole);
         pipe_free(p0);
         pipe_free(p1);
-        dataset_free(train);
-        dataset_free(test);
+        setup_free(&su);
 }
 
 Test(pipe, stashed_gradient_is_the_whole_models) {
@@ -339,13 +347,9 @@ static void hook_moved(void *ud, uint32_t id, const float *w, const float *live,
  * update has changed since its forward pass. After them the configured
  * staleness applies again, and most do. */
 Test(pipe, no_late_gradient_at_the_start) {
-        ModelSpec m;
-        OptimSpec o;
-        make_model(&m);
-        optim_spec_defaults(&o, OPTIM_SGD);
-        o.lr = 0.2f;
-        Dataset *train = make_dataset(1), *test = make_dataset(2);
-        PipeConfig c = config(&m, &o, train, test, PIPE_ASYNC);
+        Setup su;
+        setup(&su, 0.2f, PIPE_ASYNC);
+        PipeConfig c = su.c;
         c.predict_weights = true;
         c.sync_updates = 10;
         memset(moved, 0, sizeof moved);
@@ -367,6 +371,5 @@ Test(pipe, no_late_gradient_at_the_start) {
         cr_assert_gt(s1.test_acc, 0.6, "it learned: %g", s1.test_acc);
         pipe_free(p0);
         pipe_free(p1);
-        dataset_free(train);
-        dataset_free(test);
+        setup_free(&su);
 }
