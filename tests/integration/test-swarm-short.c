@@ -7,9 +7,10 @@
  * its links and to average shows in its status and the swarm's table,
  * nodes that accept no connections (as behind NAT) dial every link,
  * rings wider than one round average on a grid, and --pipeline's
- * settings reach every node. */
+ * settings reach every node (a bad one named). */
 #include <criterion/criterion.h>
 #include <errno.h>
+#include <stddef.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -318,11 +319,22 @@ Test(swarm_short, nodes_behind_nat_dial_every_link, .timeout = 300) {
                   "%s", p.out);
 }
 
-/* --pipeline adds to every node's pipeline section; a bad setting there
- * stops the swarm with the nodes' own message, naming file, line and
- * setting. */
-Test(swarm_short, a_bad_pipeline_setting_is_named, .timeout = 120) {
+/* --pipeline adds to every node's pipeline section: each first stage says
+ * it starts without late gradients for as long as asked; a bad setting
+ * there stops the swarm with the nodes' own message, naming file, line
+ * and setting. */
+Test(swarm_short, pipeline_settings_reach_every_node, .timeout = 300) {
         Proc p;
+        swarm(&p, (char *[]){ "--job", quick, "--pipeline", "synchronous_start = 5;", NULL });
+        cr_assert_eq(proc_exit(&p), 0, "%s", p.out);
+        static const char tail[] = "at most 4 in flight (1 over the first 5 updates: no gradient late)";
+        for (int c = 1; c <= 2; c++) {
+                char want[128];
+                snprintf(want, sizeof want, "c%ds1   Stage 1 of 2 in cluster %d of 2: ", c, c);
+                const char *line = strstr(p.out, want), *end = line ? strchr(line, '\n') : NULL;
+                cr_assert(end && end - line >= (ptrdiff_t)strlen(tail) && !memcmp(end - strlen(tail), tail, strlen(tail)),
+                          "no \"%s\" at the end of that line:\n%s", tail, p.out);
+        }
         swarm(&p, (char *[]){ "--job", quick, "--pipeline", "weight_prediction = 3;", NULL });
         cr_assert_neq(proc_exit(&p), 0, "%s", p.out);
         cr_assert(strstr(p.out, ".conf:") && strstr(p.out, ": pipeline.weight_prediction: must be true or false"),
