@@ -821,8 +821,8 @@ static int control(Pipe *p, int64_t peer, const uint8_t msg[4]) {
  * at staleness 2 on the plateau of byte frequencies twice as long, and
  * the swarm 20 % above one node (docs/figures.md). */
 static unsigned async_room(const Pipe *p) {
-        if (p->st.updates < p->cfg.sync_updates && p->U < p->tau)
-                return (unsigned)(p->U - p->accumulated);
+        if (p->st.updates < p->cfg.sync_updates)
+                return (unsigned)MIN(p->tau, p->U - p->accumulated);
         return (unsigned)p->tau;
 }
 

@@ -1000,10 +1000,10 @@ int pipeline_run(const StagePlan *plan, const Job *job, const Identity *id, cons
         if ((r = run_load_data(&run)) < 0 || (r = run_stage(&run)) < 0 || (r = run_links(&run)) < 0 ||
             (r = run_rings(&run, id)) < 0)
                 return r;
-        char start[96] = "";
-        if (!p->synchronous && run.pc.sync_updates && p->staleness > p->update_frequency)
-                snprintf(start, sizeof start, " (%d over the first %llu updates: no gradient late)",
-                         p->update_frequency, (unsigned long long)run.pc.sync_updates);
+        char start[64] = "";
+        if (!p->synchronous && run.pc.sync_updates && run.stage == 0 && run.n_stages > 1)
+                snprintf(start, sizeof start, " (no gradient late over the first %llu updates)",
+                         (unsigned long long)run.pc.sync_updates);
         log_info("Stage %u of %u in cluster %u of %u: layers %d-%d, %zu parameters, micro-batch %d, %s schedule, "
                  "at most %d in flight%s",
                  run.stage + 1, run.n_stages, run.cluster + 1, p->n_clusters, run.pc.lo, run.pc.hi - 1,

@@ -327,7 +327,7 @@ Test(swarm_short, pipeline_settings_reach_every_node, .timeout = 300) {
         Proc p;
         swarm(&p, (char *[]){ "--job", quick, "--pipeline", "synchronous_start = 5;", NULL });
         cr_assert_eq(proc_exit(&p), 0, "%s", p.out);
-        static const char tail[] = "at most 4 in flight (1 over the first 5 updates: no gradient late)";
+        static const char tail[] = "at most 4 in flight (no gradient late over the first 5 updates)";
         for (int c = 1; c <= 2; c++) {
                 char want[128];
                 snprintf(want, sizeof want, "c%ds1   Stage 1 of 2 in cluster %d of 2: ", c, c);

@@ -345,13 +345,17 @@ static void hook_moved(void *ud, uint32_t id, const float *w, const float *live,
 /* Over the first sync_updates updates the asynchronous schedule keeps one
  * update's micro-batches in flight: no backward pass meets parameters an
  * update has changed since its forward pass. After them the configured
- * staleness applies again, and most do. */
-Test(pipe, no_late_gradient_at_the_start) {
+ * staleness applies again, and some do (most with an update per
+ * micro-batch). */
+static void check_no_late_gradient_at_the_start(int U, int tau, uint64_t sync_updates, int min_late) {
         Setup su;
         setup(&su, 0.2f, PIPE_ASYNC);
         PipeConfig c = su.c;
+        c.update_frequency = U;
+        c.in_flight = tau;
+        c.total_updates = 2 * (N / 16) / (uint64_t)U;
         c.predict_weights = true;
-        c.sync_updates = 10;
+        c.sync_updates = sync_updates;
         memset(moved, 0, sizeof moved);
         memset(heard, 0, sizeof heard);
         Pipe *p0, *p1;
@@ -359,17 +363,27 @@ Test(pipe, no_late_gradient_at_the_start) {
         int late = 0;
         for (uint32_t id = 0; id < WATCH; id++) {
                 cr_assert(heard[id], "micro-batch %u not seen", id);
-                if (id < c.sync_updates)
+                if (id < sync_updates * (uint64_t)U)
                         cr_assert_not(moved[id], "micro-batch %u of the synchronous start met moved parameters", id);
                 else
                         late += moved[id];
         }
-        cr_assert_gt(late, (WATCH - (int)c.sync_updates) / 2, "after the start only %d of %d were late", late,
-                     WATCH - (int)c.sync_updates);
+        cr_assert_geq(late, min_late, "U %d, staleness %d: after the start only %d were late", U, tau, late);
         PipeStats s1;
         pipe_get_stats(p1, &s1);
         cr_assert_gt(s1.test_acc, 0.6, "it learned: %g", s1.test_acc);
         pipe_free(p0);
         pipe_free(p1);
         setup_free(&su);
+}
+
+Test(pipe, no_late_gradient_at_the_start) {
+        check_no_late_gradient_at_the_start(1, 4, 10, (WATCH - 10) / 2 + 1);
+}
+
+/* Several micro-batches per update, as many as may be in flight: without
+ * the start, the first of an update's would be injected while the last of
+ * the previous update's are still on the way. */
+Test(pipe, no_late_gradient_at_the_start_of_accumulated_updates) {
+        check_no_late_gradient_at_the_start(4, 4, 3, 1);
 }
