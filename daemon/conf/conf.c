@@ -4,6 +4,7 @@
 #include <errno.h>
 #include <stdarg.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "util/macro.h"
@@ -247,9 +248,16 @@ int conf_get_int(const config_setting_t *group, const char *name, bool required,
         default:
                 return conf_error(s, NULL, -EINVAL, d, "must be an integer in [%lld, %lld]", lo, hi);
         }
-        if (int_wrapped(s, v, text, sizeof text))
+        if (int_wrapped(s, v, text, sizeof text)) {
+                char *end;
+                errno = 0;
+                long long written = strtoll(text, &end, 0);
+                if (errno == 0 && *end == '\0' && written >= lo && written <= hi) /* libconfig 1.5 kept 32 bits */
+                        return conf_error(s, NULL, -ERANGE, d, "%s is read as a 32-bit integer: write %sL", text,
+                                          text);
                 return conf_error(s, NULL, -ERANGE, d, "out of range: must be an integer in [%lld, %lld], got %s",
                                   lo, hi, text);
+        }
         if (v < lo || v > hi)
                 return conf_error(s, NULL, -ERANGE, d, "must be an integer in [%lld, %lld], got %lld",
                                   lo, hi, v);

@@ -334,6 +334,11 @@ Test(swarm_short, pipeline_settings_reach_every_node, .timeout = 300) {
                 const char *line = strstr(p.out, want), *end = line ? strchr(line, '\n') : NULL;
                 cr_assert(end && end - line >= (ptrdiff_t)strlen(tail) && !memcmp(end - strlen(tail), tail, strlen(tail)),
                           "no \"%s\" at the end of that line:\n%s", tail, p.out);
+                /* the last stage injects nothing: its line says nothing of it */
+                snprintf(want, sizeof want, "c%ds2   Stage 2 of 2 in cluster %d of 2: ", c, c);
+                line = strstr(p.out, want);
+                end = line ? strchr(line, '\n') : NULL;
+                cr_assert(end && !memcmp(end - strlen("at most 4 in flight"), "at most 4 in flight", 19), "%s", p.out);
         }
         swarm(&p, (char *[]){ "--job", quick, "--pipeline", "weight_prediction = 3;", NULL });
         cr_assert_neq(proc_exit(&p), 0, "%s", p.out);

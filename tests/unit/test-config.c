@@ -826,6 +826,13 @@ Test(config, synchronous_start) {
         load_pipeline(" synchronous_start = 0;", &c);
         cr_assert_eq(c.pipeline.synchronous_start, 0);
         config_free(&c);
+        expect_pipeline_error(" synchronous_start = 1099511627776;",
+                              "13: pipeline.synchronous_start: 1099511627776 is read as a 32-bit integer: write "
+                              "1099511627776L");
+        load_pipeline(" synchronous_start = 1099511627776L;", &c);
+        cr_assert_eq(c.pipeline.synchronous_start, 1ll << 40);
+        config_free(&c);
+        expect_pipeline_error(" synchronous_start = 1099511627777L;", "13: pipeline.synchronous_start: ");
         expect_pipeline_error(" synchronous_start = -5;", "13: pipeline.synchronous_start: ");
         expect_pipeline_error(" synchronous_start = \"auto\";", "13: pipeline.synchronous_start: ");
 }
