@@ -1000,7 +1000,7 @@ int pipeline_run(const StagePlan *plan, const Job *job, const Identity *id, cons
         if ((r = run_load_data(&run)) < 0 || (r = run_stage(&run)) < 0 || (r = run_links(&run)) < 0 ||
             (r = run_rings(&run, id)) < 0)
                 return r;
-        char start[64] = "";
+        char start[80] = "";
         if (!p->synchronous && run.pc.sync_updates && run.stage == 0 && run.n_stages > 1)
                 snprintf(start, sizeof start, " (no gradient late over the first %llu updates)",
                          (unsigned long long)run.pc.sync_updates);
