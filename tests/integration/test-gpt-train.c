@@ -68,8 +68,8 @@ Test(gpt, one_node_matches_pytorch, .timeout = 900) {
  *   ravnestd --no-idle --control-socket none --job J --data-dir CORPUS --epochs 4 --threads 2
  * where J is this job with batch_size = 16 and seed = 1, 2, 3.
  *
- * The swarm (the command below) comes within 6 % of it: five runs on
- * 2026-11-27 gave 2.123-2.145, median 2.138 (docs/figures.md). Two things
+ * The swarm (the command below) comes within 6 % of it: eight runs on
+ * 2026-11-27 gave 2.123-2.145, median 2.132 (docs/figures.md). Two things
  * brought it there. A learning-rate warm-up took every run past the
  * plateau of byte frequencies, where runs had sat for a chance number of
  * steps (2.61-3.26 before it). And the asynchronous pipeline keeps only
