@@ -133,6 +133,8 @@ typedef struct Wrapped {
         char *buf;
         size_t len;
         bool same, other; /* a text that reads as value; one that does not (in buf) */
+        bool read;        /* other fits a long long: it is written */
+        long long written;
 } Wrapped;
 
 static bool check_value(const char *name, size_t n, const char *value, void *userdata) {
@@ -154,11 +156,17 @@ static bool check_value(const char *name, size_t n, const char *value, void *use
                 return true; /* the setting's own text (another group's may share the line) */
         }
         w->other = true;
+        w->read = errno != ERANGE;
+        w->written = v;
         snprintf(w->buf, w->len, "%s", text);
         return false;
 }
 
-static bool int_wrapped(const config_setting_t *s, long long v, char *buf, size_t len) {
+/* True when libconfig cut the value written on the setting's line (its
+ * text in buf); then, unless NULL, *ret_read says whether that value fits a
+ * long long, and *ret_written is it. */
+static bool int_wrapped(const config_setting_t *s, long long v, char *buf, size_t len, bool *ret_read,
+                        long long *ret_written) {
         char line[1024];
         size_t n;
         Wrapped w = { .name = config_setting_name(s), .value = v, .buf = buf, .len = len };
@@ -167,6 +175,10 @@ static bool int_wrapped(const config_setting_t *s, long long v, char *buf, size_
                 return false;
         source_line(config_setting_source_file(s), (int)config_setting_source_line(s), line, sizeof line);
         find_name(line, check_value, &w, &n);
+        if (ret_read)
+                *ret_read = w.read;
+        if (ret_written)
+                *ret_written = w.written;
         return !w.same && w.other;
 }
 
@@ -230,7 +242,8 @@ int conf_get_int(const config_setting_t *group, const char *name, bool required,
                  long long hi, long long def, long long *ret, Diag *d) {
         config_setting_t *s = member(group, name);
         char text[64];
-        long long v;
+        long long v, written = 0;
+        bool read = false;
 
         if (!s) {
                 if (required)
@@ -248,11 +261,8 @@ int conf_get_int(const config_setting_t *group, const char *name, bool required,
         default:
                 return conf_error(s, NULL, -EINVAL, d, "must be an integer in [%lld, %lld]", lo, hi);
         }
-        if (int_wrapped(s, v, text, sizeof text)) {
-                char *end;
-                errno = 0;
-                long long written = strtoll(text, &end, 0);
-                if (errno == 0 && *end == '\0' && written >= lo && written <= hi) /* libconfig 1.5 kept 32 bits */
+        if (int_wrapped(s, v, text, sizeof text, &read, &written)) {
+                if (read && written >= lo && written <= hi) /* libconfig 1.5 kept 32 bits of it */
                         return conf_error(s, NULL, -ERANGE, d, "%s is read as a 32-bit integer: write %sL", text,
                                           text);
                 return conf_error(s, NULL, -ERANGE, d, "out of range: must be an integer in [%lld, %lld], got %s",
@@ -290,7 +300,7 @@ int conf_get_double(const config_setting_t *group, const char *name, bool requir
         default:
                 return conf_error(s, NULL, -EINVAL, d, "must be a number in [%g, %g]", lo, hi);
         }
-        if (int_wrapped(s, (long long)v, text, sizeof text))
+        if (int_wrapped(s, (long long)v, text, sizeof text, NULL, NULL))
                 return conf_error(s, NULL, -ERANGE, d, "out of range: must be a number in [%g, %g], got %s", lo,
                                   hi, text);
         if (!(v >= lo && v <= hi))
