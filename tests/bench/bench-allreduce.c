@@ -15,13 +15,17 @@
  * replicas over the whole vector.
  *
  *     bench-allreduce [--runs N] [--no-reference] [--python PATH] [--procs N] [--mib M] [--piece BYTES]
- *                     [--netns MBIT] [--only plain|aes|aegis|f16|i8] [--lanes 1|2|4]
+ *                     [--netns MBIT] [--only plain|aes|aegis|f16|i8] [--lanes 1|2|4] [--pairs N]
  *
  * --procs and --mib keep one row of the first table (and skip the rest);
  * --only runs one of its modes (to profile one alone);
  * --lanes picks the AEGIS of the aegis column (AEGIS-256, -256X2,
  * -256X4; by default the one the handshake chooses on this CPU);
- * --piece sets the bytes of values per piece. --netns MBIT runs only the
+ * --piece sets the bytes of values per piece. --pairs N measures one size
+ * (--procs, --mib; 4 and 64 by default) N times, Gloo then ours in the
+ * float32 modes (or --only's), and gives the median of the N ratios: each
+ * compares runs seconds apart, where the table's compare runs up to a
+ * minute apart. --netns MBIT runs only the
  * multi-ring comparison, between members in four network namespaces whose
  * links are limited to MBIT each way (root, iproute2).
  */
@@ -343,6 +347,20 @@ static int netns_up(unsigned mbit) {
         return 0;
 }
 
+/* ours in each mode; the references are float32 plaintext */
+static struct Mode {
+        const char *name, *column;
+        Cipher cipher;
+        CollPayload payload;
+} modes[] = {
+        { "plain", "ours", CIPHER_NONE, COLL_PAYLOAD_F32 },
+        { "aes", "ours+aes", CIPHER_AES256GCM, COLL_PAYLOAD_F32 },
+        { "aegis", "ours+aegis", CIPHER_AEGIS256X2, COLL_PAYLOAD_F32 }, /* main() picks the lanes */
+        { "f16", "ours-f16", CIPHER_NONE, COLL_PAYLOAD_F16 },
+        { "i8", "ours-i8", CIPHER_NONE, COLL_PAYLOAD_INT8 },
+};
+enum { N_MODES = sizeof modes / sizeof *modes };
+
 /* One line "<impl> procs=N mib=M median_s=S ..." per size, from a reference. */
 static double reference_line(FILE *f, const char *impl, unsigned procs, unsigned mib) {
         char line[512], want[64];
@@ -381,9 +399,78 @@ static void ratio(char *buf, size_t n, double ref, double ours) {
                 snprintf(buf, n, "%7.2fx", ref / ours);
 }
 
+/* Mode k is measured in this run: --only, or the float32 ones by default
+ * in --pairs; every mode otherwise. Not where the CPU lacks its cipher. */
+static bool mode_wanted(unsigned k, const char *only, bool f32_only) {
+        if (only ? strcmp(only, modes[k].name) != 0 : f32_only && modes[k].payload != COLL_PAYLOAD_F32)
+                return false;
+        return modes[k].cipher == CIPHER_NONE || (cipher_available() & CIPHER_BIT(modes[k].cipher));
+}
+
+/* Gloo's median time for one size, from a run of its own. */
+static double gloo_once(const char *python, unsigned procs, unsigned mib) {
+        char cmd[8192];
+        snprintf(cmd, sizeof cmd, "%s %s/tests/bench/allreduce-gloo.py --procs %u --mib %u --runs %d", python,
+                 SOURCE_ROOT, procs, mib, runs);
+        FILE *f = run_reference(cmd);
+        double g = f ? reference_line(f, "gloo", procs, mib) : NAN;
+        if (f)
+                fclose(f);
+        return g;
+}
+
+/* --pairs: Gloo and ours one after the other, n times, for one size, so
+ * that each ratio compares runs a few seconds apart: on a shared machine
+ * the speed of both drifts by tens of percent over a minute. Gloo goes
+ * first in odd pairs, ours in even ones. Prints every pair, then the
+ * median of the pairs' ratios and how many are at least 1. */
+static int run_pairs(int n, const char *python, unsigned procs, unsigned mib, const char *only) {
+        double ratios[N_MODES][MAX_RUNS];
+        int wins[N_MODES] = {};
+
+        printf("%d pairs, %u processes, %u MiB: Gloo (plaintext) and ours, in turn first; median of %d rounds each, seconds\n", n,
+               procs, mib, runs);
+        printf("%4s %10s", "pair", "gloo");
+        for (unsigned k = 0; k < N_MODES; k++)
+                if (mode_wanted(k, only, true))
+                        printf(" %10s %7s", modes[k].column, "ratio");
+        printf("\n");
+        for (int i = 0; i < n; i++) {
+                double g = NAN, t[N_MODES];
+                if (i % 2 == 0 && isnan(g = gloo_once(python, procs, mib)))
+                        return -EIO;
+                for (unsigned k = 0; k < N_MODES; k++) {
+                        Experiment e;
+                        if (!mode_wanted(k, only, true))
+                                continue;
+                        single_ring(&e, procs, (size_t)mib << 18, modes[k].cipher);
+                        e.payload = modes[k].payload;
+                        if (isnan(t[k] = run_experiment(&e)))
+                                return -EIO;
+                }
+                if (i % 2 == 1 && isnan(g = gloo_once(python, procs, mib)))
+                        return -EIO;
+                printf("%4d %10.4f", i + 1, g);
+                for (unsigned k = 0; k < N_MODES; k++)
+                        if (mode_wanted(k, only, true)) {
+                                ratios[k][i] = g / t[k];
+                                wins[k] += g >= t[k];
+                                printf(" %10.4f %6.2fx", t[k], g / t[k]);
+                        }
+                printf("\n");
+                fflush(stdout);
+        }
+        printf("median of the %d ratios (Gloo's time over ours, above 1 is faster), pairs at least 1:\n", n);
+        for (unsigned k = 0; k < N_MODES; k++)
+                if (mode_wanted(k, only, true))
+                        printf("  %-10s %5.2fx  %d of %d\n", modes[k].column, median(ratios[k], n), wins[k], n);
+        printf("peak RSS of a member: %.0f MiB\n", peak_rss_mib);
+        return 0;
+}
+
 static void usage(FILE *f) {
         fprintf(f, "Usage: bench-allreduce [--runs N] [--no-reference] [--python PATH] [--procs N] [--mib N] "
-                   "[--piece BYTES] [--netns MBIT] [--only plain|aes|aegis|f16|i8] [--lanes 1|2|4]\n"
+                   "[--piece BYTES] [--netns MBIT] [--only plain|aes|aegis|f16|i8] [--lanes 1|2|4] [--pairs N]\n"
                    "Ring all-reduce of ravnest against Gloo (PyTorch) and OpenMPI, the references.\n");
 }
 
@@ -398,6 +485,7 @@ int main(int argc, char **argv) {
                 { "netns", required_argument, NULL, 'N' },
                 { "only", required_argument, NULL, 'o' },
                 { "lanes", required_argument, NULL, 'l' },
+                { "pairs", required_argument, NULL, 'x' },
                 { "help", no_argument, NULL, 'h' },
                 {},
         };
@@ -406,7 +494,7 @@ int main(int argc, char **argv) {
         unsigned only_procs = 0, only_mib = 0;
         const char *only = NULL;
         unsigned sizes[] = { 1, 16, 64 }, procs[] = { 2, 4 };
-        int o;
+        int o, pairs = 0;
 
         long long v = 0;
         while ((o = getopt_long(argc, argv, "h", opts, NULL)) >= 0) {
@@ -419,6 +507,7 @@ int main(int argc, char **argv) {
                 case 'm': r = option_int("mib", optarg, 1, 4096, &v); only_mib = (unsigned)v; break;
                 case 'b': r = option_int("piece", optarg, 1, 1 << 30, &v); piece_bytes = (size_t)v; break;
                 case 'N': r = option_int("netns", optarg, 1, 100000, &v); netns_mbit = (unsigned)v; break;
+                case 'x': r = option_int("pairs", optarg, 1, MAX_RUNS, &v); pairs = (int)v; break;
                 case 'o':
                         only = optarg;
                         if (strcmp(only, "plain") && strcmp(only, "aes") && strcmp(only, "aegis") && strcmp(only, "f16") &&
@@ -473,6 +562,21 @@ int main(int argc, char **argv) {
                 return 0;
         }
 
+        static const Cipher by_lanes[] = { [1] = CIPHER_AEGIS256, [2] = CIPHER_AEGIS256X2, [4] = CIPHER_AEGIS256X4 };
+        const uint32_t aegis = CIPHER_BIT(CIPHER_AEGIS256) | CIPHER_BIT(CIPHER_AEGIS256X2) | CIPHER_BIT(CIPHER_AEGIS256X4);
+        Cipher chosen = handshake_choose_cipher(cipher_available() & aegis);
+        modes[2].cipher = aegis_lanes ? by_lanes[aegis_lanes] : chosen == _CIPHER_MAX ? CIPHER_AEGIS256 : chosen;
+        printf("aes: AES-256-GCM; aegis: %s%s\n", cipher_to_string(modes[2].cipher),
+               aegis_lanes ? " (--lanes)" : ", the cipher ravnest's handshake chooses on this CPU");
+        if (pairs) {
+                if (!reference || access(python, X_OK) != 0) {
+                        fprintf(stderr, "%s: --pairs needs the Gloo reference (%s, scripts/install-deps --bench)\n",
+                                argv[0], python);
+                        return EX_USAGE;
+                }
+                return run_pairs(pairs, python, only_procs ? only_procs : 4, only_mib ? only_mib : 64, only) < 0;
+        }
+
         /* the OpenMPI program is built beside this one */
         char self[4096], mpi[4200] = "";
         ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
@@ -502,25 +606,6 @@ int main(int argc, char **argv) {
                         fprintf(stderr, "bench-allreduce: %s not built: no OpenMPI reference (libopenmpi-dev)\n", mpi);
         }
 
-        /* ours in each mode; the references are float32 plaintext */
-        static struct {
-                const char *name, *column;
-                Cipher cipher;
-                CollPayload payload;
-        } modes[] = {
-                { "plain", "ours", CIPHER_NONE, COLL_PAYLOAD_F32 },
-                { "aes", "ours+aes", CIPHER_AES256GCM, COLL_PAYLOAD_F32 },
-                { "aegis", "ours+aegis", CIPHER_AEGIS256X2, COLL_PAYLOAD_F32 },
-                { "f16", "ours-f16", CIPHER_NONE, COLL_PAYLOAD_F16 },
-                { "i8", "ours-i8", CIPHER_NONE, COLL_PAYLOAD_INT8 },
-        };
-        enum { N_MODES = sizeof modes / sizeof *modes };
-        static const Cipher by_lanes[] = { [1] = CIPHER_AEGIS256, [2] = CIPHER_AEGIS256X2, [4] = CIPHER_AEGIS256X4 };
-        const uint32_t aegis = CIPHER_BIT(CIPHER_AEGIS256) | CIPHER_BIT(CIPHER_AEGIS256X2) | CIPHER_BIT(CIPHER_AEGIS256X4);
-        Cipher chosen = handshake_choose_cipher(cipher_available() & aegis);
-        modes[2].cipher = aegis_lanes ? by_lanes[aegis_lanes] : chosen == _CIPHER_MAX ? CIPHER_AEGIS256 : chosen;
-        printf("aes: AES-256-GCM; aegis: %s%s\n", cipher_to_string(modes[2].cipher),
-               aegis_lanes ? " (--lanes)" : ", the cipher ravnest's handshake chooses on this CPU");
         printf("All-reduce (average) of float32 on loopback, median of %d rounds, seconds\n", runs);
         printf("%5s %5s", "procs", "MiB");
         for (unsigned k = 0; k < N_MODES; k++)
@@ -538,10 +623,8 @@ int main(int argc, char **argv) {
                         for (unsigned k = 0; k < N_MODES; k++) {
                                 Experiment e;
                                 t[k] = NAN;
-                                if (only && strcmp(only, modes[k].name) != 0)
+                                if (!mode_wanted(k, only, false))
                                         continue;
-                                if (modes[k].cipher != CIPHER_NONE && !(cipher_available() & CIPHER_BIT(modes[k].cipher)))
-                                        continue; /* this CPU has no AES-NI */
                                 single_ring(&e, procs[p], len, modes[k].cipher);
                                 e.payload = modes[k].payload;
                                 t[k] = run_experiment(&e);
