@@ -22,10 +22,10 @@
  * --lanes picks the AEGIS of the aegis column (AEGIS-256, -256X2,
  * -256X4; by default the one the handshake chooses on this CPU);
  * --piece sets the bytes of values per piece. --pairs N measures one size
- * (--procs, --mib; 4 and 64 by default) N times, Gloo then ours in the
- * float32 modes (or --only's), and gives the median of the N ratios: each
- * compares runs seconds apart, where the table's compare runs up to a
- * minute apart. --netns MBIT runs only the
+ * (--procs, --mib; 4 and 64 by default) N times, Gloo and ours in the
+ * float32 modes (or --only's) in turn, and gives the median of the N
+ * ratios: each compares runs seconds apart, where the table's compare
+ * runs up to a minute apart. --netns MBIT runs only the
  * multi-ring comparison, between members in four network namespaces whose
  * links are limited to MBIT each way (root, iproute2).
  */
@@ -428,8 +428,8 @@ static int run_pairs(int n, const char *python, unsigned procs, unsigned mib, co
         double ratios[N_MODES][MAX_RUNS];
         int wins[N_MODES] = {};
 
-        printf("%d pairs, %u processes, %u MiB: Gloo (plaintext) and ours, in turn first; median of %d rounds each, seconds\n", n,
-               procs, mib, runs);
+        printf("%d pairs, %u processes, %u MiB: Gloo (plaintext) and ours, in turn first; "
+               "median of %d rounds each, seconds\n", n, procs, mib, runs);
         printf("%4s %10s", "pair", "gloo");
         for (unsigned k = 0; k < N_MODES; k++)
                 if (mode_wanted(k, only, true))
