@@ -407,12 +407,20 @@ static bool mode_wanted(unsigned k, const char *only, bool f32_only) {
         return modes[k].cipher == CIPHER_NONE || (cipher_available() & CIPHER_BIT(modes[k].cipher));
 }
 
+/* The Gloo reference's output for procs processes and the sizes in mibs
+ * ("--mib M ..."). */
+static FILE *run_gloo(const char *python, unsigned procs, const char *mibs) {
+        char cmd[8192];
+        snprintf(cmd, sizeof cmd, "%s %s/tests/bench/allreduce-gloo.py --procs %u %s --runs %d", python, SOURCE_ROOT,
+                 procs, mibs, runs);
+        return run_reference(cmd);
+}
+
 /* Gloo's median time for one size, from a run of its own. */
 static double gloo_once(const char *python, unsigned procs, unsigned mib) {
-        char cmd[8192];
-        snprintf(cmd, sizeof cmd, "%s %s/tests/bench/allreduce-gloo.py --procs %u --mib %u --runs %d", python,
-                 SOURCE_ROOT, procs, mib, runs);
-        FILE *f = run_reference(cmd);
+        char mibs[32];
+        snprintf(mibs, sizeof mibs, "--mib %u", mib);
+        FILE *f = run_gloo(python, procs, mibs);
         double g = f ? reference_line(f, "gloo", procs, mib) : NAN;
         if (f)
                 fclose(f);
@@ -590,11 +598,9 @@ int main(int argc, char **argv) {
                 char cmd[8192];
                 if (only_procs && only_procs != procs[p])
                         continue;
-                if (access(python, X_OK) == 0) {
-                        snprintf(cmd, sizeof cmd, "%s %s/tests/bench/allreduce-gloo.py --procs %u --mib 1 --mib 16 "
-                                 "--mib 64 --runs %d", python, SOURCE_ROOT, procs[p], runs);
-                        gloo[p] = run_reference(cmd);
-                } else
+                if (access(python, X_OK) == 0)
+                        gloo[p] = run_gloo(python, procs[p], "--mib 1 --mib 16 --mib 64");
+                else
                         fprintf(stderr, "bench-allreduce: %s not found: no Gloo reference (scripts/install-deps --bench)\n", python);
                 if (access(mpi, X_OK) == 0) {
                         snprintf(cmd, sizeof cmd, "mpirun --allow-run-as-root --oversubscribe --bind-to none -np %u "

@@ -10,7 +10,6 @@
  * settings reach every node (a bad one named). */
 #include <criterion/criterion.h>
 #include <errno.h>
-#include <stddef.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -319,6 +318,13 @@ Test(swarm_short, nodes_behind_nat_dial_every_link, .timeout = 300) {
                   "%s", p.out);
 }
 
+/* The line of out that begins with head ends with tail. */
+static bool line_ends_with(const char *out, const char *head, const char *tail) {
+        const char *line = strstr(out, head), *end = line ? strchr(line, '\n') : NULL;
+        size_t n = strlen(tail);
+        return end && (size_t)(end - line) >= n && !memcmp(end - n, tail, n);
+}
+
 /* --pipeline adds to every node's pipeline section: each first stage says
  * it starts without late gradients for as long as asked; a bad setting
  * there stops the swarm with the nodes' own message, naming file, line
@@ -331,14 +337,10 @@ Test(swarm_short, pipeline_settings_reach_every_node, .timeout = 300) {
         for (int c = 1; c <= 2; c++) {
                 char want[128];
                 snprintf(want, sizeof want, "c%ds1   Stage 1 of 2 in cluster %d of 2: ", c, c);
-                const char *line = strstr(p.out, want), *end = line ? strchr(line, '\n') : NULL;
-                cr_assert(end && end - line >= (ptrdiff_t)strlen(tail) && !memcmp(end - strlen(tail), tail, strlen(tail)),
-                          "no \"%s\" at the end of that line:\n%s", tail, p.out);
+                cr_assert(line_ends_with(p.out, want, tail), "no \"%s\" at the end of that line:\n%s", tail, p.out);
                 /* the last stage injects nothing: its line says nothing of it */
                 snprintf(want, sizeof want, "c%ds2   Stage 2 of 2 in cluster %d of 2: ", c, c);
-                line = strstr(p.out, want);
-                end = line ? strchr(line, '\n') : NULL;
-                cr_assert(end && !memcmp(end - strlen("at most 4 in flight"), "at most 4 in flight", 19), "%s", p.out);
+                cr_assert(line_ends_with(p.out, want, "at most 4 in flight"), "%s", p.out);
         }
         swarm(&p, (char *[]){ "--job", quick, "--pipeline", "weight_prediction = 3;", NULL });
         cr_assert_neq(proc_exit(&p), 0, "%s", p.out);
