@@ -43,6 +43,7 @@ typedef struct SwarmNode {
         bool no_accept;          /* named in --behind-nat: it dials every link itself */
         char hex[IDENTITY_HEX_SIZE];
         uint16_t pipe_port, avg_port;
+        int pipe_fd, avg_fd;     /* listening there, for the node (LISTEN_FDS); -1 none */
         pid_t pid;
         int out;        /* read end of its stderr */
         char line[4096];
@@ -75,25 +76,31 @@ typedef struct Swarm {
         char relay_setting[48];
 } Swarm;
 
-/* Bind a loopback socket to port (0: any) and close it: the port bound,
- * or 0 if it was taken. */
-static uint16_t probe_port(uint16_t port) {
+/* A socket listening on the loopback at port (0: any), or -1. */
+static int listen_on(uint16_t port, uint16_t *ret_port) {
         int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
         struct sockaddr_in sa = { .sin_family = AF_INET, .sin_port = htons(port),
                                   .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
         socklen_t len = sizeof sa;
-        bool ok = fd >= 0 && bind(fd, (struct sockaddr *)&sa, sizeof sa) == 0 &&
-                  getsockname(fd, (struct sockaddr *)&sa, &len) == 0;
-        if (fd >= 0)
-                close(fd);
-        return ok ? ntohs(sa.sin_port) : 0;
+        int one = 1; /* as the node's own listener: its port free again despite TIME-WAIT */
+        if (fd < 0 || setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one) < 0 ||
+            bind(fd, (struct sockaddr *)&sa, sizeof sa) < 0 || listen(fd, 128) < 0 ||
+            getsockname(fd, (struct sockaddr *)&sa, &len) < 0) {
+                if (fd >= 0)
+                        close(fd);
+                return -1;
+        }
+        *ret_port = ntohs(sa.sin_port);
+        return fd;
 }
 
-/* A port for a node to listen on, below the kernel's range of ephemeral
- * ports: the nodes' own outgoing connections take their source ports from
- * that range, and one could take a listening port picked there before its
- * node binds it. Not one of the ports given to nodes[0..n) already. */
-static uint16_t free_port(const SwarmNode *nodes, unsigned n) {
+/* A socket listening where a node will, handed to it when it starts
+ * (LISTEN_FDS), so that no other process can take the port between its
+ * choice and the node's start. The swarm keeps no copy after that: a node
+ * that ends frees its port, for the node started again (--restart, or by
+ * hand). The port is below the kernel's range of ephemeral ports, so that
+ * in the meantime no outgoing connection takes it as its source port. */
+static int listen_socket(uint16_t *ret_port) {
         unsigned low = 32768, high = 60999;
         FILE *f = fopen("/proc/sys/net/ipv4/ip_local_port_range", "re");
         if (f) {
@@ -101,16 +108,45 @@ static uint16_t free_port(const SwarmNode *nodes, unsigned n) {
                         low = 32768;
                 fclose(f);
         }
-        if (low > 20000 + 100)
-                for (int i = 0; i < 200; i++) {
-                        uint16_t port = (uint16_t)(20000 + randombytes_uniform(low - 20000));
-                        bool taken = false;
-                        for (unsigned k = 0; k < n && !taken; k++)
-                                taken = nodes[k].pipe_port == port || nodes[k].avg_port == port;
-                        if (!taken && probe_port(port))
-                                return port;
-                }
-        return probe_port(0); /* no room below the range: let the kernel pick */
+        for (int i = 0; low > 20000 + 100 && i < 200; i++) {
+                int fd = listen_on((uint16_t)(20000 + randombytes_uniform(low - 20000)), ret_port);
+                if (fd >= 0)
+                        return fd;
+        }
+        return listen_on(0, ret_port); /* no room below the range: let the kernel pick */
+}
+
+/* In a node's child before exec: its listening sockets as descriptors 3
+ * and 4 and the variables of sd_listen_fds(3). */
+static void pass_listeners(const SwarmNode *nd) {
+        int src[2] = { nd->pipe_fd, nd->avg_fd }, high[2], n = 0;
+        for (int k = 0; k < 2; k++) /* out of the way of 3 and 4 first */
+                if (src[k] >= 0)
+                        high[n++] = fcntl(src[k], F_DUPFD, 64);
+        for (int k = 0; k < n; k++) {
+                dup2(high[k], 3 + k); /* SD_LISTEN_FDS_START; a dup2() is without FD_CLOEXEC */
+                close(high[k]);
+        }
+        if (n == 0) /* started again: it binds its ports itself */
+                return;
+        char pid[16], count[4];
+        snprintf(pid, sizeof pid, "%d", (int)getpid());
+        snprintf(count, sizeof count, "%d", n);
+        setenv("LISTEN_PID", pid, 1);
+        setenv("LISTEN_FDS", count, 1);
+}
+
+static void close_node_listeners(SwarmNode *nd) {
+        if (nd->pipe_fd >= 0)
+                close(nd->pipe_fd);
+        if (nd->avg_fd >= 0)
+                close(nd->avg_fd);
+        nd->pipe_fd = nd->avg_fd = -1;
+}
+
+static void close_listeners(Swarm *s) {
+        for (unsigned i = 0; i < s->n; i++)
+                close_node_listeners(&s->nodes[i]);
 }
 
 /* Equal nodes: the partitioner's cut by compute, the same in every cluster. */
@@ -321,6 +357,7 @@ static int make_nodes(Swarm *s) {
                 Identity id;
                 bool created;
                 *nd = (SwarmNode){ .busy = -1, .pipeline_per_step = -1, .averaging_per_step = -1, .out = -1,
+                                   .pipe_fd = -1, .avg_fd = -1,
                                    .last_round = -1, .cluster = i / s->o->stages,
                                    .last_stage = i % s->o->stages == s->o->stages - 1 };
                 snprintf(nd->name, sizeof nd->name, "c%us%u", nd->cluster + 1, i % s->o->stages + 1);
@@ -334,10 +371,10 @@ static int make_nodes(Swarm *s) {
                 identity_to_hex(id.pk, nd->hex);
                 identity_clear(&id);
                 nd->no_accept = in_list(s->o->behind_nat, nd->name);
-                nd->pipe_port = free_port(s->nodes, i);
-                nd->avg_port = free_port(s->nodes, i + 1);
-                if (!nd->pipe_port || !nd->avg_port)
-                        return log_error_errno(-EADDRNOTAVAIL, "No free port on loopback");
+                nd->pipe_fd = listen_socket(&nd->pipe_port);
+                nd->avg_fd = s->o->clusters > 1 ? listen_socket(&nd->avg_port) : -1;
+                if (nd->pipe_fd < 0 || (s->o->clusters > 1 && nd->avg_fd < 0))
+                        return log_error_errno(-errno, "Failed to listen on the loopback: %m");
         }
         return 0;
 }
@@ -475,6 +512,7 @@ static int start_node(Swarm *s, unsigned i) {
                         sched_setaffinity(0, sizeof set, &set);
                 }
                 dup2(fds[1], STDERR_FILENO);
+                pass_listeners(nd);
                 prctl(PR_SET_PDEATHSIG, SIGTERM);
                 char *argv[16] = { (char *)o->ravnestd, "--config", conf_path, "--job", (char *)o->job,
                                    "--progress", progress };
@@ -492,6 +530,7 @@ static int start_node(Swarm *s, unsigned i) {
                 _exit(127);
         }
         close(fds[1]);
+        close_node_listeners(nd); /* the node holds them now */
         nd->out = fds[0];
         nd->done = false;
         nd->restart_ns = 0;
@@ -753,6 +792,8 @@ int swarm_run(const SwarmOptions *o, const volatile sig_atomic_t *stop, SwarmRes
         if (!s)
                 return log_error_errno(-ENOMEM, "Out of memory");
         s->o = o;
+        for (unsigned i = 0; i < MAX_NODES; i++)
+                s->nodes[i].pipe_fd = s->nodes[i].avg_fd = -1;
         s->res.clusters = o->clusters;
         for (unsigned c = 0; c < MAX_NODES; c++)
                 s->res.accuracy[c] = s->res.loss[c] = -1;
@@ -775,6 +816,7 @@ int swarm_run(const SwarmOptions *o, const volatile sig_atomic_t *stop, SwarmRes
                         printf("swarm: series in %s; ravnestctl plot %s draws them\n", s->dir, s->dir);
         }
         stop_relay(s);
+        close_listeners(s);
         remove_dir(s);
         if (ret)
                 *ret = s->res;

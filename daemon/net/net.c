@@ -1,5 +1,6 @@
 /* net/net.c — the endpoint: configuration, listener, admission of new
  * connections, timers, and the application's calls. */
+#include <fcntl.h>
 #include <arpa/inet.h>
 #include <linux/sockios.h>
 #include <netdb.h>
@@ -373,6 +374,44 @@ static int bind_retrying(int fd, const struct sockaddr_storage *sa, socklen_t le
         }
 }
 
+/* Set once at start, before any thread is, and only read after. */
+static int inherited[NET_INHERITED_MAX];
+static size_t n_inherited;
+
+int net_inherit_listeners(const int *fds, size_t n) {
+        if (n > NET_INHERITED_MAX)
+                return -E2BIG;
+        for (size_t i = 0; i < n; i++) {
+                int type = 0, listening = 0;
+                socklen_t len = sizeof type;
+                if (getsockopt(fds[i], SOL_SOCKET, SO_TYPE, &type, &len) < 0)
+                        return -ENOTSOCK;
+                len = sizeof listening;
+                if (type != SOCK_STREAM || getsockopt(fds[i], SOL_SOCKET, SO_ACCEPTCONN, &listening, &len) < 0 ||
+                    !listening)
+                        return -ENOTSOCK;
+        }
+        /* as net_listen()'s own: connections it accepts leave no TIME-WAIT
+         * that keeps a node started again from listening there */
+        for (size_t i = 0; i < n; i++)
+                setsockopt(fds[i], SOL_SOCKET, SO_REUSEADDR, &(int){ 1 }, sizeof(int));
+        memcpy(inherited, fds, n * sizeof *fds);
+        n_inherited = n;
+        return 0;
+}
+
+/* A copy of the inherited listening socket bound to sa, or -1. */
+static int inherited_listener(const struct sockaddr_storage *sa, socklen_t len) {
+        for (size_t i = 0; i < n_inherited; i++) {
+                struct sockaddr_storage bound;
+                socklen_t blen = sizeof bound;
+                if (getsockname(inherited[i], (struct sockaddr *)&bound, &blen) == 0 && blen == len &&
+                    memcmp(&bound, sa, len) == 0)
+                        return fcntl(inherited[i], F_DUPFD_CLOEXEC, 3);
+        }
+        return -1;
+}
+
 int net_listen(Net *n, const char *host, uint16_t port, uint16_t *ret_port) {
         struct sockaddr_storage sa;
         socklen_t len = 0;
@@ -383,15 +422,18 @@ int net_listen(Net *n, const char *host, uint16_t port, uint16_t *ret_port) {
         r = resolve(host, port, &sa, &len);
         if (r < 0)
                 return r;
-        _cleanup_(closep) int fd = socket(sa.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
-        if (fd < 0)
-                return -errno;
-        setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-        r = bind_retrying(fd, &sa, len);
-        if (r < 0)
-                return r;
-        if (listen(fd, 128) < 0)
-                return -errno;
+        _cleanup_(closep) int fd = port ? inherited_listener(&sa, len) : -1;
+        if (fd < 0) {
+                fd = socket(sa.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+                if (fd < 0)
+                        return -errno;
+                setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+                r = bind_retrying(fd, &sa, len);
+                if (r < 0)
+                        return r;
+                if (listen(fd, 128) < 0)
+                        return -errno;
+        }
         if (ret_port) {
                 len = sizeof sa;
                 getsockname(fd, (struct sockaddr *)&sa, &len);

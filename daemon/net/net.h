@@ -164,6 +164,15 @@ const char *net_backend_name(const Net *n);
  * has torn down its io_uring. */
 #define NET_LISTEN_WAIT_MS 10000
 int net_listen(Net *n, const char *host, uint16_t port, uint16_t *ret_port);
+
+/* Listening sockets this process was handed (a service manager's
+ * LISTEN_FDS, or ravnestctl swarm's): from now on net_listen() on the
+ * address one of them is bound to listens on a copy of it instead of
+ * binding, so no other process can take the port in between. At most
+ * NET_INHERITED_MAX; -ENOTSOCK if one is not a listening TCP socket (none
+ * is kept then). The process keeps them open until it exits. */
+#define NET_INHERITED_MAX 16
+int net_inherit_listeners(const int *fds, size_t n);
 int net_connect(Net *n, const char *host, uint16_t port, uint32_t *ret_peer);
 
 /* Open a link to the node with key target through the configured relay

@@ -11,6 +11,7 @@
 #include <systemd/sd-daemon.h>
 #include <unistd.h>
 
+#include "net/net.h"
 #include "run/coordinator.h"
 #include "run/events.h"
 #include "run/membership.h"
@@ -564,9 +565,31 @@ void daemon_init(Daemon *d, Config *config, const DaemonOptions *o) {
         memset(config, 0, sizeof *config);
 }
 
+/* Listening sockets handed over by systemd's socket activation or by
+ * ravnestctl swarm (LISTEN_FDS): the transport listens on them where the
+ * configuration names their addresses. */
+static int inherit_listeners(void) {
+        int n = sd_listen_fds(true), fds[NET_INHERITED_MAX], r;
+        if (n <= 0)
+                return n < 0 ? log_error_errno(n, "Failed to read LISTEN_FDS: %m") : 0;
+        if (n > NET_INHERITED_MAX)
+                return log_error_errno(-E2BIG, "LISTEN_FDS passes %d sockets, at most %d are used", n,
+                                       NET_INHERITED_MAX);
+        for (int i = 0; i < n; i++)
+                fds[i] = SD_LISTEN_FDS_START + i;
+        r = net_inherit_listeners(fds, (size_t)n);
+        if (r < 0)
+                return log_error_errno(r, "LISTEN_FDS: a socket passed in is not a listening TCP socket: %m");
+        log_info("%d listening socket%s passed in (LISTEN_FDS): used where the configuration listens on %s",
+                 n, n == 1 ? "" : "s", n == 1 ? "its address" : "their addresses");
+        return 0;
+}
+
 int daemon_run(Daemon *d) {
         int r, status = EXIT_FAILURE;
 
+        if (inherit_listeners() < 0)
+                return EX_CONFIG;
         r = control_init(&d->control);
         if (r < 0)
                 return log_error_errno(r, "Failed to set up: %m"), EXIT_FAILURE;

@@ -3,6 +3,8 @@
 #include <pthread.h>
 #include <sys/socket.h>
 #include <string.h>
+#include <errno.h>
+#include <unistd.h>
 #include "net/handshake.h"
 #include "net/net.h"
 
@@ -216,3 +218,43 @@ Test(netsmoke, lanes_epoll) { lanes_both_ways(NET_BACKEND_EPOLL, 4); }
 Test(netsmoke, lanes_uring) { lanes_both_ways(NET_BACKEND_URING, 4); }
 Test(netsmoke, lanes_eight_uring) { lanes_both_ways(NET_BACKEND_URING, 8); }
 Test(netsmoke, lanes_one) { lanes_both_ways(NET_BACKEND_URING, 1); }
+
+/* A listening socket handed over (LISTEN_FDS): net_listen() on its address
+ * listens there without binding (it could not: the socket holds the port),
+ * and a peer connects through it. Anything but a listening TCP socket is
+ * refused. */
+Test(netsmoke, inherited_listener) {
+        int held = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0), idle = socket(AF_INET, SOCK_STREAM, 0);
+        struct sockaddr_in sa = { .sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
+        socklen_t len = sizeof sa;
+        cr_assert(held >= 0 && idle >= 0);
+        cr_assert_eq(bind(held, (struct sockaddr *)&sa, sizeof sa), 0);
+        cr_assert_eq(listen(held, 16), 0);
+        cr_assert_eq(getsockname(held, (struct sockaddr *)&sa, &len), 0);
+        uint16_t port = ntohs(sa.sin_port), got = 0;
+        cr_assert_eq(net_inherit_listeners(&idle, 1), -ENOTSOCK);
+        int pipe_fds[2];
+        cr_assert_eq(pipe(pipe_fds), 0);
+        cr_assert_eq(net_inherit_listeners(pipe_fds, 1), -ENOTSOCK);
+        cr_assert_eq(net_inherit_listeners(&held, 1), 0);
+
+        Identity a, b; identity_generate(&a); identity_generate(&b);
+        uint8_t secret[32] = { 4, 5, 6 };
+        NetConfig ca, cb2; net_config_defaults(&ca); ca.identity = &a; ca.secret = secret;
+        cb2 = ca; cb2.identity = &b;
+        Side s = {}, c = {};
+        cr_assert_eq(net_new(&ca, &cbs, &s, &s.n), 0);
+        cr_assert_eq(net_new(&cb2, &cbs, &c, &c.n), 0);
+        cr_assert_eq(net_listen(s.n, "127.0.0.1", port, &got), 0);
+        cr_assert_eq(got, port);
+        uint32_t p; cr_assert_eq(net_connect(c.n, "127.0.0.1", port, &p), 0);
+        for (int i = 0; i < 200 && !(s.connected && c.connected); i++) { net_run(s.n, 5); net_run(c.n, 5); }
+        cr_assert(s.connected && c.connected);
+        net_free(c.n);
+        net_free(s.n);
+        /* the Net listened on a copy: the handed-over socket still listens */
+        int listening = 0; len = sizeof listening;
+        cr_assert_eq(getsockopt(held, SOL_SOCKET, SO_ACCEPTCONN, &listening, &len), 0);
+        cr_assert(listening);
+        close(held); close(idle); close(pipe_fds[0]); close(pipe_fds[1]);
+}
