@@ -27,6 +27,7 @@
 #include "run/stage-checkpoint.h"
 #include "net/handshake.h"
 #include "net/identity.h"
+#include "net/net.h"
 #include "net/relay.h"
 #include "util/file.h"
 #include "util/format.h"
@@ -76,30 +77,13 @@ typedef struct Swarm {
         char relay_setting[48];
 } Swarm;
 
-/* A socket listening on the loopback at port (0: any), or -1. */
-static int listen_on(uint16_t port, uint16_t *ret_port) {
-        int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-        struct sockaddr_in sa = { .sin_family = AF_INET, .sin_port = htons(port),
-                                  .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
-        socklen_t len = sizeof sa;
-        int one = 1; /* as the node's own listener: its port free again despite TIME-WAIT */
-        if (fd < 0 || setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one) < 0 ||
-            bind(fd, (struct sockaddr *)&sa, sizeof sa) < 0 || listen(fd, 128) < 0 ||
-            getsockname(fd, (struct sockaddr *)&sa, &len) < 0) {
-                if (fd >= 0)
-                        close(fd);
-                return -1;
-        }
-        *ret_port = ntohs(sa.sin_port);
-        return fd;
-}
-
 /* A socket listening where a node will, handed to it when it starts
  * (LISTEN_FDS), so that no other process can take the port between its
  * choice and the node's start. The swarm keeps no copy after that: a node
  * that ends frees its port, for the node started again (--restart, or by
  * hand). The port is below the kernel's range of ephemeral ports, so that
- * in the meantime no outgoing connection takes it as its source port. */
+ * in the meantime no outgoing connection takes it as its source port.
+ * -errno if none could be had. */
 static int listen_socket(uint16_t *ret_port) {
         unsigned low = 32768, high = 60999;
         FILE *f = fopen("/proc/sys/net/ipv4/ip_local_port_range", "re");
@@ -109,11 +93,11 @@ static int listen_socket(uint16_t *ret_port) {
                 fclose(f);
         }
         for (int i = 0; low > 20000 + 100 && i < 200; i++) {
-                int fd = listen_on((uint16_t)(20000 + randombytes_uniform(low - 20000)), ret_port);
+                int fd = net_listen_socket("127.0.0.1", (uint16_t)(20000 + randombytes_uniform(low - 20000)), ret_port);
                 if (fd >= 0)
                         return fd;
         }
-        return listen_on(0, ret_port); /* no room below the range: let the kernel pick */
+        return net_listen_socket("127.0.0.1", 0, ret_port); /* no room below the range: the kernel picks */
 }
 
 /* In a node's child before exec: its listening sockets as descriptors 3
@@ -371,10 +355,10 @@ static int make_nodes(Swarm *s) {
                 identity_to_hex(id.pk, nd->hex);
                 identity_clear(&id);
                 nd->no_accept = in_list(s->o->behind_nat, nd->name);
-                nd->pipe_fd = listen_socket(&nd->pipe_port);
-                nd->avg_fd = s->o->clusters > 1 ? listen_socket(&nd->avg_port) : -1;
-                if (nd->pipe_fd < 0 || (s->o->clusters > 1 && nd->avg_fd < 0))
-                        return log_error_errno(-errno, "Failed to listen on the loopback: %m");
+                if ((nd->pipe_fd = listen_socket(&nd->pipe_port)) < 0)
+                        return log_error_errno(nd->pipe_fd, "Failed to listen on the loopback: %m");
+                if (s->o->clusters > 1 && (nd->avg_fd = listen_socket(&nd->avg_port)) < 0)
+                        return log_error_errno(nd->avg_fd, "Failed to listen on the loopback: %m");
         }
         return 0;
 }

@@ -412,10 +412,48 @@ static int inherited_listener(const struct sockaddr_storage *sa, socklen_t len) 
         return -1;
 }
 
+/* A socket listening on sa, SO_REUSEADDR (so that the TIME-WAIT of the
+ * connections it accepted never keeps it from listening there again); a
+ * port in use is tried again for up to NET_LISTEN_WAIT_MS when wait. */
+static int listen_socket(const struct sockaddr_storage *sa, socklen_t len, bool wait) {
+        _cleanup_(closep) int fd = socket(sa->ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+        int one = 1, r;
+        if (fd < 0)
+                return -errno;
+        setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+        r = wait ? bind_retrying(fd, sa, len) : bind(fd, (const struct sockaddr *)sa, len) < 0 ? -errno : 0;
+        if (r < 0)
+                return r;
+        if (listen(fd, 128) < 0)
+                return -errno;
+        return TAKE_FD(fd);
+}
+
+static uint16_t bound_port(int fd) {
+        struct sockaddr_storage sa;
+        socklen_t len = sizeof sa;
+        if (getsockname(fd, (struct sockaddr *)&sa, &len) < 0)
+                return 0;
+        return ntohs(sa.ss_family == AF_INET ? ((struct sockaddr_in *)&sa)->sin_port
+                                             : ((struct sockaddr_in6 *)&sa)->sin6_port);
+}
+
+int net_listen_socket(const char *host, uint16_t port, uint16_t *ret_port) {
+        struct sockaddr_storage sa;
+        socklen_t len = 0;
+        int r = resolve(host, port, &sa, &len);
+        if (r < 0)
+                return r;
+        int fd = listen_socket(&sa, len, false);
+        if (fd >= 0 && ret_port)
+                *ret_port = bound_port(fd);
+        return fd;
+}
+
 int net_listen(Net *n, const char *host, uint16_t port, uint16_t *ret_port) {
         struct sockaddr_storage sa;
         socklen_t len = 0;
-        int one = 1, r;
+        int r;
 
         if (n->listen_fd >= 0)
                 return -EALREADY;
@@ -423,23 +461,12 @@ int net_listen(Net *n, const char *host, uint16_t port, uint16_t *ret_port) {
         if (r < 0)
                 return r;
         _cleanup_(closep) int fd = port ? inherited_listener(&sa, len) : -1;
-        if (fd < 0) {
-                fd = socket(sa.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
-                if (fd < 0)
-                        return -errno;
-                setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-                r = bind_retrying(fd, &sa, len);
-                if (r < 0)
-                        return r;
-                if (listen(fd, 128) < 0)
-                        return -errno;
-        }
-        if (ret_port) {
-                len = sizeof sa;
-                getsockname(fd, (struct sockaddr *)&sa, &len);
-                *ret_port = ntohs(sa.ss_family == AF_INET ? ((struct sockaddr_in *)&sa)->sin_port
-                                                          : ((struct sockaddr_in6 *)&sa)->sin6_port);
-        }
+        if (fd < 0)
+                fd = listen_socket(&sa, len, true);
+        if (fd < 0)
+                return fd;
+        if (ret_port)
+                *ret_port = bound_port(fd);
         r = n->backend->add_listener(n, fd);
         if (r < 0)
                 return r;

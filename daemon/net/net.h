@@ -173,6 +173,10 @@ int net_listen(Net *n, const char *host, uint16_t port, uint16_t *ret_port);
  * is kept then). The process keeps them open until it exits. */
 #define NET_INHERITED_MAX 16
 int net_inherit_listeners(const int *fds, size_t n);
+/* A socket listening on host:port (0: any) as net_listen()'s, for a
+ * process to hand to another (ravnestctl swarm's nodes): its descriptor,
+ * the port in *ret_port; -EADDRINUSE at once if the port is taken. */
+int net_listen_socket(const char *host, uint16_t port, uint16_t *ret_port);
 int net_connect(Net *n, const char *host, uint16_t port, uint32_t *ret_peer);
 
 /* Open a link to the node with key target through the configured relay
