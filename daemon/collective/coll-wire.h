@@ -18,6 +18,10 @@
 
 #define COLL_MAX_MEMBERS 64 /* a group's members fit a 64-bit map */
 #define COLL_PIECE_HEADER 64 /* bytes before a piece's values; keeps them 64-byte aligned */
+/* A piece's values, in bytes, at most: with its header, 1 MiB, one DATA
+ * frame of the transport's default size. Every member of a group cuts its
+ * vector the same way, so this is part of the protocol. */
+#define COLL_PIECE_BYTES ((1u << 20) - COLL_PIECE_HEADER)
 
 /* How a piece's values travel: CollConfig.payload, and ravnestd.conf's
  * averaging.payload ("f32", "f16", "int8", in this order). */

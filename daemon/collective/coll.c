@@ -11,10 +11,9 @@
 
 void coll_config_defaults(CollConfig *c) {
         *c = (CollConfig){
-                /* a piece and its header fit one DATA frame of the default
-                 * size; half of one pipelines better than a whole one
-                 * (bench-allreduce --piece) */
-                .piece_bytes = (512u << 10) - COLL_PIECE_HEADER,
+                /* a whole DATA frame: fewer pieces cost less per round
+                 * than half frames pipeline better (bench-allreduce --piece) */
+                .piece_bytes = COLL_PIECE_BYTES,
                 .join_timeout_ms = 10000,
                 .round_timeout_ms = 30000,
                 .redial_ms = 1000,

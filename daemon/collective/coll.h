@@ -57,7 +57,7 @@ typedef struct CollConfig {
         unsigned self;              /* our index in members */
         const char *listen_host;    /* NULL: members[self].host */
         CollPayload payload;        /* how values travel: float32, binary16, 8-bit */
-        size_t piece_bytes;         /* values per piece, in bytes (default 512 KiB less the header) */
+        size_t piece_bytes;         /* values per piece, in bytes (default COLL_PIECE_BYTES) */
         unsigned join_timeout_ms;   /* READY to START */
         unsigned round_timeout_ms;  /* START to the last piece */
         unsigned redial_ms;

@@ -58,7 +58,7 @@ static double allreduce_ms(const RuntimeModelInput *in, unsigned k, double S, do
         double bytes_per_ms = in->bandwidth_mbit * 1e6 / 8 / 1e3;
         double cpu_per_ms = (in->cpu_gbyte_s > 0 ? in->cpu_gbyte_s : in->encrypted ? 1.5 : 4.0) * 1e9 / 1e3;
         double overhead = in->wire_overhead > 0 ? in->wire_overhead : 1.05;
-        double piece = (double)(in->piece_bytes ? in->piece_bytes : (512u << 10) - COLL_PIECE_HEADER);
+        double piece = (double)(in->piece_bytes ? in->piece_bytes : COLL_PIECE_BYTES);
         double share = 2.0 * (k - 1) / k * S;
         piece = fmin(piece, S / k);
         double wire = (share + (k - 1) * piece) * overhead / bytes_per_ms;

@@ -31,6 +31,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "collective/coll-wire.h"
 #include "net/net.h"
 #include "net/relay.h"
 #include "conf/option.h"
@@ -396,10 +397,10 @@ static double seal_time(Cipher c, bool open, uint8_t *buf, size_t len, int frame
 
 /* ---- the same out of memory: what the all-reduce's sealing meets ----- */
 
-#define COLD_PIECE (512u << 10) /* the all-reduce's piece */
+#define COLD_PIECE (COLL_PIECE_HEADER + COLL_PIECE_BYTES) /* the all-reduce's piece, 1 MiB */
 #define COLD_REGION (256u << 20) /* far larger than any cache here */
 
-/* GB/s of sealing (or, with c CIPHER_NONE, of memcpy) 512 KiB pieces taken
+/* GB/s of sealing (or, with c CIPHER_NONE, of memcpy) 1 MiB pieces taken
  * in turn from a region no cache holds, into one stage that stays hot. */
 static double cold_rate(Cipher c, const uint8_t *region, uint8_t *stage) {
         uint8_t key[SEAL_KEY_SIZE] = { 7 }, hdr[FRAME_HEADER_SIZE], tag[FRAME_TAG_SIZE];
@@ -437,7 +438,7 @@ static void cold_figures(int runs) {
                                                ? cold_rate(ciphers[k], region, stage)
                                                : -1;
         double ref = median(rate[0], runs);
-        printf("\nOne core, 512 KiB pieces sealed out of %u MiB of memory (no cache holds it) into one stage, "
+        printf("\nOne core, 1 MiB pieces sealed out of %u MiB of memory (no cache holds it) into one stage, "
                "median of %d runs (against memcpy of the same)\n%-20s %16s\n%-20s %6.2f GB/s\n",
                COLD_REGION >> 20, runs, "cipher", "seal", "memcpy", ref);
         for (int k = 1; k < N; k++) {
