@@ -24,8 +24,9 @@
  * --piece sets the bytes of values per piece. --pairs N measures one size
  * (--procs, --mib; 4 and 64 by default) N times, Gloo and ours in the
  * float32 modes (or --only's) in turn, and gives the median of the N
- * ratios: each compares runs seconds apart, where the table's compare
- * runs up to a minute apart. --netns MBIT runs only the
+ * ratios with, from 6 pairs on, a 95 % confidence interval of it: each
+ * compares runs seconds apart, where the table's compare runs up to a
+ * minute apart. --netns MBIT runs only the
  * multi-ring comparison, between members in four network namespaces whose
  * links are limited to MBIT each way (root, iproute2).
  */
@@ -47,6 +48,7 @@
 #include "conf/option.h"
 #include "net/handshake.h"
 #include "util/time-util.h"
+#include "bench.h"
 
 #define MAX_RUNS 32
 #define WARMUP 2
@@ -69,15 +71,6 @@ static void member_host(unsigned i, char *out, size_t n) {
                 snprintf(out, n, "127.0.0.1");
 }
 
-static int cmp_double(const void *a, const void *b) {
-        double x = *(const double *)a, y = *(const double *)b;
-        return (x > y) - (x < y);
-}
-
-static double median(double *v, int n) {
-        qsort(v, (size_t)n, sizeof *v, cmp_double);
-        return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
-}
 
 /* A member's part of one experiment: rounds over ranges of a vector. */
 typedef struct Part {
@@ -280,7 +273,7 @@ static double run_experiment(const Experiment *e) {
         }
         close(port_pipe[0]);
         close(port_pipe[1]);
-        return failed ? NAN : median(t, runs);
+        return failed ? NAN : bench_median(t, runs);
 }
 
 /* Every member in one ring over the whole vector. */
@@ -431,7 +424,8 @@ static double gloo_once(const char *python, unsigned procs, unsigned mib) {
  * that each ratio compares runs a few seconds apart: on a shared machine
  * the speed of both drifts by tens of percent over a minute. Gloo goes
  * first in odd pairs, ours in even ones. Prints every pair, then the
- * median of the pairs' ratios and how many are at least 1. */
+ * median of the pairs' ratios, how many are at least 1, and a 95 %
+ * confidence interval of that median (from 6 pairs on). */
 static int run_pairs(int n, const char *python, unsigned procs, unsigned mib, const char *only) {
         double ratios[N_MODES][MAX_RUNS];
         int wins[N_MODES] = {};
@@ -468,10 +462,16 @@ static int run_pairs(int n, const char *python, unsigned procs, unsigned mib, co
                 printf("\n");
                 fflush(stdout);
         }
-        printf("median of the %d ratios (Gloo's time over ours, above 1 is faster), pairs at least 1:\n", n);
+        printf("median of the %d ratios (Gloo's time over ours, above 1 is faster), pairs at least 1, "
+               "95 %% confidence interval of the median:\n", n);
         for (unsigned k = 0; k < N_MODES; k++)
-                if (mode_wanted(k, only, true))
-                        printf("  %-10s %5.2fx  %d of %d\n", modes[k].column, median(ratios[k], n), wins[k], n);
+                if (mode_wanted(k, only, true)) {
+                        double lo, hi, m = bench_median(ratios[k], n);
+                        printf("  %-10s %5.2fx  %d of %d", modes[k].column, m, wins[k], n);
+                        if (bench_median_ci(ratios[k], n, &lo, &hi))
+                                printf("  %.2f-%.2fx", lo, hi);
+                        printf("\n");
+                }
         printf("peak RSS of a member: %.0f MiB\n", peak_rss_mib);
         return 0;
 }
@@ -479,7 +479,17 @@ static int run_pairs(int n, const char *python, unsigned procs, unsigned mib, co
 static void usage(FILE *f) {
         fprintf(f, "Usage: bench-allreduce [--runs N] [--no-reference] [--python PATH] [--procs N] [--mib N] "
                    "[--piece BYTES] [--netns MBIT] [--only plain|aes|aegis|f16|i8] [--lanes 1|2|4] [--pairs N]\n"
-                   "Ring all-reduce of ravnest against Gloo (PyTorch) and OpenMPI, the references.\n");
+                   "Ring all-reduce of ravnest against Gloo (PyTorch) and OpenMPI, the references.\n"
+                   "  --runs N        timed rounds per measurement (median; default 5, at most 32)\n"
+                   "  --no-reference  ours only\n"
+                   "  --python PATH   the Python with torch for Gloo (default /usr/bin/python3)\n"
+                   "  --procs N, --mib N  one row of the table (4 and 64 with --pairs)\n"
+                   "  --piece BYTES   values per piece (default 1 MiB less the piece header)\n"
+                   "  --only MODE     one of the modes\n"
+                   "  --lanes 1|2|4   the AEGIS of the aegis column\n"
+                   "  --pairs N       Gloo and ours in turn N times: the median of the ratios, how many\n"
+                   "                  at least 1, and a 95 %% confidence interval of the median\n"
+                   "  --netns MBIT    the multi-ring comparison over links of MBIT (root)\n");
 }
 
 int main(int argc, char **argv) {

@@ -125,10 +125,6 @@ struct Bench {
         size_t raw_len[MAX_EPOCHS];
 };
 
-static double median(double *v, int n) {
-        qsort(v, (size_t)n, sizeof *v, bench_compare_double);
-        return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
 
 static double log_uniform(Rng *r, double lo, double hi) {
         return lo * pow(hi / lo, rng_uniform(r));
@@ -806,7 +802,7 @@ static void print_run(const Bench *b, int run, const Figures *f) {
                 double v_[64];                                                                                 \
                 for (int i_ = 0; i_ < n; i_++)                                                                 \
                         v_[i_] = (double)f[i_].field;                                                          \
-                median(v_, n);                                                                                 \
+                bench_median(v_, n);                                                                           \
         })
 
 static void print_medians(const Bench *b, const Figures *f, int n, int min_nodes) {
@@ -837,6 +833,7 @@ static void print_medians(const Bench *b, const Figures *f, int n, int min_nodes
                        100 * MEDIAN_OF(join.moved_work), 100 * MEDIAN_OF(join.hand_in));
 }
 
+/* 1 for --help, -EINVAL for a bad option or value. */
 static int parse_options(int argc, char *argv[], Bench *b) {
         static const struct option options[] = {
                 { "nodes", required_argument, NULL, 'n' },    { "runs", required_argument, NULL, 'r' },
@@ -844,7 +841,7 @@ static int parse_options(int argc, char *argv[], Bench *b) {
                 { "settle", required_argument, NULL, 's' },   { "heartbeat", required_argument, NULL, 'H' },
                 { "idle", required_argument, NULL, 'i' },     { "job", required_argument, NULL, 'j' },
                 { "seed", required_argument, NULL, 'S' },     { "keep", no_argument, NULL, 'k' },
-                {},
+                { "help", no_argument, NULL, 'h' },           {},
         };
         long long v;
         int c, r = 0;
@@ -860,6 +857,7 @@ static int parse_options(int argc, char *argv[], Bench *b) {
                 case 'j': b->job_path = optarg; break;
                 case 'S': r = option_int("seed", optarg, 0, INT32_MAX, &v); b->seed = (uint64_t)v; break;
                 case 'k': b->keep = true; break;
+                case 'h': return 1;
                 default: return -EINVAL;
                 }
         }
@@ -884,12 +882,16 @@ int main(int argc, char *argv[]) {
         Figures f[64];
         Job job;
         Diag d = {};
-        int ok = 0;
+        int ok = 0, r;
 
-        if (parse_options(argc, argv, &b) < 0) {
-                fprintf(stderr, "usage: bench-coordinator [--nodes N] [--runs N] [--leave PERCENT] [--join N] "
-                                "[--settle S] [--heartbeat S] [--idle S] [--job FILE] [--seed N] [--keep]\n");
-                return EX_USAGE;
+        if ((r = parse_options(argc, argv, &b)) != 0) {
+                fprintf(r > 0 ? stdout : stderr,
+                        "Usage: bench-coordinator [--nodes N] [--runs N] [--leave PERCENT] [--join N] "
+                        "[--settle S] [--heartbeat S] [--idle S] [--job FILE] [--seed N] [--keep]\n"
+                        "The membership coordinator (a ravnestd) with N simulated members (default 1000): "
+                        "time to the first plan,\nits CPU and memory, heartbeat bytes, and the plans after "
+                        "--leave percent leave and --join join.\n");
+                return r > 0 ? 0 : EX_USAGE;
         }
         if (sodium_init() < 0 || job_load(b.job_path, &job, &d) < 0) {
                 fprintf(stderr, "bench-coordinator: %s\n", d.text);

@@ -38,10 +38,6 @@
 #include "util/rng.h"
 #include "bench.h"
 
-static double median(double *v, int n) {
-        qsort(v, (size_t)n, sizeof *v, bench_compare_double);
-        return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
 
 static double log_uniform(Rng *r, double lo, double hi) {
         return lo * pow(hi / lo, rng_uniform(r));
@@ -181,8 +177,9 @@ static void small_sets(const FormationModel *fm, int seeds) {
                 double worst = 1;
                 for (int i = 0; i < k; i++)
                         worst = fmin(worst, ratio[i]);
-                printf("%-6d %11.2f%% %11.2f%% %11.2f%% %12.1f %10.1f\n", n, 100 * median(ratio, k), 100 * worst,
-                       100 * median(greedy_ratio, k), median(t_exh, k), median(t_ga, k));
+                printf("%-6d %11.2f%% %11.2f%% %11.2f%% %12.1f %10.1f\n", n, 100 * bench_median(ratio, k),
+                       100 * worst, 100 * bench_median(greedy_ratio, k), bench_median(t_exh, k),
+                       bench_median(t_ga, k));
         }
         double worst = 1;
         for (int i = 0; i < total; i++)
@@ -191,13 +188,14 @@ static void small_sets(const FormationModel *fm, int seeds) {
         for (int i = 0; i < total; i++)
                 within += all[i] >= 0.98;
         printf("all %d sets: GA/opt median %.2f%%, worst %.2f%%, %d of %d within 2%%; greedy/opt median %.2f%%\n", total,
-               100 * median(all, total), 100 * worst, within, total, 100 * median(greedy_all, total));
+               100 * bench_median(all, total), 100 * worst, within, total,
+               100 * bench_median(greedy_all, total));
         printf("\n(c) Ravnest's penalty (lower is better) of the same plans, medians over the %d sets\n", total);
-        printf("    our GA plan %.0f, the optimum of our fitness %.0f, Ravnest's GA plan %.0f\n", median(rp_ga, total),
-               median(rp_opt, total), median(rp_rav, total));
+        printf("    our GA plan %.0f, the optimum of our fitness %.0f, Ravnest's GA plan %.0f\n",
+               bench_median(rp_ga, total), bench_median(rp_opt, total), bench_median(rp_rav, total));
         printf("    Ravnest's GA plan scored by our fitness: %.2f%% of the optimum (median); %d of its clusters "
                "in %d plans cannot hold the model\n\n",
-               100 * median(our_rav, total), rav_infeasible, rav_plans);
+               100 * bench_median(our_rav, total), rav_infeasible, rav_plans);
         free(all);
         free(greedy_all);
         free(rp_ga);
@@ -244,9 +242,9 @@ static void large_sets(const FormationModel *fm, int seeds, int max_n) {
                         k++;
                 }
                 if (k)
-                        printf("%-7d %10.3f %10.3f %11.2f%% %10.0f %12.0f %14.0f %14.0f\n", n, median(t_gr, k),
-                               median(t_ga, k), 100 * median(ratio, k), median(clusters, k), median(spares, k),
-                               median(pen_gr, k), median(pen_ga, k));
+                        printf("%-7d %10.3f %10.3f %11.2f%% %10.0f %12.0f %14.0f %14.0f\n", n, bench_median(t_gr, k),
+                               bench_median(t_ga, k), 100 * bench_median(ratio, k), bench_median(clusters, k),
+                               bench_median(spares, k), bench_median(pen_gr, k), bench_median(pen_ga, k));
                 free(nodes);
                 free(ga);
                 free(gr);

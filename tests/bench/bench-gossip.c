@@ -53,6 +53,7 @@
 #include "pipeline/trainer.h"
 #include "tensor/ops.h"
 #include "util/time-util.h"
+#include "bench.h"
 
 #define MAX_NODES 16
 
@@ -430,16 +431,10 @@ static Result in_child(const Options *o, const Job *job, Method m, GossipTopolog
 
 /* ---- network namespaces ---------------------------------------------------- */
 
-static int cmp_double(const void *a, const void *b) {
-        double x = *(const double *)a, y = *(const double *)b;
-        return (x > y) - (x < y);
-}
-
 static double median_of(const double *v, int n) {
         double c[16];
         memcpy(c, v, (size_t)n * sizeof *c);
-        qsort(c, (size_t)n, sizeof *c, cmp_double);
-        return n % 2 ? c[n / 2] : (c[n / 2 - 1] + c[n / 2]) / 2;
+        return bench_median(c, n);
 }
 
 /* Ctrl-C or SIGTERM: finish the run under way, then clean up the namespaces. */

@@ -57,10 +57,7 @@ typedef struct Result {
 } Result;
 
 static double median_of(double *v, int n) {
-        if (n == 0)
-                return 0.0;
-        qsort(v, (size_t)n, sizeof(double), bench_compare_double);
-        return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+        return n ? bench_median(v, n) : 0.0;
 }
 
 static ModelSpec gpt_spec(const Config *c) {

@@ -140,10 +140,7 @@ static Run run_swarm(const Options *o, const Setting *s, char *out) {
 }
 
 static double median(double *v, int n) {
-        if (n == 0)
-                return -1;
-        qsort(v, (size_t)n, sizeof *v, bench_compare_double);
-        return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+        return n ? bench_median(v, n) : -1;
 }
 
 typedef struct Row {

@@ -285,21 +285,13 @@ static double iperf3(int seconds) {
         return p ? atof(p + 18) / 8.0 : -1;
 }
 
-static int cmp_double(const void *a, const void *b) {
-        double x = *(const double *)a, y = *(const double *)b;
-        return (x > y) - (x < y);
-}
-
 static double median(double *v, int n) {
         double s[MAX_RUNS];
         int k = 0;
         for (int i = 0; i < n; i++)
                 if (v[i] > 0)
                         s[k++] = v[i];
-        if (!k)
-                return -1;
-        qsort(s, (size_t)k, sizeof(double), cmp_double);
-        return k % 2 ? s[k / 2] : (s[k / 2 - 1] + s[k / 2]) / 2;
+        return k ? bench_median(s, k) : -1;
 }
 
 /* ---- memory: 64 links with full queues ---- */

@@ -1,8 +1,11 @@
 /* tests/bench/bench.h — what the benchmarks share: seconds on the monotonic
- * clock, an ordering of doubles for qsort (medians), and the output and
- * peak memory of a reference run in a child process. */
+ * clock, medians and their confidence intervals, and the output and peak
+ * memory of a reference run in a child process. */
 #pragma once
 
+#include <math.h>
+#include <stdbool.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
 #include <sys/types.h>
@@ -18,6 +21,33 @@ static inline double bench_now_s(void) {
 static inline int bench_compare_double(const void *a, const void *b) {
         double x = *(const double *)a, y = *(const double *)b;
         return (x > y) - (x < y);
+}
+
+/* The median of v's n values, sorting v; NAN if n is 0. */
+static inline double bench_median(double *v, int n) {
+        if (n <= 0)
+                return NAN;
+        qsort(v, (size_t)n, sizeof *v, bench_compare_double);
+        return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+
+/* A 95 % confidence interval for the median of the n values in sorted,
+ * which assumes nothing of their distribution: the k-th smallest and the
+ * k-th largest, k the largest with P(Binomial(n, 1/2) < k) <= 2.5 %. False
+ * if n is too small for one (below 6). */
+static inline bool bench_median_ci(const double *sorted, int n, double *ret_lo, double *ret_hi) {
+        double p = ldexp(1, -n), cdf = 0; /* P(X = i), P(X <= i - 1) */
+        int k = 0;
+        for (int i = 0; i < n && cdf + p <= 0.025; i++) {
+                cdf += p;
+                p = p * (n - i) / (i + 1);
+                k = i + 1;
+        }
+        if (k == 0)
+                return false;
+        *ret_lo = sorted[k - 1];
+        *ret_hi = sorted[n - k];
+        return true;
 }
 
 /* Read the child's output from fd (the write end closed) into buf, reap it,
