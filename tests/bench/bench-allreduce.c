@@ -39,6 +39,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sysexits.h>
+#include <poll.h>
+#include <signal.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/wait.h>
@@ -242,16 +244,23 @@ static double run_experiment(const Experiment *e) {
                 close(table[i][0]);
                 close(result[i][1]);
         }
+        /* A member that fails before it listens never sends its port: the
+         * others would wait for the table, and we for its port, forever. */
+        close(port_pipe[1]);
         uint16_t ports[MAX_PROCS] = {};
-        for (unsigned i = 0; i < e->procs; i++) {
+        for (unsigned i = 0; i < e->procs && !failed; i++) {
                 uint16_t msg[2];
-                if (read(port_pipe[0], msg, sizeof msg) != sizeof msg || msg[0] >= e->procs)
-                        return NAN;
-                ports[msg[0]] = msg[1];
+                struct pollfd p = { .fd = port_pipe[0], .events = POLLIN };
+                if (poll(&p, 1, 60000) <= 0 || read(port_pipe[0], msg, sizeof msg) != sizeof msg || msg[0] >= e->procs)
+                        failed = true;
+                else
+                        ports[msg[0]] = msg[1];
         }
         for (unsigned i = 0; i < e->procs; i++) {
-                if (write(table[i][1], ports, e->procs * sizeof *ports) < 0)
-                        return NAN;
+                if (failed)
+                        kill(pid[i], SIGKILL);
+                else if (write(table[i][1], ports, e->procs * sizeof *ports) < 0)
+                        failed = true; /* it died: EPIPE, SIGPIPE is ignored */
                 close(table[i][1]);
         }
         for (unsigned i = 0; i < e->procs; i++)
@@ -272,7 +281,6 @@ static double run_experiment(const Experiment *e) {
                 failed |= !WIFEXITED(status) || WEXITSTATUS(status) != 0;
         }
         close(port_pipe[0]);
-        close(port_pipe[1]);
         return failed ? NAN : bench_median(t, runs);
 }
 
@@ -552,6 +560,7 @@ int main(int argc, char **argv) {
                 fprintf(stderr, "%s: unexpected argument \"%s\"\n", argv[0], argv[optind]);
                 return EX_USAGE;
         }
+        signal(SIGPIPE, SIG_IGN); /* a member that died: its table's write fails instead */
 
         if (netns_mbit) {
                 /* Multi-ring where it pays: every node has its own link, so
