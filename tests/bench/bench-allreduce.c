@@ -59,6 +59,7 @@
 static const uint8_t secret[HANDSHAKE_SECRET_SIZE] = "bench network secret...........";
 static int runs = 5;
 static size_t piece_bytes; /* 0: the default */
+static bool any_failed;    /* a measurement of ours that failed: nan in the table, exit 1 */
 static double peak_rss_mib; /* the largest member of any experiment */
 static unsigned netns_mbit;  /* > 0: members in network namespaces, links of this rate */
 static unsigned aegis_lanes; /* 0: the AEGIS the handshake chooses */
@@ -281,6 +282,7 @@ static double run_experiment(const Experiment *e) {
                 failed |= !WIFEXITED(status) || WEXITSTATUS(status) != 0;
         }
         close(port_pipe[0]);
+        any_failed |= failed;
         return failed ? NAN : bench_median(t, runs);
 }
 
@@ -484,6 +486,13 @@ static int run_pairs(int n, const char *python, unsigned procs, unsigned mib, co
         return 0;
 }
 
+/* The exit status of a table: 1 if a measurement of ours failed. */
+static int finish(void) {
+        if (any_failed)
+                fprintf(stderr, "bench-allreduce: a measurement failed (nan above); its members said why\n");
+        return any_failed;
+}
+
 static void usage(FILE *f) {
         fprintf(f, "Usage: bench-allreduce [--runs N] [--no-reference] [--python PATH] [--procs N] [--mib N] "
                    "[--piece BYTES] [--netns MBIT] [--only plain|aes|aegis|f16|i8] [--lanes 1|2|4] [--pairs N]\n"
@@ -673,7 +682,7 @@ int main(int argc, char **argv) {
         printf("peak RSS of a member: %.0f MiB (its vector, the receive buffers in use at once, and the buffer "
                "of the sums it starts)\n", peak_rss_mib);
         if (only_procs || only_mib || only)
-                return 0;
+                return finish();
         printf("\nMulti-ring: 2 clusters x 2 stages cut at 50 %% and 30 %%, 64 MiB model, seconds per round\n");
         for (unsigned k = 0; k < 3; k++) {
                 Experiment e;
@@ -689,5 +698,5 @@ int main(int argc, char **argv) {
                 printf("  %-9s three rings at once %.4f   one ring of 2 replicas, whole vector %.4f   %.2fx\n",
                        k ? modes[k].name : "plaintext", multi, single, single / multi);
         }
-        return 0;
+        return finish();
 }
