@@ -116,6 +116,8 @@ static void on_readable(Net *n, Link *l) {
                         return;
                 }
                 int r = link_rx_done(l, (size_t)k);
+                while (r >= 0 && link_rx_pending(l))
+                        r = link_rx_more(l);
                 if (r < 0) {
                         net_link_close(l, r);
                         return;

@@ -1,7 +1,8 @@
 /* net/backend-uring.c — io_uring: one ring per Net (so per thread), at most
- * one receive and one send in flight per link, submissions and completions
- * handled in batches. Payloads are received straight into the tensor's
- * buffer with plain RECV: reading into a registered region (READ_FIXED)
+ * one receive (or, while frames read ahead wait, a NOP) and one send in
+ * flight per link, submissions and completions handled in batches. Large
+ * payloads are received straight into the tensor's buffer with plain RECV
+ * (small frames are read ahead, link.c): reading into a registered region (READ_FIXED)
  * pinned the whole region, so counted it all in the process's RSS, and the
  * kernel copied into it with a slower memcpy than the one of a plain
  * receive (measured: docs/figures.md, Transport). Frames at or above the
@@ -9,6 +10,7 @@
  * reused before the kernel's notification says it is done with it. */
 #include <liburing.h>
 #include <stdlib.h>
+#include <string.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -31,6 +33,10 @@ typedef struct UringData {
         struct sockaddr_storage accept_addr;
         socklen_t accept_len;
         size_t zc_threshold;
+        /* links with frames read ahead still to hand over, each counted in
+         * its inflight as if a receive were out */
+        uint32_t *more;
+        unsigned n_more;
 } UringData;
 
 static int ur_init(Net *n) {
@@ -74,6 +80,13 @@ static int ur_init(Net *n) {
         /* On loopback the kernel copies zero-copy sends anyway and plain SEND
          * is faster (measured: see README), so auto means "not on loopback". */
         u->zc_threshold = zc ? n->cfg.zc_threshold : 0;
+        /* a link is in it once, but may come back while the list is served */
+        u->more = calloc(2 * (size_t)n->cfg.max_links, sizeof *u->more);
+        if (!u->more) {
+                io_uring_queue_exit(&u->ring);
+                free(u);
+                return -ENOMEM;
+        }
         n->backend_data = u;
         return 0;
 }
@@ -83,6 +96,7 @@ static void ur_fini(Net *n) {
         if (!u)
                 return;
         io_uring_queue_exit(&u->ring);
+        free(u->more);
         free(u);
         n->backend_data = NULL;
 }
@@ -134,6 +148,20 @@ static int submit_recv(Net *n, Link *l) {
         return 0;
 }
 
+/* The next receive; or, while frames read ahead wait, a place in the list
+ * the next ur_wait() hands them over from: one frame to the application
+ * per call, as one receive would bring, and what it queued in answer
+ * goes out first. */
+static int submit_rx(Net *n, Link *l) {
+        UringData *u = n->backend_data;
+
+        if (!link_rx_pending(l))
+                return submit_recv(n, l);
+        u->more[u->n_more++] = l->slot;
+        l->inflight++;
+        return 0;
+}
+
 static void submit_send(Net *n, Link *l) {
         UringData *u = n->backend_data;
         struct io_uring_sqe *sqe;
@@ -180,6 +208,16 @@ static void ur_close_link(Net *n, Link *l) {
         shutdown(l->fd, SHUT_RDWR);
 }
 
+/* After a link's completion: released once closed and nothing is in
+ * flight, else its next send. */
+static void settle(Net *n, Link *l) {
+        if (l->state == LINK_CLOSING) {
+                if (l->inflight == 0)
+                        net_link_released(l);
+        } else
+                submit_send(n, l);
+}
+
 static void handle_cqe(Net *n, struct io_uring_cqe *cqe) {
         uint64_t ud = io_uring_cqe_get_data64(cqe);
         int op = UD_OP(ud), res = cqe->res;
@@ -213,7 +251,7 @@ static void handle_cqe(Net *n, struct io_uring_cqe *cqe) {
                         int r = link_rx_done(l, (size_t)res);
                         if (r < 0)
                                 net_link_close(l, r);
-                        else if (l->state != LINK_CLOSING && submit_recv(n, l) < 0)
+                        else if (l->state != LINK_CLOSING && submit_rx(n, l) < 0)
                                 net_link_close(l, -EBUSY);
                 }
                 break;
@@ -238,21 +276,40 @@ static void handle_cqe(Net *n, struct io_uring_cqe *cqe) {
                         link_tx_done(l, (size_t)res);
                 break;
         }
-        if (l->state == LINK_CLOSING) {
-                if (l->inflight == 0)
-                        net_link_released(l);
-        } else
-                submit_send(n, l);
+        settle(n, l);
+}
+
+/* Frames read ahead: one more to the application from each link that had
+ * them when the call began. */
+static void hand_over(Net *n) {
+        UringData *u = n->backend_data;
+        unsigned k = u->n_more;
+
+        for (unsigned i = 0; i < k; i++) {
+                Link *l = n->links[u->more[i]];
+                l->inflight--;
+                if (l->state != LINK_CLOSING) {
+                        int r = link_rx_more(l);
+                        if (r < 0)
+                                net_link_close(l, r);
+                        else if (l->state != LINK_CLOSING && submit_rx(n, l) < 0)
+                                net_link_close(l, -EBUSY);
+                }
+                settle(n, l);
+        }
+        u->n_more -= k;
+        memmove(u->more, u->more + k, u->n_more * sizeof *u->more);
 }
 
 static int ur_wait(Net *n, int timeout_ms) {
         UringData *u = n->backend_data;
         struct __kernel_timespec ts = { .tv_sec = timeout_ms / 1000, .tv_nsec = (timeout_ms % 1000) * 1000000L };
         struct io_uring_cqe *cqe;
-        unsigned head, count = 0;
+        unsigned head, count = u->n_more;
         int r;
 
-        if (timeout_ms == 0) {
+        hand_over(n);
+        if (timeout_ms == 0 || u->n_more) {
                 /* A look, not a wait: submit what is queued and take what
                  * has completed, without a timer or a trip through the
                  * scheduler (a busy pipeline stage calls this between every

@@ -8,6 +8,32 @@
 #include "net-internal.h"
 
 static void rx_expect(Link *l, RxPhase phase, uint8_t *dst, size_t want);
+static void tx_finish_all(Link *l, TxItem *i, bool out);
+
+/* Frames of at most this payload are sealed, or in plaintext copied, into
+ * the stage one after another, up to TX_BATCH bytes a send: a stream of
+ * small frames would otherwise cost a send, a system call or an io_uring
+ * operation, per frame. Larger plaintext chunks go from where they are. */
+#define TX_SMALL (128u << 10)
+#define TX_BATCH (896u << 10)
+
+/* The stage holds the largest frame after a TENSOR frame (a tensor of one
+ * chunk, an all-reduce's piece, goes in one send), or a batch of small
+ * frames. */
+static size_t stage_size(const NetConfig *c) {
+        size_t frame = MAX((size_t)c->chunk, MAX((size_t)c->limits.max_control, (size_t)HANDSHAKE_MAX_SIZE));
+        size_t desc = FRAME_HEADER_SIZE + TENSOR_DESC_MAX_SIZE + FRAME_TAG_SIZE;
+        return MAX(desc + FRAME_HEADER_SIZE + frame + FRAME_TAG_SIZE, TX_BATCH + FRAME_HEADER_SIZE + TX_SMALL + FRAME_TAG_SIZE);
+}
+
+/* Streams of small frames are read ahead: up to RX_AHEAD bytes a receive
+ * into a buffer of the link's, from which the header, payload and tag of
+ * as many frames as came are copied to where they go. After a DATA frame
+ * above RX_SMALL the link reads piece by piece again, a payload straight
+ * into its tensor. */
+#define RX_SMALL (128u << 10)
+#define RX_AHEAD (512u << 10)
+
 
 int link_init(Link *l, Net *n, int fd, bool initiator, bool loopback, uint32_t hello_flags) {
         const NetConfig *c = &n->cfg;
@@ -33,7 +59,7 @@ int link_init(Link *l, Net *n, int fd, bool initiator, bool loopback, uint32_t h
         if (r < 0)
                 return r;
         l->ctl = malloc(MAX((size_t)c->limits.max_control, (size_t)HANDSHAKE_MAX_SIZE));
-        l->stage_cap = FRAME_HEADER_SIZE + MAX((size_t)c->chunk, MAX((size_t)c->limits.max_control, (size_t)HANDSHAKE_MAX_SIZE)) + FRAME_TAG_SIZE;
+        l->stage_cap = stage_size(c);
         l->stage = malloc(l->stage_cap);
         if (!l->ctl || !l->stage)
                 return -ENOMEM;
@@ -63,25 +89,19 @@ static void rx_tensor_drop(Link *l) {
 }
 
 void link_destroy(Link *l) {
-        Net *n = l->net;
-        TxItem *head = l->tx_head;
+        TxItem *out = l->tx_out, *head = l->tx_head;
 
         rx_tensor_drop(l);
         /* Detach the queue first: a sent() callback may try to queue more. */
-        l->tx_head = l->tx_tail = NULL;
-        for (TxItem *i = head, *next; i; i = next) {
-                next = i->next;
-                if (i->shared)
-                        lanes_part_sent(n, l, i);
-                else if (i->type == FRAME_TENSOR && n->cb.sent)
-                        n->cb.sent(n->userdata, l->id, i->cookie);
-                free(i);
-        }
+        l->tx_out = l->tx_out_tail = l->tx_head = l->tx_tail = NULL;
+        tx_finish_all(l, out, false);
+        tx_finish_all(l, head, false);
         lanes_unref(l);
         handshake_clear(&l->hs);
         seal_clear(&l->seal);
         free(l->ctl);
         free(l->stage);
+        free(l->ahead);
         if (l->fd >= 0)
                 close(l->fd);
         l->fd = -1;
@@ -205,19 +225,19 @@ static void link_stop_waiting(Link *l) {
         n->relay_retry_ns = 0;
 }
 
-void link_rx_target(Link *l, uint8_t **ret_ptr, size_t *ret_len) {
-        switch (l->phase) {
-        case RX_HEADER:
-                *ret_ptr = l->hdr + l->rx_have;
-                break;
-        case RX_PAYLOAD:
-                *ret_ptr = l->rx_dst + l->rx_have;
-                break;
-        case RX_TAG:
-                *ret_ptr = l->tag + l->rx_have;
-                break;
-        }
+/* Where the piece being received (header, payload or tag) goes next. */
+static void rx_piece_target(Link *l, uint8_t **ret_ptr, size_t *ret_len) {
+        *ret_ptr = l->rx_dst + l->rx_have;
         *ret_len = l->rx_want - l->rx_have;
+}
+
+void link_rx_target(Link *l, uint8_t **ret_ptr, size_t *ret_len) {
+        l->rx_bulk = l->ahead && l->rx_small;
+        if (l->rx_bulk) {
+                *ret_ptr = l->ahead;
+                *ret_len = RX_AHEAD;
+        } else
+                rx_piece_target(l, ret_ptr, ret_len);
 }
 
 static void rx_expect(Link *l, RxPhase phase, uint8_t *dst, size_t want) {
@@ -257,6 +277,8 @@ static int rx_header(Link *l) {
 
         if (h->offset != 0 && h->type != FRAME_DATA && !l->bundle)
                 return -EBADMSG; /* numbered: only on a link of several lanes */
+        if (h->type == FRAME_DATA && (l->rx_small = h->length <= RX_SMALL) && !l->ahead)
+                l->ahead = malloc(RX_AHEAD); /* none: read piece by piece */
         if (l->lane_pending && h->type != FRAME_LANE)
                 return -EBADMSG;
         if (h->type == FRAME_DATA && l->bundle) {
@@ -443,18 +465,15 @@ static int rx_piece_done(Link *l) {
                                 return -EBADMSG;
                 }
                 rx_expect(l, RX_HEADER, l->hdr, FRAME_HEADER_SIZE);
+                /* all but the chunks before a tensor's last may reach the application */
+                l->rx_told = l->h.type != FRAME_HEARTBEAT && (l->h.type != FRAME_DATA || l->h.flags & FRAME_FLAG_LAST);
                 return rx_frame(l);
         }
         return -EINVAL;
 }
 
-int link_rx_done(Link *l, size_t n) {
-        if (n == 0)
-                return -ECONNRESET;
-        l->net->stats.bytes_received += n;
-        l->last_bytes_ns = net_now_ns();
-        if (l->relay_waiting) /* a peer came through the relay: a link from now on, and another waits */
-                link_stop_waiting(l);
+/* n bytes arrived at the piece's target. */
+static int rx_arrived(Link *l, size_t n) {
         if (l->rx_records && l->phase == RX_PAYLOAD && seal_open_update(&l->seal, l->rx_dst + l->rx_have, n) < 0)
                 return -EBADMSG;
         l->rx_have += n;
@@ -471,20 +490,91 @@ int link_rx_done(Link *l, size_t n) {
         return 0;
 }
 
-/* The head item is done: off the queue, sent() where it is due. */
-static void tx_pop(Link *l) {
+int link_rx_done(Link *l, size_t n) {
+        if (n == 0)
+                return -ECONNRESET;
+        l->net->stats.bytes_received += n;
+        l->last_bytes_ns = net_now_ns();
+        if (l->relay_waiting) /* a peer came through the relay: a link from now on, and another waits */
+                link_stop_waiting(l);
+        if (!l->rx_bulk)
+                return rx_arrived(l, n);
+        l->rx_bulk = false;
+        l->ahead_at = 0;
+        l->ahead_len = n;
+        return link_rx_more(l);
+}
+
+/* The bytes read ahead to the pieces they belong to, frame after frame,
+ * until a frame reaches the application: what it queues in answer can go
+ * out before the frames after it are handled. */
+int link_rx_more(Link *l) {
+        while (link_rx_pending(l)) {
+                uint8_t *dst;
+                size_t want, n = l->ahead_len - l->ahead_at;
+                rx_piece_target(l, &dst, &want);
+                want = MIN(want, n);
+                memcpy(dst, l->ahead + l->ahead_at, want);
+                l->ahead_at += want;
+                int r = rx_arrived(l, want);
+                if (r < 0)
+                        return r;
+                if (l->rx_told) {
+                        l->rx_told = false;
+                        break;
+                }
+        }
+        return 0;
+}
+
+bool link_rx_pending(const Link *l) {
+        return l->ahead_at < l->ahead_len && l->state != LINK_CLOSING;
+}
+
+/* A sent item's callbacks: sent() for a tensor (once every lane's part is
+ * out, on a link of several), the node's BYE once it is on the wire. */
+static void tx_finish(Link *l, TxItem *i, bool out) {
         Net *net = l->net;
-        TxItem *i = l->tx_head;
-        l->tx_head = i->next;
-        if (!l->tx_head)
-                l->tx_tail = NULL;
         if (i->shared)
                 lanes_part_sent(net, l, i);
         else if (i->type == FRAME_TENSOR && net->cb.sent)
                 net->cb.sent(net->userdata, l->id, i->cookie);
-        if (i->type == FRAME_BYE)
+        if (out && i->type == FRAME_BYE)
                 net_link_bye_sent(l);
         free(i);
+}
+
+static void tx_finish_all(Link *l, TxItem *i, bool out) {
+        for (TxItem *next; i; i = next) {
+                next = i->next;
+                tx_finish(l, i, out);
+        }
+}
+
+/* The head item's last frame is built: off the queue, onto the list of
+ * those whose callbacks wait for the send that carries it. */
+static void tx_retire(Link *l) {
+        TxItem *i = l->tx_head;
+        l->tx_head = i->next;
+        if (!l->tx_head)
+                l->tx_tail = NULL;
+        i->next = NULL;
+        *(l->tx_out_tail ? &l->tx_out_tail->next : &l->tx_out) = i;
+        l->tx_out_tail = i;
+}
+
+/* The send is out: the callbacks of the items it finished. */
+static void tx_release(Link *l) {
+        TxItem *i = l->tx_out;
+        l->tx_out = l->tx_out_tail = NULL;
+        tx_finish_all(l, i, true);
+}
+
+/* The head item is done without a frame (a lane's part with no chunk left
+ * to take): off the queue now. */
+static void tx_pop(Link *l) {
+        tx_retire(l);
+        tx_release(l);
 }
 
 /* A DATA frame larger than this is sealed a record at a time into the
@@ -493,8 +583,8 @@ static void tx_pop(Link *l) {
 #define SEAL_RECORD (1024u << 10)
 
 /* The next record of the frame being sealed, into the stage at `at`; the
- * tag after the last. */
-static void tx_record(Link *l, size_t at) {
+ * tag after the last. Returns the stage's bytes. */
+static size_t tx_record(Link *l, size_t at) {
         size_t n = MIN((size_t)SEAL_RECORD, l->seal.tx_left);
         seal_update(&l->seal, l->stage + at, l->tx_src, n);
         l->tx_src += n;
@@ -503,101 +593,156 @@ static void tx_record(Link *l, size_t at) {
                 seal_end(&l->seal, l->stage + at);
                 at += FRAME_TAG_SIZE;
         }
-        l->iov[0] = (struct iovec){ l->stage, at };
-        l->iovcnt = 1;
+        return at;
 }
 
-/* The frame at the head of the queue, into l->iov. */
-bool link_tx_prepare(Link *l) {
-        const NetConfig *c = &l->net->cfg;
+/* The item at the head of the queue if it may send a frame now. */
+static TxItem *tx_next(Link *l) {
         TxItem *i = l->tx_head;
-        FrameHeader h = {};
-        uint8_t *hdr = l->stage, *body = l->stage + FRAME_HEADER_SIZE;
-        size_t len;
-
-        if (l->tx_ready)
-                return true;
-        if (l->tx_zc_pending || l->state == LINK_CLOSING || l->bye_sent)
-                return false;
-        if (l->seal.tx_left) { /* the next record of a frame: nothing goes between */
-                tx_record(l, 0);
-                goto ready;
-        }
-        if (l->bye_pending && l->keyed) { /* the node stops: BYE before anything still queued */
-                h.type = FRAME_BYE;
-                seal_frame_to(&l->seal, &h, hdr, body, NULL, 0, body);
-                l->iov[0] = (struct iovec){ l->stage, FRAME_HEADER_SIZE + seal_tag_size(&l->seal) };
-                l->iovcnt = 1;
-                l->bye_pending = false;
-                l->bye_sending = true;
-                goto ready;
-        }
         /* a lane's item of a tensor whose chunks other lanes took: done */
         while (i && i->shared && !i->claimed && !lanes_claim(i)) {
                 tx_pop(l);
                 i = l->tx_head;
         }
-        if (!i)
-                return false;
         /* Before the handshake is done only handshake frames may go. */
-        if (!l->keyed && !frame_type_is_handshake(i->type))
-                return false;
+        if (!i || (!l->keyed && !frame_type_is_handshake(i->type)))
+                return NULL;
         /* an item of a link of lanes starts inside the peer's window */
         if (!(i->type == FRAME_TENSOR && i->desc_sent) && !lanes_may_start(l, i))
-                return false;
+                return NULL;
+        return i;
+}
 
-        h.type = i->type;
-        h.stream = i->stream;
-        h.offset = i->numbered ? i->seq : 0;
-        l->iovcnt = 1;
+/* Item i's next DATA frame at hdr: sealed after it, or a large plaintext
+ * chunk left where it is (l->iov[1], *ret_ref), or the first record of a
+ * chunk sealed in records (*ret_ref: the chunk is read until its last).
+ * Returns the stage's bytes from hdr on, 0 if it does not fit in room. */
+static size_t tx_data(Link *l, TxItem *i, FrameHeader *h, uint8_t *hdr, size_t room, bool *ret_ref) {
+        uint64_t len = MIN((uint64_t)(i->numbered ? i->stripe : l->net->cfg.chunk), i->desc.bytes - i->offset);
+        const uint8_t *src = i->data + i->offset;
 
-        if (i->type == FRAME_TENSOR && i->desc_sent) {
-                len = MIN((uint64_t)(i->numbered ? i->stripe : c->chunk), i->desc.bytes - i->offset);
-                h.type = FRAME_DATA;
-                h.offset = i->offset;
-                h.flags = i->offset + len == i->desc.bytes ? FRAME_FLAG_LAST : 0;
-                if (l->seal.cipher == CIPHER_NONE) {
-                        /* plaintext: the header from the stage, the data where it is */
-                        h.length = (uint32_t)len;
-                        h.seq = l->seal.tx_seq++;
-                        frame_header_encode(&h, hdr);
-                        l->iov[1] = (struct iovec){ (void *)(i->data + i->offset), len };
-                        l->iovcnt = len ? 2 : 1;
-                        l->iov[0] = (struct iovec){ hdr, FRAME_HEADER_SIZE };
-                        goto ready;
-                }
-                if (seal_streams(&l->seal) && len > SEAL_RECORD) {
-                        seal_begin(&l->seal, &h, hdr, len);
-                        l->tx_src = i->data + i->offset;
-                        tx_record(l, FRAME_HEADER_SIZE);
-                        goto ready;
-                }
-                seal_frame_to(&l->seal, &h, hdr, body, i->data + i->offset, len, body + len);
-        } else {
-                const uint8_t *src = i->payload;
-                uint8_t desc[TENSOR_DESC_MAX_SIZE + 4];
-                len = i->len;
-                if (i->type == FRAME_TENSOR) {
-                        len = tensor_desc_encode(&i->desc, desc);
-                        if (i->numbered) { /* a lane's part: the stripe size after the descriptor */
-                                put_le32(desc + len, i->stripe);
-                                len += 4;
-                        }
-                        src = desc;
-                }
-                if (frame_type_is_handshake(i->type)) {
-                        /* handshake: in the clear, seq 0 (the initiator's AUTH
-                         * goes out after its keys exist) */
-                        h.length = (uint32_t)len;
-                        frame_header_encode(&h, hdr);
-                        memcpy(body, src, len);
-                } else
-                        seal_frame_to(&l->seal, &h, hdr, body, src, len, body + len);
+        h->type = FRAME_DATA;
+        h->offset = i->offset;
+        h->flags = i->offset + len == i->desc.bytes ? FRAME_FLAG_LAST : 0;
+        if (l->seal.cipher == CIPHER_NONE && len > TX_SMALL) {
+                h->length = (uint32_t)len;
+                h->seq = l->seal.tx_seq++;
+                frame_header_encode(h, hdr);
+                l->iov[1] = (struct iovec){ (void *)src, len };
+                l->iovcnt = 2;
+                *ret_ref = true;
+                return FRAME_HEADER_SIZE;
         }
-        l->iov[0] = (struct iovec){ l->stage, FRAME_HEADER_SIZE + len +
-                                                      (frame_type_is_handshake(i->type) ? 0 : seal_tag_size(&l->seal)) };
-ready:
-        l->tx_total = l->iov[0].iov_len + (l->iovcnt == 2 ? l->iov[1].iov_len : 0);
+        if (seal_streams(&l->seal) && len > SEAL_RECORD) {
+                if (hdr != l->stage)
+                        return 0; /* it starts a send of its own */
+                seal_begin(&l->seal, h, hdr, len);
+                l->tx_src = src;
+                *ret_ref = true;
+                return tx_record(l, FRAME_HEADER_SIZE);
+        }
+        if (FRAME_HEADER_SIZE + len + seal_tag_size(&l->seal) > room)
+                return 0;
+        seal_frame_to(&l->seal, h, hdr, hdr + FRAME_HEADER_SIZE, src, len, hdr + FRAME_HEADER_SIZE + len);
+        return FRAME_HEADER_SIZE + len + seal_tag_size(&l->seal);
+}
+
+/* Item i's next frame into the stage at `at`. Returns its bytes there, 0
+ * if it does not fit. */
+static size_t tx_build(Link *l, TxItem *i, size_t at, bool *ret_ref) {
+        FrameHeader h = { .type = i->type, .stream = i->stream, .offset = i->numbered ? i->seq : 0 };
+        uint8_t *hdr = l->stage + at, *body = hdr + FRAME_HEADER_SIZE;
+        uint8_t desc[TENSOR_DESC_MAX_SIZE + 4];
+        const uint8_t *src = i->payload;
+        size_t len = i->len, room = l->stage_cap - at;
+
+        if (i->type == FRAME_TENSOR && i->desc_sent)
+                return tx_data(l, i, &h, hdr, room, ret_ref);
+        if (i->type == FRAME_TENSOR) {
+                len = tensor_desc_encode(&i->desc, desc);
+                if (i->numbered) { /* a lane's part: the stripe size after the descriptor */
+                        put_le32(desc + len, i->stripe);
+                        len += 4;
+                }
+                src = desc;
+        }
+        if (FRAME_HEADER_SIZE + len + FRAME_TAG_SIZE > room)
+                return 0;
+        if (!frame_type_is_handshake(i->type)) {
+                seal_frame_to(&l->seal, &h, hdr, body, src, len, body + len);
+                return FRAME_HEADER_SIZE + len + seal_tag_size(&l->seal);
+        }
+        /* handshake: in the clear, seq 0 (the initiator's AUTH goes out
+         * after its keys exist) */
+        h.length = (uint32_t)len;
+        frame_header_encode(&h, hdr);
+        memcpy(body, src, len);
+        return FRAME_HEADER_SIZE + len;
+}
+
+/* Item i's frame is built (or, *_ref frames, sent): on to its next, or off
+ * the queue. */
+static void tx_advance(Link *l, TxItem *i) {
+        if (i->type != FRAME_TENSOR)
+                l->queued -= i->len;
+        else if (!i->desc_sent)
+                i->desc_sent = true;
+        else if (i->shared) { /* a lane's chunk: the next one no lane has taken */
+                lanes_chunk_sent(l, i, MIN((uint64_t)i->stripe, i->desc.bytes - i->offset));
+                if (lanes_claim(i))
+                        return;
+                i->offset = i->desc.bytes;
+        } else {
+                uint64_t len = MIN((uint64_t)l->net->cfg.chunk, i->desc.bytes - i->offset);
+                i->offset += len;
+                l->queued -= len;
+        }
+        if (i->type != FRAME_TENSOR || i->offset >= i->desc.bytes)
+                tx_retire(l);
+}
+
+/* The frames of the queue's head into l->iov: one, or several small ones
+ * back to back. A link of several lanes sends one at a time, and moves on
+ * once it is out (a lane takes its next chunk when the one before is out). */
+static size_t tx_batch(Link *l) {
+        size_t at = 0, k;
+        TxItem *i;
+
+        while ((i = tx_next(l)) && (k = tx_build(l, i, at, &l->tx_ref)) > 0) {
+                at += k;
+                l->tx_frames++;
+                if (l->tx_ref || (l->tx_ref = l->bundle != NULL))
+                        break;
+                tx_advance(l, i);
+                if (k > FRAME_HEADER_SIZE + TX_SMALL + FRAME_TAG_SIZE || at >= TX_BATCH || i->type == FRAME_BYE)
+                        break;
+        }
+        return at;
+}
+
+/* The next send into l->iov. */
+bool link_tx_prepare(Link *l) {
+        size_t at;
+
+        if (l->tx_ready)
+                return true;
+        if (l->tx_zc_pending || l->state == LINK_CLOSING || l->bye_sent)
+                return false;
+        l->iovcnt = 1;
+        if (l->seal.tx_left) /* the next record of a frame: nothing goes between */
+                at = tx_record(l, 0);
+        else if (l->bye_pending && l->keyed) { /* the node stops: BYE before anything still queued */
+                FrameHeader h = { .type = FRAME_BYE };
+                uint8_t *body = l->stage + FRAME_HEADER_SIZE;
+                seal_frame_to(&l->seal, &h, l->stage, body, NULL, 0, body);
+                at = FRAME_HEADER_SIZE + seal_tag_size(&l->seal);
+                l->tx_frames = 1;
+                l->bye_pending = false;
+                l->bye_sending = true;
+        } else if (!(at = tx_batch(l)))
+                return false;
+        l->iov[0] = (struct iovec){ l->stage, at };
+        l->tx_total = at + (l->iovcnt == 2 ? l->iov[1].iov_len : 0);
         l->tx_done = 0;
         l->tx_ready = true;
         return true;
@@ -605,7 +750,6 @@ ready:
 
 void link_tx_done(Link *l, size_t n) {
         Net *net = l->net;
-        TxItem *i = l->tx_head;
 
         net->stats.bytes_sent += n;
         l->tx_done += n;
@@ -622,29 +766,17 @@ void link_tx_done(Link *l, size_t n) {
         if (l->seal.tx_left)
                 return; /* a record is out, not yet the frame */
 
-        /* The frame is out. */
-        net->stats.frames_sent++;
+        /* The send is out. */
+        net->stats.frames_sent += l->tx_frames;
+        l->tx_frames = 0;
         l->last_sent_ns = net_now_ns();
         if (l->bye_sending) { /* not from the queue */
                 net_link_bye_sent(l);
                 return;
         }
-        if (i->type == FRAME_TENSOR) {
-                if (!i->desc_sent)
-                        i->desc_sent = true;
-                else if (i->shared) { /* a lane's chunk: the next one no lane has taken */
-                        lanes_chunk_sent(l, i, MIN((uint64_t)i->stripe, i->desc.bytes - i->offset));
-                        if (lanes_claim(i))
-                                return;
-                        i->offset = i->desc.bytes;
-                } else {
-                        uint64_t len = MIN((uint64_t)net->cfg.chunk, i->desc.bytes - i->offset);
-                        i->offset += len;
-                        l->queued -= len;
-                }
-                if (i->offset < i->desc.bytes)
-                        return;
-        } else
-                l->queued -= i->len;
-        tx_pop(l);
+        if (l->tx_ref) {
+                l->tx_ref = false;
+                tx_advance(l, l->tx_head);
+        }
+        tx_release(l);
 }

@@ -128,6 +128,11 @@ typedef struct Link {
         uint8_t *ctl;    /* payloads of non-DATA frames */
         bool rx_records; /* the DATA frame coming is opened as it arrives (seal_open_begin) */
         bool rx_active;  /* a tensor is being received */
+        bool rx_small;   /* the last DATA frame was small: read ahead */
+        bool rx_bulk;    /* the receive asked for reads into ahead */
+        uint8_t *ahead;  /* bytes read ahead (link.c: RX_AHEAD), once small frames came */
+        size_t ahead_at, ahead_len; /* of them, handled and read */
+        bool rx_told;    /* a frame reached the application */
         NetTensor rx;
         uint64_t rx_got;
         LaneSlot *rx_slot; /* a lane's part of a tensor: the slot that owns rx.data */
@@ -137,14 +142,17 @@ typedef struct Link {
 
         /* sending */
         TxItem *tx_head, *tx_tail;
+        TxItem *tx_out, *tx_out_tail; /* built, their callbacks due when the send is out */
         uint64_t queued;
-        uint8_t *stage;  /* header, payload (when copied or encrypted), tag */
+        uint8_t *stage;  /* frames: header, payload (when copied or encrypted), tag */
         size_t stage_cap;
         struct iovec iov[2];
         int iovcnt;
         size_t tx_total, tx_done;
         const uint8_t *tx_src; /* the rest of a frame sealed in records (seal.tx_left bytes) */
-        bool tx_ready;   /* iov holds a frame (or a record of one) not yet fully sent */
+        bool tx_ready;   /* iov holds frames (or a record of one) not yet fully sent */
+        bool tx_ref;     /* the head item moves on once the send is out, not when built */
+        unsigned tx_frames; /* frames in the send */
         bool tx_busy;    /* a send is in flight in the backend */
         unsigned tx_zc_pending; /* zero-copy sends whose buffer the kernel still holds */
         struct msghdr msg;      /* for SENDMSG: the kernel reads it at submission */
@@ -216,8 +224,12 @@ void link_destroy(Link *l);
 int link_start(Link *l);
 /* Where the next received bytes go, and how many are wanted. */
 void link_rx_target(Link *l, uint8_t **ret_ptr, size_t *ret_len);
-/* n bytes arrived at the target; < 0: close the link with that reason. */
+/* n bytes arrived at the target; < 0: close the link with that reason.
+ * Bytes read ahead may be left for link_rx_more(), once what the
+ * application queued in answer to a frame is on its way. */
 int link_rx_done(Link *l, size_t n);
+bool link_rx_pending(const Link *l);
+int link_rx_more(Link *l);
 /* Build the next frame to send into l->iov, if there is one and none is
  * pending. Returns true when l->iov holds bytes to send. */
 bool link_tx_prepare(Link *l);

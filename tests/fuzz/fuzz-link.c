@@ -61,7 +61,10 @@ static bool feed(Link *l, const uint8_t *p, size_t len) {
                 CHECK(want > 0);
                 size_t n = want < len ? want : len;
                 memcpy(dst, p, n);
-                if (link_rx_done(l, n) < 0)
+                int r = link_rx_done(l, n);
+                while (r >= 0 && link_rx_pending(l))
+                        r = link_rx_more(l);
+                if (r < 0)
                         return false;
                 if (l->rx_active)
                         CHECK(l->rx_got <= l->rx.desc.bytes);

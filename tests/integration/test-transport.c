@@ -61,6 +61,8 @@ static void srv_control(void *ud, uint32_t peer, uint8_t type, const uint8_t *p,
                 s->quit = 1;
 }
 
+static uint32_t test_chunk; /* the DATA payload per frame of both ends; 0: the default */
+
 /* Both ends: the defaults, these admission rules, tensors up to 65 MiB. */
 static void test_config(NetConfig *c, NetBackendKind kind, const Identity *id, const uint8_t (*allowed)[32],
                         size_t n_allowed, const uint8_t *sec) {
@@ -71,6 +73,8 @@ static void test_config(NetConfig *c, NetBackendKind kind, const Identity *id, c
         c->n_allowed = n_allowed;
         c->backend = kind;
         c->limits.max_tensor_bytes = 65ull << 20;
+        if (test_chunk)
+                c->chunk = test_chunk;
 }
 
 static bool server_plaintext;
@@ -129,6 +133,9 @@ typedef struct Client {
         int connected, closed, got_control;
         NetTensor *t;
         NetStats remote;
+        NetTensor *burst[32]; /* burst(): the echoes, in the order they came */
+        unsigned n_burst;
+        bool collect;
 } Client;
 
 static void cl_connected(void *ud, uint32_t peer, const uint8_t id[32]) {
@@ -136,6 +143,10 @@ static void cl_connected(void *ud, uint32_t peer, const uint8_t id[32]) {
 }
 static void cl_tensor(void *ud, NetTensor *t) {
         Client *c = ud;
+        if (c->collect && c->n_burst < 32) {
+                c->burst[c->n_burst++] = t;
+                return;
+        }
         if (c->t)
                 net_tensor_release(c->n, c->t);
         c->t = t;
@@ -166,11 +177,17 @@ static void client_start(Client *c, NetBackendKind kind, const Identity *id, con
         cr_assert(c->connected, "the good client did not connect (closed %d)", c->closed);
 }
 
-/* Send a tensor of n bytes and check the echo, bit for bit. */
-static void round_trip(Client *c, size_t n, uint32_t stream) {
+/* n bytes to send, a pattern that differs with the stream */
+static uint8_t *pattern(size_t n, uint32_t stream) {
         uint8_t *buf = malloc(n + 1);
         for (size_t i = 0; i < n; i++)
                 buf[i] = (uint8_t)(i * 131 + (i >> 13) + stream);
+        return buf;
+}
+
+/* Send a tensor of n bytes and check the echo, bit for bit. */
+static void round_trip(Client *c, size_t n, uint32_t stream) {
+        uint8_t *buf = pattern(n, stream);
         uint32_t dims[2] = { (uint32_t)(n / 4), 4 };
         TensorDesc d;
         if (n % 4 == 0)
@@ -190,6 +207,39 @@ static void round_trip(Client *c, size_t n, uint32_t stream) {
         cr_assert_eq(c->t->desc.ndim, d.ndim);
         cr_assert(n == 0 || memcmp(c->t->data, buf, n) == 0, "echo of %zu bytes differs", n);
         free(buf);
+}
+
+/* Tensors of these sizes queued at once, a control message among them,
+ * and every echo back in order, bit for bit: frames go several to a send
+ * and come in several to a receive, and each lands where it belongs. */
+static void burst(Client *c, const size_t *sizes, unsigned n) {
+        uint8_t *bufs[32];
+        int controls = c->got_control;
+        cr_assert(n <= 32);
+        c->collect = true;
+        c->n_burst = 0;
+        for (unsigned k = 0; k < n; k++) {
+                TensorDesc d;
+                tensor_desc_init(&d, DTYPE_U8, 1, (uint32_t[]){ (uint32_t)sizes[k] });
+                bufs[k] = pattern(sizes[k], k);
+                cr_assert_eq(net_send_tensor(c->n, c->peer, k, &d, bufs[k], k), 0);
+                if (k == n / 2)
+                        cr_assert_eq(net_send_control(c->n, c->peer, FRAME_CONTROL, "stats", 5), 0);
+        }
+        for (int i = 0; i < 30000 && (c->n_burst < n || c->got_control == controls) && !c->closed; i++)
+                net_run(c->n, 1);
+        cr_assert_eq(c->n_burst, n, "%u of %u echoes (closed %d)", c->n_burst, n, c->closed);
+        cr_assert_gt(c->got_control, controls, "the control message among the tensors was not answered");
+        for (unsigned k = 0; k < n; k++) {
+                NetTensor *t = c->burst[k];
+                cr_assert_eq(t->stream, k, "echo %u is of tensor %u", k, t->stream);
+                cr_assert_eq(t->desc.bytes, sizes[k]);
+                cr_assert(sizes[k] == 0 || memcmp(t->data, bufs[k], sizes[k]) == 0, "echo of %zu bytes differs",
+                          sizes[k]);
+                net_tensor_release(c->n, t);
+                free(bufs[k]);
+        }
+        c->collect = false;
 }
 
 static void remote_stats(Client *c) {
@@ -261,6 +311,55 @@ Test(transport, every_cipher_round_trips, .timeout = 120) {
                         round_trip(&c, sizes[i], (uint32_t)i);
                 server_stop(&c, pid);
         }
+}
+
+/* Small frames (max_frame 4 KiB), each cipher and plaintext, each
+ * backend: sent many to a send, read many to a receive. */
+static void small_frames(NetBackendKind kind) {
+        static const Cipher ciphers[] = { CIPHER_NONE, CIPHER_AES256GCM, CIPHER_CHACHA20POLY1305, CIPHER_AEGIS256,
+                                          CIPHER_AEGIS256X2, CIPHER_AEGIS256X4 };
+        static const size_t sizes[] = { 4096, 0, 1, 4095, 4097, 31, 100000, 8192, 3, 65536, 1 << 20, 7,
+                                        4096 * 3 + 5, 0, 250000, 1, (1 << 20) + 3, 12, 64, 4096 };
+        test_chunk = 4096;
+        for (size_t k = 0; k < sizeof ciphers / sizeof *ciphers; k++) {
+                if (ciphers[k] != CIPHER_NONE && !(cipher_available() & CIPHER_BIT(ciphers[k]))) {
+                        cr_log_warn("SKIP: %s: this CPU does not run it\n", cipher_to_string(ciphers[k]));
+                        continue;
+                }
+                Identity a, b;
+                identity_generate(&a);
+                identity_generate(&b);
+                uint16_t port;
+                server_plaintext = ciphers[k] == CIPHER_NONE;
+                pid_t pid = server_start(kind, &a, NULL, 0, secret, &port);
+                server_plaintext = false;
+                Client c;
+                NetConfig cfg;
+                test_config(&cfg, kind, &b, NULL, 0, secret);
+                cfg.plaintext = ciphers[k] == CIPHER_NONE;
+                cfg.ciphers = ciphers[k] == CIPHER_NONE ? 0 : CIPHER_BIT(ciphers[k]);
+                NetCallbacks cb = { .connected = cl_connected, .tensor = cl_tensor, .control = cl_control,
+                                    .closed = cl_closed };
+                memset(&c, 0, sizeof c);
+                cr_assert_eq(net_new(&cfg, &cb, &c, &c.n), 0);
+                cr_assert_eq(net_connect(c.n, "127.0.0.1", port, &c.peer), 0);
+                for (int i = 0; i < 500 && !c.connected && !c.closed; i++)
+                        net_run(c.n, 10);
+                cr_assert(c.connected, "%s: no link (closed %d)", cipher_to_string(ciphers[k]), c.closed);
+                cr_assert_eq(net_peer_cipher(c.n, c.peer), (int)ciphers[k], "%s", cipher_to_string(ciphers[k]));
+                for (int round = 0; round < 3; round++)
+                        burst(&c, sizes, sizeof sizes / sizeof *sizes);
+                round_trip(&c, 3 << 20, 40); /* one at a time as well */
+                server_stop(&c, pid);
+        }
+        test_chunk = 0;
+}
+
+Test(transport, small_frames_epoll, .timeout = 120) {
+        small_frames(NET_BACKEND_EPOLL);
+}
+Test(transport, small_frames_uring, .timeout = 120) {
+        small_frames(NET_BACKEND_URING);
 }
 
 Test(transport, round_trips_epoll, .timeout = 120) {
