@@ -26,11 +26,13 @@ static size_t stage_size(const NetConfig *c) {
         return MAX(desc + FRAME_HEADER_SIZE + frame + FRAME_TAG_SIZE, TX_BATCH + FRAME_HEADER_SIZE + TX_SMALL + FRAME_TAG_SIZE);
 }
 
-/* Streams of small frames are read ahead: up to RX_AHEAD bytes a receive
- * into a buffer of the link's, from which the header, payload and tag of
- * as many frames as came are copied to where they go. After a DATA frame
- * above RX_SMALL the link reads piece by piece again, a payload straight
- * into its tensor. */
+/* Streams of small frames are read ahead: after two DATA frames in a row
+ * of at most RX_SMALL, up to RX_AHEAD bytes a receive into a buffer of the
+ * link's (its pages touched only as bytes come), from which the header,
+ * payload and tag of as many frames as came are copied to where they go.
+ * After a larger DATA frame the link reads piece by piece again, a payload
+ * straight into its tensor (an all-reduce's last, shorter piece does not
+ * turn reading ahead on). */
 #define RX_SMALL (128u << 10)
 #define RX_AHEAD (512u << 10)
 
@@ -232,7 +234,7 @@ static void rx_piece_target(Link *l, uint8_t **ret_ptr, size_t *ret_len) {
 }
 
 void link_rx_target(Link *l, uint8_t **ret_ptr, size_t *ret_len) {
-        l->rx_bulk = l->ahead && l->rx_small;
+        l->rx_bulk = l->ahead && l->rx_small >= 2;
         if (l->rx_bulk) {
                 *ret_ptr = l->ahead;
                 *ret_len = RX_AHEAD;
@@ -277,7 +279,9 @@ static int rx_header(Link *l) {
 
         if (h->offset != 0 && h->type != FRAME_DATA && !l->bundle)
                 return -EBADMSG; /* numbered: only on a link of several lanes */
-        if (h->type == FRAME_DATA && (l->rx_small = h->length <= RX_SMALL) && !l->ahead)
+        if (h->type == FRAME_DATA)
+                l->rx_small = h->length > RX_SMALL ? 0 : MIN(l->rx_small + 1, 2);
+        if (l->rx_small >= 2 && !l->ahead)
                 l->ahead = malloc(RX_AHEAD); /* none: read piece by piece */
         if (l->lane_pending && h->type != FRAME_LANE)
                 return -EBADMSG;
@@ -499,7 +503,7 @@ int link_rx_done(Link *l, size_t n) {
                 link_stop_waiting(l);
         if (!l->rx_bulk)
                 return rx_arrived(l, n);
-        l->rx_bulk = false;
+        l->rx_bulk = l->rx_told = false;
         l->ahead_at = 0;
         l->ahead_len = n;
         return link_rx_more(l);
@@ -625,6 +629,8 @@ static size_t tx_data(Link *l, TxItem *i, FrameHeader *h, uint8_t *hdr, size_t r
         h->offset = i->offset;
         h->flags = i->offset + len == i->desc.bytes ? FRAME_FLAG_LAST : 0;
         if (l->seal.cipher == CIPHER_NONE && len > TX_SMALL) {
+                if (FRAME_HEADER_SIZE > room)
+                        return 0;
                 h->length = (uint32_t)len;
                 h->seq = l->seal.tx_seq++;
                 frame_header_encode(h, hdr);
