@@ -1,9 +1,10 @@
 /* net/backend-uring.c — io_uring: one ring per Net (so per thread), at most
- * one receive (or, while frames read ahead wait, a NOP) and one send in
- * flight per link, submissions and completions handled in batches. Large
- * payloads are received straight into the tensor's buffer with plain RECV
- * (small frames are read ahead, link.c): reading into a registered region (READ_FIXED)
- * pinned the whole region, so counted it all in the process's RSS, and the
+ * one receive (or, while frames read ahead wait, a place in the list
+ * hand_over() serves) and one send in flight per link, submissions and
+ * completions handled in batches. Large payloads are received straight
+ * into the tensor's buffer with plain RECV (small frames are read ahead,
+ * link.c): reading into a registered region (READ_FIXED) pinned the whole
+ * region, so counted it all in the process's RSS, and the
  * kernel copied into it with a slower memcpy than the one of a plain
  * receive (measured: docs/figures.md, Transport). Frames at or above the
  * zero-copy threshold go out with SEND_ZC, and the frame's buffer is not

@@ -230,8 +230,9 @@ void link_rx_target(Link *l, uint8_t **ret_ptr, size_t *ret_len);
 int link_rx_done(Link *l, size_t n);
 bool link_rx_pending(const Link *l);
 int link_rx_more(Link *l);
-/* Build the next frame to send into l->iov, if there is one and none is
- * pending. Returns true when l->iov holds bytes to send. */
+/* Build the next send into l->iov (a frame, or several small ones), if
+ * there is one and none is pending. Returns true when l->iov holds bytes
+ * to send. */
 bool link_tx_prepare(Link *l);
 /* n bytes of the frame went out. */
 void link_tx_done(Link *l, size_t n);
