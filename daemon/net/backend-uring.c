@@ -163,6 +163,14 @@ static int submit_rx(Net *n, Link *l) {
         return 0;
 }
 
+/* The link took bytes (r: what it said): its next receive, or closed. */
+static void rx_continue(Net *n, Link *l, int r) {
+        if (r < 0)
+                net_link_close(l, r);
+        else if (l->state != LINK_CLOSING && submit_rx(n, l) < 0)
+                net_link_close(l, -EBUSY);
+}
+
 static void submit_send(Net *n, Link *l) {
         UringData *u = n->backend_data;
         struct io_uring_sqe *sqe;
@@ -249,11 +257,7 @@ static void handle_cqe(Net *n, struct io_uring_cqe *cqe) {
                 if (res < 0)
                         net_link_close(l, res == -EINTR ? -ECONNRESET : res);
                 else {
-                        int r = link_rx_done(l, (size_t)res);
-                        if (r < 0)
-                                net_link_close(l, r);
-                        else if (l->state != LINK_CLOSING && submit_rx(n, l) < 0)
-                                net_link_close(l, -EBUSY);
+                        rx_continue(n, l, link_rx_done(l, (size_t)res));
                 }
                 break;
         case OP_SEND:
@@ -289,13 +293,8 @@ static void hand_over(Net *n) {
         for (unsigned i = 0; i < k; i++) {
                 Link *l = n->links[u->more[i]];
                 l->inflight--;
-                if (l->state != LINK_CLOSING) {
-                        int r = link_rx_more(l);
-                        if (r < 0)
-                                net_link_close(l, r);
-                        else if (l->state != LINK_CLOSING && submit_rx(n, l) < 0)
-                                net_link_close(l, -EBUSY);
-                }
+                if (l->state != LINK_CLOSING)
+                        rx_continue(n, l, link_rx_more(l));
                 settle(n, l);
         }
         u->n_more -= k;

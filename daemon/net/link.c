@@ -233,9 +233,14 @@ static void rx_piece_target(Link *l, uint8_t **ret_ptr, size_t *ret_len) {
         *ret_len = l->rx_want - l->rx_have;
 }
 
+/* Whether the next receive reads ahead. Only a receive changes what it
+ * depends on, so the completion sees what the request saw. */
+static bool rx_reads_ahead(const Link *l) {
+        return l->ahead && l->rx_small >= 2;
+}
+
 void link_rx_target(Link *l, uint8_t **ret_ptr, size_t *ret_len) {
-        l->rx_bulk = l->ahead && l->rx_small >= 2;
-        if (l->rx_bulk) {
+        if (rx_reads_ahead(l)) {
                 *ret_ptr = l->ahead;
                 *ret_len = RX_AHEAD;
         } else
@@ -501,9 +506,9 @@ int link_rx_done(Link *l, size_t n) {
         l->last_bytes_ns = net_now_ns();
         if (l->relay_waiting) /* a peer came through the relay: a link from now on, and another waits */
                 link_stop_waiting(l);
-        if (!l->rx_bulk)
+        if (!rx_reads_ahead(l))
                 return rx_arrived(l, n);
-        l->rx_bulk = l->rx_told = false;
+        l->rx_told = false;
         l->ahead_at = 0;
         l->ahead_len = n;
         return link_rx_more(l);
@@ -717,7 +722,9 @@ static size_t tx_batch(Link *l) {
         while ((i = tx_next(l)) && (k = tx_build(l, i, at, &l->tx_ref)) > 0) {
                 at += k;
                 l->tx_frames++;
-                if (l->tx_ref || (l->tx_ref = l->bundle != NULL))
+                if (l->bundle) /* a lane's chunk moves on once it is out */
+                        l->tx_ref = true;
+                if (l->tx_ref)
                         break;
                 tx_advance(l, i);
                 if (k > FRAME_HEADER_SIZE + TX_SMALL + FRAME_TAG_SIZE || at >= TX_BATCH || i->type == FRAME_BYE)

@@ -129,7 +129,6 @@ typedef struct Link {
         bool rx_records; /* the DATA frame coming is opened as it arrives (seal_open_begin) */
         bool rx_active;  /* a tensor is being received */
         uint8_t rx_small; /* small DATA frames in a row (at most 2): read ahead at 2 */
-        bool rx_bulk;    /* the receive asked for reads into ahead */
         uint8_t *ahead;  /* bytes read ahead (link.c: RX_AHEAD), once small frames came */
         size_t ahead_at, ahead_len; /* of them, handled and read */
         bool rx_told;    /* a frame reached the application */
