@@ -6,7 +6,7 @@
  *        4    1 version 1
  *        5    1 flags: bit 0 the synchronous schedule
  *        6    2 n_nodes (1..1024)
- *        8    8 epoch (>= 1)
+ *        8    8 epoch (1..2^48)
  *       16   32 signer: the coordinator's public key
  *       48    8 samples trained before this epoch
  *       56    2 n_layers (1..256)
@@ -71,12 +71,16 @@ bool plan_host_valid(const char *host, size_t len) {
         return true;
 }
 
+static bool epoch_valid(uint64_t epoch) {
+        return epoch >= 1 && epoch <= PLAN_EPOCH_MAX;
+}
+
 /* The rules on counts, nodes and cuts, shared by the encoder and the decoder. */
 static int check_counts(uint64_t epoch, unsigned n_nodes, unsigned n_clusters, unsigned n_layers, unsigned mb,
                         unsigned tau, unsigned uf) {
         if (n_nodes > PLAN_MAX_NODES || n_clusters > PLAN_MAX_CLUSTERS || n_layers > PLAN_MAX_LAYERS)
                 return -EMSGSIZE;
-        if (epoch < 1 || n_nodes < 1 || n_layers < 1 || mb < 1 || mb > 65536 || tau < 1 || tau > 1024 || uf < 1 ||
+        if (!epoch_valid(epoch) || n_nodes < 1 || n_layers < 1 || mb < 1 || mb > 65536 || tau < 1 || tau > 1024 || uf < 1 ||
             uf > 1024)
                 return -EINVAL;
         return 0;
@@ -308,7 +312,8 @@ static bool link_figures_valid(double bandwidth, double latency) {
 static bool join_values_ok(const PlanJoin *j, size_t host_len) {
         /* NaN fails every comparison */
         return j->gflops > 0 && j->gflops <= 1e6 && link_figures_valid(j->bandwidth, j->latency) && j->memory > 0 && j->n_layers >= 1 && j->n_layers <= PLAN_MAX_LAYERS &&
-               j->n_params >= 1 && j->n_params <= (1ull << 40) && !j->pipeline_port == !j->averaging_port &&
+               j->n_params >= 1 && j->n_params <= (1ull << 40) && j->epoch <= PLAN_EPOCH_MAX / 2 &&
+               !j->pipeline_port == !j->averaging_port &&
                plan_host_valid(j->host, host_len);
 }
 
@@ -392,7 +397,7 @@ void plan_stop_encode(uint64_t epoch, bool hand_in, uint8_t buf[PLAN_STOP_SIZE])
 }
 
 int plan_stop_decode(const uint8_t *buf, size_t len, uint64_t *ret_epoch, bool *ret_hand_in) {
-        if (len != PLAN_STOP_SIZE || memcmp(buf, "RVMS", 4) != 0 || get64(buf + 4) < 1 || buf[12] > 1)
+        if (len != PLAN_STOP_SIZE || memcmp(buf, "RVMS", 4) != 0 || !epoch_valid(get64(buf + 4)) || buf[12] > 1)
                 return -EBADMSG;
         *ret_epoch = get64(buf + 4);
         *ret_hand_in = buf[12];
@@ -406,7 +411,7 @@ void plan_done_encode(uint64_t epoch, uint64_t samples, uint8_t buf[PLAN_DONE_SI
 }
 
 int plan_done_decode(const uint8_t *buf, size_t len, uint64_t *ret_epoch, uint64_t *ret_samples) {
-        if (len != PLAN_DONE_SIZE || memcmp(buf, "RVMD", 4) != 0 || get64(buf + 4) < 1 ||
+        if (len != PLAN_DONE_SIZE || memcmp(buf, "RVMD", 4) != 0 || !epoch_valid(get64(buf + 4)) ||
             get64(buf + 12) > (1ull << 50))
                 return -EBADMSG;
         *ret_epoch = get64(buf + 4);

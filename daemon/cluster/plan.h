@@ -58,8 +58,14 @@ typedef struct PlanCluster {
         int bounds[PLAN_MAX_STAGES + 1];   /* stage s runs layers [bounds[s], bounds[s+1]) */
 } PlanCluster;
 
+/* Epochs are at most PLAN_EPOCH_MAX in every message, so that counting
+ * up never wraps; a JOIN names at most half of it, so a coordinator that
+ * goes on above a member's claim has 2^47 epochs left (a new one a second
+ * for four million years). */
+#define PLAN_EPOCH_MAX (1ull << 48)
+
 typedef struct Plan {
-        uint64_t epoch;                    /* >= 1; a node never goes back */
+        uint64_t epoch;                    /* 1..PLAN_EPOCH_MAX; a node never goes back */
         uint8_t signer[PLAN_KEY_SIZE];     /* the coordinator's identity */
         uint64_t samples;                  /* samples trained before this epoch, all clusters */
         unsigned n_layers;

@@ -711,6 +711,11 @@ static void start_running(CollRound *r, uint64_t round, uint64_t participants, c
         round_check_done(r);
 }
 
+/* A bit for each member of the group (up to 64). */
+static uint64_t everyone(const CollRound *r) {
+        return r->n_members >= 64 ? ~0ull : (1ull << r->n_members) - 1;
+}
+
 int round_on_start(Coll *c, unsigned member, const CollStart *m) {
         CollRound *r = round_of_group(c, m->group);
         uint64_t *last = coll_last_round(c, m->group);
@@ -721,7 +726,7 @@ int round_on_start(Coll *c, unsigned member, const CollStart *m) {
         for (unsigned i = 0; i < r->n_members; i++)
                 if (r->members[i] == member)
                         sender_pos = i;
-        if (sender_pos == UINT_MAX || sender_pos > r->self_pos || (m->participants >> r->n_members) != 0 ||
+        if (sender_pos == UINT_MAX || sender_pos > r->self_pos || (m->participants & ~everyone(r)) != 0 ||
             !(m->participants & (1ull << sender_pos)))
                 return -EBADMSG;
         if (!(m->participants & (1ull << r->self_pos)) || (last && m->round <= *last) || m->final != r->final)
@@ -786,12 +791,11 @@ static uint64_t choose_participants(Coll *c, CollRound *r, uint64_t now, uint64_
 /* Every member of the group ready, and linked to every other (as its
  * READY says): a ring in any order can run. */
 static bool fully_connected(Coll *c, CollRound *r, uint64_t now) {
-        uint64_t everyone = r->n_members >= 64 ? ~0ull : (1ull << r->n_members) - 1;
         for (unsigned i = 0; i < r->n_members; i++) {
                 ReadyEntry *e = ready_find(c, r->group, r->members[i]);
                 uint64_t view = i == r->self_pos ? coll_view(c, r->members, r->n_members)
                                 : e && ready_fresh(c, e, now) ? e->msg.view : 0;
-                if ((view | (1ull << i)) != everyone)
+                if ((view | (1ull << i)) != everyone(r))
                         return false;
         }
         return true;

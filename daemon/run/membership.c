@@ -33,6 +33,7 @@ typedef struct Membership {
         uint64_t next_dial_ns, last_heartbeat_ns;
         PlanJoin join;            /* what this node measured; bandwidth and latency refreshed */
         double sent_bandwidth, sent_latency; /* as the coordinator last heard them */
+        uint64_t sent_link_ns;    /* ... when */
         LinkFigures links;        /* the stage's pipeline links, as pipeline_run() measured them */
         Plan *plan;               /* held; epoch 0 before the first */
         Plan *next;               /* received, newer, not yet taken */
@@ -89,13 +90,19 @@ static bool measure_link(Membership *m) {
                fabs(m->join.latency - m->sent_latency) > 0.1 * m->sent_latency;
 }
 
+#define LINK_REFRESH_NS (10 * NSEC_PER_SEC)
+
+static void figures_sent(Membership *m) {
+        m->sent_bandwidth = m->join.bandwidth;
+        m->sent_latency = m->join.latency;
+        m->sent_link_ns = now_ns();
+}
+
 static void send_link(Membership *m) {
         uint8_t buf[PLAN_LINK_SIZE];
         plan_link_encode(m->join.bandwidth, m->join.latency, buf);
-        if (net_send_control(m->net, (uint32_t)m->coord, FRAME_CONTROL, buf, sizeof buf) == 0) {
-                m->sent_bandwidth = m->join.bandwidth;
-                m->sent_latency = m->join.latency;
-        }
+        if (net_send_control(m->net, (uint32_t)m->coord, FRAME_CONTROL, buf, sizeof buf) == 0)
+                figures_sent(m);
 }
 
 static void send_join(Membership *m) {
@@ -105,10 +112,8 @@ static void send_join(Membership *m) {
         m->join.epoch = m->plan->epoch ? m->plan->epoch : m->carry_checkpointed;
         measure_link(m); /* the handshake's round trips, at least */
         int n = plan_join_encode(&m->join, buf, sizeof buf);
-        if (n > 0 && net_send_control(m->net, (uint32_t)m->coord, FRAME_CONTROL, buf, (size_t)n) == 0) {
-                m->sent_bandwidth = m->join.bandwidth;
-                m->sent_latency = m->join.latency;
-        }
+        if (n > 0 && net_send_control(m->net, (uint32_t)m->coord, FRAME_CONTROL, buf, (size_t)n) == 0)
+                figures_sent(m);
 }
 
 static void on_connected(void *ud, uint32_t peer, const uint8_t id[IDENTITY_PK_SIZE]) {
@@ -286,7 +291,10 @@ static void serve(Membership *m, int timeout_ms) {
         if (m->coord >= 0 && now - m->last_heartbeat_ns >= (uint64_t)cm->heartbeat_ms * 1000000ULL) {
                 m->last_heartbeat_ns = now;
                 net_send_control(m->net, (uint32_t)m->coord, FRAME_HEARTBEAT, NULL, 0);
-                if (measure_link(m)) /* refreshed while running: the next plan uses them */
+                /* refreshed while running (the next plan uses them), at
+                 * most every LINK_REFRESH_NS: a round trip under load
+                 * moves by a tenth from one heartbeat to the next */
+                if (now - m->sent_link_ns >= LINK_REFRESH_NS && measure_link(m))
                         send_link(m);
         }
         if (m->reach)

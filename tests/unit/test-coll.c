@@ -635,6 +635,62 @@ Test(coll, bad_arguments) {
         swarm_free(&s);
 }
 
+/* A START naming every member of a group of 64 (the most a group holds, and
+ * the default group_size) and of 63: the round starts, the leader is not
+ * taken for a liar; a START naming a 64th member of a group of 63 is a lie. */
+static void start_of_everyone(unsigned n) {
+        static CollMember members[64];
+        static const uint8_t secret[32] = { 1 };
+        static float x[4096];
+        Identity id;
+        NetConfig nc;
+        CollConfig cc;
+        Coll *c;
+        CollRound *r;
+        unsigned idx[64];
+
+        identity_generate(&id);
+        net_config_defaults(&nc);
+        nc.identity = &id;
+        nc.secret = secret;
+        nc.backend = NET_BACKEND_EPOLL;
+        for (unsigned i = 0; i < n; i++) {
+                members[i].id[0] = (uint8_t)i;
+                snprintf(members[i].host, sizeof members[i].host, "127.0.0.1");
+                members[i].port = 1;
+                idx[i] = i;
+        }
+        coll_config_defaults(&cc);
+        cc.net = &nc;
+        cc.members = members;
+        cc.n_members = n;
+        cc.self = 10;
+        cr_assert_eq(coll_new(&cc, &c), 0);
+        cr_assert_eq(coll_round_start(c, 7, idx, n, x, 4096, 1.0, &r), 0);
+        CollStart s = { .group = 7, .round = 1, .n = n, .participants = n == 64 ? ~0ull : (1ull << n) - 1 };
+        for (unsigned i = 0; i < n; i++)
+                s.weights[i] = 1.0;
+        if (n < 64) { /* a member the group does not have */
+                CollStart more = s;
+                more.participants |= 1ull << n;
+                cr_assert_eq(round_on_start(c, 0, &more), -EBADMSG);
+        }
+        cr_assert_eq(round_on_start(c, 0, &s), 0, "n = %u: the leader's START refused", n);
+        CollRoundInfo info;
+        coll_round_info(r, &info);
+        /* it ran (and failed at once: the members are not there to link to) */
+        cr_assert_neq(info.state, COLL_ROUND_JOINING, "n = %u", n);
+        cr_assert(info.round == 1 && info.participants == n, "n = %u", n);
+        cr_assert_neq(info.error, -EBADMSG);
+        coll_round_free(r);
+        coll_free(c);
+}
+
+Test(coll, a_start_naming_all_64_members) {
+        start_of_everyone(64);
+        start_of_everyone(63);
+}
+
 /* ---- an optimizer's state for a joiner ------------------------------------ */
 
 typedef struct Giver {

@@ -200,6 +200,7 @@ static void dash_host(Plan *p) { snprintf(p->nodes[1].host, sizeof p->nodes[1].h
 static void port_zero(Plan *p) { p->nodes[0].pipeline_port = 0; }
 static void no_micro_batch(Plan *p) { p->micro_batch = 0; }
 static void staleness_over(Plan *p) { p->staleness = 1025; }
+static void epoch_over(Plan *p) { p->epoch = PLAN_EPOCH_MAX + 1; }
 
 Test(plan, hostile_plans_refused) {
         expect_refused(node_out_of_range, "a node index past the table");
@@ -213,6 +214,7 @@ Test(plan, hostile_plans_refused) {
         expect_refused(too_many_nodes, "1025 nodes");
         expect_refused(too_many_clusters, "1025 clusters");
         expect_refused(epoch_zero, "epoch 0");
+        expect_refused(epoch_over, "epoch 2^48 + 1");
         expect_refused(same_key_twice, "one key twice");
         expect_refused(bad_host, "a host with a space");
         expect_refused(empty_host, "an empty host");
@@ -281,6 +283,18 @@ Test(plan, membership_messages) {
         j.latency = -1;
         cr_assert_eq(plan_join_encode(&j, buf, sizeof buf), -EINVAL);
 
+        /* an epoch a coordinator's counting up from could wrap */
+        j.latency = 5e-4;
+        j.epoch = PLAN_EPOCH_MAX / 2;
+        n = plan_join_encode(&j, buf, sizeof buf);
+        cr_assert_gt(n, 0);
+        for (int b = 0; b < 8; b++)
+                buf[12 + b] = 0xff;
+        cr_assert_eq(plan_join_decode(buf, (size_t)n, &k), -EBADMSG);
+        j.epoch = PLAN_EPOCH_MAX / 2 + 1;
+        cr_assert_eq(plan_join_encode(&j, buf, sizeof buf), -EINVAL);
+        j.epoch = 3;
+
         /* a node behind NAT joins with both ports 0; one port 0 alone is an error */
         j.latency = 5e-4;
         j.pipeline_port = j.averaging_port = 0;
@@ -305,6 +319,10 @@ Test(plan, membership_messages) {
         cr_assert_lt(plan_stop_decode(stop, sizeof stop, &epoch, &hand_in), 0);
         plan_stop_encode(0, true, stop);
         cr_assert_lt(plan_stop_decode(stop, sizeof stop, &epoch, &hand_in), 0);
+        plan_stop_encode(PLAN_EPOCH_MAX + 1, true, stop);
+        cr_assert_lt(plan_stop_decode(stop, sizeof stop, &epoch, &hand_in), 0);
+        plan_done_encode(UINT64_MAX, 0, done);
+        cr_assert_lt(plan_done_decode(done, sizeof done, &epoch, &samples), 0);
         plan_done_encode(9, 4096, done);
         cr_assert_eq(plan_done_decode(done, sizeof done, &epoch, &samples), 0);
         cr_assert_eq(samples, 4096);
