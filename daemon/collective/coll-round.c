@@ -24,6 +24,7 @@
 #include "coll-internal.h"
 #include "quant.h"
 #include "tensor/half.h"
+#include "tensor/tensor.h"
 #include "util/time-util.h"
 
 #define MS (1000000ull)
@@ -252,14 +253,6 @@ _simd_clones_ static int add_own_f32(float *restrict a, const float *restrict x,
         return bad_in ? -EBADMSG : bad_sum ? -ERANGE : 0;
 }
 
-_simd_clones_ static bool finite_f32(const float *a, size_t n) {
-        const uint32_t *u = (const uint32_t *)a;
-        uint32_t bad = 0;
-        for (size_t i = 0; i < n; i++)
-                bad |= (u[i] & F32_EXP) == F32_EXP;
-        return !bad;
-}
-
 _simd_clones_ static void scale_f32(float *restrict out, const float *restrict x, float s, size_t n) {
         for (size_t i = 0; i < n; i++)
                 out[i] = s * x[i];
@@ -392,7 +385,7 @@ static bool received_ok(const CollRound *r, const uint8_t *a, size_t n) {
         switch (r->payload) {
         case COLL_PAYLOAD_F16: return finite_f16((const uint16_t *)a, n);
         case COLL_PAYLOAD_INT8: return quant_check(a, n) == 0;
-        default: return finite_f32((const float *)a, n);
+        default: return tensor_finite((const float *)a, n);
         }
 }
 
@@ -427,7 +420,7 @@ static bool fill_own(CollRound *r, const Piece *p) {
         case COLL_PAYLOAD_INT8: return fill_own_int8(out, x, r->coef, piece_feedback(r, p), p->count);
         default:
                 scale_f32((float *)out, x, r->coef, p->count);
-                return finite_f32((const float *)out, p->count);
+                return tensor_finite((const float *)out, p->count);
         }
 }
 

@@ -203,12 +203,17 @@ static void on_connect(Relay *r, Conn *c) {
                 refuse(r, c, RELAY_FULL);
                 return;
         }
-        c->buf = malloc(RELAY_BUFFER);
-        w->buf = malloc(RELAY_BUFFER);
-        if (!c->buf || !w->buf || send(c->fd, &ok, 1, MSG_NOSIGNAL) != 1) {
+        /* the waiter's buffer too is only its own once the asker has its
+         * answer: an asker that is gone by then (a stranger can reset at
+         * will) leaves the waiter as it was */
+        _cleanup_(freep) uint8_t *cb = malloc(RELAY_BUFFER);
+        _cleanup_(freep) uint8_t *wb = malloc(RELAY_BUFFER);
+        if (!cb || !wb || send(c->fd, &ok, 1, MSG_NOSIGNAL) != 1) {
                 conn_close(r, c);
                 return;
         }
+        c->buf = TAKE_PTR(cb);
+        w->buf = TAKE_PTR(wb);
         c->state = w->state = CONN_JOINED;
         c->peer = w;
         w->peer = c;

@@ -6,6 +6,7 @@
 #include <math.h>
 #include <string.h>
 
+#include "tensor/tensor.h"
 #include "util/macro.h"
 
 static const char *const kind_names[_OPTIM_KIND_MAX] = {
@@ -69,10 +70,10 @@ unsigned optim_moments(OptimKind kind) {
 
 bool optim_moment_valid(OptimKind kind, unsigned k, const float *values, size_t n) {
         bool second = kind != OPTIM_SGD && k == 1;
-        if (k >= optim_moments(kind))
+        if (k >= optim_moments(kind) || !tensor_finite(values, n))
                 return false;
-        for (size_t i = 0; i < n; i++)
-                if (!isfinite(values[i]) || (second && values[i] < 0))
+        for (size_t i = 0; second && i < n; i++)
+                if (values[i] < 0)
                         return false;
         return true;
 }

@@ -14,6 +14,7 @@
 #include "pipe.h"
 #include "trainer.h"
 #include "tensor/ops.h"
+#include "tensor/tensor.h"
 #include "util/time-util.h"
 
 enum {
@@ -494,9 +495,9 @@ int pipe_on_tensor(Pipe *p, NetTensor *t) {
                   (kind == KIND_LABELS ? d->dtype == DTYPE_I32 && d->ndim == (p->rows > 1 ? 2 : 1) &&
                                                  (p->rows == 1 || d->dims[1] == (uint32_t)p->rows)
                                        : d->dtype == DTYPE_F32 && d->ndim == 2 && d->dims[1] == want);
-        if (!ok) {
+        if (!ok || (kind != KIND_LABELS && !tensor_finite((const float *)t->data, d->bytes / sizeof(float)))) {
                 net_tensor_release(p->net, t);
-                return -EBADMSG;
+                return ok ? -ERANGE : -EBADMSG;
         }
         if ((from_prev && p->drain_prev) || (from_next && p->drain_next)) {
                 /* it belongs to micro-batches a FLUSH dropped */

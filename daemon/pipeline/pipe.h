@@ -127,7 +127,9 @@ void pipe_connect(Pipe *p, Net *net, int64_t prev_peer, int64_t next_peer);
  * sent() callbacks may still reach the pipe; free the pipe after it. */
 void pipe_drop_queued(Pipe *p);
 /* A tensor from a neighbour; consumed in every case. -EBADMSG: not what that
- * neighbour may send (the caller drops the link). */
+ * neighbour may send; -ERANGE: activations or gradients with a NaN or an
+ * infinity, which would poison every later step (the caller drops the link
+ * either way). */
 int pipe_on_tensor(Pipe *p, NetTensor *t);
 void pipe_on_sent(Pipe *p, uint64_t cookie);
 /* A CONTROL payload from a neighbour (the end of training is one). */

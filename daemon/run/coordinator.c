@@ -10,6 +10,7 @@
 #include "cluster/plan-repair.h"
 #include "cluster/plan.h"
 #include "node.h"
+#include "tensor/tensor.h"
 #include "util/log.h"
 #include "util/time-util.h"
 
@@ -396,9 +397,7 @@ static void on_tensor(void *ud, NetTensor *t) {
         if (ok && s->sum[part]) {
                 const float *v = (const float *)t->data;
                 float *dst = s->sum[part] + s->layer_off[layer];
-                bool finite = true;
-                for (uint32_t i = 0; i < t->desc.dims[0]; i++)
-                        finite &= isfinite(v[i]) != 0; /* no NaN or infinity into everyone's model */
+                bool finite = tensor_finite(v, t->desc.dims[0]); /* no NaN or infinity into everyone's model */
                 if (finite) {
                         for (uint32_t i = 0; i < t->desc.dims[0]; i++)
                                 dst[i] += v[i];

@@ -12,6 +12,7 @@
 #include "node.h"
 #include "pipeline-run.h"
 #include "stage-checkpoint.h"
+#include "tensor/tensor.h"
 #include "util/log.h"
 #include "util/time-util.h"
 
@@ -248,8 +249,7 @@ static void on_tensor(void *ud, NetTensor *t) {
                   t->desc.dims[0] == m->layer_off[l + 1] - m->layer_off[l];
         const float *v = (const float *)t->data;
         if (ok && part == 0) /* the layer's parameters */
-                for (uint32_t i = 0; ok && i < t->desc.dims[0]; i++)
-                        ok = isfinite(v[i]);
+                ok = tensor_finite(v, t->desc.dims[0]);
         else if (ok) /* one of its moments */
                 ok = optim_moment_valid(m->job->optim.kind, part - 1, v, t->desc.dims[0]);
         if (ok && !m->incoming[part])

@@ -161,8 +161,11 @@ static void run_closed(void *ud, uint32_t peer, int reason, const uint8_t id[IDE
 static void run_tensor(void *ud, NetTensor *t) {
         Run *r = ud;
         uint32_t peer = t->peer;
-        if (pipe_on_tensor(r->pipe, t) == -EBADMSG) {
-                log_warning("Dropped a pipeline link: it sent a tensor this stage does not expect");
+        int e = pipe_on_tensor(r->pipe, t);
+        if (e == -EBADMSG || e == -ERANGE) {
+                log_warning("Dropped a pipeline link: it sent %s",
+                            e == -ERANGE ? "values that are not finite (NaN or infinity)"
+                                         : "a tensor this stage does not expect");
                 net_close_peer(r->net, peer);
         }
 }

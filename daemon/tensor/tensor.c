@@ -1,7 +1,20 @@
 /* tensor/tensor.c */
 #include "tensor.h"
 
+#include <stdint.h>
 #include <string.h>
+
+#include "util/macro.h"
+
+_simd_clones_ bool tensor_finite(const float *x, size_t n) {
+        uint32_t bad = 0;
+        for (size_t i = 0; i < n; i++) {
+                uint32_t u;
+                memcpy(&u, &x[i], sizeof u);
+                bad |= (u & 0x7f800000u) == 0x7f800000u; /* the exponent all ones */
+        }
+        return !bad;
+}
 
 size_t tensor_shape_numel(const int *shape, int ndim) {
         size_t n = 1;

@@ -10,6 +10,7 @@
  */
 #pragma once
 
+#include <stdbool.h>
 #include <stddef.h>
 
 #include "arena.h"
@@ -22,6 +23,11 @@ typedef struct Tensor {
         int ndim;
         int shape[TENSOR_MAX_DIMS];
 } Tensor;
+
+/* Whether every one of n floats is finite (no NaN, no infinity): what
+ * every value from a peer or a file must be before it reaches a model.
+ * Vectorized (a bit test, not isfinite()). */
+bool tensor_finite(const float *x, size_t n);
 
 /* A zeroed tensor of the given shape in the arena. -EINVAL on a bad shape,
  * -ENOMEM when the arena is out of memory. */

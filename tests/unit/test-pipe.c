@@ -409,3 +409,82 @@ Test(pipe, no_late_gradient_at_the_start) {
 Test(pipe, no_late_gradient_at_the_start_of_accumulated_updates) {
         check_no_late_gradient_at_the_start(4, 4, 3, 0);
 }
+
+/* A neighbour that sends activations with a NaN or an infinity: refused
+ * (the daemon drops its link), where the same tensor with finite values is
+ * taken; one NaN taken would make every later gradient of the stage NaN. */
+typedef struct Hostile {
+        Pipe *pipe;
+        int64_t peer;
+        int results[8];
+        int n_results;
+} Hostile;
+
+static void hostile_conn(void *ud, uint32_t peer, const uint8_t id[32]) { ((Hostile *)ud)->peer = peer; }
+static void hostile_tensor(void *ud, NetTensor *t) {
+        Hostile *h = ud;
+        int r = h->pipe ? pipe_on_tensor(h->pipe, t) : 0;
+        if (h->n_results < 8)
+                h->results[h->n_results++] = r;
+}
+static const NetCallbacks hostile_cbs = { .connected = hostile_conn, .tensor = hostile_tensor };
+
+Test(pipe, activations_that_are_not_finite_are_refused) {
+        static Identity a, b;
+        static const uint8_t secret[HANDSHAKE_SECRET_SIZE] = { 5 };
+        Setup su;
+        setup(&su, 0.05f, PIPE_ASYNC);
+        PipeConfig c1 = su.c;
+        c1.lo = 2; /* after the first linear layer and its ReLU: 32 features */
+        Diag d = {};
+        Hostile stage = { .peer = -1 }, sender = { .peer = -1 };
+        cr_assert_eq(pipe_new(&c1, &ops_blas, &stage.pipe, &d), 0, "%s", d.text);
+        identity_generate(&a);
+        identity_generate(&b);
+        NetConfig nc;
+        net_config_defaults(&nc);
+        nc.secret = secret;
+        nc.identity = &a;
+        Net *ns, *nh;
+        cr_assert_eq(net_new(&nc, &hostile_cbs, &stage, &ns), 0);
+        nc.identity = &b;
+        cr_assert_eq(net_new(&nc, &hostile_cbs, &sender, &nh), 0);
+        uint16_t port;
+        uint32_t peer;
+        cr_assert_eq(net_listen(ns, "127.0.0.1", 0, &port), 0);
+        cr_assert_eq(net_connect(nh, "127.0.0.1", port, &peer), 0);
+        for (int i = 0; i < 2000 && (stage.peer < 0 || sender.peer < 0); i++) {
+                net_run(ns, 1);
+                net_run(nh, 1);
+        }
+        cr_assert(stage.peer >= 0 && sender.peer >= 0, "no link");
+        pipe_connect(stage.pipe, ns, stage.peer, -1);
+
+        enum { B = 4, F = 32 };
+        static int32_t labels[B] = { 0, 1, 2, 0 };
+        static float act[3][B * F];
+        for (int k = 0; k < 3; k++)
+                for (int i = 0; i < B * F; i++)
+                        act[k][i] = 0.01f * (float)(i % 17);
+        act[1][5] = NAN;
+        act[2][B * F - 1] = -INFINITY;
+        TensorDesc dl = { .dtype = DTYPE_I32, .ndim = 1, .dims = { B }, .bytes = sizeof labels };
+        TensorDesc da = { .dtype = DTYPE_F32, .ndim = 2, .dims = { B, F }, .bytes = sizeof act[0] };
+        for (uint32_t k = 0; k < 3; k++) { /* labels, then activations: stream kind << 30 | id */
+                cr_assert_eq(net_send_tensor(nh, (uint32_t)sender.peer, 1u << 30 | k, &dl, labels, 0), 0);
+                cr_assert_eq(net_send_tensor(nh, (uint32_t)sender.peer, k, &da, act[k], 0), 0);
+        }
+        for (int i = 0; i < 5000 && stage.n_results < 6; i++) {
+                net_run(nh, 0);
+                net_run(ns, 1);
+        }
+        cr_assert_eq(stage.n_results, 6);
+        int want[6] = { 0, 0, 0, -ERANGE, 0, -ERANGE };
+        for (int i = 0; i < 6; i++)
+                cr_expect_eq(stage.results[i], want[i], "tensor %d: %d", i, stage.results[i]);
+        pipe_drop_queued(stage.pipe);
+        net_free(nh);
+        net_free(ns);
+        pipe_free(stage.pipe);
+        setup_free(&su);
+}
