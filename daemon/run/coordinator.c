@@ -31,6 +31,7 @@ typedef struct Member {
         int cluster, stage; /* its place in the last plan sent; cluster -1: a spare, or not in it */
         bool keeps;       /* its layers are the same in the plan formed at the stop: none handed to it */
         bool hand_in;     /* it was asked for its layers at the stop */
+        uint8_t handed[PLAN_PARTS][PLAN_MAX_LAYERS / 8]; /* ... and these came (one copy each) */
 } Member;
 
 /* Members sit in slots that never move; a member is found from its link
@@ -373,6 +374,19 @@ static void on_control(void *ud, uint32_t peer, uint8_t type, const uint8_t *p, 
         drop(s, m, "a message the coordinator does not take");
 }
 
+/* sum += v, only if every v and every new sum is finite (no NaN or
+ * infinity into everyone's model): false leaves sum as it was. */
+static bool add_layer(float *sum, const float *v, size_t n) {
+        if (!tensor_finite(v, n))
+                return false;
+        for (size_t i = 0; i < n; i++)
+                if (!isfinite(sum[i] + v[i]))
+                        return false;
+        for (size_t i = 0; i < n; i++)
+                sum[i] += v[i];
+        return true;
+}
+
 /* Layers handed in: stream PLAN_STREAM(part, layer), one float32 vector of
  * exactly that layer's parameters, only while collecting, only from a
  * member asked for them, of the stage it held. */
@@ -392,22 +406,23 @@ static void on_tensor(void *ud, NetTensor *t) {
                 ok = (!s->have_formed || m->hand_in) && m->cluster >= 0 &&
                      (int)layer >= s->plan->clusters[m->cluster].bounds[m->stage] &&
                      (int)layer < s->plan->clusters[m->cluster].bounds[m->stage + 1];
-        if (ok && !s->sum[part])
-                s->sum[part] = calloc(s->n_params, sizeof(float));
-        if (ok && s->sum[part]) {
-                const float *v = (const float *)t->data;
-                float *dst = s->sum[part] + s->layer_off[layer];
-                bool finite = tensor_finite(v, t->desc.dims[0]); /* no NaN or infinity into everyone's model */
-                if (finite) {
-                        for (uint32_t i = 0; i < t->desc.dims[0]; i++)
-                                dst[i] += v[i];
-                        s->count[part][layer]++;
-                }
-                ok = finite;
+        const char *why = ok ? NULL : "a tensor that is not a layer of the model";
+        if (ok && (m->handed[part][layer / 8] & (1u << (layer % 8))))
+                why = "a layer it handed in already";
+        if (!why && !s->sum[part] && !(s->sum[part] = calloc(s->n_params, sizeof(float)))) {
+                log_warning("Coordinator: no memory to sum the layers handed in");
+                net_tensor_release(s->net, t);
+                return;
+        }
+        if (!why && !add_layer(s->sum[part] + s->layer_off[layer], (const float *)t->data, t->desc.dims[0]))
+                why = "a layer that is not finite, or sums past float32";
+        if (!why) {
+                m->handed[part][layer / 8] |= (uint8_t)(1u << (layer % 8));
+                s->count[part][layer]++;
         }
         net_tensor_release(s->net, t);
-        if (!ok && m)
-                drop(s, m, "a tensor that is not a layer of the model");
+        if (why && m)
+                drop(s, m, why);
 }
 
 static void on_sent(void *ud, uint32_t peer, uint64_t cookie) {
@@ -753,6 +768,7 @@ static void stop_members(CoordinatorState *s, uint64_t now) {
                         plan_stop_encode(s->epoch, !s->have_formed || m->hand_in, msg);
                         set_done(s, m, false);
                         m->samples = 0;
+                        memset(m->handed, 0, sizeof m->handed);
                         net_send_control(s->net, m->peer, FRAME_CONTROL, msg, sizeof msg);
                 }
         }
