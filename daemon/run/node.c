@@ -104,26 +104,34 @@ static void on_closed(void *userdata, uint32_t peer, int reason, const uint8_t i
                 log_event(LOG_WARNING, EVENT_PEER_LEFT, fields, "Dropped link %u with peer %s: %s", peer, who, why);
 }
 
+/* Where peer is in node->paused, or -1. */
+static int paused_index(const Node *node, uint32_t peer) {
+        for (uint32_t i = 0; i < node->paused_peers; i++)
+                if (node->paused[i] == peer)
+                        return (int)i;
+        return -1;
+}
+
+static void forget_paused(Node *node, uint32_t peer) {
+        int i = paused_index(node, peer);
+        if (i >= 0)
+                node->paused[i] = node->paused[--node->paused_peers];
+}
+
 static void on_control(void *userdata, uint32_t peer, uint8_t type, const uint8_t *payload, size_t len) {
         Node *node = userdata;
-        if (type != FRAME_CONTROL || len != 4 || peer >= 256)
+        if (type != FRAME_CONTROL || len != 4)
                 return;
         bool paused = !memcmp(payload, msg_paused, 4);
         if (!paused && memcmp(payload, msg_resumed, 4))
                 return;
-        uint64_t bit = 1ull << (peer % 64), *w = &node->paused_mask[peer / 64];
-        if (paused == !!(*w & bit))
+        if (paused == (paused_index(node, peer) >= 0))
                 return;
-        *w ^= bit;
-        node->paused_peers += paused ? 1 : (uint32_t)-1;
+        if (!paused)
+                forget_paused(node, peer);
+        else if (node->paused_peers < NODE_MAX_PAUSED)
+                node->paused[node->paused_peers++] = peer;
         log_info("Peer on link %u %s", peer, paused ? "paused: its owner needs the machine" : "resumed");
-}
-
-static void forget_paused(Node *node, uint32_t peer) {
-        if (peer < 256 && node->paused_mask[peer / 64] & (1ull << (peer % 64))) {
-                node->paused_mask[peer / 64] &= ~(1ull << (peer % 64));
-                node->paused_peers--;
-        }
 }
 
 void node_tell_paused(Node *node, bool paused) {

@@ -15,13 +15,15 @@
 #include "conf/config.h"
 #include "net/net.h"
 
+#define NODE_MAX_PAUSED 64
+
 typedef struct Node {
         Net *net;
         Identity identity;
         bool active;
         bool told_paused;              /* the peers know this node is paused */
-        uint32_t paused_peers;         /* peers that said they are paused */
-        uint64_t paused_mask[4];       /* which links (ids below 256) */
+        uint32_t paused_peers;         /* peers that said they are paused ... */
+        uint32_t paused[NODE_MAX_PAUSED]; /* ... their links (a status figure: past this many, not counted) */
 } Node;
 
 /* Whether the configuration asks for a network at all. */
