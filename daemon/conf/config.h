@@ -143,8 +143,8 @@ typedef struct ConfigCheckpoint {
 typedef struct ConfigMetrics {
         bool enabled;
         ConfigAddress listen;
-        unsigned max_connections;       /* served at once; more are closed at once */
-        unsigned timeout_s;             /* a connection idle this long is closed */
+        unsigned max_connections;       /* served at once; more wait to be accepted */
+        unsigned timeout_s;             /* a request must come whole within this long */
 } ConfigMetrics;
 
 /* This node relays links between nodes that accept no connections (see

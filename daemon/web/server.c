@@ -8,18 +8,79 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 
 #include "util/time-util.h"
 #include "web/metrics.h"
 #include "web/page.h"
 
+/* A connection, while it waits for a request: since when (0 while one is
+ * being answered). */
+typedef struct WebConn {
+        int fd;
+        uint64_t waiting_ns;
+        bool used;
+} WebConn;
+
 struct WebServer {
         struct MHD_Daemon *mhd;
-        pthread_mutex_t lock; /* the two below; held only to copy */
+        pthread_mutex_t lock; /* everything below; held only to copy or mark */
         WebSnapshot snapshot;
         WebHistory history;
+        WebConn *conns;       /* max_connections */
+        unsigned n_conns;
+        uint64_t timeout_ns;
         uint64_t requests;    /* atomic */
 };
+
+/* ---- connections: a request must come whole within the timeout --------- */
+
+/* MHD's timeout counts from the last byte, so a client sending a byte a
+ * second would hold its slot for ever: the server also closes a connection
+ * that has waited timeout_s for a whole request since it opened or since
+ * its last answer (web_server_publish(), every second). */
+static void on_connection(void *cls, struct MHD_Connection *c, void **ctx, enum MHD_ConnectionNotificationCode toe) {
+        WebServer *w = cls;
+        pthread_mutex_lock(&w->lock);
+        if (toe == MHD_CONNECTION_NOTIFY_STARTED) {
+                const union MHD_ConnectionInfo *i = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
+                for (unsigned k = 0; i && k < w->n_conns && !*ctx; k++)
+                        if (!w->conns[k].used) {
+                                w->conns[k] = (WebConn){ .fd = i->connect_fd, .waiting_ns = now_ns(), .used = true };
+                                *ctx = &w->conns[k];
+                        }
+        } else if (*ctx) /* closed: MHD closes the socket after this */
+                ((WebConn *)*ctx)->used = false;
+        pthread_mutex_unlock(&w->lock);
+}
+
+static void mark_waiting(WebServer *w, struct MHD_Connection *c, bool waiting) {
+        const union MHD_ConnectionInfo *i = MHD_get_connection_info(c, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
+        if (!i || !i->socket_context)
+                return;
+        pthread_mutex_lock(&w->lock);
+        ((WebConn *)i->socket_context)->waiting_ns = waiting ? now_ns() : 0;
+        pthread_mutex_unlock(&w->lock);
+}
+
+static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls, enum MHD_RequestTerminationCode toe) {
+        (void)con_cls, (void)toe;
+        mark_waiting(cls, c, true); /* kept open: the next request */
+}
+
+/* Called with w->lock held. */
+static void close_overdue(WebServer *w) {
+        uint64_t now = now_ns();
+        for (unsigned k = 0; k < w->n_conns; k++) {
+                WebConn *c = &w->conns[k];
+                if (c->used && c->waiting_ns && now - c->waiting_ns > w->timeout_ns) {
+                        shutdown(c->fd, SHUT_RDWR); /* MHD sees it and closes it */
+                        c->waiting_ns = 0;
+                }
+        }
+}
+
+/* ---- requests ----------------------------------------------------------- */
 
 static enum MHD_Result answer(struct MHD_Connection *c, unsigned status, const char *type, WebBuf *b) {
         struct MHD_Response *resp = MHD_create_response_from_buffer(b->len, b->data, MHD_RESPMEM_MUST_FREE);
@@ -62,8 +123,22 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         WebServer *w = cls;
         WebSnapshot s;
         WebBuf b = { .max = WEB_BUF_MAX };
-        (void)version, (void)upload_data, (void)upload_data_size, (void)con_cls;
+        (void)version, (void)upload_data;
 
+        /* The first call comes with the header alone: answering from the
+         * second keeps the connection open for the next request (HTTP/1.1
+         * keep-alive, pipelined requests), where an answer queued on the
+         * first would close it. A body (no method here takes one) is
+         * read and dropped. */
+        if (!*con_cls) {
+                *con_cls = w;
+                mark_waiting(w, c, false);
+                return MHD_YES;
+        }
+        if (*upload_data_size) {
+                *upload_data_size = 0;
+                return MHD_YES;
+        }
         __atomic_add_fetch(&w->requests, 1, __ATOMIC_RELAXED);
 
         if (strcmp(method, MHD_HTTP_METHOD_GET) != 0 && strcmp(method, MHD_HTTP_METHOD_HEAD) != 0)
@@ -115,6 +190,12 @@ int web_server_start(const ConfigMetrics *m, WebServer **ret) {
         WebServer *w = calloc(1, sizeof *w);
         if (!w)
                 return -ENOMEM;
+        w->n_conns = m->max_connections;
+        w->timeout_ns = (uint64_t)m->timeout_s * NSEC_PER_SEC;
+        if (!(w->conns = calloc(w->n_conns, sizeof *w->conns))) {
+                free(w);
+                return -ENOMEM;
+        }
         pthread_mutex_init(&w->lock, NULL);
         w->snapshot.state = NODE_STARTING;
         w->snapshot.status.training.cluster = w->snapshot.status.training.stage = -1;
@@ -127,11 +208,13 @@ int web_server_start(const ConfigMetrics *m, WebServer **ret) {
                                   MHD_OPTION_CONNECTION_LIMIT, (unsigned)m->max_connections,
                                   MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)m->timeout_s,
                                   MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)WEB_CONNECTION_MEMORY,
-                                  MHD_OPTION_LISTENING_ADDRESS_REUSE, (unsigned)1,
+                                  MHD_OPTION_NOTIFY_CONNECTION, on_connection, w,
+                                  MHD_OPTION_NOTIFY_COMPLETED, on_completed, w,
                                   MHD_OPTION_END);
         if (!w->mhd) {
                 r = errno ? -errno : -EADDRINUSE;
                 pthread_mutex_destroy(&w->lock);
+                free(w->conns);
                 free(w);
                 return r;
         }
@@ -143,6 +226,7 @@ void web_server_publish(WebServer *w, const WebSnapshot *s) {
         pthread_mutex_lock(&w->lock);
         w->snapshot = *s;
         web_history_push(&w->history, &s->status.training);
+        close_overdue(w);
         pthread_mutex_unlock(&w->lock);
 }
 
@@ -155,6 +239,7 @@ WebServer *web_server_stop(WebServer *w) {
                 return NULL;
         MHD_stop_daemon(w->mhd);
         pthread_mutex_destroy(&w->lock);
+        free(w->conns);
         free(w);
         return NULL;
 }

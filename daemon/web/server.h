@@ -6,8 +6,10 @@
  * a slow client or a flood of requests never waits on, nor holds up, the
  * compute thread. GET and HEAD only (405 otherwise); a request whose header
  * does not fit the connection's memory is refused; at most max_connections
- * at once (more are closed as they come); a connection idle timeout_s is
- * closed.
+ * at once (more wait in the kernel's queue to be accepted); a connection is
+ * kept open for the next request (keep-alive, pipelining) and closed when
+ * a request has not come whole within timeout_s of the connection opening
+ * or of the last answer, however slowly its bytes trickle in.
  *
  *     WebServer *w;
  *     r = web_server_start(&config->metrics, &w);   // listening when it returns

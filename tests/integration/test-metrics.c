@@ -167,6 +167,24 @@ Test(metrics, answers_and_refuses, .timeout = 180) {
         cr_log_info("a header of %zu KiB: %d\n", sizeof huge / 1024, code);
         /* and the node still answers */
         cr_assert_eq(http(n.port, "GET", "/metrics", answer, sizeof answer), 200, "%s", answer);
+
+        /* one connection kept open for requests one after another (what
+         * Prometheus does between scrapes), pipelined too */
+        const char *three = "GET /metrics HTTP/1.1\r\nHost: x\r\n\r\nHEAD / HTTP/1.1\r\nHost: x\r\n\r\n"
+                            "GET /nothing HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n";
+        cr_assert_eq(http_raw(n.port, three, strlen(three), answer, sizeof answer), 200, "%s", answer);
+        const char *second = strstr(answer + 1, "HTTP/1.1 200"), *third = second ? strstr(second, "HTTP/1.1 404") : NULL;
+        cr_assert(second && third, "three requests on one connection, not three answers: %.600s", answer);
+        cr_assert_null(strstr(answer, "Connection: close\r\n\r\n# HELP"), "the first answer closed it");
+
+        /* a second node on the same port fails to start, where it used to share the port */
+        char conf[160];
+        snprintf(conf, sizeof conf, "%s/ravnestd.conf", n.dir);
+        Proc q;
+        proc_start(&q, (char *[]){ RAVNESTD, "--config", conf, "--job", SOURCE_ROOT "/config/jobs/fashion-mnist-mlp.job",
+                                   "--epochs", "1", NULL }, NULL);
+        cr_assert_neq(proc_exit(&q), 0, "a second node took the same metrics port:\n%s", q.out);
+        cr_assert(strstr(q.out, "in use"), "%s", q.out);
         node_stop(&n);
 }
 
@@ -196,6 +214,25 @@ Test(metrics, slow_clients_time_out, .timeout = 180) {
         cr_assert_eq(http(n.port, "GET", "/metrics", answer, sizeof answer), 200, "%s", answer);
         double steps1 = metric(body(answer), "ravnest_steps_total");
         cr_assert_gt(steps1, steps0, "training went on: %g then %g steps", steps0, steps1);
+
+        /* clients that send a byte every 200 ms and never finish a request:
+         * closed once a request has not come whole within the timeout,
+         * though they were never idle that long */
+        for (int i = 0; i < MAX_CONNECTIONS; i++) {
+                fds[i] = dial(n.port);
+                (void)!send(fds[i], "GET /metrics HTTP/1.1\r\n", 24, MSG_NOSIGNAL);
+        }
+        int open = MAX_CONNECTIONS;
+        for (int t = 0; t < 5 * (TIMEOUT_S + 4) && open > 0; t++) {
+                usleep(200 * 1000);
+                open = 0;
+                for (int i = 0; i < MAX_CONNECTIONS; i++)
+                        open += fds[i] >= 0 && send(fds[i], "X", 1, MSG_NOSIGNAL) == 1;
+        }
+        cr_assert_eq(open, 0, "%d dripping connections still open after %d s", open, TIMEOUT_S + 4);
+        for (int i = 0; i < MAX_CONNECTIONS; i++)
+                close(fds[i]);
+        cr_assert_eq(http(n.port, "GET", "/metrics", answer, sizeof answer), 200, "%s", answer);
         node_stop(&n);
 }
 
