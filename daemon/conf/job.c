@@ -250,6 +250,20 @@ static int parse_training(const config_setting_t *root, TrainSpec *t, Diag *d) {
         return 0;
 }
 
+/* The name goes into file names (its checkpoints: "<name>.layers-*"),
+ * metric labels, JSON and D-Bus strings: letters, digits and ". _ + -",
+ * and never ".layers-", which would let one job's name find another's
+ * checkpoints. */
+static int check_name(const config_setting_t *root, const char *name, Diag *d) {
+        size_t n = strlen(name);
+        if (n == 0 || strspn(name, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._+-") != n ||
+            strstr(name, ".layers-") || name[0] == '.' || name[0] == '-')
+                return conf_error(config_setting_get_member(root, "name"), NULL, -EINVAL, d,
+                                  "must be 1 to 63 letters, digits and \". _ + -\", not starting with \".\" or "
+                                  "\"-\", without \".layers-\"");
+        return 0;
+}
+
 int job_load(const char *path, Job *ret, Diag *d) {
         static const char *const keys[] = { "name", "dataset", "model", "optimizer", "training", NULL };
         config_t c;
@@ -266,6 +280,7 @@ int job_load(const char *path, Job *ret, Diag *d) {
                 const config_setting_t *root = config_root_setting(&c);
                 if ((r = conf_check_keys(root, keys, d)) >= 0 &&
                     (r = conf_get_string(root, "name", true, NULL, j.name, sizeof j.name, d)) >= 0 &&
+                    (r = check_name(root, j.name, d)) >= 0 &&
                     (r = parse_data(root, &j.data, d)) >= 0 &&
                     (r = parse_model(root, &j.model, &j.data, d)) >= 0 &&
                     (r = parse_optim(root, &j.optim, d)) >= 0)

@@ -92,6 +92,13 @@ Test(job, errors_name_file_line_and_setting) {
         expect_error("name = \"fashion-mnist\";", "name = \"cifar\";", "2: dataset.name: unknown dataset \"cifar\"");
         expect_error("{ type = \"flatten\"; }", "{ type = \"flatten\"; kernel = 2; }", "6: model.layers.[0]: flatten takes no kernel");
         expect_error("training = {", "trainning = {", "11: trainning: unknown setting");
+        /* a name goes into file names, metric labels, JSON and D-Bus strings */
+        expect_error("name = \"t\";", "name = \"my job\";", "1: name: must be 1 to 63 letters");
+        expect_error("name = \"t\";", "name = \"a\\\"b\";", "1: name: must be 1 to 63 letters");
+        expect_error("name = \"t\";", "name = \"t\xff\xfe\";", "1: name: must be 1 to 63 letters");
+        expect_error("name = \"t\";", "name = \"x.layers-1\";", "1: name: must be 1 to 63 letters");
+        expect_error("name = \"t\";", "name = \"../t\";", "1: name: must be 1 to 63 letters");
+        expect_error("name = \"t\";", "name = \"\";", "1: name: must be 1 to 63 letters");
         /* A syntax error: file and line from the parser. */
         expect_error("lr = 0.1;", "lr = = 0.1;", "10: syntax error");
 }
