@@ -6,7 +6,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
+#include "util/file.h"
 #include "util/macro.h"
 
 /* Line n (from 1) of path, without its newline and leading blanks; "" if
@@ -92,6 +94,11 @@ static bool named_twice(const char *name, size_t n, const char *value, void *use
 }
 
 int conf_read_file(config_t *c, const char *path, Diag *d) {
+        struct stat st;
+        int fd = file_open_regular(path, 0, &st, d); /* a FIFO would hang libconfig's fopen() */
+        if (fd < 0)
+                return fd;
+        close(fd);
         /* config_read_file() records the file name, which every later error
          * message about a setting needs. */
         if (config_read_file(c, path) == CONFIG_TRUE)

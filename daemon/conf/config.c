@@ -15,6 +15,7 @@
 #include "collective/coll-wire.h"
 #include "collective/topology.h"
 #include "conf.h"
+#include "util/file.h"
 #include "nodes-file.h"
 
 static const char *const admission_names[] = { "secret", "allowlist", "both", NULL };
@@ -113,13 +114,10 @@ static int get_job(const config_setting_t *root, char *buf, size_t len, Diag *d)
 
         if (!s || (r = get_path(root, "job", buf, len, d)) < 0)
                 return s ? r : 0;
-        _cleanup_(closep) int fd = open(buf, O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK);
-        if (fd < 0 || fstat(fd, &st) < 0) {
-                r = -errno;
-                return conf_error(s, NULL, r, d, "cannot read %s: %s", buf, strerror(-r));
-        }
-        if (!S_ISREG(st.st_mode))
-                return conf_error(s, NULL, -EINVAL, d, "cannot read %s: not a regular file", buf);
+        Diag why = {};
+        _cleanup_(closep) int fd = file_open_regular(buf, 0, &st, &why);
+        if (fd < 0)
+                return conf_error(s, NULL, fd, d, "%s", why.text);
         return 0;
 }
 
@@ -243,13 +241,10 @@ static int load_secret(const config_setting_t *s, const char *path, uint8_t ret[
         size_t bin;
         int r;
 
-        _cleanup_(closep) int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOCTTY);
-        if (fd < 0 || fstat(fd, &st) < 0) {
-                r = -errno;
-                return conf_error(s, NULL, r, d, "%s: cannot open: %s", path, strerror(-r));
-        }
-        if (!S_ISREG(st.st_mode))
-                return conf_error(s, NULL, -EINVAL, d, "%s: not a regular file", path);
+        Diag why = {};
+        _cleanup_(closep) int fd = file_open_regular(path, 0, &st, &why);
+        if (fd < 0)
+                return conf_error(s, NULL, fd, d, "%s", why.text);
         if (st.st_mode & 077)
                 return conf_error(s, NULL, -EPERM, d, "%s: readable by others (mode %04o): chmod 600 it", path,
                                   (unsigned)(st.st_mode & 07777));

@@ -17,6 +17,7 @@
 
 #include "ctl-series.h"
 #include "run/series.h"
+#include "util/file.h"
 #include "util/macro.h"
 #include "util/svg-plot.h"
 
@@ -54,9 +55,14 @@ static void read_one(Plot *p, const char *path, const char *sub, const char *fil
                 snprintf(name, sizeof name, "%s", sub);
         else
                 snprintf(name, sizeof name, "%.*s", (int)(strlen(file) - strlen(SERIES_SUFFIX)), file);
-        FILE *f = fopen(path, "re");
+        struct stat st;
+        Diag why = {};
+        int fd = file_open_regular(path, 0, &st, &why);
+        FILE *f = fd >= 0 ? fdopen(fd, "re") : NULL;
         if (!f) {
-                fprintf(stderr, "%s: %m\n", path);
+                if (fd >= 0)
+                        close(fd);
+                fprintf(stderr, "%s\n", fd < 0 ? why.text : strerror(errno));
                 return;
         }
         int r = series_data_read(f, name, stderr, &p->nodes[p->n]);

@@ -3,7 +3,12 @@
 
 #include <stdlib.h>
 #include <string.h>
+#include <stdint.h>
+#include <sys/stat.h>
+#include <unistd.h>
 #include <zlib.h>
+
+#include "util/file.h"
 
 static void gzclosep(gzFile *f) {
         if (*f)
@@ -30,16 +35,22 @@ static int gz_read_full(gzFile f, void *buf, size_t n) {
         return 1;
 }
 
+#define IDX_GZIP_MAX_RATIO 1032u
+
 /* Open path and read its header into a (dims and n; no data yet). */
 static int open_header(const char *path, int want_ndim, gzFile *ret_f, IdxArray *a, Diag *d) {
         _cleanup_(gzclosep) gzFile f = NULL;
         uint8_t header[4], dimbuf[4 * IDX_MAX_DIMS];
         int r;
 
-        f = gzopen(path, "rb");
+        struct stat st;
+        int fd = file_open_regular(path, 0, &st, d);
+        if (fd < 0)
+                return fd;
+        f = gzdopen(fd, "rb");
         if (!f) {
-                r = errno > 0 ? -errno : -ENOMEM;
-                return diag_set(d, r, "%s: cannot open: %s", path, strerror(-r));
+                close(fd);
+                return diag_set(d, -ENOMEM, "%s: cannot open: out of memory", path);
         }
         gzbuffer(f, 1 << 17);
 
@@ -73,6 +84,12 @@ static int open_header(const char *path, int want_ndim, gzFile *ret_f, IdxArray 
                         return diag_set(d, -EINVAL, "%s: dimensions claim more than %zu elements",
                                         path, IDX_MAX_ELEMENTS);
         }
+        /* before anything is allocated for them: gzip's deflate packs at
+         * most 1032 bytes into one, and a plain file holds what it holds */
+        uint64_t room = (uint64_t)st.st_size * (gzdirect(f) ? 1 : IDX_GZIP_MAX_RATIO);
+        if (a->n > room)
+                return diag_set(d, -ENODATA, "%s: truncated: the header promises %zu data bytes, the file "
+                                "(%jd bytes) cannot hold them", path, a->n, (intmax_t)st.st_size);
         *ret_f = TAKE_PTR(f);
         return 0;
 }
@@ -94,14 +111,14 @@ int idx_load(const char *path, int want_ndim, IdxArray **ret, Diag *d) {
 
         a = calloc(1, sizeof *a);
         if (!a)
-                return -ENOMEM;
+                return diag_set(d, -ENOMEM, "%s: out of memory", path);
         r = open_header(path, want_ndim, &f, a, d);
         if (r < 0)
                 return r;
 
         a->data = malloc(a->n);
         if (!a->data)
-                return -ENOMEM;
+                return diag_set(d, -ENOMEM, "%s: no memory for %zu data bytes", path, a->n);
         r = gz_read_full(f, a->data, a->n);
         if (r < 0)
                 return diag_set(d, r, "%s: corrupt gzip stream in the data", path);

@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include "dataset.h"
+#include "util/file.h"
 
 /* Valid UTF-8 (RFC 3629: no overlong forms, no surrogates, nothing past
  * U+10FFFF) without NUL bytes: 0, else the offset of the first bad byte + 1. */
@@ -33,18 +34,14 @@ static size_t first_bad_byte(const uint8_t *p, size_t n) {
 /* Append the file at path to *buf: -EMEDIUMTYPE (with the reason in d)
  * when it is not text. */
 static int append_file(const char *path, uint8_t **buf, size_t *len, size_t *cap, Diag *d) {
-        int fd = open(path, O_RDONLY | O_CLOEXEC);
         struct stat st;
-        if (fd < 0 || fstat(fd, &st) < 0) {
-                int r = -errno;
-                if (fd >= 0)
-                        close(fd);
-                return diag_set(d, r, "%s: cannot read: %s", path, strerror(-r));
-        }
-        if (!S_ISREG(st.st_mode) || st.st_size == 0 || (size_t)st.st_size > DATASET_TEXT_MAX - *len) {
+        int fd = file_open_regular(path, 0, &st, d);
+        if (fd < 0)
+                return fd;
+        if (st.st_size == 0 || (size_t)st.st_size > DATASET_TEXT_MAX - *len) {
                 close(fd);
                 return diag_set(d, st.st_size ? -EFBIG : -EMEDIUMTYPE, "%s: %s", path,
-                                !S_ISREG(st.st_mode) ? "not a regular file" : st.st_size ? "too large" : "empty");
+                                st.st_size ? "too large" : "empty");
         }
         if (*len + (size_t)st.st_size > *cap) {
                 size_t want = MAX(*cap * 2, *len + (size_t)st.st_size);
@@ -99,7 +96,7 @@ static int append_dir(const char *dir, uint8_t **buf, size_t *len, size_t *cap, 
                 names = more ?: names;
         }
         closedir(dp);
-        if (r >= 0)
+        if (r >= 0 && n > 0)
                 qsort(names, n, sizeof *names, cmp_names);
         for (size_t i = 0; i < n && r >= 0; i++) {
                 struct stat st;

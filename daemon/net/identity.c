@@ -8,6 +8,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "util/file.h"
 #include "util/macro.h"
 
 #define IDENTITY_MAGIC "ravnest-identity-v1 "
@@ -72,14 +73,10 @@ static int identity_write(const char *path, const Identity *id, Diag *d) {
 static int identity_read(const char *path, Identity *ret, Diag *d) {
         char text[256] = {};
         struct stat st;
-        _cleanup_(closep) int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+        _cleanup_(closep) int fd = file_open_regular(path, O_NOFOLLOW, &st, d);
 
         if (fd < 0)
-                return diag_set(d, -errno, "%s: cannot open: %m", path);
-        if (fstat(fd, &st) < 0)
-                return diag_set(d, -errno, "%s: cannot stat: %m", path);
-        if (!S_ISREG(st.st_mode))
-                return diag_set(d, -EINVAL, "%s: not a regular file", path);
+                return fd;
         if (st.st_mode & 077)
                 return diag_set(d, -EPERM, "%s: readable by others (mode %04o): chmod 600 it", path,
                                 (unsigned)(st.st_mode & 07777));

@@ -11,6 +11,7 @@
 #include <time.h>
 
 #include "nn/optim.h"
+#include "util/file.h"
 #include "util/macro.h"
 #include "util/time-util.h"
 
@@ -315,13 +316,9 @@ static int header_load(const char *path, int *ret_fd, CheckpointHeader *ret_h, C
 
         if (sodium_init() < 0)
                 return diag_set(d, -EIO, "libsodium failed to initialize");
-        fd = open(path, O_RDONLY | O_CLOEXEC);
+        fd = file_open_regular(path, 0, &st, d);
         if (fd < 0)
-                return diag_set(d, -errno, "%s: cannot open: %m", path);
-        if (fstat(fd, &st) < 0)
-                return diag_set(d, -errno, "%s: cannot stat: %m", path);
-        if (!S_ISREG(st.st_mode))
-                return diag_set(d, -EBADMSG, "%s: not a regular file", path);
+                return fd == -EINVAL ? -EBADMSG : fd; /* not a regular file: as a corrupt one */
 
         r = read_full_at(fd, &h, sizeof h, 0);
         if (r < 0)

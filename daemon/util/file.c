@@ -6,6 +6,24 @@
 #include <string.h>
 #include <unistd.h>
 
+int file_open_regular(const char *path, int flags, struct stat *st, Diag *d) {
+        int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK | flags);
+        if (fd < 0)
+                return diag_set(d, -errno, "%s: cannot read: %s", path, strerror(errno));
+        if (fstat(fd, st) < 0) {
+                int r = -errno;
+                close(fd);
+                return diag_set(d, r, "%s: cannot stat: %s", path, strerror(-r));
+        }
+        if (!S_ISREG(st->st_mode)) {
+                close(fd);
+                return diag_set(d, -EINVAL, "%s: not a regular file", path);
+        }
+        /* reads of a regular file never block; the flag goes for tidiness */
+        (void)fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK);
+        return fd;
+}
+
 int file_write_text(const char *path, const char *text, mode_t mode) {
         int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, mode);
         if (fd < 0)

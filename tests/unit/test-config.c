@@ -334,7 +334,7 @@ Test(config, errors_name_file_line_and_setting) {
         expect_error("\"secret\";", "\"both\"; allowed_peers = [];", "6: network.allowed_peers: empty");
         expect_error("\"@SECRET@\"", "\"secret\"", "7: network.secret_file: must be an absolute path");
         expect_error("\"@SECRET@\"", "\"/nonexistent/secret\"",
-                     "7: network.secret_file: /nonexistent/secret: cannot open: No such file or directory");
+                     "7: network.secret_file: /nonexistent/secret: cannot read: No such file or directory");
 }
 
 /* What libconfig 1.5 itself reports names the setting too: it cuts an
@@ -359,8 +359,8 @@ Test(config, libconfig_errors_name_the_setting) {
                      "10: max_frame: set twice in the same group");
         expect_error("threads = 2;", "threads = 2 +;", "2: syntax error in \"threads = 2 +;\"");
         expect_error("threads = 2;", "threads = 2;\njob = \"/nonexistent/x.job\";",
-                     "3: job: cannot read /nonexistent/x.job: No such file or directory");
-        expect_error("threads = 2;", "threads = 2;\njob = \"/tmp\";", "3: job: cannot read /tmp: not a regular file");
+                     "3: job: /nonexistent/x.job: cannot read: No such file or directory");
+        expect_error("threads = 2;", "threads = 2;\njob = \"/tmp\";", "3: job: /tmp: not a regular file");
 
         /* in range, and a job that is there: no error */
         char path[64];

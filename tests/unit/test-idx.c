@@ -128,6 +128,15 @@ Test(idx, rejects_each_kind_of_broken_file) {
         expect_broken("trailing", bad, len + 1, false, 3, -EFBIG, "trailing bytes");
 
         expect_broken("empty", good, 0, false, 3, -ENODATA, "truncated");
+
+        /* 256K images of 64 x 64 (1 GiB) claimed by a file of 76 bytes,
+         * plain or gzip: refused (by the file's size) before anything is
+         * allocated for them */
+        memcpy(bad, good, len);
+        bad[5] = 0x04, bad[6] = bad[7] = 0; /* n = 262144 */
+        bad[11] = bad[15] = 64;
+        expect_broken("big-claim", bad, len, false, 3, -ENODATA, "cannot hold them");
+        expect_broken("big-claim-gz", bad, len, true, 3, -ENODATA, "cannot hold them");
 }
 
 Test(idx, rejects_corrupt_gzip) {
