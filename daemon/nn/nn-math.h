@@ -29,7 +29,9 @@ static inline float nn_expf(float x) {
         p = p * r + 1.6666665459e-1f;
         p = p * r + 5.0000001201e-1f;
         p = p * r * r + r + 1.0f;
-        int32_t e = ((int32_t)n + 127) << 23;
+        /* a NaN passes the clamps and stays NaN in p; converting it to an
+         * integer would be undefined */
+        int32_t e = ((int32_t)(n == n ? n : 0.0f) + 127) << 23;
         float scale;
         memcpy(&scale, &e, sizeof scale);
         return p * scale;

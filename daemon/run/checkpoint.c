@@ -11,6 +11,7 @@
 #include <time.h>
 
 #include "nn/optim.h"
+#include "tensor/tensor.h"
 #include "util/file.h"
 #include "util/macro.h"
 #include "util/time-util.h"
@@ -373,9 +374,31 @@ int checkpoint_read_info(const char *path, CheckpointInfo *ret, Diag *d) {
         return 0;
 }
 
+/* n values of part 0 (the parameters) or 1 (the optimizer's state, whose
+ * first value is value `first` of it): every one finite, and the
+ * optimizer's moments as optim_moment_valid() takes them (a second moment
+ * never negative). What a peer may not send, a file may not hold. */
+static bool values_valid(const CheckpointHeader *h, int part, uint64_t first, const float *v, size_t n) {
+        if (part == 0 || h->n_params == 0)
+                return tensor_finite(v, n);
+        while (n > 0) {
+                uint64_t k = first / h->n_params;
+                size_t m = (size_t)MIN((uint64_t)n, h->n_params - first % h->n_params);
+                if (k < optim_moments((OptimKind)h->optim_kind) ? !optim_moment_valid((OptimKind)h->optim_kind,
+                                                                                       (unsigned)k, v, m)
+                                                                 : !tensor_finite(v, m))
+                        return false;
+                first += m;
+                v += m;
+                n -= m;
+        }
+        return true;
+}
+
 /* Hash the header and the payload of fd and compare with the trailer. The
  * payload goes into dst[0] (params) and dst[1] (state) when they are not
- * NULL, through the READ_CHUNK bytes of buf otherwise. */
+ * NULL, through the READ_CHUNK bytes of buf otherwise, where the values
+ * are checked too (values_valid()). */
 static int payload_verify(int fd, const char *path, const CheckpointHeader *h, uint8_t *buf, float *const dst[2],
                           Diag *d) {
         const uint64_t len[2] = { h->n_params * sizeof(float), h->n_state * sizeof(float) };
@@ -396,6 +419,10 @@ static int payload_verify(int fd, const char *path, const CheckpointHeader *h, u
                         if (r == 0)
                                 return diag_set(d, -EBADMSG, "%s: truncated while being read", path);
                         crypto_generichash_update(&st, p, k);
+                        if (!dst && !values_valid(h, s, done / sizeof(float), (const float *)p, k / sizeof(float)))
+                                return diag_set(d, -EBADMSG, "%s: holds %s that %s", path,
+                                                s == 0 ? "parameters" : "optimizer state",
+                                                s == 0 ? "are not finite" : "is not finite, or a negative second moment");
                         off += k;
                 }
         crypto_generichash_final(&st, hash, sizeof hash);

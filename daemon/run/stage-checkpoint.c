@@ -59,11 +59,14 @@ int stage_checkpoint_load_layers(const char *dir, const char *job, int lo, int h
 
         stage_checkpoint_name(job, lo, hi, name, sizeof name);
         snprintf(path, sizeof path, "%s/%s", dir, name);
-        r = checkpoint_read(path, &info, params, n_params, optim, n_state, &d);
+        /* nothing is written into params or optim unless all of it is taken */
+        r = checkpoint_read_info(path, &info, &d);
         if (r == -ENOENT)
                 return r;
         if (r >= 0 && info.optim_kind != optim_kind)
                 r = diag_set(&d, -EINVAL, "%s: written by another optimizer", path);
+        if (r >= 0)
+                r = checkpoint_read(path, &info, params, n_params, optim, n_state, &d);
         if (r < 0) {
                 log_warning_errno(r, "Not resuming from the checkpoint, training starts afresh: %s", d.text);
                 return r;

@@ -4,6 +4,7 @@
  * times) leaves the old or the new version, whole; retired layer ranges
  * are never found again. */
 #include <criterion/criterion.h>
+#include <math.h>
 #include <dirent.h>
 #include <fcntl.h>
 #include <signal.h>
@@ -44,6 +45,7 @@ TestSuite(checkpoint, .init = setup, .fini = teardown);
 static void fill(float *x, size_t n, uint64_t v, uint32_t salt) {
         for (size_t i = 0; i < n; i++) {
                 uint32_t b = (uint32_t)(v * 2654435761u) ^ (uint32_t)(i * 40503u) ^ salt;
+                b &= 0x3fffffffu; /* every pattern of a finite value below 2, not negative (AdamW's v) */
                 memcpy(&x[i], &b, sizeof b);
         }
 }
@@ -171,6 +173,37 @@ Test(checkpoint, round_trip_is_bit_identical) {
                 cr_assert_eq((uint64_t)st.st_size, CHECKPOINT_HEADER_SIZE + 4 * (b.n_params + b.n_state) +
                                                            CHECKPOINT_HASH_SIZE);
                 cr_assert_eq(count_stale(), 0);
+                buffers_free(&b);
+        }
+}
+
+/* A file whose hash is right but whose values a peer could not send: a
+ * NaN or an infinity anywhere, or an AdamW second moment below zero (the
+ * first moment may be negative). Refused before the outputs are touched. */
+Test(checkpoint, values_that_are_not_finite_are_refused) {
+        const struct { int part; size_t at; float v; bool ok; } cases[] = {
+                { 0, 0, NAN, false },         { 0, 99999, INFINITY, false }, { 1, 5, -INFINITY, false },
+                { 1, 100003 + 7, -1.0f, false }, /* the second moment */
+                { 1, 7, -1.0f, true },        /* the first */
+                { 0, 3, -1e30f, true },
+        };
+        for (size_t k = 0; k < ELEMENTSOF(cases); k++) {
+                Buffers b = buffers_new(100003, 200006);
+                CheckpointInfo info = make_info(7, b.n_params, b.n_state), got;
+                Diag d = {};
+                fill(b.params, b.n_params, 7, 1);
+                fill(b.state, b.n_state, 7, 2);
+                (cases[k].part ? b.state : b.params)[cases[k].at] = cases[k].v;
+                cr_assert_eq(checkpoint_write(dir, "ckpt", &info, b.params, b.state, &d), 0, "%s", d.text);
+                memset(b.got_p, 0x11, b.n_params * sizeof(float));
+                int r = checkpoint_read(path, &got, b.got_p, b.n_params, b.got_s, b.n_state, &d);
+                if (cases[k].ok) {
+                        cr_assert_eq(r, 0, "case %zu: %s", k, d.text);
+                } else {
+                        cr_assert_eq(r, -EBADMSG, "case %zu taken", k);
+                        cr_assert(strstr(d.text, "not finite"), "case %zu: %s", k, d.text);
+                        cr_assert_eq(b.got_p[0], b.got_p[b.n_params - 1], "case %zu: the outputs were touched", k);
+                }
                 buffers_free(&b);
         }
 }
