@@ -247,26 +247,70 @@ static int serve_object(Bus *b, sd_bus *bus) {
         return r;
 }
 
+static void drop_client(Bus *b, size_t i) {
+        b->direct[i] = sd_bus_flush_close_unref(b->direct[i]);
+}
+
+/* After every event the loop dispatched: a client whose call came in the
+ * same read as its authentication has it still in sd-bus's buffer, with
+ * nothing left on the socket to wake the loop; a client gone is freed; and
+ * one that leaves more than BUS_MAX_QUEUED replies unread is dropped, so
+ * that it cannot grow the daemon's memory. */
+static int on_post(sd_event_source *s, void *userdata) {
+        Bus *b = userdata;
+        (void)s;
+        for (size_t i = 0; i < BUS_MAX_DIRECT; i++) {
+                uint64_t queued = 0;
+                for (int k = 0; k < 16 && b->direct[i] && sd_bus_process(b->direct[i], NULL) > 0; k++)
+                        ;
+                if (b->direct[i] && (sd_bus_is_open(b->direct[i]) <= 0 ||
+                                     (sd_bus_get_n_queued_write(b->direct[i], &queued) >= 0 && queued > BUS_MAX_QUEUED)))
+                        drop_client(b, i);
+        }
+        return 0;
+}
+
+static bool privileged_uid(const Bus *b, uid_t uid) {
+        return uid == 0 || uid == b->self_uid;
+}
+
+/* A slot for a client of uid: a free one; none for a user that holds
+ * BUS_MAX_DIRECT_PER_USER already; when all are taken, root and the
+ * daemon's user take one from another user's client. */
+static int client_slot(Bus *b, uid_t uid) {
+        size_t free_slot = BUS_MAX_DIRECT, theirs = 0, other = BUS_MAX_DIRECT;
+        for (size_t i = 0; i < BUS_MAX_DIRECT; i++) {
+                if (!b->direct[i])
+                        free_slot = MIN(free_slot, i);
+                else if (b->direct_uid[i] == uid)
+                        theirs++;
+                else if (!privileged_uid(b, b->direct_uid[i]))
+                        other = i;
+        }
+        if (!privileged_uid(b, uid) && theirs >= BUS_MAX_DIRECT_PER_USER)
+                return -EUSERS;
+        if (free_slot < BUS_MAX_DIRECT)
+                return (int)free_slot;
+        if (!privileged_uid(b, uid) || other == BUS_MAX_DIRECT)
+                return -EUSERS;
+        drop_client(b, other);
+        return (int)other;
+}
+
 static int on_client(sd_event_source *s, int fd, uint32_t revents, void *userdata) {
         Bus *b = userdata;
         sd_bus *bus = NULL;
         sd_id128_t id;
-        int cfd, r;
+        struct ucred cred;
+        socklen_t len = sizeof cred;
+        int cfd, r, slot;
         (void)s, (void)revents;
 
         cfd = accept4(fd, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK);
         if (cfd < 0)
                 return 0;
-        size_t slot = 0;
-        while (slot < BUS_MAX_DIRECT && b->direct[slot])
-                slot++;
-        if (slot == BUS_MAX_DIRECT) {
-                bus_state_changed(b); /* frees closed clients */
-                for (slot = 0; slot < BUS_MAX_DIRECT && b->direct[slot];)
-                        slot++;
-        }
-        if (slot == BUS_MAX_DIRECT) {
-                log_warning("Refused a control client: %d clients connected", BUS_MAX_DIRECT);
+        if (getsockopt(cfd, SOL_SOCKET, SO_PEERCRED, &cred, &len) < 0 || (slot = client_slot(b, cred.uid)) < 0) {
+                log_debug("Refused a control client: no slot for uid %u", (unsigned)cred.uid);
                 close(cfd);
                 return 0;
         }
@@ -282,6 +326,7 @@ static int on_client(sd_event_source *s, int fd, uint32_t revents, void *userdat
                 return 0;
         }
         b->direct[slot] = bus;
+        b->direct_uid[slot] = cred.uid;
         return 0;
 }
 
@@ -317,6 +362,8 @@ static int listen_socket(Bus *b, const char *path) {
         b->listen_fd = fd;
         strcpy(b->socket_path, path);
         r = sd_event_add_io(b->event, &b->listen_source, fd, EPOLLIN, on_client, b);
+        if (r >= 0)
+                r = sd_event_add_post(b->event, &b->post_source, on_post, b);
         return r;
 }
 
@@ -418,6 +465,7 @@ void bus_stop(Bus *b) {
                 (void)sd_bus_release_name(b->system, BUS_NAME);
         b->system = sd_bus_flush_close_unref(b->system);
         b->listen_source = sd_event_source_disable_unref(b->listen_source);
+        b->post_source = sd_event_source_disable_unref(b->post_source);
         if (b->listen_fd >= 0) {
                 close(b->listen_fd);
                 (void)unlink(b->socket_path);

@@ -27,6 +27,10 @@
 #define BUS_PATH "/org/ravnest/Node1"
 #define BUS_INTERFACE "org.ravnest.Node1"
 #define BUS_MAX_DIRECT 32
+/* Of those, what one user other than root and the daemon's may hold. */
+#define BUS_MAX_DIRECT_PER_USER 4
+/* Replies a client may leave unread before it is dropped. */
+#define BUS_MAX_QUEUED 64
 #define BUS_MAX_PENDING 16
 
 typedef struct Bus {
@@ -37,7 +41,9 @@ typedef struct Bus {
         int listen_fd;
         sd_event_source *listen_source;
         char socket_path[PATH_MAX];
+        sd_event_source *post_source;     /* after each event: the clients' buffered calls */
         sd_bus *direct[BUS_MAX_DIRECT];   /* one per connected client */
+        uid_t direct_uid[BUS_MAX_DIRECT]; /* ... whose socket's owner this is */
         sd_bus_message *pending[BUS_MAX_PENDING]; /* Checkpoint() calls waiting for the compute thread */
         uint64_t pending_ticket[BUS_MAX_PENDING];
         NodeState last_state;

@@ -3,6 +3,7 @@
 #include <criterion/criterion.h>
 
 #include "../lib/proc.h"
+#include "service/bus.h"
 #include <linux/filter.h>
 #include <linux/seccomp.h>
 #include <errno.h>
@@ -19,6 +20,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/un.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -334,6 +336,79 @@ Test(daemon, averaging_without_this_node_is_a_config_error, .timeout = 60) {
         cr_assert_eq(proc_exit(&p), 78, "%s", p.out);
         cr_assert(strstr(p.out, "averaging.members: this node's key"), "%s", p.out);
         char cmd[300];
+        snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+        cr_assert_eq(system(cmd), 0);
+}
+
+/* ---- the control socket, as clients other than ravnestctl use it -------- */
+
+/* libdbus (dbus-send) sends its first call in the same write as the end of
+ * its authentication; it is answered, not left in a buffer. Another user
+ * cannot take every place on the socket. */
+Test(daemon, the_control_socket_answers_a_call_sent_with_the_authentication_and_keeps_places_for_root,
+     .timeout = 120) {
+        if (access("/usr/bin/dbus-send", X_OK) < 0)
+                cr_skip_test("SKIP: needs dbus-send (apt-get install dbus-bin)");
+        char dir[] = "/tmp/ravnest-test-ctl-XXXXXX", sock[128], cmd[512], out[256] = "";
+        cr_assert_not_null(mkdtemp(dir));
+        write_tiny_dataset(dir);
+        snprintf(sock, sizeof sock, "%s/control", dir);
+        Proc p;
+        proc_start(&p, (char *[]){ RAVNESTD, "--no-idle", "--control-socket", sock, "--job",
+                                   SOURCE_ROOT "/config/jobs/fashion-mnist-mlp.job", "--data-dir", dir, "--epochs", "1000",
+                                   "--progress", "0", NULL }, child_setup);
+        cr_assert(proc_wait_for(&p, "Training", 30000), "%s", p.out);
+        for (int i = 0; i < 3; i++) {
+                snprintf(cmd, sizeof cmd,
+                         "timeout 10 dbus-send --peer=unix:path=%s --print-reply /org/ravnest/Node1 "
+                         "org.freedesktop.DBus.Properties.Get string:org.ravnest.Node1 string:State", sock);
+                FILE *f = popen(cmd, "r");
+                cr_assert_not_null(f);
+                size_t n = fread(out, 1, sizeof out - 1, f);
+                out[n] = '\0';
+                int status = pclose(f);
+                cr_assert_eq(status, 0, "try %d: dbus-send failed (exit %d): %s", i, WEXITSTATUS(status), out);
+                cr_assert(strstr(out, "string \"training\"") || strstr(out, "string \"starting\""), "%s", out);
+        }
+
+        /* another user holds at most 4 of the 32 places, and while it does,
+         * root still gets in */
+        if (geteuid() == 0) {
+                cr_assert_eq(chmod(dir, 0755), 0);
+                int held = 0, pipefd[2];
+                cr_assert_eq(pipe(pipefd), 0);
+                pid_t child = fork();
+                if (child == 0) {
+                        if (setgid(65534) < 0 || setuid(65534) < 0)
+                                _exit(2);
+                        int n = 0;
+                        for (int i = 0; i < 8; i++) {
+                                struct sockaddr_un sa = { .sun_family = AF_UNIX };
+                                snprintf(sa.sun_path, sizeof sa.sun_path, "%.100s", sock);
+                                int fd = socket(AF_UNIX, SOCK_STREAM, 0);
+                                char hello[64], c;
+                                struct timeval tv = { .tv_sec = 5 };
+                                setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+                                int k = snprintf(hello, sizeof hello, "%cAUTH EXTERNAL 3635353334\r\n", 0);
+                                if (connect(fd, (struct sockaddr *)&sa, sizeof sa) == 0 &&
+                                    send(fd, hello, (size_t)k, MSG_NOSIGNAL) == k && recv(fd, &c, 1, 0) == 1)
+                                        n++; /* answered: it holds a place (fd left open) */
+                        }
+                        (void)!write(pipefd[1], &n, sizeof n);
+                        pause();
+                        _exit(0);
+                }
+                cr_assert_eq(read(pipefd[0], &held, sizeof held), (ssize_t)sizeof held);
+                cr_assert_eq(held, BUS_MAX_DIRECT_PER_USER, "another user holds %d places", held);
+                snprintf(cmd, sizeof cmd, "timeout 10 %s status --socket %s > /dev/null", RAVNESTCTL, sock);
+                cr_assert_eq(system(cmd), 0, "root's status with another user's clients connected");
+                kill(child, SIGKILL);
+                waitpid(child, NULL, 0);
+                close(pipefd[0]);
+                close(pipefd[1]);
+        }
+        kill(p.pid, SIGTERM);
+        cr_assert_eq(proc_exit(&p), 0, "%s", p.out);
         snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
         cr_assert_eq(system(cmd), 0);
 }
