@@ -156,6 +156,9 @@ int dataset_load_text(const char *path, bool test, int T, int vocab, Dataset **r
         if (r < 0)
                 return r;
         memmove(buf, buf + off, n);
+        uint8_t *kept = realloc(buf, n); /* the split only: the validation split is a twentieth */
+        if (kept)
+                buf = kept;
         ds = calloc(1, sizeof *ds);
         if (!ds) {
                 free(buf);
