@@ -72,6 +72,12 @@ static void log_started(const Averaging *a, const ConfigAveraging *ca) {
                  where);
 }
 
+void averaging_report_started(const Averaging *a, const AveragingGroup *g, size_t n_params, Control *c) {
+        NodeAveraging na = { .nodes = a->n_members, .params = n_params };
+        snprintf(na.method, sizeof na.method, "%s", g->settings->method == CONFIG_AVERAGING_MOSHPIT ? "moshpit" : "ring");
+        control_report_averaging(c, &na);
+}
+
 int averaging_start(Averaging *a, const AveragingGroup *g, const Identity *id, size_t n_params,
                     const AveragerRing *rings, unsigned n_rings) {
         const ConfigAveraging *ca = g->settings;

@@ -14,6 +14,7 @@
 
 #include "collective/averager.h"
 #include "conf/config.h"
+#include "control.h"
 #include "nn/optim.h"
 
 /* An averaging group as a run takes part in it: its members and settings
@@ -47,6 +48,9 @@ typedef struct Averaging {
  * -EINVAL when this node's key is not a member. */
 int averaging_coll_config(const AveragingGroup *g, const Identity *id, size_t n_params, CollConfig *cc, NetConfig *nc,
                           CollMember **ret_members);
+/* What the started group is (method, members, values), for the status on
+ * D-Bus, the page and the metrics. */
+void averaging_report_started(const Averaging *a, const AveragingGroup *g, size_t n_params, Control *c);
 int averaging_start(Averaging *a, const AveragingGroup *g, const Identity *id, size_t n_params,
                     const AveragerRing *rings, unsigned n_rings);
 /* Between steps: hand over a snapshot or apply a finished round, and log

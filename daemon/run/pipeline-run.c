@@ -731,6 +731,9 @@ static int run_rings(Run *run, const Identity *id) {
         r = averaging_start(&run->av, &run->plan->averaging, id, pipe_stage(run->pipe)->n_params, rings, n_rings);
         if (r < 0 || (r = run_outer_state(run)) < 0)
                 return r;
+        if (run->o->control)
+                averaging_report_started(&run->av, &run->plan->averaging, pipe_stage(run->pipe)->n_params,
+                                         run->o->control);
         averaging_on_write(&run->av, keep_versions, run);
         /* A stage new to the swarm, or back from a checkpoint, starts from
          * the others' parameters and their optimizer's moments; one the

@@ -158,10 +158,7 @@ static int run_job(Daemon *d) {
                 o.step_userdata = d;
                 o.shard = (int)d->averaging.self;
                 o.n_shards = (int)d->averaging.n_members;
-                NodeAveraging na = { .nodes = d->averaging.n_members, .params = n_params };
-                snprintf(na.method, sizeof na.method, "%s",
-                         c->averaging.method == CONFIG_AVERAGING_MOSHPIT ? "moshpit" : "ring");
-                control_report_averaging(&d->control, &na);
+                averaging_report_started(&d->averaging, &group, n_params, &d->control);
         } else if (d->gossip.active) { /* the same, mixing every step */
                 o.step = step_gossip;
                 o.step_userdata = d;

@@ -237,6 +237,10 @@ Test(swarm_short, a_stage_reports_its_traffic_on_its_control_socket, .timeout = 
                 cr_assert(at, "no %s: %s", fields[i], st.out);
                 cr_expect_gt(strtoull(at + strlen(key), NULL, 10), 0, "%s: %s", fields[i], st.out);
         }
+        /* and what it averages with: the method, the group, the values */
+        cr_expect(strstr(st.out, "\"AveragingMethod\": \"ring\""), "%s", st.out);
+        const char *nodes = strstr(st.out, "\"AveragingNodes\": ");
+        cr_expect(nodes && strtoul(nodes + strlen("\"AveragingNodes\": "), NULL, 10) >= 2, "%s", st.out);
         proc_start(&st, (char *[]){ RAVNESTCTL, "status", "--socket", sock, NULL }, NULL);
         cr_assert_eq(proc_exit(&st), 0, "%s", st.out);
         cr_log_info("%.*s", (int)st.len, st.out);
