@@ -138,6 +138,10 @@ static int check(const Args *a, const Config *config) {
                 log_error_errno(r, "Invalid job: %s", d.text);
                 return EX_CONFIG;
         }
+        if (a->check_config && (r = config_check_job(config, &job, &d)) < 0) {
+                log_error_errno(r, "Invalid configuration: %s", d.text);
+                return EX_CONFIG;
+        }
         r = job_check_data(&job, a->run.data_dir, &d);
         if (r == -ENOENT)
                 log_notice("The job's data is not there to check: %s", d.text);

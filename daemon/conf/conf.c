@@ -222,8 +222,10 @@ int conf_error(const config_setting_t *s, const char *name, int r, Diag *d, cons
         va_end(ap);
         /* The member's own line when it exists (groups span many lines). */
         const config_setting_t *m = name && config_setting_is_group(s) ? config_setting_get_member(s, name) : NULL;
-        return diag_set(d, r, "%s:%u: %s: %s", file ?: "(config)", config_setting_source_line(m ?: s),
-                        path[0] ? path : "(top level)", msg);
+        unsigned line = config_setting_source_line(m ?: s);
+        if (!line) /* a setting missing from the top level: no line to name */
+                return diag_set(d, r, "%s: %s: %s", file ?: "(config)", path[0] ? path : "(top level)", msg);
+        return diag_set(d, r, "%s:%u: %s: %s", file ?: "(config)", line, path[0] ? path : "(top level)", msg);
 }
 
 int conf_check_keys(const config_setting_t *group, const char *const *allowed, Diag *d) {

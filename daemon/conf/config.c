@@ -357,8 +357,14 @@ static int parse_network(const config_setting_t *root, Config *c, Diag *d) {
         const long long max_bytes = 1LL << 36;
         int admission = c->admission, backend = n->backend, r;
 
-        if ((r = conf_get_group(root, "network", false, false, &g, d)) < 0 || !g)
+        if ((r = conf_get_group(root, "network", false, false, &g, d)) < 0)
                 return r;
+        if (!g) /* a node with links must say whom it admits */
+                return c->averaging.enabled || c->pipeline.enabled || c->membership.enabled
+                               ? conf_error(root, "network", -EINVAL, d,
+                                            "missing: a node that averages, runs a stage or joins a swarm admits "
+                                            "peers by network.secret_file or network.allowed_peers")
+                               : 0;
         if ((r = conf_check_keys(g, keys, d)) < 0 ||
             (r = get_strings(g, "peers", CONFIG_MAX_PEERS, &peers, d)) < 0 ||
             (r = get_choice(g, "admission", admission_names, &admission, d)) < 0 ||
@@ -1011,6 +1017,16 @@ int config_load(const char *path, Config *ret, Diag *d) {
         c.allowed = NULL;
         c.averaging.members = NULL;
         c.pipeline.clusters = NULL;
+        return 0;
+}
+
+int config_check_job(const Config *c, const Job *job, Diag *d) {
+        for (unsigned i = 0; c->pipeline.enabled && i < c->pipeline.n_clusters; i++) {
+                const ConfigCluster *cl = &c->pipeline.clusters[i];
+                if (cl->bounds[cl->n_stages] != job->model.n_layers)
+                        return diag_set(d, -EINVAL, "%s: pipeline.clusters: cluster %u cuts %d layers, job %s has %d",
+                                        c->path, i + 1, cl->bounds[cl->n_stages], job->name, job->model.n_layers);
+        }
         return 0;
 }
 

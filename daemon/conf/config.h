@@ -23,6 +23,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "conf/job.h"
 #include "host/idle.h"
 #include "net/handshake.h"
 #include "net/identity.h"
@@ -194,6 +195,10 @@ int config_load(const char *path, Config *ret, Diag *d);
  * net_new() copies them. -EINVAL when c has no admission rule (a node that
  * neither listens nor has peers need not set one). */
 int config_net(const Config *c, const Identity *id, NetConfig *ret, Diag *d);
+/* What the file asks of the job it runs: every pipeline cluster cuts the
+ * job's model whole. -EINVAL with the file and setting in d. The daemon's
+ * start and --check-config both run it. */
+int config_check_job(const Config *c, const Job *job, Diag *d);
 /* Free the lists and wipe the secret; c may be reused after config_defaults(). */
 void config_free(Config *c);
 /* Free n clusters and the nodes of each; NULL. */

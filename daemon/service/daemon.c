@@ -351,15 +351,26 @@ static void on_reload_signal(Daemon *d) {
         NodeState state;
         control_snapshot(&d->control, &state, NULL, NULL, NULL, NULL);
         if (state == NODE_UNCONFIGURED && configured(d, &n)) {
-                /* nothing runs yet: take the whole new configuration */
-                config_free(&d->config);
+                /* nothing runs yet: take the whole new configuration, or
+                 * none of it if training cannot start with it */
+                Config old = d->config;
                 d->config = n;
-                log_event(LOG_NOTICE, EVENT_RELOAD, "RESULT=ok", "Reloaded %s: the node is configured now", path);
                 apply_live_settings(d, &d->config);
                 control_set_state(&d->control, NODE_STARTING);
                 r = start_worker(d);
-                if (r < 0)
-                        sd_event_exit(d->event, r == -EINVAL ? EX_CONFIG : EXIT_FAILURE);
+                if (r < 0) {
+                        config_free(&d->config);
+                        d->config = old;
+                        apply_live_settings(d, &d->config);
+                        control_set_state(&d->control, NODE_UNCONFIGURED);
+                        log_event(LOG_ERR, EVENT_RELOAD, "RESULT=failed",
+                                  "Reloading %s failed: training cannot start with it (above); the node stays "
+                                  "unconfigured", path);
+                } else {
+                        config_free(&old);
+                        log_event(LOG_NOTICE, EVENT_RELOAD, "RESULT=ok", "Reloaded %s: the node is configured now",
+                                  path);
+                }
         } else {
                 apply_live_settings(d, &n);
                 d->config.idle = n.idle;
@@ -532,6 +543,8 @@ static int start_worker(Daemon *d) {
         r = job_load(job_path, &d->job, &diag);
         if (r < 0)
                 return log_error_errno(r == -ENOENT ? -EINVAL : r, "Invalid job: %s", diag.text);
+        if ((r = config_check_job(&d->config, &d->job, &diag)) < 0)
+                return log_error_errno(r, "Invalid configuration: %s", diag.text);
         /* every mode that trains checks its model against its data here,
          * before any link or thread exists (a coordinator alone trains nothing) */
         if (!d->config.membership.enabled || d->config.membership.train) {

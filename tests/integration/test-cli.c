@@ -148,6 +148,20 @@ Test(cli, configuration_errors_name_file_line_and_setting) {
                             "4: interval: set twice");
         expect_config_error("threads = 2;\nidle = { enabled = fals; };\n",
                             "2: syntax error in \"idle = { enabled = fals; };\"");
+        /* what only the job tells apart: --check-config runs the check the
+         * daemon's start runs (the job here has 4 layers) */
+        char secret[] = "/tmp/ravnest-test-cli-secret-XXXXXX", text[1024];
+        int fd = mkstemp(secret);
+        cr_assert(fd >= 0 && write(fd, "00112233445566778899aabbccddeeff00112233445566778899aabbccddeeff\n", 65) == 65);
+        close(fd);
+        snprintf(text, sizeof text,
+                 "job = \"" SOURCE_ROOT "/config/jobs/fashion-mnist-mlp.job\";\nnetwork = { secret_file = \"%s\"; };\n"
+                 "pipeline = { listen = \"127.0.0.1:7003\"; clusters = ( { nodes = [\n"
+                 "  \"80a4d7a4bebd9ed03987f3b2db2057cf7abd4cf24f77106ac9c5d91b14accbd3@127.0.0.1:7003\",\n"
+                 "  \"d50a93859a54a4731616c02223cf0624ee207a60df1d7d478448cc000daccdc6@127.0.0.1:7004\" ];\n"
+                 "  stages = [0, 2, 9]; } ); };\n", secret);
+        expect_config_error(text, " pipeline.clusters: cluster 1 cuts 9 layers, job fashion-mnist-mlp has ");
+        unlink(secret);
 }
 
 /* ---- figures that mislead ------------------------------------------------ */

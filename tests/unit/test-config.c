@@ -375,6 +375,26 @@ Test(config, libconfig_errors_name_the_setting) {
 /* the averaging group, appended to base from line 13 */
 static const char *base_end = "  idle_timeout = 30000;\n};\n";
 
+/* An averaging group, a pipeline stage or a member of a swarm admits
+ * peers: without a network section at all, the file is refused (it used
+ * to pass --check-config and fail only when the node started). */
+Test(config, a_node_with_links_and_no_network_section_is_refused) {
+        char path[] = "/tmp/ravnest-test-nonet-XXXXXX";
+        int fd = mkstemp(path);
+        cr_assert(fd >= 0);
+        const char *text = "state_directory = \"/tmp\";\naveraging = {\n  listen = \"127.0.0.1:7100\";\n"
+                           "  members = [ \"" K1 "@127.0.0.1:7100\", \"" K2 "@127.0.0.1:7101\" ];\n};\n";
+        cr_assert_eq(write(fd, text, strlen(text)), (ssize_t)strlen(text));
+        close(fd);
+        Config c;
+        Diag d = {};
+        cr_assert_eq(config_load(path, &c, &d), -EINVAL);
+        char want[128];
+        snprintf(want, sizeof want, "%s: network: missing: a node that averages", path);
+        cr_assert(strstr(d.text, want), "%s", d.text);
+        unlink(path);
+}
+
 Test(config, averaging_group) {
         char path[64];
         Config c;
