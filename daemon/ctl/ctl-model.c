@@ -3,11 +3,13 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <getopt.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sysexits.h>
 #include <unistd.h>
 
@@ -333,13 +335,43 @@ static int write_safetensors(const char *path, const Job *job, const Stage *s, c
         while (k % 8)
                 json[k++] = ' ';
         uint64_t hlen = k;
-        FILE *f = fopen(path, "wbe");
-        if (!f)
-                return -errno;
+        /* beside it, then renamed over it: a write that fails leaves what
+         * was there */
+        char tmp[PATH_MAX];
+        if (snprintf(tmp, sizeof tmp, "%s.tmp-XXXXXX", path) >= (int)sizeof tmp)
+                return -ENAMETOOLONG;
+        int fd = mkostemp(tmp, O_CLOEXEC);
+        FILE *f = fd >= 0 ? fdopen(fd, "wb") : NULL;
+        if (!f) {
+                int r = -errno;
+                if (fd >= 0) {
+                        close(fd);
+                        unlink(tmp);
+                }
+                return r;
+        }
         bool ok = fwrite(&hlen, 8, 1, f) == 1 && fwrite(json, 1, k, f) == k &&
                   fwrite(s->params, sizeof(float), s->n_params, f) == s->n_params;
+        ok = fchmod(fileno(f), 0644) == 0 && ok;
         ok = fclose(f) == 0 && ok;
-        return ok ? 0 : -EIO;
+        if (!ok || rename(tmp, path) < 0) {
+                int r = ok ? -errno : -EIO;
+                unlink(tmp);
+                return r;
+        }
+        return 0;
+}
+
+/* Whether output names one of the checkpoints read (the same file by
+ * another name too): writing it would destroy the model being exported. */
+static bool is_a_checkpoint(const ModelArgs *m, const char *output) {
+        struct stat o, c;
+        if (stat(output, &o) < 0)
+                return false;
+        for (int i = 0; i < m->n_ckpt; i++)
+                if (stat(m->ckpt[i], &c) == 0 && c.st_dev == o.st_dev && c.st_ino == o.st_ino)
+                        return true;
+        return false;
 }
 
 static void export_usage(FILE *f) {
@@ -377,6 +409,10 @@ int ctl_export(int argc, char *argv[]) {
         if (optind < argc || !output) {
                 fprintf(stderr, optind < argc ? "export: unexpected argument \"%s\"\n" : "export: needs --output FILE\n",
                         argv[optind < argc ? optind : 0]);
+                return EX_USAGE;
+        }
+        if (is_a_checkpoint(&m, output)) {
+                fprintf(stderr, "export: --output %s is one of the checkpoints: refusing to overwrite it\n", output);
                 return EX_USAGE;
         }
         Job job;

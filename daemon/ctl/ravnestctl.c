@@ -334,6 +334,10 @@ static int simple_command(int argc, char *argv[], const char *usage, int min_arg
         }
         if (!strcmp(argv[0], "job"))
                 return describe_job(argv[optind]);
+        if (!strcmp(argv[0], "identity") && n && !argv[optind][0]) {
+                fprintf(stderr, "identity: STATE_DIR is empty\n");
+                return EX_USAGE;
+        }
         if (!strcmp(argv[0], "identity"))
                 return show_identity(n ? argv[optind] : NULL);
         printf("ravnestctl %s\n", RAVNEST_VERSION);

@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "util/log.h"
+#include "util/time-util.h"
 #include "util/rss.h"
 
 #define ERROR_NOTHING BUS_INTERFACE ".Error.NothingToCheckpoint"
@@ -476,6 +477,26 @@ void bus_stop(Bus *b) {
 
 /* ---- client ------------------------------------------------------------ */
 
+/* Until the socket's server has answered the authentication: sd-bus would
+ * wait 90 s for one that accepts and never answers (a node whose loop is
+ * stuck), where a client wants to say so within seconds. */
+static int wait_ready(sd_bus *bus, uint64_t timeout_usec) {
+        uint64_t end = now_ns() / 1000 + timeout_usec;
+        int r;
+        while ((r = sd_bus_is_ready(bus)) == 0) {
+                if ((r = sd_bus_process(bus, NULL)) < 0)
+                        return r;
+                if (r > 0)
+                        continue;
+                uint64_t now = now_ns() / 1000;
+                if (now >= end)
+                        return -ETIMEDOUT;
+                if ((r = sd_bus_wait(bus, end - now)) < 0)
+                        return r;
+        }
+        return r < 0 ? r : 0;
+}
+
 int bus_connect_node(const char *socket_path, bool only_socket, sd_bus **ret, bool *ret_direct) {
         sd_bus *bus = NULL;
         int r;
@@ -495,8 +516,9 @@ int bus_connect_node(const char *socket_path, bool only_socket, sd_bus **ret, bo
         snprintf(address, sizeof address, "unix:path=%s", socket_path);
         if ((r = sd_bus_new(&bus)) < 0)
                 return r;
-        if ((r = sd_bus_set_address(bus, address)) < 0 || (r = sd_bus_start(bus)) < 0) {
-                sd_bus_unref(bus);
+        if ((r = sd_bus_set_address(bus, address)) < 0 || (r = sd_bus_start(bus)) < 0 ||
+            (r = wait_ready(bus, BUS_CONNECT_TIMEOUT_USEC)) < 0) {
+                sd_bus_close_unref(bus); /* no flush: it would wait for the server again */
                 return r;
         }
         *ret = bus;

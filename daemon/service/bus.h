@@ -32,6 +32,8 @@
 /* Replies a client may leave unread before it is dropped. */
 #define BUS_MAX_QUEUED 64
 #define BUS_MAX_PENDING 16
+/* A client gives up on a socket that does not answer within this long. */
+#define BUS_CONNECT_TIMEOUT_USEC (10 * 1000000ULL)
 
 typedef struct Bus {
         Control *control;

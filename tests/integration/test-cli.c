@@ -5,6 +5,8 @@
 
 #include "../lib/proc.h"
 #include <signal.h>
+#include <sys/socket.h>
+#include <sys/un.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -57,6 +59,7 @@ static const BadArgs bad_args[] = {
         { { RAVNESTCTL, "swarm", "--progress", "2s", NO_JOB }, "Invalid value for --progress: 2s" },
         { { RAVNESTCTL, "swarm", "--bogus", NO_JOB }, "'--bogus'" },
         { { RAVNESTCTL, "swarm", NO_JOB, "extra" }, "\"extra\"" },
+        { { RAVNESTCTL, "identity", "" }, "identity: STATE_DIR is empty" }, /* not /identity */
         { { RAVNESTCTL, "plan", "--micro-batch", "0", "nodes.conf" }, "Invalid value for --micro-batch: 0" },
         { { RAVNESTCTL, "plan", "--staleness", "many", "nodes.conf" }, "Invalid value for --staleness: many" },
         { { RAVNESTCTL, "plan", "--seed", "x", "nodes.conf" }, "Invalid value for --seed: x" },
@@ -95,6 +98,24 @@ Test(cli, bad_arguments_exit_64_naming_them) {
                 cr_expect(strstr(p.out, b->says), "%s%s: no \"%s\" in: %s", strrchr(b->argv[0], '/') + 1, line,
                           b->says, p.out);
         }
+}
+
+/* A socket that takes the connection and never answers (a node whose loop
+ * is stuck looks the same): status says the node is unreachable (69)
+ * within seconds, not after sd-bus's 90. */
+Test(cli, status_gives_up_on_a_socket_that_never_answers, .timeout = 60) {
+        char dir[] = "/tmp/ravnest-test-mute-XXXXXX";
+        cr_assert_not_null(mkdtemp(dir));
+        struct sockaddr_un sa = { .sun_family = AF_UNIX };
+        snprintf(sa.sun_path, sizeof sa.sun_path, "%s/control", dir);
+        int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+        cr_assert(fd >= 0 && bind(fd, (struct sockaddr *)&sa, sizeof sa) == 0 && listen(fd, 4) == 0);
+        Proc p;
+        int code = run(&p, (char *[]){ RAVNESTCTL, "status", "--socket", sa.sun_path, NULL });
+        cr_assert_eq(code, 69, "exit %d: %s", code, p.out);
+        cr_assert(strstr(p.out, "not reachable"), "%s", p.out);
+        close(fd);
+        test_remove_tree(dir);
 }
 
 /* The benchmarks too (built with -Dbenchmarks=true, the default). */

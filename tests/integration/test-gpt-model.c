@@ -69,6 +69,17 @@ Test(gpt_model, generate_and_export, .timeout = 600) {
                                    "--output", out, NULL }, NULL);
         cr_assert_eq(proc_exit(&p), 0, "%s", p.out);
         cr_assert(strstr(p.out, "53 tensors"), "%s", p.out); /* 2 + 4 blocks x 12 + 3 */
+        /* an output that is one of the checkpoints (by another name too) is refused, and it stays whole */
+        char alias[600];
+        const char *slash = strrchr(c2, '/');
+        snprintf(alias, sizeof alias, "%.*s/./%s", (int)(slash - c2), c2, slash + 1);
+        proc_start(&p, (char *[]){ RAVNESTCTL, "export", "--job", JOB, "--checkpoint", c1, "--checkpoint", c2,
+                                   "--output", alias, NULL }, NULL);
+        cr_assert_eq(proc_exit(&p), 64, "%s", p.out);
+        cr_assert(strstr(p.out, "is one of the checkpoints"), "%s", p.out);
+        proc_start(&p, (char *[]){ RAVNESTCTL, "generate", "--job", JOB, "--checkpoint", c1, "--checkpoint", c2,
+                                   "--prompt", "A", NULL }, NULL);
+        cr_assert_eq(proc_exit(&p), 0, "the checkpoint was damaged: %s", p.out);
         if (!have_torch()) {
                 test_remove_tree(dir);
                 cr_skip_test("SKIP: PyTorch (python3-torch) missing: the exported weights were not loaded in it");
