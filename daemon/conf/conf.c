@@ -93,6 +93,114 @@ static bool named_twice(const char *name, size_t n, const char *value, void *use
         return false;
 }
 
+#define CONF_FILE_MAX (16 << 20)
+
+/* The name of the setting a number at p belongs to: the last "name =" or
+ * "name :" before it on its line (an array's, for its elements), or "". */
+static void name_before(const char *line, const char *p, char *buf, size_t len) {
+        const char *eq = NULL;
+        for (const char *q = line; q < p; q++)
+                if (*q == '=' || *q == ':')
+                        eq = q;
+        buf[0] = '\0';
+        if (!eq)
+                return;
+        const char *end = eq;
+        while (end > line && (end[-1] == ' ' || end[-1] == '\t'))
+                end--;
+        const char *start = end;
+        while (start > line && name_char(start[-1]))
+                start--;
+        snprintf(buf, len, "%.*s: ", (int)(end - start), start);
+}
+
+/* Whether a digit at p starts a number: not inside a name ("layer2"), a
+ * float's fraction ("1.25") or a name with a dash ("a-1"). */
+static bool number_starts(const char *text, const char *p) {
+        if (p == text)
+                return true;
+        char b = p[-1], bb = p - 1 > text ? p[-2] : ' ';
+        if (b == '-' || b == '+')
+                return !name_char(bb) && bb != '.';
+        return !name_char(b) && b != '.';
+}
+
+/* libconfig 1.5 reads an integer written without the L suffix into 32 bits
+ * and drops the rest (99999999999 reads as 1215752191, 4294967296 as 0),
+ * and one with it past 64 bits as the largest. Every integer the file
+ * writes, wherever it stands (a setting, an array, a line of any length),
+ * must fit what it is read into: -ERANGE naming the file, the line, the
+ * setting and the number otherwise. */
+static int check_integers(const char *path, const char *text, Diag *d) {
+        const char *line = text;
+        int n = 1;
+        for (const char *p = text; *p; p++) {
+                if (*p == '\n') {
+                        line = p + 1;
+                        n++;
+                } else if (*p == '"') { /* a string: to its closing quote */
+                        for (p++; *p && *p != '"'; p++)
+                                if (*p == '\\' && p[1])
+                                        p++;
+                        if (!*p)
+                                break;
+                } else if (*p == '#' || (p[0] == '/' && p[1] == '/')) {
+                        p += strcspn(p, "\n") - 1;
+                } else if (p[0] == '/' && p[1] == '*') {
+                        for (p += 2; *p && !(p[0] == '*' && p[1] == '/'); p++)
+                                if (*p == '\n') {
+                                        line = p + 1;
+                                        n++;
+                                }
+                        if (!*p)
+                                break;
+                        p++;
+                } else if (*p >= '0' && *p <= '9' && number_starts(text, p)) {
+                        const char *start = p > text && (p[-1] == '-' || p[-1] == '+') ? p - 1 : p;
+                        bool hex = p[0] == '0' && (p[1] == 'x' || p[1] == 'X');
+                        const char *end = p + (hex ? 2 + strspn(p + 2, "0123456789abcdefABCDEF") : strspn(p, "0123456789"));
+                        if (!hex && (*end == '.' || *end == 'e' || *end == 'E')) { /* a float */
+                                p = end + strspn(end, "0123456789.eE+-") - 1;
+                                continue;
+                        }
+                        bool wide = *end == 'L';
+                        char num[80], name[80];
+                        snprintf(num, sizeof num, "%.*s", (int)(end - start), start);
+                        errno = 0;
+                        long long v = hex ? (long long)strtoull(num, NULL, 16) : strtoll(num, NULL, 10);
+                        bool fits = errno != ERANGE && (wide || (hex ? (unsigned long long)v <= 0xffffffffull
+                                                                      : v >= INT32_MIN && v <= INT32_MAX));
+                        if (!fits) {
+                                name_before(line, start, name, sizeof name);
+                                if (wide)
+                                        return diag_set(d, -ERANGE, "%s:%d: %s%sL does not fit 64 bits", path, n,
+                                                        name, num);
+                                return diag_set(d, -ERANGE, "%s:%d: %s%s is read as a 32-bit integer: write %sL",
+                                                path, n, name, num, num);
+                        }
+                        p = end + wide - 1;
+                }
+        }
+        return 0;
+}
+
+static int check_file_integers(const char *path, Diag *d) {
+        struct stat st;
+        _cleanup_(closep) int fd = file_open_regular(path, 0, &st, d);
+        if (fd < 0)
+                return fd;
+        if (st.st_size > CONF_FILE_MAX)
+                return diag_set(d, -EFBIG, "%s: larger than %d MiB", path, CONF_FILE_MAX >> 20);
+        _cleanup_(freep) char *text = malloc((size_t)st.st_size + 1);
+        if (!text)
+                return diag_set(d, -ENOMEM, "%s: out of memory", path);
+        ssize_t k = read(fd, text, (size_t)st.st_size);
+        if (k < 0)
+                return diag_set(d, -errno, "%s: cannot read: %m", path);
+        text[k] = '\0';
+        return check_integers(path, text, d);
+}
+
 int conf_read_file(config_t *c, const char *path, Diag *d) {
         struct stat st;
         int fd = file_open_regular(path, 0, &st, d); /* a FIFO would hang libconfig's fopen() */
@@ -102,7 +210,7 @@ int conf_read_file(config_t *c, const char *path, Diag *d) {
         /* config_read_file() records the file name, which every later error
          * message about a setting needs. */
         if (config_read_file(c, path) == CONFIG_TRUE)
-                return 0;
+                return check_file_integers(path, d);
         if (config_error_type(c) == CONFIG_ERR_FILE_IO) {
                 int r = errno > 0 ? -errno : -EIO;
                 return diag_set(d, r, "%s: cannot read: %s", path, strerror(-r));
@@ -128,65 +236,6 @@ int conf_read_file(config_t *c, const char *path, Diag *d) {
         if (quote[0])
                 return diag_set(d, -EINVAL, "%s:%d: %s in \"%s\"", file, line, text, quote);
         return diag_set(d, -EINVAL, "%s:%d: %s", file, line, text);
-}
-
-/* libconfig 1.5 keeps an integer written without the L suffix as an int,
- * its bits past 32 cut off (99999999999 reads as 1215752191). Read the
- * setting's text back from its line: true, and the text in buf, when it is
- * not the number libconfig kept. */
-typedef struct Wrapped {
-        const char *name;
-        long long value;
-        char *buf;
-        size_t len;
-        bool same, other; /* a text that reads as value; one that does not (in buf) */
-        bool read;        /* other fits a long long: it is written */
-        long long written;
-} Wrapped;
-
-static bool check_value(const char *name, size_t n, const char *value, void *userdata) {
-        Wrapped *w = userdata;
-        char text[64], *end;
-
-        if (strlen(w->name) != n || strncmp(name, w->name, n))
-                return false;
-        value += strspn(value, " \t");
-        size_t k = strspn(value, "+-0123456789abcdefABCDEFxX");
-        snprintf(text, sizeof text, "%.*s", (int)k, value);
-        bool hex = strpbrk(text, "xX") != NULL;
-        errno = 0;
-        long long v = strtoll(text, &end, hex ? 16 : 10);
-        if (k == 0 || *end)
-                return false;
-        if (errno != ERANGE && v == w->value) {
-                w->same = true;
-                return true; /* the setting's own text (another group's may share the line) */
-        }
-        w->other = true;
-        w->read = errno != ERANGE;
-        w->written = v;
-        snprintf(w->buf, w->len, "%s", text);
-        return false;
-}
-
-/* True when libconfig cut the value written on the setting's line (its
- * text in buf); then, unless NULL, *ret_read says whether that value fits a
- * long long, and *ret_written is it. */
-static bool int_wrapped(const config_setting_t *s, long long v, char *buf, size_t len, bool *ret_read,
-                        long long *ret_written) {
-        char line[1024];
-        size_t n;
-        Wrapped w = { .name = config_setting_name(s), .value = v, .buf = buf, .len = len };
-
-        if (!w.name || config_setting_type(s) != CONFIG_TYPE_INT)
-                return false;
-        source_line(config_setting_source_file(s), (int)config_setting_source_line(s), line, sizeof line);
-        find_name(line, check_value, &w, &n);
-        if (ret_read)
-                *ret_read = w.read;
-        if (ret_written)
-                *ret_written = w.written;
-        return !w.same && w.other;
 }
 
 /* "optimizer.lr" or "model.layers.[2].out" */
@@ -250,9 +299,7 @@ static config_setting_t *member(const config_setting_t *group, const char *name)
 int conf_get_int(const config_setting_t *group, const char *name, bool required, long long lo,
                  long long hi, long long def, long long *ret, Diag *d) {
         config_setting_t *s = member(group, name);
-        char text[64];
-        long long v, written = 0;
-        bool read = false;
+        long long v;
 
         if (!s) {
                 if (required)
@@ -270,13 +317,6 @@ int conf_get_int(const config_setting_t *group, const char *name, bool required,
         default:
                 return conf_error(s, NULL, -EINVAL, d, "must be an integer in [%lld, %lld]", lo, hi);
         }
-        if (int_wrapped(s, v, text, sizeof text, &read, &written)) {
-                if (read && written >= lo && written <= hi) /* libconfig 1.5 kept 32 bits of it */
-                        return conf_error(s, NULL, -ERANGE, d, "%s is read as a 32-bit integer: write %sL", text,
-                                          text);
-                return conf_error(s, NULL, -ERANGE, d, "out of range: must be an integer in [%lld, %lld], got %s",
-                                  lo, hi, text);
-        }
         if (v < lo || v > hi)
                 return conf_error(s, NULL, -ERANGE, d, "must be an integer in [%lld, %lld], got %lld",
                                   lo, hi, v);
@@ -287,7 +327,6 @@ int conf_get_int(const config_setting_t *group, const char *name, bool required,
 int conf_get_double(const config_setting_t *group, const char *name, bool required, double lo,
                     double hi, double def, double *ret, Diag *d) {
         config_setting_t *s = member(group, name);
-        char text[64];
         double v;
 
         if (!s) {
@@ -309,9 +348,6 @@ int conf_get_double(const config_setting_t *group, const char *name, bool requir
         default:
                 return conf_error(s, NULL, -EINVAL, d, "must be a number in [%g, %g]", lo, hi);
         }
-        if (int_wrapped(s, (long long)v, text, sizeof text, NULL, NULL))
-                return conf_error(s, NULL, -ERANGE, d, "out of range: must be a number in [%g, %g], got %s", lo,
-                                  hi, text);
         if (!(v >= lo && v <= hi))
                 return conf_error(s, NULL, -ERANGE, d, "must be a number in [%g, %g], got %g", lo, hi,
                                   v);

@@ -338,22 +338,30 @@ Test(config, errors_name_file_line_and_setting) {
 }
 
 /* What libconfig 1.5 itself reports names the setting too: it cuts an
- * integer past 32 bits to its low bits, and names only the line of a
- * duplicate or a syntax error. */
+ * integer past 32 bits to its low bits (and one past 64 with L to the
+ * largest), and names only the line of a duplicate or a syntax error. */
 Test(config, libconfig_errors_name_the_setting) {
         expect_error("threads = 2;", "threads = 99999999999;",
-                     "2: threads: out of range: must be an integer in [0, 256], got 99999999999");
+                     "2: threads: 99999999999 is read as a 32-bit integer: write 99999999999L");
         expect_error("threads = 2;", "threads = 4294967298;", /* its low 32 bits are 2 */
-                     "2: threads: out of range: must be an integer in [0, 256], got 4294967298");
-        expect_error("threads = 2;", "threads = -99999999999;", "2: threads: out of range");
-        expect_error("threads = 2;", "threads = 0x100000002;", "2: threads: out of range");
+                     "2: threads: 4294967298 is read as a 32-bit integer");
+        expect_error("threads = 2;", "threads = -99999999999;", "2: threads: -99999999999 is read as a 32-bit");
+        expect_error("threads = 2;", "threads = 0x100000002;", "2: threads: 0x100000002 is read as a 32-bit");
+        expect_error("threads = 2;", "threads = 99999999999L;", "2: threads: must be an integer in [0, 256], got 99999999999");
+        expect_error("threads = 2;", "threads = 9223372036854775808L;", "2: threads: 9223372036854775808L does not fit 64 bits");
         expect_error("idle_timeout = 30000;", "idle_timeout = 99999999999;",
-                     "11: network.idle_timeout: out of range: must be an integer in [0, 86400000], got 99999999999");
+                     "11: idle_timeout: 99999999999 is read as a 32-bit integer");
         expect_error("threads = 2;", "threads = 2; idle = { busy_time = 99999999999; };",
-                     "2: idle.busy_time: out of range: must be a number in [0, 60], got 99999999999");
-        /* the same name in another group on the line is not this setting's text */
-        expect_error("threads = 2;", "idle = { busy_time = 1; }; checkpoint = { interval = 99999999999; };",
-                     "2: checkpoint.interval: out of range");
+                     "2: busy_time: 99999999999 is read as a 32-bit integer");
+        /* wherever it stands: another setting of the same name on the line, an array, a long line */
+        expect_error("threads = 2;", "idle = { busy_time = 1; }; checkpoint = { interval = 1; }; x = { interval = 4294967306; };",
+                     "2: interval: 4294967306 is read as a 32-bit integer");
+        char line[3000];
+        int k = snprintf(line, sizeof line, "threads = 2; idle = { busy_time = 1; max_other_cpu = 1.5e3; }; n = [ ");
+        for (int i = 0; i < 600; i++) /* past the 1024 bytes a line was read back in */
+                k += snprintf(line + k, sizeof line - (size_t)k, "1, ");
+        snprintf(line + k, sizeof line - (size_t)k, "4294967296 ]; # 99999999999 in a comment\ns = \"99999999999\";");
+        expect_error("threads = 2;", line, "2: n: 4294967296 is read as a 32-bit integer");
         expect_error("threads = 2;", "threads = 2;\nthreads = 3;", "3: threads: set twice in the same group");
         expect_error("max_frame = 65536;", "max_frame = 65536; max_frame = 4096;",
                      "10: max_frame: set twice in the same group");
@@ -847,7 +855,7 @@ Test(config, synchronous_start) {
         cr_assert_eq(c.pipeline.synchronous_start, 0);
         config_free(&c);
         expect_pipeline_error(" synchronous_start = 1099511627776;",
-                              "13: pipeline.synchronous_start: 1099511627776 is read as a 32-bit integer: write "
+                              "13: synchronous_start: 1099511627776 is read as a 32-bit integer: write "
                               "1099511627776L");
         load_pipeline(" synchronous_start = 1099511627776L;", &c);
         cr_assert_eq(c.pipeline.synchronous_start, 1ll << 40);
