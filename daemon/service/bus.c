@@ -248,8 +248,9 @@ static int serve_object(Bus *b, sd_bus *bus) {
         return r;
 }
 
+/* No flush: a client that does not read would hold the loop in it. */
 static void drop_client(Bus *b, size_t i) {
-        b->direct[i] = sd_bus_flush_close_unref(b->direct[i]);
+        b->direct[i] = sd_bus_close_unref(b->direct[i]);
 }
 
 /* After every event the loop dispatched: a client whose call came in the
