@@ -129,16 +129,16 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
          * second keeps the connection open for the next request (HTTP/1.1
          * keep-alive, pipelined requests), where an answer queued on the
          * first would close it. A body (no method here takes one) is
-         * read and dropped. */
+         * read and dropped, within the same deadline as the header. */
         if (!*con_cls) {
                 *con_cls = w;
-                mark_waiting(w, c, false);
                 return MHD_YES;
         }
         if (*upload_data_size) {
                 *upload_data_size = 0;
                 return MHD_YES;
         }
+        mark_waiting(w, c, false);
         __atomic_add_fetch(&w->requests, 1, __ATOMIC_RELAXED);
 
         if (strcmp(method, MHD_HTTP_METHOD_GET) != 0 && strcmp(method, MHD_HTTP_METHOD_HEAD) != 0)
