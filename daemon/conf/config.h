@@ -145,7 +145,7 @@ typedef struct ConfigMetrics {
         bool enabled;
         ConfigAddress listen;
         unsigned max_connections;       /* served at once; more wait to be accepted */
-        unsigned timeout_s;             /* a request must come whole within this long */
+        unsigned timeout_s;             /* a request and its answer must go through within this long */
 } ConfigMetrics;
 
 /* This node relays links between nodes that accept no connections (see

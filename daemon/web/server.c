@@ -14,11 +14,11 @@
 #include "web/metrics.h"
 #include "web/page.h"
 
-/* A connection, while it waits for a request: since when (0 while one is
- * being answered). */
+/* A connection: since when its request has been under way (0: closed by
+ * the deadline already). */
 typedef struct WebConn {
         int fd;
-        uint64_t waiting_ns;
+        uint64_t since_ns;
         bool used;
 } WebConn;
 
@@ -35,10 +35,11 @@ struct WebServer {
 
 /* ---- connections: a request must come whole within the timeout --------- */
 
-/* MHD's timeout counts from the last byte, so a client sending a byte a
- * second would hold its slot for ever: the server also closes a connection
- * that has waited timeout_s for a whole request since it opened or since
- * its last answer (web_server_publish(), every second). */
+/* MHD's timeout counts from the last byte, so a client sending (or
+ * reading) a byte a second would hold its slot for ever: the server also
+ * closes a connection whose request, its body and its answer have not all
+ * gone through within timeout_s of the connection opening or of the last
+ * answer (web_server_publish(), every second). */
 static void on_connection(void *cls, struct MHD_Connection *c, void **ctx, enum MHD_ConnectionNotificationCode toe) {
         WebServer *w = cls;
         pthread_mutex_lock(&w->lock);
@@ -46,7 +47,7 @@ static void on_connection(void *cls, struct MHD_Connection *c, void **ctx, enum 
                 const union MHD_ConnectionInfo *i = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
                 for (unsigned k = 0; i && k < w->n_conns && !*ctx; k++)
                         if (!w->conns[k].used) {
-                                w->conns[k] = (WebConn){ .fd = i->connect_fd, .waiting_ns = now_ns(), .used = true };
+                                w->conns[k] = (WebConn){ .fd = i->connect_fd, .since_ns = now_ns(), .used = true };
                                 *ctx = &w->conns[k];
                         }
         } else if (*ctx) /* closed: MHD closes the socket after this */
@@ -54,18 +55,17 @@ static void on_connection(void *cls, struct MHD_Connection *c, void **ctx, enum 
         pthread_mutex_unlock(&w->lock);
 }
 
-static void mark_waiting(WebServer *w, struct MHD_Connection *c, bool waiting) {
+/* An answer went out: the connection is kept open for the next request,
+ * whose clock starts now. */
+static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls, enum MHD_RequestTerminationCode toe) {
+        WebServer *w = cls;
         const union MHD_ConnectionInfo *i = MHD_get_connection_info(c, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
+        (void)con_cls, (void)toe;
         if (!i || !i->socket_context)
                 return;
         pthread_mutex_lock(&w->lock);
-        ((WebConn *)i->socket_context)->waiting_ns = waiting ? now_ns() : 0;
+        ((WebConn *)i->socket_context)->since_ns = now_ns();
         pthread_mutex_unlock(&w->lock);
-}
-
-static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls, enum MHD_RequestTerminationCode toe) {
-        (void)con_cls, (void)toe;
-        mark_waiting(cls, c, true); /* kept open: the next request */
 }
 
 /* Called with w->lock held. */
@@ -73,9 +73,9 @@ static void close_overdue(WebServer *w) {
         uint64_t now = now_ns();
         for (unsigned k = 0; k < w->n_conns; k++) {
                 WebConn *c = &w->conns[k];
-                if (c->used && c->waiting_ns && now - c->waiting_ns > w->timeout_ns) {
+                if (c->used && c->since_ns && now - c->since_ns > w->timeout_ns) {
                         shutdown(c->fd, SHUT_RDWR); /* MHD sees it and closes it */
-                        c->waiting_ns = 0;
+                        c->since_ns = 0;
                 }
         }
 }
@@ -129,7 +129,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
          * second keeps the connection open for the next request (HTTP/1.1
          * keep-alive, pipelined requests), where an answer queued on the
          * first would close it. A body (no method here takes one) is
-         * read and dropped, within the same deadline as the header. */
+         * read and dropped. */
         if (!*con_cls) {
                 *con_cls = w;
                 return MHD_YES;
@@ -138,7 +138,6 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
                 *upload_data_size = 0;
                 return MHD_YES;
         }
-        mark_waiting(w, c, false);
         __atomic_add_fetch(&w->requests, 1, __ATOMIC_RELAXED);
 
         if (strcmp(method, MHD_HTTP_METHOD_GET) != 0 && strcmp(method, MHD_HTTP_METHOD_HEAD) != 0)

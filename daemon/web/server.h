@@ -8,8 +8,9 @@
  * does not fit the connection's memory is refused; at most max_connections
  * at once (more wait in the kernel's queue to be accepted); a connection is
  * kept open for the next request (keep-alive, pipelining) and closed when
- * a request has not come whole within timeout_s of the connection opening
- * or of the last answer, however slowly its bytes trickle in.
+ * a request and its answer have not gone through within timeout_s of the
+ * connection opening or of the last answer, however slowly the bytes
+ * trickle in or out.
  *
  *     WebServer *w;
  *     r = web_server_start(&config->metrics, &w);   // listening when it returns
