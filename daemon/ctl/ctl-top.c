@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/ioctl.h>
+#include <sys/stat.h>
 #include <sysexits.h>
 #include <termios.h>
 #include <unistd.h>
@@ -275,6 +276,11 @@ static int parse_args(int argc, char *argv[], Top *t) {
         if (optind < argc) {
                 fprintf(stderr, "ravnestctl top: unexpected argument \"%s\"\n", argv[optind]);
                 return EX_USAGE;
+        }
+        struct stat st;
+        if (t->swarm_dir && (stat(t->swarm_dir, &st) < 0 || !S_ISDIR(st.st_mode))) {
+                fprintf(stderr, "ravnestctl top: --swarm %s: not a directory\n", t->swarm_dir);
+                return EX_NOINPUT;
         }
         return -1;
 }

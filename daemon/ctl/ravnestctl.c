@@ -387,6 +387,11 @@ static void help(void) {
 int main(int argc, char *argv[]) {
         if (argc < 2 || strcmp(argv[1], "help") == 0 || strcmp(argv[1], "--help") == 0 ||
             strcmp(argv[1], "-h") == 0) {
+                if (argc > 3 || (argc == 3 && strcmp(argv[2], "--help") && strcmp(argv[2], "-h"))) {
+                        fprintf(stderr, "%s: unexpected argument \"%s\" (try ravnestctl COMMAND --help)\n", argv[1],
+                                argv[2]);
+                        return EX_USAGE;
+                }
                 help();
                 return argc < 2 ? EX_USAGE : 0;
         }

@@ -60,6 +60,7 @@ static const BadArgs bad_args[] = {
         { { RAVNESTCTL, "swarm", "--bogus", NO_JOB }, "'--bogus'" },
         { { RAVNESTCTL, "swarm", NO_JOB, "extra" }, "\"extra\"" },
         { { RAVNESTCTL, "identity", "" }, "identity: STATE_DIR is empty" }, /* not /identity */
+        { { RAVNESTCTL, "help", "--bogus" }, "help: unexpected argument \"--bogus\"" },
         { { RAVNESTCTL, "plan", "--micro-batch", "0", "nodes.conf" }, "Invalid value for --micro-batch: 0" },
         { { RAVNESTCTL, "plan", "--staleness", "many", "nodes.conf" }, "Invalid value for --staleness: many" },
         { { RAVNESTCTL, "plan", "--seed", "x", "nodes.conf" }, "Invalid value for --seed: x" },
@@ -114,6 +115,10 @@ Test(cli, status_gives_up_on_a_socket_that_never_answers, .timeout = 60) {
         int code = run(&p, (char *[]){ RAVNESTCTL, "status", "--socket", sa.sun_path, NULL });
         cr_assert_eq(code, 69, "exit %d: %s", code, p.out);
         cr_assert(strstr(p.out, "not reachable"), "%s", p.out);
+        /* and top, on a swarm's directory that is not there (mistyped), says so */
+        code = run(&p, (char *[]){ RAVNESTCTL, "top", "--swarm", "/nonexistent/swarm", "--iterations", "1", NULL });
+        cr_assert_eq(code, 66, "exit %d: %s", code, p.out);
+        cr_assert(strstr(p.out, "--swarm /nonexistent/swarm: not a directory"), "%s", p.out);
         close(fd);
         test_remove_tree(dir);
 }
