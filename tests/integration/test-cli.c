@@ -169,7 +169,7 @@ static void expect_config_error(const char *text, const char *says) {
 Test(cli, configuration_errors_name_file_line_and_setting) {
         expect_config_error("threads = 2;\njob = \"/nonexistent/ravnest-test.job\";\n",
                             "2: job: /nonexistent/ravnest-test.job: cannot read: No such file or directory");
-        expect_config_error("threads = 99999999999;\n", "1: threads: out of range");
+        expect_config_error("threads = 99999999999;\n", "1: threads: 99999999999 is read as a 32-bit integer");
         expect_config_error("checkpoint = {\n  interval = 600;\n  load = true;\n  interval = 60;\n};\n",
                             "4: interval: set twice");
         expect_config_error("threads = 2;\nidle = { enabled = fals; };\n",
