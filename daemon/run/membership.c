@@ -34,7 +34,7 @@ typedef struct Membership {
         uint64_t next_dial_ns, last_heartbeat_ns;
         PlanJoin join;            /* what this node measured; bandwidth and latency refreshed */
         double sent_bandwidth, sent_latency; /* as the coordinator last heard them */
-        uint64_t sent_link_ns;    /* ... when */
+        uint64_t sent_link_ns;    /* ... when, in a refresh (0: none since the JOIN) */
         LinkFigures links;        /* the stage's pipeline links, as pipeline_run() measured them */
         Plan *plan;               /* held; epoch 0 before the first */
         Plan *next;               /* received, newer, not yet taken */
@@ -96,14 +96,18 @@ static bool measure_link(Membership *m) {
 static void figures_sent(Membership *m) {
         m->sent_bandwidth = m->join.bandwidth;
         m->sent_latency = m->join.latency;
-        m->sent_link_ns = now_ns();
 }
 
+/* The first refresh after the JOIN goes as soon as the figures move (the
+ * JOIN had only the handshake's round trips); later ones at most every
+ * LINK_REFRESH_NS. */
 static void send_link(Membership *m) {
         uint8_t buf[PLAN_LINK_SIZE];
         plan_link_encode(m->join.bandwidth, m->join.latency, buf);
-        if (net_send_control(m->net, (uint32_t)m->coord, FRAME_CONTROL, buf, sizeof buf) == 0)
+        if (net_send_control(m->net, (uint32_t)m->coord, FRAME_CONTROL, buf, sizeof buf) == 0) {
                 figures_sent(m);
+                m->sent_link_ns = now_ns();
+        }
 }
 
 static void send_join(Membership *m) {
@@ -113,8 +117,10 @@ static void send_join(Membership *m) {
         m->join.epoch = m->plan->epoch ? m->plan->epoch : m->carry_checkpointed;
         measure_link(m); /* the handshake's round trips, at least */
         int n = plan_join_encode(&m->join, buf, sizeof buf);
-        if (n > 0 && net_send_control(m->net, (uint32_t)m->coord, FRAME_CONTROL, buf, (size_t)n) == 0)
+        if (n > 0 && net_send_control(m->net, (uint32_t)m->coord, FRAME_CONTROL, buf, (size_t)n) == 0) {
                 figures_sent(m);
+                m->sent_link_ns = 0;
+        }
 }
 
 static void on_connected(void *ud, uint32_t peer, const uint8_t id[IDENTITY_PK_SIZE]) {
@@ -291,10 +297,10 @@ static void serve(Membership *m, int timeout_ms) {
         if (m->coord >= 0 && now - m->last_heartbeat_ns >= (uint64_t)cm->heartbeat_ms * 1000000ULL) {
                 m->last_heartbeat_ns = now;
                 net_send_control(m->net, (uint32_t)m->coord, FRAME_HEARTBEAT, NULL, 0);
-                /* refreshed while running (the next plan uses them), at
-                 * most every LINK_REFRESH_NS: a round trip under load
+                /* refreshed while running (the next plan uses them), then
+                 * at most every LINK_REFRESH_NS: a round trip under load
                  * moves by a tenth from one heartbeat to the next */
-                if (now - m->sent_link_ns >= LINK_REFRESH_NS && measure_link(m))
+                if ((!m->sent_link_ns || now - m->sent_link_ns >= LINK_REFRESH_NS) && measure_link(m))
                         send_link(m);
         }
         if (m->reach)
