@@ -312,7 +312,7 @@ static bool link_figures_valid(double bandwidth, double latency) {
 static bool join_values_ok(const PlanJoin *j, size_t host_len) {
         /* NaN fails every comparison */
         return j->gflops > 0 && j->gflops <= 1e6 && link_figures_valid(j->bandwidth, j->latency) && j->memory > 0 && j->n_layers >= 1 && j->n_layers <= PLAN_MAX_LAYERS &&
-               j->n_params >= 1 && j->n_params <= (1ull << 40) && j->epoch <= PLAN_EPOCH_MAX / 2 &&
+               j->n_params >= 1 && j->n_params <= (1ull << 40) && j->epoch <= PLAN_EPOCH_MAX &&
                !j->pipeline_port == !j->averaging_port &&
                plan_host_valid(j->host, host_len);
 }

@@ -59,9 +59,10 @@ typedef struct PlanCluster {
 } PlanCluster;
 
 /* Epochs are at most PLAN_EPOCH_MAX in every message, so that counting
- * up never wraps; a JOIN names at most half of it, so a coordinator that
- * goes on above a member's claim has 2^47 epochs left (a new one a second
- * for four million years). */
+ * up never wraps. A coordinator goes on above a JOIN's epoch (it may have
+ * restarted) but never above half of it, so that a member's claim, which
+ * nothing signs, leaves it 2^47 epochs (a new one a second for four
+ * million years). */
 #define PLAN_EPOCH_MAX (1ull << 48)
 
 typedef struct Plan {

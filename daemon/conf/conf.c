@@ -95,12 +95,29 @@ static bool named_twice(const char *name, size_t n, const char *value, void *use
 
 #define CONF_FILE_MAX (16 << 20)
 
+/* The end of the string that opens at p (its closing quote), counting the
+ * lines it spans into *n. */
+static const char *skip_string(const char *p, const char **line, int *n) {
+        for (p++; *p && *p != '"'; p++)
+                if (*p == '\\' && p[1])
+                        p++;
+                else if (*p == '\n') {
+                        *line = p + 1;
+                        (*n)++;
+                }
+        return *p ? p : p - 1;
+}
+
 /* The name of the setting a number at p belongs to: the last "name =" or
- * "name :" before it on its line (an array's, for its elements), or "". */
+ * "name :" before it on its line, outside strings (an array's, for its
+ * elements), or "". */
 static void name_before(const char *line, const char *p, char *buf, size_t len) {
         const char *eq = NULL;
+        int ignored = 0;
         for (const char *q = line; q < p; q++)
-                if (*q == '=' || *q == ':')
+                if (*q == '"')
+                        q = skip_string(q, &line, &ignored);
+                else if (*q == '=' || *q == ':')
                         eq = q;
         buf[0] = '\0';
         if (!eq)
@@ -125,25 +142,53 @@ static bool number_starts(const char *text, const char *p) {
         return !name_char(b) && b != '.';
 }
 
-/* libconfig 1.5 reads an integer written without the L suffix into 32 bits
- * and drops the rest (99999999999 reads as 1215752191, 4294967296 as 0),
- * and one with it past 64 bits as the largest. Every integer the file
- * writes, wherever it stands (a setting, an array, a line of any length),
- * must fit what it is read into: -ERANGE naming the file, the line, the
- * setting and the number otherwise. */
+/* The number whose first digit is at p (line n, which starts at line): its
+ * last character. One that does not fit what libconfig 1.5 reads it into
+ * is appended to d, and *bad set: without the L suffix an integer is read
+ * into 32 bits, its other bits dropped (99999999999 reads as 1215752191,
+ * 4294967296 as 0; a hex one from 0x80000000 up as negative), and with it
+ * one past 64 bits as the largest. */
+static const char *check_number(const char *path, const char *text, const char *line, int n, const char *p,
+                                bool *bad, Diag *d) {
+        const char *start = p > text && (p[-1] == '-' || p[-1] == '+') ? p - 1 : p;
+        bool hex = p[0] == '0' && (p[1] == 'x' || p[1] == 'X');
+        const char *end = p + (hex ? 2 + strspn(p + 2, "0123456789abcdefABCDEF") : strspn(p, "0123456789"));
+        if (!hex && (*end == '.' || *end == 'e' || *end == 'E')) /* a float */
+                return end + strspn(end, "0123456789.eE+-") - 1;
+        bool wide = *end == 'L';
+        char num[80], name[80];
+        snprintf(num, sizeof num, "%.*s", (int)(end - start), start);
+        errno = 0;
+        long long v = hex ? (long long)strtoull(num, NULL, 16) : strtoll(num, NULL, 10);
+        bool past64 = errno == ERANGE || (hex && strlen(num) > 18);
+        if (!past64 && (wide || (hex ? (unsigned long long)v <= 0x7fffffffull : v >= INT32_MIN && v <= INT32_MAX)))
+                return end + wide - 1;
+        name_before(line, start, name, sizeof name);
+        if (past64)
+                diag_append(d, "%s:%d: %s%s%s does not fit 64 bits", path, n, name, num, wide ? "L" : "");
+        else
+                diag_append(d, "%s:%d: %s%s is read as a 32-bit integer: write %sL", path, n, name, num, num);
+        *bad = true;
+        return end + wide - 1;
+}
+
+/* Every integer the file writes, wherever it stands (a setting, an array,
+ * a line of any length), must fit what it is read into (check_number());
+ * -ERANGE naming the file, the line, the setting and the number of each
+ * that does not. Strings and comments are skipped as libconfig skips
+ * them. */
 static int check_integers(const char *path, const char *text, Diag *d) {
         const char *line = text;
         int n = 1;
+        bool bad = false;
+        if (d)
+                d->text[0] = '\0';
         for (const char *p = text; *p; p++) {
                 if (*p == '\n') {
                         line = p + 1;
                         n++;
-                } else if (*p == '"') { /* a string: to its closing quote */
-                        for (p++; *p && *p != '"'; p++)
-                                if (*p == '\\' && p[1])
-                                        p++;
-                        if (!*p)
-                                break;
+                } else if (*p == '"') {
+                        p = skip_string(p, &line, &n);
                 } else if (*p == '#' || (p[0] == '/' && p[1] == '/')) {
                         p += strcspn(p, "\n") - 1;
                 } else if (p[0] == '/' && p[1] == '*') {
@@ -156,32 +201,10 @@ static int check_integers(const char *path, const char *text, Diag *d) {
                                 break;
                         p++;
                 } else if (*p >= '0' && *p <= '9' && number_starts(text, p)) {
-                        const char *start = p > text && (p[-1] == '-' || p[-1] == '+') ? p - 1 : p;
-                        bool hex = p[0] == '0' && (p[1] == 'x' || p[1] == 'X');
-                        const char *end = p + (hex ? 2 + strspn(p + 2, "0123456789abcdefABCDEF") : strspn(p, "0123456789"));
-                        if (!hex && (*end == '.' || *end == 'e' || *end == 'E')) { /* a float */
-                                p = end + strspn(end, "0123456789.eE+-") - 1;
-                                continue;
-                        }
-                        bool wide = *end == 'L';
-                        char num[80], name[80];
-                        snprintf(num, sizeof num, "%.*s", (int)(end - start), start);
-                        errno = 0;
-                        long long v = hex ? (long long)strtoull(num, NULL, 16) : strtoll(num, NULL, 10);
-                        bool fits = errno != ERANGE && (wide || (hex ? (unsigned long long)v <= 0xffffffffull
-                                                                      : v >= INT32_MIN && v <= INT32_MAX));
-                        if (!fits) {
-                                name_before(line, start, name, sizeof name);
-                                if (wide)
-                                        return diag_set(d, -ERANGE, "%s:%d: %s%sL does not fit 64 bits", path, n,
-                                                        name, num);
-                                return diag_set(d, -ERANGE, "%s:%d: %s%s is read as a 32-bit integer: write %sL",
-                                                path, n, name, num, num);
-                        }
-                        p = end + wide - 1;
+                        p = check_number(path, text, line, n, p, &bad, d);
                 }
         }
-        return 0;
+        return bad ? -ERANGE : 0;
 }
 
 static int check_file_integers(const char *path, Diag *d) {

@@ -10,7 +10,6 @@
 #include "cluster/plan-repair.h"
 #include "cluster/plan.h"
 #include "node.h"
-#include "tensor/tensor.h"
 #include "util/log.h"
 #include "util/time-util.h"
 
@@ -330,8 +329,8 @@ static void on_join(CoordinatorState *s, Member *m, const uint8_t *p, size_t len
                 probe_ask(s, m);
         /* a node that joins while layers are collected has nothing to hand in */
         set_done(s, m, s->phase == PHASE_COLLECTING);
-        if (j.epoch > s->epoch) /* a restarted coordinator goes on above what nodes hold */
-                s->epoch = j.epoch;
+        if (j.epoch > s->epoch) /* a restarted coordinator goes on above what nodes hold (plan.h) */
+                s->epoch = MIN(j.epoch, PLAN_EPOCH_MAX / 2);
         char hex[IDENTITY_HEX_SIZE];
         identity_to_hex(m->key, hex);
         log_info("Coordinator: %.16s… joined from %s (%.1f GFLOP/s, %.0f MiB, link %.0f Mbit/s and "
@@ -374,13 +373,16 @@ static void on_control(void *ud, uint32_t peer, uint8_t type, const uint8_t *p, 
         drop(s, m, "a message the coordinator does not take");
 }
 
-/* sum += v, only if every v and every new sum is finite (no NaN or
- * infinity into everyone's model): false leaves sum as it was. */
+/* sum += v, only if every v is at most LAYER_VALUE_MAX in magnitude (no
+ * NaN or infinity into everyone's model): false leaves sum as it was. The
+ * bound is each copy's own, so that the sum of the copies of 1024 members
+ * cannot overflow float32 and only the member that sent a value too large
+ * is to blame. */
+#define LAYER_VALUE_MAX 1e30f
+
 static bool add_layer(float *sum, const float *v, size_t n) {
-        if (!tensor_finite(v, n))
-                return false;
         for (size_t i = 0; i < n; i++)
-                if (!isfinite(sum[i] + v[i]))
+                if (!(fabsf(v[i]) <= LAYER_VALUE_MAX))
                         return false;
         for (size_t i = 0; i < n; i++)
                 sum[i] += v[i];
@@ -415,7 +417,7 @@ static void on_tensor(void *ud, NetTensor *t) {
                 return;
         }
         if (!why && !add_layer(s->sum[part] + s->layer_off[layer], (const float *)t->data, t->desc.dims[0]))
-                why = "a layer that is not finite, or sums past float32";
+                why = "a layer with a value that is not finite, or past 1e30";
         if (!why) {
                 m->handed[part][layer / 8] |= (uint8_t)(1u << (layer % 8));
                 s->count[part][layer]++;

@@ -117,6 +117,9 @@ static void send_join(Membership *m) {
         m->join.epoch = m->plan->epoch ? m->plan->epoch : m->carry_checkpointed;
         measure_link(m); /* the handshake's round trips, at least */
         int n = plan_join_encode(&m->join, buf, sizeof buf);
+        if (n < 0)
+                log_error_errno(n, "Cannot tell the coordinator this node's figures (epoch %llu): %m",
+                                (unsigned long long)m->join.epoch);
         if (n > 0 && net_send_control(m->net, (uint32_t)m->coord, FRAME_CONTROL, buf, (size_t)n) == 0) {
                 figures_sent(m);
                 m->sent_link_ns = 0;

@@ -311,8 +311,12 @@ static int on_client(sd_event_source *s, int fd, uint32_t revents, void *userdat
         cfd = accept4(fd, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK);
         if (cfd < 0)
                 return 0;
-        if (getsockopt(cfd, SOL_SOCKET, SO_PEERCRED, &cred, &len) < 0 || (slot = client_slot(b, cred.uid)) < 0) {
-                log_debug("Refused a control client: no slot for uid %u", (unsigned)cred.uid);
+        if (getsockopt(cfd, SOL_SOCKET, SO_PEERCRED, &cred, &len) < 0) {
+                close(cfd);
+                return 0;
+        }
+        if ((slot = client_slot(b, cred.uid)) < 0) {
+                log_debug("Refused a control client: no place for uid %u", (unsigned)cred.uid);
                 close(cfd);
                 return 0;
         }
@@ -324,7 +328,7 @@ static int on_client(sd_event_source *s, int fd, uint32_t revents, void *userdat
         if ((r = sd_id128_randomize(&id)) < 0 || (r = sd_bus_set_server(bus, 1, id)) < 0 ||
             (r = sd_bus_start(bus)) < 0 || (r = serve_object(b, bus)) < 0) {
                 log_debug("Control client dropped: %s", strerror(-r));
-                sd_bus_flush_close_unref(bus);
+                sd_bus_close_unref(bus);
                 return 0;
         }
         b->direct[slot] = bus;
@@ -462,7 +466,8 @@ void bus_stop(Bus *b) {
                         b->pending[i] = sd_bus_message_unref(b->pending[i]);
                 }
         for (size_t i = 0; i < BUS_MAX_DIRECT; i++)
-                b->direct[i] = sd_bus_flush_close_unref(b->direct[i]);
+                if (b->direct[i])
+                        drop_client(b, i);
         if (b->system && b->name_acquired)
                 (void)sd_bus_release_name(b->system, BUS_NAME);
         b->system = sd_bus_flush_close_unref(b->system);

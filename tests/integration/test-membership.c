@@ -542,7 +542,7 @@ Test(membership, a_member_breaking_the_rules_loses_its_link, .timeout = 120) {
         rogue_try("a JOIN with NaN GFLOP/s", FRAME_CONTROL, join, (size_t)n, false);
         n = plan_join_encode(&j, join, sizeof join);
         memset(join + 12, 0xff, 8); /* epoch 2^64 - 1: the coordinator's next would wrap to 0 */
-        rogue_try("a JOIN with an epoch past 2^47", FRAME_CONTROL, join, (size_t)n, false);
+        rogue_try("a JOIN with an epoch past 2^48", FRAME_CONTROL, join, (size_t)n, false);
         uint8_t plan[200] = "RVPL";
         rogue_try("a PLAN from a member", FRAME_PLAN, plan, sizeof plan, false);
         uint8_t done[PLAN_DONE_SIZE];

@@ -349,6 +349,13 @@ Test(config, libconfig_errors_name_the_setting) {
         expect_error("threads = 2;", "threads = 0x100000002;", "2: threads: 0x100000002 is read as a 32-bit");
         expect_error("threads = 2;", "threads = 99999999999L;", "2: threads: must be an integer in [0, 256], got 99999999999");
         expect_error("threads = 2;", "threads = 9223372036854775808L;", "2: threads: 9223372036854775808L does not fit 64 bits");
+        expect_error("threads = 2;", "threads = 99999999999999999999;", "2: threads: 99999999999999999999 does not fit 64 bits");
+        expect_error("threads = 2;", "threads = 0x80000000;", "2: threads: 0x80000000 is read as a 32-bit integer");
+        /* a string with a newline in it still counts, a colon in a string is no setting's, every error is listed */
+        expect_error("threads = 2;", "s = \"a\nb\";\nn = ( \"x:y\", 4294967296 ); m = 4294967297;",
+                     "4: n: 4294967296 is read as a 32-bit integer");
+        expect_error("threads = 2;", "s = \"a\nb\";\nn = ( \"x:y\", 4294967296 ); m = 4294967297;",
+                     "4: m: 4294967297 is read as a 32-bit integer");
         expect_error("idle_timeout = 30000;", "idle_timeout = 99999999999;",
                      "11: idle_timeout: 99999999999 is read as a 32-bit integer");
         expect_error("threads = 2;", "threads = 2; idle = { busy_time = 99999999999; };",
