@@ -7,6 +7,10 @@
 #include <unistd.h>
 
 int file_open_regular(const char *path, int flags, struct stat *st, Diag *d) {
+        /* a device is not even opened (opening some has effects); the
+         * fstat() after the open decides, should the path change between */
+        if (stat(path, st) == 0 && !S_ISREG(st->st_mode) && !(flags & O_NOFOLLOW))
+                return diag_set(d, -EINVAL, "%s: not a regular file", path);
         int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK | flags);
         if (fd < 0)
                 return diag_set(d, -errno, "%s: cannot read: %s", path, strerror(errno));
