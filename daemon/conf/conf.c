@@ -207,35 +207,39 @@ static int check_integers(const char *path, const char *text, Diag *d) {
         return bad ? -ERANGE : 0;
 }
 
-static int check_file_integers(const char *path, Diag *d) {
+/* The file's text, NUL-terminated, for check_integers(); opened through
+ * file_open_regular(), as a FIFO would hang libconfig's fopen(). */
+static int read_text(const char *path, char **ret, Diag *d) {
         struct stat st;
         _cleanup_(closep) int fd = file_open_regular(path, 0, &st, d);
         if (fd < 0)
                 return fd;
         if (st.st_size > CONF_FILE_MAX)
                 return diag_set(d, -EFBIG, "%s: larger than %d MiB", path, CONF_FILE_MAX >> 20);
-        _cleanup_(freep) char *text = malloc((size_t)st.st_size + 1);
+        char *text = malloc((size_t)st.st_size + 1);
         if (!text)
                 return diag_set(d, -ENOMEM, "%s: out of memory", path);
         ssize_t k = read(fd, text, (size_t)st.st_size);
-        if (k < 0)
+        if (k < 0) {
+                free(text);
                 return diag_set(d, -errno, "%s: cannot read: %m", path);
+        }
         text[k] = '\0';
-        return check_integers(path, text, d);
+        *ret = text;
+        return 0;
 }
 
 int conf_read_file(config_t *c, const char *path, Diag *d) {
-        struct stat st;
-        int fd = file_open_regular(path, 0, &st, d); /* a FIFO would hang libconfig's fopen() */
-        if (fd < 0)
-                return fd;
-        close(fd);
+        _cleanup_(freep) char *source = NULL;
+        int r = read_text(path, &source, d);
+        if (r < 0)
+                return r;
         /* config_read_file() records the file name, which every later error
          * message about a setting needs. */
         if (config_read_file(c, path) == CONFIG_TRUE)
-                return check_file_integers(path, d);
+                return check_integers(path, source, d);
         if (config_error_type(c) == CONFIG_ERR_FILE_IO) {
-                int r = errno > 0 ? -errno : -EIO;
+                r = errno > 0 ? -errno : -EIO;
                 return diag_set(d, r, "%s: cannot read: %s", path, strerror(-r));
         }
         /* libconfig names the line only: name the setting of a duplicate,

@@ -1020,14 +1020,18 @@ int config_load(const char *path, Config *ret, Diag *d) {
         return 0;
 }
 
-int config_check_job(const Config *c, const Job *job, Diag *d) {
-        for (unsigned i = 0; c->pipeline.enabled && i < c->pipeline.n_clusters; i++) {
-                const ConfigCluster *cl = &c->pipeline.clusters[i];
+int config_pipeline_fits_job(const ConfigPipeline *p, const char *source, const Job *job, Diag *d) {
+        for (unsigned i = 0; i < p->n_clusters; i++) {
+                const ConfigCluster *cl = &p->clusters[i];
                 if (cl->bounds[cl->n_stages] != job->model.n_layers)
                         return diag_set(d, -EINVAL, "%s: pipeline.clusters: cluster %u cuts %d layers, job %s has %d",
-                                        c->path, i + 1, cl->bounds[cl->n_stages], job->name, job->model.n_layers);
+                                        source, i + 1, cl->bounds[cl->n_stages], job->name, job->model.n_layers);
         }
         return 0;
+}
+
+int config_check_job(const Config *c, const Job *job, Diag *d) {
+        return c->pipeline.enabled ? config_pipeline_fits_job(&c->pipeline, c->path, job, d) : 0;
 }
 
 int config_net(const Config *c, const Identity *id, NetConfig *ret, Diag *d) {

@@ -199,6 +199,9 @@ int config_net(const Config *c, const Identity *id, NetConfig *ret, Diag *d);
  * job's model whole. -EINVAL with the file and setting in d. The daemon's
  * start and --check-config both run it. */
 int config_check_job(const Config *c, const Job *job, Diag *d);
+/* The same for a pipeline from elsewhere (a coordinator's plan); source
+ * names it in the message. */
+int config_pipeline_fits_job(const ConfigPipeline *p, const char *source, const Job *job, Diag *d);
 /* Free the lists and wipe the secret; c may be reused after config_defaults(). */
 void config_free(Config *c);
 /* Free n clusters and the nodes of each; NULL. */

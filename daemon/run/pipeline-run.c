@@ -511,9 +511,9 @@ static int run_place(Run *run, const Identity *id) {
                 return -EINVAL;
         }
         run->cl = &p->clusters[run->cluster];
-        if (run->cl->bounds[run->cl->n_stages] != job->model.n_layers) {
-                log_error("%s: pipeline.clusters: cluster %u cuts %d layers, job %s has %d", run->plan->source,
-                          run->cluster + 1, run->cl->bounds[run->cl->n_stages], job->name, job->model.n_layers);
+        Diag d = {};
+        if (config_pipeline_fits_job(p, run->plan->source, job, &d) < 0) {
+                log_error("%s", d.text);
                 return -EINVAL;
         }
         run->n_stages = run->cl->n_stages;

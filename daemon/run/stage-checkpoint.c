@@ -13,10 +13,7 @@
 #include "util/time-util.h"
 
 void stage_checkpoint_name(const char *job, int lo, int hi, char *buf, size_t len) {
-        snprintf(buf, len, "%s.layers-%d-%d.ckpt", job, lo, hi);
-        for (char *c = buf; *c; c++) /* a job's name is not a path */
-                if (*c == '/')
-                        *c = '_';
+        snprintf(buf, len, "%s.layers-%d-%d.ckpt", job, lo, hi); /* a job's name holds no '/' (job_load()) */
 }
 
 static void file_name(const char *job, const Stage *s, char *buf, size_t len) {

@@ -454,9 +454,6 @@ void bus_state_changed(Bus *b) {
                         (void)sd_bus_reply_method_return(m, "t", st.checkpoint_step);
                 b->pending[i] = sd_bus_message_unref(m);
         }
-        for (size_t i = 0; i < BUS_MAX_DIRECT; i++)
-                if (b->direct[i] && sd_bus_is_open(b->direct[i]) <= 0)
-                        b->direct[i] = sd_bus_flush_close_unref(b->direct[i]);
 }
 
 void bus_stop(Bus *b) {

@@ -58,7 +58,8 @@ typedef struct Bus {
  * that cannot be bound is a warning, not an error. */
 int bus_start(Bus *b, sd_event *e, Control *c, const char *socket_path, bool want_system);
 /* Emit PropertiesChanged when State or PauseReason changed, answer the
- * Checkpoint() calls whose checkpoint is done, and drop closed clients. */
+ * Checkpoint() calls whose checkpoint is done (closed clients go after
+ * every event, in the bus's own post handler). */
 void bus_state_changed(Bus *b);
 void bus_stop(Bus *b);
 
