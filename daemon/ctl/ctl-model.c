@@ -34,6 +34,8 @@ static int read_part(const Job *job, const char *path, Stage *s, bool *have, Dia
             info.n_params != model_spec_params(&job->model, info.lo, info.hi))
                 return diag_set(d, -EINVAL, "%s: layers %d-%d with %llu parameters do not fit %s", path, info.lo,
                                 info.hi - 1, (unsigned long long)info.n_params, job->path);
+        if ((r = checkpoint_model_check(&info, s->layers + info.lo, info.hi - info.lo, path, d)) < 0)
+                return r;
         for (int l = info.lo; l < info.hi; l++)
                 if (have[l])
                         return diag_set(d, -EINVAL, "%s: layer %d is in another checkpoint too", path, l);

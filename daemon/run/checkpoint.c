@@ -33,14 +33,16 @@ typedef struct CheckpointHeader {
         char job[64];
         int32_t lo, hi;
         uint64_t n_params, n_state, optim_t, epoch, step_in_epoch, samples, updates, step, written_usec;
-        uint8_t reserved[56];
+        uint8_t model[CHECKPOINT_MODEL_SIZE];
+        uint8_t reserved[24];
         uint8_t header_hash[CHECKPOINT_HASH_SIZE]; /* of the bytes before it */
 } CheckpointHeader;
 
 _Static_assert(sizeof(CheckpointHeader) == CHECKPOINT_HEADER_SIZE, "header is 256 bytes");
 _Static_assert(offsetof(CheckpointHeader, lo) == 88, "layout as in checkpoint.h");
 _Static_assert(offsetof(CheckpointHeader, n_params) == 96, "layout as in checkpoint.h");
-_Static_assert(offsetof(CheckpointHeader, reserved) == 168, "layout as in checkpoint.h");
+_Static_assert(offsetof(CheckpointHeader, model) == 168, "layout as in checkpoint.h");
+_Static_assert(offsetof(CheckpointHeader, reserved) == 200, "layout as in checkpoint.h");
 _Static_assert(offsetof(CheckpointHeader, header_hash) == CHECKPOINT_HEADER_SIZE - CHECKPOINT_HASH_SIZE,
                "the header hash ends the header");
 
@@ -104,6 +106,7 @@ static void header_from_info(CheckpointHeader *h, const CheckpointInfo *info, ui
                 .written_usec = written_usec,
         };
         memcpy(h->magic, CHECKPOINT_MAGIC, sizeof h->magic);
+        memcpy(h->model, info->model, sizeof h->model);
         /* NUL-padded, so no stray bytes of the caller's buffer reach the file */
         memcpy(h->job, info->job, strnlen(info->job, sizeof h->job));
         header_hash(h, h->header_hash);
@@ -125,6 +128,39 @@ static void header_to_info(const CheckpointHeader *h, CheckpointInfo *info) {
                 .written_usec = h->written_usec,
         };
         memcpy(info->job, h->job, sizeof info->job);
+        memcpy(info->model, h->model, sizeof info->model);
+}
+
+void checkpoint_model_digest(const Layer *layers, int n, uint8_t out[CHECKPOINT_MODEL_SIZE]) {
+        crypto_generichash_state st;
+        char line[256];
+
+        /* BLAKE2b works before sodium_init(), which only picks a faster implementation */
+        crypto_generichash_init(&st, NULL, 0, CHECKPOINT_MODEL_SIZE);
+        crypto_generichash_update(&st, (const uint8_t *)"ravnest layers 1\n", 17);
+        for (int i = 0; i < n; i++) {
+                const Layer *l = &layers[i];
+                const LayerSpec *s = &l->spec;
+                int k = snprintf(line, sizeof line, "%s out %d kernel %d stride %d padding %d vocab %d heads %d "
+                                 "in %dx%dx%d out %dx%dx%d\n", layer_kind_to_string(l->kind), s->out, s->kernel,
+                                 s->stride, s->padding, s->vocab, s->heads, l->in.c, l->in.h, l->in.w, l->out.c,
+                                 l->out.h, l->out.w);
+                crypto_generichash_update(&st, (const uint8_t *)line, (size_t)k);
+        }
+        crypto_generichash_final(&st, out, CHECKPOINT_MODEL_SIZE);
+}
+
+int checkpoint_model_check(const CheckpointInfo *info, const Layer *layers, int n, const char *path, Diag *d) {
+        static const uint8_t unrecorded[CHECKPOINT_MODEL_SIZE];
+        uint8_t want[CHECKPOINT_MODEL_SIZE];
+
+        if (memcmp(info->model, unrecorded, sizeof unrecorded) == 0)
+                return 0;
+        checkpoint_model_digest(layers, n, want);
+        if (memcmp(info->model, want, sizeof want) != 0)
+                return diag_set(d, -EINVAL, "%s: written for another model: layers %d-%d differ from the job's "
+                                "(a kind, a setting or a shape)", path, info->lo, info->hi - 1);
+        return 0;
 }
 
 /* ---- writing -------------------------------------------------------------- */

@@ -32,7 +32,10 @@
  *     88   8  lo, hi: layers [lo, hi), int32 each
  *     96  72  n_params, n_state, optim_t, epoch, step_in_epoch, samples,
  *             updates, step, written_usec: uint64 each
- *     168 56  zero
+ *     168 32  the model's digest: BLAKE2b-256 of the layers' description
+ *             (checkpoint_model_digest()); zero in files written before
+ *             checkpoints recorded it
+ *     200 24  zero
  *     224 32  BLAKE2b-256 of bytes 0..223, so the header alone can be trusted
  *     256     params: n_params floats
  *             optimizer state: n_state floats
@@ -46,12 +49,14 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "nn/layer.h"
 #include "util/diag.h"
 
 #define CHECKPOINT_MAGIC "RVNCKPT1"
 #define CHECKPOINT_VERSION 1u
 #define CHECKPOINT_HEADER_SIZE 256u
 #define CHECKPOINT_HASH_SIZE 32u
+#define CHECKPOINT_MODEL_SIZE 32u
 /* Refuse files whose params and state together exceed 2^34 bytes (16 GiB). */
 #define CHECKPOINT_MAX_FLOATS ((uint64_t)1 << 32)
 
@@ -64,7 +69,20 @@ typedef struct CheckpointInfo {
         uint64_t optim_t;     /* the optimizer's step counter */
         uint64_t epoch, step_in_epoch, samples, updates, step;
         uint64_t written_usec; /* CLOCK_REALTIME when written; checkpoint_write sets it */
+        uint8_t model[CHECKPOINT_MODEL_SIZE]; /* checkpoint_model_digest() of the layers; zero: not recorded */
 } CheckpointInfo;
+
+/* The digest of a stage's n layers, as layer_init() filled them in: each
+ * one's kind, settings, input and output shape. Two models whose layers
+ * [lo, hi) differ in any of these (relu for gelu, another width, another
+ * number of heads) give different digests, even where their parameter
+ * counts agree. */
+void checkpoint_model_digest(const Layer *layers, int n, uint8_t out[CHECKPOINT_MODEL_SIZE]);
+
+/* 0 when info was written for these n layers, or before checkpoints
+ * recorded their model (a digest of zeros); -EINVAL, with d naming path,
+ * when it holds the layers of another model. */
+int checkpoint_model_check(const CheckpointInfo *info, const Layer *layers, int n, const char *path, Diag *d);
 
 /* Write info, params (info->n_params floats) and state (info->n_state floats)
  * to <dir>/<name> atomically, as described above; stale temporaries of name

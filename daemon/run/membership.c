@@ -529,16 +529,18 @@ static bool take_moments(Membership *m, int lo, int hi) {
 static void carry_checkpoint(Membership *m) {
         const char *dir = m->o->checkpoint_dir;
         StageCarry *c = &m->carry;
+        Layer layers[MODEL_MAX_LAYERS];
         CheckpointInfo at;
         int lo, hi;
 
         if (!dir || !m->o->load_checkpoint || stage_checkpoint_newest(dir, m->job->name, &lo, &hi) < 0 ||
-            lo < 0 || lo >= hi || hi > m->job->model.n_layers)
+            lo < 0 || lo >= hi || hi > m->job->model.n_layers || model_spec_check(&m->job->model, layers, NULL) < 0)
                 return;
         size_t n = m->layer_off[hi] - m->layer_off[lo], n_state = optim_state_floats(m->job->optim.kind, n);
         float *optim = calloc(MAX(n_state, (size_t)1), sizeof(float));
         /* the file is checked whole before anything is written: on failure the model is as it was */
-        if (!optim || stage_checkpoint_load_layers(dir, m->job->name, lo, hi, m->model + m->layer_off[lo], n,
+        if (!optim || stage_checkpoint_load_layers(dir, m->job->name, layers + lo, lo, hi,
+                                                   m->model + m->layer_off[lo], n,
                                                    (uint32_t)m->job->optim.kind, optim, n_state, &at) < 0) {
                 free(optim);
                 return;

@@ -33,6 +33,7 @@ int stage_checkpoint_save(const char *dir, const char *job, const Stage *s, cons
         info.n_state = optim_state_floats(o->spec.kind, s->n_params);
         info.optim_kind = (uint32_t)o->spec.kind;
         info.optim_t = o->t;
+        checkpoint_model_digest(s->layers, s->n_layers, info.model);
         file_name(job, s, name, sizeof name);
         uint64_t t0 = now_ns();
         r = checkpoint_write(dir, name, &info, s->params, o->state, &d);
@@ -47,8 +48,9 @@ int stage_checkpoint_save(const char *dir, const char *job, const Stage *s, cons
         return 0;
 }
 
-int stage_checkpoint_load_layers(const char *dir, const char *job, int lo, int hi, float *params, size_t n_params,
-                                 uint32_t optim_kind, float *optim, size_t n_state, CheckpointInfo *ret) {
+int stage_checkpoint_load_layers(const char *dir, const char *job, const Layer *layers, int lo, int hi,
+                                 float *params, size_t n_params, uint32_t optim_kind, float *optim, size_t n_state,
+                                 CheckpointInfo *ret) {
         char name[160], path[PATH_MAX + 200];
         CheckpointInfo info;
         Diag d = {};
@@ -63,6 +65,8 @@ int stage_checkpoint_load_layers(const char *dir, const char *job, int lo, int h
         if (r >= 0 && info.optim_kind != optim_kind)
                 r = diag_set(&d, -EINVAL, "%s: written by another optimizer", path);
         if (r >= 0)
+                r = checkpoint_model_check(&info, layers, hi - lo, path, &d);
+        if (r >= 0)
                 r = checkpoint_read(path, &info, params, n_params, optim, n_state, &d);
         if (r < 0) {
                 log_warning_errno(r, "Not resuming from the checkpoint, training starts afresh: %s", d.text);
@@ -75,8 +79,8 @@ int stage_checkpoint_load_layers(const char *dir, const char *job, int lo, int h
 }
 
 int stage_checkpoint_load(const char *dir, const char *job, Stage *s, Optim *o, CheckpointInfo *ret) {
-        int r = stage_checkpoint_load_layers(dir, job, s->first_layer, s->first_layer + s->n_layers, s->params,
-                                             s->n_params, (uint32_t)o->spec.kind, o->state,
+        int r = stage_checkpoint_load_layers(dir, job, s->layers, s->first_layer, s->first_layer + s->n_layers,
+                                             s->params, s->n_params, (uint32_t)o->spec.kind, o->state,
                                              optim_state_floats(o->spec.kind, s->n_params), ret);
         if (r >= 0)
                 o->t = ret->optim_t;
@@ -193,6 +197,7 @@ int stage_checkpoint_save_outer(const char *dir, const char *job, const Stage *s
         info.n_params = info.n_state = s->n_params;
         info.optim_kind = OPTIM_SGD; /* the outer step: SGD with momentum */
         info.optim_t = outer_rounds;
+        checkpoint_model_digest(s->layers, s->n_layers, info.model);
         outer_name(job, s, name, sizeof name);
         int r = checkpoint_write(dir, name, &info, anchor, momentum, &d);
         if (r < 0)
@@ -208,9 +213,13 @@ int stage_checkpoint_load_outer(const char *dir, const char *job, const Stage *s
 
         outer_name(job, s, name, sizeof name);
         snprintf(path, sizeof path, "%s/%s", dir, name);
-        int r = checkpoint_read(path, &info, anchor, s->n_params, momentum, s->n_params, &d);
+        int r = checkpoint_read_info(path, &info, &d);
         if (r == -ENOENT)
                 return r;
+        if (r >= 0)
+                r = checkpoint_model_check(&info, s->layers, s->n_layers, path, &d);
+        if (r >= 0)
+                r = checkpoint_read(path, &info, anchor, s->n_params, momentum, s->n_params, &d);
         if (r < 0)
                 return log_warning_errno(r, "Not resuming the outer optimizer's state: %s", d.text);
         if (info.step != want_step)

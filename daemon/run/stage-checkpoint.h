@@ -24,14 +24,18 @@ void stage_checkpoint_name(const char *job, int lo, int hi, char *buf, size_t le
  * layers, sizes and optimizer fields are filled here). Logs. */
 int stage_checkpoint_save(const char *dir, const char *job, const Stage *s, const Optim *o, const CheckpointInfo *at);
 /* Restore them into s and o (o->t too) and return the counters in *ret.
- * -ENOENT when there is none; any other error is logged and leaves s and o
- * as they were, so training starts afresh. */
+ * -ENOENT when there is none; any other error (a checkpoint of another
+ * optimizer, or of layers other than s's: checkpoint_model_check()) is
+ * logged and leaves s and o as they were, so training starts afresh. */
 int stage_checkpoint_load(const char *dir, const char *job, Stage *s, Optim *o, CheckpointInfo *ret);
-/* The same for the layers [lo, hi) of a model held elsewhere: their
- * parameters into params and the state of an optimizer of optim_kind into
- * optim (n_params and n_state floats, as the file must hold). */
-int stage_checkpoint_load_layers(const char *dir, const char *job, int lo, int hi, float *params, size_t n_params,
-                                 uint32_t optim_kind, float *optim, size_t n_state, CheckpointInfo *ret);
+/* The same for the layers [lo, hi) of a model held elsewhere (layers
+ * holds those hi - lo, as layer_init() filled them in; a checkpoint of
+ * other layers is refused): their parameters into params and the state of
+ * an optimizer of optim_kind into optim (n_params and n_state floats, as
+ * the file must hold). */
+int stage_checkpoint_load_layers(const char *dir, const char *job, const Layer *layers, int lo, int hi,
+                                 float *params, size_t n_params, uint32_t optim_kind, float *optim, size_t n_state,
+                                 CheckpointInfo *ret);
 /* The layers of job's checkpoint written last in dir, whatever its range (a
  * node under membership moves between ranges): 0, -ENOENT when there is
  * none, or -errno when dir cannot be read. */

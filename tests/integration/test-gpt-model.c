@@ -63,6 +63,16 @@ Test(gpt_model, generate_and_export, .timeout = 600) {
         proc_start(&p, (char *[]){ RAVNESTCTL, "generate", "--job", JOB, "--checkpoint", c1, NULL }, NULL);
         cr_assert_eq(proc_exit(&p), 65, "%s", p.out);
         cr_assert(strstr(p.out, "no checkpoint holds layer "), "%s", p.out);
+        /* the same job with 8 heads, not 4: every size the same, another model */
+        char heads8[160], cmd[700];
+        snprintf(heads8, sizeof heads8, "%s/heads8.job", dir);
+        snprintf(cmd, sizeof cmd, "sed 's/heads = 4;/heads = 8;/' %s > %s && grep -q 'heads = 8;' %s", JOB, heads8,
+                 heads8);
+        cr_assert_eq(system(cmd), 0);
+        proc_start(&p, (char *[]){ RAVNESTCTL, "generate", "--job", heads8, "--checkpoint", c1, "--checkpoint", c2,
+                                   NULL }, NULL);
+        cr_assert_eq(proc_exit(&p), 65, "%s", p.out);
+        cr_assert(strstr(p.out, "written for another model"), "%s", p.out);
 
         snprintf(out, sizeof out, "%s/model.safetensors", dir);
         proc_start(&p, (char *[]){ RAVNESTCTL, "export", "--job", JOB, "--checkpoint", c1, "--checkpoint", c2,
