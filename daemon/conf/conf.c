@@ -176,7 +176,8 @@ static const char *check_number(const char *path, const char *text, const char *
  * a line of any length), must fit what it is read into (check_number());
  * -ERANGE naming the file, the line, the setting and the number of each
  * that does not. Strings and comments are skipped as libconfig skips
- * them. */
+ * them. An @include, which libconfig would open relative to the working
+ * directory and read unchecked, is -EINVAL. */
 static int check_integers(const char *path, const char *text, Diag *d) {
         const char *line = text;
         int n = 1;
@@ -202,6 +203,9 @@ static int check_integers(const char *path, const char *text, Diag *d) {
                         p++;
                 } else if (*p >= '0' && *p <= '9' && number_starts(text, p)) {
                         p = check_number(path, text, line, n, p, &bad, d);
+                } else if (strncmp(p, "@include", 8) == 0) {
+                        return diag_set(d, -EINVAL, "%s:%d: @include is not supported: write every setting in this "
+                                        "file", path, n);
                 }
         }
         return bad ? -ERANGE : 0;
@@ -234,10 +238,15 @@ int conf_read_file(config_t *c, const char *path, Diag *d) {
         int r = read_text(path, &source, d);
         if (r < 0)
                 return r;
+        /* before libconfig opens what an @include names; a syntax error
+         * below replaces what it said of the integers */
+        int integers = check_integers(path, source, d);
+        if (integers == -EINVAL)
+                return integers;
         /* config_read_file() records the file name, which every later error
          * message about a setting needs. */
         if (config_read_file(c, path) == CONFIG_TRUE)
-                return check_integers(path, source, d);
+                return integers;
         if (config_error_type(c) == CONFIG_ERR_FILE_IO) {
                 r = errno > 0 ? -errno : -EIO;
                 return diag_set(d, r, "%s: cannot read: %s", path, strerror(-r));

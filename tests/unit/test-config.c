@@ -387,6 +387,30 @@ Test(config, libconfig_errors_name_the_setting) {
         config_free(&c);
 }
 
+/* libconfig would open what an @include names relative to the working
+ * directory, and a FIFO there would block the daemon in open(): refused
+ * before anything is opened, wherever it stands; in a comment it is no
+ * directive. */
+Test(config, an_include_is_refused_before_it_is_opened, .timeout = 20) {
+        char fifo[] = "/tmp/ravnest-test-include-XXXXXX", text[200];
+        cr_assert(mkdtemp(fifo));
+        strcat(fifo, "/fifo");
+        cr_assert_eq(mkfifo(fifo, 0600), 0);
+        snprintf(text, sizeof text, "threads = 2;\n@include \"%s\"", fifo);
+        expect_error("threads = 2;", text, "3: @include is not supported");
+        snprintf(text, sizeof text, "threads = 2; idle = { busy_time = 1; };\n  @include \"%s\"\n", fifo);
+        expect_error("threads = 2;", text, "3: @include is not supported");
+        Config c;
+        Diag d = {};
+        char path[64];
+        cr_assert_eq(load_variant("threads = 2;", "threads = 2; # @include \"x\"\n/* @include \"y\" */", &c, &d, path),
+                     0, "%s", d.text);
+        config_free(&c);
+        unlink(fifo);
+        *strrchr(fifo, '/') = 0;
+        rmdir(fifo);
+}
+
 /* the averaging group, appended to base from line 13 */
 static const char *base_end = "  idle_timeout = 30000;\n};\n";
 
