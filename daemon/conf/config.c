@@ -1026,6 +1026,12 @@ int config_pipeline_fits_job(const ConfigPipeline *p, const char *source, const 
                 if (cl->bounds[cl->n_stages] != job->model.n_layers)
                         return diag_set(d, -EINVAL, "%s: pipeline.clusters: cluster %u cuts %d layers, job %s has %d",
                                         source, i + 1, cl->bounds[cl->n_stages], job->name, job->model.n_layers);
+                /* a stage with nothing to average has no place in the rings */
+                for (unsigned s = 0; s < cl->n_stages; s++)
+                        if (model_spec_params(&job->model, cl->bounds[s], cl->bounds[s + 1]) == 0)
+                                return diag_set(d, -EINVAL, "%s: pipeline.clusters: stage %u of cluster %u (layers "
+                                                "%d-%d of job %s) holds no parameters", source, s + 1, i + 1,
+                                                cl->bounds[s], cl->bounds[s + 1] - 1, job->name);
         }
         return 0;
 }

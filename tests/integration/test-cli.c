@@ -187,6 +187,12 @@ Test(cli, configuration_errors_name_file_line_and_setting) {
                  "  \"d50a93859a54a4731616c02223cf0624ee207a60df1d7d478448cc000daccdc6@127.0.0.1:7004\" ];\n"
                  "  stages = [0, 2, 9]; } ); };\n", secret);
         expect_config_error(text, " pipeline.clusters: cluster 1 cuts 9 layers, job fashion-mnist-mlp has ");
+        /* a first stage of the flatten alone: nothing to average, refused before it starts */
+        char *cut = strstr(text, "[0, 2, 9]");
+        cr_assert(cut);
+        memcpy(cut, "[0, 1, 6]", 9);
+        expect_config_error(text, " pipeline.clusters: stage 1 of cluster 1 (layers 0-0 of job fashion-mnist-mlp) "
+                                  "holds no parameters");
         unlink(secret);
 }
 
