@@ -117,6 +117,10 @@ static int parse_args(int argc, char *argv[], PredictArgs *a) {
                 usage(stderr);
                 return EX_USAGE;
         }
+        if (GIVEN(a, 'p') && GIVEN(a, 'j')) {
+                fprintf(stderr, "predict: --params and --job both give the model's size: give one\n");
+                return EX_USAGE;
+        }
         return -1;
 }
 

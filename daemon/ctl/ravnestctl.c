@@ -269,6 +269,15 @@ static int parse_swarm_args(int argc, char *argv[], SwarmOptions *o) {
                 fprintf(stderr, "ravnestctl swarm: unexpected argument \"%s\"\n", argv[optind]);
                 return EX_USAGE;
         }
+        if (o->resume && !o->dir) {
+                fprintf(stderr, "ravnestctl swarm: --resume goes on from an earlier swarm's --dir: give it\n");
+                return EX_USAGE;
+        }
+        if (o->averaging && o->clusters == 1) {
+                fprintf(stderr, "ravnestctl swarm: --averaging: one cluster has nothing to average with (give "
+                        "--clusters 2 or more)\n");
+                return EX_USAGE;
+        }
         if (o->clusters * o->stages > 64) {
                 fprintf(stderr, "Invalid values for --clusters and --stages: %u x %u nodes (a swarm has at most 64)\n",
                         o->clusters, o->stages);

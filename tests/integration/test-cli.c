@@ -58,6 +58,9 @@ static const BadArgs bad_args[] = {
         { { RAVNESTCTL, "swarm", "--interval", "0.01", NO_JOB }, "Invalid value for --interval: 0.01 (a number from 0.05" },
         { { RAVNESTCTL, "swarm", "--progress", "2s", NO_JOB }, "Invalid value for --progress: 2s" },
         { { RAVNESTCTL, "swarm", "--bogus", NO_JOB }, "'--bogus'" },
+        { { RAVNESTCTL, "swarm", "--resume", NO_JOB }, "--resume goes on from an earlier swarm's --dir" },
+        { { RAVNESTCTL, "swarm", "--clusters", "1", "--averaging", "fp16 = true;", NO_JOB },
+          "--averaging: one cluster has nothing to average with" },
         { { RAVNESTCTL, "swarm", NO_JOB, "extra" }, "\"extra\"" },
         { { RAVNESTCTL, "identity", "" }, "identity: STATE_DIR is empty" }, /* not /identity */
         { { RAVNESTCTL, "help", "--bogus" }, "help: unexpected argument \"--bogus\"" },
@@ -72,6 +75,7 @@ static const BadArgs bad_args[] = {
         { { RAVNESTCTL, "predict", "--compute-ms", "abc" }, "Invalid value for --compute-ms: abc" },
         { { RAVNESTCTL, "predict", "--bandwidth", "0" }, "Invalid value for --bandwidth: 0" },
         { { RAVNESTCTL, "predict", "--bogus" }, "'--bogus'" },
+        { { RAVNESTCTL, "predict", "--params", "100", "--job", "/nonexistent.job" }, "--params and --job both" },
         { { RAVNESTCTL, "job", "-x" }, "'x'" },
         { { RAVNESTCTL, "job" }, "Usage: ravnestctl job FILE" },
         { { RAVNESTCTL, "job", "a.job", "b.job" }, "\"b.job\"" },
