@@ -782,6 +782,10 @@ static int parse_membership(const config_setting_t *root, Config *c, Diag *d) {
 
         if ((r = conf_get_group(root, "membership", false, false, &g, d)) < 0 || !g)
                 return r;
+        /* set first: the averaging and pipeline sections are read as under
+         * membership even when a setting here is wrong (not as sections that
+         * lack their members and clusters) */
+        m->enabled = true;
         if ((r = conf_check_keys(g, keys, d)) < 0 ||
             (r = conf_get_bool(g, "coordinate", false, &m->coordinate, d)) < 0 ||
             (r = conf_get_bool(g, "train", true, &m->train, d)) < 0 ||
@@ -832,7 +836,6 @@ static int parse_membership(const config_setting_t *root, Config *c, Diag *d) {
         m->heartbeat_ms = (unsigned)(heartbeat * 1000 + 0.5);
         m->deadline_ms = (unsigned)(deadline * 1000 + 0.5);
         m->handover_timeout_ms = (unsigned)(handover * 1000 + 0.5);
-        m->enabled = true;
         return 0;
 }
 

@@ -387,6 +387,28 @@ Test(config, libconfig_errors_name_the_setting) {
         config_free(&c);
 }
 
+/* A wrong setting of membership is the one error: the averaging and
+ * pipeline sections are still read as a member's, which name no members
+ * and no clusters (the coordinator's plan does). */
+Test(config, a_membership_error_brings_no_follow_on_errors) {
+        char path[] = "/tmp/ravnest-test-member-XXXXXX";
+        int fd = mkstemp(path);
+        cr_assert(fd >= 0);
+        const char *text = "state_directory = \"/tmp\";\npipeline = { listen = \"127.0.0.1:7103\"; };\n"
+                           "averaging = { listen = \"127.0.0.1:7104\"; };\n"
+                           "membership = { coordinator = \"" K1 "@127.0.0.1:7103\"; min_nodes = 0; };\n";
+        cr_assert_eq(write(fd, text, strlen(text)), (ssize_t)strlen(text));
+        close(fd);
+        Config c;
+        Diag d = {};
+        cr_assert_lt(config_load(path, &c, &d), 0);
+        char want[128];
+        snprintf(want, sizeof want, "%s:4: membership.min_nodes: must be an integer in [1, 1024], got 0", path);
+        cr_assert(strstr(d.text, want), "%s", d.text);
+        cr_assert(!strstr(d.text, "averaging.members") && !strstr(d.text, "pipeline.clusters"), "%s", d.text);
+        unlink(path);
+}
+
 /* libconfig would open what an @include names relative to the working
  * directory, and a FIFO there would block the daemon in open(): refused
  * before anything is opened, wherever it stands; in a comment it is no
