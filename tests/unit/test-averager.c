@@ -721,7 +721,8 @@ Test(averager, outer_state_survives_a_checkpoint) {
         enum { LEN = 4000 };
         char dir[] = "/tmp/ravnest-test-outer-XXXXXX", path[128];
         cr_assert(mkdtemp(dir));
-        Stage st = { .first_layer = 2, .n_layers = 3, .n_params = LEN };
+        Layer layers[4] = {}; /* what the checkpoint's digest of the stage's layers reads */
+        Stage st = { .first_layer = 2, .n_layers = 3, .n_params = LEN, .layers = layers };
         float *a = malloc(LEN * sizeof *a), *m = malloc(LEN * sizeof *m);
         float *a2 = malloc(LEN * sizeof *a2), *m2 = malloc(LEN * sizeof *m2);
         Rng rng;
@@ -735,7 +736,7 @@ Test(averager, outer_state_survives_a_checkpoint) {
         cr_assert_eq(stage_checkpoint_load_outer(dir, "job", &st, a2, m2, 1234), 0);
         cr_assert_eq(memcmp(a, a2, LEN * sizeof *a), 0, "anchor");
         cr_assert_eq(memcmp(m, m2, LEN * sizeof *m), 0, "momentum");
-        Stage other = { .first_layer = 2, .n_layers = 4, .n_params = LEN };
+        Stage other = { .first_layer = 2, .n_layers = 4, .n_params = LEN, .layers = layers };
         cr_assert_eq(stage_checkpoint_load_outer(dir, "job", &other, a2, m2, 1234), -ENOENT, "another stage's");
 
         /* one flipped byte: refused, the buffers untouched */
