@@ -376,6 +376,29 @@ static bool is_a_checkpoint(const ModelArgs *m, const char *output) {
         return false;
 }
 
+/* Where export writes: a new file, or one that is there, replaced by a
+ * temporary renamed over it; through a symbolic link, the file it names.
+ * Anything but a regular file (a device such as /dev/null, a FIFO, a
+ * directory) is refused: a rename would put a file in its place. 0, or
+ * the exit status. */
+static int export_target(const char *output, char target[PATH_MAX]) {
+        struct stat st;
+
+        snprintf(target, PATH_MAX, "%s", output);
+        if (lstat(output, &st) < 0) {
+                if (errno == ENOENT)
+                        return 0;
+        } else if (!S_ISLNK(st.st_mode) || (realpath(output, target) && stat(target, &st) == 0)) {
+                if (S_ISREG(st.st_mode))
+                        return 0;
+                fprintf(stderr, "export: --output %s is not a regular file: export writes the model to a file of "
+                        "its own\n", output);
+                return EX_CANTCREAT;
+        }
+        fprintf(stderr, "export: --output %s: %m\n", output);
+        return EX_CANTCREAT;
+}
+
 static void export_usage(FILE *f) {
         fprintf(f, "Usage: ravnestctl export --job FILE --checkpoint FILE [--checkpoint FILE ...] --output FILE\n"
                    "\n"
@@ -417,6 +440,10 @@ int ctl_export(int argc, char *argv[]) {
                 fprintf(stderr, "export: --output %s is one of the checkpoints: refusing to overwrite it\n", output);
                 return EX_USAGE;
         }
+        char target[PATH_MAX];
+        if ((r = export_target(output, target)) != 0)
+                return r;
+        output = target;
         Job job;
         _cleanup_(stage_freep) Stage *s = NULL;
         if ((r = load_model(&m, &job, &s)) >= 0)

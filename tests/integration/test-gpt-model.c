@@ -7,6 +7,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <sys/sysmacros.h>
 #include <unistd.h>
 
 #include "../lib/proc.h"
@@ -90,6 +92,32 @@ Test(gpt_model, generate_and_export, .timeout = 600) {
         proc_start(&p, (char *[]){ RAVNESTCTL, "generate", "--job", JOB, "--checkpoint", c1, "--checkpoint", c2,
                                    "--prompt", "A", NULL }, NULL);
         cr_assert_eq(proc_exit(&p), 0, "the checkpoint was damaged: %s", p.out);
+        /* a device (a /dev/null of its own, as root), a FIFO and a directory
+         * are refused and stay what they were; through a symbolic link the
+         * file it names is written, and the link stays a link */
+        char odd[3][200], link[200];
+        snprintf(odd[0], sizeof odd[0], "%s/null", dir);
+        snprintf(odd[1], sizeof odd[1], "%s/fifo", dir);
+        snprintf(odd[2], sizeof odd[2], "%s", dir);
+        bool have_device = mknod(odd[0], S_IFCHR | 0666, makedev(1, 3)) == 0;
+        cr_assert_eq(mkfifo(odd[1], 0600), 0);
+        for (int i = have_device ? 0 : 1; i < 3; i++) {
+                struct stat st;
+                proc_start(&p, (char *[]){ RAVNESTCTL, "export", "--job", JOB, "--checkpoint", c1, "--checkpoint",
+                                           c2, "--output", odd[i], NULL }, NULL);
+                cr_assert_eq(proc_exit(&p), 73, "%s: %s", odd[i], p.out);
+                cr_assert(strstr(p.out, "is not a regular file"), "%s", p.out);
+                cr_assert(stat(odd[i], &st) == 0 && !S_ISREG(st.st_mode), "%s was replaced", odd[i]);
+        }
+        if (!have_device)
+                cr_log_warn("not root: the device case was not run (mknod refused)");
+        snprintf(link, sizeof link, "%s/link.safetensors", dir);
+        cr_assert_eq(symlink(out, link), 0);
+        proc_start(&p, (char *[]){ RAVNESTCTL, "export", "--job", JOB, "--checkpoint", c1, "--checkpoint", c2,
+                                   "--output", link, NULL }, NULL);
+        cr_assert_eq(proc_exit(&p), 0, "%s", p.out);
+        struct stat ls;
+        cr_assert(lstat(link, &ls) == 0 && S_ISLNK(ls.st_mode), "the link was replaced by a file");
         if (!have_torch()) {
                 test_remove_tree(dir);
                 cr_skip_test("SKIP: PyTorch (python3-torch) missing: the exported weights were not loaded in it");
