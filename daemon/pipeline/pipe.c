@@ -277,9 +277,10 @@ void pipe_resume(Pipe *p, int epoch, size_t step, uint64_t updates) {
         p->st.updates = updates;
         if (!p->first)
                 return;
-        if (epoch >= p->cfg.epochs) { /* trained already: the last epoch again */
-                epoch = p->cfg.epochs - 1;
-                step = 0;
+        if (epoch >= p->cfg.epochs) { /* trained already: evaluated, not trained again */
+                p->epoch = p->cfg.epochs + 1;
+                p->step = 0;
+                return;
         }
         epoch = MAX(epoch, 0);
         sampler_shuffle(&p->sampler, epoch);
@@ -977,6 +978,7 @@ void pipe_get_stats(Pipe *p, PipeStats *ret) {
         p->st.versions = stashed(p);
         if (p->first) {
                 p->st.epoch = MIN(p->epoch, p->cfg.epochs);
+                p->st.epochs_done = MIN(p->epoch - 1, p->cfg.epochs);
                 p->st.step_in_epoch = p->epoch > p->cfg.epochs ? 0 : p->step;
         }
         p->st.loss_sum = p->loss_sum;

@@ -100,7 +100,8 @@ typedef struct PipeStats {
         uint64_t lost;                 /* micro-batches dropped because a link in the pipeline broke */
         double loss_sum, correct;      /* last stage: over the `scored` samples so far */
         uint64_t scored;
-        int epoch;                     /* first stage: 1-based */
+        int epoch;                     /* first stage: 1-based, at most epochs */
+        int epochs_done;               /* first stage: epochs whose every micro-batch was sent */
         size_t step_in_epoch;          /* first stage: micro-batches of this epoch sent */
         double test_acc, test_loss;    /* last stage, after an evaluation; < 0 before */
 } PipeStats;
@@ -120,7 +121,8 @@ Stage *pipe_stage(Pipe *p);
 Optim *pipe_optim(Pipe *p);
 /* Before any work, after loading a checkpoint into pipe_stage() and
  * pipe_optim(): go on from that many updates (the learning-rate schedule)
- * and, on the first stage, from step `step` of 0-based epoch `epoch`. */
+ * and, on the first stage, from step `step` of 0-based epoch `epoch` (the
+ * epochs done); with every epoch done, straight to the evaluation. */
 void pipe_resume(Pipe *p, int epoch, size_t step, uint64_t updates);
 void pipe_connect(Pipe *p, Net *net, int64_t prev_peer, int64_t next_peer);
 /* Give the Net back every tensor still queued: call before net_free(), whose

@@ -311,7 +311,7 @@ static CheckpointInfo position(Pipe *pipe) {
         PipeStats st;
         pipe_get_stats(pipe, &st);
         return (CheckpointInfo){
-                .epoch = (uint64_t)MAX(st.epoch - 1, 0),
+                .epoch = (uint64_t)MAX(st.epochs_done, 0),
                 .step_in_epoch = st.step_in_epoch,
                 .samples = st.samples,
                 .updates = st.updates,

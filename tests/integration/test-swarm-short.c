@@ -146,6 +146,47 @@ Test(swarm_short, a_killed_node_comes_back_from_its_checkpoint, .timeout = 300) 
                   "restarts not counted\n%s", p.out);
 }
 
+/* The step and the epochs done that node's last checkpoint of a run says,
+ * "c1s1   Checkpoint written: <path> (step N, E epochs done; ...)". */
+static void last_checkpoint(const char *out, const char *node, unsigned *step, unsigned *epochs) {
+        char want[64];
+        snprintf(want, sizeof want, "%s   Checkpoint written: ", node);
+        const char *at = NULL;
+        for (const char *q = out; (q = strstr(q, want)); q++)
+                at = q;
+        cr_assert(at, "no checkpoint of %s\n%s", node, out);
+        const char *fig = strstr(at, " (step ");
+        cr_assert(fig && sscanf(fig, " (step %u, %u epochs done", step, epochs) == 2, "%s", at);
+}
+
+/* A swarm resumed from its --dir trains the epochs it lacks, no more: the
+ * first stage's checkpoint counts the epochs done (it said one too few at
+ * the end of training, and a swarm resumed with one more epoch trained two
+ * more); resumed with every epoch done, it is evaluated and not trained. */
+Test(swarm_short, a_resumed_swarm_trains_the_epochs_it_lacks, .timeout = 300) {
+        char d[200];
+        unsigned step1, ep1, step2, ep2, step3, ep3;
+        snprintf(d, sizeof d, "%s/resumed", dir);
+        Proc p;
+        swarm(&p, (char *[]){ "--job", quick, "--dir", d, "--epochs", "1", NULL });
+        cr_assert_eq(proc_exit(&p), 0, "%s", p.out);
+        last_checkpoint(p.out, "c1s1", &step1, &ep1);
+        cr_assert(ep1 == 1 && step1 > 0, "step %u, %u epochs done\n%s", step1, ep1, p.out);
+
+        swarm(&p, (char *[]){ "--job", quick, "--dir", d, "--epochs", "2", "--resume", NULL });
+        cr_assert_eq(proc_exit(&p), 0, "%s", p.out);
+        cr_assert(strstr(p.out, "c1s1   Resuming from "), "%s", p.out);
+        last_checkpoint(p.out, "c1s1", &step2, &ep2);
+        cr_assert(ep2 == 2 && step2 == 2 * step1, "after epoch 2: step %u, %u epochs done (one: step %u)\n%s",
+                  step2, ep2, step1, p.out);
+
+        swarm(&p, (char *[]){ "--job", quick, "--dir", d, "--epochs", "2", "--resume", NULL });
+        cr_assert_eq(proc_exit(&p), 0, "%s", p.out);
+        last_checkpoint(p.out, "c1s1", &step3, &ep3);
+        cr_assert(ep3 == 2 && step3 == step2, "trained again: step %u, %u epochs done\n%s", step3, ep3, p.out);
+        cr_assert(strstr(p.out, "swarm: cluster 1: test accuracy "), "%s", p.out);
+}
+
 /* The same with the outer optimizer on: the node comes back with the
  * anchor and momentum of its checkpoint, and the swarm still ends as one
  * averaged model. */
