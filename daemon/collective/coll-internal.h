@@ -29,6 +29,7 @@ typedef struct Early {
         unsigned member;
         CollPiece hdr;
         NetTensor *t;
+        uint64_t at_ns;
 } Early;
 
 typedef struct GroupRound {
@@ -146,6 +147,8 @@ struct Coll {
         size_t n_groups;
         Early *early;
         unsigned n_early;
+        uint64_t early_bytes;     /* of the early pieces' tensors */
+        uint64_t largest_round;   /* bytes of the largest vector a round here averaged */
         CollPieceHook hook;
         void *hook_ud;
         uint64_t next_heartbeat_ns;
@@ -164,7 +167,11 @@ struct Coll {
 };
 
 int coll_member_of_peer(const Coll *c, uint32_t peer);
+/* The last round of group here, its entry made if there is none (for the
+ * groups this node runs rounds in); coll_seen_round() only looks, 0 for a
+ * group never seen, so a peer naming groups makes no entries. */
 uint64_t *coll_last_round(Coll *c, uint32_t group);
+uint64_t coll_seen_round(const Coll *c, uint32_t group);
 uint64_t coll_view(const Coll *c, const unsigned *members, unsigned n);
 uint64_t coll_blame(const Coll *c, const unsigned *members, unsigned n);
 /* A member broke the protocol: drop its link and refuse it for ban_ms. */
@@ -172,6 +179,8 @@ void coll_ban(Coll *c, unsigned member);
 
 int coll_early_add(Coll *c, unsigned member, const CollPiece *h, NetTensor *t);
 void coll_early_clear(Coll *c);
+/* Drop the early pieces no START has taken within a round's time. */
+void coll_early_expire(Coll *c, uint64_t now);
 /* Hand the pieces of (group, round) to fn in arrival order; drop the rest of
  * the group's early pieces that are no newer than round. */
 void coll_early_take(Coll *c, uint32_t group, uint64_t round, void (*fn)(Coll *, Early *, void *), void *ud);

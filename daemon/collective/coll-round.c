@@ -506,10 +506,9 @@ static void views_differ(CollRound *r, unsigned member, uint64_t round) {
 
 int round_on_piece(Coll *c, unsigned member, const CollPiece *h, NetTensor *t) {
         CollRound *r = round_of_group(c, h->group);
-        uint64_t *last = coll_last_round(c, h->group);
 
         if (!r || r->state == COLL_ROUND_JOINING || (r->state == COLL_ROUND_RUNNING && h->round > r->round)) {
-                if (last && h->round > *last)
+                if (h->round > coll_seen_round(c, h->group))
                         return coll_early_add(c, member, h, t);
                 net_tensor_release(c->net, t);
                 return 0;
@@ -570,6 +569,17 @@ static bool ready_fresh(const Coll *c, const ReadyEntry *e, uint64_t now) {
         return now - e->at_ns < (uint64_t)c->cfg.join_timeout_ms * MS * 3 / 4;
 }
 
+/* READYs kept from one member, each for another group: more than the
+ * groups of any plan (a node is in at most a few rings at once). */
+#define READY_MAX_PER_MEMBER 64
+
+static size_t readies_of(const Coll *c, unsigned member) {
+        size_t n = 0;
+        for (size_t i = 0; i < c->n_readies; i++)
+                n += c->readies[i].member == member;
+        return n;
+}
+
 static ReadyEntry *ready_find(Coll *c, uint32_t group, unsigned member) {
         for (size_t i = 0; i < c->n_readies; i++)
                 if (c->readies[i].group == group && c->readies[i].member == member)
@@ -579,6 +589,8 @@ static ReadyEntry *ready_find(Coll *c, uint32_t group, unsigned member) {
 
 void round_on_ready(Coll *c, unsigned member, const CollReady *m) {
         ReadyEntry *e = ready_find(c, m->group, member);
+        if (!e && readies_of(c, member) >= READY_MAX_PER_MEMBER)
+                return; /* no group has that many at once: one naming groups at random */
         if (!e) {
                 ReadyEntry *n = realloc(c->readies, (c->n_readies + 1) * sizeof *n);
                 if (!n)
@@ -925,6 +937,7 @@ void round_tick(Coll *c, uint64_t now) {
                                 flush_backlog(r);
                 }
         }
+        coll_early_expire(c, now);
         /* READYs nobody can use any more */
         for (size_t i = 0; i < c->n_readies;)
                 if (!ready_fresh(c, &c->readies[i], now))
@@ -952,6 +965,7 @@ int coll_round_start(Coll *c, uint32_t group, const unsigned *members, unsigned 
                 return -EBUSY;
         if (!coll_last_round(c, group))
                 return -ENOMEM;
+        c->largest_round = MAX(c->largest_round, (uint64_t)len * sizeof(float));
 
         CollRound *r = calloc(1, sizeof *r);
         if (!r)

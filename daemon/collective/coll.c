@@ -6,7 +6,12 @@
 #include "coll-internal.h"
 #include "util/time-util.h"
 
-#define MAX_EARLY 4096 /* pieces held for rounds whose START has not come yet */
+/* Pieces held for rounds whose START has not come yet: at most this many,
+ * and at most twice the largest vector averaged here (EARLY_MIN_BYTES before
+ * the first round) in bytes: a member that sends pieces of rounds that never
+ * start cannot hold more. */
+#define MAX_EARLY 4096
+#define EARLY_MIN_BYTES ((uint64_t)64 << 20)
 #define HEARTBEAT_NS (10 * NSEC_PER_SEC)
 
 void coll_config_defaults(CollConfig *c) {
@@ -27,6 +32,13 @@ int coll_member_of_peer(const Coll *c, uint32_t peer) {
                 if (c->members[i].up && c->members[i].peer == peer)
                         return (int)i;
         return -ENOENT;
+}
+
+uint64_t coll_seen_round(const Coll *c, uint32_t group) {
+        for (size_t i = 0; i < c->n_groups; i++)
+                if (c->groups[i].group == group)
+                        return c->groups[i].last_round;
+        return 0;
 }
 
 uint64_t *coll_last_round(Coll *c, uint32_t group) {
@@ -73,6 +85,7 @@ static void drop_early(Coll *c, bool (*match)(const Early *, const void *), cons
                         continue;
                 }
                 *p = e->next;
+                c->early_bytes -= e->t->desc.bytes;
                 net_tensor_release(c->net, e->t);
                 free(e);
                 c->n_early--;
@@ -81,6 +94,18 @@ static void drop_early(Coll *c, bool (*match)(const Early *, const void *), cons
 
 void coll_early_clear(Coll *c) {
         drop_early(c, NULL, NULL);
+}
+
+static bool early_before(const Early *e, const void *t) {
+        return e->at_ns < *(const uint64_t *)t;
+}
+
+void coll_early_expire(Coll *c, uint64_t now) {
+        uint64_t keep = ((uint64_t)c->cfg.join_timeout_ms + c->cfg.round_timeout_ms) * 1000000ull;
+        if (c->early && now > keep) {
+                uint64_t before = now - keep;
+                drop_early(c, early_before, &before);
+        }
 }
 
 static bool early_from(const Early *e, const void *member) {
@@ -329,14 +354,16 @@ void coll_set_piece_hook(Coll *c, CollPieceHook hook, void *ud) {
 
 /* Keep a piece for a round that has not started here yet. */
 int coll_early_add(Coll *c, unsigned member, const CollPiece *h, NetTensor *t) {
+        uint64_t cap = MAX(EARLY_MIN_BYTES, 2 * c->largest_round);
         Early *e;
-        if (c->n_early >= MAX_EARLY || !(e = malloc(sizeof *e))) {
+        if (c->n_early >= MAX_EARLY || c->early_bytes + t->desc.bytes > cap || !(e = malloc(sizeof *e))) {
                 net_tensor_release(c->net, t);
                 return -ENOBUFS;
         }
-        *e = (Early){ .next = c->early, .member = member, .hdr = *h, .t = t };
+        *e = (Early){ .next = c->early, .member = member, .hdr = *h, .t = t, .at_ns = now_ns() };
         c->early = e;
         c->n_early++;
+        c->early_bytes += t->desc.bytes;
         return 0;
 }
 
@@ -350,6 +377,7 @@ void coll_early_take(Coll *c, uint32_t group, uint64_t round, void (*fn)(Coll *,
                 }
                 *p = e->next;
                 c->n_early--;
+                c->early_bytes -= e->t->desc.bytes;
                 if (e->hdr.round == round) { /* the list is newest first: reverse */
                         e->next = mine;
                         mine = e;

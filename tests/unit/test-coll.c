@@ -691,6 +691,65 @@ Test(coll, a_start_naming_all_64_members) {
         start_of_everyone(63);
 }
 
+/* A member that sends pieces of rounds that never start, each for another
+ * group, holds at most 64 MiB (twice the largest vector averaged here, once
+ * there is one) and makes no entry in the group table; those pieces go once
+ * a round's time has passed; its READYs for made-up groups are kept 64 at
+ * most, another member's still. (They were held by count alone, 4096
+ * pieces of up to 256 MiB: 1.7 GB in an outside test.) */
+static NetTensor *piece_tensor(uint32_t bytes) {
+        NetTensor *t = calloc(1, sizeof *t);
+        cr_assert(t);
+        tensor_desc_init(&t->desc, DTYPE_U8, 1, &bytes);
+        t->data = malloc(bytes); /* not touched: no page is faulted in */
+        cr_assert(t->data);
+        return t;
+}
+
+Test(coll, pieces_and_readies_of_groups_that_never_start_are_bounded) {
+        static CollMember members[3];
+        static const uint8_t secret[32] = { 1 };
+        Identity id;
+        NetConfig nc;
+        CollConfig cc;
+        Coll *c;
+
+        identity_generate(&id);
+        net_config_defaults(&nc);
+        nc.identity = &id;
+        nc.secret = secret;
+        nc.backend = NET_BACKEND_EPOLL;
+        for (unsigned i = 0; i < 3; i++) {
+                members[i].id[0] = (uint8_t)i;
+                snprintf(members[i].host, sizeof members[i].host, "127.0.0.1");
+                members[i].port = 1;
+        }
+        coll_config_defaults(&cc);
+        cc.net = &nc;
+        cc.members = members;
+        cc.n_members = 3;
+        cc.self = 0;
+        cr_assert_eq(coll_new(&cc, &c), 0);
+
+        unsigned held = 0;
+        for (uint32_t g = 0; g < 200; g++) {
+                CollPiece h = { .phase = COLL_REDUCE_SCATTER, .dtype = DTYPE_F32, .group = 1000 + g, .count = 1,
+                                .round = 5 };
+                held += round_on_piece(c, 1, &h, piece_tensor(1 << 20)) == 0;
+        }
+        cr_assert_eq(held, 64, "%u pieces of 1 MiB held", held);
+        cr_assert_leq(c->early_bytes, (uint64_t)64 << 20);
+        cr_assert_eq(c->n_groups, 0, "pieces made %zu group entries", c->n_groups);
+        coll_early_expire(c, now_ns() + ((uint64_t)cc.join_timeout_ms + cc.round_timeout_ms + 1) * 1000000ull);
+        cr_assert(c->n_early == 0 && c->early_bytes == 0, "%u pieces left", c->n_early);
+
+        for (uint32_t g = 0; g < 1000; g++)
+                round_on_ready(c, 1, &(CollReady){ .group = 5000 + g, .weight = 1 });
+        round_on_ready(c, 2, &(CollReady){ .group = 7, .weight = 1 });
+        cr_assert_eq(c->n_readies, 65, "%zu READYs kept", c->n_readies);
+        coll_free(c);
+}
+
 /* ---- an optimizer's state for a joiner ------------------------------------ */
 
 typedef struct Giver {
