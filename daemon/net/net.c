@@ -268,6 +268,34 @@ static void socket_tune(const Net *n, int fd) {
         setsockopt(fd, IPPROTO_TCP, TCP_USER_TIMEOUT, &user_timeout, sizeof user_timeout);
 }
 
+#define HANDSHAKES_PER_ADDR 8 /* strangers' handshakes at once from one address (/64 in IPv6) */
+
+static bool stranger(const Link *o) {
+        return o->state == LINK_HANDSHAKE && !o->initiator && !o->relay_waiting;
+}
+
+/* Strangers' handshakes are at their cap when a new one comes: the one to
+ * give up is the oldest from the address that holds the most of them, so
+ * a few addresses that keep the slots full cannot keep a real peer out
+ * (its handshake takes a round trip, theirs must outlast every newcomer). */
+static Link *stranger_to_drop(const Net *n) {
+        Link *drop = NULL;
+        unsigned most = 0;
+        for (unsigned i = 0; i < n->cfg.max_links; i++) {
+                Link *o = n->links[i];
+                if (!o || !stranger(o))
+                        continue;
+                unsigned k = 0;
+                for (unsigned j = 0; j < n->cfg.max_links; j++)
+                        k += n->links[j] && stranger(n->links[j]) && addr_near(n->links[j]->addr, o->addr);
+                if (k > most || (k == most && o->deadline_ns < drop->deadline_ns)) {
+                        drop = o;
+                        most = k;
+                }
+        }
+        return drop;
+}
+
 /* A new link on fd (connected or accepted). waiting: a connection of ours
  * waiting at a relay (a responder, but no stranger: the limits on
  * unauthenticated links do not count it). */
@@ -293,10 +321,21 @@ static int link_add(Net *n, int fd, bool initiator, bool waiting, const struct s
                 }
         }
         /* Strangers that have not authenticated get a quarter of the slots
-         * and a few per address, so they cannot crowd out real peers. */
+         * and a few per address, so they cannot crowd out real peers; when
+         * those are taken, a newcomer from another address displaces one. */
+        unsigned cap = MAX(n->cfg.max_links / 4, 4u);
+        bool new_stranger = !initiator && !waiting;
+        if (new_stranger && slot < n->cfg.max_links && handshaking >= cap && handshaking_same < HANDSHAKES_PER_ADDR &&
+            same < n->cfg.max_links_per_addr) {
+                Link *drop = stranger_to_drop(n);
+                if (drop) {
+                        net_link_close(drop, -EMFILE);
+                        handshaking--;
+                }
+        }
         if (slot == n->cfg.max_links ||
-            (!initiator && !waiting && (same >= n->cfg.max_links_per_addr || handshaking >= MAX(n->cfg.max_links / 4, 4u) ||
-                            handshaking_same >= 8))) {
+            (new_stranger && (same >= n->cfg.max_links_per_addr || handshaking >= cap ||
+                              handshaking_same >= HANDSHAKES_PER_ADDR))) {
                 n->stats.links_rejected++;
                 close(fd);
                 return -EMFILE;

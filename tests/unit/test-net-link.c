@@ -601,3 +601,58 @@ Test(netlink, lanes_broken_rules) {
         raw_close(&r);
         net_free(s.n);
 }
+
+/* Strangers that keep every handshake slot from other addresses (a quarter
+ * of max_links: 4 here, one each from 127.0.0.2-5) cannot keep a real peer
+ * out: its connection displaces the oldest of them, from the address with
+ * the most, and its handshake goes through. (A real peer was refused for
+ * as long as they kept the slots.) */
+Test(netlink, strangers_holding_every_handshake_slot_do_not_keep_a_peer_out) {
+        NetConfig c;
+        Srv s;
+        identity_generate(&server_id);
+        identity_generate(&client_id);
+        net_config_defaults(&c);
+        c.identity = &server_id;
+        c.secret = secret;
+        c.max_links = 16;
+        memset(&s, 0, sizeof s);
+        cr_assert_eq(net_new(&c, &srv_cb, &s, &s.n), 0);
+        uint16_t port;
+        cr_assert_eq(net_listen(s.n, "127.0.0.1", 0, &port), 0);
+
+        int strangers[4];
+        for (int i = 0; i < 4; i++) {
+                strangers[i] = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+                struct sockaddr_in from = { .sin_family = AF_INET, .sin_addr.s_addr = htonl(0x7f000002 + (uint32_t)i) };
+                struct sockaddr_in to = { .sin_family = AF_INET, .sin_port = htons(port),
+                                          .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
+                cr_assert_eq(bind(strangers[i], (struct sockaddr *)&from, sizeof from), 0);
+                cr_assert_eq(connect(strangers[i], (struct sockaddr *)&to, sizeof to), 0);
+                for (int k = 0; k < 50; k++) /* accepted one by one: each has its own age */
+                        net_run(s.n, 2);
+        }
+        NetStats st;
+        net_get_stats(s.n, &st);
+        cr_assert_eq(st.links_accepted, 4);
+
+        Raw r;
+        HandshakeConfig hc = { .identity = &client_id, .secret = secret, .ciphers = cipher_available() };
+        raw_connect(&r, port);
+        cr_assert_eq(raw_handshake(&s, &r, &hc), 0, "the peer was kept out");
+        for (int i = 0; i < 1000 && !s.connected; i++)
+                net_run(s.n, 2);
+        cr_assert_eq(s.connected, 1);
+        /* the oldest stranger is the one gone */
+        char b;
+        struct pollfd pfd = { strangers[0], POLLIN, 0 };
+        cr_assert(poll(&pfd, 1, 1000) == 1 && recv(strangers[0], &b, 1, 0) <= 0, "the oldest stranger stayed");
+        for (int i = 1; i < 4; i++) {
+                pfd.fd = strangers[i];
+                cr_assert_eq(poll(&pfd, 1, 0), 0, "stranger %d was dropped too", i);
+        }
+        for (int i = 0; i < 4; i++)
+                close(strangers[i]);
+        raw_close(&r);
+        net_free(s.n);
+}
