@@ -21,7 +21,8 @@
 #     a network in the conffile and a reload make it train (as the README
 #     tells operators); a reinstall keeps a changed conffile and restarts the service;
 #     `apt-get remove` stops it and leaves the conffile; `apt-get purge`
-#     leaves nothing of the package (the user ravnest stays, by design).
+#     leaves nothing of the package, nor the secret the operator made in
+#     /etc/ravnest (the user ravnest stays, by design).
 #
 # Each check prints one PASS or FAIL line; the exit status is 1 if any
 # failed, 77 (skip) when this machine cannot run it. Needs root,
@@ -232,7 +233,7 @@ else
                 "$(ct journalctl -q -u ravnestd.service -n 8 --no-hostname -o cat 2>&1)"
 fi
 ct cp /var/tmp/ravnestd.conf.orig /etc/ravnest/ravnestd.conf
-ct rm -f /etc/ravnest/secret
+# the secret the operator made stays until the purge, which must remove it
 # A reload applies only idle and checkpoint settings to a running node
 # (ravnestd(8)): leaving the network takes a restart.
 ct systemctl restart ravnestd.service
