@@ -241,14 +241,18 @@ static int install_signals(bool debug_hang) {
 static void send_status(Daemon *d) {
         NodeState state;
         NodeStatus st;
-        char reason[128], text[PATH_MAX + 256];
+        char reason[128], text[PATH_MAX + 512];
 
         control_snapshot(&d->control, &state, &st, reason, NULL, NULL);
         const NodeTraining *t = &st.training;
         switch (state) {
         case NODE_UNCONFIGURED:
-                snprintf(text, sizeof text, "Unconfigured: no network in %s, see ravnestd.conf(5)",
-                         d->config.path[0] ? d->config.path : CONFIG_PATH);
+                if (d->reload_failed[0])
+                        snprintf(text, sizeof text, "Unconfigured: reloading %s failed: %s",
+                                 d->config.path[0] ? d->config.path : CONFIG_PATH, d->reload_failed);
+                else
+                        snprintf(text, sizeof text, "Unconfigured: no network in %s, see ravnestd.conf(5)",
+                                 d->config.path[0] ? d->config.path : CONFIG_PATH);
                 break;
         case NODE_TRAINING:
                 snprintf(text, sizeof text, "Training %s: epoch %d/%d, step %llu, loss %.4f, %.0f samples/s, %u peers",
@@ -286,13 +290,39 @@ static void on_state(Daemon *d) {
                         log_event(LOG_NOTICE, EVENT_RESUMED, NULL, "Resumed training");
                 d->last_state = state;
         }
-        if (!d->ready_sent && state != NODE_STARTING) {
-                /* config loaded, sockets bound, bus name held: ready */
+        if (!d->ready_sent && state != NODE_STARTING && state != NODE_FAILED) {
+                /* config loaded, sockets bound, bus name held: ready (a node
+                 * that failed to start exits, and systemctl start fails) */
                 sd_notify(false, "READY=1");
                 d->ready_sent = true;
         }
+        if (d->has_unconfigured && state != NODE_STARTING && state != NODE_FAILED) {
+                config_free(&d->unconfigured); /* it got going: no way back */
+                d->has_unconfigured = false;
+        }
         bus_state_changed(&d->bus);
         send_status(d);
+}
+
+static void apply_live_settings(Daemon *d, const Config *c);
+
+/* The compute thread a reload started on an unconfigured node failed
+ * before it trained: the configuration from before is taken back. */
+static void back_to_unconfigured(Daemon *d, int r) {
+        const char *path = d->config.path[0] ? d->config.path : CONFIG_PATH;
+        char fields[PATH_MAX + 64];
+        config_free(&d->config);
+        d->config = d->unconfigured;
+        d->has_unconfigured = false;
+        apply_live_settings(d, &d->config);
+        __atomic_store_n(&d->worker_done, false, __ATOMIC_RELEASE);
+        snprintf(d->reload_failed, sizeof d->reload_failed, "training could not start (%s), see journalctl -u "
+                 "ravnestd", strerror(-r));
+        snprintf(fields, sizeof fields, "RESULT=failed\nREASON=%s", strerror(-r));
+        log_event(LOG_ERR, EVENT_RELOAD, fields, "Training with the configuration reloaded from %s could not start "
+                  "(above): the node is unconfigured again", path);
+        control_set_state(&d->control, NODE_UNCONFIGURED);
+        on_state(d);
 }
 
 static int on_control_event(sd_event_source *s, int fd, uint32_t revents, void *userdata) {
@@ -305,6 +335,10 @@ static int on_control_event(sd_event_source *s, int fd, uint32_t revents, void *
                 int r = d->worker_result;
                 pthread_join(d->worker, NULL);
                 d->worker_started = false;
+                if (r < 0 && r != -ECANCELED && d->has_unconfigured && !d->stopping) {
+                        back_to_unconfigured(d, r);
+                        return 0;
+                }
                 sd_event_exit(d->event, r == -EINVAL ? EX_CONFIG : r < 0 && r != -ECANCELED ? EXIT_FAILURE : 0);
         }
         return 0;
@@ -345,6 +379,8 @@ static void on_reload_signal(Daemon *d) {
                 snprintf(fields, sizeof fields, "RESULT=failed\nREASON=%s", diag.text);
                 log_event(LOG_ERR, EVENT_RELOAD, fields, "Reloading failed, keeping the running configuration: %s",
                           diag.text);
+                snprintf(d->reload_failed, sizeof d->reload_failed, "%.250s", diag.text);
+                send_status(d); /* an unconfigured node says why it still is */
                 sd_notify(false, "READY=1");
                 return;
         }
@@ -363,11 +399,15 @@ static void on_reload_signal(Daemon *d) {
                         d->config = old;
                         apply_live_settings(d, &d->config);
                         control_set_state(&d->control, NODE_UNCONFIGURED);
+                        snprintf(d->reload_failed, sizeof d->reload_failed, "training cannot start with it, "
+                                 "see journalctl -u ravnestd");
                         log_event(LOG_ERR, EVENT_RELOAD, "RESULT=failed",
                                   "Reloading %s failed: training cannot start with it (above); the node stays "
                                   "unconfigured", path);
                 } else {
-                        config_free(&old);
+                        d->unconfigured = old; /* until it trains */
+                        d->has_unconfigured = true;
+                        d->reload_failed[0] = '\0';
                         log_event(LOG_NOTICE, EVENT_RELOAD, "RESULT=ok", "Reloaded %s: the node is configured now",
                                   path);
                 }
@@ -677,6 +717,8 @@ out:
         d->event = sd_event_unref(d->event);
         control_done(&d->control);
         config_free(&d->config);
+        if (d->has_unconfigured)
+                config_free(&d->unconfigured);
         if (d->stopping && status == 0)
                 log_notice("Received %s, stopped cleanly", strsignal(d->stop_signal));
         return status;

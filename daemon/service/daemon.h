@@ -56,6 +56,13 @@ typedef struct Daemon {
         bool ready_sent, stopping;
         int stop_signal;
         NodeState last_state;
+        /* An unconfigured node that a reload set training: its configuration
+         * before, taken back if the compute thread fails before it trains
+         * (an identity refused, an address in use), so the node stays up
+         * and unconfigured instead of exiting into a restart loop. */
+        Config unconfigured;
+        bool has_unconfigured;
+        char reload_failed[256]; /* why the last reload of an unconfigured node failed, for STATUS= */
 } Daemon;
 
 void daemon_init(Daemon *d, Config *config, const DaemonOptions *o);

@@ -340,6 +340,84 @@ Test(daemon, averaging_without_this_node_is_a_config_error, .timeout = 60) {
         cr_assert_eq(system(cmd), 0);
 }
 
+/* A socket bound and listening on a loopback port, so that a node cannot. */
+static int hold_port(uint16_t *ret_port) {
+        int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+        struct sockaddr_in sa = { .sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
+        socklen_t len = sizeof sa;
+        cr_assert(fd >= 0 && bind(fd, (struct sockaddr *)&sa, sizeof sa) == 0 && listen(fd, 1) == 0);
+        cr_assert_eq(getsockname(fd, (struct sockaddr *)&sa, &len), 0);
+        *ret_port = ntohs(sa.sin_port);
+        return fd;
+}
+
+/* A node that cannot start (its address in use) under systemd's
+ * Type=notify never says READY=1, so `systemctl start` fails; an
+ * unconfigured node that a reload sets training, and that then cannot
+ * start, is unconfigured again and stays up (it exited 1 into a restart
+ * loop), and a later reload that can start trains. */
+static void node_file(const char *dir, uint16_t listen, char *conf) {
+        char text[1024];
+        int k = snprintf(text, sizeof text,
+                         "state_directory = \"%s/state\";\ncontrol_socket = \"%s/ctl\";\nidle = { enabled = false; };\n"
+                         "job = \"" SOURCE_ROOT "/config/jobs/fashion-mnist-mlp.job\";\n", dir, dir);
+        if (listen)
+                snprintf(text + k, sizeof text - (size_t)k,
+                         "network = { secret_file = \"%s/secret\"; listen = \"127.0.0.1:%u\"; };\n", dir, listen);
+        snprintf(conf, 256, "%s/node.conf", dir);
+        test_write_file(conf, text, 0644);
+}
+
+Test(daemon, a_node_that_cannot_start_is_never_ready_and_a_reload_that_cannot_stays_unconfigured, .timeout = 120) {
+        char dir[] = "/tmp/ravnest-test-ready-XXXXXX", path[256], conf[256];
+        cr_assert_not_null(mkdtemp(dir));
+        write_tiny_dataset(dir);
+        snprintf(path, sizeof path, "%s/secret", dir);
+        test_write_file(path, "00112233445566778899aabbccddeeff00112233445566778899aabbccddeeff\n", 0600);
+        uint16_t port;
+        int held = hold_port(&port);
+
+        /* systemd's notify socket, played by the test */
+        int notify = socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+        struct sockaddr_un sa = { .sun_family = AF_UNIX };
+        snprintf(sa.sun_path, sizeof sa.sun_path, "%s/notify", dir);
+        cr_assert(notify >= 0 && bind(notify, (struct sockaddr *)&sa, sizeof sa) == 0);
+        setenv("NOTIFY_SOCKET", sa.sun_path, 1);
+        node_file(dir, port, conf);
+        Proc p;
+        proc_start(&p, (char *[]){ RAVNESTD, "--config", conf, "--data-dir", dir, "--progress", "0", NULL }, NULL);
+        int code = proc_exit(&p);
+        unsetenv("NOTIFY_SOCKET");
+        cr_assert_eq(code, 1, "%s", p.out);
+        cr_assert(strstr(p.out, "Address already in use"), "%s", p.out);
+        char msg[512];
+        ssize_t k;
+        while ((k = recv(notify, msg, sizeof msg - 1, 0)) > 0) {
+                msg[k] = 0;
+                cr_assert(!strstr(msg, "READY=1"), "a node that failed to start said READY=1");
+        }
+        close(notify);
+
+        /* unconfigured, then a reload that cannot start, then one that can */
+        node_file(dir, 0, conf);
+        proc_start(&p, (char *[]){ RAVNESTD, "--config", conf, "--data-dir", dir, "--progress", "0", NULL }, NULL);
+        cr_assert(proc_wait_for(&p, "unconfigured", 30000), "%s", p.out);
+        node_file(dir, port, conf);
+        cr_assert_eq(kill(p.pid, SIGHUP), 0);
+        cr_assert(proc_wait_for(&p, "the node is unconfigured again", 30000), "%s", p.out);
+        snprintf(path, sizeof path, "%s/ctl", dir);
+        Proc st;
+        proc_start(&st, (char *[]){ RAVNESTCTL, "status", "--socket", path, NULL }, NULL);
+        cr_assert_eq(proc_exit(&st), 0, "the node is gone: %s\n%s", st.out, p.out);
+        cr_assert(strstr(st.out, "unconfigured"), "%s", st.out);
+        close(held);
+        cr_assert_eq(kill(p.pid, SIGHUP), 0);
+        cr_assert(proc_wait_for(&p, "epoch 1/", 60000), "%s", p.out);
+        cr_assert_eq(kill(p.pid, SIGTERM), 0);
+        cr_assert_eq(proc_exit(&p), 0, "%s", p.out);
+        test_remove_tree(dir);
+}
+
 /* ---- the control socket, as clients other than ravnestctl use it -------- */
 
 /* libdbus (dbus-send) sends its first call in the same write as the end of
