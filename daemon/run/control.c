@@ -186,24 +186,31 @@ static struct timespec deadline_in(uint64_t ns) {
         return t;
 }
 
-int control_gate(Control *c, void (*serve)(void *userdata), void *userdata) {
+int control_gate(Control *c, void (*serve)(void *userdata, bool paused), void *userdata) {
         uint64_t now = now_ns();
         int r = 0;
 
         pthread_mutex_lock(&c->lock);
-        /* The duty-cycle cap: after working busy ns, rest busy (1 - d) / d. */
+        /* The duty-cycle cap: after working busy ns, rest busy (1 - d) / d,
+         * serving the links every 100 ms of it (a coordinator's heartbeats
+         * are due more often than a rest of seconds) */
         if (c->max_duty < 1.0 && c->gate_ns && !c->pause && !c->stop) {
                 uint64_t busy = now - c->gate_ns;
-                uint64_t rest = MIN(idle_duty_sleep_ns(busy, c->max_duty), 5 * NSEC_PER_SEC);
-                struct timespec until = deadline_in(rest);
-                while (!c->stop && !c->pause && pthread_cond_timedwait(&c->cond, &c->lock, &until) != ETIMEDOUT)
-                        ;
+                uint64_t end = now + MIN(idle_duty_sleep_ns(busy, c->max_duty), 5 * NSEC_PER_SEC);
+                for (uint64_t t = now; !c->stop && !c->pause && t < end; t = now_ns()) {
+                        struct timespec until = deadline_in(MIN(end - t, 100 * 1000000ULL));
+                        if (pthread_cond_timedwait(&c->cond, &c->lock, &until) != ETIMEDOUT || !serve)
+                                continue;
+                        pthread_mutex_unlock(&c->lock);
+                        serve(userdata, false);
+                        pthread_mutex_lock(&c->lock);
+                }
         }
         while (c->pause && !c->stop && c->checkpoints_wanted == c->checkpoints_done) {
                 set_state_locked(c, NODE_PAUSED);
                 pthread_mutex_unlock(&c->lock);
                 if (serve) /* the links stay up while paused */
-                        serve(userdata);
+                        serve(userdata, true);
                 pthread_mutex_lock(&c->lock);
                 struct timespec until = deadline_in(100 * 1000000ULL);
                 if (c->pause && !c->stop && c->checkpoints_wanted == c->checkpoints_done)

@@ -146,10 +146,11 @@ void control_snapshot(Control *c, NodeState *ret_state, NodeStatus *ret_status, 
 /* Drain event_fd (after it polled readable). */
 void control_clear_event(Control *c);
 
-/* Compute thread. serve() keeps the links alive while paused (may be NULL).
- * Returns 0 to go on, CONTROL_CHECKPOINT when a checkpoint is wanted, or
- * -ECANCELED when stopping. */
-int control_gate(Control *c, void (*serve)(void *userdata), void *userdata);
+/* Compute thread. serve() keeps the links alive while paused (paused
+ * true) and while resting under the duty-cycle cap (false), every 100 ms
+ * or so; may be NULL. Returns 0 to go on, CONTROL_CHECKPOINT when a
+ * checkpoint is wanted, or -ECANCELED when stopping. */
+int control_gate(Control *c, void (*serve)(void *userdata, bool paused), void *userdata);
 void control_set_state(Control *c, NodeState s);
 void control_report_training(Control *c, const NodeTraining *t);
 void control_report_network(Control *c, const NodeNetwork *n);

@@ -42,6 +42,13 @@ static int save_checkpoint(Progress *pr) {
                                      &pr->at);
 }
 
+/* The gate's serve(): the daemon's poll, paused or resting. */
+static void serve_local(void *ud, bool paused) {
+        const LocalRunOptions *o = ud;
+        if (o->poll)
+                o->poll(o->poll_userdata);
+}
+
 /* Between two steps: the daemon's status, pause, stop and checkpoints. */
 static int pass_gate(Progress *pr, const TrainProgress *p, uint64_t now) {
         const LocalRunOptions *o = pr->o;
@@ -66,7 +73,7 @@ static int pass_gate(Progress *pr, const TrainProgress *p, uint64_t now) {
                 pr->last_report_ns = now;
         }
         uint64_t before = now_ns();
-        r = control_gate(o->control, o->poll, o->poll_userdata);
+        r = control_gate(o->control, serve_local, (void *)o);
         pr->gate_ns += now_ns() - before;
         if (r == CONTROL_CHECKPOINT) {
                 int k = o->checkpoint_dir ? save_checkpoint(pr) : -EOPNOTSUPP;

@@ -80,9 +80,9 @@ static void tell_neighbours(Run *r, const uint8_t msg[4]) {
 }
 
 /* While the gate holds the stage: keep the links served. */
-static void serve_paused(void *ud) {
+static void serve_paused(void *ud, bool paused) {
         Run *r = ud;
-        if (!r->told_paused) {
+        if (paused && !r->told_paused) {
                 tell_neighbours(r, msg_paused);
                 r->told_paused = true;
         }

@@ -1,6 +1,7 @@
 /* Idle detection: the decision with its hysteresis, the duty-cycle cap,
  * sampling from fake /proc and /sys trees with exact numbers, and one loose
- * sanity check against the real /proc. */
+ * sanity check against the real /proc; a rest under the cap serves the
+ * links. */
 #include <criterion/criterion.h>
 #include <ftw.h>
 #include <math.h>
@@ -10,6 +11,7 @@
 #include <sys/wait.h>
 
 #include "host/idle.h"
+#include "run/control.h"
 #include "util/time-util.h"
 
 #define MS 1000000ULL
@@ -492,4 +494,34 @@ Test(idle, logind_answers_or_is_unavailable) {
         cr_assert(r == 0 || r == 1 || r < 0);
         idle_monitor_done(&m);
         idle_monitor_done(&m);
+}
+
+/* The compute thread resting under the duty-cycle cap keeps serving its
+ * links (a coordinator wants heartbeats more often than a rest of seconds:
+ * a member that rested 5 s in silence was dropped, and every member with
+ * it after each new plan); a pause is served as a pause. */
+typedef struct Served {
+        int resting, paused;
+} Served;
+
+static void count_serves(void *ud, bool paused) {
+        Served *s = ud;
+        if (paused)
+                s->paused++;
+        else
+                s->resting++;
+}
+
+Test(duty, a_rest_serves_the_links) {
+        Control c;
+        Served s = {};
+        cr_assert_eq(control_init(&c), 0);
+        control_set_max_duty(&c, 0.1);
+        cr_assert_eq(control_gate(&c, count_serves, &s), 0); /* the first gate: no rest */
+        struct timespec busy = { 0, 100 * 1000000L };
+        nanosleep(&busy, NULL); /* 100 ms of work: 900 ms of rest at a tenth */
+        cr_assert_eq(control_gate(&c, count_serves, &s), 0);
+        cr_assert_gt(s.resting, 0, "a rest without serving the links");
+        cr_assert_eq(s.paused, 0);
+        control_done(&c);
 }
