@@ -218,6 +218,13 @@ uint64_t net_now_ns(void);
 
 /* the protocol of one link (link.c) */
 /* hello_flags: HANDSHAKE_LANE* bits for the initiator's HELLO. */
+/* An address as 16 bytes (IPv4 mapped into IPv6), and whether two are the
+ * same host for connection limits: the same IPv4 address, or the same
+ * IPv6 /64 (one host usually holds a whole /64). The relay counts with
+ * them too. */
+void net_addr_key(const struct sockaddr_storage *sa, uint8_t out[16]);
+bool net_addr_near(const uint8_t a[16], const uint8_t b[16]);
+
 int link_init(Link *l, Net *n, int fd, bool initiator, bool loopback, uint32_t hello_flags);
 void link_destroy(Link *l);
 int link_start(Link *l);

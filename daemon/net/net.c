@@ -57,15 +57,13 @@ static bool addr_is_loopback(const struct sockaddr_storage *sa) {
         return false;
 }
 
-/* The same host, for connection limits: the same IPv4 address, or the same
- * IPv6 /64 (one host usually holds a whole /64). */
-static bool addr_near(const uint8_t a[16], const uint8_t b[16]) {
+bool net_addr_near(const uint8_t a[16], const uint8_t b[16]) {
         static const uint8_t v4mapped[12] = { [10] = 0xff, [11] = 0xff };
         bool v4 = memcmp(a, v4mapped, 12) == 0;
         return memcmp(a, b, v4 ? 16 : 8) == 0;
 }
 
-static void addr_key(const struct sockaddr_storage *sa, uint8_t out[16]) {
+void net_addr_key(const struct sockaddr_storage *sa, uint8_t out[16]) {
         memset(out, 0, 16);
         if (sa->ss_family == AF_INET) {
                 out[10] = out[11] = 0xff;
@@ -287,7 +285,7 @@ static Link *stranger_to_drop(const Net *n) {
                         continue;
                 unsigned k = 0;
                 for (unsigned j = 0; j < n->cfg.max_links; j++)
-                        k += n->links[j] && stranger(n->links[j]) && addr_near(n->links[j]->addr, o->addr);
+                        k += n->links[j] && stranger(n->links[j]) && net_addr_near(n->links[j]->addr, o->addr);
                 if (k > most || (k == most && o->deadline_ns < drop->deadline_ns)) {
                         drop = o;
                         most = k;
@@ -305,7 +303,7 @@ static int link_add(Net *n, int fd, bool initiator, bool waiting, const struct s
         uint8_t key[16];
         int r;
 
-        addr_key(sa, key);
+        net_addr_key(sa, key);
         for (unsigned i = 0; i < n->cfg.max_links; i++) {
                 const Link *o = n->links[i];
                 if (!o) {
@@ -313,7 +311,7 @@ static int link_add(Net *n, int fd, bool initiator, bool waiting, const struct s
                                 slot = i;
                         continue;
                 }
-                bool near = addr_near(o->addr, key);
+                bool near = net_addr_near(o->addr, key);
                 same += near;
                 if (o->state == LINK_HANDSHAKE) {
                         handshaking++;

@@ -18,6 +18,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "net-internal.h"
+
 typedef enum ConnState {
         CONN_PREAMBLE, /* the hello sent, the request coming */
         CONN_WAITING,  /* WAIT granted: until someone asks for its key */
@@ -33,6 +35,8 @@ typedef struct Conn {
         uint8_t key[IDENTITY_PK_SIZE];
         uint8_t channel;
         uint64_t deadline_ns;          /* of the preamble */
+        uint64_t since_ns;             /* accepted */
+        uint8_t addr[16];              /* the asker's, net_addr_key() */
         struct Conn *peer;             /* joined: the other end */
         uint8_t *buf;                  /* joined: read here, not yet written to the peer */
         size_t len, off;
@@ -114,14 +118,54 @@ static void refuse(Relay *r, Conn *c, uint8_t status) {
         conn_close(r, c);
 }
 
+/* Connections not joined (a preamble, or a waiter) from c's address. */
+static unsigned unjoined_near(const Relay *r, const uint8_t addr[16]) {
+        unsigned n = 0;
+        for (const Conn *o = r->conns; o; o = o->next)
+                n += o->state != CONN_JOINED && net_addr_near(o->addr, addr);
+        return n;
+}
+
+/* Room for a connection from addr: at most twice max_links not joined
+ * from one address, half their share (the nodes behind one NAT router
+ * share an address: a few waiters each);
+ * and when preambles and waiters fill their share (twice as many as
+ * links), the oldest of them from the address that holds the most makes
+ * way, so strangers that keep connections open from a few addresses (a
+ * WAIT needs no secret) cannot shut the relay. */
+static bool make_room(Relay *r, const uint8_t addr[16]) {
+        if (unjoined_near(r, addr) >= 2 * r->cfg.max_links)
+                return false;
+        if (r->n_conns < 4 * r->cfg.max_links)
+                return true;
+        Conn *drop = NULL;
+        unsigned most = 0;
+        for (Conn *o = r->conns; o; o = o->next) {
+                if (o->state == CONN_JOINED)
+                        continue;
+                unsigned k = unjoined_near(r, o->addr);
+                if (k > most || (k == most && o->since_ns < drop->since_ns)) {
+                        drop = o;
+                        most = k;
+                }
+        }
+        if (!drop)
+                return false;
+        conn_close(r, drop);
+        return true;
+}
+
 static void on_accept(Relay *r) {
         for (;;) {
-                int fd = accept4(r->listen_fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+                struct sockaddr_storage sa;
+                socklen_t len = sizeof sa;
+                uint8_t addr[16];
+                int fd = accept4(r->listen_fd, (struct sockaddr *)&sa, &len, SOCK_NONBLOCK | SOCK_CLOEXEC);
                 if (fd < 0)
                         return;
+                net_addr_key(&sa, addr);
                 Conn *c = calloc(1, sizeof *c);
-                /* preambles and waiters are bounded too: as many as links, twice */
-                if (!c || r->n_conns >= 4 * r->cfg.max_links) {
+                if (!c || !make_room(r, addr)) {
                         free(c);
                         close(fd);
                         pthread_mutex_lock(&r->lock);
@@ -131,6 +175,8 @@ static void on_accept(Relay *r) {
                 }
                 uint8_t hello[RELAY_HELLO_SIZE];
                 c->fd = fd;
+                c->since_ns = now_ns();
+                memcpy(c->addr, addr, sizeof addr);
                 c->deadline_ns = now_ns() + (uint64_t)r->cfg.preamble_timeout_ms * 1000000ull;
                 randombytes_buf(c->challenge, sizeof c->challenge);
                 memcpy(hello, RELAY_MAGIC, RELAY_MAGIC_SIZE);

@@ -7,6 +7,7 @@
 #include <criterion/criterion.h>
 #include <errno.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <signal.h>
 #include <sodium.h>
 #include <string.h>
@@ -142,10 +143,12 @@ Test(relay, a_link_through_it_carries_tensors_both_ways) {
         relay = relay_free(relay);
 }
 
-/* A raw client of the relay: connect, read the hello. */
-static int raw(uint8_t challenge[RELAY_CHALLENGE_SIZE]) {
+/* A raw client of the relay from 127.0.0.<host>: connect, read the hello. */
+static int raw_from(uint8_t host, uint8_t challenge[RELAY_CHALLENGE_SIZE]) {
         int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+        struct sockaddr_in from = { .sin_family = AF_INET, .sin_addr.s_addr = htonl(0x7f000000u | host) };
         struct sockaddr_in sa = { .sin_family = AF_INET, .sin_port = htons(port), .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
+        cr_assert_eq(bind(fd, (struct sockaddr *)&from, sizeof from), 0);
         cr_assert_eq(connect(fd, (struct sockaddr *)&sa, sizeof sa), 0);
         struct timeval tv = { .tv_sec = 3 };
         setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
@@ -155,6 +158,10 @@ static int raw(uint8_t challenge[RELAY_CHALLENGE_SIZE]) {
         if (challenge)
                 memcpy(challenge, hello + RELAY_MAGIC_SIZE, RELAY_CHALLENGE_SIZE);
         return fd;
+}
+
+static int raw(uint8_t challenge[RELAY_CHALLENGE_SIZE]) {
+        return raw_from(1, challenge);
 }
 
 /* The status byte, or -1 if the relay closed without one. */
@@ -249,6 +256,53 @@ Test(relay, bad_clients_are_refused) {
         relay_get_stats(relay, &st);
         cr_assert_eq(st.refused, 5, "refused %llu requests", (unsigned long long)st.refused);
         net_free(c.n);
+        sides_free(&a, &b);
+        relay = relay_free(relay);
+}
+
+/* Strangers need no secret to WAIT (a throwaway key signs it): from two
+ * addresses they hold every place a relay of 2 links has for waiters and
+ * askers (8), and a real node still waits and is linked to, displacing the
+ * oldest stranger of the address with the most. (The relay refused every
+ * connection for as long as the strangers stayed.) */
+Test(relay, strangers_holding_every_place_do_not_shut_it) {
+        uint8_t ch[RELAY_CHALLENGE_SIZE], req[RELAY_REQUEST_SIZE], msg[RELAY_WAIT_MESSAGE_SIZE];
+        int strangers[8];
+        signal(SIGPIPE, SIG_IGN);
+        relay_up(2);
+        for (int i = 0; i < 8; i++) {
+                Identity throwaway;
+                identity_generate(&throwaway);
+                strangers[i] = raw_from((uint8_t)(2 + i % 2), ch);
+                req[0] = RELAY_OP_WAIT;
+                req[1] = NET_RELAY_PIPELINE;
+                memcpy(req + 2, throwaway.pk, 32);
+                relay_wait_message(ch, NET_RELAY_PIPELINE, msg);
+                crypto_sign_detached(req + 34, NULL, msg, sizeof msg, throwaway.sk);
+                cr_assert_eq(write(strangers[i], req, sizeof req), (ssize_t)sizeof req);
+                cr_assert_eq(answer(strangers[i]), RELAY_OK, "stranger %d", i);
+        }
+        RelayStats st;
+        relay_get_stats(relay, &st);
+        cr_assert_eq(st.waiting, 8);
+        Side a, b;
+        side_new(&b, true);
+        side_new(&a, false);
+        for (int i = 0; i < 200; i++) /* b waits, in a stranger's place */
+                pump(&a, &b, 5);
+        uint32_t p;
+        cr_assert_eq(net_connect_relayed(a.n, b.id.pk, &p), 0, "b could not wait, or a could not ask");
+        for (int i = 0; i < 400 && !(a.connected && b.connected); i++)
+                pump(&a, &b, 5);
+        cr_assert(a.connected && b.connected, "no link through the relay (closed %d/%d)", a.closed, b.closed);
+        send_and_check(&a, &b, 1u << 16, 4);
+        int gone = 0;
+        for (int i = 0; i < 8; i++) {
+                struct pollfd pfd = { strangers[i], POLLIN, 0 };
+                gone += poll(&pfd, 1, 0) == 1;
+                close(strangers[i]);
+        }
+        cr_assert_geq(gone, 1, "no stranger made way");
         sides_free(&a, &b);
         relay = relay_free(relay);
 }
