@@ -273,6 +273,10 @@ Optim *pipe_optim(Pipe *p) {
         return &p->optim;
 }
 
+int pipe_micro_batch(const Pipe *p) {
+        return p->cfg.micro_batch;
+}
+
 void pipe_resume(Pipe *p, int epoch, size_t step, uint64_t updates) {
         p->st.updates = updates;
         if (!p->first)

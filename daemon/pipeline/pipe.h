@@ -118,6 +118,7 @@ int pipe_new(const PipeConfig *c, const Ops *ops, Pipe **ret, Diag *d);
 Pipe *pipe_free(Pipe *p);
 DEFINE_TRIVIAL_CLEANUP_FUNC(Pipe *, pipe_free);
 Stage *pipe_stage(Pipe *p);
+int pipe_micro_batch(const Pipe *p);
 Optim *pipe_optim(Pipe *p);
 /* Before any work, after loading a checkpoint into pipe_stage() and
  * pipe_optim(): go on from that many updates (the learning-rate schedule)

@@ -147,8 +147,10 @@ int trainer_run(Trainer *t, TrainProgressFn cb, void *userdata, const volatile s
                 size_t correct = 0;
                 uint64_t busy = 0;
 
+                size_t first = epoch == t->start_epoch ? t->start_step : 0;
+                if (first >= steps) /* the checkpoint's epoch had every step done */
+                        continue;
                 sampler_shuffle(&t->sampler, epoch);
-                size_t first = epoch == t->start_epoch ? MIN(t->start_step, steps) : 0;
                 for (size_t step = first; step < steps; step++) {
                         if (stop && *stop)
                                 return -ECANCELED;

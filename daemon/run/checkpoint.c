@@ -34,7 +34,8 @@ typedef struct CheckpointHeader {
         int32_t lo, hi;
         uint64_t n_params, n_state, optim_t, epoch, step_in_epoch, samples, updates, step, written_usec;
         uint8_t model[CHECKPOINT_MODEL_SIZE];
-        uint8_t reserved[24];
+        uint32_t batch;
+        uint8_t reserved[20];
         uint8_t header_hash[CHECKPOINT_HASH_SIZE]; /* of the bytes before it */
 } CheckpointHeader;
 
@@ -42,7 +43,8 @@ _Static_assert(sizeof(CheckpointHeader) == CHECKPOINT_HEADER_SIZE, "header is 25
 _Static_assert(offsetof(CheckpointHeader, lo) == 88, "layout as in checkpoint.h");
 _Static_assert(offsetof(CheckpointHeader, n_params) == 96, "layout as in checkpoint.h");
 _Static_assert(offsetof(CheckpointHeader, model) == 168, "layout as in checkpoint.h");
-_Static_assert(offsetof(CheckpointHeader, reserved) == 200, "layout as in checkpoint.h");
+_Static_assert(offsetof(CheckpointHeader, batch) == 200, "layout as in checkpoint.h");
+_Static_assert(offsetof(CheckpointHeader, reserved) == 204, "layout as in checkpoint.h");
 _Static_assert(offsetof(CheckpointHeader, header_hash) == CHECKPOINT_HEADER_SIZE - CHECKPOINT_HASH_SIZE,
                "the header hash ends the header");
 
@@ -104,6 +106,7 @@ static void header_from_info(CheckpointHeader *h, const CheckpointInfo *info, ui
                 .updates = info->updates,
                 .step = info->step,
                 .written_usec = written_usec,
+                .batch = info->batch,
         };
         memcpy(h->magic, CHECKPOINT_MAGIC, sizeof h->magic);
         memcpy(h->model, info->model, sizeof h->model);
@@ -126,6 +129,7 @@ static void header_to_info(const CheckpointHeader *h, CheckpointInfo *info) {
                 .updates = h->updates,
                 .step = h->step,
                 .written_usec = h->written_usec,
+                .batch = h->batch,
         };
         memcpy(info->job, h->job, sizeof info->job);
         memcpy(info->model, h->model, sizeof info->model);

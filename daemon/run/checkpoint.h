@@ -35,7 +35,8 @@
  *     168 32  the model's digest: BLAKE2b-256 of the layers' description
  *             (checkpoint_model_digest()); zero in files written before
  *             checkpoints recorded it
- *     200 24  zero
+ *     200  4  batch: samples per step of step_in_epoch (0: not recorded)
+ *     204 20  zero
  *     224 32  BLAKE2b-256 of bytes 0..223, so the header alone can be trusted
  *     256     params: n_params floats
  *             optimizer state: n_state floats
@@ -70,6 +71,7 @@ typedef struct CheckpointInfo {
         uint64_t epoch, step_in_epoch, samples, updates, step;
         uint64_t written_usec; /* CLOCK_REALTIME when written; checkpoint_write sets it */
         uint8_t model[CHECKPOINT_MODEL_SIZE]; /* checkpoint_model_digest() of the layers; zero: not recorded */
+        uint32_t batch;       /* samples per step of step_in_epoch; 0: not recorded */
 } CheckpointInfo;
 
 /* The digest of a stage's n layers, as layer_init() filled them in: each

@@ -38,6 +38,7 @@ static void progress_done(Progress *pr) {
 
 static int save_checkpoint(Progress *pr) {
         const LocalRunOptions *o = pr->o;
+        pr->at.batch = (uint32_t)pr->trainer->spec.batch_size;
         return stage_checkpoint_save(o->checkpoint_dir, pr->job->name, pr->trainer->stage, &pr->trainer->optim,
                                      &pr->at);
 }
@@ -206,7 +207,7 @@ int local_run(const Job *job, const LocalRunOptions *o, const volatile sig_atomi
         if (o->checkpoint_dir && o->load_checkpoint &&
             stage_checkpoint_load(o->checkpoint_dir, job->name, t->stage, &t->optim, &pr.at) >= 0) {
                 t->start_epoch = (int)MIN(pr.at.epoch, (uint64_t)spec.epochs);
-                t->start_step = (size_t)pr.at.step_in_epoch;
+                t->start_step = stage_checkpoint_resume_step(&pr.at, (unsigned)spec.batch_size);
                 if (o->control)
                         control_report_checkpoint(o->control, pr.at.step);
         }

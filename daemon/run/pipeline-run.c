@@ -316,6 +316,7 @@ static CheckpointInfo position(Pipe *pipe) {
                 .samples = st.samples,
                 .updates = st.updates,
                 .step = st.updates,
+                .batch = (uint32_t)pipe_micro_batch(pipe),
         };
 }
 
@@ -615,7 +616,8 @@ static void run_resume(Run *run, size_t steps, int U) {
         }
         if (o->checkpoint_dir && o->load_checkpoint &&
             stage_checkpoint_load(o->checkpoint_dir, run->job->name, pipe_stage(pipe), pipe_optim(pipe), &at) >= 0) {
-                pipe_resume(pipe, (int)MIN(at.epoch, (uint64_t)INT32_MAX), (size_t)at.step_in_epoch, at.updates);
+                pipe_resume(pipe, (int)MIN(at.epoch, (uint64_t)INT32_MAX),
+                            stage_checkpoint_resume_step(&at, (unsigned)p->micro_batch), at.updates);
                 run->resumed = true;
                 run->resumed_step = at.step;
                 if (o->control)

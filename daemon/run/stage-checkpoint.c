@@ -87,6 +87,15 @@ int stage_checkpoint_load(const char *dir, const char *job, Stage *s, Optim *o, 
         return r;
 }
 
+size_t stage_checkpoint_resume_step(const CheckpointInfo *at, unsigned batch) {
+        if (!at->batch || !batch || at->batch == batch)
+                return (size_t)at->step_in_epoch;
+        size_t step = (size_t)(at->step_in_epoch * at->batch / batch);
+        log_info("The checkpoint took %u samples a step, the job now %u: going on from step %zu of the epoch "
+                 "(%llu samples done)", at->batch, batch, step, (unsigned long long)(at->step_in_epoch * at->batch));
+        return step;
+}
+
 /* fn for each of job's stage checkpoints in dir ("<job>.layers-lo-hi.ckpt",
  * a regular file), until it returns non-zero: that, 0, or -errno when dir
  * cannot be read. */

@@ -36,6 +36,11 @@ int stage_checkpoint_load(const char *dir, const char *job, Stage *s, Optim *o, 
 int stage_checkpoint_load_layers(const char *dir, const char *job, const Layer *layers, int lo, int hi,
                                  float *params, size_t n_params, uint32_t optim_kind, float *optim, size_t n_state,
                                  CheckpointInfo *ret);
+/* The step of the epoch to go on from with batch samples a step: at's
+ * step_in_epoch when the checkpoint's batch was the same (or not
+ * recorded), else as many of the new steps as the samples it had done
+ * fill (none skipped; fewer than a batch done twice). */
+size_t stage_checkpoint_resume_step(const CheckpointInfo *at, unsigned batch);
 /* The layers of job's checkpoint written last in dir, whatever its range (a
  * node under membership moves between ranges): 0, -ENOENT when there is
  * none, or -errno when dir cannot be read. */

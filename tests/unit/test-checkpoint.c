@@ -402,7 +402,7 @@ Test(checkpoint, hostile_headers_are_refused_before_anything_is_allocated) {
         char job[64];
         memset(job, 'j', sizeof job);
         hostile(good, len, &b, 24, job, sizeof job, len, "NUL");
-        hostile(good, len, &b, 200, &one, 1, len, "reserved");
+        hostile(good, len, &b, 204, &one, 1, len, "reserved");
         hostile(good, len, &b, 8, &nine, 4, len, "version 9");
         uint32_t swapped = 0x04030201, header = 512;
         hostile(good, len, &b, 12, &swapped, 4, len, "other byte order");
@@ -687,4 +687,24 @@ Test(checkpoint, a_digest_of_zeros_is_a_file_from_before) {
         cr_assert_eq(checkpoint_model_check(&info, lg + 1, 3, "new", &d), -EINVAL);
         cr_assert(strstr(d.text, "new: written for another model: layers 1-3"), "%s", d.text);
         cr_assert_eq(checkpoint_model_check(&info, lr + 1, 2, "new", &d), -EINVAL, "fewer layers");
+}
+
+/* A checkpoint records the samples a step took; a job whose batch size
+ * changed goes on from the samples done, not the step number (step 419 of
+ * batch 16 taken as step 419 of batch 64 was past the epoch's end). */
+Test(checkpoint, the_batch_size_goes_through_and_resuming_counts_samples) {
+        Buffers b = buffers_new(300, 600);
+        CheckpointInfo info = make_info(1, 300, 600), got;
+        Diag d = {};
+        info.batch = 16;
+        cr_assert_eq(checkpoint_write(dir, "ckpt", &info, b.params, b.state, &d), 0, "%s", d.text);
+        cr_assert_eq(checkpoint_read_info(path, &got, &d), 0, "%s", d.text);
+        cr_assert_eq(got.batch, 16);
+        CheckpointInfo at = { .step_in_epoch = 207, .batch = 16 };
+        cr_assert_eq(stage_checkpoint_resume_step(&at, 16), 207);
+        cr_assert_eq(stage_checkpoint_resume_step(&at, 7), 473); /* 3312 samples: 473 steps of 7, 1 sample again */
+        cr_assert_eq(stage_checkpoint_resume_step(&at, 64), 51);
+        at.batch = 0; /* a file from before: its step as it is */
+        cr_assert_eq(stage_checkpoint_resume_step(&at, 64), 207);
+        buffers_free(&b);
 }
