@@ -209,11 +209,43 @@ static void *prober_main(void *ud) {
 /* Dial back a member that says it accepts connections: until the answer,
  * no plan is formed. A full queue (members joining and leaving in a loop)
  * takes the member at its word. */
+static void probe_answer(CoordinatorState *s, const Probe *q);
+
+/* The host part of the address a member's link comes from: "192.0.2.7"
+ * of "192.0.2.7:41234", "2001:db8::7" of "[2001:db8::7]:7000". */
+static int link_host(const CoordinatorState *s, uint32_t peer, char *buf, size_t len) {
+        NetPeerInfo info;
+        int r = net_peer_describe(s->net, peer, &info);
+        if (r < 0)
+                return r;
+        const char *a = info.address, *colon = strrchr(a, ':');
+        if (!colon)
+                return -EINVAL;
+        bool v6 = a[0] == '[';
+        size_t n = (size_t)(colon - a) - (v6 ? 2 : 0);
+        if (n == 0 || n >= len)
+                return -EINVAL;
+        memcpy(buf, a + v6, n);
+        buf[n] = '\0';
+        return 0;
+}
+
+/* Dial the member back where its link comes from, at the port it gives:
+ * not at the host its JOIN names, which nothing proves is its own (the
+ * coordinator would otherwise dial, and report on, any address a member
+ * names). Behind NAT, its link comes from the router, which does not
+ * answer: the member is told so, rightly. */
 static void probe_ask(CoordinatorState *s, Member *m) {
         Prober *p = &s->prober;
         Probe q = { .peer = m->peer, .port = m->join.pipeline_port };
         memcpy(q.key, m->key, sizeof q.key);
-        snprintf(q.host, sizeof q.host, "%s", m->join.host);
+        if (link_host(s, m->peer, q.host, sizeof q.host) < 0) { /* the link is going: as unreachable */
+                snprintf(q.host, sizeof q.host, "%s", m->join.host);
+                q.error = -EADDRNOTAVAIL;
+                set_probing(s, m, true);
+                probe_answer(s, &q);
+                return;
+        }
         pthread_mutex_lock(&p->lock);
         if (p->asked.n + p->answered.n < MAX_LINKS) {
                 queue_push(&p->asked, &q);
@@ -333,9 +365,11 @@ static void on_join(CoordinatorState *s, Member *m, const uint8_t *p, size_t len
                 s->epoch = MIN(j.epoch, PLAN_EPOCH_MAX / 2);
         char hex[IDENTITY_HEX_SIZE];
         identity_to_hex(m->key, hex);
-        log_info("Coordinator: %.16s… joined from %s (%.1f GFLOP/s, %.0f MiB, link %.0f Mbit/s and "
-                 "%.3f ms measured, at epoch %llu); %u members",
-                 hex, j.host, j.gflops, (double)j.memory / (1 << 20), j.bandwidth * 8e-6, j.latency * 1e3,
+        NetPeerInfo from = { .address = "?" };
+        (void)net_peer_describe(s->net, m->peer, &from);
+        log_info("Coordinator: %.16s… joined from %s, giving host %s (%.1f GFLOP/s, %.0f MiB, link %.0f Mbit/s "
+                 "and %.3f ms measured, at epoch %llu); %u members",
+                 hex, from.address, j.host, j.gflops, (double)j.memory / (1 << 20), j.bandwidth * 8e-6, j.latency * 1e3,
                  (unsigned long long)j.epoch, s->n_joined);
         changed(s);
 }

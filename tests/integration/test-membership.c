@@ -13,6 +13,8 @@
  * coordinator goes on. Times and peak memory are printed, never asserted. */
 #include <criterion/criterion.h>
 #include <dirent.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -571,4 +573,67 @@ Test(membership, a_member_breaking_the_rules_loses_its_link, .timeout = 120) {
         }
         snprintf(text, sizeof text, "rm -rf %s", dir);
         (void)!system(text);
+}
+
+/* The coordinator dials a joining member back where its link comes from,
+ * at the port it gives, never at the host its JOIN names: a member naming
+ * 127.0.0.2 from 127.0.0.1 is dialed at 127.0.0.1 (where nothing listens:
+ * "does not accept connections"), and a listener at 127.0.0.2 gets no
+ * connection. (Any host and port a member named was dialed and reported
+ * on: a port scanner for anyone with the secret.) */
+Test(membership, a_dial_back_goes_where_the_link_comes_from, .timeout = 120) {
+        static const NetCallbacks cb = { .connected = rogue_connected, .closed = rogue_closed, .tensor = rogue_tensor };
+        skip_without_dataset();
+        char dir[64], conf[2][256], want[128];
+        Proc p;
+        make_test_dir(dir);
+        make_nodes(dir, 2, 0.5, 4.0, true, conf);
+        start(&p, conf[0], "1");
+        cr_assert(proc_wait_for(&p, "Coordinating only", 30000), "%s", p.out);
+
+        int lfd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+        struct sockaddr_in sa = { .sin_family = AF_INET, .sin_addr.s_addr = htonl(0x7f000002) };
+        socklen_t len = sizeof sa;
+        cr_assert(lfd >= 0 && bind(lfd, (struct sockaddr *)&sa, sizeof sa) == 0 && listen(lfd, 4) == 0);
+        cr_assert_eq(getsockname(lfd, (struct sockaddr *)&sa, &len), 0);
+        uint16_t port = ntohs(sa.sin_port);
+
+        uint8_t secret[32], join[PLAN_JOIN_MAX_SIZE];
+        for (int i = 0; i < 32; i++)
+                sscanf(SECRET_HEX + 2 * i, "%2hhx", &secret[i]);
+        Identity id;
+        Rogue r = {};
+        NetConfig c;
+        uint32_t peer;
+        cr_assert_eq(identity_generate(&id), 0);
+        net_config_defaults(&c);
+        c.identity = &id;
+        c.secret = secret;
+        c.backend = NET_BACKEND_EPOLL;
+        cr_assert_eq(net_new(&c, &cb, &r, &r.net), 0);
+        cr_assert_eq(net_connect(r.net, "127.0.0.1", coordinator_port, &peer), 0);
+        for (int i = 0; i < 500 && !r.connected; i++)
+                net_run(r.net, 10);
+        cr_assert(r.connected);
+        PlanJoin j = { .gflops = 80, .bandwidth = 125e6, .latency = 5e-4, .memory = 1ull << 30, .n_params = 1863690,
+                       .n_layers = 6, .host = "127.0.0.2", .pipeline_port = port, .averaging_port = port };
+        int n = plan_join_encode(&j, join, sizeof join);
+        cr_assert_gt(n, 0);
+        cr_assert_eq(net_send_control(r.net, peer, FRAME_CONTROL, join, (size_t)n), 0);
+        snprintf(want, sizeof want, "does not accept connections at 127.0.0.1:%u", port);
+        bool said = false;
+        for (int i = 0; i < 300 && !said; i++) {
+                net_run(r.net, 20);
+                said = proc_wait_for(&p, want, 10);
+        }
+        cr_assert(said, "%s", p.out);
+        cr_assert(strstr(p.out, "joined from 127.0.0.1:"), "%s", p.out);
+        int got = accept(lfd, NULL, NULL);
+        cr_assert_lt(got, 0, "the coordinator dialed the host the JOIN named");
+        close(lfd);
+        net_free(r.net);
+        identity_clear(&id);
+        kill(p.pid, SIGTERM);
+        cr_assert_eq(proc_exit(&p), 0, "%s", p.out);
+        test_remove_tree(dir);
 }
