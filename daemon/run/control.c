@@ -19,6 +19,7 @@ static const char *const state_names[_NODE_STATE_MAX] = {
         [NODE_FINISHED] = "finished",
         [NODE_FAILED] = "failed",
         [NODE_STOPPING] = "stopping",
+        [NODE_COORDINATING] = "coordinating",
 };
 
 const char *node_state_to_string(NodeState s) {

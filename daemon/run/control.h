@@ -37,6 +37,7 @@ typedef enum NodeState {
         NODE_FINISHED,     /* the job is trained; serving peers */
         NODE_FAILED,
         NODE_STOPPING,
+        NODE_COORDINATING, /* membership.train = false: forms the swarm's plans, trains nothing */
         _NODE_STATE_MAX,
 } NodeState;
 

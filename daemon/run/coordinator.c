@@ -89,6 +89,7 @@ struct CoordinatorState {
         /* of the joined members: how many there are, are dialed back, came
          * with an epoch (trained before), handed in (collecting) */
         unsigned n_joined, n_probing, n_trained, n_done;
+        unsigned shown_joined; /* n_joined for other threads (coordinator_members()), atomically */
         Plan *plan;           /* the last one sent; NULL before the first */
         uint64_t epoch;       /* the last one used (sent, or asked to stop for) */
         uint64_t samples;     /* trained by every cluster before the current plan */
@@ -900,6 +901,7 @@ static void *coordinator_main(void *ud) {
         while (!s->stop) {
                 net_run(s->net, 50);
                 tick(s);
+                __atomic_store_n(&s->shown_joined, s->n_joined, __ATOMIC_RELAXED);
                 if (now_ns() - last_hb >= every) { /* members see their coordinator alive */
                         last_hb = now_ns();
                         net_broadcast_control(s->net, FRAME_HEARTBEAT, NULL, 0);
@@ -1004,6 +1006,10 @@ int coordinator_start(Coordinator *co, const Config *c, const Job *job, const Id
                  cm->coordinator.address.host, port, cm->min_nodes, cm->settle_ms / 1000.0,
                  cm->deadline_ms / 1000.0);
         return 0;
+}
+
+unsigned coordinator_members(const Coordinator *co) {
+        return co->running ? __atomic_load_n(&co->state->shown_joined, __ATOMIC_RELAXED) : 0;
 }
 
 void coordinator_stop(Coordinator *co) {

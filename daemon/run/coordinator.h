@@ -43,3 +43,5 @@ typedef struct Coordinator {
  * coordinator the configuration names. */
 int coordinator_start(Coordinator *co, const Config *c, const Job *job, const Identity *id);
 void coordinator_stop(Coordinator *co);
+/* The members joined now (from any thread). */
+unsigned coordinator_members(const Coordinator *co);

@@ -104,12 +104,22 @@ static int run_membership(Daemon *d, const LocalRunOptions *o) {
                 r = membership_run(c, &d->job, &d->node.identity, o, &d->control.stop);
         else {
                 log_info("Coordinating only (membership.train = false)");
-                control_set_state(&d->control, NODE_FINISHED);
-                while (!d->control.stop)
+                NodeTraining t = { .cluster = -1, .stage = -1, .loss = -1.0, .busy = -1.0, .test_accuracy = -1.0,
+                                   .test_loss = -1.0 };
+                snprintf(t.role, sizeof t.role, "coordinator");
+                snprintf(t.job, sizeof t.job, "%s", d->job.name);
+                control_report_training(&d->control, &t);
+                control_set_state(&d->control, NODE_COORDINATING);
+                while (!d->control.stop) {
                         if (d->node.active)
                                 node_poll(&d->node, 200);
                         else
                                 usleep(200 * 1000);
+                        NodeStatus st; /* its links are the members' */
+                        control_snapshot(&d->control, NULL, &st, NULL, NULL, NULL);
+                        st.network.peers = coordinator_members(&co);
+                        control_report_network(&d->control, &st.network);
+                }
         }
         coordinator_stop(&co);
         return r < 0 ? r : d->control.stop ? -ECANCELED : 0;
@@ -261,6 +271,9 @@ static void send_status(Daemon *d) {
                 break;
         case NODE_PAUSED:
                 snprintf(text, sizeof text, "Paused: %s", reason);
+                break;
+        case NODE_COORDINATING:
+                snprintf(text, sizeof text, "Coordinating %s: %u members", t->job, st.network.peers);
                 break;
         case NODE_FINISHED:
                 if (t->test_accuracy >= 0)

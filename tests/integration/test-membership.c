@@ -588,6 +588,10 @@ Test(membership, a_dial_back_goes_where_the_link_comes_from, .timeout = 120) {
         Proc p;
         make_test_dir(dir);
         make_nodes(dir, 2, 0.5, 4.0, true, conf);
+        char cmd[600], sock[128];
+        snprintf(sock, sizeof sock, "%s/coordinator.sock", dir);
+        snprintf(cmd, sizeof cmd, "sed -i 's|control_socket = \"\";|control_socket = \"%s\";|' %s", sock, conf[0]);
+        cr_assert_eq(system(cmd), 0);
         start(&p, conf[0], "1");
         cr_assert(proc_wait_for(&p, "Coordinating only", 30000), "%s", p.out);
 
@@ -628,6 +632,17 @@ Test(membership, a_dial_back_goes_where_the_link_comes_from, .timeout = 120) {
         }
         cr_assert(said, "%s", p.out);
         cr_assert(strstr(p.out, "joined from 127.0.0.1:"), "%s", p.out);
+        /* a node that only coordinates says so, with its members as its peers (it said "finished", 0 peers) */
+        Proc st;
+        bool shown = false;
+        for (int k = 0; k < 50 && !shown; k++) { /* it reports every 200 ms */
+                proc_start(&st, (char *[]){ RAVNESTCTL, "status", "--socket", sock, NULL }, NULL);
+                for (int i = 0; i < 10; i++)
+                        net_run(r.net, 10);
+                cr_assert_eq(proc_exit(&st), 0, "%s", st.out);
+                shown = strstr(st.out, "State: coordinating") && strstr(st.out, "Peers: 1 connected");
+        }
+        cr_assert(shown, "%s", st.out);
         int got = accept(lfd, NULL, NULL);
         cr_assert_lt(got, 0, "the coordinator dialed the host the JOIN named");
         close(lfd);
