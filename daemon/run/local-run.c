@@ -227,7 +227,8 @@ int local_run(const Job *job, const LocalRunOptions *o, const volatile sig_atomi
                 trainer_evaluate(t, test, &pr.test_acc, &pr.test_loss);
         }
         if (r == -ECANCELED)
-                log_notice("Stopped after %d complete epochs", pr.n_rates);
+                log_notice("Stopped with %llu epochs done (%d of them in this run)", (unsigned long long)pr.at.epoch,
+                           pr.n_rates);
         else if (r < 0)
                 return log_error_errno(r, "Training failed: %m");
         else

@@ -142,8 +142,12 @@ static int check_privileged(Bus *b, sd_bus_message *m, const char *what, sd_bus_
         if (r < 0)
                 return sd_bus_error_set_errnof(error, -r, "Cannot tell who is calling: %s", strerror(-r));
         if (uid != 0 && uid != b->self_uid) {
-                log_notice("Refused %s from uid %u: only root may", what, (unsigned)uid);
-                return sd_bus_error_setf(error, SD_BUS_ERROR_ACCESS_DENIED, "Only root may %s this node", what);
+                /* under the unit's PrivateUsers=, every other user is seen as the overflow uid */
+                log_notice("Refused %s from uid %u%s: only root and uid %u (this daemon's user) may", what,
+                           (unsigned)uid, uid == 65534 ? " (or a user the service's sandbox shows as nobody)" : "",
+                           (unsigned)b->self_uid);
+                return sd_bus_error_setf(error, SD_BUS_ERROR_ACCESS_DENIED,
+                                         "Only root and the daemon's own user may %s this node", what);
         }
         log_info("%c%s requested by uid %u", what[0] - 32, what + 1, (unsigned)uid);
         return 0;
