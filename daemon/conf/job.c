@@ -95,7 +95,7 @@ static int parse_gpt(const config_setting_t *g, ModelSpec *m, Diag *d) {
             (r = conf_get_int(g, "context", true, 1, 4096, 0, &context, d)) < 0 ||
             (r = conf_get_int(g, "layers", true, 1, MODEL_MAX_LAYERS - 2, 0, &layers, d)) < 0 ||
             (r = conf_get_int(g, "heads", true, 1, 256, 0, &heads, d)) < 0 ||
-            (r = conf_get_int(g, "dim", true, 1, 16384, 0, &dim, d)) < 0)
+            (r = conf_get_int(g, "dim", true, 2, 16384, 0, &dim, d)) < 0) /* LayerNorm needs 2 */
                 return r;
         if (dim % heads)
                 return conf_error(g, "dim", -EINVAL, d, "%lld is not divisible by heads (%lld)", dim, heads);

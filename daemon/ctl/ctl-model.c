@@ -236,6 +236,13 @@ int ctl_generate(int argc, char *argv[]) {
         size_t len = strlen(prompt);
         if (len == 0) /* a text starts somewhere: a newline, as a corpus's lines do */
                 prompt = "\n", len = 1;
+        for (size_t i = 0; i < len; i++) /* the model knows no byte past its vocabulary */
+                if ((uint8_t)prompt[i] >= job.model.n_classes) {
+                        fprintf(stderr, "generate: --prompt: byte %zu is 0x%02x, past the vocabulary of %s (%d "
+                                "bytes: 0x00-0x%02x)\n", i, (uint8_t)prompt[i], job.path, job.model.n_classes,
+                                job.model.n_classes - 1);
+                        return EX_DATAERR;
+                }
         _cleanup_(freep) uint8_t *text = malloc(len + (size_t)tokens + 1);
         if (!text)
                 return EX_OSERR;

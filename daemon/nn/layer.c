@@ -158,7 +158,9 @@ int layer_init(Layer *l, const LayerSpec *spec, Shape in, Diag *d) {
                 return r;
 
         if (shape_numel(n.out) > LAYER_MAX_NUMEL || n.n_params > LAYER_MAX_NUMEL)
-                return diag_set(d, -E2BIG, "%s: layer is too large", layer_kind_to_string(spec->kind));
+                return diag_set(d, -E2BIG, "%s: layer is too large: %zu parameters and %zu outputs a sample, "
+                                "at most %zu each", layer_kind_to_string(spec->kind), n.n_params, shape_numel(n.out),
+                                LAYER_MAX_NUMEL);
         *l = n;
         return 0;
 }

@@ -186,6 +186,9 @@ static void gpt_expect(const char *from, const char *to, const char *where) {
 Test(job, gpt_on_text) {
         gpt_expect("name", "name", NULL);
         gpt_expect("dim = 64", "dim = 66", "3: model.dim: 66 is not divisible by heads (4)");
+        gpt_expect("heads = 4; dim = 64", "heads = 1; dim = 1", "3: model.dim: must be an integer in [2, 16384]");
+        gpt_expect("heads = 4; dim = 64", "heads = 2; dim = 4730",
+                   "3: model: layer 2 (block): block: layer is too large: 268536290 parameters"); /* 12 C^2 + 13 C */
         gpt_expect("vocab = 256", "vocab = 300", "3: model.vocab: must be an integer in [2, 256]");
         gpt_expect("context = 64", "context = 0", "3: model.context: must be an integer in [1, 4096]");
         gpt_expect("type = \"gpt\"", "type = \"bert\"", "3: model.type: unknown model type \"bert\"");
