@@ -185,11 +185,11 @@ int local_run(const Job *job, const LocalRunOptions *o, const volatile sig_atomi
         if (r >= 0)
                 r = job_load_split(job, o->data_dir, true, &test, &d);
         if (r < 0) /* (the daemon said where to get missing data when it checked the job) */
-                return log_error_errno(r, "Failed to load the dataset: %s", d.text);
+                return log_error_errno(r, "Failed to load the dataset: %s", diag_reason(&d, r));
 
         r = trainer_new(&job->model, &job->optim, &spec, train, test, &ops_blas, &t, &d);
         if (r < 0)
-                return log_error_errno(r, "Failed to set up job %s: %s", job->name, d.text);
+                return log_error_errno(r, "Failed to set up job %s: %s", job->name, diag_reason(&d, r));
 
         log_info("Training %s: %d layers, %zu parameters (%.1f MiB), %s lr %g, batch %d, %d epochs, "
                  "%zu training and %zu test samples%s, %d BLAS threads",

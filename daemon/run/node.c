@@ -165,7 +165,7 @@ int node_start(Node *node, const Config *c) {
         snprintf(path, sizeof path, "%s/identity", c->state_directory);
         r = identity_load_or_create(path, &node->identity, &created, &d);
         if (r < 0)
-                return log_error_errno(r, "Failed to load the identity: %s", d.text);
+                return log_error_errno(r, "Failed to load the identity: %s", diag_reason(&d, r));
         identity_to_hex(node->identity.pk, hex);
         log_info("%s identity %s (%s)", created ? "Created" : "Loaded", hex, path);
         if (c->membership.enabled && !c->listen.port && !c->n_peers)

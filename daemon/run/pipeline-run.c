@@ -546,7 +546,7 @@ static int run_load_data(Run *run) {
         if (r >= 0 && run->stage == 0)
                 r = job_load_split(run->job, run->o->data_dir, true, &run->test, &d);
         if (r < 0)
-                return log_error_errno(r, "Failed to load the dataset: %s", d.text);
+                return log_error_errno(r, "Failed to load the dataset: %s", diag_reason(&d, r));
         return 0;
 }
 
@@ -658,7 +658,7 @@ static int run_stage(Run *run) {
         };
         r = pipe_new(&run->pc, &ops_blas, &run->pipe, &d);
         if (r < 0)
-                return log_error_errno(r, "Failed to set up stage %u: %s", run->stage + 1, d.text);
+                return log_error_errno(r, "Failed to set up stage %u: %s", run->stage + 1, diag_reason(&d, r));
         if (run->stage > 0) /* only the first stage trains on it */
                 run->train = dataset_free(run->train);
         run_resume(run, steps, U);

@@ -28,3 +28,9 @@ void diag_append(Diag *d, const char *fmt, ...) {
         vsnprintf(d->text + n, sizeof d->text - n, fmt, ap);
         va_end(ap);
 }
+
+const char *diag_reason(Diag *d, int r) {
+        if (!d->text[0])
+                snprintf(d->text, sizeof d->text, "%s", strerror(r < 0 ? -r : r));
+        return d->text;
+}

@@ -21,3 +21,6 @@ typedef struct Diag {
 int diag_set(Diag *d, int r, const char *fmt, ...) _printf_(3, 4);
 /* Add a line to d (a check that reports every error, not just the first). */
 void diag_append(Diag *d, const char *fmt, ...) _printf_(2, 3);
+/* d's text, or, when the failure r left it empty (an allocation that
+ * failed), strerror(-r) put there: a message never ends in nothing. */
+const char *diag_reason(Diag *d, int r);

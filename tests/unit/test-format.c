@@ -4,6 +4,7 @@
 #include <errno.h>
 #include <string.h>
 
+#include "util/diag.h"
 #include "util/format.h"
 
 Test(format, bytes_in_binary_units) {
@@ -42,4 +43,12 @@ Test(format, parse_stops_after_the_unit_and_refuses_the_rest) {
                 cr_expect_eq(parse_bytes(bad[i], NULL, &v), -EINVAL, "\"%s\"", bad[i]);
         cr_expect_eq(parse_bytes("99999 PiB", NULL, &v), -ERANGE);
         cr_expect_eq(v, 1536, "changed on failure");
+}
+
+/* A failure that left no words (an allocation) still says something. */
+Test(diag, a_reason_is_never_empty) {
+        Diag d = {};
+        cr_assert_str_eq(diag_reason(&d, -ENOMEM), strerror(ENOMEM));
+        diag_set(&d, -EINVAL, "x.job:3: model.dim: too wide");
+        cr_assert_str_eq(diag_reason(&d, -EINVAL), "x.job:3: model.dim: too wide");
 }
