@@ -90,6 +90,14 @@ static int open_header(const char *path, int want_ndim, gzFile *ret_f, IdxArray 
         if (a->n > room)
                 return diag_set(d, -ENODATA, "%s: truncated: the header promises %zu data bytes, the file "
                                 "(%jd bytes) cannot hold them", path, a->n, (intmax_t)st.st_size);
+        /* a plain file's size says it all, so a check that reads only the
+         * header (job_check_data()) refuses what loading it would */
+        uint64_t whole = 4 + 4 * (uint64_t)want_ndim + a->n;
+        if (gzdirect(f) && (uint64_t)st.st_size != whole)
+                return diag_set(d, (uint64_t)st.st_size < whole ? -ENODATA : -EFBIG,
+                                "%s: %s: the header promises %ju bytes in all, the file has %jd", path,
+                                (uint64_t)st.st_size < whole ? "truncated" : "trailing bytes after the data",
+                                (uintmax_t)whole, (intmax_t)st.st_size);
         *ret_f = TAKE_PTR(f);
         return 0;
 }
