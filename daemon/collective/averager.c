@@ -622,16 +622,18 @@ static void *averager_main(void *arg) {
                 state_step(a);
                 uint64_t now = now_ns();
                 unsigned connected = coll_n_connected(a->coll);
-                CollLoss lost = coll_loss(a->coll);
+                CollLoss lost = coll_loss(a->coll), refused = coll_refusals(a->coll);
                 atomic_store(&a->peers_up, ring_peers_up(a));
                 /* only this thread writes them */
-                if (connected != a->stats.connected || lost.count != a->stats.lost.count) {
+                if (connected != a->stats.connected || lost.count != a->stats.lost.count ||
+                    refused.count != a->stats.refused.count) {
                         NetStats ns;
                         net_get_stats(coll_net(a->coll), &ns);
                         pthread_mutex_lock(&a->lock);
                         a->stats.connected = connected;
                         a->stats.links_in = ns.links_in;
                         a->stats.lost = lost;
+                        a->stats.refused = refused;
                         pthread_mutex_unlock(&a->lock);
                 }
                 switch (atomic_load(&a->state)) {

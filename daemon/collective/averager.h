@@ -101,6 +101,7 @@ typedef struct AveragerStats {
         unsigned connected;
         uint64_t links_in;                    /* links members dialed to this one (NetStats.links_in) */
         CollLoss lost;                        /* links to members that closed, and the last */
+        CollLoss refused;                     /* connections refused or failed before a member's link */
         uint64_t bytes_sent, bytes_received;
 } AveragerStats;
 

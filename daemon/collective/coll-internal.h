@@ -157,6 +157,7 @@ struct Coll {
         uint8_t *spare; /* the largest wire buffer of a past round, kept for the next */
         size_t spare_bytes;
         CollLoss loss; /* links to members lost so far, and the last one */
+        CollLoss refusals; /* connections closed before they were a member's link */
         Donation donations[COLL_MAX_DONATIONS];
         unsigned n_donations;
         uint32_t next_donation;

@@ -133,6 +133,16 @@ static void on_connected(void *ud, uint32_t peer, const uint8_t id[IDENTITY_PK_S
 static void on_closed(void *ud, uint32_t peer, int reason, const uint8_t id[IDENTITY_PK_SIZE]) {
         Coll *c = ud;
         uint64_t now = now_ns();
+        bool ours = false; /* a member's link, or our dial to one (redialed, not a refusal) */
+        for (unsigned i = 0; i < c->n_members; i++)
+                ours = ours || (c->members[i].up && c->members[i].peer == peer) ||
+                       (c->members[i].dialing && c->members[i].dial_peer == peer);
+        if (!ours) {
+                NetPeerInfo info;
+                if (net_peer_describe(c->net, peer, &info) >= 0 && (!info.open || reason == -EACCES))
+                        c->refusals = (CollLoss){ .count = c->refusals.count + 1, .member = c->n_members,
+                                                  .reason = reason, .info = info };
+        }
         for (unsigned i = 0; i < c->n_members; i++) {
                 Member *m = &c->members[i];
                 if (m->dialing && m->dial_peer == peer) {
@@ -331,6 +341,10 @@ unsigned coll_n_connected(const Coll *c) {
 void coll_set_state_hook(Coll *c, CollStateHook hook, void *ud) {
         c->state_hook = hook;
         c->state_ud = ud;
+}
+
+CollLoss coll_refusals(const Coll *c) {
+        return c->refusals;
 }
 
 CollLoss coll_loss(const Coll *c) {

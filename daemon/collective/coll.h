@@ -118,6 +118,10 @@ typedef struct CollLoss {
         NetPeerInfo info;
 } CollLoss;
 CollLoss coll_loss(const Coll *c);
+/* Connections that closed before they were a member's link (a failed or
+ * refused handshake, a peer that is no member): how many, and the last
+ * (member is then n_members). */
+CollLoss coll_refusals(const Coll *c);
 Net *coll_net(Coll *c);
 /* The Net peer of member's link, or -ENOTCONN. */
 int64_t coll_peer(const Coll *c, unsigned member);

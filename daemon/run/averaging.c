@@ -144,6 +144,23 @@ static void log_link_lost(const Averaging *a, const CollLoss *l, uint64_t since)
                   l->info.address[0] ? l->info.address : "?", why, more);
 }
 
+/* A connection to the averaging port that closed before it was a
+ * member's link, as the node logs one on its own port: who, and why. */
+static void log_refused(const CollLoss *l, uint64_t since) {
+        char who[IDENTITY_HEX_SIZE + 80] = "", hex[IDENTITY_HEX_SIZE], why[128], more[64] = "", fields[384];
+        node_close_reason(l->reason, &l->info, why, sizeof why);
+        if (l->info.key_known) {
+                identity_to_hex(l->info.key, hex);
+                snprintf(who, sizeof who, "%s at ", hex);
+        }
+        snprintf(fields, sizeof fields, "PEER=%s\nPEER_ADDRESS=%s\nREASON=%s", l->info.key_known ? hex :
+                 l->info.address, l->info.address, why);
+        if (since > 1)
+                snprintf(more, sizeof more, " (%llu since the last line)", (unsigned long long)since);
+        log_event(LOG_WARNING, EVENT_AUTH_FAILED, fields, "Averaging: a connection from %s%s was refused or "
+                  "failed before it was a member's link: %s%s", who, l->info.address, why, more);
+}
+
 /* What the averaging thread did since the last look, in the log. */
 static void log_progress(Averaging *a) {
         AveragerStats s;
@@ -173,6 +190,11 @@ static void log_progress(Averaging *a) {
                             s.last_participants, a->n_members);
         if (s.lost.count != a->seen.lost.count)
                 log_link_lost(a, &s.lost, s.lost.count - a->seen.lost.count);
+        if (s.refused.count != a->refused_logged && now - a->refused_logged_ns >= 2 * NSEC_PER_SEC) {
+                log_refused(&s.refused, s.refused.count - a->refused_logged); /* at most a line every 2 s */
+                a->refused_logged = s.refused.count;
+                a->refused_logged_ns = now;
+        }
         if (s.connected != a->seen.connected)
                 log_info("Averaging: %u of %u other members connected", s.connected, a->n_members - 1);
         a->seen = s;

@@ -34,6 +34,7 @@ typedef struct Averaging {
         unsigned self, n_members;
         AveragerStats seen;         /* as of the last averaging_step() */
         uint64_t logged_ns, logged_rounds; /* the last round that had a log line */
+        uint64_t refused_logged_ns, refused_logged; /* refusals: the last line's time and count */
         unsigned join_timeout_ms, round_timeout_ms;
         bool active;
 } Averaging;

@@ -296,6 +296,15 @@ Test(daemon, two_members_average_while_training, .timeout = 300) {
                 proc_start(&p[i], (char *[]){ RAVNESTD, "--config", conf[i], "--job",
                                               SOURCE_ROOT "/config/jobs/fashion-mnist-mlp.job", "--epochs", "1",
                                               "--progress", "0", NULL }, child_setup);
+        /* a stranger on the averaging port is logged as one on the node's own port is */
+        cr_assert(proc_wait_for(&p[0], "Averaging round 1 done", 120000), "%s", p[0].out);
+        int junk = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+        struct sockaddr_in to = { .sin_family = AF_INET, .sin_port = htons(port[0]),
+                                  .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
+        cr_assert(junk >= 0 && connect(junk, (struct sockaddr *)&to, sizeof to) == 0);
+        cr_assert_eq(write(junk, "GET / HTTP/1.0\r\n\r\n", 18), 18);
+        close(junk);
+        cr_assert(proc_wait_for(&p[0], "Averaging: a connection from 127.0.0.1:", 60000), "%s", p[0].out);
         for (int i = 0; i < 2; i++) {
                 cr_assert(proc_wait_for(&p[i], "Finished", 240000), "%s: %s", names[i], p[i].out);
                 cr_assert(strstr(p[i].out, "this node reads its shard"), "%s", p[i].out);
