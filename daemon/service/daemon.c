@@ -377,7 +377,8 @@ static void on_hang_signal(void) {
 }
 
 static int start_worker(Daemon *d);
-static void apply_live_settings(Daemon *d, const Config *c);
+static int start_web(Daemon *d);
+static int start_relay(Daemon *d);
 
 static void on_reload_signal(Daemon *d) {
         Config n;
@@ -421,6 +422,11 @@ static void on_reload_signal(Daemon *d) {
                         d->unconfigured = old; /* until it trains */
                         d->has_unconfigured = true;
                         d->reload_failed[0] = '\0';
+                        /* what the new file serves beside training (a failure is said, and training goes on) */
+                        if (!d->web)
+                                (void)start_web(d);
+                        if (!d->relay)
+                                (void)start_relay(d);
                         log_event(LOG_NOTICE, EVENT_RELOAD, "RESULT=ok", "Reloaded %s: the node is configured now",
                                   path);
                 }

@@ -365,14 +365,16 @@ static int hold_port(uint16_t *ret_port) {
  * unconfigured node that a reload sets training, and that then cannot
  * start, is unconfigured again and stays up (it exited 1 into a restart
  * loop), and a later reload that can start trains. */
-static void node_file(const char *dir, uint16_t listen, char *conf) {
+static void node_file(const char *dir, uint16_t listen, uint16_t metrics, char *conf) {
         char text[1024];
         int k = snprintf(text, sizeof text,
                          "state_directory = \"%s/state\";\ncontrol_socket = \"%s/ctl\";\nidle = { enabled = false; };\n"
                          "job = \"" SOURCE_ROOT "/config/jobs/fashion-mnist-mlp.job\";\n", dir, dir);
         if (listen)
-                snprintf(text + k, sizeof text - (size_t)k,
-                         "network = { secret_file = \"%s/secret\"; listen = \"127.0.0.1:%u\"; };\n", dir, listen);
+                k += snprintf(text + k, sizeof text - (size_t)k,
+                              "network = { secret_file = \"%s/secret\"; listen = \"127.0.0.1:%u\"; };\n", dir, listen);
+        if (metrics)
+                snprintf(text + k, sizeof text - (size_t)k, "metrics = { listen = \"127.0.0.1:%u\"; };\n", metrics);
         snprintf(conf, 256, "%s/node.conf", dir);
         test_write_file(conf, text, 0644);
 }
@@ -392,7 +394,7 @@ Test(daemon, a_node_that_cannot_start_is_never_ready_and_a_reload_that_cannot_st
         snprintf(sa.sun_path, sizeof sa.sun_path, "%s/notify", dir);
         cr_assert(notify >= 0 && bind(notify, (struct sockaddr *)&sa, sizeof sa) == 0);
         setenv("NOTIFY_SOCKET", sa.sun_path, 1);
-        node_file(dir, port, conf);
+        node_file(dir, port, 0, conf);
         Proc p;
         proc_start(&p, (char *[]){ RAVNESTD, "--config", conf, "--data-dir", dir, "--progress", "0", NULL }, NULL);
         int code = proc_exit(&p);
@@ -408,10 +410,11 @@ Test(daemon, a_node_that_cannot_start_is_never_ready_and_a_reload_that_cannot_st
         close(notify);
 
         /* unconfigured, then a reload that cannot start, then one that can */
-        node_file(dir, 0, conf);
+        node_file(dir, 0, 0, conf);
         proc_start(&p, (char *[]){ RAVNESTD, "--config", conf, "--data-dir", dir, "--progress", "0", NULL }, NULL);
         cr_assert(proc_wait_for(&p, "unconfigured", 30000), "%s", p.out);
-        node_file(dir, port, conf);
+        uint16_t metrics = test_free_port();
+        node_file(dir, port, metrics, conf);
         cr_assert_eq(kill(p.pid, SIGHUP), 0);
         cr_assert(proc_wait_for(&p, "the node is unconfigured again", 30000), "%s", p.out);
         snprintf(path, sizeof path, "%s/ctl", dir);
@@ -422,6 +425,18 @@ Test(daemon, a_node_that_cannot_start_is_never_ready_and_a_reload_that_cannot_st
         close(held);
         cr_assert_eq(kill(p.pid, SIGHUP), 0);
         cr_assert(proc_wait_for(&p, "epoch 1/", 60000), "%s", p.out);
+        /* and serves what the new file says beside training (metrics were ignored until a restart) */
+        int web = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+        struct sockaddr_in to = { .sin_family = AF_INET, .sin_port = htons(metrics),
+                                  .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
+        char answer[8192] = "";
+        cr_assert(web >= 0 && connect(web, (struct sockaddr *)&to, sizeof to) == 0, "no metrics: %s", p.out);
+        cr_assert_eq(write(web, "GET /metrics HTTP/1.0\r\n\r\n", 26), 26);
+        size_t got = 0;
+        for (ssize_t n; got < sizeof answer - 1 && (n = read(web, answer + got, sizeof answer - 1 - got)) > 0;)
+                got += (size_t)n;
+        close(web);
+        cr_assert(strstr(answer, "ravnest_state"), "%s", answer);
         cr_assert_eq(kill(p.pid, SIGTERM), 0);
         cr_assert_eq(proc_exit(&p), 0, "%s", p.out);
         test_remove_tree(dir);
