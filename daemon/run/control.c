@@ -134,7 +134,12 @@ void control_set_state(Control *c, NodeState s) {
 
 void control_report_training(Control *c, const NodeTraining *t) {
         pthread_mutex_lock(&c->lock);
+        /* Step is a counter (ravnest_steps_total): a member that takes
+         * the swarm's count with a plan after its coordinator restarted
+         * may be handed fewer steps than it had done; it never goes back */
+        uint64_t step = MAX(c->status.training.step, t->step);
         c->status.training = *t;
+        c->status.training.step = step;
         pthread_mutex_unlock(&c->lock);
 }
 

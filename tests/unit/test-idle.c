@@ -525,3 +525,17 @@ Test(duty, a_rest_serves_the_links) {
         cr_assert_eq(s.paused, 0);
         control_done(&c);
 }
+
+/* Step is published as a counter: a report of fewer steps (a member handed
+ * the swarm's count with a new plan) does not take it back. */
+Test(duty, the_published_step_never_goes_back) {
+        Control c;
+        NodeStatus st;
+        cr_assert_eq(control_init(&c), 0);
+        control_report_training(&c, &(NodeTraining){ .step = 127000 });
+        control_report_training(&c, &(NodeTraining){ .step = 65000, .epoch = 3 });
+        control_snapshot(&c, NULL, &st, NULL, NULL, NULL);
+        cr_assert_eq(st.training.step, 127000);
+        cr_assert_eq(st.training.epoch, 3, "the rest of the report is taken");
+        control_done(&c);
+}
