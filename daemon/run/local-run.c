@@ -74,13 +74,12 @@ static int pass_gate(Progress *pr, const TrainProgress *p, uint64_t now) {
                 pr->last_report_ns = now;
         }
         uint64_t before = now_ns();
-        r = control_gate(o->control, serve_local, (void *)o);
-        pr->gate_ns += now_ns() - before;
-        if (r == CONTROL_CHECKPOINT) {
+        /* a checkpoint asked for while paused is written, and the pause goes on */
+        while ((r = control_gate(o->control, serve_local, (void *)o)) == CONTROL_CHECKPOINT) {
                 int k = o->checkpoint_dir ? save_checkpoint(pr) : -EOPNOTSUPP;
                 control_checkpoint_done(o->control, k, pr->at.step);
-                r = 0;
         }
+        pr->gate_ns += now_ns() - before;
         return r;
 }
 
@@ -213,7 +212,13 @@ int local_run(const Job *job, const LocalRunOptions *o, const volatile sig_atomi
         }
         if (o->begin)
                 o->begin(o->step_userdata, t->stage->params, &t->optim);
-        r = trainer_run(t, on_progress, &pr, stop);
+        /* the gate before the first step too: a node that starts paused
+         * (its machine not idle yet) takes no step until it may */
+        r = o->control ? pass_gate(&pr, &(TrainProgress){ .epoch = t->start_epoch + 1, .epochs = spec.epochs,
+                                                           .loss = -1.0 }, now_ns())
+                       : 0;
+        if (r >= 0)
+                r = trainer_run(t, on_progress, &pr, stop);
         if (pr.last.epoch > 0)
                 series_tick(&pr, &pr.last, now_ns(), true);
         if (o->checkpoint_dir && o->control && (r >= 0 || r == -ECANCELED)) {

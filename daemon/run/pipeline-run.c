@@ -779,14 +779,14 @@ static int run_gate(Run *run) {
 
         if (!o->control)
                 return 0;
-        r = control_gate(o->control, serve_paused, run);
+        /* a checkpoint asked for while paused is written, and the pause goes on */
+        while ((r = control_gate(o->control, serve_paused, run)) == CONTROL_CHECKPOINT)
+                control_checkpoint_done(o->control, o->checkpoint_dir ? save_checkpoint(run) : -EOPNOTSUPP,
+                                        position(run->pipe).step);
         if (run->told_paused) {
                 tell_neighbours(run, msg_resumed);
                 run->told_paused = false;
         }
-        if (r == CONTROL_CHECKPOINT)
-                control_checkpoint_done(o->control, o->checkpoint_dir ? save_checkpoint(run) : -EOPNOTSUPP,
-                                        position(run->pipe).step);
         return r == -ECANCELED ? r : 0;
 }
 

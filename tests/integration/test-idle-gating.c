@@ -144,7 +144,17 @@ Test(idle, a_cpu_hog_pauses_and_its_exit_resumes, .init = skip_without_dataset, 
                                       "--epochs", "50", "--progress", "0", NULL },
                    NULL);
         node_up = true;
-        /* a node starts paused and begins once the machine has been calm */
+        /* a node starts paused and begins once the machine has been calm;
+         * paused, it has taken no step (it took one before its first gate) */
+        if (wait_state("paused", 30) >= 0) {
+                Proc st;
+                proc_start(&st, (char *[]){ RAVNESTCTL, "status", "--json", "--socket", sock, NULL }, NULL);
+                proc_exit(&st);
+                const char *step = strstr(st.out, "\"Step\": ");
+                if (strstr(st.out, "\"State\": \"paused\""))
+                        cr_assert(step && atol(step + 8) == 0, "a node starting paused took a step: %s", st.out);
+        } else
+                cr_log_warn("the start's pause was not seen (the machine was calm at once): no check of its steps");
         cr_assert(wait_state("training", 60) >= 0, "the node never started training: %.*s", (int)node.len, node.out);
 
         for (int round = 0; round < 3; round++) {
