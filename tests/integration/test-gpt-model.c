@@ -40,6 +40,45 @@ static void find_checkpoint(const char *swarm_dir, const char *node, char *ret, 
         cr_assert(ret[0], "no checkpoint in %s", dir);
 }
 
+/* A model of a smaller vocabulary knows no byte past it: a prompt with one
+ * is refused, not clamped to the last byte of the vocabulary; its logits
+ * are as many as its vocabulary. */
+Test(gpt_model, a_prompt_past_the_vocabulary_is_refused, .timeout = 300) {
+        skip_without_corpus();
+        char dir[] = "/tmp/ravnest-test-vocab-XXXXXX", path[64], job[64], conf[64], text[600];
+        cr_assert(mkdtemp(dir));
+        snprintf(path, sizeof path, "%s/ascii.txt", dir);
+        test_write_file(path, "a fool and his money are soon parted; a stitch in time saves nine.\n"
+                              "all that glitters is not gold; look before you leap.\n", 0644);
+        snprintf(text, sizeof text, "cat %s %s %s %s > %s.4 && mv %s.4 %s", path, path, path, path, path, path, path);
+        for (int i = 0; i < 3; i++)
+                cr_assert_eq(system(text), 0);
+        snprintf(job, sizeof job, "%s/v.job", dir);
+        snprintf(text, sizeof text,
+                 "name = \"v\";\ndataset = { name = \"text\"; path = \"%s\"; };\n"
+                 "model = { type = \"gpt\"; vocab = 128; context = 8; layers = 1; heads = 1; dim = 8; };\n"
+                 "optimizer = { type = \"adamw\"; lr = 0.003; };\ntraining = { batch_size = 8; epochs = 1; };\n", path);
+        test_write_file(job, text, 0644);
+        snprintf(conf, sizeof conf, "%s/n.conf", dir);
+        snprintf(text, sizeof text, "state_directory = \"%s\";\ncontrol_socket = \"\";\nidle = { enabled = false; };\n",
+                 dir);
+        test_write_file(conf, text, 0644);
+        Proc p;
+        proc_start(&p, (char *[]){ RAVNESTD, "--config", conf, "--job", job, "--progress", "0", NULL }, NULL);
+        cr_assert_eq(proc_exit(&p), 0, "%s", p.out);
+        char ckpt[300];
+        snprintf(ckpt, sizeof ckpt, "%s/v.layers-0-3.ckpt", dir);
+        proc_start(&p, (char *[]){ RAVNESTCTL, "generate", "--job", job, "--checkpoint", ckpt, "--prompt", "caf\xc3\xa9",
+                                   NULL }, NULL);
+        cr_assert_eq(proc_exit(&p), 65, "%s", p.out);
+        cr_assert(strstr(p.out, "byte 3 is 0xc3, past the vocabulary"), "%s", p.out);
+        proc_start(&p, (char *[]){ RAVNESTCTL, "generate", "--job", job, "--checkpoint", ckpt, "--prompt", "a fool",
+                                   "--logits", NULL }, NULL);
+        cr_assert_eq(proc_exit(&p), 0, "%s", p.out);
+        cr_assert_eq(test_count(p.out, "\n"), 128, "%s", p.out);
+        test_remove_tree(dir);
+}
+
 /* A short swarm keeps its checkpoints: one cluster's stages make the model
  * that generate samples from and export writes. */
 Test(gpt_model, generate_and_export, .timeout = 600) {
