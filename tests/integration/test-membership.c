@@ -486,28 +486,35 @@ static void rogue_tensor(void *ud, NetTensor *t) {
         net_tensor_release(((Rogue *)ud)->net, t);
 }
 
-/* Admitted (it knows the network secret), then it sends one bad thing: the
- * coordinator drops its link, and only its link. */
-static void rogue_try(const char *what, uint8_t type, const void *payload, size_t len, bool tensor) {
+/* A member of its own making (a new key, the network's secret) linked to
+ * the coordinator: its link's peer id. secret and id live as long as r. */
+static uint32_t rogue_admitted(Rogue *r, Identity *id, uint8_t secret[32], const char *what) {
         static const NetCallbacks cb = { .connected = rogue_connected, .closed = rogue_closed, .tensor = rogue_tensor };
-        uint8_t secret[32];
-        Identity id;
-        Rogue r = {};
         NetConfig c;
         uint32_t peer;
 
         for (int i = 0; i < 32; i++)
                 sscanf(SECRET_HEX + 2 * i, "%2hhx", &secret[i]);
-        cr_assert_eq(identity_generate(&id), 0);
+        cr_assert_eq(identity_generate(id), 0);
         net_config_defaults(&c);
-        c.identity = &id;
+        c.identity = id;
         c.secret = secret;
         c.backend = NET_BACKEND_EPOLL;
-        cr_assert_eq(net_new(&c, &cb, &r, &r.net), 0);
-        cr_assert_eq(net_connect(r.net, "127.0.0.1", coordinator_port, &peer), 0);
-        for (int i = 0; i < 500 && !r.connected && !r.closed; i++)
-                net_run(r.net, 10);
-        cr_assert(r.connected, "%s: not admitted", what);
+        cr_assert_eq(net_new(&c, &cb, r, &r->net), 0);
+        cr_assert_eq(net_connect(r->net, "127.0.0.1", coordinator_port, &peer), 0);
+        for (int i = 0; i < 500 && !r->connected && !r->closed; i++)
+                net_run(r->net, 10);
+        cr_assert(r->connected, "%s: not admitted", what);
+        return peer;
+}
+
+/* Admitted (it knows the network secret), then it sends one bad thing: the
+ * coordinator drops its link, and only its link. */
+static void rogue_try(const char *what, uint8_t type, const void *payload, size_t len, bool tensor) {
+        uint8_t secret[32];
+        Identity id;
+        Rogue r = {};
+        uint32_t peer = rogue_admitted(&r, &id, secret, what);
         if (tensor) {
                 static float junk[1000];
                 TensorDesc d;
@@ -582,7 +589,6 @@ Test(membership, a_member_breaking_the_rules_loses_its_link, .timeout = 120) {
  * connection. (Any host and port a member named was dialed and reported
  * on: a port scanner for anyone with the secret.) */
 Test(membership, a_dial_back_goes_where_the_link_comes_from, .timeout = 120) {
-        static const NetCallbacks cb = { .connected = rogue_connected, .closed = rogue_closed, .tensor = rogue_tensor };
         skip_without_dataset();
         char dir[64], conf[2][256], want[128];
         Proc p;
@@ -603,22 +609,9 @@ Test(membership, a_dial_back_goes_where_the_link_comes_from, .timeout = 120) {
         uint16_t port = ntohs(sa.sin_port);
 
         uint8_t secret[32], join[PLAN_JOIN_MAX_SIZE];
-        for (int i = 0; i < 32; i++)
-                sscanf(SECRET_HEX + 2 * i, "%2hhx", &secret[i]);
         Identity id;
         Rogue r = {};
-        NetConfig c;
-        uint32_t peer;
-        cr_assert_eq(identity_generate(&id), 0);
-        net_config_defaults(&c);
-        c.identity = &id;
-        c.secret = secret;
-        c.backend = NET_BACKEND_EPOLL;
-        cr_assert_eq(net_new(&c, &cb, &r, &r.net), 0);
-        cr_assert_eq(net_connect(r.net, "127.0.0.1", coordinator_port, &peer), 0);
-        for (int i = 0; i < 500 && !r.connected; i++)
-                net_run(r.net, 10);
-        cr_assert(r.connected);
+        uint32_t peer = rogue_admitted(&r, &id, secret, "a member");
         PlanJoin j = { .gflops = 80, .bandwidth = 125e6, .latency = 5e-4, .memory = 1ull << 30, .n_params = 1863690,
                        .n_layers = 6, .host = "127.0.0.2", .pipeline_port = port, .averaging_port = port };
         int n = plan_join_encode(&j, join, sizeof join);
