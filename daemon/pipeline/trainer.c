@@ -130,9 +130,13 @@ void trainer_evaluate(Trainer *t, const Dataset *ds, double *ret_acc, double *re
         *ret_loss = loss / (double)ds->n;
 }
 
+size_t trainer_steps_per_epoch(const Trainer *t) {
+        size_t B = (size_t)t->spec.batch_size;
+        return (t->sampler.n + B - 1) / B;
+}
+
 int trainer_run(Trainer *t, TrainProgressFn cb, void *userdata, const volatile sig_atomic_t *stop) {
-        size_t B = (size_t)t->spec.batch_size, n = t->sampler.n;
-        size_t steps = (n + B - 1) / B;
+        size_t B = (size_t)t->spec.batch_size, n = t->sampler.n, steps = trainer_steps_per_epoch(t);
         int r;
 
         for (int epoch = t->start_epoch; epoch < t->spec.epochs; epoch++) {
@@ -147,10 +151,8 @@ int trainer_run(Trainer *t, TrainProgressFn cb, void *userdata, const volatile s
                 size_t correct = 0;
                 uint64_t busy = 0;
 
-                size_t first = epoch == t->start_epoch ? t->start_step : 0;
-                if (first >= steps) /* the checkpoint's epoch had every step done */
-                        continue;
                 sampler_shuffle(&t->sampler, epoch);
+                size_t first = epoch == t->start_epoch ? MIN(t->start_step, steps) : 0;
                 for (size_t step = first; step < steps; step++) {
                         if (stop && *stop)
                                 return -ECANCELED;

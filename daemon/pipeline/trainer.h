@@ -81,6 +81,8 @@ float trainer_step(Trainer *t, int B, int *ret_correct);
  * language model), forward passes only. */
 void trainer_evaluate(Trainer *t, const Dataset *ds, double *ret_acc, double *ret_loss);
 
+/* Steps in an epoch of this node's shard (the last may be short). */
+size_t trainer_steps_per_epoch(const Trainer *t);
 /* Train spec.epochs epochs. Checks *stop between steps; returns 0 when all
  * epochs ran, -ECANCELED when stopped, or the callback's error. */
 int trainer_run(Trainer *t, TrainProgressFn cb, void *userdata, const volatile sig_atomic_t *stop);

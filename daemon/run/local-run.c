@@ -207,6 +207,11 @@ int local_run(const Job *job, const LocalRunOptions *o, const volatile sig_atomi
             stage_checkpoint_load(o->checkpoint_dir, job->name, t->stage, &t->optim, &pr.at) >= 0) {
                 t->start_epoch = (int)MIN(pr.at.epoch, (uint64_t)spec.epochs);
                 t->start_step = stage_checkpoint_resume_step(&pr.at, (unsigned)spec.batch_size);
+                if (t->start_step >= trainer_steps_per_epoch(t) && t->start_epoch < spec.epochs) {
+                        /* every step of that epoch was done: the next one */
+                        pr.at.epoch = (uint64_t)++t->start_epoch;
+                        pr.at.step_in_epoch = t->start_step = 0;
+                }
                 if (o->control)
                         control_report_checkpoint(o->control, pr.at.step);
         }
