@@ -126,22 +126,22 @@ static unsigned unjoined_near(const Relay *r, const uint8_t addr[16]) {
         return n;
 }
 
-/* Room for a connection from addr: at most twice max_links not joined
- * from one address, half their share (the nodes behind one NAT router
- * share an address: a few waiters each);
- * and when preambles and waiters fill their share (twice as many as
- * links), the oldest of them from the address that holds the most makes
- * way, so strangers that keep connections open from a few addresses (a
- * WAIT needs no secret) cannot shut the relay. */
+/* Room for a connection from addr. Preambles and waiters take at most
+ * twice as many places as links, half of them from one address (the nodes
+ * behind one NAT router share an address: a few waiters each). A newcomer
+ * from an address at its half displaces that address's oldest; one that
+ * finds every place taken displaces the oldest from the address that
+ * holds the most. So strangers that keep connections open (a WAIT needs no
+ * secret) cannot shut the relay: a waiter that loses its place waits
+ * again, and the newest always gets in. */
 static bool make_room(Relay *r, const uint8_t addr[16]) {
-        if (unjoined_near(r, addr) >= 2 * r->cfg.max_links)
-                return false;
-        if (r->n_conns < 4 * r->cfg.max_links)
+        bool full_here = unjoined_near(r, addr) >= 2 * r->cfg.max_links;
+        if (!full_here && r->n_conns < 4 * r->cfg.max_links)
                 return true;
         Conn *drop = NULL;
         unsigned most = 0;
         for (Conn *o = r->conns; o; o = o->next) {
-                if (o->state == CONN_JOINED)
+                if (o->state == CONN_JOINED || (full_here && !net_addr_near(o->addr, addr)))
                         continue;
                 unsigned k = unjoined_near(r, o->addr);
                 if (k > most || (k == most && o->since_ns < drop->since_ns)) {

@@ -306,6 +306,23 @@ Test(relay, strangers_holding_every_place_do_not_shut_it) {
                 close(strangers[i]);
         }
         cr_assert_geq(gone, 1, "no stranger made way");
+        /* an address at its half of the places: its newest connection
+         * displaces its oldest, and is served */
+        for (int i = 0; i < 5; i++) {
+                Identity throwaway;
+                identity_generate(&throwaway);
+                int fd = raw_from(2, ch);
+                req[0] = RELAY_OP_WAIT;
+                memcpy(req + 2, throwaway.pk, 32);
+                relay_wait_message(ch, NET_RELAY_PIPELINE, msg);
+                crypto_sign_detached(req + 34, NULL, msg, sizeof msg, throwaway.sk);
+                cr_assert_eq(write(fd, req, sizeof req), (ssize_t)sizeof req);
+                cr_assert_eq(answer(fd), RELAY_OK, "connection %d from an address at its half", i);
+                strangers[i] = fd;
+        }
+        for (int i = 0; i < 5; i++)
+                close(strangers[i]);
+        send_and_check(&a, &b, 1u << 16, 5); /* the relayed link was not touched */
         sides_free(&a, &b);
         relay = relay_free(relay);
 }
