@@ -214,8 +214,7 @@ void node_poll(Node *node, int timeout_ms) {
 }
 
 void node_stop(Node *node) {
-        if (!node->active)
-                return;
+        /* also after a node_start() that failed half way (its transport up, its address in use) */
         node->net = net_free(node->net);
         identity_clear(&node->identity);
         node->active = false;

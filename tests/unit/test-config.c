@@ -414,7 +414,7 @@ Test(config, a_membership_error_brings_no_follow_on_errors) {
  * before anything is opened, wherever it stands; in a comment it is no
  * directive. */
 Test(config, an_include_is_refused_before_it_is_opened, .timeout = 20) {
-        char fifo[] = "/tmp/ravnest-test-include-XXXXXX", text[200];
+        char fifo[64] = "/tmp/ravnest-test-include-XXXXXX", text[200];
         cr_assert(mkdtemp(fifo));
         strcat(fifo, "/fifo");
         cr_assert_eq(mkfifo(fifo, 0600), 0);
