@@ -36,7 +36,8 @@ static void slot_clear(Net *n, LaneSlot *s) {
         *s = (LaneSlot){};
         free(it.chunks);
         if (it.used && it.type == FRAME_TENSOR) {
-                n->rx_bytes -= it.desc.bytes;
+                if (!it.uncounted)
+                        n->rx_bytes -= it.desc.bytes;
                 if (bufpool_owns(n->pool, it.data))
                         bufpool_free(n->pool, it.data, it.desc.bytes);
                 else
@@ -69,6 +70,31 @@ void lanes_close(Link *l, int reason) {
         }
 }
 
+void lanes_rx_uncount(Net *n, Bundle *b) {
+        for (unsigned i = 0; i < NET_LANE_WINDOW; i++) {
+                LaneSlot *s = &b->slot[i];
+                if (s->used && s->type == FRAME_TENSOR && !s->uncounted) {
+                        n->rx_bytes -= s->desc.bytes;
+                        s->uncounted = true;
+                }
+        }
+}
+
+void lanes_rx_held(const Bundle *b, uint64_t *ret_held, uint64_t *ret_left, uint64_t *ret_begun_ns) {
+        uint64_t held = 0, left = 0, begun = UINT64_MAX;
+        for (unsigned i = 0; i < NET_LANE_WINDOW; i++) {
+                const LaneSlot *s = &b->slot[i];
+                if (!s->used || s->type != FRAME_TENSOR || s->uncounted)
+                        continue;
+                held += s->desc.bytes;
+                left += s->desc.bytes - s->got;
+                begun = MIN(begun, s->begun_ns);
+        }
+        *ret_held = held;
+        *ret_left = left;
+        *ret_begun_ns = begun;
+}
+
 static void kick_all(Net *n, Bundle *b) {
         for (unsigned i = 0; i < b->k; i++) {
                 Link *o = lane_link(n, b, i);
@@ -99,7 +125,8 @@ void lanes_deliver(Net *n, Bundle *b) {
                                 return;
                         }
                         *t = (NetTensor){ .peer = primary->id, .stream = it.stream, .desc = it.desc, .data = it.data };
-                        n->rx_bytes -= it.desc.bytes;
+                        if (!it.uncounted)
+                                n->rx_bytes -= it.desc.bytes;
                         if (n->cb.tensor)
                                 n->cb.tensor(n->userdata, t);
                         else
@@ -247,8 +274,8 @@ int lanes_rx_part(Link *l, const FrameHeader *h, const uint8_t *p, size_t len) {
         if (stripe == 0 || stripe > n->cfg.limits.max_payload || n_chunks(d.bytes, stripe) > LANES_MAX_CHUNKS)
                 return -EBADMSG;
         if (!s->used) {
-                if (n->rx_bytes + d.bytes > n->cfg.max_receive_bytes)
-                        return -ENOBUFS;
+                if ((r = net_rx_room(n, l, d.bytes)) < 0)
+                        return r;
                 uint8_t *chunks = calloc((size_t)(n_chunks(d.bytes, stripe) + 7) / 8, 1);
                 uint8_t *data = chunks ? bufpool_alloc(n->pool, d.bytes) : NULL;
                 if (chunks && !data)
@@ -259,7 +286,7 @@ int lanes_rx_part(Link *l, const FrameHeader *h, const uint8_t *p, size_t len) {
                 }
                 n->rx_bytes += d.bytes;
                 *s = (LaneSlot){ .used = true, .type = FRAME_TENSOR, .stream = h->stream, .desc = d,
-                                 .stripe = stripe, .chunks = chunks, .data = data };
+                                 .stripe = stripe, .chunks = chunks, .data = data, .begun_ns = net_now_ns() };
         } else if (s->type != FRAME_TENSOR || s->stream != h->stream || s->stripe != stripe ||
                    s->desc.bytes != d.bytes || s->desc.dtype != d.dtype || s->desc.ndim != d.ndim ||
                    memcmp(s->desc.dims, d.dims, sizeof(uint32_t) * d.ndim) != 0)

@@ -81,13 +81,21 @@ static void rx_tensor_drop(Link *l) {
                 l->rx.data = NULL;
                 return;
         }
-        n->rx_bytes -= l->rx.desc.bytes;
+        if (!l->rx_uncounted)
+                n->rx_bytes -= l->rx.desc.bytes;
         if (bufpool_owns(n->pool, l->rx.data))
                 bufpool_free(n->pool, l->rx.data, l->rx.desc.bytes);
         else
                 free(l->rx.data);
         l->rx_active = false;
         l->rx.data = NULL;
+}
+
+void link_rx_uncount(Link *l) {
+        if (l->rx_active && !l->rx_slot && !l->rx_uncounted) {
+                l->net->rx_bytes -= l->rx.desc.bytes;
+                l->rx_uncounted = true;
+        }
 }
 
 void link_destroy(Link *l) {
@@ -326,8 +334,8 @@ static int rx_tensor_begin(Link *l, const uint8_t *p, size_t len) {
                 return r;
         /* All links together hold at most max_receive_bytes of tensors not
          * yet delivered. */
-        if (n->rx_bytes + d.bytes > n->cfg.max_receive_bytes)
-                return -ENOBUFS;
+        if ((r = net_rx_room(n, l, d.bytes)) < 0)
+                return r;
         l->rx = (NetTensor){ .peer = l->id, .stream = l->h.stream, .desc = d };
         l->rx.data = bufpool_alloc(n->pool, d.bytes);
         if (!l->rx.data)
@@ -335,7 +343,8 @@ static int rx_tensor_begin(Link *l, const uint8_t *p, size_t len) {
         if (!l->rx.data)
                 return -ENOMEM;
         n->rx_bytes += d.bytes;
-        l->rx_progress_ns = net_now_ns();
+        l->rx_begun_ns = l->rx_progress_ns = net_now_ns();
+        l->rx_uncounted = false;
         l->rx_active = true;
         l->rx_got = 0;
         return 0;
@@ -351,7 +360,8 @@ static void rx_tensor_deliver(Link *l) {
         *t = l->rx;
         l->rx_active = false;
         l->rx.data = NULL;
-        n->rx_bytes -= t->desc.bytes;
+        if (!l->rx_uncounted)
+                n->rx_bytes -= t->desc.bytes;
         if (n->cb.tensor)
                 n->cb.tensor(n->userdata, t);
         else

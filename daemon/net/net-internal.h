@@ -41,6 +41,8 @@ typedef struct LaneSlot {
         TensorDesc desc;      /* tensor */
         uint32_t stripe;      /* tensor: bytes per chunk, as its TENSOR frames said */
         uint64_t got;         /* tensor: bytes in */
+        uint64_t begun_ns;    /* tensor: its first TENSOR frame came */
+        bool uncounted;       /* tensor: the link is closing; no longer in Net.rx_bytes */
         uint8_t *chunks;      /* tensor: a bit per chunk, set once a DATA frame announced it */
         uint8_t *data;        /* tensor bytes (pool or malloc), or the payload */
         size_t len;           /* PLAN, CONTROL: payload bytes */
@@ -134,6 +136,8 @@ typedef struct Link {
         bool rx_told;    /* a frame reached the application */
         NetTensor rx;
         uint64_t rx_got;
+        uint64_t rx_begun_ns; /* the tensor being received: its TENSOR frame came */
+        bool rx_uncounted;    /* the link is closing: its tensor is no longer in Net.rx_bytes */
         LaneSlot *rx_slot; /* a lane's part of a tensor: the slot that owns rx.data */
         uint64_t last_frame_ns, last_bytes_ns, deadline_ns;
         uint64_t last_sent_ns;   /* a whole frame last went out (for heartbeats) */
@@ -227,6 +231,12 @@ bool net_addr_near(const uint8_t a[16], const uint8_t b[16]);
 
 int link_init(Link *l, Net *n, int fd, bool initiator, bool loopback, uint32_t hello_flags);
 void link_destroy(Link *l);
+/* The tensor being received leaves Net.rx_bytes (the link is closing);
+ * its buffer stays until link_destroy(), the backend may still fill it. */
+void link_rx_uncount(Link *l);
+/* Room for a tensor of need bytes under max_receive_bytes (net.c): 0, or
+ * -ENOBUFS. */
+int net_rx_room(Net *n, const Link *asker, uint64_t need);
 int link_start(Link *l);
 /* Where the next received bytes go, and how many are wanted. */
 void link_rx_target(Link *l, uint8_t **ret_ptr, size_t *ret_len);
@@ -257,6 +267,11 @@ Bundle *lanes_new(Link *primary, unsigned k, const uint8_t nonce[HANDSHAKE_NONCE
 void lanes_join(Link *l, Bundle *b, unsigned index);
 void lanes_unref(Link *l);
 void lanes_close(Link *l, int reason);
+/* The bundle's tensors being received leave Net.rx_bytes (it is closing). */
+void lanes_rx_uncount(Net *n, Bundle *b);
+/* Bytes of tensors a bundle is receiving: held, still to come, and when
+ * the oldest began. */
+void lanes_rx_held(const Bundle *b, uint64_t *ret_held, uint64_t *ret_left, uint64_t *ret_begun_ns);
 void lanes_opened(Link *l);
 int lanes_accept(Link *l, uint32_t offered, const uint8_t nonce[HANDSHAKE_NONCE_SIZE]);
 int lanes_rx_lane(Link *l, const uint8_t *p, size_t len);

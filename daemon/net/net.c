@@ -796,6 +796,9 @@ void net_link_close(Link *l, int reason) {
         l->close_reason = reason == -ESHUTDOWN ? 0 : reason;
         l->state = LINK_CLOSING;
         n->closed_pending = true;
+        link_rx_uncount(l);
+        if (l->bundle && reason != -ESHUTDOWN)
+                lanes_rx_uncount(n, l->bundle);
         n->backend->close_link(n, l);
         /* One lane lost is the link lost; but a lane that said BYE only
          * ends itself: the others may still hold frames striped before it. */
@@ -852,6 +855,7 @@ const char *net_timeout_to_string(NetTimeout t) {
         case NET_TIMEOUT_HANDSHAKE: return "handshake";
         case NET_TIMEOUT_STALL: return "stalled frame";
         case NET_TIMEOUT_IDLE: return "idle link";
+        case NET_TIMEOUT_SLOW: return "tensor too slow to come, gave way to another";
         default: return "timeout";
         }
 }
@@ -861,6 +865,65 @@ int net_close_peer(Net *n, uint32_t peer) {
         if (!l)
                 return -ENOTCONN;
         net_link_close(l, 0);
+        return 0;
+}
+
+/* What a link holds of max_receive_bytes, what of it is still to come, and
+ * since when (a bundle's, on its primary). */
+static uint64_t rx_held(const Link *l, uint64_t *ret_left, uint64_t *ret_begun_ns) {
+        uint64_t held = 0;
+        *ret_left = 0;
+        *ret_begun_ns = UINT64_MAX;
+        if (l->state == LINK_CLOSING)
+                return 0;
+        if (l->bundle) {
+                if (l->lane == 0)
+                        lanes_rx_held(l->bundle, &held, ret_left, ret_begun_ns);
+        } else if (l->rx_active && !l->rx_uncounted) {
+                held = l->rx.desc.bytes;
+                *ret_left = held - l->rx_got;
+                *ret_begun_ns = l->rx_begun_ns;
+        }
+        return held;
+}
+
+/* The link whose tensors would take longest to finish at their rate so
+ * far, if that is more than six stall timeouts (a minute by default) and
+ * they began at least one ago; NULL if none. */
+static Link *rx_slowest(Net *n, const Link *asker) {
+        uint64_t now = net_now_ns(), stall = (uint64_t)n->cfg.stall_timeout_ms * 1000000ULL;
+        double worst = 6.0 * (double)(stall ? stall : 10000000000ULL);
+        Link *slowest = NULL;
+        for (unsigned i = 0; i < n->cfg.max_links; i++) {
+                Link *l = n->links[i];
+                uint64_t left, begun;
+                if (!l || l == asker || (l->bundle && l->bundle == asker->bundle))
+                        continue;
+                uint64_t held = rx_held(l, &left, &begun);
+                if (!held || !left || now < begun + stall)
+                        continue;
+                double to_go = (double)left * (double)(now - begun) / (double)MAX(held - left, (uint64_t)1);
+                if (to_go > worst) {
+                        worst = to_go;
+                        slowest = l;
+                }
+        }
+        return slowest;
+}
+
+/* All links together hold at most max_receive_bytes of tensors being
+ * received. When a new one would pass it, the slowest holder gives way
+ * (rx_slowest()): a peer trickling in a large tensor, a byte now and then,
+ * cannot keep the others' tensors out. Its buffers count no more from
+ * now (link_rx_uncount()); they are freed once the backend lets go. */
+int net_rx_room(Net *n, const Link *asker, uint64_t need) {
+        while (n->rx_bytes + need > n->cfg.max_receive_bytes) {
+                Link *l = rx_slowest(n, asker);
+                if (!l)
+                        return -ENOBUFS;
+                l->timeout = NET_TIMEOUT_SLOW;
+                net_link_close(l, -ETIMEDOUT);
+        }
         return 0;
 }
 

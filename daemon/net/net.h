@@ -117,6 +117,8 @@ typedef enum NetTimeout {
         NET_TIMEOUT_HANDSHAKE, /* handshake_timeout_ms: not open, WELCOME included */
         NET_TIMEOUT_STALL,     /* stall_timeout_ms: stopped mid-frame, or a tensor stopped growing */
         NET_TIMEOUT_IDLE,      /* idle_timeout_ms: no complete frame */
+        NET_TIMEOUT_SLOW,      /* a tensor so slow to come (a minute or more to go, at its rate so
+                                * far) that it gave way to another under max_receive_bytes */
 } NetTimeout;
 
 /* What the transport knows of a link, for the application's logs. */

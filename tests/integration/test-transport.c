@@ -460,10 +460,15 @@ static int raw_handshake(Raw *r, uint16_t port, const HandshakeConfig *hc) {
 }
 
 /* A sealed frame: header, payload, tag, contiguous in out. */
-static size_t raw_sealed(Raw *r, uint8_t type, const void *payload, size_t len, uint8_t *out) {
-        FrameHeader h = { .type = type, .stream = 9 };
+static size_t raw_sealed_at(Raw *r, uint8_t type, uint64_t offset, const void *payload, size_t len,
+                            uint8_t *out) {
+        FrameHeader h = { .type = type, .stream = 9, .offset = offset, .length = (uint32_t)len };
         seal_frame_to(&r->seal, &h, out, out + FRAME_HEADER_SIZE, payload, len, out + FRAME_HEADER_SIZE + len);
         return FRAME_HEADER_SIZE + len + FRAME_TAG_SIZE;
+}
+
+static size_t raw_sealed(Raw *r, uint8_t type, const void *payload, size_t len, uint8_t *out) {
+        return raw_sealed_at(r, type, 0, payload, len, out);
 }
 
 typedef struct Fixture {
@@ -749,6 +754,52 @@ static void crowd_and_hoard(NetBackendKind kind) {
         cr_assert_eq(st.links, 1);
         (void)r;
         fixture_down(&f);
+}
+
+/* An admitted peer that trickles a large tensor in, a byte now and then
+ * (each well within the stall timeout), holds max_receive only until
+ * another tensor needs the room: then it gives way, and the other comes. */
+static void trickler_gives_way(NetBackendKind kind) {
+        Fixture f;
+        Raw slow = {}, fast = {};
+        server_max_receive = 3u << 20;
+        fixture_up(&f, kind, false);
+        server_max_receive = 0;
+
+        TensorDesc d;
+        tensor_desc_init(&d, DTYPE_U8, 1, (uint32_t[]){ 2u << 20 });
+        uint8_t desc[TENSOR_DESC_MAX_SIZE], frame[256], byte = 7;
+        size_t dl = tensor_desc_encode(&d, desc), n;
+        cr_assert_eq(raw_handshake(&slow, f.port, &f.raw_cfg), 0);
+        n = raw_sealed(&slow, FRAME_TENSOR, desc, dl, frame);
+        raw_write(&slow, frame, n);
+        /* 1.2 s, a byte every 200 ms (the stall timeout is 700 ms) */
+        for (uint64_t at = 0; at < 6; at++) {
+                usleep(200000);
+                n = raw_sealed_at(&slow, FRAME_DATA, at, &byte, 1, frame);
+                raw_write(&slow, frame, n);
+        }
+        cr_assert(!raw_closed(&slow, 100), "a tensor still growing was dropped before anyone needed the room");
+
+        cr_assert_eq(raw_handshake(&fast, f.port, &f.raw_cfg), 0);
+        n = raw_sealed(&fast, FRAME_TENSOR, desc, dl, frame);
+        raw_write(&fast, frame, n);
+        cr_assert(raw_closed(&slow, 2000), "the trickling tensor kept the room");
+        cr_assert(!raw_closed(&fast, 300), "the tensor that needed the room was refused");
+        raw_close(&slow);
+        raw_close(&fast);
+
+        NetStats st = fixture_stats(&f);
+        cr_assert_eq(st.limit_violations, 0, "limit violations %llu", (unsigned long long)st.limit_violations);
+        cr_assert_geq(st.timeouts, 1);
+        fixture_down(&f);
+}
+
+Test(transport, tricklers_give_way_epoll, .timeout = 60) {
+        trickler_gives_way(NET_BACKEND_EPOLL);
+}
+Test(transport, tricklers_give_way_uring, .timeout = 60) {
+        trickler_gives_way(NET_BACKEND_URING);
 }
 
 Test(transport, crowds_and_hoarders_epoll, .timeout = 60) {
