@@ -44,6 +44,8 @@ static const NetCallbacks srv_cb = { .connected = srv_connected, .tensor = srv_t
 
 static Identity server_id, client_id, stranger_id;
 
+static uint64_t srv_max_receive; /* 0: the default */
+
 static uint16_t srv_start(Srv *s, NetBackendKind kind, bool allowlist, unsigned idle_ms) {
         NetConfig c;
         identity_generate(&server_id);
@@ -60,6 +62,8 @@ static uint16_t srv_start(Srv *s, NetBackendKind kind, bool allowlist, unsigned 
         c.handshake_timeout_ms = 300;
         c.stall_timeout_ms = 300;
         c.idle_timeout_ms = idle_ms;
+        if (srv_max_receive)
+                c.max_receive_bytes = srv_max_receive;
         memset(s, 0, sizeof *s);
         cr_assert_eq(net_new(&c, &srv_cb, s, &s->n), 0);
         uint16_t port;
@@ -599,6 +603,54 @@ Test(netlink, lanes_broken_rules) {
         raw_sealed(&r, (FrameHeader){ .type = FRAME_CONTROL, .offset = 1, .length = 4 }, (const uint8_t *)"RVPZ");
         cr_assert(raw_dropped(&s, &r));
         raw_close(&r);
+        net_free(s.n);
+}
+
+/* Serve for ms milliseconds. */
+static void srv_serve(Srv *s, int ms) {
+        for (int i = 0; i < ms / 2; i++)
+                net_run(s->n, 2);
+}
+
+/* A link of two lanes trickling a 2 MiB tensor in, chunks of two bytes now
+ * and then (within the stall timeout of 300 ms), gives way once a plain
+ * link's tensor needs the room under max_receive (3 MiB): both lanes are
+ * dropped, reason -ETIMEDOUT, the slow deadline; the other tensor is taken. */
+Test(netlink, a_trickling_link_of_lanes_gives_way) {
+        Srv s;
+        Raw r, e, fast;
+        srv_max_receive = 3u << 20;
+        uint16_t port = srv_start(&s, NET_BACKEND_URING, false, 0);
+        srv_max_receive = 0;
+        lanes_joined(&s, &r, &e, port);
+
+        TensorDesc d = { .dtype = DTYPE_U8, .ndim = 1, .dims = { 2u << 20 }, .bytes = 2u << 20 };
+        uint8_t desc[TENSOR_DESC_MAX_SIZE + 4], bytes[2] = { 1, 2 };
+        size_t n = tensor_desc_encode(&d, desc);
+        put_le32(desc + n, 2); /* chunks of two bytes (a chunk map of 2^20 bits, the most) */
+        raw_sealed(&r, (FrameHeader){ .type = FRAME_TENSOR, .length = (uint32_t)n + 4 }, desc);
+        for (uint64_t at = 0; at < 5; at++) {
+                raw_sealed(&r, (FrameHeader){ .type = FRAME_DATA, .offset = 2 * at, .length = 2 }, bytes);
+                srv_serve(&s, 150);
+        }
+        cr_assert_eq(s.closed, 0, "a tensor still growing was dropped before anyone needed the room");
+
+        HandshakeConfig hc = { .identity = &client_id, .secret = secret, .ciphers = cipher_available() };
+        raw_connect(&fast, port);
+        cr_assert_eq(raw_handshake(&s, &fast, &hc), 0);
+        n = tensor_desc_encode(&d, desc);
+        raw_sealed(&fast, (FrameHeader){ .type = FRAME_TENSOR, .length = (uint32_t)n }, desc);
+        cr_assert(raw_dropped(&s, &r), "the trickling link kept the room");
+        cr_assert(raw_dropped(&s, &e), "its other lane was kept");
+        cr_assert_eq(s.closed, 1);
+        cr_assert_eq(s.reason, -ETIMEDOUT);
+        cr_assert_eq(s.info.timeout, NET_TIMEOUT_SLOW);
+        srv_serve(&s, 100);
+        struct pollfd pfd = { fast.fd, POLLIN, 0 };
+        cr_assert_eq(poll(&pfd, 1, 0), 0, "the tensor that needed the room was refused");
+        raw_close(&r);
+        raw_close(&e);
+        raw_close(&fast);
         net_free(s.n);
 }
 
