@@ -134,22 +134,15 @@ static void on_closed(void *ud, uint32_t peer, int reason, const uint8_t id[IDEN
         Coll *c = ud;
         uint64_t now = now_ns();
         bool ours = false; /* a member's link, or our dial to one (redialed, not a refusal) */
-        for (unsigned i = 0; i < c->n_members; i++)
-                ours = ours || (c->members[i].up && c->members[i].peer == peer) ||
-                       (c->members[i].dialing && c->members[i].dial_peer == peer);
-        if (!ours) {
-                NetPeerInfo info;
-                if (net_peer_describe(c->net, peer, &info) >= 0 && (!info.open || reason == -EACCES))
-                        c->refusals = (CollLoss){ .count = c->refusals.count + 1, .member = c->n_members,
-                                                  .reason = reason, .info = info };
-        }
         for (unsigned i = 0; i < c->n_members; i++) {
                 Member *m = &c->members[i];
                 if (m->dialing && m->dial_peer == peer) {
+                        ours = true;
                         m->dialing = false;
                         m->next_dial_ns = now + (uint64_t)c->cfg.redial_ms * 1000000ull;
                 }
                 if (m->up && m->peer == peer) {
+                        ours = true;
                         c->loss = (CollLoss){ .count = c->loss.count + 1, .member = i, .reason = reason };
                         (void)net_peer_describe(c->net, peer, &c->loss.info);
                         m->up = false;
@@ -159,6 +152,10 @@ static void on_closed(void *ud, uint32_t peer, int reason, const uint8_t id[IDEN
                         state_on_member_lost(c, i);
                 }
         }
+        NetPeerInfo info;
+        if (!ours && net_peer_describe(c->net, peer, &info) >= 0 && (!info.open || reason == -EACCES))
+                c->refusals = (CollLoss){ .count = c->refusals.count + 1, .member = c->n_members, .reason = reason,
+                                          .info = info };
 }
 
 static void on_control(void *ud, uint32_t peer, uint8_t type, const uint8_t *payload, size_t len) {
