@@ -41,7 +41,13 @@ int control_init(Control *c) {
         if (c->event_fd < 0)
                 return -errno;
         pthread_mutex_init(&c->lock, NULL);
-        pthread_cond_init(&c->cond, NULL);
+        /* waits are timed on the monotonic clock: a wall clock set back an
+         * hour (by hand, by NTP's first step) does not stretch them */
+        pthread_condattr_t attr;
+        pthread_condattr_init(&attr);
+        pthread_condattr_setclock(&attr, CLOCK_MONOTONIC);
+        pthread_cond_init(&c->cond, &attr);
+        pthread_condattr_destroy(&attr);
         return 0;
 }
 
@@ -182,7 +188,7 @@ void control_checkpoint_done(Control *c, int r, uint64_t step) {
 
 static struct timespec deadline_in(uint64_t ns) {
         struct timespec t;
-        clock_gettime(CLOCK_REALTIME, &t);
+        clock_gettime(CLOCK_MONOTONIC, &t);
         t.tv_sec += (time_t)(ns / NSEC_PER_SEC);
         t.tv_nsec += (long)(ns % NSEC_PER_SEC);
         if (t.tv_nsec >= (long)NSEC_PER_SEC) {
