@@ -55,6 +55,7 @@ typedef struct Run {
         uint64_t last_samples, updates_seen, samples_synced;
         bool resumed;          /* from its own checkpoint, of step resumed_step */
         uint64_t resumed_step;
+        uint64_t outer_rounds; /* outer rounds done before this run, as the .outer file said */
         uint64_t first_update;        /* the stage's updates when this process began: its traffic is per step since */
         double last_loss, last_rate; /* only the last stage knows the loss */
         PipeStats prev_st;
@@ -327,7 +328,7 @@ static int save_checkpoint(Run *run) {
         AveragerStats as = run->av.seen;
         if (averaging_outer_state(&run->av, &anchor, &momentum) >= 0)
                 (void)stage_checkpoint_save_outer(o->checkpoint_dir, run->job->name, pipe_stage(run->pipe), anchor,
-                                                  momentum, as.rounds_done, &at);
+                                                  momentum, run->outer_rounds + as.rounds_done, &at);
         const Stage *s = pipe_stage(run->pipe);
         int r = stage_checkpoint_save(o->checkpoint_dir, run->job->name, s, pipe_optim(run->pipe), &at);
         if (r >= 0 && o->control)
@@ -703,7 +704,8 @@ static int run_outer_state(Run *run) {
         if (!buf)
                 return log_error_errno(-ENOMEM, "Out of memory");
         if (run->resumed && stage_checkpoint_load_outer(o->checkpoint_dir, run->job->name, s, buf,
-                                                        buf + s->n_params, run->resumed_step) >= 0)
+                                                        buf + s->n_params, run->resumed_step,
+                                                        &run->outer_rounds) >= 0)
                 return averaging_set_outer_state(&run->av, buf, buf + s->n_params);
         return averaging_set_outer_state(&run->av, s->params, NULL);
 }
@@ -927,6 +929,10 @@ static void run_hand_back(Run *run, int r, const volatile sig_atomic_t *stop) {
         PipeStats st;
 
         carry_save(run);
+        /* the last checkpoint before the averager goes: it holds the outer
+         * optimizer's anchor and momentum, written with it */
+        if (o->checkpoint_dir && o->control && (r == PIPE_FINISHED || *stop))
+                save_checkpoint(run);
         averaging_stop(&run->av);
         run->finished = r == PIPE_FINISHED;
         if (o->model_params)
@@ -936,8 +942,6 @@ static void run_hand_back(Run *run, int r, const volatile sig_atomic_t *stop) {
                 pipe_get_stats(run->pipe, &st);
                 *o->ret_samples = run->stage == 0 ? st.samples : 0;
         }
-        if (o->checkpoint_dir && o->control && (r == PIPE_FINISHED || *stop))
-                save_checkpoint(run);
         for (int i = 0; i < 100 && r == PIPE_FINISHED; i++)
                 net_run(run->net, 5);
         for (int i = 0; i < 100 && run->quiesced && run->next_peer >= 0 &&

@@ -215,7 +215,7 @@ int stage_checkpoint_save_outer(const char *dir, const char *job, const Stage *s
 }
 
 int stage_checkpoint_load_outer(const char *dir, const char *job, const Stage *s, float *anchor, float *momentum,
-                                uint64_t want_step) {
+                                uint64_t want_step, uint64_t *ret_rounds) {
         char name[170], path[PATH_MAX + 200];
         CheckpointInfo info;
         Diag d = {};
@@ -237,5 +237,6 @@ int stage_checkpoint_load_outer(const char *dir, const char *job, const Stage *s
                             (unsigned long long)want_step);
         log_info("Resuming the outer optimizer from %s: %llu outer rounds done", path,
                  (unsigned long long)info.optim_t);
+        *ret_rounds = info.optim_t;
         return 0;
 }

@@ -58,8 +58,9 @@ int stage_checkpoint_retire(const char *dir, const char *job, int keep_lo, int k
  * counters: at.step tells a loader whether the two belong together. Save
  * logs failures only; load returns -ENOENT when there is none, logs and
  * returns any other error (anchor and momentum then untouched), and logs a
- * warning when the file's step is not want_step. */
+ * warning when the file's step is not want_step. ret_rounds: the outer
+ * rounds the file says were done. */
 int stage_checkpoint_save_outer(const char *dir, const char *job, const Stage *s, const float *anchor,
                                 const float *momentum, uint64_t outer_rounds, const CheckpointInfo *at);
 int stage_checkpoint_load_outer(const char *dir, const char *job, const Stage *s, float *anchor, float *momentum,
-                                uint64_t want_step);
+                                uint64_t want_step, uint64_t *ret_rounds);

@@ -205,6 +205,28 @@ Test(swarm_short, a_killed_node_comes_back_with_its_outer_state, .timeout = 300)
         cr_assert(strstr(p.out, "swarm: the averaged model"), "%s", p.out);
 }
 
+/* A swarm with the outer optimizer that ends, resumed for another epoch:
+ * every stage's last checkpoint holds the outer state written with it (the
+ * last one went without it, written after the averager had stopped, so a
+ * resumed stage took an older anchor and momentum). */
+Test(swarm_short, a_resumed_swarm_takes_the_outer_state_of_its_last_checkpoint, .timeout = 300) {
+        char d[200];
+        snprintf(d, sizeof d, "%s/outer", dir);
+        const char *avg = "interval_steps = 5; payload = \"int8\"; outer = { momentum = 0.5; };";
+        Proc p;
+        swarm(&p, (char *[]){ "--job", quick, "--dir", d, "--epochs", "1", "--averaging", (char *)avg, NULL });
+        cr_assert_eq(proc_exit(&p), 0, "%s", p.out);
+        swarm(&p, (char *[]){ "--job", quick, "--dir", d, "--epochs", "2", "--resume", "--averaging", (char *)avg,
+                              NULL });
+        cr_assert_eq(proc_exit(&p), 0, "%s", p.out);
+        for (const char *node = "c1s1\0c1s2\0c2s1\0c2s2\0"; *node; node += 5) {
+                char want[80];
+                snprintf(want, sizeof want, "%s   Resuming the outer optimizer from ", node);
+                cr_assert(strstr(p.out, want), "%s took no outer state\n%s", node, p.out);
+        }
+        cr_assert(!strstr(p.out, "starts from an older anchor"), "%s", p.out);
+}
+
 /* A first stage killed for good: its neighbour gives up after the
  * configured time, and the swarm says there is no averaged model. */
 Test(swarm_short, a_stage_gives_up_on_a_neighbour_gone_for_good, .timeout = 300) {

@@ -733,11 +733,13 @@ Test(averager, outer_state_survives_a_checkpoint) {
         }
         CheckpointInfo at = { .step = 1234, .epoch = 1 };
         cr_assert_eq(stage_checkpoint_save_outer(dir, "job", &st, a, m, 7, &at), 0);
-        cr_assert_eq(stage_checkpoint_load_outer(dir, "job", &st, a2, m2, 1234), 0);
+        uint64_t rounds = 0;
+        cr_assert_eq(stage_checkpoint_load_outer(dir, "job", &st, a2, m2, 1234, &rounds), 0);
+        cr_assert_eq(rounds, 7, "outer rounds done: %llu", (unsigned long long)rounds);
         cr_assert_eq(memcmp(a, a2, LEN * sizeof *a), 0, "anchor");
         cr_assert_eq(memcmp(m, m2, LEN * sizeof *m), 0, "momentum");
         Stage other = { .first_layer = 2, .n_layers = 4, .n_params = LEN, .layers = layers };
-        cr_assert_eq(stage_checkpoint_load_outer(dir, "job", &other, a2, m2, 1234), -ENOENT, "another stage's");
+        cr_assert_eq(stage_checkpoint_load_outer(dir, "job", &other, a2, m2, 1234, &rounds), -ENOENT, "another stage's");
 
         /* one flipped byte: refused, the buffers untouched */
         snprintf(path, sizeof path, "%s/job.layers-2-5.ckpt.outer", dir);
@@ -749,7 +751,7 @@ Test(averager, outer_state_survives_a_checkpoint) {
         fputc(c ^ 0x40, f);
         fclose(f);
         memset(a2, 0, LEN * sizeof *a2);
-        cr_assert_eq(stage_checkpoint_load_outer(dir, "job", &st, a2, m2, 1234), -EBADMSG);
+        cr_assert_eq(stage_checkpoint_load_outer(dir, "job", &st, a2, m2, 1234, &rounds), -EBADMSG);
         for (size_t k = 0; k < LEN; k++)
                 cr_assert_eq(a2[k], 0.0f, "a damaged file wrote value %zu", k);
 
