@@ -123,10 +123,20 @@ void control_snapshot(Control *c, NodeState *ret_state, NodeStatus *ret_status, 
         pthread_mutex_unlock(&c->lock);
 }
 
+/* A node that does not train (paused, finished, stopping) does no work:
+ * its throughput and busy fraction are 0, not the last ones it had. */
+static void idle_figures_locked(Control *c) {
+        if (c->state != NODE_TRAINING && c->state != NODE_STARTING && c->status.training.samples_per_sec > 0) {
+                c->status.training.samples_per_sec = 0;
+                c->status.training.busy = 0;
+        }
+}
+
 static void set_state_locked(Control *c, NodeState s) {
         if (c->state == s)
                 return;
         c->state = s;
+        idle_figures_locked(c);
         if (s == NODE_PAUSED)
                 c->status.pauses++;
         notify(c);
@@ -146,6 +156,7 @@ void control_report_training(Control *c, const NodeTraining *t) {
         uint64_t step = MAX(c->status.training.step, t->step);
         c->status.training = *t;
         c->status.training.step = step;
+        idle_figures_locked(c);
         pthread_mutex_unlock(&c->lock);
 }
 

@@ -51,8 +51,8 @@ typedef struct NodeTraining {
         int32_t cluster, stage;    /* 0-based; -1 when not in a pipeline */
         int32_t epoch, epochs;     /* epoch 1-based; <= 0 where the stage does not read the data */
         uint64_t step;             /* steps (updates) since the start, checkpoints included */
-        double loss;               /* training loss over the last progress interval; < 0: not known here */
-        double samples_per_sec;
+        double loss;               /* mean training loss over the last 2 s window; < 0: not known here */
+        double samples_per_sec;    /* over the wall clock of the last 2 s; 0 while paused or finished */
         double busy;               /* fraction of the last 2 s not spent waiting, 0 to 1; < 0: not known */
         double test_accuracy;      /* of the last evaluation; < 0 before one */
         double test_loss;          /* of the last evaluation; < 0 before one */

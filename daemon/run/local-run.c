@@ -28,6 +28,12 @@ typedef struct Progress {
         /* the busy fraction: time held at the gate (paused, throttled) */
         uint64_t gate_ns, window_gate_ns, window_ns;
         double busy;
+        /* the window's loss and samples, and what the last window gave:
+         * the published loss and samples/s, over the wall clock (rests
+         * and pauses included); < 0 before the first window */
+        double window_loss_sum;
+        uint64_t window_samples;
+        double loss, rate;
         TrainProgress last;  /* for the series' last row */
         Series series;
 } Progress;
@@ -62,8 +68,8 @@ static int pass_gate(Progress *pr, const TrainProgress *p, uint64_t now) {
                         .epoch = p->epoch,
                         .epochs = p->epochs,
                         .step = pr->at.step,
-                        .loss = p->loss,
-                        .samples_per_sec = p->samples_per_sec,
+                        .loss = pr->loss >= 0 ? pr->loss : p->loss,
+                        .samples_per_sec = pr->rate >= 0 ? pr->rate : p->samples_per_sec,
                         .busy = pr->busy,
                         .test_accuracy = pr->test_acc,
                         .test_loss = pr->test_acc >= 0 ? pr->test_loss : -1.0,
@@ -83,13 +89,19 @@ static int pass_gate(Progress *pr, const TrainProgress *p, uint64_t now) {
         return r;
 }
 
-/* Every 2 s (and at the end): the busy fraction of the last window, and a
- * row of the series. */
+/* Every 2 s (and at the end): the busy fraction, the loss and samples/s of
+ * the last window, and a row of the series. */
 static void series_tick(Progress *pr, const TrainProgress *p, uint64_t now, bool last) {
         if (!last && now - pr->window_ns < SERIES_INTERVAL_NS)
                 return;
         uint64_t span = now - pr->window_ns;
         pr->busy = span ? CLAMP(1 - (double)(pr->gate_ns - pr->window_gate_ns) / (double)span, 0.0, 1.0) : 1.0;
+        if (span)
+                pr->rate = (double)pr->window_samples / ns_to_sec(span);
+        if (pr->window_samples)
+                pr->loss = pr->window_loss_sum / (double)pr->window_samples;
+        pr->window_loss_sum = 0;
+        pr->window_samples = 0;
         pr->window_ns = now;
         pr->window_gate_ns = pr->gate_ns;
         if (pr->series.fd < 0)
@@ -101,9 +113,9 @@ static void series_tick(Progress *pr, const TrainProgress *p, uint64_t now, bool
         SeriesRow row = {
                 .epoch = p->epoch,
                 .step = pr->at.step,
-                .train_loss = p->loss,
+                .train_loss = pr->loss,
                 .valid_loss = pr->test_loss,
-                .samples_per_sec = p->samples_per_sec,
+                .samples_per_sec = pr->rate,
                 .busy = pr->busy,
                 .pipeline_bytes = t->pipeline_sent + t->pipeline_received,
                 .averaging_bytes = t->averaging_sent + t->averaging_received,
@@ -131,6 +143,9 @@ static int on_progress(const TrainProgress *p, void *userdata) {
                 pr->o->step(pr->o->step_userdata, pr->trainer->stage->params, step);
         }
         if (!p->epoch_done) {
+                uint64_t prev = p->samples >= pr->samples ? pr->samples : 0; /* 0: a new epoch */
+                pr->window_loss_sum += p->loss * (double)p->samples - pr->last.loss * (double)prev;
+                pr->window_samples += p->samples - prev;
                 pr->at.samples += p->samples - pr->samples;
                 pr->at.step++;
         }
@@ -199,7 +214,7 @@ int local_run(const Job *job, const LocalRunOptions *o, const volatile sig_atomi
 
         _cleanup_(progress_done) Progress pr = { .o = o, .trainer = t, .interval_ms = o->progress_interval_ms,
                         .start_ns = now_ns(), .job = job, .test_acc = -1.0, .test_loss = -1.0, .busy = -1.0,
-                        .series = SERIES_CLOSED };
+                        .loss = -1.0, .rate = -1.0, .series = SERIES_CLOSED };
         pr.last_ns = pr.window_ns = pr.start_ns;
         if (o->series_dir && (r = series_open(&pr.series, o->series_dir, job->name)) < 0)
                 log_full_errno(LOG_NOTICE, r, "No series of this run in %s: %m", o->series_dir);

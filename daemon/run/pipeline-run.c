@@ -815,17 +815,14 @@ static void run_log_progress(Run *run, const PipeStats *st, uint64_t now) {
                          scored ? (st->loss_sum - prev->loss_sum) / (double)scored : 0.0,
                          scored ? 100 * (st->correct - prev->correct) / (double)scored : 0.0, rate, 100 * busy,
                          100 * compute);
-        run->last_rate = rate;
-        if (scored)
-                run->last_loss = (st->loss_sum - prev->loss_sum) / (double)scored;
         run->prev_st = *st;
         run->last_log_ns = now;
         run->last_samples = st->samples;
 }
 
 /* Every 2 s, and at the end: what the stage did over the window (its busy
- * fraction, samples/s and, at the last stage, its loss), a row of the
- * series. */
+ * fraction, samples/s and, at the last stage, its loss: the figures the
+ * daemon publishes, whatever the progress lines), a row of the series. */
 static void run_series_row(Run *run, const PipeStats *st, uint64_t now) {
         const PipeStats *w = &run->window_st;
         uint64_t span = now - run->window_ns;
@@ -845,6 +842,9 @@ static void run_series_row(Run *run, const PipeStats *st, uint64_t now) {
                 .averaging_bytes = t.averaging_sent + t.averaging_received,
                 .averaging_rounds = run->av.seen.rounds_done,
         };
+        run->last_rate = row.samples_per_sec;
+        if (scored)
+                run->last_loss = row.train_loss;
         run->window_st = *st;
         run->window_ns = now;
         (void)rss_self_bytes(&row.rss_bytes);

@@ -95,13 +95,13 @@ static int render_training(const WebSnapshot *s, WebBuf *b) {
         const NodeAveraging *a = &s->status.averaging;
         int r;
 
-        if ((r = gauge1(b, "ravnest_training_loss", "Training loss over the last progress interval; NaN: not known here",
+        if ((r = gauge1(b, "ravnest_training_loss", "Mean training loss over the last 2 s; NaN: not known here",
                         known(t->loss))) < 0 ||
             (r = gauge1(b, "ravnest_test_loss", "Loss on the test split at the last evaluation; NaN before one",
                         known(t->test_loss))) < 0 ||
             (r = gauge1(b, "ravnest_test_accuracy_ratio", "Accuracy on the test split at the last evaluation (0-1)",
                         known(t->test_accuracy))) < 0 ||
-            (r = gauge1(b, "ravnest_samples_per_second", "Training throughput over the last progress interval",
+            (r = gauge1(b, "ravnest_samples_per_second", "Samples trained per second of the wall clock over the last 2 s",
                         t->samples_per_sec)) < 0 ||
             (r = counter1(b, "ravnest_steps_total", "Steps (parameter updates) since the run started, "
                           "those before a checkpoint it resumed from included", t->step)) < 0 ||

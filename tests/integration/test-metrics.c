@@ -188,6 +188,64 @@ Test(metrics, answers_and_refuses, .timeout = 180) {
         node_stop(&n);
 }
 
+static int run_ctl(Proc *p, char *const argv[]) {
+        proc_start(p, argv, NULL);
+        return proc_exit(p);
+}
+
+/* A node held to a quarter of the time (idle.max_duty) publishes the
+ * samples it trains per second of the wall clock, rests included (it gave
+ * the rate of its computing alone, four times that); paused, it publishes
+ * no throughput and no busy fraction (it kept its last ones). */
+Test(metrics, throughput_is_over_the_wall_clock_and_0_while_paused, .init = skip_without_dataset,
+     .timeout = 180) {
+        char dir[] = "/tmp/ravnest-test-rate-XXXXXX", conf[128], sock[128], text[1024];
+        cr_assert_not_null(mkdtemp(dir));
+        uint16_t port = test_free_port();
+        snprintf(conf, sizeof conf, "%s/ravnestd.conf", dir);
+        snprintf(sock, sizeof sock, "%s/ctl", dir);
+        snprintf(text, sizeof text,
+                 "state_directory = \"%s/state\";\ncontrol_socket = \"%s\";\n"
+                 "idle = { enabled = false; max_duty = 0.25; };\nthreads = 1;\n"
+                 "metrics = { listen = \"127.0.0.1:%u\"; };\n",
+                 dir, sock, port);
+        test_write_file(conf, text, 0644);
+        Proc p, c;
+        proc_start(&p, (char *[]){ RAVNESTD, "--config", conf, "--job", SOURCE_ROOT "/config/jobs/fashion-mnist-mlp.job",
+                                   "--epochs", "100", NULL }, NULL);
+        cr_assert(proc_wait_for(&p, "Serving metrics", 30000), "%s", p.out);
+        sleep(3); /* past the first 2 s window */
+        cr_assert_eq(http(port, "GET", "/metrics", answer, sizeof answer), 200, "%s", answer);
+        double steps0 = metric(body(answer), "ravnest_steps_total");
+        struct timespec t0, t1;
+        clock_gettime(CLOCK_MONOTONIC, &t0);
+        sleep(6);
+        cr_assert_eq(http(port, "GET", "/metrics", answer, sizeof answer), 200, "%s", answer);
+        clock_gettime(CLOCK_MONOTONIC, &t1);
+        double steps1 = metric(body(answer), "ravnest_steps_total"), published = metric(body(answer),
+                                                                                       "ravnest_samples_per_second");
+        double wall = (steps1 - steps0) * 128 / ((double)(t1.tv_sec - t0.tv_sec) + (t1.tv_nsec - t0.tv_nsec) / 1e9);
+        cr_log_info("published %.0f samples/s, the steps counted %.0f\n", published, wall);
+        cr_assert(steps1 > steps0 && published > 0, "%g %g %g\n%s", steps0, steps1, published, p.out);
+        cr_assert_lt(published, 2 * wall, "published %.0f samples/s where the node trained %.0f a second", published,
+                     wall);
+
+        setenv("RAVNEST_SOCKET", sock, 1);
+        cr_assert_eq(run_ctl(&c, (char *[]){ RAVNESTCTL, "pause", NULL }), 0, "%s", c.out);
+        sleep(3);
+        cr_assert_eq(run_ctl(&c, (char *[]){ RAVNESTCTL, "status", "--json", NULL }), 0, "%s", c.out);
+        cr_assert(strstr(c.out, "\"State\": \"paused\""), "%s", c.out);
+        cr_assert(strstr(c.out, "\"SamplesPerSecond\": 0,") && strstr(c.out, "\"Busy\": 0,"), "%s", c.out);
+        unsetenv("RAVNEST_SOCKET");
+        cr_assert_eq(http(port, "GET", "/metrics", answer, sizeof answer), 200, "%s", answer);
+        cr_assert_eq(metric(body(answer), "ravnest_samples_per_second"), 0, "%s", body(answer));
+
+        kill(p.pid, SIGTERM);
+        cr_assert_eq(proc_exit(&p), 0, "%s", p.out);
+        snprintf(text, sizeof text, "rm -rf %s", dir);
+        cr_assert_eq(system(text), 0);
+}
+
 /* max_connections + 5 clients that connect and say nothing: the endpoint
  * holds at most max_connections, closes them after the timeout, answers
  * again, and training never stopped. */
