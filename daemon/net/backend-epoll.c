@@ -69,7 +69,7 @@ static int ep_add_link(Net *n, Link *l) {
 }
 
 static void ep_kick_send(Net *n, Link *l) {
-        if (l->state != LINK_CLOSING && !l->tx_ready)
+        if (l->state != LINK_CLOSING && !l->tx_ready && !l->dialing) /* dialing: not added yet */
                 update_events(n, l);
 }
 

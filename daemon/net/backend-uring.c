@@ -208,7 +208,8 @@ static int ur_add_link(Net *n, Link *l) {
 }
 
 static void ur_kick_send(Net *n, Link *l) {
-        submit_send(n, l);
+        if (!l->dialing) /* its frames go once the connection is up */
+                submit_send(n, l);
 }
 
 static void ur_close_link(Net *n, Link *l) {

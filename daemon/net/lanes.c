@@ -151,23 +151,33 @@ void lanes_deliver(Net *n, Bundle *b) {
 /* A lane is open (initiator: WELCOME came; responder: the handshake is
  * done and, for another lane, its LANE frame came): the link is announced
  * once all are. */
+/* Initiator: another lane names its link (the first lane's HELLO nonce). */
+static void send_lane(Net *n, Bundle *b, Link *l) {
+        uint8_t p[HANDSHAKE_NONCE_SIZE + 1];
+        memcpy(p, b->nonce, HANDSHAKE_NONCE_SIZE);
+        p[HANDSHAKE_NONCE_SIZE] = (uint8_t)l->lane;
+        if (link_queue_control(l, FRAME_LANE, p, sizeof p) < 0)
+                net_link_close(l, -ENOMEM);
+        else
+                n->backend->kick_send(n, l);
+}
+
 void lanes_opened(Link *l) {
         Bundle *b = l->bundle;
         Net *n = l->net;
-        if (l->initiator && l->extra) {
-                uint8_t p[HANDSHAKE_NONCE_SIZE + 1];
-                memcpy(p, b->nonce, HANDSHAKE_NONCE_SIZE);
-                p[HANDSHAKE_NONCE_SIZE] = (uint8_t)l->lane;
-                if (link_queue_control(l, FRAME_LANE, p, sizeof p) < 0) {
-                        net_link_close(l, -ENOMEM);
-                        return;
-                }
-                n->backend->kick_send(n, l);
-        }
-        if (++b->attached < b->k)
-                return;
+        /* The responder finds the link a lane names among its open ones: an
+         * initiator's other lanes name it once its first is open, which
+         * (the lanes' connections and handshakes run side by side) may be
+         * before or after their own handshake is done. */
         Link *primary = lane_link(n, b, 0);
-        if (!primary)
+        if (l->initiator && l->extra && primary && primary->state == LINK_OPEN)
+                send_lane(n, b, l);
+        for (unsigned i = 1; l->initiator && !l->extra && i < b->k; i++) {
+                Link *o = lane_link(n, b, i);
+                if (o && o->state == LINK_OPEN)
+                        send_lane(n, b, o);
+        }
+        if (++b->attached < b->k || !primary)
                 return;
         b->announced = true;
         link_announce(primary);

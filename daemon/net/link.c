@@ -196,7 +196,8 @@ static int link_key(Link *l) {
 }
 
 void link_describe(const Link *l, NetPeerInfo *ret) {
-        *ret = (NetPeerInfo){ .open = l->opened, .timeout = l->timeout, .peer_version = l->peer_version };
+        *ret = (NetPeerInfo){ .open = l->opened, .reached = l->reached, .timeout = l->timeout,
+                              .peer_version = l->peer_version };
         memcpy(ret->address, l->address, sizeof ret->address);
         if (l->opened || l->keyed) { /* keys derived: the peer proved peer_id (also once closing) */
                 ret->key_known = true;

@@ -111,6 +111,8 @@ typedef struct Link {
         NetTimeout timeout;   /* which deadline, when close_reason is -ETIMEDOUT */
         uint8_t peer_version; /* the version byte, when it is -EPROTONOSUPPORT */
         bool opened;          /* the handshake finished */
+        bool dialing;         /* net_connect()'s TCP connection still on its way: not in the backend yet */
+        bool reached;         /* the TCP connection was made (false: dialing failed) */
         bool bye_pending;     /* net_free(): BYE goes out next */
         bool bye_sending;     /* l->iov holds that BYE */
         bool bye_sent;        /* BYE is out and our side shut (net_link_bye_sent()) */
@@ -196,6 +198,7 @@ struct Net {
         uint32_t next_id;
         int listen_fd;
         uint64_t rx_bytes; /* tensors being received, all links */
+        unsigned n_dialing; /* links with dialing set */
         uint64_t accept_paused_until; /* ns; 0: accepting */
         /* the link a closed() callback is reporting (id 0: none) */
         uint32_t closing_id;

@@ -96,12 +96,14 @@ static void addr_format(const struct sockaddr_storage *sa, char out[64]) {
 }
 
 /* Both ends of fd on loopback? */
-static bool socket_is_loopback(int fd) {
-        struct sockaddr_storage a, b;
-        socklen_t la = sizeof a, lb = sizeof b;
-        if (getsockname(fd, (struct sockaddr *)&a, &la) < 0 || getpeername(fd, (struct sockaddr *)&b, &lb) < 0)
+/* fd's own address and its peer's (sa: the connection may still be on
+ * its way) are both loopback. */
+static bool socket_is_loopback(int fd, const struct sockaddr_storage *sa) {
+        struct sockaddr_storage a;
+        socklen_t la = sizeof a;
+        if (getsockname(fd, (struct sockaddr *)&a, &la) < 0)
                 return false;
-        return addr_is_loopback(&a) && addr_is_loopback(&b);
+        return addr_is_loopback(&a) && addr_is_loopback(sa);
 }
 
 int net_new(const NetConfig *c, const NetCallbacks *cb, void *userdata, Net **ret) {
@@ -297,7 +299,10 @@ static Link *stranger_to_drop(const Net *n) {
 /* A new link on fd (connected or accepted). waiting: a connection of ours
  * waiting at a relay (a responder, but no stranger: the limits on
  * unauthenticated links do not count it). */
-static int link_add(Net *n, int fd, bool initiator, bool waiting, const struct sockaddr_storage *sa,
+/* A link for fd: accepted, dialed (dialing: its connection still on its
+ * way; its handshake starts once it is up, dials_progress()), or waiting
+ * at a relay. */
+static int link_add(Net *n, int fd, bool initiator, bool waiting, bool dialing, const struct sockaddr_storage *sa,
                     uint32_t hello_flags, uint32_t *ret_id) {
         unsigned slot = n->cfg.max_links, same = 0, handshaking = 0, handshaking_same = 0;
         uint8_t key[16];
@@ -344,7 +349,7 @@ static int link_add(Net *n, int fd, bool initiator, bool waiting, const struct s
                 close(fd);
                 return -ENOMEM;
         }
-        r = link_init(l, n, fd, initiator, socket_is_loopback(fd), hello_flags);
+        r = link_init(l, n, fd, initiator, socket_is_loopback(fd, sa), hello_flags);
         if (r < 0) {
                 link_destroy(l);
                 free(l);
@@ -359,8 +364,11 @@ static int link_add(Net *n, int fd, bool initiator, bool waiting, const struct s
         n->n_links++;
         socket_tune(n, fd);
 
-        r = link_start(l);
-        if (r >= 0)
+        l->dialing = dialing;
+        l->reached = !dialing;
+        n->n_dialing += dialing;
+        r = link_start(l); /* the HELLO, queued: it goes once the connection is up */
+        if (r >= 0 && !dialing)
                 r = n->backend->add_link(n, l);
         if (r < 0) {
                 n->links[slot] = NULL;
@@ -380,7 +388,7 @@ void net_accept_pause(Net *n) {
 }
 
 void net_accept_fd(Net *n, int fd, const struct sockaddr_storage *sa) {
-        if (link_add(n, fd, false, false, sa, 0, NULL) >= 0)
+        if (link_add(n, fd, false, false, false, sa, 0, NULL) >= 0)
                 n->stats.links_accepted++;
 }
 
@@ -581,14 +589,64 @@ static int dial(Net *n, const char *host, uint16_t port, struct sockaddr_storage
         return 0;
 }
 
-/* A connection to host:port, added as a link whose HELLO carries flags. */
+static int set_blocking(int fd) {
+        int fl = fcntl(fd, F_GETFL);
+        return fl < 0 || fcntl(fd, F_SETFL, fl & ~O_NONBLOCK) < 0 ? -errno : 0;
+}
+
+/* A connection to host:port, added as a link whose HELLO carries flags.
+ * Nothing waits for it here: the caller's thread (a node's training, say)
+ * goes on while a peer that does not answer is given the handshake
+ * timeout, and a refusal comes as closed() (NetPeerInfo.reached false). */
 static int connect_one(Net *n, const char *host, uint16_t port, uint32_t flags, uint32_t *ret_id) {
         struct sockaddr_storage sa;
-        int fd, r = dial(n, host, port, &sa, &fd);
+        socklen_t len = 0;
+        int r = resolve(host, port, &sa, &len);
         if (r < 0)
                 return r;
-        socket_timeouts(n, fd, false); /* the handshake runs on the loop */
-        return link_add(n, fd, true, false, &sa, flags, ret_id);
+        int fd = socket(sa.ss_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+        if (fd < 0)
+                return -errno;
+        bool dialing = connect(fd, (struct sockaddr *)&sa, len) < 0;
+        if (dialing && errno != EINPROGRESS) {
+                r = -errno;
+                close(fd);
+                return r;
+        }
+        if (!dialing && (r = set_blocking(fd)) < 0) {
+                close(fd);
+                return r;
+        }
+        return link_add(n, fd, true, false, dialing, &sa, flags, ret_id);
+}
+
+/* Its connection is up (r = 0) or failed: the handshake starts, or the
+ * link is closed with the reason. */
+static void dial_done(Net *n, Link *l, int r) {
+        l->dialing = false;
+        n->n_dialing--;
+        if (r >= 0)
+                r = set_blocking(l->fd);
+        l->reached = r >= 0;
+        if (r >= 0)
+                r = n->backend->add_link(n, l);
+        if (r < 0)
+                net_link_close(l, r);
+}
+
+/* Links whose connection net_connect() began: each one up or refused. */
+static void dials_progress(Net *n) {
+        for (unsigned i = 0; n->n_dialing && i < n->cfg.max_links; i++) {
+                Link *l = n->links[i];
+                struct pollfd p = { .fd = l ? l->fd : -1, .events = POLLOUT };
+                if (!l || !l->dialing || poll(&p, 1, 0) <= 0)
+                        continue;
+                int err = 0;
+                socklen_t len = sizeof err;
+                if (getsockopt(l->fd, SOL_SOCKET, SO_ERROR, &err, &len) < 0)
+                        err = errno;
+                dial_done(n, l, -err);
+        }
 }
 
 int net_connect(Net *n, const char *host, uint16_t port, uint32_t *ret_peer) {
@@ -646,7 +704,7 @@ static int relay_request(Net *n, uint8_t op, const uint8_t key[IDENTITY_PK_SIZE]
                                       [RELAY_FULL] = -EBUSY };
         uint8_t hello[RELAY_HELLO_SIZE], req[RELAY_REQUEST_SIZE] = { op, n->cfg.relay_channel }, status;
         uint8_t msg[RELAY_WAIT_MESSAGE_SIZE];
-        int r, fd;
+        int r, fd = -1;
 
         if (!n->cfg.relay_host)
                 return -ENOTCONN;
@@ -677,7 +735,7 @@ static int relay_request(Net *n, uint8_t op, const uint8_t key[IDENTITY_PK_SIZE]
 int net_connect_relayed(Net *n, const uint8_t target[IDENTITY_PK_SIZE], uint32_t *ret_peer) {
         struct sockaddr_storage sa;
         int fd, r = relay_request(n, RELAY_OP_CONNECT, target, &fd, &sa);
-        return r < 0 ? r : link_add(n, fd, true, false, &sa, 0, ret_peer);
+        return r < 0 ? r : link_add(n, fd, true, false, false, &sa, 0, ret_peer);
 }
 
 /* With relay_wait, one connection always waits at the relay; once a peer
@@ -692,7 +750,7 @@ static void relay_keep_waiting(Net *n) {
         n->relay_waiter = 0;
         n->relay_retry_ns = now + 1000 * 1000000ULL;
         if (relay_request(n, RELAY_OP_WAIT, n->identity.pk, &fd, &sa) >= 0)
-                (void)link_add(n, fd, false, true, &sa, 0, &n->relay_waiter);
+                (void)link_add(n, fd, false, true, false, &sa, 0, &n->relay_waiter);
 }
 
 /* An open link the application knows: not another lane, not a link of
@@ -796,6 +854,10 @@ void net_link_close(Link *l, int reason) {
         l->close_reason = reason == -ESHUTDOWN ? 0 : reason;
         l->state = LINK_CLOSING;
         n->closed_pending = true;
+        if (l->dialing) { /* never in the backend: nothing in flight */
+                l->dialing = false;
+                n->n_dialing--;
+        }
         link_rx_uncount(l);
         if (l->bundle && reason != -ESHUTDOWN)
                 lanes_rx_uncount(n, l->bundle);
@@ -994,7 +1056,11 @@ static void release_closed(Net *n) {
 }
 
 int net_run(Net *n, int timeout_ms) {
+        /* connections on their way are looked at every 5 ms */
+        if (n->n_dialing && (timeout_ms < 0 || timeout_ms > 5))
+                timeout_ms = 5;
         int r = n->backend->wait(n, timeout_ms);
+        dials_progress(n);
         uint64_t now = net_now_ns();
         if (now - n->timers_ns >= timer_tick_ns(&n->cfg)) {
                 n->timers_ns = now;

@@ -125,6 +125,8 @@ typedef enum NetTimeout {
 typedef struct NetPeerInfo {
         char address[64];     /* the peer's "192.0.2.7:41234" or "[2001:db8::7]:7000" */
         bool open;            /* the handshake finished (WELCOME sent or received) */
+        bool reached;         /* the TCP connection was made; false: dialing it failed (refused,
+                               * unreachable, or not answered within the handshake timeout) */
         bool key_known;       /* key is the identity the peer proved with its */
         uint8_t key[IDENTITY_PK_SIZE]; /* signature, admitted or not */
         NetTimeout timeout;   /* closed with -ETIMEDOUT: which deadline */

@@ -88,7 +88,10 @@ static void on_closed(void *userdata, uint32_t peer, int reason, const uint8_t i
         node_close_reason(reason, &info, why, sizeof why);
         snprintf(fields, sizeof fields, "PEER=%s\nPEER_ADDRESS=%s\nREASON=%s", hex, info.address, why);
 
-        if (!info.open && (reason == 0 || reason == -ECONNRESET))
+        if (!info.reached && reason != 0)
+                log_event(LOG_WARNING, EVENT_PEER_LEFT, fields, "Failed to connect to %s (link %u): %s", info.address,
+                          peer, reason == -ETIMEDOUT ? "no answer within the handshake timeout" : strerror(-reason));
+        else if (!info.open && (reason == 0 || reason == -ECONNRESET))
                 /* The initiator checks the responder first: a link that ends
                  * here usually means the other side refused this node. */
                 log_event(LOG_WARNING, EVENT_AUTH_FAILED, fields,

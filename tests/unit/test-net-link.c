@@ -654,6 +654,47 @@ Test(netlink, a_trickling_link_of_lanes_gives_way) {
         net_free(s.n);
 }
 
+/* A peer that does not answer (its SYNs dropped; here a listener whose
+ * queue is full) holds the caller no time: net_connect() returns at once,
+ * and the link is closed after the handshake timeout, -ETIMEDOUT, never
+ * reached. (It blocked the caller, a node's training thread, that long at
+ * each dial: a coordinator gone silent slowed its members to a crawl.) A
+ * closed port is a refusal, at once or from the loop. */
+Test(netlink, a_peer_that_does_not_answer_does_not_hold_the_caller) {
+        Srv s;
+        srv_start(&s, NET_BACKEND_URING, false, 0);
+        int lst = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0), fill[3];
+        struct sockaddr_in sa = { .sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
+        socklen_t len = sizeof sa;
+        cr_assert_eq(bind(lst, (struct sockaddr *)&sa, sizeof sa), 0);
+        cr_assert_eq(listen(lst, 0), 0);
+        cr_assert_eq(getsockname(lst, (struct sockaddr *)&sa, &len), 0);
+        for (int i = 0; i < 3; i++) { /* the accept queue full: later SYNs are dropped */
+                fill[i] = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+                (void)connect(fill[i], (struct sockaddr *)&sa, sizeof sa);
+        }
+        usleep(50000);
+        uint32_t peer;
+        cr_assert_eq(net_connect(s.n, "127.0.0.1", ntohs(sa.sin_port), &peer), 0, "the dial waited for the peer");
+        for (int i = 0; i < 1000 && !s.closed; i++)
+                net_run(s.n, 2);
+        cr_assert_eq(s.closed, 1);
+        cr_assert_eq(s.reason, -ETIMEDOUT, "%d", s.reason);
+        cr_assert(!s.info.reached && !s.info.open);
+        for (int i = 0; i < 3; i++)
+                close(fill[i]);
+        close(lst);
+
+        /* a port nobody listens on */
+        s.closed = 0;
+        int r = net_connect(s.n, "127.0.0.1", ntohs(sa.sin_port), &peer);
+        for (int i = 0; i < 200 && r == 0 && !s.closed; i++)
+                net_run(s.n, 2);
+        cr_assert(r == -ECONNREFUSED || (s.closed == 1 && s.reason == -ECONNREFUSED && !s.info.reached),
+                  "%d %d %d", r, s.closed, s.reason);
+        net_free(s.n);
+}
+
 /* Strangers that keep every handshake slot from other addresses (a quarter
  * of max_links: 4 here, one each from 127.0.0.2-5) cannot keep a real peer
  * out: its connection displaces the oldest of them, from the address with
