@@ -72,7 +72,8 @@ struct Averager {
         unsigned n_rd;
         bool outer_round; /* the rounds in flight average pseudo-gradients */
         unsigned round_group; /* the smallest group of the rounds in flight */
-        uint64_t next_due_ns, steps_at_last, moshpit_round, fragment_round, last_rounds, round_start_ns, started_ns;
+        uint64_t next_due_ns, steps_at_last, fragment_round, last_rounds, round_start_ns, started_ns;
+        unsigned moshpit_dim; /* the grid dimension of the next regular Moshpit round */
         bool settled;
 
         /* an optimizer's state for joiners: the compute thread's, named once */
@@ -376,13 +377,13 @@ int averager_set_address(Averager *a, unsigned member, const char *host, uint16_
         return coll_set_address(a->coll, member, host, port);
 }
 
-/* Moshpit: the members that share our cell's group key in this round. */
-static unsigned moshpit_members(const Averager *a, uint64_t round, unsigned *out) {
+/* Moshpit: the members whose cells differ from ours only in coordinate dim. */
+static unsigned moshpit_members(const Averager *a, unsigned dim, unsigned *out) {
         const MoshpitGrid *g = &a->cfg.grid;
-        uint64_t key = moshpit_grid_group_key(g, a->cfg.coll.self, round);
+        uint64_t key = moshpit_grid_group_key(g, a->cfg.coll.self, dim);
         unsigned n = 0;
         for (unsigned m = 0; m < a->cfg.coll.n_members && n < COLL_MAX_MEMBERS; m++)
-                if (moshpit_grid_group_key(g, m, round) == key)
+                if (moshpit_grid_group_key(g, m, dim) == key)
                         out[n++] = m;
         return n;
 }
@@ -413,12 +414,23 @@ static int round_outputs(Averager *a, CollRound *rd, size_t off) {
         return coll_round_set_feedback(rd, a->feedback + off);
 }
 
+/* Moshpit: a round along one dimension of the grid, in turn (the last
+ * rounds go through every dimension once, from the first, so on a full
+ * grid they leave every member with one model), over our group there,
+ * under the group id top bit | dim << 16 | key (the key is our cell with
+ * coordinate dim at 0, below 2^16). The id names no round of ours: the
+ * group's leader numbers its rounds (one past the highest any member
+ * reports), as a ring's, so a member that restarted or came late is taken
+ * in as soon as the others average along its dimension. */
 static int start_moshpit(Averager *a) {
-        unsigned members[COLL_MAX_MEMBERS], n = moshpit_members(a, a->moshpit_round, members);
-        uint64_t key = moshpit_grid_group_key(&a->cfg.grid, a->cfg.coll.self, a->moshpit_round);
-        /* group ids of Moshpit rounds: top bit, round, group key */
-        uint32_t group = 0x80000000u | (uint32_t)(a->moshpit_round & 0x7fff) << 16 | (uint32_t)(key & 0xffff);
-        a->moshpit_round++;
+        const MoshpitGrid *g = &a->cfg.grid;
+        bool last = atomic_load(&a->last);
+        unsigned dim = last ? (unsigned)(a->last_rounds++ % g->dims) : a->moshpit_dim;
+        unsigned members[COLL_MAX_MEMBERS], n = moshpit_members(a, dim, members);
+        uint64_t key = moshpit_grid_group_key(g, a->cfg.coll.self, dim);
+        uint32_t group = 0x80000000u | (uint32_t)dim << 16 | (uint32_t)key;
+        if (!last)
+                a->moshpit_dim = (dim + 1) % g->dims;
         a->rd_off[0] = 0;
         a->round_group = n;
         int r = coll_round_start(a->coll, group, members, n, a->snapshot, a->cfg.len, a->weight, &a->rd[0]);
@@ -806,6 +818,8 @@ uint64_t averager_done_ticket(Averager *a) {
 
 unsigned averager_last_rounds(const Averager *a) {
         unsigned n = 1;
+        if (a->cfg.method == AVERAGER_MOSHPIT)
+                return MAX(a->cfg.grid.dims, 1u);
         for (unsigned i = 0; a->cfg.method == AVERAGER_RING && i < a->cfg.n_rings; i++)
                 n = MAX(n, a->places[i].grid.dims);
         return n;

@@ -148,7 +148,8 @@ int averager_outer_state(const Averager *a, const float **ret_anchor, const floa
 uint64_t averager_request(Averager *a, unsigned join_ms);
 uint64_t averager_done_ticket(Averager *a);
 /* How many requested rounds in a row end with one model: the most grid
- * dimensions of this node's rings (1 for rings no wider than group_size). */
+ * dimensions of this node's rings (1 for rings no wider than group_size),
+ * or of the Moshpit grid (one last round per dimension, the first first). */
 unsigned averager_last_rounds(const Averager *a);
 /* Join a swarm that trains already: the next rounds (one, or one per
  * fragment) start as soon as every member this node meets is connected, or

@@ -259,7 +259,7 @@ static int final_round(Averaging *a, float *params, void (*poll)(void *ud), void
 int averaging_final(Averaging *a, float *params, void (*poll)(void *ud), void *ud) {
         if (!a->active)
                 return 0;
-        /* a ring wider than one group: one round per grid dimension */
+        /* a ring wider than one group, or Moshpit: one round per grid dimension */
         unsigned rounds = averager_last_rounds(a->av), last_group = 0;
         for (unsigned i = 0; i < rounds; i++) {
                 int r = final_round(a, params, poll, ud, &last_group);
@@ -268,7 +268,7 @@ int averaging_final(Averaging *a, float *params, void (*poll)(void *ud), void *u
         }
         if (rounds > 1)
                 log_info("The last averaging round included all %u members of its group (the last of %u rounds, one "
-                         "per dimension of the rings' grid)", last_group, rounds);
+                         "per dimension of the grid)", last_group, rounds);
         else
                 log_info("The last averaging round included all %u members", last_group);
         return 0;

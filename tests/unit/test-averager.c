@@ -108,6 +108,16 @@ typedef struct Node {
         int fetch_result;
         uint64_t fetched_steps;
         volatile unsigned fetch_done;
+        float drift;                      /* added to every value at every step: training that parts the members */
+        unsigned met, met_wanted;         /* rounds applied that took another member too; sync until met_wanted */
+        volatile unsigned *release;       /* set: made non-zero once this node has synced enough */
+        bool last_rounds;                 /* then take averager_last_rounds() last rounds */
+        unsigned hold_after;              /* > 0: after that many deltas, wait for *go before the next step */
+        unsigned restart_after;           /* > 0: after that many deltas, a new averager on the same port (a restart) */
+        AveragerConfig cfg;               /* its configuration, for the restart */
+        const uint16_t *ports;            /* every member's averaging port */
+        volatile unsigned *go;            /* set: a late node makes it non-zero once started */
+        unsigned last_whole;              /* last rounds that took their whole group */
         unsigned writes;                  /* averager_on_write() calls */
         float w0_at_write;                /* w[0] when the last one came */
         pthread_t thread;
@@ -146,9 +156,11 @@ static void *train(void *arg) {
         if (nd->start_after_us > 0) {
                 usleep((useconds_t)nd->start_after_us);
                 cr_assert_eq(averager_start(nd->av), 0);
+                if (nd->go)
+                        *nd->go = 1;
         }
         for (int i = 0; i < 20000 && ((nd->until && !*nd->until) || nd->deltas < nd->deltas_wanted ||
-                                      (nd->fetch && !nd->fetch_done));
+                                      nd->met < nd->met_wanted || nd->restart_after || (nd->fetch && !nd->fetch_done));
              i++) {
                 float w0 = nd->w[0];
                 int r = nd->idle ? averager_serve(nd->av, nd->w) : averager_sync(nd->av, nd->w, 0);
@@ -167,9 +179,41 @@ static void *train(void *arg) {
                         for (size_t k = 0; k < nd->len; k++)
                                 nd->w[k] += nd->bump;
                 }
-                if (r & AVERAGER_APPLIED)
+                if (r & AVERAGER_APPLIED) {
+                        AveragerStats st;
+                        averager_get_stats(nd->av, &st); /* of the round just applied */
+                        nd->met += st.last_participants >= 2;
                         nd->deltas++;
+                }
+                for (size_t k = 0; nd->drift != 0 && k < nd->len; k++)
+                        nd->w[k] += nd->drift;
+                if (nd->restart_after && nd->deltas == nd->restart_after) {
+                        nd->restart_after = 0;
+                        nd->cfg.listen_port = averager_port(nd->av);
+                        nd->av = averager_free(nd->av);
+                        usleep(200 * 1000); /* its links are gone: the others average without it */
+                        cr_assert_eq(averager_new(&nd->cfg, &nd->av), 0);
+                        for (unsigned j = 0; j < nd->cfg.coll.n_members; j++)
+                                averager_set_address(nd->av, j, "127.0.0.1", nd->ports[j]);
+                        averager_on_write(nd->av, saw_write, nd);
+                        nd->writes = nd->deltas = nd->met = 0;
+                        cr_assert_eq(averager_start(nd->av), 0);
+                }
+                while (nd->hold_after && nd->deltas == nd->hold_after && nd->start_after_us <= 0 && !*nd->go)
+                        usleep(1000);
                 usleep(500);
+        }
+        if (nd->release)
+                *nd->release = 1;
+        for (unsigned k = 0, n = nd->last_rounds ? averager_last_rounds(nd->av) : 0; k < n; k++) {
+                uint64_t ticket = averager_request(nd->av, 5000);
+                for (int i = 0; i < 40000 && averager_done_ticket(nd->av) < ticket; i++) {
+                        averager_serve(nd->av, nd->w);
+                        usleep(250);
+                }
+                AveragerStats st;
+                averager_get_stats(nd->av, &st);
+                nd->last_whole += st.last_error == 0 && st.last_participants == st.last_group;
         }
         return NULL;
 }
@@ -178,6 +222,7 @@ static void start_nodes(Node *nodes, unsigned n, AveragerConfig *cfg, const Aver
                         const unsigned *n_rings, const size_t *lens) {
         static Identity ids[MAX_NODES];
         static NetConfig nc[MAX_NODES];
+        static uint16_t ports[MAX_NODES];
         CollMember m[MAX_NODES] = {};
         for (unsigned i = 0; i < n; i++) {
                 identity_generate(&ids[i]);
@@ -200,6 +245,9 @@ static void start_nodes(Node *nodes, unsigned n, AveragerConfig *cfg, const Aver
                         c.n_rings = n_rings[i];
                 }
                 cr_assert_eq(averager_new(&c, &nodes[i].av), 0);
+                nodes[i].cfg = c;
+                nodes[i].ports = ports;
+                ports[i] = averager_port(nodes[i].av);
                 if (nodes[i].anchor0)
                         cr_assert_eq(averager_set_outer_state(nodes[i].av, nodes[i].anchor0, nodes[i].momentum0), 0);
                 if (nodes[i].join)
@@ -575,6 +623,83 @@ Test(averager, moshpit_one_round_is_partial) {
                 averager_free(nodes[i].av);
         }
 }
+
+/* Every member holds the same values, up to the rounding of w + (avg - w). */
+static void expect_one_model(const Node *nodes, unsigned n) {
+        for (unsigned i = 1; i < n; i++)
+                for (size_t k = 0; k < nodes[0].len; k++)
+                        cr_assert(fabsf(nodes[i].w[k] - nodes[0].w[k]) <= 1e-6f * (1 + fabsf(nodes[0].w[k])),
+                                  "member %u value %zu: %g, member 0: %g", i, k, nodes[i].w[k], nodes[0].w[k]);
+}
+
+#define N_NONE 4u /* no member restarts */
+/* Moshpit on a 2x2 grid (member i in cell i; groups {0,1} {2,3} along
+ * dimension 0, {0,2} {1,3} along 1): members that train apart (each drifts
+ * its own way) until the last late member (or member 0) has had 3 rounds
+ * with others, then take the last rounds, which must leave them all with
+ * one model. The late members start late_us after the others, at the first
+ * dimension, maybe not the others'; the held ones average once (alone: the
+ * late ones are not up) and wait for them, so that their next round is
+ * along the second dimension. A restarted member (< N) averages 20 times,
+ * then takes a new averager, which counts from 0 again, and must then meet
+ * the others 3 times. */
+static void moshpit_swarm(unsigned late_mask, unsigned held_mask, unsigned restarted, unsigned interval_ms,
+                          unsigned join_ms) {
+        enum { N = 4, LEN = 3000 };
+        Node nodes[N] = {};
+        size_t lens[N];
+        volatile unsigned released = 0, go = 0;
+        unsigned last = 0;
+        for (unsigned i = 0; i < N; i++) {
+                fill(&nodes[i], LEN, 13 * i + 5);
+                nodes[i].drift = 1e-4f * (float)(i + 1);
+                nodes[i].last_rounds = true;
+                nodes[i].until = &released;
+                nodes[i].go = &go;
+                nodes[i].start_after_us = late_mask & (1u << i) ? 1500 * 1000 : 0;
+                nodes[i].hold_after = held_mask & (1u << i) ? 1 : 0;
+                lens[i] = LEN;
+                if (late_mask & (1u << i))
+                        last = i;
+        }
+        if (restarted < N) {
+                last = restarted;
+                nodes[last].restart_after = 20;
+        }
+        nodes[last].until = NULL;
+        nodes[last].release = &released;
+        nodes[last].met_wanted = 3;
+        AveragerConfig cfg;
+        averager_config_defaults(&cfg);
+        cfg.method = AVERAGER_MOSHPIT;
+        cfg.grid = (MoshpitGrid){ .dims = 2, .side = 2 };
+        cfg.interval_ms = interval_ms;
+        cfg.coll.join_timeout_ms = join_ms;
+        start_nodes(nodes, N, &cfg, NULL, NULL, lens);
+        cr_assert_geq(nodes[last].met, 3, "member %u took part with others in %u of %u rounds", last, nodes[last].met,
+                      nodes[last].deltas);
+        expect_one_model(nodes, N);
+        for (unsigned i = 0; i < N; i++) {
+                cr_assert_eq(averager_last_rounds(nodes[i].av), 2, "one last round per dimension");
+                cr_assert_eq(nodes[i].last_whole, 2, "member %u: %u of 2 last rounds with its whole group", i,
+                             nodes[i].last_whole);
+        }
+        free_nodes(nodes, N);
+}
+
+Test(averager, moshpit_last_rounds_leave_one_model, .timeout = 60) { moshpit_swarm(0, 0, N_NONE, 20, 1000); }
+/* also with a cadence longer than the join timeout */
+Test(averager, moshpit_a_member_starting_late_is_taken_in, .timeout = 60) {
+        moshpit_swarm(1u << 3, 0, N_NONE, 20, 1000);
+        moshpit_swarm(1u << 3, 0, N_NONE, 500, 200);
+}
+/* 1 and 2 start late at dimension 0 while 0 and 3 are at dimension 1:
+ * each first waits for a member that is in another group */
+Test(averager, moshpit_members_out_of_step_find_each_other, .timeout = 90) {
+        moshpit_swarm(1u << 1 | 1u << 2, 1u << 0 | 1u << 3, N_NONE, 20, 1000);
+}
+/* a member that restarts counts its rounds from 0 again */
+Test(averager, moshpit_a_restarted_member_is_taken_in_again, .timeout = 60) { moshpit_swarm(0, 0, 1, 20, 1000); }
 
 Test(averager, bad_config) {
         AveragerConfig c;
