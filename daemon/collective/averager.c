@@ -634,11 +634,11 @@ static void *averager_main(void *arg) {
                 state_step(a);
                 uint64_t now = now_ns();
                 unsigned connected = coll_n_connected(a->coll);
-                CollLoss lost = coll_loss(a->coll), refused = coll_refusals(a->coll);
+                CollLoss lost = coll_loss(a->coll), refused = coll_refusals(a->coll), diverged = coll_diverged(a->coll);
                 atomic_store(&a->peers_up, ring_peers_up(a));
                 /* only this thread writes them */
                 if (connected != a->stats.connected || lost.count != a->stats.lost.count ||
-                    refused.count != a->stats.refused.count) {
+                    refused.count != a->stats.refused.count || diverged.count != a->stats.diverged.count) {
                         NetStats ns;
                         net_get_stats(coll_net(a->coll), &ns);
                         pthread_mutex_lock(&a->lock);
@@ -646,6 +646,7 @@ static void *averager_main(void *arg) {
                         a->stats.links_in = ns.links_in;
                         a->stats.lost = lost;
                         a->stats.refused = refused;
+                        a->stats.diverged = diverged;
                         pthread_mutex_unlock(&a->lock);
                 }
                 switch (atomic_load(&a->state)) {

@@ -102,6 +102,7 @@ typedef struct AveragerStats {
         uint64_t links_in;                    /* links members dialed to this one (NetStats.links_in) */
         CollLoss lost;                        /* links to members that closed, and the last */
         CollLoss refused;                     /* connections refused or failed before a member's link */
+        CollLoss diverged;                    /* members sitting rounds out, their values not finite (coll_diverged) */
         uint64_t bytes_sent, bytes_received;
 } AveragerStats;
 

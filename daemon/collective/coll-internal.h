@@ -13,6 +13,10 @@ typedef struct Member {
         uint64_t next_dial_ns;
         uint64_t banned_until_ns; /* sent a bad piece: refused until then */
         bool unwanted;            /* coll_want(): not dialed */
+        /* Gave a round up with ABORT -ERANGE (its values are not finite): not
+         * waited for, taken for a leader or admitted, until its next READY or
+         * until its link goes. */
+        bool diverged;
 } Member;
 
 /* The last READY each member sent for a group; the leader reads them. */
@@ -158,6 +162,7 @@ struct Coll {
         size_t spare_bytes;
         CollLoss loss; /* links to members lost so far, and the last one */
         CollLoss refusals; /* connections closed before they were a member's link */
+        CollLoss diverged; /* members that sat a round out, their values not finite (coll_diverged()) */
         Donation donations[COLL_MAX_DONATIONS];
         unsigned n_donations;
         uint32_t next_donation;

@@ -263,6 +263,16 @@ _simd_clones_ static void add_f32(float *restrict a, const float *restrict x, si
                 a[i] += x[i];
 }
 
+static bool finite_f32(const float *a, size_t n) {
+        uint32_t bad = 0;
+        for (size_t i = 0; i < n; i++) {
+                uint32_t u;
+                memcpy(&u, &a[i], sizeof u);
+                bad |= (u & F32_EXP) == F32_EXP;
+        }
+        return !bad;
+}
+
 static bool finite_f16(const uint16_t *a, size_t n) {
         uint32_t bad = 0;
         for (size_t i = 0; i < n; i++)
@@ -589,6 +599,7 @@ static ReadyEntry *ready_find(Coll *c, uint32_t group, unsigned member) {
 
 void round_on_ready(Coll *c, unsigned member, const CollReady *m) {
         ReadyEntry *e = ready_find(c, m->group, member);
+        c->members[member].diverged = false; /* its values are finite again */
         if (!e && readies_of(c, member) >= READY_MAX_PER_MEMBER)
                 return; /* no group has that many at once: one naming groups at random */
         if (!e) {
@@ -752,8 +763,9 @@ static uint64_t choose_participants(Coll *c, CollRound *r, uint64_t now, uint64_
         w[r->self_pos] = r->weight;
         for (unsigned i = 0; i < r->n_members; i++) {
                 ReadyEntry *e = ready_find(c, r->group, r->members[i]);
+                /* a last round only with others in theirs; none with one sitting rounds out */
                 if (i == r->self_pos || !e || !ready_fresh(c, e, now) || !c->members[r->members[i]].up ||
-                    e->msg.final != r->final) /* a last round only with others in theirs */
+                    c->members[r->members[i]].diverged || e->msg.final != r->final)
                         continue;
                 cand |= 1ull << i;
                 views[i] = e->msg.view;
@@ -796,11 +808,17 @@ static uint64_t choose_participants(Coll *c, CollRound *r, uint64_t now, uint64_
 /* Every member of the group ready, and linked to every other (as its
  * READY says): a ring in any order can run. */
 static bool fully_connected(Coll *c, CollRound *r, uint64_t now) {
+        uint64_t diverged = 0; /* not waited for */
+        for (unsigned i = 0; i < r->n_members; i++)
+                if (i != r->self_pos && c->members[r->members[i]].diverged)
+                        diverged |= 1ull << i;
         for (unsigned i = 0; i < r->n_members; i++) {
                 ReadyEntry *e = ready_find(c, r->group, r->members[i]);
                 uint64_t view = i == r->self_pos ? coll_view(c, r->members, r->n_members)
                                 : e && ready_fresh(c, e, now) ? e->msg.view : 0;
-                if ((view | (1ull << i)) != everyone(r))
+                if (diverged & (1ull << i))
+                        continue;
+                if ((view | diverged | (1ull << i)) != everyone(r))
                         return false;
         }
         return true;
@@ -809,8 +827,8 @@ static bool fully_connected(Coll *c, CollRound *r, uint64_t now) {
 static void joining_step(CollRound *r, uint64_t now) {
         Coll *c = r->coll;
         unsigned leader_pos = r->self_pos;
-        for (unsigned i = 0; i < r->self_pos; i++)
-                if (c->members[r->members[i]].up) {
+        for (unsigned i = 0; i < r->self_pos; i++) /* one that sits rounds out leads none */
+                if (c->members[r->members[i]].up && !c->members[r->members[i]].diverged) {
                         leader_pos = i;
                         break;
                 }
@@ -850,7 +868,7 @@ static void joining_step(CollRound *r, uint64_t now) {
         for (unsigned i = 0; i < r->n_members && all; i++) {
                 unsigned m = r->members[i];
                 ReadyEntry *e = ready_find(c, r->group, m);
-                if (i != r->self_pos && (c->members[m].up || r->final) &&
+                if (i != r->self_pos && (c->members[m].up || r->final) && !c->members[m].diverged &&
                     (!e || !ready_fresh(c, e, now) || e->msg.final != r->final))
                         all = false;
         }
@@ -883,6 +901,13 @@ void round_on_abort(Coll *c, unsigned member, const CollAbort *m) {
         ReadyEntry *e = ready_find(c, m->group, member);
         if (e) /* it gave up: its READY no longer holds (a leader must not START with it) */
                 e->at_ns = 0;
+        if (m->error == -ERANGE && !c->members[member].diverged) {
+                /* its values are not finite: the rounds go on without it */
+                c->members[member].diverged = true;
+                c->diverged = (CollLoss){ .count = c->diverged.count + 1, .member = member, .reason = -ERANGE };
+                if (c->members[member].up)
+                        (void)net_peer_describe(c->net, c->members[member].peer, &c->diverged.info);
+        }
         /* A participant that gave up a round of this group sends no piece of
          * ours: fail ours now rather than at the deadline (every piece is
          * then in whole or not applied, as with any failed round). Under
@@ -992,6 +1017,12 @@ int coll_round_start(Coll *c, uint32_t group, const unsigned *members, unsigned 
         memcpy(r->members, members, n * sizeof *members);
         r->join_deadline_ns = now + (uint64_t)r->join_ms * MS;
         c->rounds = r;
+        /* Our values are not finite (a diverged optimizer): nothing of ours
+         * may go out, so we sit this round out. Its ABORT (-ERANGE) tells
+         * the group at once: they neither wait for us nor take us for their
+         * leader, and their round goes on without us. */
+        if (!finite_f32(x, len))
+                round_fail(r, -ERANGE);
         /* its first step is in the next coll_run(): the caller sets its
          * output and error feedback before any piece is touched */
         *ret = r;

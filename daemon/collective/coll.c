@@ -146,6 +146,7 @@ static void on_closed(void *ud, uint32_t peer, int reason, const uint8_t id[IDEN
                         c->loss = (CollLoss){ .count = c->loss.count + 1, .member = i, .reason = reason };
                         (void)net_peer_describe(c->net, peer, &c->loss.info);
                         m->up = false;
+                        m->diverged = false; /* a new link, a new start (a restart from a checkpoint) */
                         m->next_dial_ns = now + (uint64_t)c->cfg.redial_ms * 1000000ull;
                         drop_early(c, early_from, &i);
                         round_on_member_lost(c, i, reason);
@@ -342,6 +343,10 @@ void coll_set_state_hook(Coll *c, CollStateHook hook, void *ud) {
 
 CollLoss coll_refusals(const Coll *c) {
         return c->refusals;
+}
+
+CollLoss coll_diverged(const Coll *c) {
+        return c->diverged;
 }
 
 CollLoss coll_loss(const Coll *c) {

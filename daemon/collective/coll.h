@@ -23,7 +23,9 @@
  * piece stops; every piece is then either the average over the participants
  * or untouched (coll_round_apply() applies only complete pieces). A member
  * that sent a bad piece is refused for ban_ms, and the leaders it is
- * reported to leave it out.
+ * reported to leave it out. A member whose own values are not finite sits
+ * the round out: the round fails at once there (-ERANGE), without READY,
+ * and its ABORT -ERANGE tells the others to go on without it.
  *
  *     Coll *c;
  *     r = coll_new(&(CollConfig){ .net = &nc, .members = m, .n_members = 4, .self = 1 }, &c);
@@ -122,6 +124,11 @@ CollLoss coll_loss(const Coll *c);
  * refused handshake, a peer that is no member): how many, and the last
  * (member is then n_members). */
 CollLoss coll_refusals(const Coll *c);
+/* Members that sat rounds out because their own values are not finite (a
+ * diverged optimizer: ABORT -ERANGE): how many times one began to, and the
+ * last of them (reason -ERANGE). The rounds of the others go on without it
+ * until it says READY again or its link goes. */
+CollLoss coll_diverged(const Coll *c);
 Net *coll_net(Coll *c);
 /* The Net peer of member's link, or -ENOTCONN. */
 int64_t coll_peer(const Coll *c, unsigned member);

@@ -144,6 +144,19 @@ static void log_link_lost(const Averaging *a, const CollLoss *l, uint64_t since)
                   l->info.address[0] ? l->info.address : "?", why, more);
 }
 
+/* A member gave a round up because its own parameters are not finite (its
+ * optimizer diverged): the others average without it until it says READY
+ * again or its link goes (a restart from its last good checkpoint). */
+static void log_diverged(const Averaging *a, const CollLoss *l) {
+        const ConfigMember *m = l->member < a->n_members ? &a->members[l->member] : NULL;
+        char hex[IDENTITY_HEX_SIZE] = "?";
+        if (m)
+                identity_to_hex(m->id, hex);
+        log_warning("Averaging: member %u (%s) at %s holds parameters that are not finite (its training "
+                    "diverged); the others average without it", l->member + 1, hex,
+                    l->info.address[0] ? l->info.address : "?");
+}
+
 /* A connection to the averaging port that closed before it was a
  * member's link, as the node logs one on its own port: who, and why. */
 static void log_refused(const CollLoss *l, uint64_t since) {
@@ -183,13 +196,18 @@ static void log_progress(Averaging *a) {
                           (double)s.last_round_ns / 1e6, more);
                 a->logged_ns = now;
                 a->logged_rounds = s.rounds_done;
-        } else if (s.rounds_failed != a->seen.rounds_failed)
+        } else if (s.rounds_failed != a->seen.rounds_failed && s.last_error == -ERANGE)
+                log_warning("Averaging round %lu sat out: our parameters are not finite (training diverged); the "
+                            "others average without us", (unsigned long)(s.rounds_done + s.rounds_failed));
+        else if (s.rounds_failed != a->seen.rounds_failed)
                 log_warning("Averaging round %lu failed: %s (%u of %u members took part); parameters not averaged "
                             "kept their values",
                             (unsigned long)(s.rounds_done + s.rounds_failed), strerror(-s.last_error),
                             s.last_participants, a->n_members);
         if (s.lost.count != a->seen.lost.count)
                 log_link_lost(a, &s.lost, s.lost.count - a->seen.lost.count);
+        if (s.diverged.count != a->seen.diverged.count)
+                log_diverged(a, &s.diverged);
         if (s.refused.count != a->refused_logged && now - a->refused_logged_ns >= 2 * NSEC_PER_SEC) {
                 log_refused(&s.refused, s.refused.count - a->refused_logged); /* at most a line every 2 s */
                 a->refused_logged = s.refused.count;

@@ -599,6 +599,71 @@ Test(coll, a_right_neighbour_that_said_bye_when_done_does_not_fail_a_round) {
 }
 
 Test(coll, bad_piece_f32_nan) { forged(COLL_PAYLOAD_F32); }
+
+/* A member whose own values are not finite (its optimizer diverged) sits
+ * its rounds out: each fails there at once (-ERANGE), and its ABORT tells
+ * the others, which average without it, round after round, at once (not at
+ * half the join timeout, as for a member that is merely slow), and can name
+ * it. As member 0 it is every group's leader: the others take the next. */
+static void a_member_diverged(unsigned sick) {
+        enum { N = 4, LEN = 30000, R = 3 };
+        Swarm s;
+        CollConfig c;
+        coll_config_defaults(&c);
+        c.piece_bytes = 4096;
+        cr_assert_eq(swarm_init(&s, N, &c, false), 0);
+        fill(&s, LEN, 99 + sick, true);
+        s.node[sick].x[LEN / 2] = NAN;
+        s.node[sick].x[LEN - 1] = INFINITY;
+        s.rounds = R;
+        for (unsigned i = 0; i < N; i++) {
+                s.node[i].history = calloc((size_t)R * LEN, sizeof(float));
+                cr_assert_not_null(s.node[i].history);
+        }
+        cr_assert_eq(swarm_round(&s), 0);
+
+        cr_assert_eq(s.node[sick].info.state, COLL_ROUND_FAILED);
+        cr_assert_eq(s.node[sick].info.error, -ERANGE);
+        double W = 0;
+        for (unsigned i = 0; i < N; i++)
+                if (i != sick)
+                        W += s.node[i].weight;
+        for (unsigned i = 0; i < N; i++) {
+                if (i == sick)
+                        continue;
+                const CollRoundInfo *in = &s.node[i].info;
+                cr_assert_eq(in->state, COLL_ROUND_DONE, "member %u: state %d error %d", i, in->state, in->error);
+                cr_assert_eq(in->participants, N - 1, "member %u", i);
+                cr_assert(!(in->participants_map & (1ull << sick)), "member %u", i);
+                cr_assert(in->running_ns - in->start_ns < (uint64_t)c.join_timeout_ms * 1000000ull / 4,
+                          "member %u waited %.0f ms for the diverged member", i,
+                          (double)(in->running_ns - in->start_ns) / 1e6);
+                CollLoss d = coll_diverged(s.node[i].coll);
+                cr_assert_eq(d.count, 1, "member %u: %" PRIu64 " times", i, d.count);
+                cr_assert_eq(d.member, sick);
+                cr_assert_eq(d.reason, -ERANGE);
+                cr_assert(coll_connected(s.node[i].coll, sick), "nobody is banned for it");
+                for (unsigned r = 0; r < R; r++)
+                        for (size_t k = 0; k < LEN; k++) {
+                                long double exact = 0;
+                                for (unsigned j = 0; j < N; j++)
+                                        if (j != sick)
+                                                exact += (long double)s.node[j].weight * s.node[j].x[k];
+                                exact /= W;
+                                float got = s.node[i].history[(size_t)r * LEN + k];
+                                cr_assert(fabs((double)(got - exact)) <= 1e-6,
+                                          "member %u round %u value %zu: %.9g vs exact %.9Lg", i, r, k, got, exact);
+                        }
+        }
+        cr_assert_eq(coll_diverged(s.node[sick].coll).count, 0);
+        for (unsigned i = 0; i < N; i++)
+                free(s.node[i].history);
+        release(&s);
+        swarm_free(&s);
+}
+
+Test(coll, a_diverged_leader_sits_rounds_out) { a_member_diverged(0); }
+Test(coll, a_diverged_member_sits_rounds_out) { a_member_diverged(2); }
 Test(coll, bad_piece_int8_nan_scale) { forged(COLL_PAYLOAD_INT8); }
 
 Test(coll, alone_is_identity) {
