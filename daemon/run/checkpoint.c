@@ -4,6 +4,7 @@
 #include <dirent.h>
 #include <fcntl.h>
 #include <limits.h>
+#include <math.h>
 #include <sodium.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -260,6 +261,45 @@ int checkpoint_clean_stale(const char *dir, const char *name) {
         return clean_stale_at(dfd, name);
 }
 
+/* n values of part 0 (the parameters) or 1 (the optimizer's state, whose
+ * first value is value `first` of it): every one finite, and the
+ * optimizer's moments as optim_moment_valid() takes them (a second moment
+ * never negative). What a peer may not send, a file may not hold. */
+static bool values_valid(const CheckpointHeader *h, int part, uint64_t first, const float *v, size_t n) {
+        if (part == 0 || h->n_params == 0)
+                return tensor_finite(v, n);
+        while (n > 0) {
+                uint64_t k = first / h->n_params;
+                size_t m = (size_t)MIN((uint64_t)n, h->n_params - first % h->n_params);
+                if (k < optim_moments((OptimKind)h->optim_kind) ? !optim_moment_valid((OptimKind)h->optim_kind,
+                                                                                       (unsigned)k, v, m)
+                                                                 : !tensor_finite(v, m))
+                        return false;
+                first += m;
+                v += m;
+                n -= m;
+        }
+        return true;
+}
+
+/* What the reader refuses, the writer does not write: a stage whose
+ * training diverged would replace its last good checkpoint with one no
+ * restart can use. -ERANGE, d naming the first bad parameter. */
+static int payload_check(const CheckpointHeader *h, const float *params, const float *state, const char *dir,
+                         const char *name, Diag *d) {
+        if (h->n_params > 0 && !values_valid(h, 0, 0, params, h->n_params)) {
+                size_t i = 0;
+                while (i < h->n_params && isfinite(params[i]))
+                        i++;
+                return diag_set(d, -ERANGE, "%s/%s: not written: parameter %zu of %llu is not finite (%g)", dir,
+                                name, i, (unsigned long long)h->n_params, i < h->n_params ? params[i] : 0.0f);
+        }
+        if (h->n_state > 0 && !values_valid(h, 1, 0, state, h->n_state))
+                return diag_set(d, -ERANGE, "%s/%s: not written: the optimizer state is not finite, or holds a "
+                                "negative second moment", dir, name);
+        return 0;
+}
+
 int checkpoint_write(const char *dir, const char *name, const CheckpointInfo *info, const float *params,
                      const float *state, Diag *d) {
         char path[PATH_MAX], tmp[PATH_MAX], why[160];
@@ -280,13 +320,15 @@ int checkpoint_write(const char *dir, const char *name, const CheckpointInfo *in
                 return diag_set(d, -ENAMETOOLONG, "%s/%s: path too long", dir, name);
         if (sodium_init() < 0)
                 return diag_set(d, -EIO, "libsodium failed to initialize");
+        header_from_info(&h, info, now_realtime_usec());
+        r = payload_check(&h, params, state, dir, name, d);
+        if (r < 0)
+                return r;
 
         dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
         if (dfd < 0)
                 return diag_set(d, -errno, "%s: cannot open the checkpoint directory: %m", dir);
         (void)clean_stale_at(dfd, name); /* best effort: a leftover only costs space */
-
-        header_from_info(&h, info, now_realtime_usec());
 
         fd = mkostemp(tmp, O_CLOEXEC);
         if (fd < 0)
@@ -412,27 +454,6 @@ int checkpoint_read_info(const char *path, CheckpointInfo *ret, Diag *d) {
                 return r;
         *ret = info;
         return 0;
-}
-
-/* n values of part 0 (the parameters) or 1 (the optimizer's state, whose
- * first value is value `first` of it): every one finite, and the
- * optimizer's moments as optim_moment_valid() takes them (a second moment
- * never negative). What a peer may not send, a file may not hold. */
-static bool values_valid(const CheckpointHeader *h, int part, uint64_t first, const float *v, size_t n) {
-        if (part == 0 || h->n_params == 0)
-                return tensor_finite(v, n);
-        while (n > 0) {
-                uint64_t k = first / h->n_params;
-                size_t m = (size_t)MIN((uint64_t)n, h->n_params - first % h->n_params);
-                if (k < optim_moments((OptimKind)h->optim_kind) ? !optim_moment_valid((OptimKind)h->optim_kind,
-                                                                                       (unsigned)k, v, m)
-                                                                 : !tensor_finite(v, m))
-                        return false;
-                first += m;
-                v += m;
-                n -= m;
-        }
-        return true;
 }
 
 /* Hash the header and the payload of fd and compare with the trailer. The

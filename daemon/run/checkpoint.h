@@ -92,8 +92,11 @@ int checkpoint_model_check(const CheckpointInfo *info, const Layer *layers, int 
  * writing. On failure the temporary is unlinked and the old checkpoint is
  * untouched, except when only the final fsync of the directory fails: then
  * the new checkpoint is in place but may not survive a power loss. The file
- * is created with mode 0600. Errors: -EINVAL for a bad name or info, -errno
- * of the failed call otherwise; d says which. */
+ * is created with mode 0600. Errors: -EINVAL for a bad name or info,
+ * -ERANGE for parameters or optimizer state that checkpoint_read() would
+ * refuse (a value not finite, a negative second moment: training diverged),
+ * in which case nothing is written and the previous file stays; -errno of
+ * the failed call otherwise; d says which. */
 int checkpoint_write(const char *dir, const char *name, const CheckpointInfo *info, const float *params,
                      const float *state, Diag *d);
 

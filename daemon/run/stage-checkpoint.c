@@ -37,6 +37,9 @@ int stage_checkpoint_save(const char *dir, const char *job, const Stage *s, cons
         file_name(job, s, name, sizeof name);
         uint64_t t0 = now_ns();
         r = checkpoint_write(dir, name, &info, s->params, o->state, &d);
+        if (r == -ERANGE)
+                return log_error_errno(r, "Not writing the checkpoint of step %llu: training diverged, %s; the last "
+                                          "good checkpoint stays as it was", (unsigned long long)info.step, d.text);
         if (r < 0)
                 return log_error_errno(r, "Failed to write the checkpoint (the previous one stays as it was; "
                                           "training goes on): %s", d.text);
@@ -210,7 +213,8 @@ int stage_checkpoint_save_outer(const char *dir, const char *job, const Stage *s
         outer_name(job, s, name, sizeof name);
         int r = checkpoint_write(dir, name, &info, anchor, momentum, &d);
         if (r < 0)
-                return log_error_errno(r, "Failed to write the outer optimizer's state: %s", d.text);
+                return log_error_errno(r, "Failed to write the outer optimizer's state%s: %s",
+                                       r == -ERANGE ? " (training diverged; the last good one stays)" : "", d.text);
         return 0;
 }
 

@@ -182,6 +182,13 @@ Test(checkpoint, round_trip_is_bit_identical) {
 /* A file whose hash is right but whose values a peer could not send: a
  * NaN or an infinity anywhere, or an AdamW second moment below zero (the
  * first moment may be negative). Refused before the outputs are touched. */
+static uint8_t *slurp(const char *p, size_t *ret_len);
+static void spit(const char *p, const void *buf, size_t len);
+
+/* A value the reader refuses: the writer does not write it (a diverged
+ * stage must not replace its last good checkpoint: -ERANGE, the old file
+ * stays), and a file that holds one anyway (forged, its checksum made to
+ * match) is refused by the reader, the outputs untouched. */
 Test(checkpoint, values_that_are_not_finite_are_refused) {
         const struct { int part; size_t at; float v; bool ok; } cases[] = {
                 { 0, 0, NAN, false },         { 0, 99999, INFINITY, false }, { 1, 5, -INFINITY, false },
@@ -189,23 +196,50 @@ Test(checkpoint, values_that_are_not_finite_are_refused) {
                 { 1, 7, -1.0f, true },        /* the first */
                 { 0, 3, -1e30f, true },
         };
+        cr_assert_eq(sodium_init() >= 0, 1);
         for (size_t k = 0; k < ELEMENTSOF(cases); k++) {
                 Buffers b = buffers_new(100003, 200006);
                 CheckpointInfo info = make_info(7, b.n_params, b.n_state), got;
                 Diag d = {};
-                fill(b.params, b.n_params, 7, 1);
-                fill(b.state, b.n_state, 7, 2);
-                (cases[k].part ? b.state : b.params)[cases[k].at] = cases[k].v;
-                cr_assert_eq(checkpoint_write(dir, "ckpt", &info, b.params, b.state, &d), 0, "%s", d.text);
-                memset(b.got_p, 0x11, b.n_params * sizeof(float));
-                int r = checkpoint_read(path, &got, b.got_p, b.n_params, b.got_s, b.n_state, &d);
+                uint64_t v;
+                cr_assert_eq(write_version(&b, 7, &d), 0, "%s", d.text);
+                float *bad = cases[k].part ? b.state : b.params, keep = bad[cases[k].at];
+                bad[cases[k].at] = cases[k].v;
+                info.step = 8;
+                int r = checkpoint_write(dir, "ckpt", &info, b.params, b.state, &d);
                 if (cases[k].ok) {
                         cr_assert_eq(r, 0, "case %zu: %s", k, d.text);
-                } else {
-                        cr_assert_eq(r, -EBADMSG, "case %zu taken", k);
-                        cr_assert(strstr(d.text, "not finite"), "case %zu: %s", k, d.text);
-                        cr_assert_eq(b.got_p[0], b.got_p[b.n_params - 1], "case %zu: the outputs were touched", k);
+                        memset(b.got_p, 0x11, b.n_params * sizeof(float));
+                        cr_assert_eq(checkpoint_read(path, &got, b.got_p, b.n_params, b.got_s, b.n_state, &d), 0,
+                                     "case %zu: %s", k, d.text);
+                        buffers_free(&b);
+                        continue;
                 }
+                cr_assert_eq(r, -ERANGE, "case %zu written", k);
+                cr_assert(strstr(d.text, cases[k].part ? "optimizer state" : "not finite"), "case %zu: %s", k,
+                          d.text);
+                if (!cases[k].part)
+                        cr_assert(strstr(d.text, cases[k].at ? "parameter 99999 of" : "parameter 0 of"), "%s",
+                                  d.text);
+                cr_assert_eq(count_stale(), 0, "case %zu: a temporary left", k);
+                bad[cases[k].at] = keep;
+                expect_whole_version(&b, &v);
+                cr_assert_eq(v, 7, "case %zu: the last good checkpoint stays", k);
+
+                /* the reader: the same value in a file whose checksum matches */
+                size_t len;
+                uint8_t *file = slurp(path, &len);
+                size_t off = CHECKPOINT_HEADER_SIZE + ((cases[k].part ? b.n_params : 0) + cases[k].at) * sizeof(float);
+                memcpy(file + off, &cases[k].v, sizeof(float));
+                crypto_generichash(file + len - CHECKPOINT_HASH_SIZE, CHECKPOINT_HASH_SIZE, file,
+                                   len - CHECKPOINT_HASH_SIZE, NULL, 0);
+                spit(path, file, len);
+                free(file);
+                memset(b.got_p, 0x11, b.n_params * sizeof(float));
+                r = checkpoint_read(path, &got, b.got_p, b.n_params, b.got_s, b.n_state, &d);
+                cr_assert_eq(r, -EBADMSG, "case %zu taken", k);
+                cr_assert(strstr(d.text, "not finite"), "case %zu: %s", k, d.text);
+                cr_assert_eq(b.got_p[0], b.got_p[b.n_params - 1], "case %zu: the outputs were touched", k);
                 buffers_free(&b);
         }
 }
@@ -696,6 +730,7 @@ Test(checkpoint, the_batch_size_goes_through_and_resuming_counts_samples) {
         Buffers b = buffers_new(300, 600);
         CheckpointInfo info = make_info(1, 300, 600), got;
         Diag d = {};
+        buffers_fill(&b, 1); /* values the writer takes (not whatever malloc left) */
         info.batch = 16;
         cr_assert_eq(checkpoint_write(dir, "ckpt", &info, b.params, b.state, &d), 0, "%s", d.text);
         cr_assert_eq(checkpoint_read_info(path, &got, &d), 0, "%s", d.text);
