@@ -7,6 +7,7 @@
  * every stage alternates one forward with one backward once the pipeline is
  * full (PipeDream's 1F1B; Ravnest Section 3.2). */
 #include <errno.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -434,6 +435,8 @@ static int after_backward(Pipe *p, uint32_t id, const float *w) {
         if (p->last_step)
                 memcpy(p->last_step, p->s->params, p->s->n_params * sizeof(float));
         optim_step(&p->optim, p->s->params, p->s->grads);
+        if (!tensor_finite(p->s->params, p->s->n_params))
+                return -ERANGE; /* this update diverged: nothing of it goes out (the averaging, a checkpoint) */
         if (p->last_step)
                 sub_from(p->last_step, p->s->params, p->s->n_params);
         p->st.updates++;
@@ -592,6 +595,8 @@ static int last_train(Pipe *p, uint32_t id, Trace *tr, int B, const int32_t *y) 
         float loss;
         stage_forward(s, p->ops, s->params, tr, B);
         loss = softmax_xent(p->dlogits, &correct, trace_output(tr), y, B * p->rows, p->classes);
+        if (!isfinite(loss)) /* diverged: no gradient of it goes anywhere */
+                return -ERANGE;
         p->loss_sum += (double)loss * B;
         p->correct_sum += correct;
         p->seen += B;

@@ -138,7 +138,10 @@ void pipe_on_sent(Pipe *p, uint64_t cookie);
 /* A CONTROL payload from a neighbour (the end of training is one). */
 int pipe_on_control(Pipe *p, uint32_t peer, const uint8_t *payload, size_t len);
 /* One unit of work: 1 if something was done, 0 if waiting for a neighbour,
- * PIPE_FINISHED when training and the final evaluation are over, or -errno. */
+ * PIPE_FINISHED when training and the final evaluation are over, or -errno:
+ * -ERANGE when training diverged (the last stage's loss of a micro-batch is
+ * not finite, or an update left a parameter that is not finite; the update
+ * is not counted in PipeStats.updates). */
 int pipe_work(Pipe *p);
 void pipe_get_stats(Pipe *p, PipeStats *ret);
 /* Go on from PIPE_HELD to the evaluation. */

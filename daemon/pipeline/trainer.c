@@ -1,9 +1,11 @@
 /* pipeline/trainer.c */
 #include "trainer.h"
 
+#include <math.h>
 #include <stdlib.h>
 
 #include "nn/loss.h"
+#include "tensor/tensor.h"
 #include "util/time-util.h"
 
 int model_check_data_shape(const ModelSpec *model, const DatasetShape *s, Diag *d) {
@@ -165,6 +167,14 @@ int trainer_run(Trainer *t, TrainProgressFn cb, void *userdata, const volatile s
                                        t->sampler.order + step * B, b);
                         float loss = trainer_step(t, b, &c);
                         busy += now_ns() - t0;
+                        /* diverged: stop before the model goes anywhere. A
+                         * parameter behind a ReLU can be NaN while the loss
+                         * is not (the ReLU passes 0 for it), so both count. */
+                        if (!isfinite(loss) || !tensor_finite(t->stage->params, t->stage->n_params)) {
+                                t->diverged_epoch = epoch + 1;
+                                t->diverged_step = step + 1;
+                                return -ERANGE;
+                        }
 
                         loss_sum += (double)loss * b;
                         correct += (size_t)c;

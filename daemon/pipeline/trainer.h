@@ -7,7 +7,7 @@
  *
  *     Trainer *t;
  *     r = trainer_new(&model, &optim, &spec, train, test, &ops_blas, &t, &d);
- *     r = trainer_run(t, on_progress, userdata, &stop_flag);   // -ECANCELED if stopped
+ *     r = trainer_run(t, on_progress, userdata, &stop_flag);   // -ECANCELED if stopped, -ERANGE if diverged
  *     trainer_free(t);
  */
 #pragma once
@@ -59,6 +59,10 @@ typedef struct Trainer {
          * resumed checkpoint); 0, 0 from the beginning. */
         int start_epoch;
         size_t start_step;
+        /* trainer_run() returned -ERANGE: the epoch and step (1-based) after
+         * which the loss or a parameter was not finite */
+        int diverged_epoch;
+        size_t diverged_step;
 } Trainer;
 
 /* Whether a model can train on a dataset (dataset_check_fit(): the input
@@ -84,5 +88,7 @@ void trainer_evaluate(Trainer *t, const Dataset *ds, double *ret_acc, double *re
 /* Steps in an epoch of this node's shard (the last may be short). */
 size_t trainer_steps_per_epoch(const Trainer *t);
 /* Train spec.epochs epochs. Checks *stop between steps; returns 0 when all
- * epochs ran, -ECANCELED when stopped, or the callback's error. */
+ * epochs ran, -ECANCELED when stopped, -ERANGE when a step's loss or a
+ * parameter after it is not finite (training diverged: diverged_epoch and diverged_step say where;
+ * the parameters are not to be kept), or the callback's error. */
 int trainer_run(Trainer *t, TrainProgressFn cb, void *userdata, const volatile sig_atomic_t *stop);

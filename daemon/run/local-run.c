@@ -254,6 +254,10 @@ int local_run(const Job *job, const LocalRunOptions *o, const volatile sig_atomi
         if (r == -ECANCELED)
                 log_notice("Stopped with %llu epochs done (%d of them in this run)", (unsigned long long)pr.at.epoch,
                            pr.n_rates);
+        else if (r == -ERANGE)
+                return log_error_errno(r, "Training diverged: the loss of epoch %d step %zu is not finite; stopping "
+                                          "(no checkpoint written: a restart goes on from the last good one)",
+                                       t->diverged_epoch, t->diverged_step);
         else if (r < 0)
                 return log_error_errno(r, "Training failed: %m");
         else

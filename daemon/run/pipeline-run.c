@@ -910,6 +910,16 @@ static int run_loop(Run *run, const volatile sig_atomic_t *stop) {
                         pipe_release(run->pipe);
                         continue;
                 }
+                if (r == -ERANGE) {
+                        PipeStats ps;
+                        pipe_get_stats(run->pipe, &ps);
+                        return log_error_errno(r, "Stage %u diverged at update %llu: %s not finite; stopping (no "
+                                                  "checkpoint written: a restart goes on from the last good one and "
+                                                  "the others' parameters)",
+                                               run->stage + 1, (unsigned long long)ps.updates + 1,
+                                               run->stage + 1 == run->n_stages ? "the loss or a parameter is"
+                                                                               : "a parameter is");
+                }
                 if (r < 0)
                         return log_error_errno(r, "Stage %u failed: %m", run->stage + 1);
                 net_run(run->net, r > 0 ? 0 : 2);

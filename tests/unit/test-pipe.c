@@ -203,6 +203,50 @@ Test(pipe, synchronous_equals_one_stage) {
         setup_free(&su);
 }
 
+/* A stage whose training diverged stops with -ERANGE: a micro-batch whose
+ * loss is not finite (the last bias NaN) is neither counted nor turned into
+ * a gradient or an update; a parameter an update left not finite (a
+ * first-layer weight, which the ReLU hides from the loss) stops it after
+ * that update. */
+static void diverge_at(size_t param) {
+        Setup su;
+        setup(&su, 0.1f, PIPE_ASYNC);
+        Pipe *one;
+        Diag d = {};
+        cr_assert_eq(pipe_new(&su.c, &ops_blas, &one, &d), 0, "%s", d.text);
+        pipe_connect(one, NULL, -1, -1);
+        Stage *s = pipe_stage(one);
+        PipeStats st;
+        int r;
+        do {
+                r = pipe_work(one);
+                cr_assert_geq(r, 0);
+                pipe_get_stats(one, &st);
+        } while (st.updates < 3);
+        if (param == SIZE_MAX)
+                param = s->n_params - 1;
+        s->params[param] = NAN;
+        float *before = malloc(s->n_params * sizeof(float));
+        memcpy(before, s->params, s->n_params * sizeof(float));
+        uint64_t scored = st.scored;
+        for (int i = 0; i < 100 && (r = pipe_work(one)) >= 0 && r != PIPE_FINISHED; i++)
+                ;
+        cr_assert_eq(r, -ERANGE);
+        pipe_get_stats(one, &st);
+        if (param == s->n_params - 1) {
+                cr_assert_eq(st.updates, 3, "no update after the loss went NaN");
+                cr_assert_eq(st.scored, scored, "the NaN loss is not counted");
+                cr_assert(memcmp(before, s->params, s->n_params * sizeof(float)) == 0, "no update");
+        } else
+                cr_assert_eq(st.updates, 3, "the update that diverged is not counted");
+        free(before);
+        pipe_free(one);
+        setup_free(&su);
+}
+
+Test(pipe, a_loss_that_is_not_finite_stops_the_stage) { diverge_at(SIZE_MAX); }
+Test(pipe, a_parameter_that_is_not_finite_stops_the_stage) { diverge_at(5); }
+
 /* ---- stashing ----------------------------------------------------------- */
 
 #define WATCH 24

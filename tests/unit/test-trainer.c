@@ -88,3 +88,46 @@ Test(trainer, fused_momentum_equals_plain_sgd) {
         dataset_free(ds);
         ops_blas_set_threads(1);
 }
+
+/* A step whose loss is not finite stops training with -ERANGE, naming the
+ * step, before anyone (the progress callback, a checkpoint) sees it: a
+ * diverged node stops instead of training on with loss NaN. */
+typedef struct Poison {
+        Trainer *t;
+        size_t at_step; /* after this step, a parameter becomes NaN */
+        size_t param;
+        unsigned calls;
+        double last_loss;
+} Poison;
+
+static int poison(const TrainProgress *p, void *userdata) {
+        Poison *ps = userdata;
+        ps->calls++;
+        ps->last_loss = p->loss;
+        if (!p->epoch_done && p->epoch == 2 && p->step == ps->at_step)
+                ps->t->stage->params[ps->param] = NAN;
+        return 0;
+}
+
+/* param: the last bias, which makes the loss NaN, or a first-layer weight,
+ * which the ReLU hides from the loss. */
+static void diverge_at(size_t param) {
+        Dataset *ds = fake_dataset(64);
+        ModelSpec m = mlp();
+        OptimSpec o;
+        optim_spec_defaults(&o, OPTIM_ADAMW);
+        TrainSpec spec = { .batch_size = 16, .epochs = 3, .seed = 5, .n_shards = 1 };
+        Trainer *t;
+        cr_assert_eq(trainer_new(&m, &o, &spec, ds, NULL, &ops_blas, &t, NULL), 0);
+        Poison ps = { .t = t, .at_step = 2, .param = param == SIZE_MAX ? t->stage->n_params - 1 : param };
+        cr_assert_eq(trainer_run(t, poison, &ps, NULL), -ERANGE);
+        cr_assert_eq(t->diverged_epoch, 2);
+        cr_assert_eq(t->diverged_step, 3);
+        cr_assert_eq(ps.calls, 4 + 1 + 2, "epoch 1 and its end, then steps 1 and 2 of epoch 2: %u", ps.calls);
+        cr_assert(isfinite(ps.last_loss), "no progress with a loss that is not finite");
+        trainer_free(t);
+        dataset_free(ds);
+}
+
+Test(trainer, a_loss_that_is_not_finite_stops_training) { diverge_at(SIZE_MAX); }
+Test(trainer, a_parameter_that_is_not_finite_stops_training) { diverge_at(5); }
