@@ -230,6 +230,10 @@ uint64_t net_now_ns(void);
  * IPv6 /64 (one host usually holds a whole /64). The relay counts with
  * them too. */
 void net_addr_key(const struct sockaddr_storage *sa, uint8_t out[16]);
+/* TCP keepalive on fd: a connection that carries nothing for 30 s is
+ * probed, and one whose other end is gone without a word (a host switched
+ * off, a NAT mapping lost) ends within a minute. */
+void net_keepalive(int fd);
 bool net_addr_near(const uint8_t a[16], const uint8_t b[16]);
 
 int link_init(Link *l, Net *n, int fd, bool initiator, bool loopback, uint32_t hello_flags);

@@ -268,6 +268,14 @@ static void socket_tune(const Net *n, int fd) {
         setsockopt(fd, IPPROTO_TCP, TCP_USER_TIMEOUT, &user_timeout, sizeof user_timeout);
 }
 
+void net_keepalive(int fd) {
+        int one = 1, idle = 30, interval = 10, count = 3;
+        setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof one);
+        setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &idle, sizeof idle);
+        setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &interval, sizeof interval);
+        setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &count, sizeof count);
+}
+
 #define HANDSHAKES_PER_ADDR 8 /* strangers' handshakes at once from one address (/64 in IPv6) */
 
 static bool stranger(const Link *o) {
@@ -364,6 +372,8 @@ static int link_add(Net *n, int fd, bool initiator, bool waiting, bool dialing, 
         n->n_links++;
         socket_tune(n, fd);
 
+        if (waiting) /* nothing crosses it until a peer comes through the relay */
+                net_keepalive(fd);
         l->dialing = dialing;
         l->reached = !dialing;
         n->n_dialing += dialing;

@@ -183,6 +183,9 @@ static void on_accept(Relay *r) {
                 memcpy(hello + RELAY_MAGIC_SIZE, c->challenge, RELAY_CHALLENGE_SIZE);
                 int one = 1;
                 setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+                /* a waiter, or a joined pair whose ends vanish without a
+                 * word, goes within a minute and gives its place back */
+                net_keepalive(fd);
                 struct epoll_event ev = { .events = EPOLLIN, .data.ptr = c };
                 /* a fresh socket takes 40 bytes at once; else it is not worth keeping */
                 if (send(fd, hello, sizeof hello, MSG_NOSIGNAL) != (ssize_t)sizeof hello ||

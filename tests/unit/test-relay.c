@@ -74,6 +74,23 @@ static void pump(Side *a, Side *b, int ms) {
         net_run(b->n, ms);
 }
 
+/* The sockets of this process on either end of a connection to the relay,
+ * and how many of them probe with TCP keepalive. */
+static void relay_sockets(unsigned *ret_all, unsigned *ret_keepalive) {
+        *ret_all = *ret_keepalive = 0;
+        for (int fd = 3; fd < 1024; fd++) {
+                struct sockaddr_in me, peer;
+                socklen_t a = sizeof me, b = sizeof peer;
+                int on = 0;
+                socklen_t l = sizeof on;
+                if (getsockname(fd, (struct sockaddr *)&me, &a) < 0 || getpeername(fd, (struct sockaddr *)&peer, &b) < 0 ||
+                    me.sin_family != AF_INET || (ntohs(me.sin_port) != port && ntohs(peer.sin_port) != port))
+                        continue;
+                (*ret_all)++;
+                *ret_keepalive += getsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &on, &l) == 0 && on;
+        }
+}
+
 /* b waits at the relay, a asks for it there. */
 static void link_through_relay(Side *a, Side *b) {
         side_new(b, true);
@@ -89,6 +106,16 @@ static void link_through_relay(Side *a, Side *b) {
         for (int i = 0; i < 400 && !(a->connected && b->connected); i++)
                 pump(a, b, 5);
         cr_assert(a->connected && b->connected, "no link through the relay (closed %d/%d)", a->closed, b->closed);
+        /* b's next waiting connection and every connection the relay holds
+         * probe with keepalive: one whose other end vanished without a word
+         * (the relay restarted, a NAT mapping changed) ends, and b waits
+         * again (it waited for ever on a dead connection) */
+        unsigned all = 0, alive = 0;
+        for (int i = 0; i < 200 && all < 5; i++) {
+                pump(a, b, 5);
+                relay_sockets(&all, &alive);
+        }
+        cr_assert(all >= 4 && alive == all - 1, "%u of %u relay connections probe with keepalive", alive, all);
 }
 
 static void send_and_check(Side *from, Side *to, size_t n, uint8_t salt) {
