@@ -206,6 +206,7 @@ struct Net {
         NetStats stats;
         uint32_t relay_waiter;     /* the link waiting at the relay; 0: none */
         uint64_t relay_retry_ns;   /* when to open one again */
+        unsigned relay_failures;   /* WAITs in a row that failed: the next waits longer */
         /* net_run() visits every slot only now and then, not on every
          * wake-up: with a thousand links that is a scan per message */
         uint64_t timers_ns;        /* deadlines last checked */

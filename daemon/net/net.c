@@ -758,9 +758,15 @@ static void relay_keep_waiting(Net *n) {
         if (!n->cfg.relay_wait || (n->relay_waiter && net_link_find(n, n->relay_waiter)) || now < n->relay_retry_ns)
                 return;
         n->relay_waiter = 0;
-        n->relay_retry_ns = now + 1000 * 1000000ULL;
-        if (relay_request(n, RELAY_OP_WAIT, n->identity.pk, &fd, &sa) >= 0)
-                (void)link_add(n, fd, false, true, false, &sa, 0, &n->relay_waiter);
+        /* Asking blocks this thread (a node's training, its averaging) for
+         * up to the handshake timeout when the relay does not answer: after
+         * a failure the next try waits twice as long, 1 s up to 64 s. */
+        if (relay_request(n, RELAY_OP_WAIT, n->identity.pk, &fd, &sa) >= 0 &&
+            link_add(n, fd, false, true, false, &sa, 0, &n->relay_waiter) >= 0)
+                n->relay_failures = 0;
+        else
+                n->relay_failures = MIN(n->relay_failures + 1, 6u);
+        n->relay_retry_ns = net_now_ns() + (1000ULL << n->relay_failures) * 1000000ULL;
 }
 
 /* An open link the application knows: not another lane, not a link of
