@@ -64,7 +64,7 @@ static int render_node(const WebSnapshot *s, WebBuf *b) {
         label_value(job, sizeof job, t->job);
         label_value(role, sizeof role, t->role);
         label_value(io, sizeof io, s->status.network.io_backend);
-        snprintf(labels, sizeof labels, "job=\"%s\",role=\"%s\",cluster=\"%d\",stage=\"%d\",io_backend=\"%s\"", job,
+        snprintf(labels, sizeof labels, "training_job=\"%s\",role=\"%s\",cluster=\"%d\",stage=\"%d\",io_backend=\"%s\"", job,
                  role, t->cluster, t->stage, io);
         if ((r = family(b, "ravnest_node_info", "gauge",
                         "The node's job, role, cluster and stage (0-based; -1 outside a pipeline) and transport, "

@@ -137,7 +137,9 @@ Test(metrics, answers_and_refuses, .timeout = 180) {
         const char *b = body(answer);
         cr_assert(strstr(b, "# TYPE ravnest_training_loss gauge\n"), "%s", b);
         cr_assert(strstr(b, "ravnest_state{state=\"training\"} 1\n"), "%s", b);
-        cr_assert(strstr(b, "job=\"fashion-mnist-mlp\""), "%s", b);
+        /* not "job": Prometheus keeps that label for its scrape job (and
+         * renamed ours exported_job) */
+        cr_assert(strstr(b, "ravnest_node_info{training_job=\"fashion-mnist-mlp\""), "%s", b);
         double loss = metric(b, "ravnest_training_loss"), steps = metric(b, "ravnest_steps_total");
         cr_assert(loss > 0 && loss < 10, "loss %g: %s", loss, b);
         cr_assert_gt(steps, 0, "%s", b);
@@ -416,6 +418,12 @@ Test(metrics, prometheus_scrapes_the_node, .timeout = 240) {
         sleep(3);
         cr_assert_eq(http(pport, "GET", path, answer, sizeof answer), 200, "%s", answer);
         cr_assert(strstr(answer, "\"value\":["), "no rate of steps: %s", answer);
+        /* the node's labels as it wrote them (a label "job" became
+         * "exported_job", the scrape job's name taking its place) */
+        snprintf(path, sizeof path,
+                 "/api/v1/query?query=ravnest_node_info%%7Btraining_job%%3D%%22fashion-mnist-mlp%%22%%7D");
+        cr_assert_eq(http(pport, "GET", path, answer, sizeof answer), 200, "%s", answer);
+        cr_assert(strstr(answer, "\"value\":[") && !strstr(answer, "exported_job"), "%s", answer);
         kill(prom.pid, SIGTERM);
         proc_exit(&prom);
         node_stop(&n);
