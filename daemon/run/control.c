@@ -162,7 +162,30 @@ void control_report_training(Control *c, const NodeTraining *t) {
 
 void control_report_network(Control *c, const NodeNetwork *n) {
         pthread_mutex_lock(&c->lock);
-        c->status.network = *n;
+        const NodeNetwork *b = &c->network_base;
+        NodeNetwork s = *n;
+        s.bytes_sent += b->bytes_sent;
+        s.bytes_received += b->bytes_received;
+        s.rounds_done += b->rounds_done;
+        s.rounds_failed += b->rounds_failed;
+        s.traffic.pipeline_sent += b->traffic.pipeline_sent;
+        s.traffic.pipeline_received += b->traffic.pipeline_received;
+        s.traffic.averaging_sent += b->traffic.averaging_sent;
+        s.traffic.averaging_received += b->traffic.averaging_received;
+        s.traffic.steps += b->traffic.steps;
+        /* the last round is an earlier run's until this one has done one */
+        if (!s.last_averaging_usec)
+                s.last_averaging_usec = b->last_averaging_usec;
+        if (!s.last_round_ns)
+                s.last_round_ns = b->last_round_ns;
+        c->status.network = s;
+        pthread_mutex_unlock(&c->lock);
+}
+
+void control_report_run_end(Control *c) {
+        pthread_mutex_lock(&c->lock);
+        c->network_base = c->status.network;
+        c->status.network.peers = c->status.network.paused_peers = 0;
         pthread_mutex_unlock(&c->lock);
 }
 

@@ -127,6 +127,7 @@ typedef struct Control {
         /* set by the compute thread */
         NodeState state;
         NodeStatus status;
+        NodeNetwork network_base;   /* the counters of the runs that ended (control_report_run_end()) */
         uint64_t checkpoints_done;
         int checkpoint_error;       /* of the last one */
         uint64_t gate_ns;           /* when the compute thread last left the gate */
@@ -154,7 +155,13 @@ void control_clear_event(Control *c);
 int control_gate(Control *c, void (*serve)(void *userdata, bool paused), void *userdata);
 void control_set_state(Control *c, NodeState s);
 void control_report_training(Control *c, const NodeTraining *t);
+/* n's counters (bytes, rounds, traffic) are the run's own, from 0 when it
+ * began: they are published added to those of the runs before it in this
+ * process (membership runs one per plan epoch), so they never go back. */
 void control_report_network(Control *c, const NodeNetwork *n);
+/* A run ended, its links gone: what it counted (as last reported) is kept
+ * for the next run's to add to; its peers are 0 until that one reports. */
+void control_report_run_end(Control *c);
 void control_report_averaging(Control *c, const NodeAveraging *a);
 /* A checkpoint was loaded at start. */
 void control_report_checkpoint(Control *c, uint64_t step);

@@ -392,9 +392,11 @@ static void report(Run *run, const PipeStats *st) {
         net_get_stats(run->net, &ns);
         n.peers = ns.links + (run->av.active ? run->av.seen.connected : 0);
         n.paused_peers = run->prev_paused + run->next_paused;
-        n.bytes_sent = ns.bytes_sent + (run->av.active ? run->av.seen.bytes_sent : 0);
-        n.bytes_received = ns.bytes_received + (run->av.active ? run->av.seen.bytes_received : 0);
-        n.last_averaging_usec = run->av.active ? run->av.seen.last_done_realtime_us : 0;
+        /* counters, this run's (the daemon adds those of the runs before):
+         * the averager's are kept after it stopped, for the last report */
+        n.bytes_sent = ns.bytes_sent + run->av.seen.bytes_sent;
+        n.bytes_received = ns.bytes_received + run->av.seen.bytes_received;
+        n.last_averaging_usec = run->av.seen.last_done_realtime_us;
         n.rounds_done = run->av.seen.rounds_done;
         n.rounds_failed = run->av.seen.rounds_failed;
         n.last_round_ns = run->av.seen.last_round_ns;
@@ -959,6 +961,17 @@ static void run_hand_back(Run *run, int r, const volatile sig_atomic_t *stop) {
                 net_run(run->net, 5);
 }
 
+/* The last report of this run, its figures then kept by the daemon: the
+ * next run (membership's next plan epoch) counts on from them. */
+static void run_report_end(Run *run) {
+        PipeStats st;
+        if (!run->o->control)
+                return;
+        pipe_get_stats(run->pipe, &st);
+        report(run, &st);
+        control_report_run_end(run->o->control);
+}
+
 /* The result in the state directory (run/result.h). */
 static void run_write_result(Run *run, const PipeStats *st) {
         RunResult res = { .test_accuracy = run->next ? -1 : st->test_acc, .test_loss = run->next ? -1 : st->test_loss,
@@ -990,8 +1003,6 @@ static void run_log_finished(Run *run) {
         pipe_get_stats(run->pipe, &st);
         if (run->o->checkpoint_dir)
                 run_write_result(run, &st);
-        if (run->o->control)
-                report(run, &st);
         NodeTraffic t = run_traffic(run, &st);
         format_traffic(&t, traffic, sizeof traffic);
         double total = ns_to_sec(now_ns() - run->start_ns);
@@ -1039,6 +1050,7 @@ int pipeline_run(const StagePlan *plan, const Job *job, const Identity *id, cons
         pipe_get_stats(run.pipe, &end);
         run_series_row(&run, &end, now_ns()); /* the last row: its evaluation */
         run_hand_back(&run, r, stop);
+        run_report_end(&run);
         if (*stop || run.quiesced)
                 return -ECANCELED;
         if (r < 0)

@@ -539,3 +539,54 @@ Test(duty, the_published_step_never_goes_back) {
         cr_assert_eq(st.training.epoch, 3, "the rest of the report is taken");
         control_done(&c);
 }
+
+/* The network's counters are a process's, not a run's: membership runs a
+ * fresh stage per plan epoch, each counting from 0; what the runs before
+ * counted is added, so AveragingRounds and the byte counts never go back
+ * (Prometheus would take the fall for a restart). */
+Test(duty, the_network_counters_go_on_across_runs) {
+        Control c;
+        NodeStatus st;
+        cr_assert_eq(control_init(&c), 0);
+        NodeNetwork first = { .peers = 2, .bytes_sent = 1000, .bytes_received = 900, .rounds_done = 22,
+                              .rounds_failed = 1, .last_averaging_usec = 5000, .last_round_ns = 70,
+                              .traffic = { 400, 300, 600, 600, 50 }, .io_backend = "io_uring" };
+        control_report_network(&c, &first);
+        control_report_run_end(&c);
+        control_snapshot(&c, NULL, &st, NULL, NULL, NULL);
+        cr_assert_eq(st.network.peers, 0, "the run's links are gone");
+        cr_assert_eq(st.network.rounds_done, 22);
+        cr_assert_str_eq(st.network.io_backend, "io_uring");
+
+        /* the next run's first report: nothing counted yet */
+        control_report_network(&c, &(NodeNetwork){ .peers = 1, .io_backend = "io_uring" });
+        control_snapshot(&c, NULL, &st, NULL, NULL, NULL);
+        cr_assert_eq(st.network.rounds_done, 22);
+        cr_assert_eq(st.network.bytes_sent, 1000);
+        cr_assert_eq(st.network.last_averaging_usec, 5000, "the last round is still the earlier run's");
+        cr_assert_eq(st.network.last_round_ns, 70);
+
+        NodeNetwork second = { .peers = 1, .bytes_sent = 10, .bytes_received = 20, .rounds_done = 18,
+                               .last_averaging_usec = 9000, .last_round_ns = 80, .traffic = { 1, 2, 3, 4, 5 } };
+        control_report_network(&c, &second);
+        control_snapshot(&c, NULL, &st, NULL, NULL, NULL);
+        cr_assert_eq(st.network.peers, 1);
+        cr_assert_eq(st.network.rounds_done, 40);
+        cr_assert_eq(st.network.rounds_failed, 1);
+        cr_assert_eq(st.network.bytes_sent, 1010);
+        cr_assert_eq(st.network.bytes_received, 920);
+        cr_assert_eq(st.network.last_averaging_usec, 9000);
+        cr_assert_eq(st.network.traffic.pipeline_sent, 401);
+        cr_assert_eq(st.network.traffic.pipeline_received, 302);
+        cr_assert_eq(st.network.traffic.averaging_sent, 603);
+        cr_assert_eq(st.network.traffic.averaging_received, 604);
+        cr_assert_eq(st.network.traffic.steps, 55);
+
+        /* a run that ends without reporting (it failed to start) takes nothing away */
+        control_report_run_end(&c);
+        control_report_run_end(&c);
+        control_report_network(&c, &(NodeNetwork){ .rounds_done = 1 });
+        control_snapshot(&c, NULL, &st, NULL, NULL, NULL);
+        cr_assert_eq(st.network.rounds_done, 41);
+        control_done(&c);
+}
