@@ -60,7 +60,10 @@ static void poll_node(void *userdata) {
         node_tell_paused(&d->node, state == NODE_PAUSED);
         node_poll(&d->node, 0);
         uint64_t now = now_ns();
-        if (!d->config.pipeline.enabled && now - d->last_report_ns > 250 * 1000000ULL) {
+        /* a pipeline's stage (membership's too) reports its own network:
+         * one reporter, or the figures flap between two */
+        if (!d->config.pipeline.enabled && !d->config.membership.enabled &&
+            now - d->last_report_ns > 250 * 1000000ULL) {
                 d->last_report_ns = now;
                 report_network(d);
         }

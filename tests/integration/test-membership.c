@@ -68,6 +68,8 @@ static void start(Proc *p, const char *conf, const char *epochs) {
 static unsigned short coordinator_port;
 static int behind_nat_node = -1; /* make_nodes(): this node (0-based) says membership.behind_nat */
 static const char *checkpoint_conf = "interval = 0; load = false;"; /* make_nodes(): every node's */
+static const char *memory_conf = "40M"; /* make_nodes(): every node's membership.memory */
+static unsigned short metrics_port[N];  /* make_nodes(): a node's /metrics; 0: none */
 
 /* A fresh directory for one test's nodes, into dir: mkdtemp() replaces
  * the template's last six characters. */
@@ -114,17 +116,20 @@ static void make_nodes(const char *dir, int n, double heartbeat, double deadline
                          "  coordinator = \"%s@127.0.0.1:%u\";\n"
                          "  coordinate = %s;\n"
                          "  train = %s;\n"
-                         "  memory = \"40M\";   # a replica needs 52 MiB: two nodes per cluster\n"
+                         "  memory = \"%s\";   # a replica needs 52 MiB: 40M makes two nodes per cluster\n"
                          "  probe = 0.1;\n"
                          "  min_nodes = %d;\n"
                          "  settle = 1.0;\n"
                          "  heartbeat = %.2f;\n"
                          "  deadline = %.2f;\n"
                          "%s"
-                         "};\n",
+                         "};\n"
+                         "%s%.0u%s",
                          dir, i + 1, checkpoint_conf, dir, port[i][0], port[i][1], hex[0], coord, i == 0 ? "true" : "false",
-                         i == 0 && coordinate_only ? "false" : "true", n - coordinate_only,
-                         heartbeat, deadline, i == behind_nat_node ? "  behind_nat = true;\n" : "");
+                         i == 0 && coordinate_only ? "false" : "true", memory_conf, n - coordinate_only,
+                         heartbeat, deadline, i == behind_nat_node ? "  behind_nat = true;\n" : "",
+                         metrics_port[i] ? "metrics = { listen = \"127.0.0.1:" : "", metrics_port[i],
+                         metrics_port[i] ? "\"; };\n" : "");
                 snprintf(conf[i], 256, "%s/n%d.conf", dir, i + 1);
                 test_write_file(conf[i], text, 0644);
         }
@@ -644,4 +649,157 @@ Test(membership, a_dial_back_goes_where_the_link_comes_from, .timeout = 120) {
         kill(p.pid, SIGTERM);
         cr_assert_eq(proc_exit(&p), 0, "%s", p.out);
         test_remove_tree(dir);
+}
+
+/* GET /metrics from 127.0.0.1:port into out (the whole answer); false when
+ * nothing came. */
+static bool scrape(unsigned short port, char *out, size_t len) {
+        struct sockaddr_in a = { .sin_family = AF_INET, .sin_port = htons(port), .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
+        static const char req[] = "GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n";
+        struct timeval tv = { .tv_sec = 5 };
+        size_t k = 0;
+        int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+        cr_assert_geq(fd, 0);
+        setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+        if (connect(fd, (struct sockaddr *)&a, sizeof a) < 0) {
+                close(fd);
+                return false;
+        }
+        (void)!send(fd, req, sizeof req - 1, MSG_NOSIGNAL);
+        for (ssize_t r; k + 1 < len && (r = recv(fd, out + k, len - 1 - k, 0)) > 0;)
+                k += (size_t)r;
+        out[k] = '\0';
+        close(fd);
+        return strstr(out, "\r\n\r\n") != NULL;
+}
+
+/* The first sample whose name and labels start with name; -1 when absent. */
+static double sample_of(const char *text, const char *name) {
+        char want[160];
+        snprintf(want, sizeof want, "\n%s", name);
+        const char *at = strstr(text, want);
+        if (!at || !(at = strchr(at + 1, ' ')))
+                return -1;
+        return strtod(at + 1, NULL);
+}
+
+/* What Prometheus reads as counters, and must never see fall. */
+static const char *const counters[] = {
+        "ravnest_averaging_rounds_total{",
+        "ravnest_sent_bytes_total{purpose=\"averaging\"}",
+        "ravnest_received_bytes_total{purpose=\"averaging\"}",
+        "ravnest_sent_bytes_total{purpose=\"pipeline\"}",
+        "ravnest_received_bytes_total{purpose=\"pipeline\"}",
+        "ravnest_steps_total ",
+};
+#define N_COUNTERS (sizeof counters / sizeof *counters)
+
+typedef struct Watch {
+        unsigned short port;
+        const char *phase;
+        double last[N_COUNTERS];
+        int scrapes, links_down;
+        bool links_must_be_up;
+} Watch;
+
+/* One scrape: no counter below what it was; while links_must_be_up, the
+ * links are not 0 and the transport is named. */
+static void watch_scrape(Watch *w) {
+        const char *when = w->phase;
+        static char text[1 << 17];
+        if (!scrape(w->port, text, sizeof text))
+                return;
+        w->scrapes++;
+        for (size_t i = 0; i < N_COUNTERS; i++) {
+                double v = sample_of(text, counters[i]);
+                cr_assert_geq(v, 0, "%s: %s missing", when, counters[i]);
+                cr_assert_geq(v, w->last[i], "%s: %s went back from %.0f to %.0f (scrape %d)", when, counters[i],
+                              w->last[i], v, w->scrapes);
+                w->last[i] = v;
+        }
+        if (w->links_must_be_up && (sample_of(text, "ravnest_links ") <= 0 || strstr(text, "io_backend=\"\"")))
+                w->links_down++;
+}
+
+/* Scrape every 100 ms until p prints what (true) or timeout_ms passes. */
+static bool watch_until(Watch *w, Proc *p, const char *what, int timeout_ms) {
+        for (double end = seconds() + timeout_ms / 1e3; seconds() < end;) {
+                watch_scrape(w);
+                if (proc_wait_for(p, what, 100))
+                        return true;
+        }
+        return false;
+}
+
+/* A member keeps one process while the plan changes under it (the other
+ * member leaves, then comes back: plan epochs 1, 2 and 3, a fresh stage
+ * each): its counters in /metrics never fall, neither at a re-plan nor
+ * between two (a second reporter published zeros there, near checkpoint
+ * writes), and its links, up while it averages, never read 0. */
+/* Scrape every 100 ms until p has printed what n times (true) or
+ * timeout_ms passes. */
+static bool watch_count(Watch *w, Proc *p, const char *what, int n, int timeout_ms) {
+        for (double end = seconds() + timeout_ms / 1e3; seconds() < end;) {
+                if (test_count(p->out, what) >= n)
+                        return true;
+                watch_until(w, p, "\x01 never printed", 100);
+        }
+        return false;
+}
+
+Test(membership, a_member_s_counters_never_fall_across_plans, .timeout = 300) {
+        skip_without_dataset();
+        char dir[64], conf[3][256], text[256];
+        Proc p[3];
+        make_test_dir(dir);
+        memory_conf = "200M"; /* a replica a node: two clusters, which average */
+        checkpoint_conf = "interval = 2; load = false;";
+        metrics_port[1] = test_free_port();
+        make_nodes(dir, 3, 0.5, 4.0, true, conf);
+        Watch w = { .port = metrics_port[1], .phase = "two clusters" };
+        for (int i = 0; i < 3; i++)
+                start(&p[i], conf[i], "20");
+        for (int i = 1; i < 3; i++)
+                cr_assert(proc_wait_for(&p[i], "Holds plan epoch 1 (", 60000), "node %d\n%s", i + 1, p[i].out);
+        cr_assert(watch_until(&w, &p[1], "Averaging round 3 ", 60000), "%s", p[1].out);
+        /* averaging with node 3 until it leaves (unless a plan changes meanwhile: a
+         * heartbeat late on a loaded machine) */
+        int plans = test_count(p[1].out, "Holds plan epoch ");
+        w.links_must_be_up = true;
+        watch_until(&w, &p[1], "\x01 never printed", 6000); /* checkpoints every 2 s */
+        if (test_count(p[1].out, "Holds plan epoch ") == plans)
+                cr_assert_eq(w.links_down, 0,
+                             "ravnest_links read 0 (or io_backend \"\") %d times of %d while the links were up",
+                             w.links_down, w.scrapes);
+
+        /* node 3 leaves: a plan of node 2 alone, one cluster */
+        w.links_must_be_up = false;
+        w.phase = "node 3 left";
+        kill(p[2].pid, SIGTERM);
+        cr_assert_eq(proc_exit(&p[2]), 0, "%s", p[2].out);
+        cr_assert(watch_until(&w, &p[1], "cluster 1 of 1, stage 1 of 1", 60000), "%s", p[1].out);
+        watch_until(&w, &p[1], "\x01 never printed", 3000);
+
+        /* it comes back: two clusters again; the rounds of that plan add to
+         * those before */
+        w.phase = "node 3 came back";
+        int twos = test_count(p[1].out, " of 2, stage 1 of 1");
+        start(&p[2], conf[2], "20");
+        cr_assert(watch_count(&w, &p[1], " of 2, stage 1 of 1", twos + 1, 60000), "%s", p[1].out);
+        double before = w.last[0];
+        for (double end = seconds() + 60; w.last[0] < before + 2 && seconds() < end;)
+                watch_until(&w, &p[1], "\x01 never printed", 100);
+        cr_assert_geq(w.last[0], before + 2, "%.0f rounds in all a minute after node 3 came back, %.0f before\n%s",
+                      w.last[0], before, p[1].out);
+        cr_log_info("%d scrapes; %.0f averaging rounds in all\n", w.scrapes, w.last[0]);
+
+        for (int i = 0; i < 3; i++) {
+                kill(p[i].pid, SIGTERM);
+                cr_assert_eq(proc_exit(&p[i]), 0, "node %d\n%s", i + 1, p[i].out);
+        }
+        memory_conf = "40M";
+        checkpoint_conf = "interval = 0; load = false;";
+        metrics_port[1] = 0;
+        snprintf(text, sizeof text, "rm -rf %s", dir);
+        (void)!system(text);
 }
