@@ -148,12 +148,21 @@ void control_set_state(Control *c, NodeState s) {
         pthread_mutex_unlock(&c->lock);
 }
 
+/* A run's position as the published Step. Step is a counter
+ * (ravnest_steps_total): it moves on as far as the position does, and not
+ * back when the position does. Under membership each plan epoch's stage
+ * starts from the swarm's count in that plan's steps (the samples done over
+ * the samples of one step in every cluster): a plan with more clusters, or
+ * one that lost a member's samples with it, counts fewer. */
+static uint64_t published_step_locked(const Control *c, uint64_t position) {
+        uint64_t step = c->status.training.step;
+        return position > c->position ? step + (position - c->position) : step;
+}
+
 void control_report_training(Control *c, const NodeTraining *t) {
         pthread_mutex_lock(&c->lock);
-        /* Step is a counter (ravnest_steps_total): a member that takes
-         * the swarm's count with a plan after its coordinator restarted
-         * may be handed fewer steps than it had done; it never goes back */
-        uint64_t step = MAX(c->status.training.step, t->step);
+        uint64_t step = published_step_locked(c, t->step);
+        c->position = t->step;
         c->status.training = *t;
         c->status.training.step = step;
         idle_figures_locked(c);
@@ -195,10 +204,15 @@ void control_report_averaging(Control *c, const NodeAveraging *a) {
         pthread_mutex_unlock(&c->lock);
 }
 
+/* CheckpointStep is in Step's units, and never goes back either. */
+static void checkpoint_locked(Control *c, uint64_t position) {
+        c->status.checkpoint_step = MAX(c->status.checkpoint_step, published_step_locked(c, position));
+        c->status.checkpoint_usec = now_realtime_usec();
+}
+
 void control_report_checkpoint(Control *c, uint64_t step) {
         pthread_mutex_lock(&c->lock);
-        c->status.checkpoint_step = step;
-        c->status.checkpoint_usec = now_realtime_usec();
+        checkpoint_locked(c, step);
         pthread_mutex_unlock(&c->lock);
 }
 
@@ -212,10 +226,8 @@ void control_checkpoint_done(Control *c, int r, uint64_t step) {
         pthread_mutex_lock(&c->lock);
         c->checkpoints_done = c->checkpoints_wanted;
         c->checkpoint_error = r < 0 ? r : 0;
-        if (r >= 0) {
-                c->status.checkpoint_step = step;
-                c->status.checkpoint_usec = now_realtime_usec();
-        }
+        if (r >= 0)
+                checkpoint_locked(c, step);
         notify(c);
         pthread_mutex_unlock(&c->lock);
 }

@@ -50,7 +50,9 @@ typedef struct NodeTraining {
         char job[64];
         int32_t cluster, stage;    /* 0-based; -1 when not in a pipeline */
         int32_t epoch, epochs;     /* epoch 1-based; <= 0 where the stage does not read the data */
-        uint64_t step;             /* steps (updates) since the start, checkpoints included */
+        uint64_t step;             /* the run's position in steps (updates), checkpoints included: under
+                                    * membership the swarm's, as the plan held counts them (published as
+                                    * a counter: control_report_training()) */
         double loss;               /* mean training loss over the last 2 s window; < 0: not known here */
         double samples_per_sec;    /* over the wall clock of the last 2 s; 0 while paused or finished */
         double busy;               /* fraction of the last 2 s not spent waiting, 0 to 1; < 0: not known */
@@ -100,7 +102,7 @@ typedef struct NodeStatus {
         NodeTraining training;
         NodeNetwork network;
         NodeAveraging averaging;
-        uint64_t checkpoint_step;  /* step of the last checkpoint written or loaded */
+        uint64_t checkpoint_step;  /* the published step when the last checkpoint was written or loaded */
         uint64_t checkpoint_usec;  /* CLOCK_REALTIME when it was written or loaded; 0: none */
         uint64_t pauses;           /* times training paused (the operator or the idle monitor) */
         uint64_t plan_epoch;       /* of the coordinator's plan held (membership); 0: none */
@@ -128,6 +130,7 @@ typedef struct Control {
         NodeState state;
         NodeStatus status;
         NodeNetwork network_base;   /* the counters of the runs that ended (control_report_run_end()) */
+        uint64_t position;          /* the run's step as last reported (NodeTraining.step) */
         uint64_t checkpoints_done;
         int checkpoint_error;       /* of the last one */
         uint64_t gate_ns;           /* when the compute thread last left the gate */
@@ -163,7 +166,8 @@ void control_report_network(Control *c, const NodeNetwork *n);
  * for the next run's to add to; its peers are 0 until that one reports. */
 void control_report_run_end(Control *c);
 void control_report_averaging(Control *c, const NodeAveraging *a);
-/* A checkpoint was loaded at start. */
+/* A checkpoint of the run at step (its position, as NodeTraining.step)
+ * was loaded at start, or written. */
 void control_report_checkpoint(Control *c, uint64_t step);
 /* Membership: the epoch of the plan this node took. */
 void control_report_plan(Control *c, uint64_t epoch);

@@ -45,8 +45,12 @@ int stage_checkpoint_save(const char *dir, const char *job, const Stage *s, cons
                                           "training goes on): %s", d.text);
         snprintf(path, sizeof path, "%s/%s", dir, name);
         snprintf(fields, sizeof fields, "PATH=%s\nSTEP=%llu", path, (unsigned long long)info.step);
-        log_event(LOG_INFO, EVENT_CHECKPOINT, fields, "Checkpoint written: %s (step %llu, %llu epochs done; %.1f MiB in %.0f ms)",
-                  path, (unsigned long long)info.step, (unsigned long long)info.epoch,
+        /* the position training goes on from, as the plan counts it (under
+         * membership the swarm's: it may go back at a new plan); not the
+         * published Step, a counter */
+        log_event(LOG_INFO, EVENT_CHECKPOINT, fields,
+                  "Checkpoint written: %s (step %llu, %llu epochs done, the training position it goes on from; "
+                  "%.1f MiB in %.0f ms)", path, (unsigned long long)info.step, (unsigned long long)info.epoch,
                   (double)(info.n_params + info.n_state) * 4 / (1 << 20), ns_to_sec(now_ns() - t0) * 1e3);
         return 0;
 }

@@ -122,7 +122,8 @@ static int render_checkpoint(const WebSnapshot *s, WebBuf *b) {
 
         if ((r = gauge1(b, "ravnest_checkpoint_age_seconds", "Since the last checkpoint was written or loaded; NaN: none",
                         age)) < 0 ||
-            (r = gauge1(b, "ravnest_checkpoint_step", "Step of the last checkpoint written or loaded",
+            (r = gauge1(b, "ravnest_checkpoint_step",
+                        "ravnest_steps_total when the last checkpoint was written or loaded; never goes back",
                         (double)st->checkpoint_step)) < 0)
                 return r;
         return 0;

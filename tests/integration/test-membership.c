@@ -691,6 +691,7 @@ static const char *const counters[] = {
         "ravnest_sent_bytes_total{purpose=\"pipeline\"}",
         "ravnest_received_bytes_total{purpose=\"pipeline\"}",
         "ravnest_steps_total ",
+        "ravnest_checkpoint_step ", /* a gauge, in Step's units: never back either */
 };
 #define N_COUNTERS (sizeof counters / sizeof *counters)
 
@@ -735,7 +736,9 @@ static bool watch_until(Watch *w, Proc *p, const char *what, int timeout_ms) {
  * member leaves, then comes back: plan epochs 1, 2 and 3, a fresh stage
  * each): its counters in /metrics never fall, neither at a re-plan nor
  * between two (a second reporter published zeros there, near checkpoint
- * writes), and its links, up while it averages, never read 0. */
+ * writes), and its links, up while it averages, never read 0. Nor does its
+ * checkpoint step, in the steps_total's units, though the stage's own
+ * position (the swarm's count in the plan's steps) goes back at epoch 3. */
 /* Scrape every 100 ms until p has printed what n times (true) or
  * timeout_ms passes. */
 static bool watch_count(Watch *w, Proc *p, const char *what, int n, int timeout_ms) {
@@ -781,14 +784,18 @@ Test(membership, a_member_s_counters_never_fall_across_plans, .timeout = 300) {
         watch_until(&w, &p[1], "\x01 never printed", 3000);
 
         /* it comes back: two clusters again; the rounds of that plan add to
-         * those before */
+         * those before, and its stage checkpoints (the swarm's count in
+         * steps of two clusters now: its own position goes back) */
         w.phase = "node 3 came back";
         int twos = test_count(p[1].out, " of 2, stage 1 of 1");
         start(&p[2], conf[2], "20");
         cr_assert(watch_count(&w, &p[1], " of 2, stage 1 of 1", twos + 1, 60000), "%s", p[1].out);
         double before = w.last[0];
-        for (double end = seconds() + 60; w.last[0] < before + 2 && seconds() < end;)
+        int written = test_count(p[1].out, "Checkpoint written: ");
+        for (double end = seconds() + 60;
+             (w.last[0] < before + 2 || test_count(p[1].out, "Checkpoint written: ") <= written) && seconds() < end;)
                 watch_until(&w, &p[1], "\x01 never printed", 100);
+        watch_until(&w, &p[1], "\x01 never printed", 500); /* the checkpoint's figures published */
         cr_assert_geq(w.last[0], before + 2, "%.0f rounds in all a minute after node 3 came back, %.0f before\n%s",
                       w.last[0], before, p[1].out);
         cr_log_info("%d scrapes; %.0f averaging rounds in all\n", w.scrapes, w.last[0]);

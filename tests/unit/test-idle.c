@@ -3,6 +3,7 @@
  * sanity check against the real /proc; a rest under the cap serves the
  * links. */
 #include <criterion/criterion.h>
+#include <errno.h>
 #include <ftw.h>
 #include <math.h>
 #include <stdio.h>
@@ -588,5 +589,52 @@ Test(duty, the_network_counters_go_on_across_runs) {
         control_report_network(&c, &(NodeNetwork){ .rounds_done = 1 });
         control_snapshot(&c, NULL, &st, NULL, NULL, NULL);
         cr_assert_eq(st.network.rounds_done, 41);
+        control_done(&c);
+}
+
+/* Under membership a stage's step is the swarm's count in the steps of the
+ * plan held: a new plan may set it back (more clusters, each step more
+ * samples). Step counts on from where it was by as much as the position
+ * moves, and CheckpointStep is the Step at the checkpoint: it never goes
+ * back either. */
+Test(duty, the_checkpoint_step_is_in_step_s_units) {
+        Control c;
+        NodeStatus st;
+        cr_assert_eq(control_init(&c), 0);
+        control_report_training(&c, &(NodeTraining){ .step = 2300 }); /* plan epoch 1 */
+        control_checkpoint_done(&c, 0, 2351);
+        control_snapshot(&c, NULL, &st, NULL, NULL, NULL);
+        cr_assert_eq(st.checkpoint_step, 2351);
+        control_report_training(&c, &(NodeTraining){ .step = 2351 });
+
+        control_report_training(&c, &(NodeTraining){ .step = 2000 }); /* plan epoch 2: the swarm's count */
+        control_report_training(&c, &(NodeTraining){ .step = 2100 });
+        control_snapshot(&c, NULL, &st, NULL, NULL, NULL);
+        cr_assert_eq(st.training.step, 2451, "Step counts on by the 100 steps made");
+        control_checkpoint_done(&c, 0, 2110); /* ahead of the last report by 10 */
+        control_snapshot(&c, NULL, &st, NULL, NULL, NULL);
+        cr_assert_eq(st.checkpoint_step, 2461);
+
+        control_checkpoint_done(&c, 0, 1200); /* plan epoch 3, before its first report */
+        control_snapshot(&c, NULL, &st, NULL, NULL, NULL);
+        cr_assert_eq(st.checkpoint_step, 2461, "never back");
+        control_report_training(&c, &(NodeTraining){ .step = 1200 });
+        control_report_training(&c, &(NodeTraining){ .step = 1300 });
+        control_checkpoint_done(&c, -EIO, 1300); /* failed: not a checkpoint */
+        control_snapshot(&c, NULL, &st, NULL, NULL, NULL);
+        cr_assert_eq(st.checkpoint_step, 2461);
+        control_report_checkpoint(&c, 1300); /* written, as a stage reports it */
+        control_snapshot(&c, NULL, &st, NULL, NULL, NULL);
+        cr_assert_eq(st.training.step, 2551);
+        cr_assert_eq(st.checkpoint_step, 2551);
+        control_done(&c);
+
+        /* a run that starts from its checkpoint: both at its step */
+        cr_assert_eq(control_init(&c), 0);
+        control_report_checkpoint(&c, 500);
+        control_report_training(&c, &(NodeTraining){ .step = 500 });
+        control_snapshot(&c, NULL, &st, NULL, NULL, NULL);
+        cr_assert_eq(st.checkpoint_step, 500);
+        cr_assert_eq(st.training.step, 500);
         control_done(&c);
 }
