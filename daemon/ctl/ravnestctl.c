@@ -273,6 +273,17 @@ static int parse_swarm_args(int argc, char *argv[], SwarmOptions *o) {
                 fprintf(stderr, "ravnestctl swarm: --resume goes on from an earlier swarm's --dir: give it\n");
                 return EX_USAGE;
         }
+        /* the nodes' configurations name it, and a state directory must be
+         * absolute: a relative --dir is taken from here */
+        static char dir[PATH_MAX];
+        char cwd[PATH_MAX];
+        if (o->dir && o->dir[0] != '/') {
+                if (!getcwd(cwd, sizeof cwd) || snprintf(dir, sizeof dir, "%s/%s", cwd, o->dir) >= (int)sizeof dir) {
+                        fprintf(stderr, "ravnestctl swarm: --dir %s: cannot make it absolute\n", o->dir);
+                        return EX_USAGE;
+                }
+                o->dir = dir;
+        }
         if (o->averaging && o->clusters == 1) {
                 fprintf(stderr, "ravnestctl swarm: --averaging: one cluster has nothing to average with (give "
                         "--clusters 2 or more)\n");

@@ -187,6 +187,18 @@ Test(swarm_short, a_resumed_swarm_trains_the_epochs_it_lacks, .timeout = 300) {
         cr_assert(strstr(p.out, "swarm: cluster 1: test accuracy "), "%s", p.out);
 }
 
+/* A relative --dir is taken from the working directory (every node
+ * refused its configuration: a state directory must be absolute). */
+Test(swarm_short, a_relative_dir_is_taken_from_here, .timeout = 300) {
+        char d[200];
+        Proc p;
+        cr_assert_eq(chdir(dir), 0);
+        swarm(&p, (char *[]){ "--job", quick, "--dir", "relative", "--epochs", "1", NULL });
+        cr_assert_eq(proc_exit(&p), 0, "%s", p.out);
+        snprintf(d, sizeof d, "%s/relative/c1s1", dir);
+        cr_assert_eq(access(d, F_OK), 0, "%s\n%s", d, p.out);
+}
+
 /* The same with the outer optimizer on: the node comes back with the
  * anchor and momentum of its checkpoint, and the swarm still ends as one
  * averaged model. */
