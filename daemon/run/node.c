@@ -2,11 +2,14 @@
 #include "node.h"
 
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 
 #include "events.h"
 #include "util/log.h"
+#include "util/macro.h"
+#include "util/time-util.h"
 
 bool node_configured(const Config *c) {
         return c->listen.port != 0 || c->n_peers > 0 || c->averaging.enabled || c->pipeline.enabled ||
@@ -42,8 +45,18 @@ const char *node_close_reason(int reason, const NetPeerInfo *info, char *buf, si
 
 static const uint8_t msg_paused[4] = { 'R', 'V', 'P', 'Z' }, msg_resumed[4] = { 'R', 'V', 'P', 'R' };
 
+static NodePeer *configured_peer(Node *node, uint32_t link) {
+        for (size_t i = 0; i < node->n_peers; i++)
+                if (node->peers[i].link == (int64_t)link)
+                        return &node->peers[i];
+        return NULL;
+}
+
 static void on_connected(void *userdata, uint32_t peer, const uint8_t id[IDENTITY_PK_SIZE]) {
         Node *node = userdata;
+        NodePeer *p = configured_peer(node, peer);
+        if (p)
+                p->failures = 0;
         char hex[IDENTITY_HEX_SIZE];
         int c = net_peer_cipher(node->net, peer);
         NetPeerInfo info = {};
@@ -59,6 +72,7 @@ static void on_connected(void *userdata, uint32_t peer, const uint8_t id[IDENTIT
 }
 
 static void forget_paused(Node *node, uint32_t peer);
+static void dial_peers(Node *node);
 
 /* Who the peer is, for a log line: its key when it proved one (even if it
  * was then refused), and its address: "<key> at 192.0.2.7:41234". */
@@ -78,6 +92,12 @@ static void on_closed(void *userdata, uint32_t peer, int reason, const uint8_t i
         char who[IDENTITY_HEX_SIZE + 80], why[128], hex[IDENTITY_HEX_SIZE], fields[384];
 
         forget_paused(node, peer);
+        NodePeer *p = configured_peer(node, peer);
+        if (p) { /* dialed again: at once after a link that was up, later after each failure */
+                p->link = -1;
+                p->next_dial_ns = now_ns() + (NSEC_PER_SEC << MIN(p->failures, 6u));
+                p->failures++;
+        }
         if (net_peer_describe(node->net, peer, &info) < 0)
                 snprintf(info.address, sizeof info.address, "?");
         describe_peer(&info, who, sizeof who);
@@ -200,25 +220,50 @@ int node_start(Node *node, const Config *c) {
                         return log_error_errno(r, "Failed to listen on %s:%u: %m", c->listen.host, c->listen.port);
                 log_info("Listening on %s:%u", c->listen.host, port);
         }
-        for (size_t i = 0; i < c->n_peers; i++) {
-                uint32_t peer;
-                r = net_connect(node->net, c->peers[i].host, c->peers[i].port, &peer);
-                if (r < 0)
-                        log_warning_errno(r, "Failed to connect to %s:%u: %m", c->peers[i].host, c->peers[i].port);
-        }
+        node->peers = calloc(MAX(c->n_peers, (size_t)1), sizeof *node->peers);
+        if (!node->peers)
+                return log_error_errno(-ENOMEM, "Out of memory");
+        node->n_peers = c->n_peers;
+        for (size_t i = 0; i < c->n_peers; i++)
+                node->peers[i] = (NodePeer){ .address = c->peers[i], .link = -1 };
         node->active = true;
+        dial_peers(node);
         return 0;
+}
+
+/* The configured peers without a link whose time has come. */
+static void dial_peers(Node *node) {
+        uint64_t now = now_ns();
+        for (size_t i = 0; i < node->n_peers; i++) {
+                NodePeer *p = &node->peers[i];
+                uint32_t link;
+                if (p->link >= 0 || now < p->next_dial_ns)
+                        continue;
+                int r = net_connect(node->net, p->address.host, p->address.port, &link);
+                if (r >= 0) {
+                        p->link = link;
+                        continue;
+                }
+                if (p->failures == 0) /* once, not at every try */
+                        log_warning_errno(r, "Failed to connect to %s:%u: %m; trying again", p->address.host,
+                                          p->address.port);
+                p->next_dial_ns = now + (NSEC_PER_SEC << MIN(p->failures, 6u));
+                p->failures++;
+        }
 }
 
 void node_poll(Node *node, int timeout_ms) {
         if (!node->active)
                 return;
         net_run(node->net, timeout_ms); /* which heartbeats quiet links */
+        dial_peers(node);
 }
 
 void node_stop(Node *node) {
         /* also after a node_start() that failed half way (its transport up, its address in use) */
         node->net = net_free(node->net);
+        node->peers = mfree(node->peers);
+        node->n_peers = 0;
         identity_clear(&node->identity);
         node->active = false;
 }

@@ -17,8 +17,20 @@
 
 #define NODE_MAX_PAUSED 64
 
+/* A peer of network.peers: dialed at start, and again whenever its link is
+ * lost or could not be made (after 1 s, twice as long after each failure
+ * in a row, at most a minute). */
+typedef struct NodePeer {
+        ConfigAddress address;
+        int64_t link;          /* -1: none */
+        uint64_t next_dial_ns;
+        unsigned failures;
+} NodePeer;
+
 typedef struct Node {
         Net *net;
+        NodePeer *peers;
+        size_t n_peers;
         Identity identity;
         bool active;
         bool told_paused;              /* the peers know this node is paused */
@@ -32,7 +44,7 @@ bool node_configured(const Config *c);
  * configured peers. Logs; returns -errno on failure. */
 int node_start(Node *node, const Config *c);
 /* Serve the links for up to timeout_ms (the transport heartbeats quiet
- * links). */
+ * links), and dial the configured peers that are due. */
 void node_poll(Node *node, int timeout_ms);
 void node_stop(Node *node);
 /* Tell the peers this node paused (true) or resumed; once per change. */
