@@ -574,6 +574,10 @@ static void wide_ring(unsigned n, unsigned group, unsigned dims, unsigned fragme
         cfg.interval_steps = 1;
         cfg.group_size = group;
         cfg.fragments = fragments;
+        /* every member takes part: on a loaded machine, 64 of them on two
+         * cores may be slower to come than a group waits for them by
+         * default (once a group went on without one: CI, 2026-11-28) */
+        cfg.coll.join_timeout_ms = 60000;
         start_nodes(nodes, n, &cfg, (const AveragerRing (*)[4])rings, n_rings, lens);
         expect_exact_average(nodes, n, LEN);
         RingGrid g;
