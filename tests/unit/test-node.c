@@ -22,36 +22,59 @@ static void peer_control(void *ud, uint32_t peer, uint8_t type, const uint8_t *p
                 ((Peer *)ud)->paused++;
 }
 
+/* The network secret both ends hold, in hex (the node's secret_file). */
+static const char hex[] = "00112233445566778899aabbccddeeff00112233445566778899aabbccddeeff";
+
+/* A node started in a new directory (dir, a mkdtemp() template) from a
+ * configuration whose network section holds setting besides the secret. */
+static void node_up(char *dir, const char *setting, Config *c, Node *node) {
+        char path[256], secret[256], text[1024];
+        cr_assert_not_null(mkdtemp(dir));
+        snprintf(secret, sizeof secret, "%s/secret", dir);
+        snprintf(text, sizeof text, "%s\n", hex);
+        test_write_file(secret, text, 0600);
+        snprintf(path, sizeof path, "%s/node.conf", dir);
+        snprintf(text, sizeof text, "state_directory = \"%s/state\";\nnetwork = {\n  secret_file = \"%s\";\n  %s\n};\n",
+                 dir, secret, setting);
+        test_write_file(path, text, 0644);
+        Diag d = {};
+        cr_assert_eq(config_load(path, c, &d), 0, "%s", d.text);
+        cr_assert_eq(node_start(node, c), 0);
+}
+
+static void node_down(const char *dir, Config *c, Node *node) {
+        char cmd[300];
+        node_stop(node);
+        config_free(c);
+        snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+        cr_assert_eq(system(cmd), 0);
+}
+
+/* A peer's transport configuration: a new identity, the node's secret. */
+static void peer_config(NetConfig *nc, Identity *id, uint8_t key[32]) {
+        identity_generate(id);
+        for (int i = 0; i < 32; i++)
+                sscanf(hex + 2 * i, "%2hhx", &key[i]);
+        net_config_defaults(nc);
+        nc->identity = id;
+        nc->secret = key;
+}
+
 /* A node that paused before a peer connected tells that peer too, not only
  * the peers it had when it paused. */
 Test(node, a_peer_that_connects_while_paused_learns_it) {
-        char dir[] = "/tmp/ravnest-test-node-XXXXXX", path[256], secret[256], text[1024];
-        static const char hex[] = "00112233445566778899aabbccddeeff00112233445566778899aabbccddeeff";
-        cr_assert_not_null(mkdtemp(dir));
-        snprintf(secret, sizeof secret, "%s/secret", dir);
-        test_write_file(secret, "00112233445566778899aabbccddeeff00112233445566778899aabbccddeeff\n", 0600);
+        char dir[] = "/tmp/ravnest-test-node-XXXXXX", listen[64];
         uint16_t port = test_free_port();
-        snprintf(path, sizeof path, "%s/node.conf", dir);
-        snprintf(text, sizeof text,
-                 "state_directory = \"%s/state\";\nnetwork = {\n  secret_file = \"%s\";\n  listen = \"127.0.0.1:%u\";\n};\n",
-                 dir, secret, port);
-        test_write_file(path, text, 0644);
+        snprintf(listen, sizeof listen, "listen = \"127.0.0.1:%u\";", port);
         Config c;
-        Diag d = {};
-        cr_assert_eq(config_load(path, &c, &d), 0, "%s", d.text);
         Node node;
-        cr_assert_eq(node_start(&node, &c), 0);
+        node_up(dir, listen, &c, &node);
         node_tell_paused(&node, true);
 
         Identity id;
-        identity_generate(&id);
         uint8_t key[32];
-        for (int i = 0; i < 32; i++)
-                sscanf(hex + 2 * i, "%2hhx", &key[i]);
         NetConfig nc;
-        net_config_defaults(&nc);
-        nc.identity = &id;
-        nc.secret = key;
+        peer_config(&nc, &id, key);
         NetCallbacks cb = { .connected = peer_connected, .control = peer_control };
         Peer p = {};
         cr_assert_eq(net_new(&nc, &cb, &p, &p.n), 0);
@@ -67,45 +90,26 @@ Test(node, a_peer_that_connects_while_paused_learns_it) {
         net_free(p.n);
         for (int i = 0; i < 100; i++)
                 node_poll(&node, 1);
-        node_stop(&node);
-        config_free(&c);
-        char cmd[300];
-        snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
-        cr_assert_eq(system(cmd), 0);
+        node_down(dir, &c, &node);
 }
 
 /* A peer of network.peers that is not up when the node starts is dialed
  * again until it is, and again after its link is lost (it was dialed once,
  * at start, and never again). */
 Test(node, a_configured_peer_is_dialed_until_it_is_up) {
-        char dir[] = "/tmp/ravnest-test-node-XXXXXX", path[256], secret[256], text[1024];
-        static const char hex[] = "00112233445566778899aabbccddeeff00112233445566778899aabbccddeeff";
-        cr_assert_not_null(mkdtemp(dir));
-        snprintf(secret, sizeof secret, "%s/secret", dir);
-        test_write_file(secret, "00112233445566778899aabbccddeeff00112233445566778899aabbccddeeff\n", 0600);
+        char dir[] = "/tmp/ravnest-test-node-XXXXXX", peers[64];
         uint16_t port = test_free_port();
-        snprintf(path, sizeof path, "%s/node.conf", dir);
-        snprintf(text, sizeof text,
-                 "state_directory = \"%s/state\";\nnetwork = {\n  secret_file = \"%s\";\n  peers = [\"127.0.0.1:%u\"];\n};\n",
-                 dir, secret, port);
-        test_write_file(path, text, 0644);
+        snprintf(peers, sizeof peers, "peers = [\"127.0.0.1:%u\"];", port);
         Config c;
-        Diag d = {};
-        cr_assert_eq(config_load(path, &c, &d), 0, "%s", d.text);
         Node node;
-        cr_assert_eq(node_start(&node, &c), 0); /* nobody listens there yet */
+        node_up(dir, peers, &c, &node); /* nobody listens there yet */
         for (int i = 0; i < 300; i++)
                 node_poll(&node, 1);
 
         Identity id;
-        identity_generate(&id);
         uint8_t key[32];
-        for (int i = 0; i < 32; i++)
-                sscanf(hex + 2 * i, "%2hhx", &key[i]);
         NetConfig nc;
-        net_config_defaults(&nc);
-        nc.identity = &id;
-        nc.secret = key;
+        peer_config(&nc, &id, key);
         NetCallbacks cb = { .connected = peer_connected };
         for (int round = 1; round <= 2; round++) {
                 Peer p = {};
@@ -121,11 +125,7 @@ Test(node, a_configured_peer_is_dialed_until_it_is_up) {
                 for (int i = 0; i < 100; i++)
                         node_poll(&node, 1);
         }
-        node_stop(&node);
-        config_free(&c);
-        char cmd[300];
-        snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
-        cr_assert_eq(system(cmd), 0);
+        node_down(dir, &c, &node);
 }
 
 /* A dropped link's reason says which deadline it missed, and the protocol
