@@ -297,7 +297,18 @@ static uint64_t int8_wire_bytes(unsigned P, size_t len, size_t per_piece) {
         return total;
 }
 
-static void run_int8(unsigned n, size_t len) {
+/* Members whose first value of every block is +-1000, weighed so that
+ * they cancel: the running sums' blocks are a thousand times the
+ * average's, and the bound is the members' magnitude's (ravnestd.conf(5)). */
+static void cancel_block_heads(Swarm *s, size_t len) {
+        for (unsigned i = 0; i < s->n; i++) {
+                s->node[i].weight = 1;
+                for (size_t k = 0; k < len; k += QUANT_BLOCK)
+                        s->node[i].x[k] = i % 2 ? -1000 : 1000;
+        }
+}
+
+static void run_int8(unsigned n, size_t len, bool cancel) {
         Swarm s;
         CollConfig c;
         coll_config_defaults(&c);
@@ -305,6 +316,8 @@ static void run_int8(unsigned n, size_t len) {
         c.payload = COLL_PAYLOAD_INT8;
         cr_assert_eq(swarm_init(&s, n, &c, false), 0);
         fill_varied(&s, len, n * 77 + len);
+        if (cancel)
+                cancel_block_heads(&s, len);
         cr_assert_eq(swarm_round(&s), 0);
 
         double W = 0, worst = 0;
@@ -401,9 +414,11 @@ static void run_int8_feedback(unsigned n, size_t len, unsigned R) {
 Test(coll, int8_error_feedback_pays_errors_back) { run_int8_feedback(4, 5003, 8); }
 
 /* chunks and pieces of whole blocks */
-Test(coll, int8_three_members) { run_int8(3, 3 * 2 * 15 * QUANT_BLOCK); }
+Test(coll, int8_three_members) { run_int8(3, 3 * 2 * 15 * QUANT_BLOCK, false); }
 /* pieces whose last block is short */
-Test(coll, int8_four_members_short_blocks) { run_int8(4, 5003); }
+Test(coll, int8_four_members_short_blocks) { run_int8(4, 5003, false); }
+/* members' values cancel: within the bound of their own magnitudes */
+Test(coll, int8_cancelling_members) { run_int8(4, 5003, true); }
 
 /* ---- bad pieces ------------------------------------------------------------ */
 
