@@ -94,6 +94,20 @@ int optim_init(Optim *o, const OptimSpec *spec, size_t n, float *state) {
 /* Below this many parameters per thread a step is not worth splitting. */
 #define OPTIM_GRAIN 32768
 
+/* Whether a value is not finite: its exponent all ones. Or-ed over a
+ * slice as the step writes it, so the check costs no pass of its own. */
+static inline uint32_t nonfinite_bit(float x) {
+        uint32_t u;
+        memcpy(&u, &x, sizeof u);
+        return (u & 0x7f800000u) == 0x7f800000u;
+}
+
+/* A slice whose new values held one that is not finite marks the step. */
+static void mark_nonfinite(Optim *o, uint32_t bad) {
+        if (bad)
+                __atomic_store_n(&o->diverged, true, __ATOMIC_RELAXED);
+}
+
 typedef struct StepArgs {
         Optim *o;
         float *w;       /* at offset */
@@ -103,29 +117,33 @@ typedef struct StepArgs {
 
 _simd_clones_ static void sgd_step(void *ctx, size_t lo, size_t hi) {
         const StepArgs *a = ctx;
-        const Optim *o = a->o;
+        Optim *o = a->o;
         const float lr = o->lr, mu = o->spec.momentum, wd = o->spec.weight_decay;
         float *restrict w = a->w + lo, *restrict buf = o->state + a->offset + lo;
         const float *restrict g = a->g + lo;
         size_t n = hi - lo;
+        uint32_t bad = 0;
 
-        if (mu == 0.0f) {
-                for (size_t i = 0; i < n; i++)
+        if (mu == 0.0f)
+                for (size_t i = 0; i < n; i++) {
                         w[i] -= lr * (g[i] + wd * w[i]);
-                return;
-        }
-        if (o->spec.nesterov)
+                        bad |= nonfinite_bit(w[i]);
+                }
+        else if (o->spec.nesterov)
                 for (size_t i = 0; i < n; i++) {
                         float gi = g[i] + wd * w[i];
                         buf[i] = mu * buf[i] + gi;
                         w[i] -= lr * (gi + mu * buf[i]);
+                        bad |= nonfinite_bit(w[i]);
                 }
         else
                 for (size_t i = 0; i < n; i++) {
                         float gi = g[i] + wd * w[i];
                         buf[i] = mu * buf[i] + gi;
                         w[i] -= lr * buf[i];
+                        bad |= nonfinite_bit(w[i]);
                 }
+        mark_nonfinite(o, bad);
 }
 
 /* AdamW (Loshchilov and Hutter, 2019, Algorithm 2), decoupled decay:
@@ -135,7 +153,7 @@ _simd_clones_ static void sgd_step(void *ctx, size_t lo, size_t hi) {
  *   w <- w - lr * (m / (1 - b1^t)) / (sqrt(v / (1 - b2^t)) + eps)          */
 _simd_clones_ static void adamw_step(void *ctx, size_t lo, size_t hi) {
         const StepArgs *a = ctx;
-        const Optim *o = a->o;
+        Optim *o = a->o;
         const float lr = o->lr, wd = o->spec.weight_decay;
         const float b1 = o->spec.beta1, b2 = o->spec.beta2, eps = o->spec.eps;
         float *restrict w = a->w + lo, *restrict m = o->state + a->offset + lo;
@@ -144,12 +162,16 @@ _simd_clones_ static void adamw_step(void *ctx, size_t lo, size_t hi) {
         size_t n = hi - lo;
         float step = lr / o->c1, inv_sqrt_c2 = 1.0f / sqrtf(o->c2), decay = 1.0f - lr * wd;
 
+        uint32_t bad = 0;
+
         for (size_t i = 0; i < n; i++) {
                 float gi = g[i];
                 m[i] = b1 * m[i] + (1.0f - b1) * gi;
                 v[i] = b2 * v[i] + (1.0f - b2) * gi * gi;
                 w[i] = w[i] * decay - step * m[i] / (sqrtf(v[i]) * inv_sqrt_c2 + eps);
+                bad |= nonfinite_bit(w[i]);
         }
+        mark_nonfinite(o, bad);
 }
 
 /* AccumAdam (Wang, Zhang, Wu, Johansson, ICLR 2025, Section 4): the moments
@@ -163,7 +185,7 @@ _simd_clones_ static void adamw_step(void *ctx, size_t lo, size_t hi) {
  * with j = ceil(t / k) the number of the block. k = 1 is AdamW. */
 _simd_clones_ static void accum_adam_step(void *ctx, size_t lo, size_t hi) {
         const StepArgs *a = ctx;
-        const Optim *o = a->o;
+        Optim *o = a->o;
         const float lr = o->lr, wd = o->spec.weight_decay;
         const float b1 = o->spec.beta1, b2 = o->spec.beta2, eps = o->spec.eps;
         const float inv_k = 1.0f / (float)o->spec.accum_steps;
@@ -174,12 +196,14 @@ _simd_clones_ static void accum_adam_step(void *ctx, size_t lo, size_t hi) {
         const float *restrict g = a->g + lo;
         size_t n = hi - lo;
         float step = lr / o->c1, inv_sqrt_c2 = 1.0f / sqrtf(o->c2), decay = 1.0f - lr * wd;
+        uint32_t bad = 0;
 
         for (size_t i = 0; i < n; i++) {
                 float gi = g[i];
                 float m = b1 * M[i] + (1.0f - b1) * gi;
                 float v = b2 * V[i] + (1.0f - b2) * gi * gi;
                 w[i] = w[i] * decay - step * m / (sqrtf(v) * inv_sqrt_c2 + eps);
+                bad |= nonfinite_bit(w[i]);
                 if (o->spec.accum_steps == 1) {
                         M[i] = m;
                         V[i] = v;
@@ -193,6 +217,7 @@ _simd_clones_ static void accum_adam_step(void *ctx, size_t lo, size_t hi) {
                 }
                 acc[i] = ai;
         }
+        mark_nonfinite(o, bad);
 }
 
 void optim_set_pool(Optim *o, Pool *pool) {
@@ -241,8 +266,12 @@ _simd_clones_ static void fused_step(void *ctx, size_t lo, size_t hi) {
         const float lr = a->o->lr;
         float *restrict w = a->w + lo;
         const float *restrict buf = a->o->state + a->offset + lo;
-        for (size_t i = 0; i < hi - lo; i++)
+        uint32_t bad = 0;
+        for (size_t i = 0; i < hi - lo; i++) {
                 w[i] -= lr * buf[i];
+                bad |= nonfinite_bit(w[i]);
+        }
+        mark_nonfinite(a->o, bad);
 }
 
 void optim_update_fused(Optim *o, float *w, size_t offset, size_t n) {

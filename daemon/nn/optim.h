@@ -66,6 +66,7 @@ typedef struct Optim {
                        * beta^j, j the moment update this step leads to) */
         Pool *pool;   /* splits each step across threads; NULL: caller only */
         bool no_fuse; /* never fuse the momentum into the backward pass */
+        bool diverged; /* an update left a parameter that is not finite (optim_diverged()) */
 } Optim;
 
 const char *optim_kind_to_string(OptimKind k);
@@ -122,3 +123,10 @@ void optim_update(Optim *o, float *w, const float *g, size_t offset, size_t n);
 float *optim_fused_gradient(Optim *o, float *ret_beta);
 /* The fused step over one slice, after optim_begin_step(). */
 void optim_update_fused(Optim *o, float *w, size_t offset, size_t n);
+
+/* Whether an update since optim_init() left a parameter that is not
+ * finite (NaN or infinite). Every step checks the values it writes as it
+ * writes them, so this costs no pass over the parameters. */
+static inline bool optim_diverged(const Optim *o) {
+        return o->diverged;
+}

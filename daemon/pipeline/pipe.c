@@ -435,7 +435,7 @@ static int after_backward(Pipe *p, uint32_t id, const float *w) {
         if (p->last_step)
                 memcpy(p->last_step, p->s->params, p->s->n_params * sizeof(float));
         optim_step(&p->optim, p->s->params, p->s->grads);
-        if (!tensor_finite(p->s->params, p->s->n_params))
+        if (optim_diverged(&p->optim))
                 return -ERANGE; /* this update diverged: nothing of it goes out (the averaging, a checkpoint) */
         if (p->last_step)
                 sub_from(p->last_step, p->s->params, p->s->n_params);

@@ -170,7 +170,7 @@ int trainer_run(Trainer *t, TrainProgressFn cb, void *userdata, const volatile s
                         /* diverged: stop before the model goes anywhere. A
                          * parameter behind a ReLU can be NaN while the loss
                          * is not (the ReLU passes 0 for it), so both count. */
-                        if (!isfinite(loss) || !tensor_finite(t->stage->params, t->stage->n_params)) {
+                        if (!isfinite(loss) || optim_diverged(&t->optim)) {
                                 t->diverged_epoch = epoch + 1;
                                 t->diverged_step = step + 1;
                                 return -ERANGE;

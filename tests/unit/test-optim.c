@@ -1,6 +1,8 @@
 /* Optimizers: steps against values worked out by hand. */
 #include <criterion/criterion.h>
+#include <float.h>
 #include <math.h>
+#include <string.h>
 
 #include "nn/optim.h"
 
@@ -208,4 +210,51 @@ Test(optim, schedules_with_and_without_warmup) {
         s.schedule = LR_CONSTANT;
         cr_assert_float_eq(lr_schedule_at(&s, 4, 100), 0.002f, 1e-9f);
         cr_assert_eq(lr_schedule_at(&s, 10, 100), 0.004f);
+}
+
+/* One step of o over w from g, through the fused path when fused. */
+static void step_once(Optim *o, float *w, const float *g, bool fused) {
+        if (!fused) {
+                optim_step(o, w, g);
+                return;
+        }
+        optim_begin_step(o);
+        memcpy(o->state, g, o->n * sizeof *g); /* the backward pass writes b = mu b + g; b was 0 */
+        optim_update_fused(o, w, 0, o->n);
+}
+
+/* Every kind of step marks the optimizer diverged when a value it writes
+ * is not finite, wherever that value is (here in the second thread's
+ * slice, or the one value a huge step overflows), and never otherwise. */
+Test(optim, a_step_that_leaves_a_value_not_finite_is_marked) {
+        enum { N = 200003 };
+        static float w[N], g[N], st[3 * N];
+        Pool *p;
+        cr_assert_eq(pool_new(2, &p), 0);
+        for (int variant = 0; variant < _OPTIM_KIND_MAX + 3; variant++) {
+                OptimKind kind = variant < _OPTIM_KIND_MAX ? (OptimKind)variant : OPTIM_SGD;
+                bool fused = variant == _OPTIM_KIND_MAX + 2;
+                OptimSpec s;
+                optim_spec_defaults(&s, kind);
+                s.momentum = variant >= _OPTIM_KIND_MAX ? 0.9f : 0.0f;
+                s.nesterov = variant == _OPTIM_KIND_MAX + 1;
+                for (int bad = 0; bad < 3; bad++) {
+                        for (int i = 0; i < N; i++)
+                                w[i] = g[i] = sinf((float)i);
+                        memset(st, 0, sizeof st);
+                        Optim o;
+                        cr_assert_eq(optim_init(&o, &s, N, st), 0);
+                        optim_set_pool(&o, p);
+                        step_once(&o, w, g, fused);
+                        cr_assert_not(optim_diverged(&o), "variant %d: a clean step", variant);
+                        if (bad == 1)
+                                g[N - 7] = NAN;
+                        if (bad == 2) /* SGD: finite in, infinite out; Adam's step is at most
+                                       * about its rate, so it gets an infinite parameter */
+                                w[N - 7] = kind == OPTIM_SGD ? -FLT_MAX : INFINITY, g[N - 7] = FLT_MAX;
+                        step_once(&o, w, g, fused);
+                        cr_assert_eq(optim_diverged(&o), bad != 0, "variant %d, bad %d", variant, bad);
+                }
+        }
+        pool_free(p);
 }
