@@ -543,7 +543,7 @@ static void finish_rounds(Averager *a, uint64_t now) {
                 size_t off = a->rd_off[i];
                 coll_round_info(a->rd[i], &info);
                 values += round_delta(a->rd[i], a->delta + off, a->snapshot + off, a->outer_round);
-                if (info.state != COLL_ROUND_DONE)
+                if (info.state != COLL_ROUND_DONE && error != -EBADE) /* another model: the reason to tell */
                         error = info.error;
                 smallest = MIN(smallest, info.participants);
                 s.bytes_sent += info.bytes_sent;
@@ -635,10 +635,12 @@ static void *averager_main(void *arg) {
                 uint64_t now = now_ns();
                 unsigned connected = coll_n_connected(a->coll);
                 CollLoss lost = coll_loss(a->coll), refused = coll_refusals(a->coll), diverged = coll_diverged(a->coll);
+                CollForeign foreign = coll_foreign(a->coll);
                 atomic_store(&a->peers_up, ring_peers_up(a));
                 /* only this thread writes them */
                 if (connected != a->stats.connected || lost.count != a->stats.lost.count ||
-                    refused.count != a->stats.refused.count || diverged.count != a->stats.diverged.count) {
+                    refused.count != a->stats.refused.count || diverged.count != a->stats.diverged.count ||
+                    foreign.count != a->stats.foreign.count) {
                         NetStats ns;
                         net_get_stats(coll_net(a->coll), &ns);
                         pthread_mutex_lock(&a->lock);
@@ -647,6 +649,7 @@ static void *averager_main(void *arg) {
                         a->stats.lost = lost;
                         a->stats.refused = refused;
                         a->stats.diverged = diverged;
+                        a->stats.foreign = foreign;
                         pthread_mutex_unlock(&a->lock);
                 }
                 switch (atomic_load(&a->state)) {

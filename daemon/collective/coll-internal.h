@@ -17,7 +17,17 @@ typedef struct Member {
          * waited for, taken for a leader or admitted, until its next READY or
          * until its link goes. */
         bool diverged;
+        /* Trains another model (coll_foreign()): left out like a diverged
+         * one, and not told our values, until its link goes. */
+        bool foreign;
+        bool model_known; /* its MODEL came on this link (the first message, once) */
 } Member;
+
+/* Not waited for, taken for a leader or admitted: it sits rounds out, or
+ * trains another model. */
+static inline bool member_out(const Member *m) {
+        return m->diverged || m->foreign;
+}
 
 /* The last READY each member sent for a group; the leader reads them. */
 typedef struct ReadyEntry {
@@ -163,6 +173,7 @@ struct Coll {
         CollLoss loss; /* links to members lost so far, and the last one */
         CollLoss refusals; /* connections closed before they were a member's link */
         CollLoss diverged; /* members that sat a round out, their values not finite (coll_diverged()) */
+        CollForeign foreign; /* members refused for another model (coll_foreign()) */
         Donation donations[COLL_MAX_DONATIONS];
         unsigned n_donations;
         uint32_t next_donation;
@@ -203,6 +214,8 @@ int round_on_start(Coll *c, unsigned member, const CollStart *m);
 int round_on_piece(Coll *c, unsigned member, const CollPiece *h, NetTensor *t);
 void round_on_sent(Coll *c, uint64_t cookie);
 void round_on_member_lost(Coll *c, unsigned member, int reason);
+/* A member of another model (its MODEL): its READYs go. */
+void round_on_foreign(Coll *c, unsigned member);
 /* A participant gave the round up: so do we (-ECONNABORTED). */
 void round_on_abort(Coll *c, unsigned member, const CollAbort *m);
 void round_tick(Coll *c, uint64_t now);
@@ -219,7 +232,9 @@ void state_on_ask(Coll *c, unsigned member, const CollStateAsk *m);
 void state_on_no(Coll *c, unsigned member, const CollStateNo *m);
 void state_on_piece(Coll *c, unsigned member, const CollPiece *h, NetTensor *t);
 void state_on_sent(Coll *c, uint32_t id);
-void state_on_member_lost(Coll *c, unsigned member);
+/* The member asked for a state is gone, or trains another model (why):
+ * the next one is asked. */
+void state_on_member_lost(Coll *c, unsigned member, int why);
 void state_tick(Coll *c, uint64_t now);
 void state_stop_giving(Coll *c);
 void coll_state_free(Coll *c);

@@ -117,7 +117,8 @@ static void round_fail(CollRound *r, int error) {
                 uint8_t buf[COLL_CTL_MAX];
                 size_t n = coll_abort_encode(&(CollAbort){ .group = r->group, .round = round, .error = error }, buf);
                 for (unsigned i = 0; i < n_who && round; i++)
-                        if (who[i] != r->coll->self && r->coll->members[who[i]].up)
+                        if (who[i] != r->coll->self && r->coll->members[who[i]].up &&
+                            !r->coll->members[who[i]].foreign)
                                 (void)net_send_control(r->coll->net, r->coll->members[who[i]].peer, FRAME_CONTROL,
                                                        buf, n);
         }
@@ -598,6 +599,8 @@ static ReadyEntry *ready_find(Coll *c, uint32_t group, unsigned member) {
 }
 
 void round_on_ready(Coll *c, unsigned member, const CollReady *m) {
+        if (c->members[member].foreign)
+                return; /* another model's: never admitted */
         ReadyEntry *e = ready_find(c, m->group, member);
         c->members[member].diverged = false; /* its values are finite again */
         if (!e && readies_of(c, member) >= READY_MAX_PER_MEMBER)
@@ -610,6 +613,20 @@ void round_on_ready(Coll *c, unsigned member, const CollReady *m) {
                 e = &n[c->n_readies++];
         }
         *e = (ReadyEntry){ .group = m->group, .member = member, .msg = *m, .at_ns = now_ns() };
+}
+
+void round_on_foreign(Coll *c, unsigned member) {
+        for (size_t i = 0; i < c->n_readies; i++)
+                if (c->readies[i].member == member)
+                        c->readies[i].at_ns = 0;
+}
+
+/* Whether a member of the round's group trains another model. */
+static bool round_has_foreign(const CollRound *r) {
+        for (unsigned i = 0; i < r->n_members; i++)
+                if (r->coll->members[r->members[i]].foreign)
+                        return true;
+        return false;
 }
 
 /* Values per piece: piece_bytes of them on the wire; whole blocks of int8. */
@@ -737,8 +754,8 @@ int round_on_start(Coll *c, unsigned member, const CollStart *m) {
         uint64_t *last = coll_last_round(c, m->group);
         unsigned sender_pos = UINT_MAX;
 
-        if (!r || r->state != COLL_ROUND_JOINING)
-                return 0; /* not waiting: we gave up, or never joined */
+        if (!r || r->state != COLL_ROUND_JOINING || c->members[member].foreign)
+                return 0; /* not waiting: we gave up, or never joined; or another model's */
         for (unsigned i = 0; i < r->n_members; i++)
                 if (r->members[i] == member)
                         sender_pos = i;
@@ -765,7 +782,7 @@ static uint64_t choose_participants(Coll *c, CollRound *r, uint64_t now, uint64_
                 ReadyEntry *e = ready_find(c, r->group, r->members[i]);
                 /* a last round only with others in theirs; none with one sitting rounds out */
                 if (i == r->self_pos || !e || !ready_fresh(c, e, now) || !c->members[r->members[i]].up ||
-                    c->members[r->members[i]].diverged || e->msg.final != r->final)
+                    member_out(&c->members[r->members[i]]) || e->msg.final != r->final)
                         continue;
                 cand |= 1ull << i;
                 views[i] = e->msg.view;
@@ -810,7 +827,7 @@ static uint64_t choose_participants(Coll *c, CollRound *r, uint64_t now, uint64_
 static bool fully_connected(Coll *c, CollRound *r, uint64_t now) {
         uint64_t diverged = 0; /* not waited for */
         for (unsigned i = 0; i < r->n_members; i++)
-                if (i != r->self_pos && c->members[r->members[i]].diverged)
+                if (i != r->self_pos && member_out(&c->members[r->members[i]]))
                         diverged |= 1ull << i;
         for (unsigned i = 0; i < r->n_members; i++) {
                 ReadyEntry *e = ready_find(c, r->group, r->members[i]);
@@ -828,7 +845,7 @@ static void joining_step(CollRound *r, uint64_t now) {
         Coll *c = r->coll;
         unsigned leader_pos = r->self_pos;
         for (unsigned i = 0; i < r->self_pos; i++) /* one that sits rounds out leads none */
-                if (c->members[r->members[i]].up && !c->members[r->members[i]].diverged) {
+                if (c->members[r->members[i]].up && !member_out(&c->members[r->members[i]])) {
                         leader_pos = i;
                         break;
                 }
@@ -868,7 +885,7 @@ static void joining_step(CollRound *r, uint64_t now) {
         for (unsigned i = 0; i < r->n_members && all; i++) {
                 unsigned m = r->members[i];
                 ReadyEntry *e = ready_find(c, r->group, m);
-                if (i != r->self_pos && (c->members[m].up || r->final) && !c->members[m].diverged &&
+                if (i != r->self_pos && (c->members[m].up || r->final) && !member_out(&c->members[m]) &&
                     (!e || !ready_fresh(c, e, now) || e->msg.final != r->final))
                         all = false;
         }
@@ -882,6 +899,8 @@ static void joining_step(CollRound *r, uint64_t now) {
         CollStart s = { .group = r->group, .final = r->final };
         s.participants = choose_participants(c, r, now, &s.round, s.weights);
         s.n = (unsigned)__builtin_popcountll(s.participants);
+        if (s.n == 1 && round_has_foreign(r))
+                return round_fail(r, -EBADE); /* alone for want of a model like ours: no average */
         uint8_t buf[COLL_CTL_MAX];
         size_t n = coll_start_encode(&s, buf);
         for (unsigned i = 0; i < r->n_members; i++)

@@ -135,7 +135,9 @@ void state_on_sent(Coll *c, uint32_t id) {
 }
 
 void state_on_ask(Coll *c, unsigned member, const CollStateAsk *m) {
-        if (c->state_hook)
+        if (c->members[member].foreign) /* another model's: ours are no use to it */
+                (void)coll_state_refuse(c, member, m->group, -EBADE);
+        else if (c->state_hook)
                 c->state_hook(c->state_ud, member, m);
         else
                 (void)coll_state_refuse(c, member, m->group, -ENODATA);
@@ -160,7 +162,9 @@ static void fetch_next(Coll *c, Fetch *f, int why) {
         f->donor = -1;
         for (unsigned i = 0; i < f->n; i++) {
                 unsigned m = f->members[i];
-                if (m == c->self || (f->tried >> i & 1) || !c->members[m].up)
+                if (m != c->self && c->members[m].foreign && !f->last_error)
+                        f->last_error = -EBADE; /* why nobody gives it, if nobody does */
+                if (m == c->self || (f->tried >> i & 1) || !c->members[m].up || c->members[m].foreign)
                         continue;
                 f->tried |= 1ull << i;
                 if (net_send_control(c->net, c->members[m].peer, FRAME_CONTROL, buf, len) < 0)
@@ -253,10 +257,10 @@ void state_on_piece(Coll *c, unsigned member, const CollPiece *h, NetTensor *t) 
                 f->result = 0;
 }
 
-void state_on_member_lost(Coll *c, unsigned member) {
+void state_on_member_lost(Coll *c, unsigned member, int why) {
         for (unsigned i = 0; i < c->n_fetches; i++)
                 if (c->fetches[i].result == -EINPROGRESS && c->fetches[i].donor == (int)member)
-                        fetch_next(c, &c->fetches[i], -ECONNRESET);
+                        fetch_next(c, &c->fetches[i], why);
 }
 
 void state_tick(Coll *c, uint64_t now) {

@@ -8,7 +8,7 @@
 #include "net/frame.h"
 #include "quant.h"
 
-#define CTL_MAGIC 0x31435652u   /* "RVC1" */
+#define CTL_MAGIC 0x32435652u   /* "RVC2": version 2 brought MODEL */
 #define FLAG_FINAL 0x01
 #define PIECE_MAGIC 0x31505652u /* "RVP1" */
 
@@ -34,7 +34,14 @@ static bool weight_ok(double w) {
  * READY: 24 f64 weight, 32 u64 view, 40 u64 blame            (48 bytes)
  * START: 24 u64 participants, 32 u32 n, 36 zero, 40 n x f64 (40 + 8n bytes)
  * ABORT, STATE_NO: 24 i32 error, 28 zero                    (32 bytes)
- * STATE_ASK: 24 u64 values, 32 u32 arrays, 36 zero           (40 bytes) */
+ * STATE_ASK: 24 u64 values, 32 u32 arrays, 36 zero           (40 bytes)
+ * MODEL: 24 digest (32 bytes), 56 u64 values                 (64 bytes) */
+#define MODEL_SIZE (24 + COLL_MODEL_DIGEST_SIZE + 8)
+
+int coll_model_check(const CollModel *ours, const CollModel *theirs) {
+        return ours->values == theirs->values && memcmp(ours->digest, theirs->digest, sizeof ours->digest) == 0 ?
+                       0 : -EBADE;
+}
 static void ctl_head(uint8_t *out, uint8_t kind, uint32_t group, uint64_t round) {
         memset(out, 0, 24);
         put_le32(out, CTL_MAGIC);
@@ -85,6 +92,23 @@ size_t coll_state_no_encode(const CollStateNo *m, uint8_t *out) {
         return 32;
 }
 
+size_t coll_model_encode(const CollModel *m, uint8_t *out) {
+        ctl_head(out, COLL_MODEL, 0, 0);
+        memcpy(out + 24, m->digest, COLL_MODEL_DIGEST_SIZE);
+        put_le64(out + 24 + COLL_MODEL_DIGEST_SIZE, m->values);
+        return MODEL_SIZE;
+}
+
+/* MODEL: no group, no round, no flag; a digest of its size, a count no
+ * model has more of. */
+static int decode_model(const uint8_t *in, size_t len, CollModel *m) {
+        if (len != MODEL_SIZE || in[5] || get_le32(in + 8) || get_le64(in + 16))
+                return -EBADMSG;
+        memcpy(m->digest, in + 24, COLL_MODEL_DIGEST_SIZE);
+        m->values = get_le64(in + 24 + COLL_MODEL_DIGEST_SIZE);
+        return m->values <= COLL_MODEL_MAX_VALUES ? 0 : -EBADMSG;
+}
+
 static bool error_ok(int32_t e) {
         return e < 0 && e >= -4095;
 }
@@ -119,6 +143,10 @@ int coll_ctl_decode(const uint8_t *in, size_t len, CollCtl *ret) {
                         .error = (int32_t)get_le32(in + 24),
                 };
                 if (len != 32 || get_le32(in + 28) || !error_ok(m.abort.error))
+                        return -EBADMSG;
+                break;
+        case COLL_MODEL:
+                if (decode_model(in, len, &m.model.model) < 0)
                         return -EBADMSG;
                 break;
         case COLL_STATE_ASK:

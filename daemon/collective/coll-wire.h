@@ -46,7 +46,24 @@ typedef enum CollCtlKind {
         COLL_ABORT = 3, /* participant -> participants: I gave this round up */
         COLL_STATE_ASK = 4, /* joiner -> member: hand me your optimizer's state of this group's values */
         COLL_STATE_NO = 5,  /* member -> joiner: it will not (busy, no state, other values) */
+        COLL_MODEL = 6,     /* either end, first on every link: the model I average */
 } CollCtlKind;
+
+/* What a member averages: a digest of its model's layers (their kinds,
+ * settings and shapes, as its owner computes it: opaque here) and its
+ * parameter count. All zero: not named (then it matches only members that
+ * name none). */
+#define COLL_MODEL_DIGEST_SIZE 32
+#define COLL_MODEL_MAX_VALUES (1ull << 40)
+typedef struct CollModel {
+        uint8_t digest[COLL_MODEL_DIGEST_SIZE];
+        uint64_t values; /* 0 .. COLL_MODEL_MAX_VALUES */
+} CollModel;
+
+/* The one check every averaging mode makes of a peer's model before it
+ * averages with it or hands it values: 0 when theirs is ours, -EBADE
+ * (another model) when the digest or the count differs. */
+int coll_model_check(const CollModel *ours, const CollModel *theirs);
 
 typedef enum CollPhase {
         COLL_REDUCE_SCATTER = 1,
@@ -95,6 +112,10 @@ typedef struct CollAbort {
         int32_t error; /* why, as a negative errno */
 } CollAbort;
 
+typedef struct CollModelMsg {
+        CollModel model;
+} CollModelMsg;
+
 typedef struct CollCtl {
         uint8_t kind;
         union {
@@ -103,6 +124,7 @@ typedef struct CollCtl {
                 CollAbort abort;
                 CollStateAsk ask;
                 CollStateNo no;
+                CollModelMsg model;
         };
 } CollCtl;
 
@@ -114,6 +136,7 @@ size_t coll_start_encode(const CollStart *m, uint8_t *out);
 size_t coll_abort_encode(const CollAbort *m, uint8_t *out);
 size_t coll_state_ask_encode(const CollStateAsk *m, uint8_t *out);
 size_t coll_state_no_encode(const CollStateNo *m, uint8_t *out);
+size_t coll_model_encode(const CollModel *m, uint8_t *out);
 /* -EBADMSG: wrong magic, kind, size, or a value out of range. */
 int coll_ctl_decode(const uint8_t *in, size_t len, CollCtl *ret);
 

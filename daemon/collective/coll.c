@@ -124,6 +124,8 @@ static void on_connected(void *ud, uint32_t peer, const uint8_t id[IDENTITY_PK_S
                         break;
                 m->up = true;
                 m->peer = peer;
+                uint8_t buf[COLL_CTL_MAX]; /* what we average, first: see on_model() */
+                (void)net_send_control(c->net, peer, FRAME_CONTROL, buf, coll_model_encode(&c->cfg.model, buf));
                 return;
         }
         /* authenticated, but not one of ours (or a second link) */
@@ -147,10 +149,12 @@ static void on_closed(void *ud, uint32_t peer, int reason, const uint8_t id[IDEN
                         (void)net_peer_describe(c->net, peer, &c->loss.info);
                         m->up = false;
                         m->diverged = false; /* a new link, a new start (a restart from a checkpoint) */
+                        m->foreign = false;  /* ... perhaps of the job we train */
+                        m->model_known = false;
                         m->next_dial_ns = now + (uint64_t)c->cfg.redial_ms * 1000000ull;
                         drop_early(c, early_from, &i);
                         round_on_member_lost(c, i, reason);
-                        state_on_member_lost(c, i);
+                        state_on_member_lost(c, i, -ECONNRESET);
                 }
         }
         NetPeerInfo info;
@@ -159,14 +163,36 @@ static void on_closed(void *ud, uint32_t peer, int reason, const uint8_t id[IDEN
                                           .info = info };
 }
 
+/* A member's MODEL, the first message of its link, once: one of another
+ * model (coll_model_check()) is left out until its link goes. It does the
+ * same with ours, so both ends refuse each other at once, whatever their
+ * places in any group. -EBADMSG: not first, or twice. */
+static int on_model(Coll *c, unsigned member, const CollCtl *m) {
+        Member *mb = &c->members[member];
+        if ((m->kind == COLL_MODEL) == mb->model_known)
+                return -EBADMSG;
+        if (m->kind != COLL_MODEL)
+                return 0;
+        mb->model_known = true;
+        if (coll_model_check(&c->cfg.model, &m->model.model) == 0)
+                return 1;
+        mb->foreign = true;
+        c->foreign = (CollForeign){ .count = c->foreign.count + 1, .member = member, .theirs = m->model.model };
+        round_on_foreign(c, member);
+        state_on_member_lost(c, member, -EBADE);
+        return 1;
+}
+
 static void on_control(void *ud, uint32_t peer, uint8_t type, const uint8_t *payload, size_t len) {
         Coll *c = ud;
         int member = coll_member_of_peer(c, peer);
         CollCtl m;
         if (member < 0 || type != FRAME_CONTROL)
                 return;
-        if (coll_ctl_decode(payload, len, &m) < 0) {
-                net_close_peer(c->net, peer);
+        int k = coll_ctl_decode(payload, len, &m) < 0 ? -EBADMSG : on_model(c, (unsigned)member, &m);
+        if (k != 0) { /* a MODEL taken, or a message that breaks the protocol */
+                if (k < 0)
+                        net_close_peer(c->net, peer);
                 return;
         }
         if (m.kind == COLL_READY)
@@ -343,6 +369,10 @@ void coll_set_state_hook(Coll *c, CollStateHook hook, void *ud) {
 
 CollLoss coll_refusals(const Coll *c) {
         return c->refusals;
+}
+
+CollForeign coll_foreign(const Coll *c) {
+        return c->foreign;
 }
 
 CollLoss coll_diverged(const Coll *c) {

@@ -64,6 +64,7 @@ typedef struct CollConfig {
         unsigned round_timeout_ms;  /* START to the last piece */
         unsigned redial_ms;
         unsigned ban_ms;            /* a member that sent a bad piece is refused this long */
+        CollModel model;            /* what this member averages; zero: not named (see coll_foreign()) */
 } CollConfig;
 
 void coll_config_defaults(CollConfig *c);
@@ -129,6 +130,20 @@ CollLoss coll_refusals(const Coll *c);
  * last of them (reason -ERANGE). The rounds of the others go on without it
  * until it says READY again or its link goes. */
 CollLoss coll_diverged(const Coll *c);
+/* Members that train another model: their model (in a READY, a STATE_ASK,
+ * or a REFUSE they sent) fails coll_model_check() against ours. Each is
+ * refused at once and told so (REFUSE, with our model), and until its link
+ * goes it is neither waited for, nor taken for a leader, nor admitted to a
+ * round, nor asked for or given a state. A round that could take nobody
+ * but us while a member of its group is such a one fails at once, -EBADE:
+ * we are not averaging, and the owner should say why. How many were
+ * refused, and the last of them with its model. */
+typedef struct CollForeign {
+        uint64_t count;
+        unsigned member;
+        CollModel theirs;
+} CollForeign;
+CollForeign coll_foreign(const Coll *c);
 Net *coll_net(Coll *c);
 /* The Net peer of member's link, or -ENOTCONN. */
 int64_t coll_peer(const Coll *c, unsigned member);

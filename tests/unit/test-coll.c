@@ -109,6 +109,37 @@ Test(coll_wire, state_messages) {
         cr_assert_eq(coll_piece_decode(piece, sizeof piece, &h), -EBADMSG);
 }
 
+/* MODEL: the digest and count come back; a digest field of another length
+ * (the message's size), a count past any model's, a flag, a group or a
+ * round are refused. */
+Test(coll_wire, model_message) {
+        uint8_t buf[COLL_CTL_MAX + 8];
+        CollModel a = { .digest = { 1, 2, 3, [31] = 0xff }, .values = 134912 }, b = a;
+        CollCtl m;
+        size_t n = coll_model_encode(&a, buf);
+        cr_assert_eq(n, 64);
+        cr_assert_eq(coll_ctl_decode(buf, n, &m), 0);
+        cr_assert_eq(m.kind, COLL_MODEL);
+        cr_assert_eq(coll_model_check(&a, &m.model.model), 0);
+        b.digest[31] ^= 1;
+        cr_assert_eq(coll_model_check(&a, &b), -EBADE, "another digest");
+        b = a;
+        b.values = 133888;
+        cr_assert_eq(coll_model_check(&a, &b), -EBADE, "another count");
+        for (size_t k = 32; k < n + 8; k++)
+                if (k != n)
+                        cr_assert_eq(coll_ctl_decode(buf, k, &m), -EBADMSG, "%zu bytes", k);
+        size_t at[] = { 5, 8, 16 }; /* flags, group, round */
+        for (unsigned k = 0; k < 3; k++) {
+                buf[at[k]] ^= 1;
+                cr_assert_eq(coll_ctl_decode(buf, n, &m), -EBADMSG, "byte %zu", at[k]);
+                buf[at[k]] ^= 1;
+        }
+        a.values = COLL_MODEL_MAX_VALUES + 1;
+        n = coll_model_encode(&a, buf);
+        cr_assert_eq(coll_ctl_decode(buf, n, &m), -EBADMSG, "a count no model has");
+}
+
 Test(coll_wire, piece_size_per_dtype) {
         uint8_t piece[COLL_PIECE_HEADER + 4 * 300];
         CollPiece h;
@@ -680,6 +711,79 @@ static void a_member_diverged(unsigned sick) {
 Test(coll, a_diverged_leader_sits_rounds_out) { a_member_diverged(0); }
 Test(coll, a_diverged_member_sits_rounds_out) { a_member_diverged(2); }
 Test(coll, bad_piece_int8_nan_scale) { forged(COLL_PAYLOAD_INT8); }
+
+/* A member that trains another model (another digest of its layers, or
+ * another parameter count) is refused by name at once, at both ends: the
+ * others average among themselves, round after round, without waiting for
+ * it, and its own rounds fail at once (-EBADE) instead of running alone. */
+static void a_member_of_another_model(unsigned odd, bool same_count) {
+        enum { N = 4, LEN = 30000, R = 3 };
+        Swarm s;
+        CollConfig c;
+        coll_config_defaults(&c);
+        c.piece_bytes = 4096;
+        cr_assert_eq(swarm_init(&s, N, &c, false), 0);
+        fill(&s, LEN, 77 + odd, true);
+        CollModel ours = { .digest = { 0x1a, 0x2b }, .values = LEN }, theirs = ours;
+        if (same_count)
+                theirs.digest[0] = 0x3c; /* heads = 4 where the others have 2: the same shapes and count */
+        else
+                theirs.values = s.node[odd].len = LEN - 1024; /* a shorter context */
+        for (unsigned i = 0; i < N; i++)
+                s.node[i].coll->cfg.model = i == odd ? theirs : ours;
+        s.rounds = R;
+        for (unsigned i = 0; i < N; i++)
+                cr_assert_not_null(s.node[i].history = calloc((size_t)R * LEN, sizeof(float)));
+        cr_assert_eq(swarm_round(&s), 0);
+
+        const CollRoundInfo *o = &s.node[odd].info;
+        cr_assert_eq(o->state, COLL_ROUND_FAILED, "the odd member's round: state %d", o->state);
+        cr_assert_eq(o->error, -EBADE, "the odd member's round failed with %d", o->error);
+        cr_assert(o->end_ns - o->start_ns < (uint64_t)c.join_timeout_ms * 1000000ull / 4, "it waited %.0f ms",
+                  (double)(o->end_ns - o->start_ns) / 1e6);
+        CollForeign f = coll_foreign(s.node[odd].coll);
+        cr_assert_eq(f.count, N - 1, "the odd member refused %" PRIu64 " members", f.count);
+        cr_assert(coll_model_check(&ours, &f.theirs) == 0, "it names the others' model");
+        double W = 0;
+        for (unsigned i = 0; i < N; i++)
+                if (i != odd)
+                        W += s.node[i].weight;
+        for (unsigned i = 0; i < N; i++) {
+                if (i == odd)
+                        continue;
+                const CollRoundInfo *in = &s.node[i].info;
+                cr_assert_eq(in->state, COLL_ROUND_DONE, "member %u: state %d error %d", i, in->state, in->error);
+                cr_assert_eq(in->participants, N - 1, "member %u", i);
+                cr_assert(in->running_ns - in->start_ns < (uint64_t)c.join_timeout_ms * 1000000ull / 4,
+                          "member %u waited %.0f ms for the odd member", i,
+                          (double)(in->running_ns - in->start_ns) / 1e6);
+                f = coll_foreign(s.node[i].coll);
+                cr_assert_eq(f.count, 1, "member %u refused %" PRIu64 " members", i, f.count);
+                cr_assert_eq(f.member, odd, "member %u refused member %u", i, f.member);
+                cr_assert(coll_model_check(&theirs, &f.theirs) == 0, "member %u names the odd model", i);
+                cr_assert(coll_connected(s.node[i].coll, odd), "nobody is banned for it");
+                for (unsigned r = 0; r < R; r++)
+                        for (size_t k = 0; k < LEN; k++) {
+                                long double exact = 0;
+                                for (unsigned j = 0; j < N; j++)
+                                        if (j != odd)
+                                                exact += (long double)s.node[j].weight * s.node[j].x[k];
+                                exact /= W;
+                                float got = s.node[i].history[(size_t)r * LEN + k];
+                                cr_assert(fabs((double)(got - exact)) <= 1e-6,
+                                          "member %u round %u value %zu: %.9g vs exact %.9Lg", i, r, k, got, exact);
+                        }
+        }
+        for (unsigned i = 0; i < N; i++)
+                free(s.node[i].history);
+        release(&s);
+        swarm_free(&s);
+}
+
+Test(coll, a_member_of_another_model_is_refused) { a_member_of_another_model(2, true); }
+Test(coll, a_leader_of_another_model_is_refused) { a_member_of_another_model(0, true); }
+Test(coll, a_member_of_another_count_is_refused) { a_member_of_another_model(3, false); }
+Test(coll, a_leader_of_another_count_is_refused) { a_member_of_another_model(0, false); }
 
 Test(coll, alone_is_identity) {
         Swarm s;
