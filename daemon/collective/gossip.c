@@ -176,6 +176,12 @@ static void *gossip_main(void *arg) {
 
                 coll_run(g->coll, rd ? 1 : 2);
                 atomic_store(&g->connected, coll_n_connected(g->coll));
+                CollForeign foreign = coll_foreign(g->coll);
+                if (foreign.count != g->stats.foreign.count) {
+                        pthread_mutex_lock(&g->lock);
+                        g->stats.foreign = foreign;
+                        pthread_mutex_unlock(&g->lock);
+                }
 
                 if (rd && coll_round_finished(rd)) {
                         CollRoundInfo info;

@@ -58,8 +58,9 @@ typedef struct GossipStats {
         uint64_t wait_ns;                  /* time gossip_mix() spent waiting */
         uint64_t exchange_ns;              /* send to completion, summed */
         uint64_t bytes_sent, bytes_received;
-        int last_error;
+        int last_error;                    /* -EBADE: nobody of its group trains our model */
         unsigned last_participants;
+        CollForeign foreign;               /* members refused, another model (coll_foreign()) */
 } GossipStats;
 
 typedef struct Gossip Gossip;

@@ -3,10 +3,48 @@
 
 #include <string.h>
 
+#include "checkpoint.h"
 #include "events.h"
 #include "node.h"
 #include "util/log.h"
 #include "util/time-util.h"
+
+int averaging_model(const ModelSpec *m, CollModel *ret) {
+        _cleanup_(freep) Layer *layers = calloc(MODEL_MAX_LAYERS, sizeof *layers);
+        if (!layers)
+                return -ENOMEM;
+        if (model_spec_check(m, layers, NULL) < 0)
+                return -EINVAL;
+        checkpoint_model_digest(layers, m->n_layers, ret->digest);
+        ret->values = model_spec_params(m, 0, m->n_layers);
+        return 0;
+}
+
+/* 134912 -> "134,912" */
+static const char *count_str(uint64_t v, char buf[32]) {
+        char d[24];
+        int n = snprintf(d, sizeof d, "%llu", (unsigned long long)v), o = 0;
+        for (int i = 0; i < n; i++) {
+                if (i && (n - i) % 3 == 0)
+                        buf[o++] = ',';
+                buf[o++] = d[i];
+        }
+        buf[o] = 0;
+        return buf;
+}
+
+void averaging_model_why(const CollModel *ours, const CollModel *theirs, char *buf, size_t size) {
+        char a[32], b[32];
+        int n = 0;
+        if (memcmp(ours->digest, theirs->digest, sizeof ours->digest) != 0)
+                n = snprintf(buf, size, "its layers' digest %02x%02x%02x%02x… differs from ours %02x%02x%02x%02x…",
+                             theirs->digest[0], theirs->digest[1], theirs->digest[2], theirs->digest[3],
+                             ours->digest[0], ours->digest[1], ours->digest[2], ours->digest[3]);
+        else
+                n = snprintf(buf, size, "its layers' digest is ours");
+        snprintf(buf + n, size - (size_t)n, "; %s values against %s", count_str(theirs->values, a),
+                 count_str(ours->values, b));
+}
 
 int averaging_coll_config(const AveragingGroup *g, const Identity *id, size_t n_params, CollConfig *cc, NetConfig *nc,
                           CollMember **ret_members) {
@@ -16,6 +54,8 @@ int averaging_coll_config(const AveragingGroup *g, const Identity *id, size_t n_
 
         if (!members)
                 return log_error_errno(-ENOMEM, "Out of memory");
+        if (g->model && averaging_model(g->model, &cc->model) < 0)
+                return log_error_errno(-EINVAL, "The job's model does not check: no averaging");
         for (size_t i = 0; i < ca->n_members; i++) {
                 memcpy(members[i].id, ca->members[i].id, IDENTITY_PK_SIZE);
                 snprintf(members[i].host, sizeof members[i].host, "%s", ca->members[i].address.host);
@@ -123,6 +163,7 @@ int averaging_start(Averaging *a, const AveragingGroup *g, const Identity *id, s
         a->n_members = (unsigned)ca->n_members;
         a->join_timeout_ms = ca->join_timeout_ms;
         a->round_timeout_ms = ca->round_timeout_ms;
+        a->model = ac.coll.model;
         a->active = true;
         log_started(a, ca);
         return 0;
@@ -155,6 +196,39 @@ static void log_diverged(const Averaging *a, const CollLoss *l) {
         log_warning("Averaging: member %u (%s) at %s holds parameters that are not finite (its training "
                     "diverged); the others average without it", l->member + 1, hex,
                     l->info.address[0] ? l->info.address : "?");
+}
+
+/* A member's link brought another model (its MODEL): both ends refuse
+ * each other at once, and say so once per link. */
+void averaging_log_foreign(const ConfigMember *members, unsigned n_members, const CollModel *ours,
+                           const CollForeign *f, uint64_t since) {
+        char hex[IDENTITY_HEX_SIZE] = "?", why[160], more[64] = "";
+        if (f->member < n_members)
+                identity_to_hex(members[f->member].id, hex);
+        averaging_model_why(ours, &f->theirs, why, sizeof why);
+        if (since > 1)
+                snprintf(more, sizeof more, " (%llu members refused so since the last line)",
+                         (unsigned long long)since);
+        log_error("Averaging: member %u (%.16s…) trains another model (%s): not averaging with it%s", f->member + 1,
+                  hex, why, more);
+}
+
+/* A round failed because nobody it could take trains our model: said at
+ * once, then at most once a minute (a round fails so at every cadence). */
+static void log_alone(Averaging *a, const AveragerStats *s, uint64_t now) {
+        char why[160], more[64] = "";
+        a->foreign_failed++;
+        if (a->foreign_logged_ns && now - a->foreign_logged_ns < 60 * NSEC_PER_SEC)
+                return;
+        averaging_model_why(&a->model, &s->foreign.theirs, why, sizeof why);
+        if (a->foreign_failed > 1)
+                snprintf(more, sizeof more, " (%llu rounds failed so since the last line)",
+                         (unsigned long long)a->foreign_failed);
+        log_error("Averaging round %lu failed: the members it could average with train another model (member %u: "
+                  "%s); this node trains alone, not averaged%s", (unsigned long)(s->rounds_done + s->rounds_failed),
+                  s->foreign.member + 1, why, more);
+        a->foreign_logged_ns = now;
+        a->foreign_failed = 0;
 }
 
 /* A connection to the averaging port that closed before it was a
@@ -196,7 +270,9 @@ static void log_progress(Averaging *a) {
                           (double)s.last_round_ns / 1e6, more);
                 a->logged_ns = now;
                 a->logged_rounds = s.rounds_done;
-        } else if (s.rounds_failed != a->seen.rounds_failed && s.last_error == -ERANGE)
+        } else if (s.rounds_failed != a->seen.rounds_failed && s.last_error == -EBADE)
+                log_alone(a, &s, now);
+        else if (s.rounds_failed != a->seen.rounds_failed && s.last_error == -ERANGE)
                 log_warning("Averaging round %lu sat out: our parameters are not finite (training diverged); the "
                             "others average without us", (unsigned long)(s.rounds_done + s.rounds_failed));
         else if (s.rounds_failed != a->seen.rounds_failed)
@@ -208,6 +284,9 @@ static void log_progress(Averaging *a) {
                 log_link_lost(a, &s.lost, s.lost.count - a->seen.lost.count);
         if (s.diverged.count != a->seen.diverged.count)
                 log_diverged(a, &s.diverged);
+        if (s.foreign.count != a->seen.foreign.count)
+                averaging_log_foreign(a->members, a->n_members, &a->model, &s.foreign,
+                                      s.foreign.count - a->seen.foreign.count);
         if (s.refused.count != a->refused_logged && now - a->refused_logged_ns >= 2 * NSEC_PER_SEC) {
                 log_refused(&s.refused, s.refused.count - a->refused_logged); /* at most a line every 2 s */
                 a->refused_logged = s.refused.count;
@@ -341,7 +420,8 @@ int averaging_join(Averaging *a, float *params, void (*poll)(void *ud), void *ud
                          * others may be in their last rounds, waiting for this
                          * one to train. Only one that failed at once (links
                          * still coming up, another leader's round) is tried again. */
-                        if (s.rounds_done - before.rounds_done >= rounds || over || s.last_error == -ETIMEDOUT)
+                        if (s.rounds_done - before.rounds_done >= rounds || over || s.last_error == -ETIMEDOUT ||
+                            s.last_error == -EBADE) /* the others train another model: nothing to take */
                                 break;
                         averager_join(a->av);
                         tries++;
@@ -358,6 +438,13 @@ int averaging_join(Averaging *a, float *params, void (*poll)(void *ud), void *ud
                 averaging_serve(a, params);
                 if (poll)
                         poll(ud);
+        }
+        if (s.rounds_done - before.rounds_done < rounds && s.last_error == -EBADE) {
+                char why[160] = "";
+                averaging_model_why(&a->model, &s.foreign.theirs, why, sizeof why);
+                log_error("Took no parameters from the other members: they train another model (member %u: %s); "
+                          "training from this node's own", s.foreign.member + 1, why);
+                return -EBADE;
         }
         if (s.rounds_done - before.rounds_done < rounds) {
                 log_warning("Took no parameters from the other members in %.1f s (%u tries): training from this "

@@ -24,7 +24,23 @@ typedef struct AveragingGroup {
         const ConfigAveraging *settings;
         const NetConfig *net;
         const char *source;     /* "/etc/ravnest/ravnestd.conf", "the coordinator's plan" */
+        const ModelSpec *model; /* the job's: members of another model are refused (averaging_model()) */
 } AveragingGroup;
+
+/* What a member averages, as every averaging mode and the coordinator's
+ * hand-over compare it (coll_model_check()): checkpoint_model_digest() of
+ * all the model's layers and its parameter count. The whole model, not the
+ * stage: clusters may cut it at other layers, and a ring's members then
+ * hold different stages of the same model. -EINVAL: a model that does not
+ * check (the job's was checked when it was read). */
+int averaging_model(const ModelSpec *m, CollModel *ret);
+/* "its layers' digest 1a2b3c4d… differs from ours 3c4d5e6f…; 133,888 values
+ * against 134,912": why theirs is not ours, for a log line. */
+void averaging_model_why(const CollModel *ours, const CollModel *theirs, char *buf, size_t size);
+/* "Averaging: member 3 (…) trains another model (why): not averaging with
+ * it", for the last of `since` members refused (CollForeign). */
+void averaging_log_foreign(const ConfigMember *members, unsigned n_members, const CollModel *ours,
+                           const CollForeign *f, uint64_t since);
 
 typedef struct Averaging {
         Averager *av;
@@ -36,6 +52,9 @@ typedef struct Averaging {
         uint64_t logged_ns, logged_rounds; /* the last round that had a log line */
         uint64_t refused_logged_ns, refused_logged; /* refusals: the last line's time and count */
         unsigned join_timeout_ms, round_timeout_ms;
+        CollModel model;             /* ours, for messages */
+        uint64_t foreign_logged_ns;  /* rounds failed for want of a member of our model: the last line */
+        uint64_t foreign_failed;     /* ... and those since */
         bool active;
 } Averaging;
 
@@ -78,7 +97,8 @@ int averaging_final(Averaging *a, float *params, void (*poll)(void *ud), void *u
  * fails at once is tried again, one that times out is not), waiting at
  * most a join timeout and two round timeouts, calling poll meanwhile; when
  * a ring of its has nobody else up after AVERAGING_JOIN_ALONE_MS, none.
- * Logs how long it took and with how many members; 0, or -ETIMEDOUT (it
+ * Logs how long it took and with how many members; 0, -EBADE at once when
+ * the others train another model (CollForeign), or -ETIMEDOUT (it
  * trains from its own parameters then). */
 #define AVERAGING_JOIN_ALONE_MS 3000 /* no member of some ring connected this long: nobody to join */
 int averaging_join(Averaging *a, float *params, void (*poll)(void *ud), void *ud);

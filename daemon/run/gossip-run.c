@@ -64,6 +64,8 @@ int gossip_run_start(GossipRun *gr, const AveragingGroup *g, const Identity *id,
         gr->n_params = n_params;
         gr->payload = (CollPayload)ca->payload;
         gr->join_timeout_ms = ca->join_timeout_ms;
+        gr->members = ca->members;
+        gr->model = gc.coll.model;
         gr->active = true;
         gr->last_log_ns = now_ns();
         gr->figures.nodes = gr->n_members;
@@ -212,15 +214,28 @@ static void measure_and_decide(GossipRun *gr, float *params) {
         report(gr);
 }
 
+/* An exchange failed: said once (they fail alike, step after step). */
+static void log_failed(GossipRun *gr, int error) {
+        if (gr->failed_logged)
+                return;
+        if (error == -EBADE)
+                log_error("Gossip exchange failed: the members of its group train another model; the "
+                          "parameters kept their values (said once)");
+        else
+                log_warning("Gossip exchange failed: %s; the parameters kept their values (said once)",
+                            strerror(-error));
+        gr->failed_logged = true;
+}
+
 static void log_stats(GossipRun *gr, bool force) {
         GossipStats s;
         gossip_get_stats(gr->g, &s);
         uint64_t now = now_ns();
-        if (s.failed != gr->seen.failed && !gr->failed_logged) {
-                log_warning("Gossip exchange failed: %s; the parameters kept their values (said once)",
-                            strerror(-s.last_error));
-                gr->failed_logged = true;
-        }
+        if (s.foreign.count != gr->seen.foreign.count)
+                averaging_log_foreign(gr->members, gr->n_members, &gr->model, &s.foreign,
+                                      s.foreign.count - gr->seen.foreign.count);
+        if (s.failed != gr->seen.failed)
+                log_failed(gr, s.last_error);
         if (gr->seen.exchanges == 0 && s.exchanges > 0)
                 log_info("Gossip: first exchange done with %u members", s.last_participants);
         if (s.exchanges != gr->seen.exchanges)
@@ -258,10 +273,8 @@ void gossip_run_step(GossipRun *gr, float *params, uint64_t samples) {
         bool mixing = !gr->is_auto || gr->decided;
         if (mixing) {
                 r = gossip_mix(gr->g, params);
-                if (r < 0 && r != -ENOMSG && !gr->failed_logged) {
-                        log_warning_errno(r, "Gossip exchange failed: %m; the parameters kept their values (said once)");
-                        gr->failed_logged = true;
-                }
+                if (r < 0 && r != -ENOMSG)
+                        log_failed(gr, r);
         }
         if (gr->t == GOSSIP_RUN_PROBE_STEPS)
                 measure_and_decide(gr, params);

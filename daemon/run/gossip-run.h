@@ -68,6 +68,8 @@ typedef struct GossipRun {
         uint64_t last_log_ns;
         uint64_t last_exchange_usec; /* CLOCK_REALTIME, as the log saw it */
         GossipStats seen;
+        const ConfigMember *members; /* for messages */
+        CollModel model;             /* ours, for messages */
         NodeAveraging figures;       /* what the node reports */
 } GossipRun;
 

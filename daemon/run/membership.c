@@ -461,7 +461,7 @@ static int run_stage(Membership *m, unsigned cluster, unsigned stage, bool hande
                 return log_error_errno(r, "Out of memory");
         StagePlan plan = { .source = "the coordinator's plan", .pipeline = &in.pipeline,
                            .averaging = { .settings = &in.averaging, .net = &m->links_net,
-                                          .source = "the coordinator's plan" } };
+                                          .source = "the coordinator's plan", .model = &m->job->model } };
         o.poll = poll_member;
         o.poll_userdata = m;
         /* written as anywhere, by layer range; read at start (carry_checkpoint()) */

@@ -152,7 +152,7 @@ static int run_job(Daemon *d) {
         NetConfig nc = {};
         if ((c->pipeline.enabled || c->averaging.enabled) && (r = net_config(c, &d->node.identity, &nc)) < 0)
                 return r;
-        AveragingGroup group = { .settings = &c->averaging, .net = &nc, .source = c->path };
+        AveragingGroup group = { .settings = &c->averaging, .net = &nc, .source = c->path, .model = &d->job.model };
         if (c->pipeline.enabled) { /* a stage of a cluster: averaging is the pipeline's */
                 StagePlan plan = { .source = c->path, .pipeline = &c->pipeline, .averaging = group };
                 return pipeline_run(&plan, &d->job, &d->node.identity, &o, &d->control.stop);

@@ -10,6 +10,7 @@
 #include "run/stage-checkpoint.h"
 #include "net/handshake.h"
 #include "util/rng.h"
+#include "util/time-util.h"
 #include "../lib/proc.h"
 
 Test(segments, cut_at_every_boundary) {
@@ -120,6 +121,7 @@ typedef struct Node {
         unsigned last_whole;              /* last rounds that took their whole group */
         unsigned writes;                  /* averager_on_write() calls */
         float w0_at_write;                /* w[0] when the last one came */
+        uint64_t joined_ns;               /* join: how long until averager_joining() was over */
         pthread_t thread;
 } Node;
 
@@ -153,6 +155,7 @@ static void fetch_step(Node *nd) {
 
 static void *train(void *arg) {
         Node *nd = arg;
+        uint64_t t0 = now_ns();
         if (nd->start_after_us > 0) {
                 usleep((useconds_t)nd->start_after_us);
                 cr_assert_eq(averager_start(nd->av), 0);
@@ -169,6 +172,8 @@ static void *train(void *arg) {
                 if (r & AVERAGER_APPLIED)
                         cr_assert_eq(nd->w0_at_write, w0);
                 fetch_step(nd);
+                if (nd->join && !nd->joined_ns && !averager_joining(nd->av))
+                        nd->joined_ns = now_ns() - t0;
                 if ((r & AVERAGER_SNAPSHOT) && nd->die_after_snapshot_us > 0) {
                         usleep((useconds_t)nd->die_after_snapshot_us);
                         nd->av = averager_free(nd->av); /* its links close mid-round */
@@ -218,8 +223,9 @@ static void *train(void *arg) {
         return NULL;
 }
 
-static void start_nodes(Node *nodes, unsigned n, AveragerConfig *cfg, const AveragerRing (*rings)[4],
-                        const unsigned *n_rings, const size_t *lens) {
+static void start_nodes_models(Node *nodes, unsigned n, AveragerConfig *cfg, const CollModel *odd_model,
+                               unsigned odd, const AveragerRing (*rings)[4], const unsigned *n_rings,
+                               const size_t *lens) {
         static Identity ids[MAX_NODES];
         static NetConfig nc[MAX_NODES];
         static uint16_t ports[MAX_NODES];
@@ -240,6 +246,8 @@ static void start_nodes(Node *nodes, unsigned n, AveragerConfig *cfg, const Aver
                 c.coll.n_members = n;
                 c.coll.self = i;
                 c.len = lens[i];
+                if (odd_model && i == odd)
+                        c.coll.model = *odd_model;
                 if (rings) {
                         c.rings = rings[i];
                         c.n_rings = n_rings[i];
@@ -266,6 +274,11 @@ static void start_nodes(Node *nodes, unsigned n, AveragerConfig *cfg, const Aver
         }
         for (unsigned i = 0; i < n; i++)
                 pthread_join(nodes[i].thread, NULL);
+}
+
+static void start_nodes(Node *nodes, unsigned n, AveragerConfig *cfg, const AveragerRing (*rings)[4],
+                        const unsigned *n_rings, const size_t *lens) {
+        start_nodes_models(nodes, n, cfg, NULL, 0, rings, n_rings, lens);
 }
 
 static void fill(Node *nd, size_t len, uint64_t seed) {
@@ -418,6 +431,68 @@ static void join(int late_us) {
 }
 
 Test(averager, a_joining_member_takes_and_gives_nothing) { join(0); }
+
+/* A member whose model is another (another digest of its layers with the
+ * same count, or another count) is refused by name at once: the other two
+ * average exactly among themselves round after round, without waiting for
+ * it; its own rounds fail (-EBADE), none counts as done, and its wait to
+ * take the swarm's parameters ends at once. */
+static void another_model(bool same_count) {
+        enum { LEN = 4096, ROUNDS = 3 };
+        Node nodes[3] = {};
+        volatile unsigned healthy_done = 0;
+        size_t lens[3] = { LEN, LEN, same_count ? LEN : LEN - 512 };
+        for (unsigned i = 0; i < 3; i++)
+                fill(&nodes[i], lens[i], 500 + i);
+        nodes[0].deltas_wanted = nodes[1].deltas_wanted = ROUNDS;
+        nodes[0].release = &healthy_done;
+        nodes[2].until = &healthy_done;
+        nodes[2].join = true; /* takes the swarm's parameters first: there are none of its model */
+        AveragerConfig cfg;
+        averager_config_defaults(&cfg);
+        cfg.interval_ms = 100;
+        CollModel ours = { .digest = { 0xaa }, .values = LEN }, theirs = ours;
+        if (same_count)
+                theirs.digest[1] = 1;
+        else
+                theirs.values = LEN - 512;
+        static AveragerRing rings[3][4];
+        static unsigned n_rings[3] = { 1, 1, 1 };
+        for (unsigned i = 0; i < 3; i++)
+                rings[i][0] = (AveragerRing){ .group = 1, .n = 3, .members = { 0, 1, 2 }, .len = lens[i] };
+        Node *odd = &nodes[2];
+        cfg.coll.model = ours;
+        start_nodes_models(nodes, 3, &cfg, &theirs, 2, rings, n_rings, lens);
+        for (unsigned i = 0; i < 2; i++) {
+                AveragerStats st;
+                averager_get_stats(nodes[i].av, &st);
+                cr_assert_eq(st.rounds_failed, 0, "member %u: %lu rounds failed (error %d)", i, st.rounds_failed,
+                             st.last_error);
+                cr_assert_geq(st.rounds_done, ROUNDS);
+                cr_assert_eq(st.last_participants, 2, "member %u", i);
+                cr_assert_eq(st.foreign.count, 1, "member %u refused %lu", i, st.foreign.count);
+                cr_assert_eq(st.foreign.member, 2);
+                cr_assert(coll_model_check(&theirs, &st.foreign.theirs) == 0, "member %u names its model", i);
+                for (size_t k = 0; k < LEN; k++) {
+                        double want = ((double)nodes[0].x0[k] + nodes[1].x0[k]) / 2;
+                        cr_assert(fabs(nodes[i].w[k] - want) < 1e-6, "member %u value %zu: %g, not %g", i, k,
+                                  nodes[i].w[k], want);
+                }
+        }
+        AveragerStats st;
+        averager_get_stats(odd->av, &st);
+        cr_assert_eq(st.rounds_done, 0, "the odd member counted %lu rounds done", st.rounds_done);
+        cr_assert_geq(st.rounds_failed, 1);
+        cr_assert_eq(st.last_error, -EBADE, "its rounds failed with %d", st.last_error);
+        cr_assert_eq(st.foreign.count, 2, "it refused %lu members", st.foreign.count);
+        cr_assert(odd->joined_ns > 0 && odd->joined_ns < 3000000000ull, "its join took %.0f ms",
+                  (double)odd->joined_ns / 1e6);
+        cr_assert(memcmp(odd->w, odd->x0, lens[2] * sizeof(float)) == 0, "it took nobody's values");
+        free_nodes(nodes, 3);
+}
+
+Test(averager, a_member_of_another_model_is_refused_at_once) { another_model(true); }
+Test(averager, a_member_of_another_count_is_refused_at_once) { another_model(false); }
 
 /* A member that takes no step (a stage waiting for micro-batches) still
  * hands its snapshot over and takes the average: the others' round does

@@ -281,21 +281,20 @@ static void *node_main(void *arg) {
         return NULL;
 }
 
-static void real_vs_simulated(GossipTopology topo, double weight) {
+/* The members over loopback, each training model (models[i]), their
+ * threads run to the end. */
+static void run_members(Node *nodes, const Vecs *sim, GossipTopology topo, double weight, const CollModel *models) {
         static const uint8_t secret[HANDSHAKE_SECRET_SIZE] = { 9, 9, 9 };
-        NetConfig nc[MEMBERS];
+        static NetConfig nc[MEMBERS];
         CollMember m[MEMBERS] = {};
-        Node nodes[MEMBERS] = {};
-        Vecs sim;
 
-        vecs_random(&sim, MEMBERS, LEN, 42);
         for (unsigned i = 0; i < MEMBERS; i++) {
                 identity_generate(&nodes[i].id);
                 memcpy(m[i].id, nodes[i].id.pk, IDENTITY_PK_SIZE);
                 snprintf(m[i].host, sizeof m[i].host, "127.0.0.1");
                 nodes[i].index = i;
                 nodes[i].x = malloc(LEN * sizeof(float));
-                memcpy(nodes[i].x, sim.x[i], LEN * sizeof(float));
+                memcpy(nodes[i].x, sim->x[i], LEN * sizeof(float));
         }
         for (unsigned i = 0; i < MEMBERS; i++) {
                 GossipConfig c;
@@ -312,6 +311,8 @@ static void real_vs_simulated(GossipTopology topo, double weight) {
                 c.topology = topo;
                 c.weight = weight;
                 c.len = LEN;
+                if (models)
+                        c.coll.model = models[i];
                 cr_assert_eq(gossip_new(&c, &nodes[i].g), 0);
                 m[i].port = gossip_port(nodes[i].g);
         }
@@ -325,7 +326,14 @@ static void real_vs_simulated(GossipTopology topo, double weight) {
                 pthread_create(&nodes[i].thread, NULL, node_main, &nodes[i]);
         for (unsigned i = 0; i < MEMBERS; i++)
                 pthread_join(nodes[i].thread, NULL);
+}
 
+static void real_vs_simulated(GossipTopology topo, double weight) {
+        Node nodes[MEMBERS] = {};
+        Vecs sim;
+
+        vecs_random(&sim, MEMBERS, LEN, 42);
+        run_members(nodes, &sim, topo, weight, NULL);
         GossipTopology at[ITERS];
         for (uint64_t t = 0; t < ITERS; t++)
                 at[t] = switch_to >= 0 && t >= SWITCH_AT ? (GossipTopology)switch_to : topo;
@@ -379,6 +387,49 @@ Test(gossip, ring_with_weight_over_loopback_equals_simulation) {
 Test(gossip, complete_over_loopback_equals_simulation) {
         real_vs_simulated(GOSSIP_COMPLETE, 0.4);
 }
+
+/* A member of another model (the last) is refused at once by name: the
+ * others mix exactly among themselves at every iteration (the average of
+ * the three), its own exchanges fail (-EBADE) and leave it as it was. */
+static void another_model(bool same_count) {
+        Node nodes[MEMBERS] = {};
+        CollModel models[MEMBERS] = {};
+        Vecs sim;
+
+        for (unsigned i = 0; i < MEMBERS; i++)
+                models[i] = (CollModel){ .digest = { 0x3c, 0x4d }, .values = LEN };
+        if (same_count)
+                models[MEMBERS - 1].digest[0] = 0x1a;
+        else
+                models[MEMBERS - 1].values = LEN - 1024;
+        vecs_random(&sim, MEMBERS, LEN, 43);
+        run_members(nodes, &sim, GOSSIP_COMPLETE, 0, models);
+        for (unsigned i = 0; i < MEMBERS; i++) {
+                bool odd = i == MEMBERS - 1;
+                for (uint64_t t = 0; t < ITERS; t++)
+                        cr_assert_eq(nodes[i].results[t], odd ? -EBADE : MEMBERS - 1, "member %u iteration %llu: %d",
+                                     i, (unsigned long long)t, nodes[i].results[t]);
+                GossipStats st;
+                gossip_get_stats(nodes[i].g, &st);
+                cr_assert_eq(st.foreign.count, odd ? MEMBERS - 1 : 1, "member %u refused %llu", i,
+                             (unsigned long long)st.foreign.count);
+                cr_assert(odd || st.foreign.member == MEMBERS - 1, "member %u names member %u", i, st.foreign.member);
+                cr_assert(coll_model_check(&models[odd ? 0 : MEMBERS - 1], &st.foreign.theirs) == 0);
+                for (size_t e = 0; e < LEN; e++) {
+                        double want = odd ? sim.x[i][e] : ((double)sim.x[0][e] + sim.x[1][e] + sim.x[2][e]) / 3;
+                        cr_assert(fabs((double)nodes[i].x[e] - want) < 1e-5, "member %u value %zu: %g, not %g", i, e,
+                                  nodes[i].x[e], want);
+                }
+        }
+        for (unsigned i = 0; i < MEMBERS; i++) {
+                nodes[i].g = gossip_free(nodes[i].g);
+                free(nodes[i].x);
+        }
+        vecs_free(&sim);
+}
+
+Test(gossip, a_member_of_another_model_is_refused) { another_model(true); }
+Test(gossip, a_member_of_another_count_is_refused) { another_model(false); }
 
 Test(gossip, send_twice_is_busy_and_mix_without_send_is_nomsg) {
         static const uint8_t secret[HANDSHAKE_SECRET_SIZE] = { 1 };
