@@ -98,7 +98,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
                                         round_on_ready(coll, sender, &m.ready);
                                 else if (m.kind == COLL_START)
                                         (void)round_on_start(coll, sender, &m.start);
-                                else
+                                else if (m.kind == COLL_ABORT) /* MODEL, STATE_*: not a round's */
                                         round_on_abort(coll, sender, &m.abort);
                         }
                 } else {
