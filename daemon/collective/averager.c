@@ -84,7 +84,7 @@ struct Averager {
         void (*on_write)(void *ud);
         void *on_write_ud;
         atomic_bool has_optimizer;
-        atomic_int give;  /* GIVE_NONE -> WANT (averager) -> FILLED (compute) -> NONE (averager) */
+        atomic_int give;  /* GIVE_NONE -> WANT (averager) -> FILLED or ZERO (compute) -> NONE (averager) */
         uint8_t *give_buf;
         unsigned give_member, give_ring;
         atomic_int fetch; /* FETCH_NONE -> WANT (compute) -> RUNNING, DONE (averager) -> NONE (compute) */
@@ -92,12 +92,13 @@ struct Averager {
         int fetch_result;
         uint64_t fetch_steps;
         unsigned fetch_member;
+        uint64_t state_sent, state_received; /* coll_state_traffic() counted in the stats */
 
         pthread_mutex_t lock; /* stats */
         AveragerStats stats;
 };
 
-enum { GIVE_NONE, GIVE_WANT, GIVE_FILLED };
+enum { GIVE_NONE, GIVE_WANT, GIVE_FILLED, GIVE_ZERO };
 enum { FETCH_NONE, FETCH_WANT, FETCH_RUNNING, FETCH_DONE };
 
 void averager_config_defaults(AveragerConfig *c) {
@@ -172,7 +173,16 @@ static void on_state_ask(void *ud, unsigned member, const CollStateAsk *m) {
         atomic_store(&a->give, GIVE_WANT);
 }
 
-/* Compute thread: the copy asked for, between two steps. */
+static bool all_zero(const float *const *arrays, unsigned n, size_t values) {
+        for (unsigned k = 0; k < n; k++)
+                for (size_t i = 0; i < values; i++)
+                        if (arrays[k][i] != 0.0f)
+                                return false;
+        return true;
+}
+
+/* Compute thread: the copy asked for, between two steps; none before the
+ * first step, when every moment is still zero (the joiner is told so). */
 static void fill_gift(Averager *a) {
         const AveragerRing *g = &a->rings[a->give_ring];
         const float *arrays[COLL_STATE_MAX_ARRAYS];
@@ -181,6 +191,10 @@ static void fill_gift(Averager *a) {
                 arrays[n] = a->moments + n * a->cfg.len + g->off;
         if (a->anchor)
                 arrays[n++] = a->momentum + g->off;
+        if (*a->opt_steps == 0 && all_zero(arrays, n, g->len)) {
+                atomic_store(&a->give, GIVE_ZERO);
+                return;
+        }
         coll_state_fill(a->give_buf, g->group, arrays, n, g->len, *a->opt_steps);
         atomic_store(&a->give, GIVE_FILLED);
 }
@@ -228,11 +242,33 @@ static void fetch_check(Averager *a) {
         atomic_store(&a->fetch, FETCH_DONE);
 }
 
-/* Averaging thread: a filled copy goes out; a fetch starts or is checked. */
+/* Averaging thread: the states' bytes, given and taken, count as the
+ * rounds' do. */
+static void state_traffic(Averager *a) {
+        uint64_t sent, received;
+        coll_state_traffic(a->coll, &sent, &received);
+        if (sent == a->state_sent && received == a->state_received)
+                return;
+        pthread_mutex_lock(&a->lock);
+        a->stats.bytes_sent += sent - a->state_sent;
+        a->stats.bytes_received += received - a->state_received;
+        pthread_mutex_unlock(&a->lock);
+        a->state_sent = sent;
+        a->state_received = received;
+}
+
+/* Averaging thread: a filled copy goes out, or word that ours is zero; a
+ * fetch starts or is checked. */
 static void state_step(Averager *a) {
-        if (atomic_load(&a->give) == GIVE_FILLED) {
+        int give = atomic_load(&a->give);
+        if (give == GIVE_FILLED || give == GIVE_ZERO) {
                 const AveragerRing *g = &a->rings[a->give_ring];
-                (void)coll_state_give(a->coll, a->give_member, a->give_buf, g->group, g->len, state_arrays(a));
+                if (give == GIVE_ZERO) {
+                        (void)coll_state_give_zero(a->coll, a->give_member, g->group);
+                        free(a->give_buf);
+                } else
+                        (void)coll_state_give(a->coll, a->give_member, a->give_buf, g->group, g->len,
+                                              state_arrays(a));
                 a->give_buf = NULL;
                 atomic_store(&a->give, GIVE_NONE);
         }
@@ -241,6 +277,7 @@ static void state_step(Averager *a) {
                 fetch_start(a);
         else if (f == FETCH_RUNNING)
                 fetch_check(a);
+        state_traffic(a);
 }
 
 void averager_set_optimizer(Averager *a, float *moments, unsigned arrays, const uint64_t *steps) {

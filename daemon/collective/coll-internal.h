@@ -181,6 +181,7 @@ struct Coll {
         unsigned n_fetches;
         CollStateHook state_hook;
         void *state_ud;
+        uint64_t state_sent, state_received; /* bytes of the states' pieces, given and taken */
 };
 
 int coll_member_of_peer(const Coll *c, uint32_t peer);

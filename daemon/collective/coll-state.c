@@ -1,7 +1,13 @@
 /* collective/coll-state.c — an optimizer's state handed to a member that
  * joins: the joiner asks one member of a group at a time (STATE_ASK), the
- * member's owner hands it over (coll_state_give) or refuses (STATE_NO), and
- * the pieces travel as TENSOR frames of phase COLL_STATE. */
+ * member's owner hands it over (coll_state_give), refuses (STATE_NO), or
+ * says it is zero (STATE_NO, error 0: no step taken, nothing to send), and
+ * the pieces travel as TENSOR frames of phase COLL_STATE.
+ *
+ * Always float32, whatever the rounds' payload: Adam's second moment spans
+ * many orders of magnitude within a block, and int8's block scale would
+ * round its small values to 0 (an update of lr * m / eps); a state is sent
+ * at a join, not every round. Its bytes count with the rounds'. */
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
@@ -77,6 +83,7 @@ static void give_more(Coll *c, Donation *d) {
                 }
                 d->next++;
                 d->sending++;
+                c->state_sent += bytes;
         }
 }
 
@@ -110,12 +117,25 @@ int coll_state_give(Coll *c, unsigned member, uint8_t *buf, uint32_t group, size
         return 0;
 }
 
-int coll_state_refuse(Coll *c, unsigned member, uint32_t group, int error) {
+static int send_no(Coll *c, unsigned member, uint32_t group, int error) {
         uint8_t buf[COLL_CTL_MAX];
         if (member >= c->n_members || !c->members[member].up)
                 return -ENOTCONN;
         size_t n = coll_state_no_encode(&(CollStateNo){ .group = group, .error = error }, buf);
         return net_send_control(c->net, c->members[member].peer, FRAME_CONTROL, buf, n);
+}
+
+int coll_state_refuse(Coll *c, unsigned member, uint32_t group, int error) {
+        return error < 0 ? send_no(c, member, group, error) : -EINVAL;
+}
+
+int coll_state_give_zero(Coll *c, unsigned member, uint32_t group) {
+        return send_no(c, member, group, 0);
+}
+
+void coll_state_traffic(const Coll *c, uint64_t *ret_sent, uint64_t *ret_received) {
+        *ret_sent = c->state_sent;
+        *ret_received = c->state_received;
 }
 
 unsigned coll_state_giving(const Coll *c) {
@@ -223,10 +243,23 @@ void coll_state_forget(Coll *c) {
         c->n_fetches = 0;
 }
 
+/* A refusal, or error 0: the member's state is zero (it took no step), to
+ * be taken whole, before any piece of it. */
 void state_on_no(Coll *c, unsigned member, const CollStateNo *m) {
         Fetch *f = fetch_of(c, m->group);
-        if (f && f->result == -EINPROGRESS && f->donor == (int)member)
+        if (!f || f->result != -EINPROGRESS || f->donor != (int)member)
+                return;
+        if (m->error < 0)
                 fetch_next(c, f, m->error);
+        else if (f->n_got > 0) {
+                coll_ban(c, member);
+                fetch_next(c, f, -EBADMSG);
+        } else {
+                for (unsigned k = 0; k < f->arrays; k++)
+                        memset(f->dst[k], 0, f->values * sizeof(float));
+                f->steps = 0;
+                f->result = 0;
+        }
 }
 
 /* A piece of the state asked for: from the member asked, in its place,
@@ -234,6 +267,7 @@ void state_on_no(Coll *c, unsigned member, const CollStateNo *m) {
  * member is refused (a bad piece) and the next one asked. */
 void state_on_piece(Coll *c, unsigned member, const CollPiece *h, NetTensor *t) {
         Fetch *f = fetch_of(c, h->group);
+        c->state_received += t->desc.bytes;
         if (!f || f->result != -EINPROGRESS || f->donor != (int)member) { /* late, from one given up */
                 net_tensor_release(c->net, t);
                 return;

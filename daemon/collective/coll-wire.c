@@ -33,7 +33,7 @@ static bool weight_ok(double w) {
  *  8 u32 group, 12 u32 zero, 16 u64 round (STATE_ASK, STATE_NO: zero),
  * READY: 24 f64 weight, 32 u64 view, 40 u64 blame            (48 bytes)
  * START: 24 u64 participants, 32 u32 n, 36 zero, 40 n x f64 (40 + 8n bytes)
- * ABORT, STATE_NO: 24 i32 error, 28 zero                    (32 bytes)
+ * ABORT, STATE_NO: 24 i32 error (STATE_NO: 0, a zero state), 28 zero (32 bytes)
  * STATE_ASK: 24 u64 values, 32 u32 arrays, 36 zero           (40 bytes)
  * MODEL: 24 digest (32 bytes), 56 u64 values                 (64 bytes) */
 #define MODEL_SIZE (24 + COLL_MODEL_DIGEST_SIZE + 8)
@@ -42,6 +42,7 @@ int coll_model_check(const CollModel *ours, const CollModel *theirs) {
         return ours->values == theirs->values && memcmp(ours->digest, theirs->digest, sizeof ours->digest) == 0 ?
                        0 : -EBADE;
 }
+
 static void ctl_head(uint8_t *out, uint8_t kind, uint32_t group, uint64_t round) {
         memset(out, 0, 24);
         put_le32(out, CTL_MAGIC);
@@ -119,7 +120,8 @@ static int decode_state(const uint8_t *in, size_t len, CollCtl *m) {
                 return -EBADMSG;
         if (m->kind == COLL_STATE_NO) {
                 m->no = (CollStateNo){ .group = get_le32(in + 8), .error = (int32_t)get_le32(in + 24) };
-                return len == 32 && !get_le32(in + 28) && error_ok(m->no.error) ? 0 : -EBADMSG;
+                bool zero = m->no.error == 0; /* the giver's state is zero */
+                return len == 32 && !get_le32(in + 28) && (zero || error_ok(m->no.error)) ? 0 : -EBADMSG;
         }
         if (len != 40 || get_le32(in + 36))
                 return -EBADMSG;

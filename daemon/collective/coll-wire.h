@@ -45,7 +45,7 @@ typedef enum CollCtlKind {
         COLL_START = 2, /* leader -> participants: who takes part, with what weight */
         COLL_ABORT = 3, /* participant -> participants: I gave this round up */
         COLL_STATE_ASK = 4, /* joiner -> member: hand me your optimizer's state of this group's values */
-        COLL_STATE_NO = 5,  /* member -> joiner: it will not (busy, no state, other values) */
+        COLL_STATE_NO = 5,  /* member -> joiner: it will not (busy, no state, other values), or its state is zero */
         COLL_MODEL = 6,     /* either end, first on every link: the model I average */
 } CollCtlKind;
 
@@ -85,7 +85,7 @@ typedef struct CollStateAsk {
 
 typedef struct CollStateNo {
         uint32_t group;
-        int32_t error;    /* -EBUSY, -ENODATA (no optimizer), -EINVAL (other values), ... */
+        int32_t error;    /* -EBUSY, -ENODATA (no optimizer), -EINVAL (other values), ...; 0: its state is zero */
 } CollStateNo;
 
 typedef struct CollReady {

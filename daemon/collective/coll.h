@@ -154,7 +154,8 @@ void coll_set_piece_hook(Coll *c, CollPieceHook hook, void *ud);
  * group, one at a time, for their optimizer's state of the group's values
  * (coll_state_fetch). Asked, a member's owner hears it through the hook
  * and hands the state over (coll_state_give) or refuses (coll_state_refuse:
- * busy, no state). The joiner checks every piece (from the member it asked,
+ * busy, no state) or says that its state is zero (coll_state_give_zero:
+ * no step taken, nothing to send). The joiner checks every piece (from the member it asked,
  * in its place, once, one step count, every value finite) and asks the next
  * member on a refusal, a bad piece (its sender is refused for ban_ms), a
  * lost link, or round_timeout_ms without a piece. */
@@ -168,6 +169,12 @@ void coll_state_fill(uint8_t *buf, uint32_t group, const float *const *arrays, u
  * error: -ENOTCONN, -EBUSY past COLL_MAX_DONATIONS under way). */
 int coll_state_give(Coll *c, unsigned member, uint8_t *buf, uint32_t group, size_t values, unsigned arrays);
 int coll_state_refuse(Coll *c, unsigned member, uint32_t group, int error);
+/* Every value of the state is zero (no optimizer step taken): STATE_NO
+ * with error 0; the joiner takes zeros and 0 steps, no piece travels. */
+int coll_state_give_zero(Coll *c, unsigned member, uint32_t group);
+/* Bytes of the states' pieces sent and received so far (the rounds count
+ * theirs in CollRoundInfo). */
+void coll_state_traffic(const Coll *c, uint64_t *ret_sent, uint64_t *ret_received);
 /* States being sent. */
 unsigned coll_state_giving(const Coll *c);
 /* Ask the connected members of group (not itself) in turn; dst[k] takes

@@ -399,8 +399,11 @@ static void take_moments(Averaging *a, float *params, void (*poll)(void *ud), vo
         o->t = steps;
         (void)averager_set_outer_state(a->av, NULL, in + k * o->n); /* -EINVAL: no outer optimizer */
         averager_fetch_done(a->av);
-        log_info("Took the optimizer's moments from member %u: %llu steps, %.0f ms", member + 1,
-                 (unsigned long long)steps, (double)(now_ns() - start) / 1e6);
+        if (steps == 0) /* its moments are zero: it said so, and sent none */
+                log_info("Member %u has taken no optimizer step: the optimizer's moments start from zero", member + 1);
+        else
+                log_info("Took the optimizer's moments from member %u: %llu steps, %.0f ms", member + 1,
+                         (unsigned long long)steps, (double)(now_ns() - start) / 1e6);
 }
 
 int averaging_join(Averaging *a, float *params, void (*poll)(void *ud), void *ud) {

@@ -567,7 +567,49 @@ Test(averager, a_joiner_takes_the_moments_of_each_ring) {
                         cr_assert_eq(j->fetched[LEN + to + k], 2.0f * (float)(from + k) + (sign < 0), "ring %u", r);
                 }
         }
+        /* the moments count in the averaging bytes: the joiner received
+         * them on top of its rounds (which send as much as they receive,
+         * but for a few bytes of the unequal chunks), the givers sent them */
+        size_t state = 2 * LEN * sizeof(float) + 2 * COLL_PIECE_HEADER; /* a piece for each ring */
+        AveragerStats st[3];
+        for (unsigned i = 0; i < 3; i++)
+                averager_get_stats(nodes[i].av, &st[i]);
+        int64_t in = (int64_t)(st[2].bytes_received - st[2].bytes_sent);
+        int64_t out = (int64_t)(st[0].bytes_sent + st[1].bytes_sent) - (int64_t)(st[0].bytes_received +
+                                                                             st[1].bytes_received);
+        cr_assert(in >= (int64_t)state - 64 && in <= (int64_t)state + 64, "received %lld more than sent, the "
+                  "state is %zu bytes", (long long)in, state);
+        cr_assert(out >= (int64_t)state - 128 && out <= (int64_t)state + 128, "sent %lld more", (long long)out);
         free_nodes(nodes, 3);
+}
+
+/* A giver that has taken no step holds zero moments: it says so, and none
+ * travel; the joiner takes zeros and 0 steps. */
+Test(averager, a_giver_without_a_step_sends_no_moments) {
+        enum { LEN = 100000 };
+        Node nodes[2] = {};
+        for (unsigned i = 0; i < 2; i++) {
+                fill(&nodes[i], LEN, 450 + i);
+                nodes[i].deltas_wanted = 1;
+                nodes[i].moments = calloc(2 * LEN, sizeof(float));
+        }
+        nodes[0].until = &nodes[1].fetch_done;
+        nodes[1].join = nodes[1].fetch = true;
+        AveragerConfig cfg;
+        averager_config_defaults(&cfg);
+        cfg.interval_ms = 100;
+        start_one_ring(nodes, 2, &cfg, LEN);
+
+        Node *j = &nodes[1];
+        cr_assert_eq(j->fetch_result, 0, "%s", strerror(-j->fetch_result));
+        cr_assert_eq(j->fetched_steps, 0);
+        for (size_t k = 0; k < 2 * LEN; k++)
+                cr_assert_eq(j->fetched[k], 0.0f, "value %zu", k);
+        AveragerStats st;
+        averager_get_stats(j->av, &st);
+        int64_t in = (int64_t)(st.bytes_received - st.bytes_sent);
+        cr_assert(in >= -64 && in <= 64, "received %lld more than sent: moments came", (long long)in);
+        free_nodes(nodes, 2);
 }
 Test(averager, a_member_joining_late_takes_and_gives_nothing) { join(700 * 1000); }
 

@@ -96,6 +96,9 @@ Test(coll_wire, state_messages) {
         cr_assert_eq(coll_ctl_decode(buf, n, &m), -EBADMSG, "no last-round flag");
         n = coll_state_no_encode(&(CollStateNo){ .group = 7, .error = 5 }, buf);
         cr_assert_eq(coll_ctl_decode(buf, n, &m), -EBADMSG, "an error is negative");
+        n = coll_state_no_encode(&(CollStateNo){ .group = 7, .error = 0 }, buf);
+        cr_assert_eq(coll_ctl_decode(buf, n, &m), 0, "or 0: a state of zeros");
+        cr_assert(m.kind == COLL_STATE_NO && m.no.error == 0);
 
         uint8_t piece[COLL_PIECE_HEADER + 8];
         CollPiece h;
@@ -942,6 +945,7 @@ typedef struct Giver {
         uint64_t steps;
         int refuse;  /* answer with this error */
         bool forge;  /* a NaN in the first piece */
+        bool zero;   /* say the state is zero */
         unsigned asked;
 } Giver;
 
@@ -950,6 +954,10 @@ static void give(void *ud, unsigned member, const CollStateAsk *m) {
         g->asked++;
         if (g->refuse) {
                 cr_assert_eq(coll_state_refuse(g->c, member, m->group, g->refuse), 0);
+                return;
+        }
+        if (g->zero) {
+                cr_assert_eq(coll_state_give_zero(g->c, member, m->group), 0);
                 return;
         }
         cr_assert_eq(m->arrays, 2);
@@ -1009,16 +1017,29 @@ static int fetch_from(Giver *givers, uint64_t *ret_steps, unsigned *ret_member, 
         }
         run_all(s, all_linked, NULL);
         float *dst[2] = { got, got + V };
+        for (size_t i = 0; i < 2 * V; i++)
+                got[i] = NAN;
         cr_assert_eq(coll_state_fetch(s->node[2].coll, 5, (unsigned[]){ 0, 1, 2 }, 3, dst, 2, V), 0);
         cr_assert_eq(coll_state_fetch(s->node[2].coll, 5, (unsigned[]){ 0, 1, 2 }, 3, dst, 2, V), -EINVAL,
                      "one fetch per group");
         run_all(s, fetched, NULL);
         int r = coll_state_fetched(s->node[2].coll, 5, ret_steps, ret_member);
+        bool zero = r == 0 && givers[*ret_member].zero;
         if (r == 0)
                 for (size_t i = 0; i < V; i++)
-                        cr_assert(got[i] == m[0][i] && got[V + i] == m[1][i], "value %zu", i);
+                        cr_assert(got[i] == (zero ? 0 : m[0][i]) && got[V + i] == (zero ? 0 : m[1][i]), "value %zu",
+                                  i);
         run_all(s, none_giving, NULL); /* the pieces sent, their buffers freed */
         return r;
+}
+
+/* The bytes of the state's pieces, sent by member and received by member 2. */
+static void expect_traffic(Swarm *s, unsigned member, uint64_t bytes) {
+        uint64_t sent, received;
+        coll_state_traffic(s->node[member].coll, &sent, &received);
+        cr_assert(sent == bytes && received == 0, "member %u sent %llu", member, (unsigned long long)sent);
+        coll_state_traffic(s->node[2].coll, &sent, &received);
+        cr_assert(sent == 0 && received == bytes, "member 2 received %llu", (unsigned long long)received);
 }
 
 Test(coll_state, a_busy_member_sends_the_joiner_on_to_the_next) {
@@ -1029,6 +1050,19 @@ Test(coll_state, a_busy_member_sends_the_joiner_on_to_the_next) {
         Swarm s;
         cr_assert_eq(fetch_from(g, &steps, &member, &s, got), 0);
         cr_assert(steps == 77 && member == 1 && g[0].asked == 1 && g[1].asked == 1);
+        expect_traffic(&s, 1, 2 * 300000 * sizeof(float) + 5 * COLL_PIECE_HEADER); /* five pieces */
+        swarm_free(&s);
+}
+
+Test(coll_state, a_state_of_zeros_travels_as_a_word) {
+        static float got[600000];
+        Giver g[2] = { { .zero = true }, { .steps = 6 } };
+        uint64_t steps = 9;
+        unsigned member = 9;
+        Swarm s;
+        cr_assert_eq(fetch_from(g, &steps, &member, &s, got), 0);
+        cr_assert(steps == 0 && member == 0 && g[1].asked == 0);
+        expect_traffic(&s, 0, 0);
         swarm_free(&s);
 }
 
