@@ -313,6 +313,7 @@ static bool join_values_ok(const PlanJoin *j, size_t host_len) {
         /* NaN fails every comparison */
         return j->gflops > 0 && j->gflops <= 1e6 && link_figures_valid(j->bandwidth, j->latency) && j->memory > 0 && j->n_layers >= 1 && j->n_layers <= PLAN_MAX_LAYERS &&
                j->n_params >= 1 && j->n_params <= (1ull << 40) && j->epoch <= PLAN_EPOCH_MAX &&
+               j->micro_batch >= 1 && j->micro_batch <= 65536 &&
                !j->pipeline_port == !j->averaging_port &&
                plan_host_valid(j->host, host_len);
 }
@@ -321,7 +322,7 @@ int plan_join_encode(const PlanJoin *j, uint8_t *buf, size_t size) {
         size_t hl = strnlen(j->host, PLAN_HOST_MAX);
         if (!join_values_ok(j, hl))
                 return -EINVAL;
-        if (size < 60 + hl)
+        if (size < 64 + hl)
                 return -EMSGSIZE;
         memcpy(buf, "RVMJ", 4);
         buf[4] = 1;
@@ -335,14 +336,15 @@ int plan_join_encode(const PlanJoin *j, uint8_t *buf, size_t size) {
         put64(buf + 36, f64_bits(j->gflops));
         put64(buf + 44, f64_bits(j->bandwidth));
         put64(buf + 52, f64_bits(j->latency));
-        memcpy(buf + 60, j->host, hl);
-        return (int)(60 + hl);
+        put32(buf + 60, j->micro_batch);
+        memcpy(buf + 64, j->host, hl);
+        return (int)(64 + hl);
 }
 
 int plan_join_decode(const uint8_t *buf, size_t len, PlanJoin *ret) {
         PlanJoin j = {};
-        if (len < 60 || len > PLAN_JOIN_MAX_SIZE || memcmp(buf, "RVMJ", 4) != 0 || buf[4] != 1 ||
-            len != 60 + (size_t)buf[5])
+        if (len < 64 || len > PLAN_JOIN_MAX_SIZE || memcmp(buf, "RVMJ", 4) != 0 || buf[4] != 1 ||
+            len != 64 + (size_t)buf[5])
                 return -EBADMSG;
         j.pipeline_port = get16(buf + 6);
         j.averaging_port = get16(buf + 8);
@@ -353,11 +355,26 @@ int plan_join_decode(const uint8_t *buf, size_t len, PlanJoin *ret) {
         j.gflops = bits_f64(get64(buf + 36));
         j.bandwidth = bits_f64(get64(buf + 44));
         j.latency = bits_f64(get64(buf + 52));
-        memcpy(j.host, buf + 60, buf[5]);
+        j.micro_batch = get32(buf + 60);
+        memcpy(j.host, buf + 64, buf[5]);
         if (!join_values_ok(&j, buf[5]))
                 return -EBADMSG;
         *ret = j;
         return 0;
+}
+
+unsigned plan_micro_batch(const unsigned *asked, unsigned n) {
+        unsigned best = 0, best_n = 0;
+        for (unsigned i = 0; i < n; i++) {
+                unsigned k = 0;
+                for (unsigned j = 0; j < n; j++)
+                        k += asked[j] == asked[i];
+                if (k > best_n || (k == best_n && asked[i] < best)) {
+                        best = asked[i];
+                        best_n = k;
+                }
+        }
+        return best;
 }
 
 void plan_link_encode(double bandwidth, double latency, uint8_t buf[PLAN_LINK_SIZE]) {

@@ -105,23 +105,28 @@ bool plan_host_valid(const char *host, size_t len);
 /* What a node tells the coordinator when it connects (a CONTROL frame
  * "RVMJ"): its measured capabilities, where its stages listen, the model it
  * runs (layer and parameter counts: a coordinator refuses a node of another
- * job) and the newest plan epoch it holds (a restarted coordinator goes on
- * above it). */
+ * job), the micro-batch its file asks for (the plan takes the one most
+ * members ask for) and the newest plan epoch it holds (a restarted
+ * coordinator goes on above it). */
 typedef struct PlanJoin {
         double gflops, bandwidth, latency; /* GFLOP/s, bytes/s, seconds */
         uint64_t memory;                   /* bytes */
         uint64_t epoch;
         uint64_t n_params;
         unsigned n_layers;
+        unsigned micro_batch;              /* its pipeline.micro_batch, 1..65536 */
         char host[PLAN_HOST_MAX];
         uint16_t pipeline_port, averaging_port; /* both 0: it accepts no connections (behind NAT) */
 } PlanJoin;
 
-#define PLAN_JOIN_MAX_SIZE (60 + PLAN_HOST_MAX)
+#define PLAN_JOIN_MAX_SIZE (64 + PLAN_HOST_MAX)
 /* The length, or -EINVAL for values out of bounds. */
 int plan_join_encode(const PlanJoin *j, uint8_t *buf, size_t size);
 /* -EBADMSG for anything out of bounds or not a JOIN. */
 int plan_join_decode(const uint8_t *buf, size_t len, PlanJoin *ret);
+/* The micro-batch of a plan: the one most of n members asked for, the
+ * smallest of those asked as often; 0 for no member. */
+unsigned plan_micro_batch(const unsigned *asked, unsigned n);
 
 /* The coordinator to every member: stop training at the next safe point and
  * hand in the layers it holds, for epoch `epoch` ("RVMS", 12 bytes). A

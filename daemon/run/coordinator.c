@@ -515,15 +515,21 @@ static unsigned plan_members(CoordinatorState *s, Member **ret) {
         return n;
 }
 
-/* A plan's settings and nodes, without clusters: every node a spare. */
+/* A plan's settings and nodes, without clusters: every node a spare. The
+ * micro-batch is the members' (most of them), one for the swarm: every
+ * cluster counts its shard of the data in micro-batches of the plan. */
 static void plan_start(CoordinatorState *s, uint64_t epoch, Member *const *m, unsigned n, Plan *ret) {
         const Config *c = s->c;
+        unsigned asked[PLAN_MAX_NODES];
+        for (unsigned i = 0; i < n; i++)
+                asked[i] = m[i]->join.micro_batch;
+        unsigned micro_batch = plan_micro_batch(asked, n);
         memset(ret, 0, sizeof *ret);
         ret->epoch = epoch;
         memcpy(ret->signer, s->id.pk, PLAN_KEY_SIZE);
         ret->samples = s->samples;
         ret->n_layers = (unsigned)s->job->model.n_layers;
-        ret->micro_batch = (unsigned)c->pipeline.micro_batch;
+        ret->micro_batch = micro_batch ? micro_batch : (unsigned)c->pipeline.micro_batch;
         ret->staleness = (unsigned)c->pipeline.staleness;
         ret->update_frequency = (unsigned)c->pipeline.update_frequency;
         ret->synchronous = c->pipeline.synchronous;

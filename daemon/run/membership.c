@@ -602,6 +602,9 @@ static int take_plan(Membership *m) {
                  m->plan->samples ? "layers missing from the hand-over: starting from the job's initialization" :
                                     "starting from the job's initialization",
                  moments ? ", with their optimizer's state" : "");
+        if (m->plan->micro_batch != (unsigned)m->c->pipeline.micro_batch)
+                log_notice("The swarm trains in micro-batches of %u, the size most members asked for, not this "
+                           "node's pipeline.micro_batch of %d", m->plan->micro_batch, m->c->pipeline.micro_batch);
         if (m->finished) {
                 log_info("Training is over here: plan epoch %llu not run", (unsigned long long)m->plan->epoch);
                 return 0;
@@ -649,6 +652,7 @@ int membership_run(const Config *c, const Job *job, const Identity *id, const Lo
         /* what this node can give, measured */
         m.join = (PlanJoin){ .bandwidth = DEFAULT_BANDWIDTH, .latency = DEFAULT_LATENCY,
                              .n_layers = (unsigned)job->model.n_layers, .n_params = n_params,
+                             .micro_batch = (unsigned)c->pipeline.micro_batch,
                              .pipeline_port = cm->behind_nat ? 0 : c->pipeline.listen.port,
                              .averaging_port = cm->behind_nat ? 0 : c->averaging.listen.port };
         snprintf(m.join.host, sizeof m.join.host, "%s", c->pipeline.listen.host);

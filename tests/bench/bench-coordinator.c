@@ -314,6 +314,7 @@ static void member_init(Bench *b, Member *m, Rng *rng) {
         *m = (Member){ .b = b, .coord = -1 };
         identity_generate(&m->id);
         m->join = (PlanJoin){
+                .micro_batch = 32,
                 .gflops = log_uniform(rng, 5, 80),
                 .memory = (uint64_t)(log_uniform(rng, 16, 128) * (1 << 20)),
                 .bandwidth = log_uniform(rng, 10, 1000) * 1e6 / 8,

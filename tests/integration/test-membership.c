@@ -70,6 +70,7 @@ static int behind_nat_node = -1; /* make_nodes(): this node (0-based) says membe
 static const char *checkpoint_conf = "interval = 0; load = false;"; /* make_nodes(): every node's */
 static const char *memory_conf = "40M"; /* make_nodes(): every node's membership.memory */
 static unsigned short metrics_port[N];  /* make_nodes(): a node's /metrics; 0: none */
+static int micro_batch[N];              /* make_nodes(): a node's pipeline.micro_batch; 0: 32 */
 
 /* A fresh directory for one test's nodes, into dir: mkdtemp() replaces
  * the template's last six characters. */
@@ -109,7 +110,7 @@ static void make_nodes(const char *dir, int n, double heartbeat, double deadline
                          "idle = { enabled = false; };\n"
                          "checkpoint = { %s };\n"
                          "network = { secret_file = \"%s/secret\"; };\n"
-                         "pipeline = { micro_batch = 32; staleness = 4; update_frequency = 4;\n"
+                         "pipeline = { micro_batch = %d; staleness = 4; update_frequency = 4;\n"
                          "             listen = \"127.0.0.1:%u\"; };\n"
                          "averaging = { interval = 1.0; listen = \"127.0.0.1:%u\"; };\n"
                          "membership = {\n"
@@ -125,7 +126,7 @@ static void make_nodes(const char *dir, int n, double heartbeat, double deadline
                          "%s"
                          "};\n"
                          "%s%.0u%s",
-                         dir, i + 1, checkpoint_conf, dir, port[i][0], port[i][1], hex[0], coord, i == 0 ? "true" : "false",
+                         dir, i + 1, checkpoint_conf, dir, micro_batch[i] ? micro_batch[i] : 32, port[i][0], port[i][1], hex[0], coord, i == 0 ? "true" : "false",
                          i == 0 && coordinate_only ? "false" : "true", memory_conf, n - coordinate_only,
                          heartbeat, deadline, i == behind_nat_node ? "  behind_nat = true;\n" : "",
                          metrics_port[i] ? "metrics = { listen = \"127.0.0.1:" : "", metrics_port[i],
@@ -291,6 +292,36 @@ Test(membership, missed_heartbeats_make_a_new_epoch, .timeout = 120) {
         kill(p[2].pid, SIGKILL);
         cr_assert_eq(proc_exit(&p[2]), 128 + SIGKILL);
         for (int i = 0; i < 2; i++) {
+                kill(p[i].pid, SIGTERM);
+                cr_assert_eq(proc_exit(&p[i]), 0, "node %d\n%s", i + 1, p[i].out);
+        }
+        snprintf(text, sizeof text, "rm -rf %s", dir);
+        (void)!system(text);
+}
+
+/* The members' micro-batch makes the plan's, not the coordinator's: node 1
+ * only coordinates, with the default of 32 in its file; nodes 2 and 3 ask
+ * for 16, and train in micro-batches of 16. */
+Test(membership, the_members_micro_batch_makes_the_plan_s, .timeout = 120) {
+        skip_without_dataset();
+        char dir[64], conf[3][256], text[256];
+        Proc p[3];
+        make_test_dir(dir);
+        micro_batch[1] = micro_batch[2] = 16;
+        make_nodes(dir, 3, 0.5, 4.0, true, conf);
+        micro_batch[1] = micro_batch[2] = 0;
+        for (int i = 0; i < 3; i++)
+                start(&p[i], conf[i], "1");
+        for (int i = 1; i < 3; i++) {
+                cr_assert(proc_wait_for(&p[i], "Holds plan epoch 1 (", 30000), "node %d\n%s", i + 1, p[i].out);
+                if (strstr(p[i].out, "a spare ("))
+                        continue;
+                cr_assert(proc_wait_for(&p[i], " in cluster ", 30000), "node %d\n%s", i + 1, p[i].out);
+                drain(&p[i]);
+                cr_assert(strstr(p[i].out, "micro-batch 16, "), "node %d\n%s", i + 1, p[i].out);
+                cr_assert(!strstr(p[i].out, "not this node's pipeline.micro_batch"), "%s", p[i].out);
+        }
+        for (int i = 0; i < 3; i++) {
                 kill(p[i].pid, SIGTERM);
                 cr_assert_eq(proc_exit(&p[i]), 0, "node %d\n%s", i + 1, p[i].out);
         }
@@ -545,7 +576,7 @@ Test(membership, a_member_breaking_the_rules_loses_its_link, .timeout = 120) {
 
         uint8_t join[PLAN_JOIN_MAX_SIZE];
         PlanJoin j = { .gflops = 80, .bandwidth = 125e6, .latency = 5e-4, .memory = 1ull << 30, .n_params = 1863690,
-                       .n_layers = 6, .host = "127.0.0.1", .pipeline_port = 1, .averaging_port = 2 };
+                       .n_layers = 6, .micro_batch = 32, .host = "127.0.0.1", .pipeline_port = 1, .averaging_port = 2 };
         int n = plan_join_encode(&j, join, sizeof join);
         cr_assert_gt(n, 0);
         join[5] = 200; /* a host longer than the message */
@@ -618,7 +649,7 @@ Test(membership, a_dial_back_goes_where_the_link_comes_from, .timeout = 120) {
         Rogue r = {};
         uint32_t peer = rogue_admitted(&r, &id, secret, "a member");
         PlanJoin j = { .gflops = 80, .bandwidth = 125e6, .latency = 5e-4, .memory = 1ull << 30, .n_params = 1863690,
-                       .n_layers = 6, .host = "127.0.0.2", .pipeline_port = port, .averaging_port = port };
+                       .n_layers = 6, .micro_batch = 32, .host = "127.0.0.2", .pipeline_port = port, .averaging_port = port };
         int n = plan_join_encode(&j, join, sizeof join);
         cr_assert_gt(n, 0);
         cr_assert_eq(net_send_control(r.net, peer, FRAME_CONTROL, join, (size_t)n), 0);

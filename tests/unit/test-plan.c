@@ -251,14 +251,25 @@ Test(plan, hostile_bytes_refused_after_signature) {
         }
 }
 
+/* The plan's micro-batch is the one most members asked for; of those asked
+ * as often, the smallest. */
+Test(plan, micro_batch_of_the_members) {
+        cr_assert_eq(plan_micro_batch(NULL, 0), 0);
+        cr_assert_eq(plan_micro_batch((unsigned[]){ 8 }, 1), 8);
+        cr_assert_eq(plan_micro_batch((unsigned[]){ 32, 8, 8 }, 3), 8);
+        cr_assert_eq(plan_micro_batch((unsigned[]){ 16, 32, 32, 16, 4 }, 5), 16);
+        cr_assert_eq(plan_micro_batch((unsigned[]){ 64, 32 }, 2), 32);
+}
+
 Test(plan, membership_messages) {
         PlanJoin j = { .gflops = 80.5, .bandwidth = 125e6, .latency = 5e-4, .memory = 1ull << 30, .epoch = 3,
-                       .n_params = 1863690, .n_layers = 6, .host = "node-1.example", .pipeline_port = 7000,
-                       .averaging_port = 7001 }, k;
+                       .n_params = 1863690, .n_layers = 6, .micro_batch = 8, .host = "node-1.example",
+                       .pipeline_port = 7000, .averaging_port = 7001 }, k;
         uint8_t buf[PLAN_JOIN_MAX_SIZE + 8];
         int n = plan_join_encode(&j, buf, sizeof buf);
-        cr_assert_eq(n, 60 + (int)strlen("node-1.example"));
+        cr_assert_eq(n, 64 + (int)strlen("node-1.example"));
         cr_assert_eq(plan_join_decode(buf, (size_t)n, &k), 0);
+        cr_assert_eq(k.micro_batch, 8, "the member's micro-batch");
         cr_assert_eq(k.gflops, 80.5);
         cr_assert_eq(k.memory, 1ull << 30);
         cr_assert_eq(k.epoch, 3);
@@ -278,8 +289,17 @@ Test(plan, membership_messages) {
                         copy[36 + b] = (uint8_t)(u >> (8 * b));
                 cr_assert_eq(plan_join_decode(copy, (size_t)n, &k), -EBADMSG, "gflops %g taken", bad[i]);
         }
-        buf[60] = ' '; /* the host */
+        buf[64] = ' '; /* the host */
         cr_assert_eq(plan_join_decode(buf, (size_t)n, &k), -EBADMSG);
+        buf[64] = 'n';
+        unsigned bad_mb[] = { 0, 65537 };
+        for (unsigned i = 0; i < 2; i++) {
+                j.micro_batch = bad_mb[i];
+                cr_assert_eq(plan_join_encode(&j, buf, sizeof buf), -EINVAL, "micro-batch %u", bad_mb[i]);
+                buf[60] = (uint8_t)bad_mb[i], buf[61] = (uint8_t)(bad_mb[i] >> 8), buf[62] = (uint8_t)(bad_mb[i] >> 16);
+                cr_assert_eq(plan_join_decode(buf, (size_t)n, &k), -EBADMSG, "micro-batch %u", bad_mb[i]);
+        }
+        j.micro_batch = 8;
         j.latency = -1;
         cr_assert_eq(plan_join_encode(&j, buf, sizeof buf), -EINVAL);
 
