@@ -592,8 +592,10 @@ static int take_plan(Membership *m) {
         bool same = m->carry.hi > m->carry.lo && lo == m->carry.lo && hi == m->carry.hi &&
                     !(handed_over && m->carry_checkpointed); /* layers handed over are newer */
         bool own = !handed_over && same;
-        /* the optimizer's state: its own when its layers stay, else theirs */
-        bool moments = handed_over && !same && take_moments(m, lo, hi);
+        /* the optimizer's state: theirs with the layers handed over (even
+         * to a node that held the same: it was away, and its moments are
+         * stale against their parameters), else its own when its layers stay */
+        bool moments = handed_over && take_moments(m, lo, hi);
         log_info("Holds plan epoch %llu (signature %s…): cluster %u of %u, stage %u of %u, layers %d-%d, %s%s",
                  (unsigned long long)m->plan->epoch, m->next_sig, cluster + 1, m->plan->n_clusters, stage + 1,
                  pc->n_stages, lo, hi - 1,

@@ -841,3 +841,49 @@ Test(membership, a_member_s_counters_never_fall_across_plans, .timeout = 300) {
         snprintf(text, sizeof text, "rm -rf %s", dir);
         (void)!system(text);
 }
+
+/* A member cut off long enough to be dropped (SIGSTOP past the deadline)
+ * comes back still holding the stage it trained: the next plan gives it
+ * the same layers, handed over from the member that trained on, and it
+ * goes on with their optimizer's moments and the swarm's step count, not
+ * its own stale ones. */
+Test(membership, a_member_that_comes_back_takes_the_moments_handed_over, .timeout = 180) {
+        skip_without_dataset();
+        char dir[64], conf[3][256], text[256];
+        Proc p[3];
+        make_test_dir(dir);
+        memory_conf = "200M"; /* a replica a node: two clusters */
+        make_nodes(dir, 3, 0.5, 4.0, true, conf);
+        memory_conf = "40M";
+        for (int i = 0; i < 3; i++)
+                start(&p[i], conf[i], "20");
+        for (int i = 1; i < 3; i++) {
+                cr_assert(proc_wait_for(&p[i], "Holds plan epoch 1 (", 60000), "node %d\n%s", i + 1, p[i].out);
+                cr_assert(proc_wait_for(&p[i], "Averaging round 2 ", 60000), "node %d\n%s", i + 1, p[i].out);
+        }
+        /* counted first: on a loaded machine a late heartbeat may have made
+         * a plan already */
+        drain(&p[0]);
+        drain(&p[1]);
+        int left = test_count(p[0].out, "left (missed its heartbeats)");
+        int alone = test_count(p[1].out, "cluster 1 of 1, stage 1 of 1");
+        kill(p[2].pid, SIGSTOP);
+        cr_assert(wait_for_count(&p[0], "left (missed its heartbeats)", left + 1, 30000), "%s", p[0].out);
+        cr_assert(wait_for_count(&p[1], "cluster 1 of 1, stage 1 of 1", alone + 1, 30000), "%s", p[1].out);
+        cr_assert(proc_wait_for(&p[1], "Going on with ", 30000), "%s", p[1].out);
+        drain(&p[2]);
+        size_t from = strlen(p[2].out);
+        kill(p[2].pid, SIGCONT);
+        cr_assert(proc_wait_for(&p[2], "starting from the layers handed over", 90000), "%s", p[2].out + from);
+        cr_assert(proc_wait_for(&p[2], "Going on with ", 30000), "%s", p[2].out);
+        const char *held = strstr(p[2].out + from, "starting from the layers handed over");
+        cr_assert(held && !strncmp(held + strlen("starting from the layers handed over"),
+                                   ", with their optimizer's state", 30), "%s", p[2].out + from);
+        cr_assert(strstr(held, "Going on with the handed-over optimizer state ("), "%s", p[2].out + from);
+        for (int i = 0; i < 3; i++) {
+                kill(p[i].pid, SIGTERM);
+                cr_assert_eq(proc_exit(&p[i]), 0, "node %d\n%s", i + 1, p[i].out);
+        }
+        snprintf(text, sizeof text, "rm -rf %s", dir);
+        (void)!system(text);
+}
