@@ -322,10 +322,10 @@ int plan_join_encode(const PlanJoin *j, uint8_t *buf, size_t size) {
         size_t hl = strnlen(j->host, PLAN_HOST_MAX);
         if (!join_values_ok(j, hl))
                 return -EINVAL;
-        if (size < 64 + hl)
+        if (size < 96 + hl)
                 return -EMSGSIZE;
         memcpy(buf, "RVMJ", 4);
-        buf[4] = 1;
+        buf[4] = 2;
         buf[5] = (uint8_t)hl;
         put16(buf + 6, j->pipeline_port);
         put16(buf + 8, j->averaging_port);
@@ -337,14 +337,15 @@ int plan_join_encode(const PlanJoin *j, uint8_t *buf, size_t size) {
         put64(buf + 44, f64_bits(j->bandwidth));
         put64(buf + 52, f64_bits(j->latency));
         put32(buf + 60, j->micro_batch);
-        memcpy(buf + 64, j->host, hl);
-        return (int)(64 + hl);
+        memcpy(buf + 64, j->model, PLAN_MODEL_SIZE);
+        memcpy(buf + 96, j->host, hl);
+        return (int)(96 + hl);
 }
 
 int plan_join_decode(const uint8_t *buf, size_t len, PlanJoin *ret) {
         PlanJoin j = {};
-        if (len < 64 || len > PLAN_JOIN_MAX_SIZE || memcmp(buf, "RVMJ", 4) != 0 || buf[4] != 1 ||
-            len != 64 + (size_t)buf[5])
+        if (len < 96 || len > PLAN_JOIN_MAX_SIZE || memcmp(buf, "RVMJ", 4) != 0 || buf[4] != 2 ||
+            len != 96 + (size_t)buf[5])
                 return -EBADMSG;
         j.pipeline_port = get16(buf + 6);
         j.averaging_port = get16(buf + 8);
@@ -356,7 +357,8 @@ int plan_join_decode(const uint8_t *buf, size_t len, PlanJoin *ret) {
         j.bandwidth = bits_f64(get64(buf + 44));
         j.latency = bits_f64(get64(buf + 52));
         j.micro_batch = get32(buf + 60);
-        memcpy(j.host, buf + 64, buf[5]);
+        memcpy(j.model, buf + 64, PLAN_MODEL_SIZE);
+        memcpy(j.host, buf + 96, buf[5]);
         if (!join_values_ok(&j, buf[5]))
                 return -EBADMSG;
         *ret = j;

@@ -36,6 +36,7 @@
 #include "util/macro.h"
 
 #define PLAN_KEY_SIZE 32
+#define PLAN_MODEL_SIZE 32 /* a model's digest in a JOIN */
 #define PLAN_SIG_SIZE 64
 #define PLAN_SK_SIZE 64
 #define PLAN_MAX_NODES 1024  /* with IPv4 hosts a plan of 1024 nodes fits PLAN_MAX_BYTES */
@@ -104,8 +105,8 @@ bool plan_host_valid(const char *host, size_t len);
 
 /* What a node tells the coordinator when it connects (a CONTROL frame
  * "RVMJ"): its measured capabilities, where its stages listen, the model it
- * runs (layer and parameter counts: a coordinator refuses a node of another
- * job), the micro-batch its file asks for (the plan takes the one most
+ * runs (layer and parameter counts and the digest of its layers: a
+ * coordinator refuses a node of another model), the micro-batch its file asks for (the plan takes the one most
  * members ask for) and the newest plan epoch it holds (a restarted
  * coordinator goes on above it). */
 typedef struct PlanJoin {
@@ -114,12 +115,13 @@ typedef struct PlanJoin {
         uint64_t epoch;
         uint64_t n_params;
         unsigned n_layers;
+        uint8_t model[PLAN_MODEL_SIZE];    /* the digest of the model's layers (averaging_model()) */
         unsigned micro_batch;              /* its pipeline.micro_batch, 1..65536 */
         char host[PLAN_HOST_MAX];
         uint16_t pipeline_port, averaging_port; /* both 0: it accepts no connections (behind NAT) */
 } PlanJoin;
 
-#define PLAN_JOIN_MAX_SIZE (64 + PLAN_HOST_MAX)
+#define PLAN_JOIN_MAX_SIZE (96 + PLAN_HOST_MAX)
 /* The length, or -EINVAL for values out of bounds. */
 int plan_join_encode(const PlanJoin *j, uint8_t *buf, size_t size);
 /* -EBADMSG for anything out of bounds or not a JOIN. */

@@ -2,12 +2,14 @@
  * coordinator's own thread (see coordinator.h). */
 #include "coordinator.h"
 
+#include <assert.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "cluster/formation.h"
 #include "cluster/plan-repair.h"
+#include "averaging.h"
 #include "cluster/plan.h"
 #include "node.h"
 #include "util/log.h"
@@ -80,6 +82,7 @@ struct CoordinatorState {
         Net *net;
         FormationModel fm;
         size_t n_params;
+        CollModel model; /* the job's, which every member's JOIN must name */
         size_t layer_off[PLAN_MAX_LAYERS + 1];
         Member members[MAX_LINKS];
         PeerSlot by_peer[MAX_LINKS]; /* the used slots, by peer id */
@@ -335,8 +338,16 @@ static void on_join(CoordinatorState *s, Member *m, const uint8_t *p, size_t len
                 return drop(s, m, "joined twice");
         if (plan_join_decode(p, len, &j) < 0)
                 return drop(s, m, "a malformed JOIN");
-        if (j.n_layers != (unsigned)s->job->model.n_layers || j.n_params != s->n_params)
-                return drop(s, m, "it runs another model");
+        CollModel theirs = { .values = j.n_params };
+        static_assert(sizeof theirs.digest == sizeof j.model, "a JOIN's digest is averaging's");
+        memcpy(theirs.digest, j.model, sizeof theirs.digest);
+        if (j.n_layers != (unsigned)s->job->model.n_layers || coll_model_check(&s->model, &theirs) < 0) {
+                char why[256], how[160];
+                averaging_model_why(&s->model, &theirs, how, sizeof how);
+                snprintf(why, sizeof why, "it runs another model (%u layers against %d; %s)", j.n_layers,
+                         s->job->model.n_layers, how);
+                return drop(s, m, why);
+        }
         if (s->n_joined >= PLAN_MAX_NODES) {
                 char why[64];
                 snprintf(why, sizeof why, "the plan is full (%d nodes)", PLAN_MAX_NODES);
@@ -969,6 +980,8 @@ int coordinator_start(Coordinator *co, const Config *c, const Job *job, const Id
         for (int l = 0; l < job->model.n_layers; l++)
                 s->layer_off[l + 1] = s->layer_off[l] + model_spec_params(&job->model, l, l + 1);
         s->n_params = s->layer_off[job->model.n_layers];
+        if ((r = averaging_model(&job->model, &s->model)) < 0)
+                return log_error_errno(r, "The job's model does not check"), state_free(s), r;
         PartitionParams pp = { .micro_batch = c->pipeline.micro_batch, .in_flight = c->pipeline.staleness,
                                .optim_floats = (int)optim_state_floats(job->optim.kind, 1),
                                .stashed = c->pipeline.staleness };

@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "cluster/capability.h"
+#include "averaging.h"
 #include "cluster/plan.h"
 #include "control.h"
 #include "node.h"
@@ -658,6 +659,10 @@ int membership_run(const Config *c, const Job *job, const Identity *id, const Lo
                              .pipeline_port = cm->behind_nat ? 0 : c->pipeline.listen.port,
                              .averaging_port = cm->behind_nat ? 0 : c->averaging.listen.port };
         snprintf(m.join.host, sizeof m.join.host, "%s", c->pipeline.listen.host);
+        CollModel ours;
+        if ((r = averaging_model(&job->model, &ours)) < 0)
+                return log_error_errno(r, "The job's model does not check");
+        memcpy(m.join.model, ours.digest, sizeof m.join.model);
         if ((r = capability_memory(cm->memory, NULL, &m.join.memory)) < 0)
                 return log_error_errno(r, "Failed to read the memory available: %m");
         if ((r = capability_probe_gflops(cm->probe_ms / 1000.0, &m.join.gflops)) < 0)

@@ -25,7 +25,9 @@
 
 #include "../lib/proc.h"
 #include "cluster/plan.h"
+#include "conf/job.h"
 #include "net/net.h"
+#include "run/averaging.h"
 
 #define N 6
 #define SECRET_HEX "5b2f9c1d7e3a4b6c8d0e1f2a3b4c5d6e7f8091a2b3c4d5e6f708192a3b4c5d6e"
@@ -544,6 +546,22 @@ static uint32_t rogue_admitted(Rogue *r, Identity *id, uint8_t secret[32], const
         return peer;
 }
 
+/* A JOIN of the MLP job every node here runs, as a member at host with
+ * ports (0: behind NAT) sends it. */
+static PlanJoin mlp_join(const char *host, uint16_t port) {
+        Job job;
+        Diag d = {};
+        CollModel model;
+        cr_assert_eq(job_load(SOURCE_ROOT "/config/jobs/fashion-mnist-mlp.job", &job, &d), 0, "%s", d.text);
+        cr_assert_eq(averaging_model(&job.model, &model), 0);
+        PlanJoin j = { .gflops = 80, .bandwidth = 125e6, .latency = 5e-4, .memory = 1ull << 30,
+                       .n_params = model.values, .n_layers = (unsigned)job.model.n_layers, .micro_batch = 32,
+                       .pipeline_port = port, .averaging_port = port };
+        memcpy(j.model, model.digest, sizeof j.model);
+        snprintf(j.host, sizeof j.host, "%s", host);
+        return j;
+}
+
 /* Admitted (it knows the network secret), then it sends one bad thing: the
  * coordinator drops its link, and only its link. */
 static void rogue_try(const char *what, uint8_t type, const void *payload, size_t len, bool tensor) {
@@ -575,8 +593,7 @@ Test(membership, a_member_breaking_the_rules_loses_its_link, .timeout = 120) {
         cr_assert(proc_wait_for(&p[0], "Coordinating only", 30000), "%s", p[0].out);
 
         uint8_t join[PLAN_JOIN_MAX_SIZE];
-        PlanJoin j = { .gflops = 80, .bandwidth = 125e6, .latency = 5e-4, .memory = 1ull << 30, .n_params = 1863690,
-                       .n_layers = 6, .micro_batch = 32, .host = "127.0.0.1", .pipeline_port = 1, .averaging_port = 2 };
+        PlanJoin j = mlp_join("127.0.0.1", 1);
         int n = plan_join_encode(&j, join, sizeof join);
         cr_assert_gt(n, 0);
         join[5] = 200; /* a host longer than the message */
@@ -597,13 +614,20 @@ Test(membership, a_member_breaking_the_rules_loses_its_link, .timeout = 120) {
         j.n_layers = 7;
         n = plan_join_encode(&j, join, sizeof join);
         rogue_try("a JOIN for another model", FRAME_CONTROL, join, (size_t)n, false);
+        j.n_layers = 6;
+        j.model[5] ^= 1; /* the same counts, other layers (another head count, say) */
+        n = plan_join_encode(&j, join, sizeof join);
+        rogue_try("a JOIN for another model of the same size", FRAME_CONTROL, join, (size_t)n, false);
 
         /* the coordinator said why each time, and still forms a plan */
         cr_assert(proc_wait_for(&p[0], "a malformed JOIN", 5000), "%s", p[0].out);
         cr_assert(proc_wait_for(&p[0], "a message the coordinator does not take", 5000), "%s", p[0].out);
         cr_assert(proc_wait_for(&p[0], "a malformed DONE", 5000), "%s", p[0].out);
         cr_assert(proc_wait_for(&p[0], "a tensor that is not a layer of the model", 5000), "%s", p[0].out);
-        cr_assert(proc_wait_for(&p[0], "it runs another model", 5000), "%s", p[0].out);
+        cr_assert(proc_wait_for(&p[0], "it runs another model (7 layers against 6; its layers' digest is ours",
+                                5000), "%s", p[0].out);
+        cr_assert(proc_wait_for(&p[0], "it runs another model (6 layers against 6; its layers' digest ", 5000), "%s",
+                  p[0].out);
         /* (a node's own memory: one node holds the whole model here) */
         snprintf(text, sizeof text, "sed -i 's/memory = \"40M\";.*/memory = 0;/' %s", conf[1]);
         cr_assert_eq(system(text), 0);
@@ -648,8 +672,7 @@ Test(membership, a_dial_back_goes_where_the_link_comes_from, .timeout = 120) {
         Identity id;
         Rogue r = {};
         uint32_t peer = rogue_admitted(&r, &id, secret, "a member");
-        PlanJoin j = { .gflops = 80, .bandwidth = 125e6, .latency = 5e-4, .memory = 1ull << 30, .n_params = 1863690,
-                       .n_layers = 6, .micro_batch = 32, .host = "127.0.0.2", .pipeline_port = port, .averaging_port = port };
+        PlanJoin j = mlp_join("127.0.0.2", port);
         int n = plan_join_encode(&j, join, sizeof join);
         cr_assert_gt(n, 0);
         cr_assert_eq(net_send_control(r.net, peer, FRAME_CONTROL, join, (size_t)n), 0);
@@ -874,8 +897,10 @@ Test(membership, a_member_that_comes_back_takes_the_moments_handed_over, .timeou
         drain(&p[2]);
         size_t from = strlen(p[2].out);
         kill(p[2].pid, SIGCONT);
+        int handed = test_count(p[2].out, "Going on with the handed-over optimizer state (");
         cr_assert(proc_wait_for(&p[2], "starting from the layers handed over", 90000), "%s", p[2].out + from);
-        cr_assert(proc_wait_for(&p[2], "Going on with ", 30000), "%s", p[2].out);
+        cr_assert(wait_for_count(&p[2], "Going on with the handed-over optimizer state (", handed + 1, 30000), "%s",
+                  p[2].out + from);
         const char *held = strstr(p[2].out + from, "starting from the layers handed over");
         cr_assert(held && !strncmp(held + strlen("starting from the layers handed over"),
                                    ", with their optimizer's state", 30), "%s", p[2].out + from);

@@ -265,11 +265,14 @@ Test(plan, membership_messages) {
         PlanJoin j = { .gflops = 80.5, .bandwidth = 125e6, .latency = 5e-4, .memory = 1ull << 30, .epoch = 3,
                        .n_params = 1863690, .n_layers = 6, .micro_batch = 8, .host = "node-1.example",
                        .pipeline_port = 7000, .averaging_port = 7001 }, k;
+        for (int i = 0; i < PLAN_MODEL_SIZE; i++)
+                j.model[i] = (uint8_t)(7 * i + 1);
         uint8_t buf[PLAN_JOIN_MAX_SIZE + 8];
         int n = plan_join_encode(&j, buf, sizeof buf);
-        cr_assert_eq(n, 64 + (int)strlen("node-1.example"));
+        cr_assert_eq(n, 96 + (int)strlen("node-1.example"));
         cr_assert_eq(plan_join_decode(buf, (size_t)n, &k), 0);
         cr_assert_eq(k.micro_batch, 8, "the member's micro-batch");
+        cr_assert(memcmp(k.model, j.model, PLAN_MODEL_SIZE) == 0, "the model's digest");
         cr_assert_eq(k.gflops, 80.5);
         cr_assert_eq(k.memory, 1ull << 30);
         cr_assert_eq(k.epoch, 3);
@@ -289,9 +292,12 @@ Test(plan, membership_messages) {
                         copy[36 + b] = (uint8_t)(u >> (8 * b));
                 cr_assert_eq(plan_join_decode(copy, (size_t)n, &k), -EBADMSG, "gflops %g taken", bad[i]);
         }
-        buf[64] = ' '; /* the host */
+        buf[96] = ' '; /* the host */
         cr_assert_eq(plan_join_decode(buf, (size_t)n, &k), -EBADMSG);
-        buf[64] = 'n';
+        buf[96] = 'n';
+        buf[4] = 1; /* a JOIN of version 1, without the digest */
+        cr_assert_eq(plan_join_decode(buf, (size_t)n, &k), -EBADMSG);
+        buf[4] = 2;
         unsigned bad_mb[] = { 0, 65537 };
         for (unsigned i = 0; i < 2; i++) {
                 j.micro_batch = bad_mb[i];
