@@ -65,6 +65,7 @@
 #include "conf/job.h"
 #include "conf/option.h"
 #include "net/net.h"
+#include "run/averaging.h"
 #include "util/file.h"
 #include "util/rng.h"
 #include "bench.h"
@@ -108,6 +109,7 @@ struct Bench {
         /* the job */
         unsigned n_layers;
         uint64_t n_params;
+        uint8_t model[PLAN_MODEL_SIZE]; /* the digest of its layers */
         /* one run */
         char dir[64];
         pid_t pid;
@@ -322,6 +324,7 @@ static void member_init(Bench *b, Member *m, Rng *rng) {
                 .n_params = b->n_params,
                 .n_layers = b->n_layers,
         };
+        memcpy(m->join.model, b->model, sizeof m->join.model);
         snprintf(m->join.host, sizeof m->join.host, "127.0.0.1");
 }
 
@@ -898,8 +901,14 @@ int main(int argc, char *argv[]) {
                 fprintf(stderr, "bench-coordinator: %s\n", d.text);
                 return EX_CONFIG;
         }
+        CollModel model;
+        if (averaging_model(&job.model, &model) < 0) {
+                fprintf(stderr, "bench-coordinator: %s: the model does not check\n", b.job_path);
+                return EX_CONFIG;
+        }
         b.n_layers = (unsigned)job.model.n_layers;
-        b.n_params = model_spec_params(&job.model, 0, job.model.n_layers);
+        b.n_params = model.values;
+        memcpy(b.model, model.digest, sizeof b.model);
         raise_open_files();
         signal(SIGPIPE, SIG_IGN);
         pthread_mutex_init(&b.lock, NULL);
