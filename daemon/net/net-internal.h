@@ -8,6 +8,7 @@
 #include "bufpool.h"
 #include "handshake.h"
 #include "net.h"
+#include "relay.h"
 
 typedef enum LinkState {
         LINK_HANDSHAKE,
@@ -117,6 +118,10 @@ typedef struct Link {
         bool bye_sending;     /* l->iov holds that BYE */
         bool bye_sent;        /* BYE is out and our side shut (net_link_bye_sent()) */
         bool relay_waiting;   /* a connection waiting at the relay: no deadline until its first byte */
+        uint8_t relay_op;     /* the relay's preamble to go through first (dialing): WAIT or CONNECT */
+        uint8_t relay_got;    /* of relay_in: the relay's hello, then its answer */
+        uint8_t relay_in[RELAY_HELLO_SIZE + 1];
+        uint8_t relay_key[IDENTITY_PK_SIZE]; /* whom the request names */
         Bundle *bundle;       /* a link of several lanes: shared by them */
         unsigned lane;        /* this connection's index in it */
         bool extra;           /* a lane but the first: never seen by the application */
@@ -207,6 +212,7 @@ struct Net {
         uint32_t relay_waiter;     /* the link waiting at the relay; 0: none */
         uint64_t relay_retry_ns;   /* when to open one again */
         unsigned relay_failures;   /* WAITs in a row that failed: the next waits longer */
+        bool relay_registered;     /* relay_waiter got through the relay's preamble */
         /* net_run() visits every slot only now and then, not on every
          * wake-up: with a thousand links that is a scan per message */
         uint64_t timers_ns;        /* deadlines last checked */

@@ -365,15 +365,15 @@ static int link_add(Net *n, int fd, bool initiator, bool waiting, bool dialing, 
         }
         memcpy(l->addr, key, 16);
         addr_format(sa, l->address);
-        l->relay_waiting = waiting;
+        l->relay_waiting = waiting; /* its deadline: the relay's answer, then none (relay_step()) */
+        if (waiting) /* nothing crosses it until a peer comes through the relay */
+                net_keepalive(fd);
         l->id = n->next_id++;
         l->slot = slot;
         n->links[slot] = l;
         n->n_links++;
         socket_tune(n, fd);
 
-        if (waiting) /* nothing crosses it until a peer comes through the relay */
-                net_keepalive(fd);
         l->dialing = dialing;
         l->reached = !dialing;
         n->n_dialing += dialing;
@@ -529,79 +529,28 @@ int net_listen(Net *n, const char *host, uint16_t port, uint16_t *ret_port) {
         return 0;
 }
 
-/* A blocking socket's send and receive timeouts: the handshake timeout,
- * or none. */
-static void socket_timeouts(const Net *n, int fd, bool on) {
-        struct timeval tv = { .tv_sec = on ? n->cfg.handshake_timeout_ms / 1000 : 0,
-                              .tv_usec = on ? (n->cfg.handshake_timeout_ms % 1000) * 1000 : 0 };
-        setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
-        setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+static int set_blocking(int fd) {
+        int fl = fcntl(fd, F_GETFL);
+        return fl < 0 || fcntl(fd, F_SETFL, fl & ~O_NONBLOCK) < 0 ? -errno : 0;
 }
 
-/* When a blocking exchange begun now must be over (CLOCK_MONOTONIC ns). */
-static uint64_t handshake_deadline(const Net *n) {
-        return net_now_ns() + (uint64_t)n->cfg.handshake_timeout_ms * 1000000ull;
-}
-
-/* Wait until fd is ready for events or the deadline (CLOCK_MONOTONIC ns)
- * passes: -ETIMEDOUT then. A blocking call of a thread that also runs
- * io_uring is interrupted (EINTR) whenever the ring has work for it, which
- * on a link with some delay is every time: this is how such a call waits
- * on instead. */
-static int wait_fd(int fd, short events, uint64_t deadline) {
-        for (;;) {
-                uint64_t now = net_now_ns();
-                if (now >= deadline)
-                        return -ETIMEDOUT;
-                struct pollfd p = { .fd = fd, .events = events };
-                int k = poll(&p, 1, (int)((deadline - now + 999999) / 1000000));
-                if (k > 0)
-                        return 0;
-                if (k < 0 && errno != EINTR)
-                        return -errno;
-        }
-}
-
-/* connect() that an interruption does not end: the kernel goes on
- * connecting, so wait for the outcome, within the handshake timeout. */
-static int connect_within(const Net *n, int fd, const struct sockaddr *sa, socklen_t len) {
-        uint64_t deadline = handshake_deadline(n);
-        int err = 0, r;
-        socklen_t l = sizeof err;
-        if (connect(fd, sa, len) == 0)
-                return 0;
-        if (errno != EINTR) /* EINPROGRESS: SO_SNDTIMEO ran out */
-                return errno == EINPROGRESS || errno == EAGAIN ? -ETIMEDOUT : -errno;
-        if ((r = wait_fd(fd, POLLOUT, deadline)) < 0)
-                return r;
-        if (getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &l) < 0)
-                return -errno;
-        return -err;
-}
-
-/* A TCP connection to host:port. Connecting blocks, at most for the
- * handshake timeout (connect() honours SO_SNDTIMEO); the socket keeps that
- * timeout for the caller's first exchange. */
-static int dial(Net *n, const char *host, uint16_t port, struct sockaddr_storage *sa, int *ret_fd) {
+/* A non-blocking socket connecting to host:port: *ret_dialing says the
+ * connection is still on its way. */
+static int dial(const char *host, uint16_t port, struct sockaddr_storage *sa, bool *ret_dialing) {
         socklen_t len = 0;
         int r = resolve(host, port, sa, &len);
         if (r < 0)
                 return r;
-        int fd = socket(sa->ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+        int fd = socket(sa->ss_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
         if (fd < 0)
                 return -errno;
-        socket_timeouts(n, fd, true);
-        if ((r = connect_within(n, fd, (struct sockaddr *)sa, len)) < 0) {
+        *ret_dialing = connect(fd, (struct sockaddr *)sa, len) < 0;
+        if (*ret_dialing && errno != EINPROGRESS) {
+                r = -errno;
                 close(fd);
                 return r;
         }
-        *ret_fd = fd;
-        return 0;
-}
-
-static int set_blocking(int fd) {
-        int fl = fcntl(fd, F_GETFL);
-        return fl < 0 || fcntl(fd, F_SETFL, fl & ~O_NONBLOCK) < 0 ? -errno : 0;
+        return fd;
 }
 
 /* A connection to host:port, added as a link whose HELLO carries flags.
@@ -610,19 +559,10 @@ static int set_blocking(int fd) {
  * timeout, and a refusal comes as closed() (NetPeerInfo.reached false). */
 static int connect_one(Net *n, const char *host, uint16_t port, uint32_t flags, uint32_t *ret_id) {
         struct sockaddr_storage sa;
-        socklen_t len = 0;
-        int r = resolve(host, port, &sa, &len);
-        if (r < 0)
-                return r;
-        int fd = socket(sa.ss_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+        bool dialing;
+        int r, fd = dial(host, port, &sa, &dialing);
         if (fd < 0)
-                return -errno;
-        bool dialing = connect(fd, (struct sockaddr *)&sa, len) < 0;
-        if (dialing && errno != EINPROGRESS) {
-                r = -errno;
-                close(fd);
-                return r;
-        }
+                return fd;
         if (!dialing && (r = set_blocking(fd)) < 0) {
                 close(fd);
                 return r;
@@ -630,32 +570,39 @@ static int connect_one(Net *n, const char *host, uint16_t port, uint32_t flags, 
         return link_add(n, fd, true, false, dialing, &sa, flags, ret_id);
 }
 
-/* Its connection is up (r = 0) or failed: the handshake starts, or the
- * link is closed with the reason. */
+/* Its connection is up, and through the relay's preamble if it asked one
+ * (r = 0), or failed: the handshake starts, or the link is closed with the
+ * reason. */
 static void dial_done(Net *n, Link *l, int r) {
         l->dialing = false;
         n->n_dialing--;
         if (r >= 0)
                 r = set_blocking(l->fd);
-        l->reached = r >= 0;
         if (r >= 0)
                 r = n->backend->add_link(n, l);
         if (r < 0)
                 net_link_close(l, r);
 }
 
-/* Links whose connection net_connect() began: each one up or refused. */
+static int relay_step(Net *n, Link *l);
+
+/* Links whose connection net_connect() or a relay request began: each one
+ * up, through the relay's preamble, or refused. */
 static void dials_progress(Net *n) {
         for (unsigned i = 0; n->n_dialing && i < n->cfg.max_links; i++) {
                 Link *l = n->links[i];
-                struct pollfd p = { .fd = l ? l->fd : -1, .events = POLLOUT };
+                struct pollfd p = { .fd = l ? l->fd : -1, .events = l && l->reached ? POLLIN : POLLOUT };
                 if (!l || !l->dialing || poll(&p, 1, 0) <= 0)
                         continue;
-                int err = 0;
+                int err = 0, r = 1;
                 socklen_t len = sizeof err;
-                if (getsockopt(l->fd, SOL_SOCKET, SO_ERROR, &err, &len) < 0)
+                if (!l->reached && getsockopt(l->fd, SOL_SOCKET, SO_ERROR, &err, &len) < 0)
                         err = errno;
-                dial_done(n, l, -err);
+                l->reached = err == 0;
+                if (err == 0 && l->relay_op)
+                        r = relay_step(n, l);
+                if (r != 0)
+                        dial_done(n, l, err ? -err : MIN(r, 0));
         }
 }
 
@@ -687,86 +634,86 @@ done:
 
 /* ---- through a relay (relay.h) ------------------------------------------ */
 
-/* len bytes from fd, within the handshake timeout. */
-static int read_full(const Net *n, int fd, void *buf, size_t len) {
-        uint64_t deadline = handshake_deadline(n);
-        for (size_t got = 0; got < len;) {
-                ssize_t k = read(fd, (uint8_t *)buf + got, len - got);
-                if (k < 0 && errno == EINTR) { /* see wait_fd() */
-                        int r = wait_fd(fd, POLLIN, deadline);
-                        if (r < 0)
-                                return r;
-                        continue;
-                }
-                if (k <= 0)
-                        return k == 0 ? -ECONNRESET : errno == EAGAIN ? -ETIMEDOUT : -errno;
-                got += (size_t)k;
+/* Our request, once the relay's hello is in: WAIT signs its challenge. A
+ * new connection's send buffer takes it whole. */
+static int relay_send_request(Net *n, Link *l) {
+        uint8_t req[RELAY_REQUEST_SIZE] = { l->relay_op, n->cfg.relay_channel }, msg[RELAY_WAIT_MESSAGE_SIZE];
+        memcpy(req + 2, l->relay_key, IDENTITY_PK_SIZE);
+        if (l->relay_op == RELAY_OP_WAIT) {
+                relay_wait_message(l->relay_in + RELAY_MAGIC_SIZE, n->cfg.relay_channel, msg);
+                crypto_sign_detached(req + 2 + IDENTITY_PK_SIZE, NULL, msg, sizeof msg, n->identity.sk);
         }
-        return 0;
+        return send(l->fd, req, sizeof req, MSG_NOSIGNAL | MSG_DONTWAIT) == (ssize_t)sizeof req ? 0 : -EIO;
 }
 
-/* Connect to the relay and make a request (WAIT for this node, CONNECT to
- * key): its hello, the request, its answer, each within the handshake
- * timeout. The socket, in the state a link starts from, in *ret_fd. */
-static int relay_request(Net *n, uint8_t op, const uint8_t key[IDENTITY_PK_SIZE], int *ret_fd,
-                         struct sockaddr_storage *sa) {
+/* The relay's preamble as its bytes come: its hello (then our request
+ * goes), then its one-byte answer. 1: through it, the link starts (a WAIT
+ * waits there); 0: more to come; < 0 why not. */
+static int relay_step(Net *n, Link *l) {
         static const int errors[] = { [RELAY_BAD_REQUEST] = -EACCES, [RELAY_NO_TARGET] = -EHOSTUNREACH,
                                       [RELAY_FULL] = -EBUSY };
-        uint8_t hello[RELAY_HELLO_SIZE], req[RELAY_REQUEST_SIZE] = { op, n->cfg.relay_channel }, status;
-        uint8_t msg[RELAY_WAIT_MESSAGE_SIZE];
-        int r, fd = -1;
+        size_t want = l->relay_got < RELAY_HELLO_SIZE ? RELAY_HELLO_SIZE : RELAY_HELLO_SIZE + 1;
+        ssize_t k = recv(l->fd, l->relay_in + l->relay_got, want - l->relay_got, MSG_DONTWAIT);
+        if (k <= 0)
+                return k == 0 ? -ECONNRESET : errno == EAGAIN || errno == EINTR ? 0 : -errno;
+        l->relay_got += (size_t)k;
+        if (l->relay_got == RELAY_HELLO_SIZE)
+                return memcmp(l->relay_in, RELAY_MAGIC, RELAY_MAGIC_SIZE) != 0 ? -EPROTO : relay_send_request(n, l);
+        if (l->relay_got < RELAY_HELLO_SIZE + 1)
+                return 0;
+        uint8_t status = l->relay_in[RELAY_HELLO_SIZE];
+        if (status != RELAY_OK)
+                return status < sizeof errors / sizeof *errors && errors[status] ? errors[status] : -EPROTO;
+        l->relay_op = 0;
+        if (l->relay_waiting) { /* waits there: no deadline until a peer comes through */
+                n->relay_registered = true;
+                n->relay_failures = 0;
+        }
+        return 1;
+}
 
+/* A connection to the relay that makes a request (WAIT for this node,
+ * CONNECT to key) as a link whose preamble comes first (relay_step()):
+ * nothing here waits for the relay, which is given the handshake timeout
+ * for its answer and the handshake together. */
+static int relay_begin(Net *n, uint8_t op, const uint8_t key[IDENTITY_PK_SIZE], uint32_t *ret_id) {
+        struct sockaddr_storage sa;
+        bool dialing;
+        uint32_t id;
         if (!n->cfg.relay_host)
                 return -ENOTCONN;
-        if ((r = dial(n, n->cfg.relay_host, n->cfg.relay_port, sa, &fd)) < 0)
+        int r, fd = dial(n->cfg.relay_host, n->cfg.relay_port, &sa, &dialing);
+        if (fd < 0)
+                return fd;
+        if ((r = link_add(n, fd, op == RELAY_OP_CONNECT, op == RELAY_OP_WAIT, true, &sa, 0, &id)) < 0)
                 return r;
-        if ((r = read_full(n, fd, hello, sizeof hello)) >= 0 && memcmp(hello, RELAY_MAGIC, RELAY_MAGIC_SIZE) != 0)
-                r = -EPROTO;
-        if (r >= 0) {
-                memcpy(req + 2, key, IDENTITY_PK_SIZE);
-                if (op == RELAY_OP_WAIT) {
-                        relay_wait_message(hello + RELAY_MAGIC_SIZE, n->cfg.relay_channel, msg);
-                        crypto_sign_detached(req + 2 + IDENTITY_PK_SIZE, NULL, msg, sizeof msg, n->identity.sk);
-                }
-                if (send(fd, req, sizeof req, MSG_NOSIGNAL) != (ssize_t)sizeof req)
-                        r = -EIO;
-                else if ((r = read_full(n, fd, &status, 1)) >= 0 && status != RELAY_OK)
-                        r = status < sizeof errors / sizeof *errors && errors[status] ? errors[status] : -EPROTO;
-        }
-        if (r < 0) {
-                close(fd);
-                return r;
-        }
-        socket_timeouts(n, fd, false);
-        *ret_fd = fd;
+        Link *l = net_link_find(n, id);
+        l->reached = !dialing;
+        l->relay_op = op;
+        memcpy(l->relay_key, key, IDENTITY_PK_SIZE);
+        *ret_id = id;
         return 0;
 }
 
 int net_connect_relayed(Net *n, const uint8_t target[IDENTITY_PK_SIZE], uint32_t *ret_peer) {
-        struct sockaddr_storage sa;
-        int fd, r = relay_request(n, RELAY_OP_CONNECT, target, &fd, &sa);
-        return r < 0 ? r : link_add(n, fd, true, false, false, &sa, 0, ret_peer);
+        return relay_begin(n, RELAY_OP_CONNECT, target, ret_peer);
 }
 
 /* With relay_wait, one connection always waits at the relay; once a peer
- * has come through it, it is a link like any other and another waits. */
+ * has come through it, it is a link like any other and another waits. A
+ * connection that ended before the relay took it is a failure: the next
+ * try waits twice as long, 1 s up to 64 s. */
 static void relay_keep_waiting(Net *n) {
         uint64_t now = net_now_ns();
-        struct sockaddr_storage sa;
-        int fd;
-
         if (!n->cfg.relay_wait || (n->relay_waiter && net_link_find(n, n->relay_waiter)) || now < n->relay_retry_ns)
                 return;
-        n->relay_waiter = 0;
-        /* Asking blocks this thread (a node's training, its averaging) for
-         * up to the handshake timeout when the relay does not answer: after
-         * a failure the next try waits twice as long, 1 s up to 64 s. */
-        if (relay_request(n, RELAY_OP_WAIT, n->identity.pk, &fd, &sa) >= 0 &&
-            link_add(n, fd, false, true, false, &sa, 0, &n->relay_waiter) >= 0)
-                n->relay_failures = 0;
-        else
+        if (n->relay_waiter && !n->relay_registered)
                 n->relay_failures = MIN(n->relay_failures + 1, 6u);
-        n->relay_retry_ns = net_now_ns() + (1000ULL << n->relay_failures) * 1000000ULL;
+        n->relay_waiter = 0;
+        n->relay_registered = false;
+        n->relay_retry_ns = now + (1000ULL << n->relay_failures) * 1000000ULL;
+        if (relay_begin(n, RELAY_OP_WAIT, n->identity.pk, &n->relay_waiter) < 0)
+                n->relay_failures = MIN(n->relay_failures + 1, 6u);
 }
 
 /* An open link the application knows: not another lane, not a link of
@@ -1023,7 +970,7 @@ static void check_timers(Net *n) {
         uint64_t idle = n->cfg.idle_timeout_ms * ms, stall = n->cfg.stall_timeout_ms * ms;
         for (unsigned i = 0; i < n->cfg.max_links; i++) {
                 Link *l = n->links[i];
-                if (!l || l->state == LINK_CLOSING || l->relay_waiting)
+                if (!l || l->state == LINK_CLOSING || (l->relay_waiting && !l->relay_op))
                         continue;
                 heartbeat(n, l, now, idle);
                 bool mid_frame = l->phase != RX_HEADER || l->rx_have > 0;

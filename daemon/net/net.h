@@ -185,9 +185,10 @@ int net_connect(Net *n, const char *host, uint16_t port, uint32_t *ret_peer);
 
 /* Open a link to the node with key target through the configured relay
  * (it must be waiting there): the handshake then runs through the relay as
- * on any link. -EHOSTUNREACH: nobody waits with that key; -EBUSY: the relay
- * is full; -EACCES: refused; -ENOTCONN: no relay configured. Blocks at most
- * the handshake timeout, as net_connect() does. */
+ * on any link. -ENOTCONN: no relay configured. Like net_connect(), it does
+ * not wait: the relay's refusal comes as closed(), -EHOSTUNREACH (nobody
+ * waits with that key), -EBUSY (the relay is full), -EACCES (refused), and
+ * a relay that does not answer as -ETIMEDOUT after the handshake timeout. */
 int net_connect_relayed(Net *n, const uint8_t target[IDENTITY_PK_SIZE], uint32_t *ret_peer);
 
 /* Whether the node with identity key accepts connections at host:port, as

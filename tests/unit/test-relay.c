@@ -24,6 +24,7 @@ typedef struct Side {
         Identity id;
         uint32_t peer;
         int connected, closed, got;
+        int reason; /* the last closed()'s */
         NetTensor *t;
 } Side;
 
@@ -41,6 +42,7 @@ static void on_tensor(void *ud, NetTensor *t) {
 }
 static void on_closed(void *ud, uint32_t peer, int r, const uint8_t id[32]) {
         ((Side *)ud)->closed++;
+        ((Side *)ud)->reason = r;
 }
 static const NetCallbacks cbs = { .connected = on_conn, .tensor = on_tensor, .closed = on_closed };
 
@@ -277,7 +279,10 @@ Test(relay, bad_clients_are_refused) {
         }
         cr_assert_eq(st.waiting, 1);
         uint32_t p;
-        cr_assert_eq(net_connect_relayed(c.n, b.id.pk, &p), -EBUSY);
+        cr_assert_eq(net_connect_relayed(c.n, b.id.pk, &p), 0, "the request waited for the relay's answer");
+        for (int i = 0; i < 400 && !c.closed; i++)
+                net_run(c.n, 5);
+        cr_assert_eq(c.reason, -EBUSY, "%d", c.reason);
         /* the relayed link was not disturbed by any of it */
         send_and_check(&a, &b, 1u << 20, 9);
         relay_get_stats(relay, &st);
@@ -352,4 +357,30 @@ Test(relay, strangers_holding_every_place_do_not_shut_it) {
         send_and_check(&a, &b, 1u << 16, 5); /* the relayed link was not touched */
         sides_free(&a, &b);
         relay = relay_free(relay);
+}
+
+/* A relay that takes the connection and says nothing (its process
+ * stopped, say) holds nobody: the request returns at once, and its link
+ * closes after the handshake timeout. (The request read the relay's hello
+ * on the caller's thread, a stage's training, for up to that timeout, and
+ * returned -ETIMEDOUT.) */
+Test(relay, a_relay_that_does_not_answer_does_not_hold_the_caller) {
+        int lst = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+        struct sockaddr_in sa = { .sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
+        socklen_t len = sizeof sa;
+        cr_assert(bind(lst, (struct sockaddr *)&sa, sizeof sa) == 0 && listen(lst, 4) == 0);
+        cr_assert_eq(getsockname(lst, (struct sockaddr *)&sa, &len), 0);
+        port = ntohs(sa.sin_port); /* where the sides look for their relay */
+        Side a;
+        Identity b;
+        identity_generate(&b);
+        side_new(&a, false);
+        uint32_t p;
+        cr_assert_eq(net_connect_relayed(a.n, b.pk, &p), 0, "the request waited for the relay");
+        for (int i = 0; i < 4000 && !a.closed; i++)
+                net_run(a.n, 5);
+        cr_assert_eq(a.closed, 1);
+        cr_assert_eq(a.reason, -ETIMEDOUT, "%d", a.reason);
+        net_free(a.n);
+        close(lst);
 }
