@@ -649,6 +649,33 @@ Test(coll, a_right_neighbour_that_said_bye_when_done_does_not_fail_a_round) {
 
 Test(coll, bad_piece_f32_nan) { forged(COLL_PAYLOAD_F32); }
 
+/* Member i's round went on without member out, at once (not at half the
+ * join timeout, as for a member that is merely slow), and every one of its
+ * R rounds (its history) is the exact weighted average of the others. */
+static void assert_done_without(const Swarm *s, const CollConfig *c, unsigned i, unsigned out, unsigned R) {
+        const CollRoundInfo *in = &s->node[i].info;
+        size_t len = s->node[i].len;
+        double W = 0;
+        for (unsigned j = 0; j < s->n; j++)
+                W += j == out ? 0 : s->node[j].weight;
+        cr_assert_eq(in->state, COLL_ROUND_DONE, "member %u: state %d error %d", i, in->state, in->error);
+        cr_assert_eq(in->participants, s->n - 1, "member %u", i);
+        cr_assert(!(in->participants_map & (1ull << out)), "member %u", i);
+        cr_assert(in->running_ns - in->start_ns < (uint64_t)c->join_timeout_ms * 1000000ull / 4,
+                  "member %u waited %.0f ms for member %u", i, (double)(in->running_ns - in->start_ns) / 1e6, out);
+        for (unsigned r = 0; r < R; r++)
+                for (size_t k = 0; k < len; k++) {
+                        long double exact = 0;
+                        for (unsigned j = 0; j < s->n; j++)
+                                if (j != out)
+                                        exact += (long double)s->node[j].weight * s->node[j].x[k];
+                        exact /= W;
+                        float got = s->node[i].history[(size_t)r * len + k];
+                        cr_assert(fabs((double)(got - exact)) <= 1e-6, "member %u round %u value %zu: %.9g vs exact %.9Lg",
+                                  i, r, k, got, exact);
+                }
+}
+
 /* A member whose own values are not finite (its optimizer diverged) sits
  * its rounds out: each fails there at once (-ERANGE), and its ABORT tells
  * the others, which average without it, round after round, at once (not at
@@ -673,36 +700,15 @@ static void a_member_diverged(unsigned sick) {
 
         cr_assert_eq(s.node[sick].info.state, COLL_ROUND_FAILED);
         cr_assert_eq(s.node[sick].info.error, -ERANGE);
-        double W = 0;
-        for (unsigned i = 0; i < N; i++)
-                if (i != sick)
-                        W += s.node[i].weight;
         for (unsigned i = 0; i < N; i++) {
                 if (i == sick)
                         continue;
-                const CollRoundInfo *in = &s.node[i].info;
-                cr_assert_eq(in->state, COLL_ROUND_DONE, "member %u: state %d error %d", i, in->state, in->error);
-                cr_assert_eq(in->participants, N - 1, "member %u", i);
-                cr_assert(!(in->participants_map & (1ull << sick)), "member %u", i);
-                cr_assert(in->running_ns - in->start_ns < (uint64_t)c.join_timeout_ms * 1000000ull / 4,
-                          "member %u waited %.0f ms for the diverged member", i,
-                          (double)(in->running_ns - in->start_ns) / 1e6);
+                assert_done_without(&s, &c, i, sick, R);
                 CollLoss d = coll_diverged(s.node[i].coll);
                 cr_assert_eq(d.count, 1, "member %u: %" PRIu64 " times", i, d.count);
                 cr_assert_eq(d.member, sick);
                 cr_assert_eq(d.reason, -ERANGE);
                 cr_assert(coll_connected(s.node[i].coll, sick), "nobody is banned for it");
-                for (unsigned r = 0; r < R; r++)
-                        for (size_t k = 0; k < LEN; k++) {
-                                long double exact = 0;
-                                for (unsigned j = 0; j < N; j++)
-                                        if (j != sick)
-                                                exact += (long double)s.node[j].weight * s.node[j].x[k];
-                                exact /= W;
-                                float got = s.node[i].history[(size_t)r * LEN + k];
-                                cr_assert(fabs((double)(got - exact)) <= 1e-6,
-                                          "member %u round %u value %zu: %.9g vs exact %.9Lg", i, r, k, got, exact);
-                        }
         }
         cr_assert_eq(coll_diverged(s.node[sick].coll).count, 0);
         for (unsigned i = 0; i < N; i++)
@@ -747,35 +753,15 @@ static void a_member_of_another_model(unsigned odd, bool same_count) {
         CollForeign f = coll_foreign(s.node[odd].coll);
         cr_assert_eq(f.count, N - 1, "the odd member refused %" PRIu64 " members", f.count);
         cr_assert(coll_model_check(&ours, &f.theirs) == 0, "it names the others' model");
-        double W = 0;
-        for (unsigned i = 0; i < N; i++)
-                if (i != odd)
-                        W += s.node[i].weight;
         for (unsigned i = 0; i < N; i++) {
                 if (i == odd)
                         continue;
-                const CollRoundInfo *in = &s.node[i].info;
-                cr_assert_eq(in->state, COLL_ROUND_DONE, "member %u: state %d error %d", i, in->state, in->error);
-                cr_assert_eq(in->participants, N - 1, "member %u", i);
-                cr_assert(in->running_ns - in->start_ns < (uint64_t)c.join_timeout_ms * 1000000ull / 4,
-                          "member %u waited %.0f ms for the odd member", i,
-                          (double)(in->running_ns - in->start_ns) / 1e6);
+                assert_done_without(&s, &c, i, odd, R);
                 f = coll_foreign(s.node[i].coll);
                 cr_assert_eq(f.count, 1, "member %u refused %" PRIu64 " members", i, f.count);
                 cr_assert_eq(f.member, odd, "member %u refused member %u", i, f.member);
                 cr_assert(coll_model_check(&theirs, &f.theirs) == 0, "member %u names the odd model", i);
                 cr_assert(coll_connected(s.node[i].coll, odd), "nobody is banned for it");
-                for (unsigned r = 0; r < R; r++)
-                        for (size_t k = 0; k < LEN; k++) {
-                                long double exact = 0;
-                                for (unsigned j = 0; j < N; j++)
-                                        if (j != odd)
-                                                exact += (long double)s.node[j].weight * s.node[j].x[k];
-                                exact /= W;
-                                float got = s.node[i].history[(size_t)r * LEN + k];
-                                cr_assert(fabs((double)(got - exact)) <= 1e-6,
-                                          "member %u round %u value %zu: %.9g vs exact %.9Lg", i, r, k, got, exact);
-                        }
         }
         for (unsigned i = 0; i < N; i++)
                 free(s.node[i].history);
