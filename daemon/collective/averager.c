@@ -571,7 +571,7 @@ static void finish_rounds(Averager *a, uint64_t now) {
         AveragerStats s;
         size_t values = 0;
         int error = 0;
-        unsigned smallest = UINT32_MAX;
+        unsigned smallest = UINT32_MAX, most = 0;
 
         pthread_mutex_lock(&a->lock);
         s = a->stats;
@@ -583,6 +583,7 @@ static void finish_rounds(Averager *a, uint64_t now) {
                 if (info.state != COLL_ROUND_DONE && error != -EBADE) /* another model: the reason to tell */
                         error = info.error;
                 smallest = MIN(smallest, info.participants);
+                most = MAX(most, info.participants);
                 s.bytes_sent += info.bytes_sent;
                 s.bytes_received += info.bytes_received;
                 coll_round_free(a->rd[i]);
@@ -597,7 +598,12 @@ static void finish_rounds(Averager *a, uint64_t now) {
         s.last_participants = smallest == UINT32_MAX ? 0 : smallest;
         s.last_group = a->round_group == UINT32_MAX ? 0 : a->round_group;
         s.last_round_ns = now - a->round_start_ns;
-        s.last_done_realtime_us = now_realtime_usec();
+        /* no other member of its groups took part: its delta is 0, nothing was averaged */
+        if (!error && most == 1 && s.last_group > 1)
+                s.rounds_alone++;
+        else if (!error && most > 1)
+                s.averaged = (AveragerRound){ .realtime_us = now_realtime_usec(), .duration_ns = s.last_round_ns,
+                                              .participants = s.last_participants, .group = s.last_group };
         a->stats = s;
         pthread_mutex_unlock(&a->lock);
 }

@@ -90,14 +90,23 @@ typedef struct AveragerConfig {
 
 void averager_config_defaults(AveragerConfig *c);
 
+/* A round that averaged with another member: when, how long, with whom. */
+typedef struct AveragerRound {
+        uint64_t realtime_us;                 /* CLOCK_REALTIME of its delta; 0: none yet */
+        uint64_t duration_ns;                 /* snapshot to delta */
+        unsigned participants;                /* fewest members that took part in one of its groups */
+        unsigned group;                       /* the smallest group it asked for */
+} AveragerRound;
+
 typedef struct AveragerStats {
         uint64_t rounds_done, rounds_failed;  /* a node round: every ring of one snapshot */
+        uint64_t rounds_alone;                /* of rounds_done: no other member took part, nothing averaged */
         uint64_t values_averaged;             /* over all rounds */
         uint64_t last_round_ns;               /* duration, snapshot to delta */
-        uint64_t last_done_realtime_us;       /* CLOCK_REALTIME of the last delta */
         int last_error;
         unsigned last_participants;           /* fewest members that took part in one group of the last round */
         unsigned last_group;                  /* the smallest group the last round asked for */
+        AveragerRound averaged;               /* the last round with another member */
         unsigned connected;
         uint64_t links_in;                    /* links members dialed to this one (NetStats.links_in) */
         CollLoss lost;                        /* links to members that closed, and the last */

@@ -24,7 +24,7 @@ typedef struct Property {
         double d;
 } Property;
 
-#define MAX_PROPERTIES 48
+#define MAX_PROPERTIES 64
 
 static int read_all(sd_bus *bus, bool direct, Property *props, size_t *ret_n, sd_bus_error *error) {
         _cleanup_(sd_bus_message_unrefp) sd_bus_message *reply = NULL;
@@ -173,6 +173,26 @@ static void print_traffic(const Property *props, size_t n) {
         printf("\n");
 }
 
+/* "  Averaging: last round 2 of 4 members, 3.1 s ago (88 rounds done, 30 failed)" */
+static void print_averaging(const Property *props, size_t n) {
+        double avg = num(props, n, "LastAveragingUSec"), failed = num(props, n, "AveragingRoundsFailed");
+        double done = num(props, n, "AveragingRounds");
+        double with = num(props, n, "LastAveragingParticipants"), group = num(props, n, "LastAveragingGroup");
+        printf("  Averaging: ");
+        if (avg > 0) {
+                struct timespec now;
+                clock_gettime(CLOCK_REALTIME, &now);
+                printf("last round ");
+                if (with > 0)
+                        printf("%.0f of %.0f members, ", with, group);
+                printf("%.1f s ago", ((double)now.tv_sec * 1e6 + (double)now.tv_nsec / 1e3 - avg) / 1e6);
+        } else
+                printf("no round yet");
+        if (done + failed > 0)
+                printf(" (%.0f rounds done, %.0f failed)", done, failed);
+        printf("\n");
+}
+
 static void print_human(const Property *props, size_t n, bool direct, const char *where) {
         const char *state = str(props, n, "State");
         const char *reason = str(props, n, "PauseReason");
@@ -199,13 +219,7 @@ static void print_human(const Property *props, size_t n, bool direct, const char
         if (str(props, n, "Reachability")[0])
                 printf("  Reachable: %s\n", reachability_text(str(props, n, "Reachability")));
         print_traffic(props, n);
-        double avg = num(props, n, "LastAveragingUSec");
-        if (avg > 0) {
-                struct timespec now;
-                clock_gettime(CLOCK_REALTIME, &now);
-                printf("  Averaging: last round %.1f s ago\n", ((double)now.tv_sec * 1e6 + (double)now.tv_nsec / 1e3 - avg) / 1e6);
-        } else
-                printf("  Averaging: no round yet\n");
+        print_averaging(props, n);
         if (num(props, n, "PlanEpoch") > 0)
                 printf("       Plan: epoch %.0f from the coordinator\n", num(props, n, "PlanEpoch"));
         if (num(props, n, "CheckpointStep") > 0)

@@ -113,7 +113,7 @@ static void log_started(const Averaging *a, const ConfigAveraging *ca) {
 }
 
 void averaging_report_started(const Averaging *a, const AveragingGroup *g, size_t n_params, Control *c) {
-        NodeAveraging na = { .nodes = a->n_members, .params = n_params };
+        NodeAveraging na = { .nodes = a->group_members, .params = n_params };
         snprintf(na.method, sizeof na.method, "%s", g->settings->method == CONFIG_AVERAGING_MOSHPIT ? "moshpit" : "ring");
         control_report_averaging(c, &na);
 }
@@ -161,6 +161,12 @@ int averaging_start(Averaging *a, const AveragingGroup *g, const Identity *id, s
         a->members = ca->members;
         a->take_parameters = ca->take_parameters;
         a->n_members = (unsigned)ca->n_members;
+        a->group_members = a->n_members;
+        if (rings && ac.method == AVERAGER_RING) { /* a stage averages with those holding its layers */
+                a->group_members = 0;
+                for (unsigned i = 0; i < n_rings; i++)
+                        a->group_members = MAX(a->group_members, rings[i].n);
+        }
         a->join_timeout_ms = ca->join_timeout_ms;
         a->round_timeout_ms = ca->round_timeout_ms;
         a->model = ac.coll.model;
@@ -215,7 +221,7 @@ void averaging_log_foreign(const ConfigMember *members, unsigned n_members, cons
 
 /* A round failed because nobody it could take trains our model: said at
  * once, then at most once a minute (a round fails so at every cadence). */
-static void log_alone(Averaging *a, const AveragerStats *s, uint64_t now) {
+static void log_foreign_failed(Averaging *a, const AveragerStats *s, uint64_t now) {
         char why[160], more[64] = "";
         a->foreign_failed++;
         if (a->foreign_logged_ns && now - a->foreign_logged_ns < 60 * NSEC_PER_SEC)
@@ -248,30 +254,55 @@ static void log_refused(const CollLoss *l, uint64_t since) {
                   "failed before it was a member's link: %s%s", who, l->info.address, why, more);
 }
 
+/* Rounds that averaged with another member: the first ones, then at most
+ * a line every 2 s (frequent rounds would drown the rest of the log). */
+static void log_done(Averaging *a, const AveragerStats *s, uint64_t now) {
+        uint64_t done = s->rounds_done - s->rounds_alone;
+        if (done == a->seen.rounds_done - a->seen.rounds_alone || (done > 3 && now - a->logged_ns < 2 * NSEC_PER_SEC))
+                return;
+        unsigned long round = (unsigned long)(s->rounds_done + s->rounds_failed);
+        uint64_t since = done - a->logged_rounds;
+        char fields[128], more[64] = "";
+        snprintf(fields, sizeof fields, "ROUND=%lu\nDURATION_USEC=%llu\nPARTICIPANTS=%u", round,
+                 (unsigned long long)(s->averaged.duration_ns / 1000), s->averaged.participants);
+        if (since > 1)
+                snprintf(more, sizeof more, " (%llu rounds since the last line)", (unsigned long long)since);
+        log_event(LOG_INFO, EVENT_AVERAGING_ROUND, fields,
+                  "Averaging round %lu done: %u of %u members, %.1f MiB sent, %.0f ms%s", round,
+                  s->averaged.participants, s->averaged.group,
+                  (double)(s->bytes_sent - a->seen.bytes_sent) / (1 << 20), (double)s->averaged.duration_ns / 1e6,
+                  more);
+        a->logged_ns = now;
+        a->logged_rounds = done;
+}
+
+/* Rounds no other member took part in: the first, then at most a line
+ * every 30 s while they go on. */
+static void log_alone(Averaging *a, const AveragerStats *s, uint64_t now) {
+        if (s->rounds_alone == a->seen.rounds_alone ||
+            (a->alone_logged_ns && now - a->alone_logged_ns < 30 * NSEC_PER_SEC))
+                return;
+        uint64_t since = s->rounds_alone - a->alone_logged;
+        char more[64] = "";
+        if (since > 1)
+                snprintf(more, sizeof more, " (%llu such rounds since the last line)", (unsigned long long)since);
+        log_warning("Averaging round %lu failed: no other of the %u members of its group took part, nothing was "
+                    "averaged%s", (unsigned long)(s->rounds_done + s->rounds_failed), s->last_group, more);
+        a->alone_logged_ns = now;
+        a->alone_logged = s->rounds_alone;
+}
+
 /* What the averaging thread did since the last look, in the log. */
 static void log_progress(Averaging *a) {
         AveragerStats s;
         averager_get_stats(a->av, &s);
         uint64_t now = now_ns();
-        /* The first rounds, then at most one line every 2 s: frequent rounds
-         * would drown the rest of the log. */
-        if (s.rounds_done != a->seen.rounds_done &&
-            (s.rounds_done <= 3 || now - a->logged_ns >= 2 * NSEC_PER_SEC)) {
-                unsigned long round = (unsigned long)(s.rounds_done + s.rounds_failed);
-                uint64_t since = s.rounds_done - a->logged_rounds;
-                char fields[128], more[64] = "";
-                snprintf(fields, sizeof fields, "ROUND=%lu\nDURATION_USEC=%llu\nPARTICIPANTS=%u", round,
-                         (unsigned long long)(s.last_round_ns / 1000), s.last_participants);
-                if (since > 1)
-                        snprintf(more, sizeof more, " (%llu rounds since the last line)", (unsigned long long)since);
-                log_event(LOG_INFO, EVENT_AVERAGING_ROUND, fields,
-                          "Averaging round %lu done: %u of %u members, %.1f MiB sent, %.0f ms%s", round,
-                          s.last_participants, a->n_members, (double)(s.bytes_sent - a->seen.bytes_sent) / (1 << 20),
-                          (double)s.last_round_ns / 1e6, more);
-                a->logged_ns = now;
-                a->logged_rounds = s.rounds_done;
-        } else if (s.rounds_failed != a->seen.rounds_failed && s.last_error == -EBADE)
-                log_alone(a, &s, now);
+        log_done(a, &s, now);
+        log_alone(a, &s, now);
+        if (s.rounds_done - s.rounds_alone != a->seen.rounds_done - a->seen.rounds_alone)
+                a->alone_logged_ns = 0; /* averaging again: the next round alone has a line at once */
+        if (s.rounds_failed != a->seen.rounds_failed && s.last_error == -EBADE)
+                log_foreign_failed(a, &s, now);
         else if (s.rounds_failed != a->seen.rounds_failed && s.last_error == -ERANGE)
                 log_warning("Averaging round %lu sat out: our parameters are not finite (training diverged); the "
                             "others average without us", (unsigned long)(s.rounds_done + s.rounds_failed));
@@ -279,7 +310,7 @@ static void log_progress(Averaging *a) {
                 log_warning("Averaging round %lu failed: %s (%u of %u members took part); parameters not averaged "
                             "kept their values",
                             (unsigned long)(s.rounds_done + s.rounds_failed), strerror(-s.last_error),
-                            s.last_participants, a->n_members);
+                            s.last_participants, s.last_group);
         if (s.lost.count != a->seen.lost.count)
                 log_link_lost(a, &s.lost, s.lost.count - a->seen.lost.count);
         if (s.diverged.count != a->seen.diverged.count)
@@ -295,6 +326,16 @@ static void log_progress(Averaging *a) {
         if (s.connected != a->seen.connected)
                 log_info("Averaging: %u of %u other members connected", s.connected, a->n_members - 1);
         a->seen = s;
+}
+
+void averaging_report_network(const Averaging *a, NodeNetwork *n) {
+        const AveragerStats *s = &a->seen;
+        n->rounds_done = s->rounds_done - s->rounds_alone;
+        n->rounds_failed = s->rounds_failed + s->rounds_alone;
+        n->last_averaging_usec = s->averaged.realtime_us;
+        n->last_round_ns = s->averaged.duration_ns;
+        n->last_participants = s->averaged.participants;
+        n->last_group = s->averaged.group;
 }
 
 void averaging_step(Averaging *a, float *params, uint64_t samples) {

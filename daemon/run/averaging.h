@@ -48,8 +48,11 @@ typedef struct Averaging {
         Optim *optim;                /* whose moments joiners take (averaging_begin) */
         bool take_parameters;
         unsigned self, n_members;
+        unsigned group_members;      /* the most members a round of this node's takes in (its rings') */
         AveragerStats seen;         /* as of the last averaging_step() */
-        uint64_t logged_ns, logged_rounds; /* the last round that had a log line */
+        uint64_t logged_ns, logged_rounds; /* the last round that had a log line, of those with others */
+        uint64_t alone_logged_ns, alone_logged; /* rounds alone: the last line's time (0: none since one with
+                                                 * others) and count */
         uint64_t refused_logged_ns, refused_logged; /* refusals: the last line's time and count */
         unsigned join_timeout_ms, round_timeout_ms;
         CollModel model;             /* ours, for messages */
@@ -73,6 +76,11 @@ int averaging_coll_config(const AveragingGroup *g, const Identity *id, size_t n_
 void averaging_report_started(const Averaging *a, const AveragingGroup *g, size_t n_params, Control *c);
 int averaging_start(Averaging *a, const AveragingGroup *g, const Identity *id, size_t n_params,
                     const AveragerRing *rings, unsigned n_rings);
+/* The rounds as NodeNetwork has them, from what the averager counted (as
+ * of the last averaging_step(), kept after averaging_stop()): a round in
+ * which no other member took part averaged nothing, so it counts as failed
+ * and is not the last round. */
+void averaging_report_network(const Averaging *a, NodeNetwork *n);
 /* Between steps: hand over a snapshot or apply a finished round, and log
  * rounds as they finish. */
 void averaging_step(Averaging *a, float *params, uint64_t samples);

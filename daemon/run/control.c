@@ -183,10 +183,12 @@ void control_report_network(Control *c, const NodeNetwork *n) {
         s.traffic.averaging_received += b->traffic.averaging_received;
         s.traffic.steps += b->traffic.steps;
         /* the last round is an earlier run's until this one has done one */
-        if (!s.last_averaging_usec)
+        if (!s.last_averaging_usec) {
                 s.last_averaging_usec = b->last_averaging_usec;
-        if (!s.last_round_ns)
                 s.last_round_ns = b->last_round_ns;
+                s.last_participants = b->last_participants;
+                s.last_group = b->last_group;
+        }
         c->status.network = s;
         pthread_mutex_unlock(&c->lock);
 }

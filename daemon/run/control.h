@@ -79,8 +79,10 @@ typedef struct NodeNetwork {
         uint64_t bytes_sent, bytes_received; /* over every link */
         NodeTraffic traffic;
         uint64_t last_averaging_usec; /* CLOCK_REALTIME of the last averaging round; 0: none */
-        uint64_t rounds_done, rounds_failed; /* averaging rounds (of whole replicas or a pipeline's rings) */
+        uint64_t rounds_done, rounds_failed; /* averaging rounds (of whole replicas or a pipeline's rings);
+                                              * one no other member took part in failed */
         uint64_t last_round_ns;    /* duration of the last round, snapshot to delta; 0: none */
+        uint32_t last_participants, last_group; /* the last round's members, and its group's */
         char io_backend[16];
         char reachability[16];     /* "dials out", "not reachable", "reachable", "unconfirmed"; "": not known */
 } NodeNetwork;

@@ -396,10 +396,7 @@ static void report(Run *run, const PipeStats *st) {
          * the averager's are kept after it stopped, for the last report */
         n.bytes_sent = ns.bytes_sent + run->av.seen.bytes_sent;
         n.bytes_received = ns.bytes_received + run->av.seen.bytes_received;
-        n.last_averaging_usec = run->av.seen.last_done_realtime_us;
-        n.rounds_done = run->av.seen.rounds_done;
-        n.rounds_failed = run->av.seen.rounds_failed;
-        n.last_round_ns = run->av.seen.last_round_ns;
+        averaging_report_network(&run->av, &n);
         n.traffic = run_traffic(run, st);
         snprintf(n.io_backend, sizeof n.io_backend, "%s", net_backend_name(run->net));
         snprintf(n.reachability, sizeof n.reachability, "%s", run_reachability(run, &ns));

@@ -89,6 +89,12 @@ static int get_property(sd_bus *bus, const char *path, const char *interface, co
                 return sd_bus_message_append(reply, "t", st.network.last_averaging_usec);
         if (!strcmp(property, "AveragingRounds"))
                 return sd_bus_message_append(reply, "t", st.network.rounds_done);
+        if (!strcmp(property, "AveragingRoundsFailed"))
+                return sd_bus_message_append(reply, "t", st.network.rounds_failed);
+        if (!strcmp(property, "LastAveragingParticipants"))
+                return sd_bus_message_append(reply, "u", st.network.last_participants);
+        if (!strcmp(property, "LastAveragingGroup"))
+                return sd_bus_message_append(reply, "u", st.network.last_group);
         if (!strcmp(property, "MemoryRSS")) {
                 uint64_t rss = 0;
                 (void)rss_self_bytes(&rss); /* 0: not known */
@@ -221,6 +227,9 @@ static const sd_bus_vtable node_vtable[] = {
         SD_BUS_PROPERTY("AveragingBytesPerStep", "t", get_property, 0, 0),
         SD_BUS_PROPERTY("LastAveragingUSec", "t", get_property, 0, 0),
         SD_BUS_PROPERTY("AveragingRounds", "t", get_property, 0, 0),
+        SD_BUS_PROPERTY("AveragingRoundsFailed", "t", get_property, 0, 0),
+        SD_BUS_PROPERTY("LastAveragingParticipants", "u", get_property, 0, 0),
+        SD_BUS_PROPERTY("LastAveragingGroup", "u", get_property, 0, 0),
         SD_BUS_PROPERTY("MemoryRSS", "t", get_property, 0, 0),
         SD_BUS_PROPERTY("CheckpointStep", "t", get_property, 0, 0),
         SD_BUS_PROPERTY("PlanEpoch", "t", get_property, 0, 0),

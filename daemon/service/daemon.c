@@ -40,12 +40,9 @@ static void report_network(Daemon *d) {
                 n.peers += d->averaging.seen.connected;
                 n.bytes_sent += d->averaging.seen.bytes_sent;
                 n.bytes_received += d->averaging.seen.bytes_received;
-                n.last_averaging_usec = d->averaging.seen.last_done_realtime_us;
-                n.rounds_failed = d->averaging.seen.rounds_failed;
-                n.last_round_ns = d->averaging.seen.last_round_ns;
         }
-        n.rounds_done = d->averaging.seen.rounds_done;
         /* a member's: kept after training, while it serves its peers */
+        averaging_report_network(&d->averaging, &n);
         n.traffic.averaging_sent = d->averaging.seen.bytes_sent;
         n.traffic.averaging_received = d->averaging.seen.bytes_received;
         n.traffic.steps = d->steps;

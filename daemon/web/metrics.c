@@ -140,7 +140,7 @@ static int render_averaging(const WebSnapshot *s, WebBuf *b) {
         if ((r = family(b, "ravnest_averaging_rounds_total", "counter", "Averaging rounds this node finished")) < 0 ||
             (r = counter(b, "ravnest_averaging_rounds_total", labels, n->rounds_done)) < 0 ||
             (r = family(b, "ravnest_averaging_rounds_failed_total", "counter",
-                        "Averaging rounds that failed (a member gone, a timeout)")) < 0 ||
+                        "Averaging rounds that failed (a member gone, a timeout, no other member there)")) < 0 ||
             (r = counter(b, "ravnest_averaging_rounds_failed_total", labels, n->rounds_failed)) < 0 ||
             (r = gauge1(b, "ravnest_averaging_last_round_duration_seconds",
                         "The last averaging round, snapshot to delta; NaN: none yet",

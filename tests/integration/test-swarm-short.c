@@ -287,6 +287,64 @@ Test(swarm_short, a_node_started_again_by_hand_counts, .timeout = 300) {
         cr_assert(strstr(p.out, "swarm: the averaged model"), "%s", p.out);
 }
 
+/* A numeric property in ravnestctl status --json's output; 0 without it. */
+static unsigned long long property(const char *json, const char *name) {
+        char key[64];
+        snprintf(key, sizeof key, "\"%s\": ", name);
+        const char *at = strstr(json, key);
+        return at ? strtoull(at + strlen(key), NULL, 10) : 0;
+}
+
+/* ravnestctl status --json on node's control socket in the swarm of out. */
+static void node_status(const char *out, const char *node, Proc *st) {
+        const char *in = strstr(out, " in /");
+        char swarm_dir[128] = "", sock[200];
+        cr_assert(in && sscanf(in + 4, "%127[^;]", swarm_dir) == 1, "%s", out);
+        snprintf(sock, sizeof sock, "%s/%s.sock", swarm_dir, node);
+        proc_start(st, (char *[]){ RAVNESTCTL, "status", "--json", "--socket", sock, NULL }, NULL);
+        cr_assert_eq(proc_exit(st), 0, "%s", st->out);
+}
+
+/* The other member of its ring killed: a node's rounds have nobody else,
+ * average nothing and count as failed; AveragingRounds and the last round
+ * (its time and members) stay as they were, and the status says so. */
+Test(swarm_short, rounds_without_another_member_fail, .timeout = 300) {
+        Proc p, st;
+        unsigned long long done = 0, failed, last;
+        swarm(&p, (char *[]){ "--job", slow, "--clusters", "2", "--stages", "1", "--keep-going", NULL });
+        pid_t pid = node_pid(&p, "c2s1");
+        for (int k = 0; k < 240 && !done; k++) {
+                usleep(250 * 1000);
+                node_status(p.out, "c1s1", &st);
+                done = property(st.out, "AveragingRounds");
+        }
+        cr_assert_gt(done, 0, "%s\n%s", st.out, p.out);
+        cr_assert_eq(kill(pid, SIGKILL), 0);
+        cr_assert(proc_wait_for(&p, "c1s1   Averaging round ", 60000), "%s", p.out);
+        cr_assert(proc_wait_for(&p, " failed: no other of the 2 members of its group took part, nothing was averaged",
+                                60000), "%s", p.out);
+        node_status(p.out, "c1s1", &st);
+        for (int k = 0; k < 40 && property(st.out, "AveragingRoundsFailed") == 0; k++) { /* reported 4 times a second */
+                usleep(250 * 1000);
+                node_status(p.out, "c1s1", &st);
+        }
+        done = property(st.out, "AveragingRounds");
+        failed = property(st.out, "AveragingRoundsFailed");
+        last = property(st.out, "LastAveragingUSec");
+        cr_assert_gt(failed, 0, "%s", st.out);
+        cr_assert_gt(last, 0, "%s", st.out);
+        for (int k = 0; k < 240 && property(st.out, "AveragingRoundsFailed") == failed; k++) {
+                usleep(250 * 1000);
+                node_status(p.out, "c1s1", &st);
+        }
+        cr_assert_gt(property(st.out, "AveragingRoundsFailed"), failed, "%s", st.out);
+        cr_assert_eq(property(st.out, "AveragingRounds"), done, "a round alone counted as done\n%s", st.out);
+        cr_assert_eq(property(st.out, "LastAveragingUSec"), last, "a round alone is the last round\n%s", st.out);
+        cr_assert_eq(property(st.out, "LastAveragingParticipants"), 2, "%s", st.out);
+        kill(p.pid, SIGINT);
+        proc_exit(&p);
+}
+
 /* The status a stage reports on its control socket, mid-run: the bytes it
  * moved over its pipeline links and to average, in total and per step, as
  * properties and in ravnestctl's lines. */
@@ -312,16 +370,26 @@ Test(swarm_short, a_stage_reports_its_traffic_on_its_control_socket, .timeout = 
                 cr_assert(at, "no %s: %s", fields[i], st.out);
                 cr_expect_gt(strtoull(at + strlen(key), NULL, 10), 0, "%s: %s", fields[i], st.out);
         }
-        /* and what it averages with: the method, the group, the values */
+        /* and what it averages with: the method, the group (the 2 stages
+         * holding its layers, of the swarm's 4), the values */
         cr_expect(strstr(st.out, "\"AveragingMethod\": \"ring\""), "%s", st.out);
-        const char *nodes = strstr(st.out, "\"AveragingNodes\": ");
-        cr_expect(nodes && strtoul(nodes + strlen("\"AveragingNodes\": "), NULL, 10) >= 2, "%s", st.out);
+        cr_expect_eq(property(st.out, "AveragingNodes"), 2, "%s", st.out);
+        /* its last round, with the other cluster's stage 1 */
+        for (int k = 0; k < 120 && property(st.out, "LastAveragingParticipants") == 0; k++) {
+                usleep(250 * 1000);
+                proc_start(&st, (char *[]){ RAVNESTCTL, "status", "--json", "--socket", sock, NULL }, NULL);
+                cr_assert_eq(proc_exit(&st), 0, "%s", st.out);
+        }
+        cr_expect_eq(property(st.out, "LastAveragingParticipants"), 2, "%s", st.out);
+        cr_expect_eq(property(st.out, "LastAveragingGroup"), 2, "%s", st.out);
         proc_start(&st, (char *[]){ RAVNESTCTL, "status", "--socket", sock, NULL }, NULL);
         cr_assert_eq(proc_exit(&st), 0, "%s", st.out);
         cr_log_info("%.*s", (int)st.len, st.out);
         const char *t = strstr(st.out, "    Traffic: pipeline: ");
         cr_assert(t, "%s", st.out);
         cr_expect(strstr(t, " received (") && strstr(t, "/step); averaging: "), "%s", st.out);
+        cr_expect(strstr(st.out, "  Averaging: last round 2 of 2 members, "), "%s", st.out);
+        cr_expect(strstr(p.out, " done: 2 of 2 members, ") && !strstr(p.out, " of 4 members"), "%s", p.out);
 
         kill(p.pid, SIGINT);
         cr_assert_eq(proc_exit(&p), 130, "%s", p.out);

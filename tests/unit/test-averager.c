@@ -521,6 +521,58 @@ Test(averager, an_idle_member_averages_without_a_step) {
         free_nodes(nodes, 3);
 }
 
+/* A member whose only partner never comes: its rounds have nobody else
+ * (1 of 2 members), average nothing and say so: rounds_alone, and no last
+ * round with another member. */
+Test(averager, a_round_without_another_member_averages_nothing, .timeout = 60) {
+        enum { LEN = 64 };
+        Identity ids[2];
+        NetConfig nc;
+        CollMember m[2] = {};
+        AveragerRing ring = { .group = 1, .members = { 0, 1 }, .n = 2, .len = LEN };
+        AveragerConfig cfg;
+        Node nd = {};
+        for (unsigned i = 0; i < 2; i++) {
+                identity_generate(&ids[i]);
+                memcpy(m[i].id, ids[i].pk, IDENTITY_PK_SIZE);
+                strcpy(m[i].host, "127.0.0.1");
+        }
+        fill(&nd, LEN, 7);
+        net_config_defaults(&nc);
+        nc.pool_bytes = 1u << 20;
+        nc.identity = &ids[0];
+        nc.secret = secret;
+        averager_config_defaults(&cfg);
+        cfg.coll.net = &nc;
+        cfg.coll.members = m;
+        cfg.coll.n_members = 2;
+        cfg.coll.self = 0;
+        cfg.coll.join_timeout_ms = 100;
+        cfg.interval_ms = 20;
+        cfg.len = LEN;
+        cfg.rings = &ring;
+        cfg.n_rings = 1;
+        cr_assert_eq(averager_new(&cfg, &nd.av), 0);
+        averager_set_address(nd.av, 1, "127.0.0.1", test_free_port()); /* nobody listens there */
+        cr_assert_eq(averager_start(nd.av), 0);
+        AveragerStats st = {};
+        for (int i = 0; i < 40000 && st.rounds_done < 3; i++) {
+                averager_sync(nd.av, nd.w, 1);
+                averager_get_stats(nd.av, &st);
+                usleep(250);
+        }
+        cr_assert_geq(st.rounds_done, 3, "%lu rounds failed (error %d)", (unsigned long)st.rounds_failed,
+                      st.last_error);
+        cr_assert_eq(st.rounds_alone, st.rounds_done, "every round had this member alone");
+        cr_assert_eq(st.last_participants, 1);
+        cr_assert_eq(st.last_group, 2);
+        cr_assert_eq(st.averaged.realtime_us, 0, "no round averaged with another member");
+        cr_assert_eq(st.averaged.participants, 0);
+        for (size_t k = 0; k < LEN; k++)
+                cr_assert_eq(nd.w[k], nd.x0[k], "value %zu changed", k);
+        free_nodes(&nd, 1);
+}
+
 /* A joiner takes two arrays of moments for each of its two rings, which sit
  * elsewhere in its slab than in the givers': each ring's values from one
  * giver, whole (a giver prepares one copy at a time, so the second ring's

@@ -12,6 +12,7 @@
 #include <sys/wait.h>
 
 #include "host/idle.h"
+#include "run/averaging.h"
 #include "run/control.h"
 #include "util/time-util.h"
 
@@ -589,6 +590,38 @@ Test(duty, the_network_counters_go_on_across_runs) {
         control_report_network(&c, &(NodeNetwork){ .rounds_done = 1 });
         control_snapshot(&c, NULL, &st, NULL, NULL, NULL);
         cr_assert_eq(st.network.rounds_done, 41);
+        control_done(&c);
+}
+
+/* A round no other member took part in averaged nothing: it counts as
+ * failed, and the last round (its time, length and members) stays the
+ * last one that averaged with another member. */
+Test(duty, an_averaging_round_alone_counts_as_failed) {
+        Averaging a = { .seen = { .rounds_done = 30, .rounds_alone = 58, .rounds_failed = 2, .last_round_ns = 10,
+                                  .last_participants = 1, .last_group = 2 } };
+        a.seen.rounds_done += a.seen.rounds_alone;
+        a.seen.averaged = (AveragerRound){ .realtime_us = 7000, .duration_ns = 90, .participants = 2, .group = 2 };
+        NodeNetwork n = {};
+        averaging_report_network(&a, &n);
+        cr_assert_eq(n.rounds_done, 30);
+        cr_assert_eq(n.rounds_failed, 60);
+        cr_assert_eq(n.last_averaging_usec, 7000);
+        cr_assert_eq(n.last_round_ns, 90);
+        cr_assert_eq(n.last_participants, 2);
+        cr_assert_eq(n.last_group, 2);
+
+        /* the next run's last round is the earlier run's until it has one */
+        Control c;
+        NodeStatus st;
+        cr_assert_eq(control_init(&c), 0);
+        control_report_network(&c, &n);
+        control_report_run_end(&c);
+        control_report_network(&c, &(NodeNetwork){ .rounds_failed = 1 });
+        control_snapshot(&c, NULL, &st, NULL, NULL, NULL);
+        cr_assert_eq(st.network.rounds_failed, 61);
+        cr_assert_eq(st.network.last_averaging_usec, 7000);
+        cr_assert_eq(st.network.last_participants, 2);
+        cr_assert_eq(st.network.last_group, 2);
         control_done(&c);
 }
 
