@@ -195,10 +195,15 @@ static void print_averaging(const Property *props, size_t n) {
 
 static void print_human(const Property *props, size_t n, bool direct, const char *where) {
         const char *state = str(props, n, "State");
-        const char *reason = str(props, n, "PauseReason");
+        const char *reason = str(props, n, "PauseReason"), *waiting = str(props, n, "WaitingFor");
 
         printf("ravnestd %s (%s)\n", str(props, n, "Version"), direct ? where : "system bus, " BUS_NAME);
-        printf("      State: %s%s%s%s\n", state, reason[0] ? " (" : "", reason, reason[0] ? ")" : "");
+        printf("      State: %s", state);
+        if (reason[0])
+                printf(" (%s)", reason);
+        else if (waiting[0] && !strcmp(state, "training"))
+                printf(" (waiting for %s)", waiting);
+        printf("\n");
         if (!strcmp(state, "unconfigured"))
                 return;
         printf("        Job: %s, %s", str(props, n, "Job"), str(props, n, "Role"));

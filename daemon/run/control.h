@@ -58,6 +58,8 @@ typedef struct NodeTraining {
         double busy;               /* fraction of the last 2 s not spent waiting, 0 to 1; < 0: not known */
         double test_accuracy;      /* of the last evaluation; < 0 before one */
         double test_loss;          /* of the last evaluation; < 0 before one */
+        char waiting_for[64];      /* a stage's neighbour it cannot work without: "stage 1: not connected",
+                                    * "stage 3: paused"; "": none */
 } NodeTraining;
 
 /* What this node moved for the pipeline (its links to the neighbouring

@@ -369,6 +369,19 @@ static const char *run_reachability(const Run *run, const NetStats *ns) {
         return "unconfirmed";
 }
 
+/* The neighbour this stage cannot work without, for people: "stage 1: not
+ * connected", "stage 3: paused"; "" while both are there, and once the
+ * stage finished. */
+static void waiting_for(const Run *run, char *buf, size_t len) {
+        buf[0] = 0;
+        if (run->finished)
+                return;
+        if (run->prev && (run->prev_peer < 0 || run->prev_paused))
+                snprintf(buf, len, "stage %u: %s", run->stage, run->prev_peer < 0 ? "not connected" : "paused");
+        else if (run->next && (run->next_peer < 0 || run->next_paused))
+                snprintf(buf, len, "stage %u: %s", run->stage + 2, run->next_peer < 0 ? "not connected" : "paused");
+}
+
 static void report(Run *run, const PipeStats *st) {
         const LocalRunOptions *o = run->o;
         NodeTraining t = {
@@ -385,6 +398,7 @@ static void report(Run *run, const PipeStats *st) {
         };
         snprintf(t.role, sizeof t.role, "stage");
         snprintf(t.job, sizeof t.job, "%s", run->job->name);
+        waiting_for(run, t.waiting_for, sizeof t.waiting_for);
         control_report_training(o->control, &t);
 
         NetStats ns;
@@ -791,29 +805,39 @@ static int run_gate(Run *run) {
         return r == -ECANCELED ? r : 0;
 }
 
-/* A progress line: what the stage did since the last one. */
+/* The fraction of a window of span that ended now the stage was not
+ * waiting, in [0, 1] whatever the clocks' rounding. Before its first unit
+ * of work the pipe counts no wait (no bubble), but the stage only waited. */
+static double window_busy(const PipeStats *st, uint64_t wait_before, uint64_t span) {
+        uint64_t waited = st->wait_ns - wait_before + (span > st->elapsed_ns ? span - st->elapsed_ns : 0);
+        return CLAMP(1 - (double)waited / (double)span, 0.0, 1.0);
+}
+
+/* A progress line: what the stage did since the last one. The last stage's
+ * loss and accuracy are those of the micro-batches it scored meanwhile:
+ * none, none given. */
 static void run_log_progress(Run *run, const PipeStats *st, uint64_t now) {
         const PipeStats *prev = &run->prev_st;
         double dt = ns_to_sec(now - run->last_log_ns);
-        /* fractions of the interval, within [0, 1] whatever the clocks' rounding */
-        double busy = CLAMP(1 - (double)(st->wait_ns - prev->wait_ns) / (double)(now - run->last_log_ns), 0.0, 1.0);
+        double busy = window_busy(st, prev->wait_ns, now - run->last_log_ns);
         double compute = CLAMP((double)(st->compute_ns - prev->compute_ns) / (double)(now - run->last_log_ns), 0.0,
                                1.0);
         uint64_t scored = st->scored - prev->scored;
         double rate = (double)(st->samples - run->last_samples) / dt;
+        char scores[64] = "", flight[64] = "", waiting[80] = "", w[64];
 
+        if (!run->next && scored)
+                snprintf(scores, sizeof scores, "loss %.4f, acc %.2f%%, ",
+                         (st->loss_sum - prev->loss_sum) / (double)scored,
+                         100 * (st->correct - prev->correct) / (double)scored);
         if (run->next)
-                log_info("stage %u/%u: %lu micro-batches, %.0f samples/s, busy %.0f%% (computing %.0f%%), "
-                         "%u in flight, %u stashed versions",
-                         run->stage + 1, run->n_stages, (unsigned long)st->forwards, rate, 100 * busy, 100 * compute,
-                         st->in_flight, st->versions);
-        else
-                log_info("stage %u/%u: %lu micro-batches, loss %.4f, acc %.2f%%, %.0f samples/s, busy %.0f%% "
-                         "(computing %.0f%%)",
-                         run->stage + 1, run->n_stages, (unsigned long)st->forwards,
-                         scored ? (st->loss_sum - prev->loss_sum) / (double)scored : 0.0,
-                         scored ? 100 * (st->correct - prev->correct) / (double)scored : 0.0, rate, 100 * busy,
-                         100 * compute);
+                snprintf(flight, sizeof flight, ", %u in flight, %u stashed versions", st->in_flight, st->versions);
+        waiting_for(run, w, sizeof w);
+        if (w[0])
+                snprintf(waiting, sizeof waiting, ", waiting for %s", w);
+        log_info("stage %u/%u: %lu micro-batches, %s%.0f samples/s, busy %.0f%% (computing %.0f%%)%s%s",
+                 run->stage + 1, run->n_stages, (unsigned long)st->forwards, scores, rate, 100 * busy, 100 * compute,
+                 flight, waiting);
         run->prev_st = *st;
         run->last_log_ns = now;
         run->last_samples = st->samples;
@@ -827,7 +851,7 @@ static void run_series_row(Run *run, const PipeStats *st, uint64_t now) {
         uint64_t span = now - run->window_ns;
         if (!span)
                 return;
-        run->busy = CLAMP(1 - (double)(st->wait_ns - w->wait_ns) / (double)span, 0.0, 1.0);
+        run->busy = window_busy(st, w->wait_ns, span);
         uint64_t scored = st->scored - w->scored;
         NodeTraffic t = run_traffic(run, st);
         SeriesRow row = {

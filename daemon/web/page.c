@@ -45,7 +45,10 @@ static int table(const WebSnapshot *s, WebBuf *b) {
             (r = row(b, "Job", t->job[0] ? t->job : "(none yet)")) < 0 ||
             (r = row(b, "Role", t->role[0] ? t->role : "-")) < 0)
                 return r;
-        snprintf(v, sizeof v, "%s%s%s", node_state_to_string(s->state), s->reason[0] ? ": " : "", s->reason);
+        if (!s->reason[0] && t->waiting_for[0] && s->state == NODE_TRAINING)
+                snprintf(v, sizeof v, "training: waiting for %s", t->waiting_for);
+        else
+                snprintf(v, sizeof v, "%s%s%s", node_state_to_string(s->state), s->reason[0] ? ": " : "", s->reason);
         if ((r = row(b, "State", v)) < 0)
                 return r;
         if (t->cluster >= 0) {

@@ -345,6 +345,39 @@ Test(swarm_short, rounds_without_another_member_fail, .timeout = 300) {
         proc_exit(&p);
 }
 
+/* A last stage started alone (its previous stage never comes) only waits:
+ * Busy 0, the stage it waits for in WaitingFor and the status, and progress
+ * lines without a loss or an accuracy of micro-batches it never scored. */
+Test(swarm_short, a_stage_waiting_for_its_neighbour_is_not_busy, .timeout = 300) {
+        char d[200], conf[220], sock[220];
+        Proc p, alone, st;
+        snprintf(d, sizeof d, "%s/waiting", dir);
+        swarm(&p, (char *[]){ "--job", quick, "--dir", d, "--clusters", "1", "--epochs", "1", NULL });
+        cr_assert_eq(proc_exit(&p), 0, "%s", p.out);
+        snprintf(conf, sizeof conf, "%s/c1s2.conf", d);
+        snprintf(sock, sizeof sock, "%s/c1s2.sock", d);
+        proc_start(&alone, (char *[]){ RAVNESTD, "--config", conf, "--job", quick, "--epochs", "2", "--progress",
+                                       "1000", NULL }, NULL);
+        cr_assert(proc_wait_for(&alone, "stage 2/2: ", 60000), "%s", alone.out);
+        cr_assert(proc_wait_for(&alone, "waiting for stage 1: not connected", 10000), "%s", alone.out);
+        cr_assert_null(strstr(alone.out, "loss 0.0000, acc 0.00%"), "%s", alone.out);
+        bool reported = false;
+        for (int k = 0; k < 120 && !reported; k++) {
+                proc_start(&st, (char *[]){ RAVNESTCTL, "status", "--json", "--socket", sock, NULL }, NULL);
+                cr_assert_eq(proc_exit(&st), 0, "%s", st.out);
+                reported = strstr(st.out, "\"WaitingFor\": \"stage 1: not connected\"") && !strstr(st.out, "\"Busy\": -1");
+                if (!reported)
+                        usleep(250 * 1000);
+        }
+        cr_assert(reported, "%s", st.out);
+        cr_assert(strstr(st.out, "\"Busy\": 0,"), "a stage that only waits is busy\n%s", st.out);
+        proc_start(&st, (char *[]){ RAVNESTCTL, "status", "--socket", sock, NULL }, NULL);
+        cr_assert_eq(proc_exit(&st), 0, "%s", st.out);
+        cr_assert(strstr(st.out, "State: training (waiting for stage 1: not connected)"), "%s", st.out);
+        kill(alone.pid, SIGTERM);
+        cr_assert_eq(proc_exit(&alone), 0, "%s", alone.out);
+}
+
 /* The status a stage reports on its control socket, mid-run: the bytes it
  * moved over its pipeline links and to average, in total and per step, as
  * properties and in ravnestctl's lines. */
