@@ -56,29 +56,34 @@ static void serve_local(void *ud, bool paused) {
                 o->poll(o->poll_userdata);
 }
 
+/* The daemon's status: where training is, and its figures. */
+static void report_training(Progress *pr, const TrainProgress *p, uint64_t now) {
+        const LocalRunOptions *o = pr->o;
+        NodeTraining t = {
+                .cluster = -1,
+                .stage = -1,
+                .epoch = p->epoch,
+                .epochs = p->epochs,
+                .step = pr->at.step,
+                .loss = pr->loss >= 0 ? pr->loss : p->loss,
+                .samples_per_sec = pr->rate >= 0 ? pr->rate : p->samples_per_sec,
+                .busy = pr->busy,
+                .test_accuracy = pr->test_acc,
+                .test_loss = pr->test_acc >= 0 ? pr->test_loss : -1.0,
+        };
+        snprintf(t.role, sizeof t.role, "%s", o->n_shards > 1 ? "member" : "standalone");
+        snprintf(t.job, sizeof t.job, "%s", pr->job->name);
+        control_report_training(o->control, &t);
+        pr->last_report_ns = now;
+}
+
 /* Between two steps: the daemon's status, pause, stop and checkpoints. */
 static int pass_gate(Progress *pr, const TrainProgress *p, uint64_t now) {
         const LocalRunOptions *o = pr->o;
         int r;
 
-        if (now - pr->last_report_ns >= 250 * 1000000ULL || p->epoch_done) {
-                NodeTraining t = {
-                        .cluster = -1,
-                        .stage = -1,
-                        .epoch = p->epoch,
-                        .epochs = p->epochs,
-                        .step = pr->at.step,
-                        .loss = pr->loss >= 0 ? pr->loss : p->loss,
-                        .samples_per_sec = pr->rate >= 0 ? pr->rate : p->samples_per_sec,
-                        .busy = pr->busy,
-                        .test_accuracy = pr->test_acc,
-                        .test_loss = pr->test_acc >= 0 ? pr->test_loss : -1.0,
-                };
-                snprintf(t.role, sizeof t.role, "%s", o->n_shards > 1 ? "member" : "standalone");
-                snprintf(t.job, sizeof t.job, "%s", pr->job->name);
-                control_report_training(o->control, &t);
-                pr->last_report_ns = now;
-        }
+        if (now - pr->last_report_ns >= 250 * 1000000ULL || p->epoch_done)
+                report_training(pr, p, now);
         uint64_t before = now_ns();
         /* a checkpoint asked for while paused is written, and the pause goes on */
         while ((r = control_gate(o->control, serve_local, (void *)o)) == CONTROL_CHECKPOINT) {
@@ -233,16 +238,19 @@ int local_run(const Job *job, const LocalRunOptions *o, const volatile sig_atomi
         if (o->begin)
                 o->begin(o->step_userdata, t->stage->params, &t->optim);
         /* the gate before the first step too: a node that starts paused
-         * (its machine not idle yet) takes no step until it may */
-        r = o->control ? pass_gate(&pr, &(TrainProgress){ .epoch = t->start_epoch + 1, .epochs = spec.epochs,
-                                                           .loss = -1.0 }, now_ns())
-                       : 0;
+         * (its machine not idle yet) takes no step until it may; a trained
+         * job's epoch is its last */
+        TrainProgress first = { .epoch = MIN(t->start_epoch + 1, spec.epochs), .epochs = spec.epochs, .loss = -1.0 };
+        uint64_t loaded_step = pr.at.step;
+        r = o->control ? pass_gate(&pr, &first, now_ns()) : 0;
         if (r >= 0)
                 r = trainer_run(t, on_progress, &pr, stop);
         if (pr.last.epoch > 0)
                 series_tick(&pr, &pr.last, now_ns(), true);
-        if (o->checkpoint_dir && o->control && (r >= 0 || r == -ECANCELED)) {
-                /* on the way out, so a restart goes on from here */
+        /* on the way out, so a restart goes on from here: the file as it
+         * was when this run trained nothing of a trained job */
+        bool trained = t->start_epoch < spec.epochs || pr.at.step != loaded_step;
+        if (o->checkpoint_dir && o->control && (r >= 0 || r == -ECANCELED) && trained) {
                 int k = save_checkpoint(&pr);
                 if (k >= 0)
                         control_report_checkpoint(o->control, pr.at.step);
@@ -250,6 +258,8 @@ int local_run(const Job *job, const LocalRunOptions *o, const volatile sig_atomi
         if (r >= 0 && t->start_epoch >= spec.epochs) {
                 log_info("The checkpoint holds the trained job: evaluating it");
                 trainer_evaluate(t, test, &pr.test_acc, &pr.test_loss);
+                if (o->control)
+                        report_training(&pr, &first, now_ns());
         }
         if (r == -ECANCELED)
                 log_notice("Stopped with %llu epochs done (%d of them in this run)", (unsigned long long)pr.at.epoch,

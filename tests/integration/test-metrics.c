@@ -17,6 +17,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "../lib/data.h"
 #include "../lib/proc.h"
 
 #define MAX_CONNECTIONS 4
@@ -242,6 +243,54 @@ Test(metrics, throughput_is_over_the_wall_clock_and_0_while_paused, .init = skip
         cr_assert_eq(http(port, "GET", "/metrics", answer, sizeof answer), 200, "%s", answer);
         cr_assert_eq(metric(body(answer), "ravnest_samples_per_second"), 0, "%s", body(answer));
 
+        kill(p.pid, SIGTERM);
+        cr_assert_eq(proc_exit(&p), 0, "%s", p.out);
+        snprintf(text, sizeof text, "rm -rf %s", dir);
+        cr_assert_eq(system(text), 0);
+}
+
+/* A node started again on the checkpoint of the job it trained (a network
+ * keeps it up once finished): it evaluates the job, publishes the test
+ * accuracy and loss it logs, and epoch 1 of 1 (it said 2 of 1 and no
+ * accuracy), and leaves the checkpoint as it was (it wrote it again). */
+Test(metrics, a_trained_job_started_again_shows_its_result, .timeout = 180) {
+        char dir[] = "/tmp/ravnest-test-trained-XXXXXX", conf[128], data[128], job[128], secret[128], text[1024];
+        cr_assert_not_null(mkdtemp(dir));
+        uint16_t port = test_free_port();
+        snprintf(data, sizeof data, "%s/8x8", dir);
+        snprintf(job, sizeof job, "%s/mlp.job", dir);
+        test_write_idx_data(data, &(TestData){ .h = 8, .w = 8, .classes = 10, .n_train = 2000, .n_test = 500 });
+        test_write_mlp_job(job, data, 8, 8, 10, 1);
+        snprintf(secret, sizeof secret, "%s/secret", dir);
+        test_write_file(secret, "00112233445566778899aabbccddeeff00112233445566778899aabbccddeeff\n", 0600);
+        snprintf(conf, sizeof conf, "%s/ravnestd.conf", dir);
+        snprintf(text, sizeof text,
+                 "state_directory = \"%s/state\";\ncontrol_socket = \"\";\nidle = { enabled = false; };\n"
+                 "threads = 1;\nnetwork = { listen = \"127.0.0.1:%u\"; secret_file = \"%s\"; };\n"
+                 "metrics = { listen = \"127.0.0.1:%u\"; };\n",
+                 dir, test_free_port(), secret, port);
+        test_write_file(conf, text, 0644);
+        Proc p;
+        for (int run = 0; run < 2; run++) {
+                proc_start(&p, (char *[]){ RAVNESTD, "--config", conf, "--job", job, NULL }, NULL);
+                cr_assert(proc_wait_for(&p, "Finished ", 60000), "run %d: %s", run, p.out);
+                if (run == 0) {
+                        kill(p.pid, SIGTERM);
+                        cr_assert_eq(proc_exit(&p), 0, "%s", p.out);
+                }
+        }
+        cr_assert(strstr(p.out, "The checkpoint holds the trained job"), "%s", p.out);
+        const char *acc = strstr(p.out, "test accuracy ");
+        cr_assert(acc, "%s", p.out);
+        double logged = strtod(acc + strlen("test accuracy "), NULL) / 100;
+        usleep(1500 * 1000); /* published within a second */
+        cr_assert_eq(http(port, "GET", "/metrics", answer, sizeof answer), 200, "%s", answer);
+        cr_assert_eq(metric(body(answer), "ravnest_epoch"), 1, "%s", body(answer));
+        cr_assert_eq(metric(body(answer), "ravnest_epochs"), 1, "%s", body(answer));
+        double published = metric(body(answer), "ravnest_test_accuracy_ratio");
+        cr_assert(fabs(published - logged) < 1e-4, "published %g, logged %g\n%s", published, logged, body(answer));
+        cr_assert(metric(body(answer), "ravnest_test_loss") > 0, "%s", body(answer));
+        cr_assert_null(strstr(p.out, "Checkpoint written"), "the checkpoint was written again\n%s", p.out);
         kill(p.pid, SIGTERM);
         cr_assert_eq(proc_exit(&p), 0, "%s", p.out);
         snprintf(text, sizeof text, "rm -rf %s", dir);
