@@ -56,8 +56,11 @@ static int table(const WebSnapshot *s, WebBuf *b) {
                 if ((r = row(b, "Place", v)) < 0)
                         return r;
         }
-        snprintf(v, sizeof v, "%d of %d, step %llu", t->epoch, t->epochs, (unsigned long long)t->step);
-        if ((r = row(b, "Epoch", v)) < 0)
+        if (t->epoch > 0) /* where the node reads the data */
+                snprintf(v, sizeof v, "%d of %d, step %llu", t->epoch, t->epochs, (unsigned long long)t->step);
+        else
+                snprintf(v, sizeof v, "step %llu", (unsigned long long)t->step);
+        if ((r = row(b, t->epoch > 0 ? "Epoch" : "Progress", v)) < 0)
                 return r;
         if (t->loss >= 0)
                 snprintf(v, sizeof v, "%.4f", t->loss);
@@ -81,11 +84,13 @@ static int table(const WebSnapshot *s, WebBuf *b) {
 
 int web_page_plots(const WebHistory *h, WebBuf *b) {
         double step[WEB_HISTORY_MAX], loss[WEB_HISTORY_MAX], rate[WEB_HISTORY_MAX];
+        bool losses = false;
         for (unsigned i = 0; i < h->n; i++) {
                 unsigned k = web_history_at(h, i);
                 step[i] = (double)h->step[k];
                 loss[i] = h->loss[k];
                 rate[i] = h->samples_per_sec[k];
+                losses = losses || isfinite(loss[i]);
         }
         SvgSeries l = { .label = "loss", .x = step, .y = loss, .n = h->n };
         SvgSeries t = { .label = "samples/s", .x = step, .y = rate, .n = h->n };
@@ -93,12 +98,14 @@ int web_page_plots(const WebHistory *h, WebBuf *b) {
                 { .title = "Training loss", .x_label = "step", .series = &l, .n_series = 1 },
                 { .title = "Throughput", .x_label = "step", .y_label = "samples/s", .series = &t, .n_series = 1 },
         };
+        /* a node that does not know the loss plots its throughput alone */
+        bool rate_only = h->n && !losses;
         char *svg = NULL;
         size_t len = 0;
         FILE *f = open_memstream(&svg, &len);
         if (!f)
                 return -errno;
-        int r = svg_plot_write(f, NULL, panels, ELEMENTSOF(panels), PLOT_W, PLOT_H);
+        int r = svg_plot_write(f, NULL, panels + rate_only, ELEMENTSOF(panels) - rate_only, PLOT_W, PLOT_H);
         if (fclose(f) != 0 && r >= 0)
                 r = -EIO;
         if (r >= 0) /* inline in HTML: without the XML declaration */
@@ -109,7 +116,7 @@ int web_page_plots(const WebHistory *h, WebBuf *b) {
 
 int web_page_render(const WebSnapshot *s, const WebHistory *h, WebBuf *b) {
         int r;
-        if ((r = head(s, b)) < 0 || (r = table(s, b)) < 0 || (r = web_buf_put(b, "<h2>Loss</h2>\n<div id=\"plots\">\n")) < 0 ||
+        if ((r = head(s, b)) < 0 || (r = table(s, b)) < 0 || (r = web_buf_put(b, "<h2>History</h2>\n<div id=\"plots\">\n")) < 0 ||
             (r = web_page_plots(h, b)) < 0 ||
             (r = web_buf_put(b, "</div>\n<p><a href=\"/metrics\">metrics</a> (Prometheus)</p>\n</body>\n</html>\n")) < 0)
                 return r;

@@ -2,6 +2,7 @@
 #include "web.h"
 
 #include <errno.h>
+#include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -108,7 +109,7 @@ int web_process_read(WebProcess *ret) {
 }
 
 int web_history_push(WebHistory *h, const NodeTraining *t) {
-        if (t->loss < 0 || t->step == 0)
+        if (t->step == 0)
                 return 0;
         if (h->n > 0 && h->step[web_history_at(h, h->n - 1)] == t->step)
                 return 0;
@@ -119,7 +120,7 @@ int web_history_push(WebHistory *h, const NodeTraining *t) {
                 i = h->first;
                 h->first = (h->first + 1) % WEB_HISTORY_MAX;
         }
-        h->loss[i] = (float)t->loss;
+        h->loss[i] = t->loss >= 0 ? (float)t->loss : NAN;
         h->samples_per_sec[i] = (float)t->samples_per_sec;
         h->step[i] = t->step;
         return 1;

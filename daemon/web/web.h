@@ -60,8 +60,9 @@ typedef struct WebHistory {
         unsigned first, n;
 } WebHistory;
 
-/* A sample when training has moved on since the last one (a loss is known
- * and the step changed); returns 1 if it took one. */
+/* A sample when training has moved on since the last one (the step
+ * changed); its loss NaN where the node does not know it (every pipeline
+ * stage but the last). Returns 1 if it took one. */
 int web_history_push(WebHistory *h, const NodeTraining *t);
 /* The i-th oldest sample's index, i < h->n. */
 static inline unsigned web_history_at(const WebHistory *h, unsigned i) {

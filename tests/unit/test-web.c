@@ -172,10 +172,34 @@ Test(web, page_has_the_node_and_a_plot) {
         web_buf_free(&buf);
 }
 
+/* A pipeline stage but the last knows no loss, and no epoch where it does
+ * not read the data: its page plots its throughput (both plots were empty)
+ * and gives its step without an epoch (it said "Epoch: -1 of 3"). */
+Test(web, a_stage_without_the_loss_plots_its_throughput) {
+        WebSnapshot s = snapshot(100);
+        WebHistory h = {};
+        WebBuf buf = {};
+        s.status.training.epoch = -1;
+        for (uint64_t step = 1; step <= 10; step++) {
+                NodeTraining t = s.status.training;
+                t.step = step, t.loss = -1, t.samples_per_sec = 100.0 * (double)step;
+                cr_assert_eq(web_history_push(&h, &t), 1);
+        }
+        cr_assert_eq(web_page_render(&s, &h, &buf), 0);
+        cr_assert(strstr(buf.data, "<polyline"), "no throughput plotted: %s", buf.data);
+        cr_assert(strstr(buf.data, "Throughput") && !strstr(buf.data, "Training loss"), "%s", buf.data);
+        cr_assert(!strstr(buf.data, "-1 of "), "%s", buf.data);
+        cr_assert(strstr(buf.data, "step 100"), "%s", buf.data);
+        web_buf_free(&buf);
+}
+
 Test(web, history_keeps_the_last_samples) {
         WebHistory h = {};
-        NodeTraining t = { .loss = -1, .step = 1 };
-        cr_assert_eq(web_history_push(&h, &t), 0, "no loss known: no sample");
+        NodeTraining t = { .loss = -1, .step = 0 };
+        cr_assert_eq(web_history_push(&h, &t), 0, "no step yet: no sample");
+        t.step = 1;
+        cr_assert_eq(web_history_push(&h, &t), 1, "no loss known: a sample of the throughput");
+        cr_assert(isnan(h.loss[web_history_at(&h, 0)]));
         for (uint64_t step = 1; step <= WEB_HISTORY_MAX + 5; step++) {
                 t.step = step, t.loss = (double)step;
                 web_history_push(&h, &t);
