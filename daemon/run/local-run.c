@@ -25,8 +25,9 @@ typedef struct Progress {
         const Job *job;
         CheckpointInfo at;   /* where training is: what a checkpoint records */
         uint64_t last_report_ns;
-        /* the busy fraction: time held at the gate (paused, throttled) */
-        uint64_t gate_ns, window_gate_ns, window_ns;
+        /* the busy fraction: time held at the gate (paused, throttled),
+         * the hold under way since gate_since (0: none) */
+        uint64_t gate_ns, gate_since, window_gate_ns, window_ns;
         double busy;
         /* the window's loss and samples, and what the last window gave:
          * the published loss and samples/s, over the wall clock (rests
@@ -49,11 +50,16 @@ static int save_checkpoint(Progress *pr) {
                                      &pr->at);
 }
 
-/* The gate's serve(): the daemon's poll, paused or resting. */
+static void series_tick(Progress *pr, const TrainProgress *p, uint64_t now, bool last);
+
+/* The gate's serve(): the daemon's poll, paused or resting; the series'
+ * rows go on while paused. */
 static void serve_local(void *ud, bool paused) {
-        const LocalRunOptions *o = ud;
-        if (o->poll)
-                o->poll(o->poll_userdata);
+        Progress *pr = ud;
+        if (pr->o->poll)
+                pr->o->poll(pr->o->poll_userdata);
+        if (paused && pr->last.epoch > 0)
+                series_tick(pr, &pr->last, now_ns(), false);
 }
 
 /* The daemon's status: where training is, and its figures. */
@@ -84,13 +90,14 @@ static int pass_gate(Progress *pr, const TrainProgress *p, uint64_t now) {
 
         if (now - pr->last_report_ns >= 250 * 1000000ULL || p->epoch_done)
                 report_training(pr, p, now);
-        uint64_t before = now_ns();
+        pr->gate_since = now_ns();
         /* a checkpoint asked for while paused is written, and the pause goes on */
-        while ((r = control_gate(o->control, serve_local, (void *)o)) == CONTROL_CHECKPOINT) {
+        while ((r = control_gate(o->control, serve_local, pr)) == CONTROL_CHECKPOINT) {
                 int k = o->checkpoint_dir ? save_checkpoint(pr) : -EOPNOTSUPP;
                 control_checkpoint_done(o->control, k, pr->at.step);
         }
-        pr->gate_ns += now_ns() - before;
+        pr->gate_ns += now_ns() - pr->gate_since;
+        pr->gate_since = 0;
         return r;
 }
 
@@ -99,16 +106,17 @@ static int pass_gate(Progress *pr, const TrainProgress *p, uint64_t now) {
 static void series_tick(Progress *pr, const TrainProgress *p, uint64_t now, bool last) {
         if (!last && now - pr->window_ns < SERIES_INTERVAL_NS)
                 return;
-        uint64_t span = now - pr->window_ns;
-        pr->busy = span ? CLAMP(1 - (double)(pr->gate_ns - pr->window_gate_ns) / (double)span, 0.0, 1.0) : 1.0;
+        uint64_t span = now - pr->window_ns, gated = pr->gate_ns + (pr->gate_since ? now - pr->gate_since : 0);
+        bool trained = pr->window_samples > 0;
+        pr->busy = span ? CLAMP(1 - (double)(gated - pr->window_gate_ns) / (double)span, 0.0, 1.0) : 1.0;
         if (span)
                 pr->rate = (double)pr->window_samples / ns_to_sec(span);
-        if (pr->window_samples)
+        if (trained)
                 pr->loss = pr->window_loss_sum / (double)pr->window_samples;
         pr->window_loss_sum = 0;
         pr->window_samples = 0;
         pr->window_ns = now;
-        pr->window_gate_ns = pr->gate_ns;
+        pr->window_gate_ns = gated;
         if (pr->series.fd < 0)
                 return;
         NodeStatus st = {};
@@ -118,7 +126,7 @@ static void series_tick(Progress *pr, const TrainProgress *p, uint64_t now, bool
         SeriesRow row = {
                 .epoch = p->epoch,
                 .step = pr->at.step,
-                .train_loss = pr->loss,
+                .train_loss = trained ? pr->loss : -1, /* a window paused throughout: none */
                 .valid_loss = pr->test_loss,
                 .samples_per_sec = pr->rate,
                 .busy = pr->busy,

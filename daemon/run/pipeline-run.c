@@ -80,7 +80,10 @@ static void tell_neighbours(Run *r, const uint8_t msg[4]) {
                 (void)net_send_control(r->net, (uint32_t)r->next_peer, FRAME_CONTROL, msg, 4);
 }
 
-/* While the gate holds the stage: keep the links served. */
+static void run_series_row(Run *run, const PipeStats *st, uint64_t now, bool paused);
+
+/* While the gate holds the stage: keep the links served, and the series'
+ * rows going while paused. */
 static void serve_paused(void *ud, bool paused) {
         Run *r = ud;
         if (paused && !r->told_paused) {
@@ -90,6 +93,12 @@ static void serve_paused(void *ud, bool paused) {
         net_run(r->net, 50);
         if (r->o && r->o->poll) /* a paused node is still a member */
                 r->o->poll(r->o->poll_userdata);
+        uint64_t now = now_ns();
+        if (paused && r->pipe && now - r->window_ns >= SERIES_INTERVAL_NS) {
+                PipeStats st;
+                pipe_get_stats(r->pipe, &st);
+                run_series_row(r, &st, now, true);
+        }
 }
 
 /* In this order: the averaging thread, the tensors the pipe still holds
@@ -845,13 +854,14 @@ static void run_log_progress(Run *run, const PipeStats *st, uint64_t now) {
 
 /* Every 2 s, and at the end: what the stage did over the window (its busy
  * fraction, samples/s and, at the last stage, its loss: the figures the
- * daemon publishes, whatever the progress lines), a row of the series. */
-static void run_series_row(Run *run, const PipeStats *st, uint64_t now) {
+ * daemon publishes, whatever the progress lines), a row of the series.
+ * Paused, the stage is not busy. */
+static void run_series_row(Run *run, const PipeStats *st, uint64_t now, bool paused) {
         const PipeStats *w = &run->window_st;
         uint64_t span = now - run->window_ns;
         if (!span)
                 return;
-        run->busy = window_busy(st, w->wait_ns, span);
+        run->busy = paused ? 0 : window_busy(st, w->wait_ns, span);
         uint64_t scored = st->scored - w->scored;
         NodeTraffic t = run_traffic(run, st);
         SeriesRow row = {
@@ -896,7 +906,7 @@ static void run_after_step(Run *run) {
                 run->last_links_ns = now;
         }
         if (now - run->window_ns >= SERIES_INTERVAL_NS)
-                run_series_row(run, &st, now);
+                run_series_row(run, &st, now, false);
         if (o->control && now - run->last_report_ns >= 250 * 1000000ULL) {
                 report(run, &st);
                 run->last_report_ns = now;
@@ -1069,7 +1079,7 @@ int pipeline_run(const StagePlan *plan, const Job *job, const Identity *id, cons
         r = run_loop(&run, stop);
         PipeStats end;
         pipe_get_stats(run.pipe, &end);
-        run_series_row(&run, &end, now_ns()); /* the last row: its evaluation */
+        run_series_row(&run, &end, now_ns(), false); /* the last row: its evaluation */
         run_hand_back(&run, r, stop);
         run_report_end(&run);
         if (*stop || run.quiesced)

@@ -47,6 +47,89 @@ static void start_slow_swarm(Proc *p, char *swarm_dir, size_t len) {
         usleep(500 * 1000); /* every node reports */
 }
 
+/* The rows of the series at path from byte offset on, in text. */
+static int rows_since(const char *path, long offset, char *text, size_t len) {
+        FILE *f = fopen(path, "re");
+        cr_assert(f, "no %s", path);
+        fseek(f, offset, SEEK_SET);
+        text[fread(text, 1, len - 1, f)] = 0;
+        fclose(f);
+        return test_count(text, "\n");
+}
+
+/* Field i of a CSV row, counted from 0. */
+static void field(const char *row, int i, char *out, size_t len) {
+        for (; i > 0 && row; i--)
+                row = strchr(row, ',') ? strchr(row, ',') + 1 : NULL;
+        size_t n = row ? strcspn(row, ",\n") : 0;
+        snprintf(out, len, "%.*s", (int)n, row ? row : "");
+}
+
+static long file_size(const char *path) {
+        FILE *f = fopen(path, "re");
+        cr_assert(f, "no %s", path);
+        fseek(f, 0, SEEK_END);
+        long n = ftell(f);
+        fclose(f);
+        return n;
+}
+
+/* Paused on its control socket sock, a node goes on writing a row every
+ * 2 s into its series at path, with no throughput and not busy (it wrote
+ * none while paused). */
+static void paused_node_writes_rows(const char *sock, const char *path) {
+        Proc c;
+        char text[4096], rate[32], busy[32];
+        cr_assert_eq(run(&c, (char *[]){ RAVNESTCTL, "pause", "--socket", (char *)sock, NULL }), 0, "%s", c.out);
+        for (int k = 0; k < 100 && !strstr(c.out, "\"State\": \"paused\""); k++) {
+                usleep(100 * 1000);
+                run(&c, (char *[]){ RAVNESTCTL, "status", "--json", "--socket", (char *)sock, NULL });
+        }
+        cr_assert(strstr(c.out, "\"State\": \"paused\""), "%s", c.out);
+        long offset = file_size(path);
+        for (int k = 0; k < 100 && rows_since(path, offset, text, sizeof text) < 3; k++)
+                usleep(200 * 1000);
+        cr_assert_geq(rows_since(path, offset, text, sizeof text), 3, "no rows while paused: %s", text);
+        /* the last row's window is wholly paused: time,elapsed,epoch,step,train_loss,valid_loss,samples_per_sec,busy */
+        const char *last = text + strlen(text) - 1;
+        while (last > text && last[-1] != '\n')
+                last--;
+        field(last, 6, rate, sizeof rate);
+        field(last, 7, busy, sizeof busy);
+        cr_assert(!strcmp(rate, "0") && !strcmp(busy, "0"), "a paused row: %s", last);
+        cr_assert_eq(run(&c, (char *[]){ RAVNESTCTL, "resume", "--socket", (char *)sock, NULL }), 0, "%s", c.out);
+}
+
+Test(watch, a_paused_node_writes_rows, .timeout = 300) {
+        Proc p, node;
+        char swarm_dir[128], sock[200], path[256], conf[200], text[512];
+        start_slow_swarm(&p, swarm_dir, sizeof swarm_dir);
+        snprintf(sock, sizeof sock, "%s/c1s2.sock", swarm_dir);
+        snprintf(path, sizeof path, "%s/c1s2/test-mlp-8x8.series.csv", swarm_dir);
+        paused_node_writes_rows(sock, path);
+        kill(p.pid, SIGINT);
+        proc_exit(&p);
+
+        /* a node training alone (faster than a swarm: for longer) */
+        char forever[160];
+        snprintf(forever, sizeof forever, "%s/forever.job", dir);
+        test_write_mlp_job(forever, data, 8, 8, 10, 100000);
+        snprintf(conf, sizeof conf, "%s/alone.conf", dir);
+        snprintf(sock, sizeof sock, "%s/alone.sock", dir);
+        snprintf(text, sizeof text, "state_directory = \"%s/alone\";\ncontrol_socket = \"%s\";\n"
+                 "idle = { enabled = false; };\nthreads = 1;\n", dir, sock);
+        test_write_file(conf, text, 0644);
+        proc_start(&node, (char *[]){ RAVNESTD, "--config", conf, "--job", forever, "--progress", "1000", NULL },
+                   NULL);
+        cr_assert(proc_wait_for(&node, " done: train loss ", 60000), "%s", node.out);
+        snprintf(path, sizeof path, "%s/alone/test-mlp-8x8.series.csv", dir);
+        for (int k = 0; k < 100 && access(path, R_OK) < 0; k++)
+                usleep(100 * 1000);
+        paused_node_writes_rows(sock, path);
+        kill(node.pid, SIGTERM);
+        cr_assert_eq(proc_exit(&node), 0, "%s", node.out);
+}
+
 Test(watch, a_kept_swarm_leaves_series_that_plot_draws, .timeout = 300) {
         Proc p, plot;
         proc_start(&p, (char *[]){ RAVNESTCTL, "swarm", "--ravnestd", RAVNESTD, "--progress", "1000", "--job", quick,
