@@ -45,6 +45,32 @@ const char *node_close_reason(int reason, const NetPeerInfo *info, char *buf, si
 
 static const uint8_t msg_paused[4] = { 'R', 'V', 'P', 'Z' }, msg_resumed[4] = { 'R', 'V', 'P', 'R' };
 
+size_t node_paused_message(const char *reason, uint8_t buf[NODE_PAUSED_MAX]) {
+        size_t n = MIN(strlen(reason ?: ""), (size_t)NODE_PAUSED_MAX - 4);
+        memcpy(buf, msg_paused, 4);
+        memcpy(buf + 4, reason, n);
+        return 4 + n;
+}
+
+bool node_paused_reason(const uint8_t *payload, size_t len, char *reason, size_t size) {
+        if (len < 4 || len > NODE_PAUSED_MAX || memcmp(payload, msg_paused, 4))
+                return false;
+        size_t n = 0;
+        for (size_t i = 4; i < len && n + 1 < size; i++)
+                reason[n++] = payload[i] >= 0x20 && payload[i] < 0x7f ? (char)payload[i] : '?';
+        reason[n] = 0;
+        return true;
+}
+
+static void send_paused(Node *node, int64_t peer) {
+        uint8_t buf[NODE_PAUSED_MAX];
+        size_t n = node_paused_message(node->told_reason, buf);
+        if (peer >= 0)
+                (void)net_send_control(node->net, (uint32_t)peer, FRAME_CONTROL, buf, n);
+        else
+                net_broadcast_control(node->net, FRAME_CONTROL, buf, n);
+}
+
 static NodePeer *configured_peer(Node *node, uint32_t link) {
         for (size_t i = 0; i < node->n_peers; i++)
                 if (node->peers[i].link == (int64_t)link)
@@ -68,7 +94,7 @@ static void on_connected(void *userdata, uint32_t peer, const uint8_t id[IDENTIT
         log_event(LOG_INFO, EVENT_PEER_JOINED, fields, "Peer %s at %s joined (link %u, %s)", hex, info.address, peer,
                   c >= 0 ? cipher_to_string((Cipher)c) : "?");
         if (node->told_paused) /* the others heard it when this node paused */
-                (void)net_send_control(node->net, peer, FRAME_CONTROL, msg_paused, 4);
+                send_paused(node, peer);
 }
 
 static void forget_paused(Node *node, uint32_t peer);
@@ -143,25 +169,31 @@ static void forget_paused(Node *node, uint32_t peer) {
 
 static void on_control(void *userdata, uint32_t peer, uint8_t type, const uint8_t *payload, size_t len) {
         Node *node = userdata;
-        if (type != FRAME_CONTROL || len != 4)
+        char reason[NODE_PAUSED_MAX];
+        if (type != FRAME_CONTROL)
                 return;
-        bool paused = !memcmp(payload, msg_paused, 4);
-        if (!paused && memcmp(payload, msg_resumed, 4))
+        bool paused = node_paused_reason(payload, len, reason, sizeof reason);
+        if (!paused && (len != 4 || memcmp(payload, msg_resumed, 4)))
                 return;
-        if (paused == (paused_index(node, peer) >= 0))
-                return;
+        bool known = paused_index(node, peer) >= 0;
         if (!paused)
                 forget_paused(node, peer);
-        else if (node->paused_peers < NODE_MAX_PAUSED)
+        else if (!known && node->paused_peers < NODE_MAX_PAUSED)
                 node->paused[node->paused_peers++] = peer;
-        log_info("Peer on link %u %s", peer, paused ? "paused: its owner needs the machine" : "resumed");
+        if (paused || known) /* and a paused peer's new reason */
+                log_info("Peer on link %u %s%s%s", peer, paused ? "paused" : "resumed", reason[0] && paused ? ": " : "",
+                         paused ? reason : "");
 }
 
-void node_tell_paused(Node *node, bool paused) {
-        if (!node->active || node->told_paused == paused)
+void node_tell_paused(Node *node, bool paused, const char *reason) {
+        if (!node->active || (node->told_paused == paused && (!paused || !strcmp(node->told_reason, reason))))
                 return;
         node->told_paused = paused;
-        net_broadcast_control(node->net, FRAME_CONTROL, paused ? msg_paused : msg_resumed, 4);
+        snprintf(node->told_reason, sizeof node->told_reason, "%s", paused ? reason : "");
+        if (paused)
+                send_paused(node, -1);
+        else
+                net_broadcast_control(node->net, FRAME_CONTROL, msg_resumed, 4);
 }
 
 static void on_tensor(void *userdata, NetTensor *t) {

@@ -33,7 +33,8 @@ typedef struct Node {
         size_t n_peers;
         Identity identity;
         bool active;
-        bool told_paused;              /* the peers know this node is paused */
+        bool told_paused;              /* the peers know this node is paused ... */
+        char told_reason[128];         /* ... and why */
         uint32_t paused_peers;         /* peers that said they are paused ... */
         uint32_t paused[NODE_MAX_PAUSED]; /* ... their links (a status figure: past this many, not counted) */
 } Node;
@@ -47,8 +48,16 @@ int node_start(Node *node, const Config *c);
  * links), and dial the configured peers that are due. */
 void node_poll(Node *node, int timeout_ms);
 void node_stop(Node *node);
-/* Tell the peers this node paused (true) or resumed; once per change. */
-void node_tell_paused(Node *node, bool paused);
+/* Tell the peers this node paused (true, and why: PauseReason) or
+ * resumed; once per change, of the reason too. */
+void node_tell_paused(Node *node, bool paused, const char *reason);
+/* The CONTROL payload that says this node paused: "RVPZ" and the reason,
+ * its text, at most NODE_PAUSED_MAX bytes in all. Returns its length. */
+#define NODE_PAUSED_MAX 132
+size_t node_paused_message(const char *reason, uint8_t buf[NODE_PAUSED_MAX]);
+/* Whether payload says its sender paused; its reason, printable ASCII, in
+ * reason ("" from a sender that gives none). */
+bool node_paused_reason(const uint8_t *payload, size_t len, char *reason, size_t size);
 /* Why a link closed, for a log line: reason as closed() gives it, info from
  * net_peer_describe() in that callback ("said goodbye", "timed out (idle
  * link deadline)", "peer speaks protocol version 2, this node speaks 1", ...). */

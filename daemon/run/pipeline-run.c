@@ -9,6 +9,7 @@
 
 #include "averaging.h"
 #include "collective/segments.h"
+#include "node.h"
 #include "control.h"
 #include "stage-checkpoint.h"
 #include "pipeline/pipe.h"
@@ -42,7 +43,8 @@ typedef struct Run {
         bool hinted;                  /* said once that no neighbour dialed in */
         bool finished; /* the neighbours may go now */
         Averaging av;
-        bool told_paused;            /* the neighbours know this stage is paused */
+        bool told_paused;            /* the neighbours know this stage is paused ... */
+        char told_reason[128];       /* ... and why */
         uint64_t lost_told;          /* micro-batches lost with broken links, as logged */
         bool prev_paused, next_paused;
         bool prev_quiesced;           /* the stages before finished their micro-batches */
@@ -67,17 +69,30 @@ typedef struct Run {
 } Run;
 
 /* Control payloads of the daemon's own, beside the pipe's: a stage tells its
- * neighbours it pauses (the owner needs the machine) and resumes. */
-static const uint8_t msg_paused[4] = { 'R', 'V', 'P', 'Z' };
+ * neighbours it pauses, and why (node_paused_message()), and resumes. */
 static const uint8_t msg_resumed[4] = { 'R', 'V', 'P', 'R' };
 /* ... and that every micro-batch it sent came back: the next may stop. */
 static const uint8_t msg_quiesced[4] = { 'R', 'V', 'P', 'Q' };
 
-static void tell_neighbours(Run *r, const uint8_t msg[4]) {
+static void tell_neighbours(Run *r, const uint8_t *msg, size_t len) {
         if (r->prev_peer >= 0)
-                (void)net_send_control(r->net, (uint32_t)r->prev_peer, FRAME_CONTROL, msg, 4);
+                (void)net_send_control(r->net, (uint32_t)r->prev_peer, FRAME_CONTROL, msg, len);
         if (r->next_peer >= 0)
-                (void)net_send_control(r->net, (uint32_t)r->next_peer, FRAME_CONTROL, msg, 4);
+                (void)net_send_control(r->net, (uint32_t)r->next_peer, FRAME_CONTROL, msg, len);
+}
+
+/* That this stage is paused, and why, to its neighbours: once, and again
+ * when the reason changes. */
+static void tell_paused(Run *r) {
+        char reason[128] = "";
+        uint8_t msg[NODE_PAUSED_MAX];
+        if (r->o && r->o->control)
+                control_snapshot(r->o->control, NULL, NULL, reason, NULL, NULL);
+        if (r->told_paused && !strcmp(reason, r->told_reason))
+                return;
+        snprintf(r->told_reason, sizeof r->told_reason, "%s", reason);
+        tell_neighbours(r, msg, node_paused_message(reason, msg));
+        r->told_paused = true;
 }
 
 static void run_series_row(Run *run, const PipeStats *st, uint64_t now, bool paused);
@@ -86,10 +101,8 @@ static void run_series_row(Run *run, const PipeStats *st, uint64_t now, bool pau
  * rows going while paused. */
 static void serve_paused(void *ud, bool paused) {
         Run *r = ud;
-        if (paused && !r->told_paused) {
-                tell_neighbours(r, msg_paused);
-                r->told_paused = true;
-        }
+        if (paused)
+                tell_paused(r);
         net_run(r->net, 50);
         if (r->o && r->o->poll) /* a paused node is still a member */
                 r->o->poll(r->o->poll_userdata);
@@ -133,8 +146,10 @@ static void run_connected(void *ud, uint32_t peer, const uint8_t id[IDENTITY_PK_
                 return;
         }
         pipe_connect(r->pipe, r->net, r->prev_peer, r->next_peer);
-        if (r->told_paused) /* it joined while this stage is paused */
-                (void)net_send_control(r->net, peer, FRAME_CONTROL, msg_paused, 4);
+        if (r->told_paused) { /* it joined while this stage is paused */
+                uint8_t msg[NODE_PAUSED_MAX];
+                (void)net_send_control(r->net, peer, FRAME_CONTROL, msg, node_paused_message(r->told_reason, msg));
+        }
 }
 
 /* Micro-batches a broken link took with it (here, or further down or up
@@ -186,13 +201,14 @@ static void run_sent(void *ud, uint32_t peer, uint64_t cookie) {
 
 static void run_control(void *ud, uint32_t peer, uint8_t type, const uint8_t *p, size_t len) {
         Run *r = ud;
+        char why[NODE_PAUSED_MAX];
         bool from_prev = (int64_t)peer == r->prev_peer, from_next = (int64_t)peer == r->next_peer;
-        if (type == FRAME_CONTROL && len == 4 && (from_prev || from_next) &&
-            (!memcmp(p, msg_paused, 4) || !memcmp(p, msg_resumed, 4))) {
-                bool paused = !memcmp(p, msg_paused, 4);
+        bool paused = type == FRAME_CONTROL && node_paused_reason(p, len, why, sizeof why);
+        if (type == FRAME_CONTROL && (from_prev || from_next) &&
+            (paused || (len == 4 && !memcmp(p, msg_resumed, 4)))) {
                 *(from_prev ? &r->prev_paused : &r->next_paused) = paused;
-                log_info("%s stage %s", from_prev ? "Previous" : "Next",
-                         paused ? "paused: its owner needs the machine" : "resumed");
+                log_info("%s stage %s%s%s", from_prev ? "Previous" : "Next", paused ? "paused" : "resumed",
+                         paused && why[0] ? ": " : "", paused ? why : "");
                 return;
         }
         if (type == FRAME_CONTROL && len == 4 && from_prev && !memcmp(p, msg_quiesced, 4)) {
@@ -808,7 +824,7 @@ static int run_gate(Run *run) {
                 control_checkpoint_done(o->control, o->checkpoint_dir ? save_checkpoint(run) : -EOPNOTSUPP,
                                         position(run->pipe).step);
         if (run->told_paused) {
-                tell_neighbours(run, msg_resumed);
+                tell_neighbours(run, msg_resumed, sizeof msg_resumed);
                 run->told_paused = false;
         }
         return r == -ECANCELED ? r : 0;

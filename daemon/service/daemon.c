@@ -53,8 +53,9 @@ static void report_network(Daemon *d) {
 static void poll_node(void *userdata) {
         Daemon *d = userdata;
         NodeState state;
-        control_snapshot(&d->control, &state, NULL, NULL, NULL, NULL);
-        node_tell_paused(&d->node, state == NODE_PAUSED);
+        char reason[128];
+        control_snapshot(&d->control, &state, NULL, reason, NULL, NULL);
+        node_tell_paused(&d->node, state == NODE_PAUSED, reason);
         node_poll(&d->node, 0);
         uint64_t now = now_ns();
         /* a pipeline's stage (membership's too) reports its own network:

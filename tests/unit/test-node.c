@@ -12,14 +12,16 @@
 typedef struct Peer {
         Net *n;
         int connected, paused;
+        char reason[NODE_PAUSED_MAX];
 } Peer;
 
 static void peer_connected(void *ud, uint32_t peer, const uint8_t id[32]) {
         ((Peer *)ud)->connected++;
 }
 static void peer_control(void *ud, uint32_t peer, uint8_t type, const uint8_t *p, size_t len) {
-        if (type == FRAME_CONTROL && len == 4 && !memcmp(p, "RVPZ", 4))
-                ((Peer *)ud)->paused++;
+        Peer *to = ud;
+        if (type == FRAME_CONTROL && node_paused_reason(p, len, to->reason, sizeof to->reason))
+                to->paused++;
 }
 
 /* The network secret both ends hold, in hex (the node's secret_file). */
@@ -61,7 +63,8 @@ static void peer_config(NetConfig *nc, Identity *id, uint8_t key[32]) {
 }
 
 /* A node that paused before a peer connected tells that peer too, not only
- * the peers it had when it paused. */
+ * the peers it had when it paused; and why, again when that changes (a
+ * peer heard "its owner needs the machine" whatever paused it). */
 Test(node, a_peer_that_connects_while_paused_learns_it) {
         char dir[] = "/tmp/ravnest-test-node-XXXXXX", listen[64];
         uint16_t port = test_free_port();
@@ -69,7 +72,7 @@ Test(node, a_peer_that_connects_while_paused_learns_it) {
         Config c;
         Node node;
         node_up(dir, listen, &c, &node);
-        node_tell_paused(&node, true);
+        node_tell_paused(&node, true, "paused by the operator");
 
         Identity id;
         uint8_t key[32];
@@ -86,6 +89,15 @@ Test(node, a_peer_that_connects_while_paused_learns_it) {
         }
         cr_assert(p.connected, "the peer did not connect");
         cr_assert_eq(p.paused, 1, "the peer was not told the node is paused");
+        cr_assert_str_eq(p.reason, "paused by the operator");
+        node_tell_paused(&node, true, "paused by the operator");
+        node_tell_paused(&node, true, "other processes use 1.2 CPU");
+        for (int i = 0; i < 2000 && p.paused < 2; i++) {
+                node_poll(&node, 1);
+                net_run(p.n, 1);
+        }
+        cr_assert_eq(p.paused, 2, "told once per reason");
+        cr_assert_str_eq(p.reason, "other processes use 1.2 CPU");
 
         net_free(p.n);
         for (int i = 0; i < 100; i++)
