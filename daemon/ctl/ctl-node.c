@@ -173,6 +173,13 @@ static void print_traffic(const Property *props, size_t n) {
         printf("\n");
 }
 
+/* Seconds from usec (CLOCK_REALTIME) to now. */
+static double seconds_since(double usec) {
+        struct timespec now;
+        clock_gettime(CLOCK_REALTIME, &now);
+        return ((double)now.tv_sec * 1e6 + (double)now.tv_nsec / 1e3 - usec) / 1e6;
+}
+
 /* "  Averaging: last round 2 of 4 members, 3.1 s ago (88 rounds done, 30 failed)" */
 static void print_averaging(const Property *props, size_t n) {
         double avg = num(props, n, "LastAveragingUSec"), failed = num(props, n, "AveragingRoundsFailed");
@@ -180,12 +187,10 @@ static void print_averaging(const Property *props, size_t n) {
         double with = num(props, n, "LastAveragingParticipants"), group = num(props, n, "LastAveragingGroup");
         printf("  Averaging: ");
         if (avg > 0) {
-                struct timespec now;
-                clock_gettime(CLOCK_REALTIME, &now);
                 printf("last round ");
                 if (with > 0)
                         printf("%.0f of %.0f members, ", with, group);
-                printf("%.1f s ago", ((double)now.tv_sec * 1e6 + (double)now.tv_nsec / 1e3 - avg) / 1e6);
+                printf("%.1f s ago", seconds_since(avg));
         } else
                 printf("no round yet");
         if (done + failed > 0)
@@ -227,7 +232,11 @@ static void print_human(const Property *props, size_t n, bool direct, const char
         print_averaging(props, n);
         if (num(props, n, "PlanEpoch") > 0)
                 printf("       Plan: epoch %.0f from the coordinator\n", num(props, n, "PlanEpoch"));
-        if (num(props, n, "CheckpointStep") > 0)
+        /* a checkpoint of step 0 is one: when it was written says there is one */
+        if (num(props, n, "CheckpointUSec") > 0)
+                printf(" Checkpoint: step %.0f, %.1f s ago\n", num(props, n, "CheckpointStep"),
+                       seconds_since(num(props, n, "CheckpointUSec")));
+        else if (num(props, n, "CheckpointStep") > 0)
                 printf(" Checkpoint: step %.0f\n", num(props, n, "CheckpointStep"));
         else
                 printf(" Checkpoint: none yet\n");

@@ -104,6 +104,8 @@ static int get_property(sd_bus *bus, const char *path, const char *interface, co
         }
         if (!strcmp(property, "CheckpointStep"))
                 return sd_bus_message_append(reply, "t", st.checkpoint_step);
+        if (!strcmp(property, "CheckpointUSec"))
+                return sd_bus_message_append(reply, "t", st.checkpoint_usec);
         if (!strcmp(property, "PlanEpoch"))
                 return sd_bus_message_append(reply, "t", st.plan_epoch);
         if (!strcmp(property, "IoBackend"))
@@ -235,6 +237,7 @@ static const sd_bus_vtable node_vtable[] = {
         SD_BUS_PROPERTY("LastAveragingGroup", "u", get_property, 0, 0),
         SD_BUS_PROPERTY("MemoryRSS", "t", get_property, 0, 0),
         SD_BUS_PROPERTY("CheckpointStep", "t", get_property, 0, 0),
+        SD_BUS_PROPERTY("CheckpointUSec", "t", get_property, 0, 0),
         SD_BUS_PROPERTY("PlanEpoch", "t", get_property, 0, 0),
         SD_BUS_PROPERTY("IoBackend", "s", get_property, 0, 0),
         SD_BUS_PROPERTY("Reachability", "s", get_property, 0, 0),

@@ -356,6 +356,9 @@ Test(swarm_short, a_stage_waiting_for_its_neighbour_is_not_busy, .timeout = 300)
         cr_assert_eq(proc_exit(&p), 0, "%s", p.out);
         snprintf(conf, sizeof conf, "%s/c1s2.conf", d);
         snprintf(sock, sizeof sock, "%s/c1s2.sock", d);
+        char cmd[300];
+        snprintf(cmd, sizeof cmd, "rm -f %s/c1s2/*.ckpt", d); /* from step 0 */
+        cr_assert_eq(system(cmd), 0);
         proc_start(&alone, (char *[]){ RAVNESTD, "--config", conf, "--job", quick, "--epochs", "2", "--progress",
                                        "1000", NULL }, NULL);
         cr_assert(proc_wait_for(&alone, "stage 2/2: ", 60000), "%s", alone.out);
@@ -374,6 +377,14 @@ Test(swarm_short, a_stage_waiting_for_its_neighbour_is_not_busy, .timeout = 300)
         proc_start(&st, (char *[]){ RAVNESTCTL, "status", "--socket", sock, NULL }, NULL);
         cr_assert_eq(proc_exit(&st), 0, "%s", st.out);
         cr_assert(strstr(st.out, "State: training (waiting for stage 1: not connected)"), "%s", st.out);
+        cr_assert(strstr(st.out, " Checkpoint: none yet"), "%s", st.out);
+        /* a checkpoint of step 0 is one (it said "none yet") */
+        proc_start(&st, (char *[]){ RAVNESTCTL, "checkpoint", "--socket", sock, NULL }, NULL);
+        cr_assert_eq(proc_exit(&st), 0, "%s", st.out);
+        cr_assert(strstr(st.out, "Checkpoint written at step 0"), "%s", st.out);
+        proc_start(&st, (char *[]){ RAVNESTCTL, "status", "--socket", sock, NULL }, NULL);
+        cr_assert_eq(proc_exit(&st), 0, "%s", st.out);
+        cr_assert(strstr(st.out, " Checkpoint: step 0, "), "%s", st.out);
         kill(alone.pid, SIGTERM);
         cr_assert_eq(proc_exit(&alone), 0, "%s", alone.out);
 }
