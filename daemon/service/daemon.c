@@ -249,6 +249,19 @@ static int install_signals(bool debug_hang) {
         return 0;
 }
 
+void daemon_training_status(const NodeStatus *st, char *buf, size_t len) {
+        const NodeTraining *t = &st->training;
+        char epoch[48] = "", loss[32] = "", waiting[96] = "";
+        if (t->epoch > 0) /* where the node reads the data */
+                snprintf(epoch, sizeof epoch, "epoch %d/%d, ", t->epoch, t->epochs);
+        if (t->loss >= 0)
+                snprintf(loss, sizeof loss, "loss %.4f, ", t->loss);
+        if (t->waiting_for[0])
+                snprintf(waiting, sizeof waiting, ", waiting for %s", t->waiting_for);
+        snprintf(buf, len, "Training %s: %sstep %llu, %s%.0f samples/s, %u peers%s", t->job, epoch,
+                 (unsigned long long)t->step, loss, t->samples_per_sec, st->network.peers, waiting);
+}
+
 static void send_status(Daemon *d) {
         NodeState state;
         NodeStatus st;
@@ -266,9 +279,7 @@ static void send_status(Daemon *d) {
                                  d->config.path[0] ? d->config.path : CONFIG_PATH);
                 break;
         case NODE_TRAINING:
-                snprintf(text, sizeof text, "Training %s: epoch %d/%d, step %llu, loss %.4f, %.0f samples/s, %u peers",
-                         t->job, t->epoch, t->epochs, (unsigned long long)t->step, t->loss, t->samples_per_sec,
-                         st.network.peers);
+                daemon_training_status(&st, text, sizeof text);
                 break;
         case NODE_PAUSED:
                 snprintf(text, sizeof text, "Paused: %s", reason);

@@ -65,5 +65,9 @@ typedef struct Daemon {
         char reload_failed[256]; /* why the last reload of an unconfigured node failed, for STATUS= */
 } Daemon;
 
+/* The STATUS= text of a node that trains: "Training mlp: epoch 1/3, step
+ * 20, loss 0.4120, 5300 samples/s, 2 peers", the figures it does not know
+ * (yet) left out, and the neighbour a stage waits for. */
+void daemon_training_status(const NodeStatus *st, char *buf, size_t len);
 void daemon_init(Daemon *d, Config *config, const DaemonOptions *o);
 int daemon_run(Daemon *d);

@@ -14,6 +14,7 @@
 #include "host/idle.h"
 #include "run/averaging.h"
 #include "run/control.h"
+#include "service/daemon.h"
 #include "util/time-util.h"
 
 #define MS 1000000ULL
@@ -623,6 +624,23 @@ Test(duty, an_averaging_round_alone_counts_as_failed) {
         cr_assert_eq(st.network.last_participants, 2);
         cr_assert_eq(st.network.last_group, 2);
         control_done(&c);
+}
+
+/* STATUS= leaves out what the node does not know: no loss before the first
+ * window (it said "loss -1.0000") nor where a stage does not compute it, no
+ * epoch where it does not read the data; and says what a stage waits for. */
+Test(duty, the_status_line_gives_only_known_figures) {
+        NodeStatus st = { .training = { .job = "mlp", .epoch = 1, .epochs = 3, .loss = -1, .samples_per_sec = 0 } };
+        char text[256];
+        daemon_training_status(&st, text, sizeof text);
+        cr_assert_str_eq(text, "Training mlp: epoch 1/3, step 0, 0 samples/s, 0 peers");
+        st.training.loss = 0.412, st.training.step = 20, st.training.samples_per_sec = 5300, st.network.peers = 2;
+        daemon_training_status(&st, text, sizeof text);
+        cr_assert_str_eq(text, "Training mlp: epoch 1/3, step 20, loss 0.4120, 5300 samples/s, 2 peers");
+        st.training.epoch = -1, st.training.loss = -1;
+        snprintf(st.training.waiting_for, sizeof st.training.waiting_for, "stage 1: not connected");
+        daemon_training_status(&st, text, sizeof text);
+        cr_assert_str_eq(text, "Training mlp: step 20, 5300 samples/s, 2 peers, waiting for stage 1: not connected");
 }
 
 /* Under membership a stage's step is the swarm's count in the steps of the
