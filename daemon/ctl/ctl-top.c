@@ -43,6 +43,7 @@ typedef struct Top {
         TopNode nodes[TOP_MAX_NODES];
         size_t n;
         bool tty;
+        bool headed;         /* off a terminal: the header line is out (once, before the first rows) */
 } Top;
 
 /* ---- the terminal: restored however top ends ------------------------------ */
@@ -134,11 +135,17 @@ static void find_swarm_nodes(Top *t) {
 
 #define ROW_FORMAT "%-10s %-12s %-7s %5s %9s %8s %10s %5s %7s %11s %11s %9s"
 
-static void print_header(const Top *t, unsigned cols) {
+/* In a terminal, in reverse video at every refresh; into a pipe or a file,
+ * plain, once. */
+static void print_header(Top *t, unsigned cols) {
         char line[256];
         snprintf(line, sizeof line, ROW_FORMAT, "NODE", "STATE", "CL/ST", "EPOCH", "STEP", "LOSS", "SAMPLES/S",
                  "BUSY", "ROUNDS", "PIPELINE/S", "AVERAGE/S", "RSS");
-        printf("\033[7m%-*.*s\033[0m\n", (int)cols, (int)cols, line);
+        if (t->tty)
+                printf("\033[7m%-*.*s\033[0m\n", (int)cols, (int)cols, line);
+        else if (!t->headed)
+                printf("%s\n", line);
+        t->headed = true;
 }
 
 /* "1.2 MiB" per second since the last refresh, or "-" on the first. */
@@ -194,10 +201,9 @@ static void refresh(Top *t) {
         unsigned cols = t->tty ? MIN(terminal_columns(), 255u) : 255;
         if (t->swarm_dir)
                 find_swarm_nodes(t);
-        if (t->tty) {
+        if (t->tty)
                 fputs("\033[H\033[2J", stdout);
-                print_header(t, cols);
-        }
+        print_header(t, cols);
         if (t->n == 0)
                 printf("%s\n", t->swarm_dir ? "no nodes (no *.sock) in the swarm's directory yet" : "no nodes");
         for (size_t i = 0; i < t->n && !quit_requested; i++)
