@@ -367,8 +367,12 @@ int ctl_node(int argc, char *argv[]) {
         if (r < 0) {
                 if (json)
                         printf("{\"State\": \"unreachable\", \"Error\": \"%s\"}\n", strerror(-r));
-                fprintf(stderr, "ravnestd is not running, or not reachable: no %s on the system bus and %s: %s\n",
-                        BUS_NAME, socket_path, strerror(-r));
+                if (only_socket) /* no bus was asked */
+                        fprintf(stderr, "ravnestd is not running, or not reachable: %s: %s\n", socket_path,
+                                strerror(-r));
+                else
+                        fprintf(stderr, "ravnestd is not running, or not reachable: no %s on the system bus and "
+                                "%s: %s\n", BUS_NAME, socket_path, strerror(-r));
                 return EX_UNAVAILABLE;
         }
 

@@ -217,4 +217,7 @@ Test(dbus, ravnestctl_without_a_node, .init = skip_unless_possible, .fini = tear
         unsetenv("RAVNEST_SOCKET");
         cr_assert_eq(st, 69, "no node: exit %d (want 69, EX_UNAVAILABLE): %s", st, out);
         cr_assert(strstr(out, "not running"), "%s", out);
+        /* RAVNEST_SOCKET: that socket alone, and the message names no bus */
+        cr_assert(strstr(out, "/nonexistent/ravnest.sock: No such file or directory") && !strstr(out, "system bus"),
+                  "%s", out);
 }
