@@ -398,7 +398,12 @@ int ctl_node(int argc, char *argv[]) {
                 (void)sd_bus_set_method_call_timeout(bus, 300 * 1000000ULL);
                 r = sd_bus_call_method(bus, direct ? NULL : BUS_NAME, BUS_PATH, BUS_INTERFACE, method, &error, &reply,
                                        "");
-                if (r < 0) {
+                if (r < 0 && sd_bus_error_has_name(&error, SD_BUS_ERROR_ACCESS_DENIED)) {
+                        /* the bus's policy refuses in its own words ("Rejected send message, ...") */
+                        fprintf(stderr, "%s failed: Only root and the daemon's own user may %s this node\n", method,
+                                verb);
+                        ret = EX_NOPERM;
+                } else if (r < 0) {
                         fprintf(stderr, "%s failed: %s\n", method, error.message ?: strerror(-r));
                         ret = exit_for(r, &error);
                 } else if (!strcmp(method, "Checkpoint")) {

@@ -182,6 +182,9 @@ Test(dbus, policy_reads_for_everyone_controls_for_root, .init = skip_unless_poss
                              "pause", NULL },
                  out, sizeof out);
         cr_assert_eq(st, 77, "ravnestctl pause as nobody: exit %d (want 77, EX_NOPERM): %s", st, out);
+        /* in ravnestctl's words, not the bus's ("Rejected send message, 1 matched rules; ...") */
+        cr_assert(strstr(out, "Pause failed: Only root and the daemon's own user may pause this node"), "%s", out);
+        cr_assert(!strstr(out, "Rejected"), "%s", out);
         cr_assert(wait_state("training", 1000), "a refused Pause paused the node");
 
         /* ... and allowed to root */
