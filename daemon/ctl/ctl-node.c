@@ -198,6 +198,20 @@ static void print_averaging(const Property *props, size_t n) {
         printf("\n");
 }
 
+/* "      Peers: 2 connected, 0 paused; 1.2 MiB sent, 1.1 MiB received (io_uring)"; "(no links)" only
+ * without peers (a coordinator's links are its own: no backend here) */
+static void print_peers(const Property *props, size_t n) {
+        const char *io = str(props, n, "IoBackend");
+        printf("      Peers: %.0f connected, %.0f paused; %.1f MiB sent, %.1f MiB received", num(props, n, "Peers"),
+               num(props, n, "PausedPeers"), num(props, n, "BytesSent") / (1 << 20),
+               num(props, n, "BytesReceived") / (1 << 20));
+        if (io[0])
+                printf(" (%s)", io);
+        else if (num(props, n, "Peers") == 0)
+                printf(" (no links)");
+        printf("\n");
+}
+
 static void print_human(const Property *props, size_t n, bool direct, const char *where) {
         const char *state = str(props, n, "State");
         const char *reason = str(props, n, "PauseReason"), *waiting = str(props, n, "WaitingFor");
@@ -214,24 +228,30 @@ static void print_human(const Property *props, size_t n, bool direct, const char
         printf("        Job: %s, %s", str(props, n, "Job"), str(props, n, "Role"));
         if (num(props, n, "Stage") >= 0)
                 printf(", cluster %.0f stage %.0f", num(props, n, "ClusterId") + 1, num(props, n, "Stage") + 1);
-        printf("\n   Progress: ");
-        if (num(props, n, "Epoch") > 0) /* the first stage reads the data */
-                printf("epoch %.0f/%.0f, ", num(props, n, "Epoch"), num(props, n, "Epochs"));
-        printf("step %.0f, ", num(props, n, "Step"));
-        if (num(props, n, "Loss") >= 0) /* the last stage computes it */
-                printf("loss %.4f, ", num(props, n, "Loss"));
-        printf("%.0f samples/s\n", num(props, n, "SamplesPerSecond"));
+        printf("\n");
+        /* a coordinator trains nothing: no progress, averaging or checkpoint */
+        bool trains = strcmp(str(props, n, "Role"), "coordinator") != 0;
+        if (trains) {
+                printf("   Progress: ");
+                if (num(props, n, "Epoch") > 0) /* the first stage reads the data */
+                        printf("epoch %.0f/%.0f, ", num(props, n, "Epoch"), num(props, n, "Epochs"));
+                printf("step %.0f, ", num(props, n, "Step"));
+                if (num(props, n, "Loss") >= 0) /* the last stage computes it */
+                        printf("loss %.4f, ", num(props, n, "Loss"));
+                printf("%.0f samples/s\n", num(props, n, "SamplesPerSecond"));
+        }
         if (num(props, n, "TestAccuracy") >= 0)
                 printf("   Accuracy: %.2f%% on the test set\n", 100 * num(props, n, "TestAccuracy"));
-        printf("      Peers: %.0f connected, %.0f paused; %.1f MiB sent, %.1f MiB received (%s)\n",
-               num(props, n, "Peers"), num(props, n, "PausedPeers"), num(props, n, "BytesSent") / (1 << 20),
-               num(props, n, "BytesReceived") / (1 << 20), str(props, n, "IoBackend")[0] ? str(props, n, "IoBackend") : "no links");
+        print_peers(props, n);
         if (str(props, n, "Reachability")[0])
                 printf("  Reachable: %s\n", reachability_text(str(props, n, "Reachability")));
         print_traffic(props, n);
-        print_averaging(props, n);
+        if (trains)
+                print_averaging(props, n);
         if (num(props, n, "PlanEpoch") > 0)
                 printf("       Plan: epoch %.0f from the coordinator\n", num(props, n, "PlanEpoch"));
+        if (!trains)
+                return;
         /* a checkpoint of step 0 is one: when it was written says there is one */
         if (num(props, n, "CheckpointUSec") > 0)
                 printf(" Checkpoint: step %.0f, %.1f s ago\n", num(props, n, "CheckpointStep"),

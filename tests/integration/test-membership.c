@@ -695,6 +695,9 @@ Test(membership, a_dial_back_goes_where_the_link_comes_from, .timeout = 120) {
                 shown = strstr(st.out, "State: coordinating") && strstr(st.out, "Peers: 1 connected");
         }
         cr_assert(shown, "%s", st.out);
+        /* nothing of training, and no "(no links)" beside its peers */
+        cr_assert(!strstr(st.out, "Progress:") && !strstr(st.out, "no links") && !strstr(st.out, "Averaging:"),
+                  "%s", st.out);
         int got = accept(lfd, NULL, NULL);
         cr_assert_lt(got, 0, "the coordinator dialed the host the JOIN named");
         close(lfd);
