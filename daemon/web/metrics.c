@@ -135,7 +135,11 @@ static int render_averaging(const WebSnapshot *s, WebBuf *b) {
         char method[2 * sizeof a->method], labels[128];
         int r;
 
-        label_value(method, sizeof method, a->method[0] ? a->method : "none");
+        /* the method's name alone: "gossip alt-exp-ring" and "auto: measuring" would make
+         * new series of a counter as the topology or the choice shows */
+        char name[sizeof a->method];
+        snprintf(name, sizeof name, "%.*s", (int)strcspn(a->method, " :"), a->method);
+        label_value(method, sizeof method, name[0] ? name : "none");
         snprintf(labels, sizeof labels, "method=\"%s\"", method);
         if ((r = family(b, "ravnest_averaging_rounds_total", "counter", "Averaging rounds this node finished")) < 0 ||
             (r = counter(b, "ravnest_averaging_rounds_total", labels, n->rounds_done)) < 0 ||

@@ -442,6 +442,41 @@ Test(daemon, a_node_that_cannot_start_is_never_ready_and_a_reload_that_cannot_st
         test_remove_tree(dir);
 }
 
+/* The interface file installed for D-Bus tools names every property the
+ * node serves, and no other (it lacked the six traffic properties). */
+Test(daemon, the_interface_file_names_every_property, .timeout = 60) {
+        char dir[] = "/tmp/ravnest-test-xml-XXXXXX", conf[256], sock[256], text[512];
+        cr_assert_not_null(mkdtemp(dir));
+        snprintf(conf, sizeof conf, "%s/u.conf", dir);
+        snprintf(sock, sizeof sock, "%s/ctl", dir);
+        snprintf(text, sizeof text, "state_directory = \"%s/state\";\ncontrol_socket = \"%s\";\n", dir, sock);
+        test_write_file(conf, text, 0644);
+        Proc p, st;
+        proc_start(&p, (char *[]){ RAVNESTD, "--config", conf, NULL }, NULL);
+        cr_assert(proc_wait_for(&p, "unconfigured", 30000), "%s", p.out);
+        proc_start(&st, (char *[]){ RAVNESTCTL, "status", "--json", "--socket", sock, NULL }, NULL);
+        cr_assert_eq(proc_exit(&st), 0, "%s", st.out);
+        static char xml[65536];
+        FILE *f = fopen(SOURCE_ROOT "/config/dbus/org.ravnest.Node1.xml", "re");
+        cr_assert(f);
+        xml[fread(xml, 1, sizeof xml - 1, f)] = 0;
+        fclose(f);
+        int served = 0;
+        for (const char *k = st.out; (k = strstr(k, "\"")); served++) { /* "Name": value, ... */
+                char name[64], want[96];
+                cr_assert_eq(sscanf(k, "\"%63[^\"]\"", name), 1, "%s", k);
+                snprintf(want, sizeof want, "<property name=\"%s\" ", name);
+                cr_expect(strstr(xml, want), "%s is not in the interface file", name);
+                k = strchr(k + strlen(name) + 2, ',');
+                if (!k)
+                        break;
+        }
+        cr_assert_eq(test_count(xml, "<property name="), served + 1, "%d served:\n%s", served + 1, st.out);
+        kill(p.pid, SIGTERM);
+        cr_assert_eq(proc_exit(&p), 0, "%s", p.out);
+        test_remove_tree(dir);
+}
+
 /* ---- the control socket, as clients other than ravnestctl use it -------- */
 
 /* libdbus (dbus-send) sends its first call in the same write as the end of

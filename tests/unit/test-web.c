@@ -172,6 +172,27 @@ Test(web, page_has_the_node_and_a_plot) {
         web_buf_free(&buf);
 }
 
+/* The method label is the method's name alone, whatever the topology or
+ * the choice auto made ("auto: measuring", then "auto: exp", made a new
+ * series of each counter). */
+Test(web, the_method_label_is_the_method_s_name) {
+        static const char *const methods[][2] = { { "ring", "ring" }, { "moshpit", "moshpit" },
+                                                  { "gossip alt-exp-ring", "gossip" }, { "auto: measuring", "auto" },
+                                                  { "auto: exp", "auto" }, { "", "none" } };
+        for (size_t i = 0; i < sizeof methods / sizeof methods[0]; i++) {
+                Sample a[128];
+                WebBuf buf = {};
+                char want[32];
+                WebSnapshot s = snapshot(100);
+                snprintf(s.status.averaging.method, sizeof s.status.averaging.method, "%s", methods[i][0]);
+                cr_assert_eq(web_metrics_render(&s, &buf), 0);
+                size_t n = parse(buf.data, a, 128);
+                web_buf_free(&buf);
+                snprintf(want, sizeof want, "method=\"%s\"", methods[i][1]);
+                cr_assert_eq(find(a, n, "ravnest_averaging_rounds_total", want)->value, 10, "%s", methods[i][0]);
+        }
+}
+
 /* A pipeline stage but the last knows no loss, and no epoch where it does
  * not read the data: its page plots its throughput (both plots were empty)
  * and gives its step without an epoch (it said "Epoch: -1 of 3"). */
