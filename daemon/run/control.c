@@ -182,6 +182,8 @@ void control_report_network(Control *c, const NodeNetwork *n) {
         s.traffic.averaging_sent += b->traffic.averaging_sent;
         s.traffic.averaging_received += b->traffic.averaging_received;
         s.traffic.steps += b->traffic.steps;
+        s.traffic.peers_sent += b->traffic.peers_sent;
+        s.traffic.peers_received += b->traffic.peers_received;
         /* the last round is an earlier run's until this one has done one */
         if (!s.last_averaging_usec) {
                 s.last_averaging_usec = b->last_averaging_usec;

@@ -65,11 +65,13 @@ typedef struct NodeTraining {
 /* What this node moved for the pipeline (its links to the neighbouring
  * stages: activations, gradients and the frames around them, as its Net
  * counts them) and for averaging (the averager's payload), and over how
- * many local steps: the updates this process made since it counted. */
+ * many local steps: the updates this process made since it counted; and
+ * over the links of network.peers (as that Net counts them). */
 typedef struct NodeTraffic {
         uint64_t pipeline_sent, pipeline_received;
         uint64_t averaging_sent, averaging_received;
         uint64_t steps;
+        uint64_t peers_sent, peers_received;
 } NodeTraffic;
 
 /* Bytes sent and received together, per step; 0 before the first step. */

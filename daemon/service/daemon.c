@@ -32,8 +32,8 @@ static void report_network(Daemon *d) {
                 net_get_stats(d->node.net, &st);
                 n.peers = st.links;
                 n.paused_peers = d->node.paused_peers;
-                n.bytes_sent = st.bytes_sent;
-                n.bytes_received = st.bytes_received;
+                n.bytes_sent = n.traffic.peers_sent = st.bytes_sent;
+                n.bytes_received = n.traffic.peers_received = st.bytes_received;
                 snprintf(n.io_backend, sizeof n.io_backend, "%s", net_backend_name(d->node.net));
         }
         if (d->averaging.active) {

@@ -103,6 +103,8 @@ static int render_training(const WebSnapshot *s, WebBuf *b) {
                         known(t->test_accuracy))) < 0 ||
             (r = gauge1(b, "ravnest_samples_per_second", "Samples trained per second of the wall clock over the last 2 s",
                         t->samples_per_sec)) < 0 ||
+            (r = gauge1(b, "ravnest_busy_ratio", "Fraction of the last 2 s not spent waiting (0-1); NaN: not known yet",
+                        known(t->busy))) < 0 ||
             (r = counter1(b, "ravnest_steps_total", "Steps (parameter updates) since the run started, "
                           "those before a checkpoint it resumed from included", t->step)) < 0 ||
             (r = gauge1(b, "ravnest_epoch", "Epoch in progress (1-based); NaN where the stage reads no data",
@@ -163,12 +165,15 @@ static int render_network(const WebSnapshot *s, WebBuf *b) {
         int r;
 
         if ((r = family(b, "ravnest_sent_bytes_total", "counter",
-                        "Bytes sent, by purpose: the pipeline's links (activations, gradients) or averaging")) < 0 ||
+                        "Bytes sent, by purpose: the pipeline's links (activations, gradients), averaging, or the "
+                        "links of network.peers")) < 0 ||
             (r = counter(b, "ravnest_sent_bytes_total", "purpose=\"pipeline\"", n->traffic.pipeline_sent)) < 0 ||
             (r = counter(b, "ravnest_sent_bytes_total", "purpose=\"averaging\"", n->traffic.averaging_sent)) < 0 ||
+            (r = counter(b, "ravnest_sent_bytes_total", "purpose=\"network\"", n->traffic.peers_sent)) < 0 ||
             (r = family(b, "ravnest_received_bytes_total", "counter", "Bytes received, by purpose, as sent")) < 0 ||
             (r = counter(b, "ravnest_received_bytes_total", "purpose=\"pipeline\"", n->traffic.pipeline_received)) < 0 ||
             (r = counter(b, "ravnest_received_bytes_total", "purpose=\"averaging\"", n->traffic.averaging_received)) < 0 ||
+            (r = counter(b, "ravnest_received_bytes_total", "purpose=\"network\"", n->traffic.peers_received)) < 0 ||
             (r = gauge1(b, "ravnest_links", "Links up to peers (pipeline neighbours, averaging members)", n->peers)) < 0 ||
             (r = gauge1(b, "ravnest_paused_peers", "Neighbours that said they are paused", n->paused_peers)) < 0)
                 return r;

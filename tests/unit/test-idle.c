@@ -584,6 +584,7 @@ Test(duty, the_network_counters_go_on_across_runs) {
         cr_assert_eq(st.network.traffic.averaging_sent, 603);
         cr_assert_eq(st.network.traffic.averaging_received, 604);
         cr_assert_eq(st.network.traffic.steps, 55);
+        cr_assert_eq(st.network.traffic.peers_sent, 0);
 
         /* a run that ends without reporting (it failed to start) takes nothing away */
         control_report_run_end(&c);

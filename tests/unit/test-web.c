@@ -92,7 +92,8 @@ static WebSnapshot snapshot(uint64_t step) {
         st->training.test_accuracy = -1;
         st->training.samples_per_sec = 1234.5;
         st->network.peers = 1;
-        st->network.traffic = (NodeTraffic){ 10 * step, 20 * step, 30 * step, 40 * step, step };
+        st->network.traffic = (NodeTraffic){ 10 * step, 20 * step, 30 * step, 40 * step, step, 5 * step, 6 * step };
+        st->training.busy = 0.75;
         st->network.rounds_done = step / 10, st->network.rounds_failed = step / 100;
         st->network.last_round_ns = 25000000;
         snprintf(st->averaging.method, sizeof st->averaging.method, "ring");
@@ -135,6 +136,10 @@ Test(web, exposition_parses_and_counters_grow) {
         cr_assert_eq(find(b, nb, "ravnest_steps_total", NULL)->value, 250);
         cr_assert_eq(find(b, nb, "ravnest_sent_bytes_total", "purpose=\"pipeline\"")->value, 2500);
         cr_assert_eq(find(b, nb, "ravnest_received_bytes_total", "purpose=\"averaging\"")->value, 10000);
+        /* Busy, and the traffic of network.peers (neither was exported) */
+        cr_assert_eq(find(b, nb, "ravnest_sent_bytes_total", "purpose=\"network\"")->value, 1250);
+        cr_assert_eq(find(b, nb, "ravnest_received_bytes_total", "purpose=\"network\"")->value, 1500);
+        cr_assert_float_eq(find(b, nb, "ravnest_busy_ratio", NULL)->value, 0.75, 1e-9);
         cr_assert_eq(find(b, nb, "ravnest_averaging_rounds_total", "method=\"ring\"")->value, 25);
         cr_assert_eq(find(b, nb, "ravnest_averaging_rounds_failed_total", "method=\"ring\"")->value, 2);
         cr_assert_float_eq(find(b, nb, "ravnest_averaging_last_round_duration_seconds", NULL)->value, 0.025, 1e-9);
