@@ -143,8 +143,6 @@ static void print_bytes(const Property *props, size_t n, const char *what, const
                 printf(" (%s/step)", format_bytes(per_step, sizeof per_step, (uint64_t)num(props, n, name)));
 }
 
-/* What a stage moved over its pipeline links, and a stage or member to
- * average; nothing from a node that has neither. */
 /* The Reachability property, for people. */
 static const char *reachability_text(const char *r) {
         if (!strcmp(r, "dials out"))
@@ -154,10 +152,13 @@ static const char *reachability_text(const char *r) {
         if (!strcmp(r, "reachable"))
                 return "yes: a peer or the coordinator has dialed in";
         if (!strcmp(r, "unconfirmed"))
-                return "not yet confirmed: it listens, no peer has dialed in";
+                return "not known: it listens, but no peer has dialed in (where this node dials every link of "
+                       "its plan, as a first stage may, none will)";
         return r;
 }
 
+/* What a stage moved over its pipeline links, and a stage or member to
+ * average; nothing from a node that has neither. */
 static void print_traffic(const Property *props, size_t n) {
         bool pipeline = !strcmp(str(props, n, "Role"), "stage"),
              averaging = num(props, n, "AveragingBytesSent") + num(props, n, "AveragingBytesReceived") > 0;
