@@ -482,10 +482,11 @@ static int on_idle_timer(sd_event_source *s, uint64_t usec, void *userdata) {
         (void)usec;
 
         uint64_t now = now_ns();
-        if (idle_monitor_sample(&d->idle, idle_process_cpu_ns(), now, &smp) >= 0 && idle_update(&d->idle, &smp, now))
-                control_set_pause(&d->control, CONTROL_PAUSE_IDLE, d->idle.paused, d->idle.reason);
-        if (!d->idle.paused)
-                control_set_pause(&d->control, CONTROL_PAUSE_IDLE, false, NULL);
+        if (idle_monitor_sample(&d->idle, idle_process_cpu_ns(), now, &smp) >= 0)
+                (void)idle_update(&d->idle, &smp, now);
+        /* every sample: the reason moves while paused ("other processes use
+         * 1.80 CPU, ...", then "idle for 2 s, resuming after 3 s") */
+        control_set_pause(&d->control, CONTROL_PAUSE_IDLE, d->idle.paused, d->idle.reason);
         bus_state_changed(&d->bus);
         sd_event_source_set_time_relative(s, IDLE_SAMPLE_USEC);
         return 0;

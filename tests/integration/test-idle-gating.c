@@ -68,12 +68,16 @@ static void teardown(void) {
         }
 }
 
+/* A pause whose reason counted the seconds of calm before the resume. */
+static bool saw_idle_for;
+
 /* The node's State, through ravnestctl and its control socket. */
 static void state(char *ret, size_t len) {
         Proc p;
         proc_start(&p, (char *[]){ RAVNESTCTL, "status", "--json", "--socket", sock, NULL }, NULL);
         proc_exit(&p);
         p.out[p.len < sizeof p.out ? p.len : sizeof p.out - 1] = '\0';
+        saw_idle_for |= strstr(p.out, "\"PauseReason\": \"idle for ") != NULL;
         const char *s = strstr(p.out, "\"State\": \"");
         snprintf(ret, len, "%s", s ? s + 10 : "?");
         char *q = strchr(ret, '"');
@@ -208,4 +212,6 @@ Test(idle, a_cpu_hog_pauses_and_its_exit_resumes, .init = skip_without_dataset, 
         fflush(stdout);
         cr_assert(proc_wait_for(&node, "Paused training", 1000), "%.*s", (int)node.len, node.out);
         cr_assert(strstr(node.out, "Resumed training"), "%.*s", (int)node.len, node.out);
+        /* the reason moved while paused (it stayed what it was when the pause began) */
+        cr_assert(saw_idle_for, "no PauseReason \"idle for N s, resuming after 3 s\" seen while the node waited");
 }
