@@ -224,6 +224,8 @@ static void print_human(const Property *props, size_t n, bool direct, const char
         else if (waiting[0] && !strcmp(state, "training"))
                 printf(" (waiting for %s)", waiting);
         printf("\n");
+        if (str(props, n, "ReloadError")[0])
+                printf("     Reload: failed, %s\n", str(props, n, "ReloadError"));
         if (!strcmp(state, "unconfigured"))
                 return;
         printf("        Job: %s, %s", str(props, n, "Job"), str(props, n, "Role"));

@@ -86,6 +86,12 @@ void control_set_pause(Control *c, unsigned bit, bool on, const char *reason) {
         pthread_mutex_unlock(&c->lock);
 }
 
+void control_set_reload_error(Control *c, const char *why) {
+        pthread_mutex_lock(&c->lock);
+        snprintf(c->status.reload_error, sizeof c->status.reload_error, "%s", why ?: "");
+        pthread_mutex_unlock(&c->lock);
+}
+
 void control_set_max_duty(Control *c, double d) {
         pthread_mutex_lock(&c->lock);
         c->max_duty = d > 0 && d <= 1 ? d : 1.0;

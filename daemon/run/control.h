@@ -112,6 +112,7 @@ typedef struct NodeStatus {
         uint64_t checkpoint_usec;  /* CLOCK_REALTIME when it was written or loaded; 0: none */
         uint64_t pauses;           /* times training paused (the operator or the idle monitor) */
         uint64_t plan_epoch;       /* of the coordinator's plan held (membership); 0: none */
+        char reload_error[256];    /* why the last reload failed; "" after one that worked, or none */
 } NodeStatus;
 
 #define CONTROL_PAUSE_OPERATOR 1u /* Pause() over D-Bus */
@@ -148,6 +149,8 @@ void control_done(Control *c);
 /* Control thread. */
 void control_set_pause(Control *c, unsigned bit, bool on, const char *reason);
 void control_set_max_duty(Control *c, double d);
+/* Why the last reload failed (NULL or "": it worked). */
+void control_set_reload_error(Control *c, const char *why);
 /* Returns the ticket the matching control_checkpoint_done() reaches. */
 uint64_t control_request_checkpoint(Control *c);
 void control_request_stop(Control *c);

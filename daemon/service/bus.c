@@ -55,6 +55,8 @@ static int get_property(sd_bus *bus, const char *path, const char *interface, co
                 return sd_bus_message_append(reply, "s", reason);
         if (!strcmp(property, "WaitingFor"))
                 return sd_bus_message_append(reply, "s", st.training.waiting_for);
+        if (!strcmp(property, "ReloadError"))
+                return sd_bus_message_append(reply, "s", st.reload_error);
         if (!strcmp(property, "Role"))
                 return sd_bus_message_append(reply, "s", st.training.role);
         if (!strcmp(property, "Job"))
@@ -218,6 +220,7 @@ static const sd_bus_vtable node_vtable[] = {
         SD_BUS_PROPERTY("SamplesPerSecond", "d", get_property, 0, 0),
         SD_BUS_PROPERTY("Busy", "d", get_property, 0, 0),
         SD_BUS_PROPERTY("WaitingFor", "s", get_property, 0, 0),
+        SD_BUS_PROPERTY("ReloadError", "s", get_property, 0, 0),
         SD_BUS_PROPERTY("TestAccuracy", "d", get_property, 0, 0),
         SD_BUS_PROPERTY("TestLoss", "d", get_property, 0, 0),
         SD_BUS_PROPERTY("Peers", "u", get_property, 0, 0),

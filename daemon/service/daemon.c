@@ -271,9 +271,9 @@ static void send_status(Daemon *d) {
         const NodeTraining *t = &st.training;
         switch (state) {
         case NODE_UNCONFIGURED:
-                if (d->reload_failed[0])
+                if (st.reload_error[0])
                         snprintf(text, sizeof text, "Unconfigured: reloading %s failed: %s",
-                                 d->config.path[0] ? d->config.path : CONFIG_PATH, d->reload_failed);
+                                 d->config.path[0] ? d->config.path : CONFIG_PATH, st.reload_error);
                 else
                         snprintf(text, sizeof text, "Unconfigured: no network in %s, see ravnestd.conf(5)",
                                  d->config.path[0] ? d->config.path : CONFIG_PATH);
@@ -341,8 +341,9 @@ static void back_to_unconfigured(Daemon *d, int r) {
         d->has_unconfigured = false;
         apply_live_settings(d, &d->config);
         __atomic_store_n(&d->worker_done, false, __ATOMIC_RELEASE);
-        snprintf(d->reload_failed, sizeof d->reload_failed, "training could not start (%s), see journalctl -u "
-                 "ravnestd", strerror(-r));
+        char why[128];
+        snprintf(why, sizeof why, "training could not start (%s), see journalctl -u ravnestd", strerror(-r));
+        control_set_reload_error(&d->control, why);
         snprintf(fields, sizeof fields, "RESULT=failed\nREASON=%s", strerror(-r));
         log_event(LOG_ERR, EVENT_RELOAD, fields, "Training with the configuration reloaded from %s could not start "
                   "(above): the node is unconfigured again", path);
@@ -405,7 +406,7 @@ static void on_reload_signal(Daemon *d) {
                 snprintf(fields, sizeof fields, "RESULT=failed\nREASON=%s", diag.text);
                 log_event(LOG_ERR, EVENT_RELOAD, fields, "Reloading failed, keeping the running configuration: %s",
                           diag.text);
-                snprintf(d->reload_failed, sizeof d->reload_failed, "%.250s", diag.text);
+                control_set_reload_error(&d->control, diag.text);
                 send_status(d); /* an unconfigured node says why it still is */
                 sd_notify(false, "READY=1");
                 return;
@@ -425,15 +426,15 @@ static void on_reload_signal(Daemon *d) {
                         d->config = old;
                         apply_live_settings(d, &d->config);
                         control_set_state(&d->control, NODE_UNCONFIGURED);
-                        snprintf(d->reload_failed, sizeof d->reload_failed, "training cannot start with it, "
-                                 "see journalctl -u ravnestd");
+                        control_set_reload_error(&d->control, "training cannot start with it, see journalctl -u "
+                                                 "ravnestd");
                         log_event(LOG_ERR, EVENT_RELOAD, "RESULT=failed",
                                   "Reloading %s failed: training cannot start with it (above); the node stays "
                                   "unconfigured", path);
                 } else {
                         d->unconfigured = old; /* until it trains */
                         d->has_unconfigured = true;
-                        d->reload_failed[0] = '\0';
+                        control_set_reload_error(&d->control, NULL);
                         /* what the new file serves beside training (a failure is said, and training goes on) */
                         if (!d->web)
                                 (void)start_web(d);
@@ -447,6 +448,7 @@ static void on_reload_signal(Daemon *d) {
                 d->config.idle = n.idle;
                 d->config.checkpoint = n.checkpoint;
                 config_free(&n);
+                control_set_reload_error(&d->control, NULL);
                 log_event(LOG_NOTICE, EVENT_RELOAD, "RESULT=ok",
                           "Reloaded %s: idle and checkpoint settings applied; network, averaging and pipeline "
                           "changes take effect at the next start", path);

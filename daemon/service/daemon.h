@@ -62,7 +62,6 @@ typedef struct Daemon {
          * and unconfigured instead of exiting into a restart loop. */
         Config unconfigured;
         bool has_unconfigured;
-        char reload_failed[256]; /* why the last reload of an unconfigured node failed, for STATUS= */
 } Daemon;
 
 /* The STATUS= text of a node that trains: "Training mlp: epoch 1/3, step

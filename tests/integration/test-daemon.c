@@ -422,9 +422,15 @@ Test(daemon, a_node_that_cannot_start_is_never_ready_and_a_reload_that_cannot_st
         proc_start(&st, (char *[]){ RAVNESTCTL, "status", "--socket", path, NULL }, NULL);
         cr_assert_eq(proc_exit(&st), 0, "the node is gone: %s\n%s", st.out, p.out);
         cr_assert(strstr(st.out, "unconfigured"), "%s", st.out);
+        /* and says why, as systemd's STATUS= does (it showed "unconfigured" alone) */
+        cr_assert(strstr(st.out, "Reload: failed, training could not start (Address already in use)"), "%s",
+                  st.out);
         close(held);
         cr_assert_eq(kill(p.pid, SIGHUP), 0);
         cr_assert(proc_wait_for(&p, "epoch 1/", 60000), "%s", p.out);
+        proc_start(&st, (char *[]){ RAVNESTCTL, "status", "--socket", path, NULL }, NULL);
+        cr_assert_eq(proc_exit(&st), 0, "%s", st.out);
+        cr_assert(!strstr(st.out, "Reload:"), "a reload that worked still said the last one failed: %s", st.out);
         /* and serves what the new file says beside training (metrics were ignored until a restart) */
         int web = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
         struct sockaddr_in to = { .sin_family = AF_INET, .sin_port = htons(metrics),
