@@ -59,13 +59,21 @@ typedef struct Run {
         uint64_t resumed_step;
         uint64_t outer_rounds; /* outer rounds done before this run, as the .outer file said */
         uint64_t first_update;        /* the stage's updates when this process began: its traffic is per step since */
-        double last_loss, last_rate; /* only the last stage knows the loss */
+        double last_loss; /* only the last stage knows the loss */
         PipeStats prev_st;
         /* the series: a row every 2 s, over that window */
         Series series;
         uint64_t window_ns;
         PipeStats window_st;
         double busy;                  /* of the last window; < 0 before one */
+        /* the published samples/s: over the last 2 s, sliding at every
+         * report (the series' window closes every 2 s only, and before it
+         * first did a stage training read 0 samples/s); the oldest mark at
+         * most 2 s before the next, the first the run's start */
+        struct {
+                uint64_t ns, samples;
+        } rate_marks[16];
+        unsigned n_rate_marks;
 } Run;
 
 /* Control payloads of the daemon's own, beside the pipe's: a stage tells its
@@ -407,6 +415,24 @@ static void waiting_for(const Run *run, char *buf, size_t len) {
                 snprintf(buf, len, "stage %u: %s", run->stage + 2, run->next_peer < 0 ? "not connected" : "paused");
 }
 
+/* Samples per second of the wall clock over the last 2 s (since the run's
+ * start before 2 s passed), a mark of now kept for the next. */
+static double recent_rate(Run *run, const PipeStats *st, uint64_t now) {
+        unsigned n = run->n_rate_marks, old = 0;
+        while (n - old >= 2 && now - run->rate_marks[old + 1].ns >= SERIES_INTERVAL_NS)
+                old++;
+        if (n - old == ELEMENTSOF(run->rate_marks))
+                old++;
+        n -= old;
+        memmove(run->rate_marks, run->rate_marks + old, n * sizeof run->rate_marks[0]);
+        uint64_t span = n ? now - run->rate_marks[0].ns : 0;
+        double rate = span ? (double)(st->samples - run->rate_marks[0].samples) / ns_to_sec(span) : 0;
+        run->rate_marks[n].ns = now;
+        run->rate_marks[n].samples = st->samples;
+        run->n_rate_marks = n + 1;
+        return rate;
+}
+
 static void report(Run *run, const PipeStats *st) {
         const LocalRunOptions *o = run->o;
         NodeTraining t = {
@@ -416,7 +442,7 @@ static void report(Run *run, const PipeStats *st) {
                 .epochs = run->epochs,
                 .step = st->updates,
                 .loss = run->last_loss,
-                .samples_per_sec = run->last_rate,
+                .samples_per_sec = recent_rate(run, st, now_ns()),
                 .busy = run->busy,
                 .test_accuracy = st->test_acc,
                 .test_loss = st->test_acc >= 0 ? st->test_loss : -1.0,
@@ -891,7 +917,6 @@ static void run_series_row(Run *run, const PipeStats *st, uint64_t now, bool pau
                 .averaging_bytes = t.averaging_sent + t.averaging_received,
                 .averaging_rounds = run->av.seen.rounds_done,
         };
-        run->last_rate = row.samples_per_sec;
         if (scored)
                 run->last_loss = row.train_loss;
         run->window_st = *st;
@@ -942,6 +967,9 @@ static int run_loop(Run *run, const volatile sig_atomic_t *stop) {
         run->last_loss = -1;
         pipe_get_stats(run->pipe, &st);
         run->window_st = st;
+        run->rate_marks[0].ns = run->window_ns;
+        run->rate_marks[0].samples = st.samples;
+        run->n_rate_marks = 1;
         run->updates_seen = run->first_update = st.updates;
         while (!*stop && !run_quiesce(run)) {
                 dial_neighbours(run);

@@ -6,8 +6,9 @@
  * gives up after pipeline.neighbour_timeout, what a stage moves over
  * its links and to average shows in its status and the swarm's table,
  * nodes that accept no connections (as behind NAT) dial every link,
- * rings wider than one round average on a grid, and --pipeline's
- * settings reach every node (a bad one named). */
+ * rings wider than one round average on a grid, --pipeline's
+ * settings reach every node (a bad one named), and a stage's samples/s is
+ * above 0 from its first steps on. */
 #include <criterion/criterion.h>
 #include <errno.h>
 #include <signal.h>
@@ -303,6 +304,36 @@ static void node_status(const char *out, const char *node, Proc *st) {
         snprintf(sock, sizeof sock, "%s/%s.sock", swarm_dir, node);
         proc_start(st, (char *[]){ RAVNESTCTL, "status", "--json", "--socket", sock, NULL }, NULL);
         cr_assert_eq(proc_exit(st), 0, "%s", st->out);
+}
+
+/* A stage's first status with a step done shows the samples it trained
+ * (over the last 2 s, since its start before 2 s passed), the first stage's
+ * as the last's: it read 0 samples/s until the series' first window closed,
+ * 2 s into training. */
+Test(swarm_short, a_stage_training_reports_its_samples_from_the_start, .timeout = 300) {
+        Proc p, st;
+        swarm(&p, (char *[]){ "--job", slow, "--clusters", "1", NULL });
+        cr_assert(proc_wait_for(&p, "swarm: started c1s2 (pid", 30000), "%s", p.out);
+        static const char *const nodes[] = { "c1s1", "c1s2" };
+        for (size_t i = 0; i < 2; i++) {
+                const char *in = strstr(p.out, " in /");
+                char swarm_dir[128] = "", sock[200];
+                cr_assert(in && sscanf(in + 4, "%127[^;]", swarm_dir) == 1, "%s", p.out);
+                snprintf(sock, sizeof sock, "%s/%s.sock", swarm_dir, nodes[i]);
+                unsigned long long step = 0;
+                for (int k = 0; k < 1200 && !step; k++) {
+                        proc_start(&st, (char *[]){ RAVNESTCTL, "status", "--json", "--socket", sock, NULL }, NULL);
+                        if (proc_exit(&st) == 0)
+                                step = property(st.out, "Step");
+                        if (!step)
+                                usleep(50 * 1000);
+                }
+                cr_assert_gt(step, 0, "%s\n%s", st.out, p.out);
+                cr_expect_gt(property(st.out, "SamplesPerSecond"), 0, "%s: training, 0 samples/s\n%s", nodes[i],
+                             st.out);
+        }
+        kill(p.pid, SIGINT);
+        cr_assert_eq(proc_exit(&p), 130, "%s", p.out);
 }
 
 /* The other member of its ring killed: a node's rounds have nobody else,
