@@ -93,6 +93,7 @@ struct CoordinatorState {
          * with an epoch (trained before), handed in (collecting) */
         unsigned n_joined, n_probing, n_trained, n_done;
         unsigned shown_joined; /* n_joined for other threads (coordinator_members()), atomically */
+        uint64_t shown_sent, shown_received; /* its links' bytes, the same (coordinator_traffic()) */
         Plan *plan;           /* the last one sent; NULL before the first */
         uint64_t epoch;       /* the last one used (sent, or asked to stop for) */
         uint64_t samples;     /* trained by every cluster before the current plan */
@@ -919,6 +920,10 @@ static void *coordinator_main(void *ud) {
                 net_run(s->net, 50);
                 tick(s);
                 __atomic_store_n(&s->shown_joined, s->n_joined, __ATOMIC_RELAXED);
+                NetStats ns;
+                net_get_stats(s->net, &ns);
+                __atomic_store_n(&s->shown_sent, ns.bytes_sent, __ATOMIC_RELAXED);
+                __atomic_store_n(&s->shown_received, ns.bytes_received, __ATOMIC_RELAXED);
                 if (now_ns() - last_hb >= every) { /* members see their coordinator alive */
                         last_hb = now_ns();
                         net_broadcast_control(s->net, FRAME_HEARTBEAT, NULL, 0);
@@ -1029,6 +1034,11 @@ int coordinator_start(Coordinator *co, const Config *c, const Job *job, const Id
 
 unsigned coordinator_members(const Coordinator *co) {
         return co->running ? __atomic_load_n(&co->state->shown_joined, __ATOMIC_RELAXED) : 0;
+}
+
+void coordinator_traffic(const Coordinator *co, uint64_t *ret_sent, uint64_t *ret_received) {
+        *ret_sent = co->running ? __atomic_load_n(&co->state->shown_sent, __ATOMIC_RELAXED) : 0;
+        *ret_received = co->running ? __atomic_load_n(&co->state->shown_received, __ATOMIC_RELAXED) : 0;
 }
 
 void coordinator_stop(Coordinator *co) {

@@ -25,6 +25,7 @@
 
 #include <pthread.h>
 #include <stdbool.h>
+#include <stdint.h>
 
 #include "conf/config.h"
 #include "conf/job.h"
@@ -45,3 +46,6 @@ int coordinator_start(Coordinator *co, const Config *c, const Job *job, const Id
 void coordinator_stop(Coordinator *co);
 /* The members joined now (from any thread). */
 unsigned coordinator_members(const Coordinator *co);
+/* The bytes its links to the members moved, frames included: JOINs,
+ * plans, heartbeats, layers (from any thread). */
+void coordinator_traffic(const Coordinator *co, uint64_t *ret_sent, uint64_t *ret_received);

@@ -116,9 +116,12 @@ static int run_membership(Daemon *d, const LocalRunOptions *o) {
                                 node_poll(&d->node, 200);
                         else
                                 usleep(200 * 1000);
-                        NodeStatus st; /* its links are the members' */
+                        NodeStatus st; /* its links are the members', their bytes under purpose "network" */
                         control_snapshot(&d->control, NULL, &st, NULL, NULL, NULL);
                         st.network.peers = coordinator_members(&co);
+                        coordinator_traffic(&co, &st.network.bytes_sent, &st.network.bytes_received);
+                        st.network.traffic.peers_sent = st.network.bytes_sent;
+                        st.network.traffic.peers_received = st.network.bytes_received;
                         control_report_network(&d->control, &st.network);
                 }
         }

@@ -698,6 +698,19 @@ Test(membership, a_dial_back_goes_where_the_link_comes_from, .timeout = 120) {
         /* nothing of training, and no "(no links)" beside its peers */
         cr_assert(!strstr(st.out, "Progress:") && !strstr(st.out, "no links") && !strstr(st.out, "Averaging:"),
                   "%s", st.out);
+        /* its links' bytes, the JOIN in and the heartbeats out, under
+         * purpose "network" (it said 0: its transport is the coordinator's) */
+        bool counted = false;
+        for (int k = 0; k < 50 && !counted; k++) {
+                proc_start(&st, (char *[]){ RAVNESTCTL, "status", "--json", "--socket", sock, NULL }, NULL);
+                for (int i = 0; i < 10; i++)
+                        net_run(r.net, 10);
+                cr_assert_eq(proc_exit(&st), 0, "%s", st.out);
+                const char *sent = strstr(st.out, "\"BytesSent\": "), *recv = strstr(st.out, "\"BytesReceived\": ");
+                cr_assert(sent && recv, "%s", st.out);
+                counted = strtoull(sent + 13, NULL, 10) > 0 && strtoull(recv + 17, NULL, 10) >= (unsigned)n;
+        }
+        cr_assert(counted, "a coordinator's links count no bytes\n%s", st.out);
         int got = accept(lfd, NULL, NULL);
         cr_assert_lt(got, 0, "the coordinator dialed the host the JOIN named");
         close(lfd);
