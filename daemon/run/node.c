@@ -45,6 +45,11 @@ const char *node_close_reason(int reason, const NetPeerInfo *info, char *buf, si
 
 static const uint8_t msg_paused[4] = { 'R', 'V', 'P', 'Z' }, msg_resumed[4] = { 'R', 'V', 'P', 'R' };
 
+bool node_pause_reason_same(const char *a, const char *b) {
+        size_t n = strcspn(a, "0123456789");
+        return n == strcspn(b, "0123456789") && !strncmp(a, b, n);
+}
+
 size_t node_paused_message(const char *reason, uint8_t buf[NODE_PAUSED_MAX]) {
         size_t n = MIN(strlen(reason ?: ""), (size_t)NODE_PAUSED_MAX - 4);
         memcpy(buf, msg_paused, 4);
@@ -186,7 +191,8 @@ static void on_control(void *userdata, uint32_t peer, uint8_t type, const uint8_
 }
 
 void node_tell_paused(Node *node, bool paused, const char *reason) {
-        if (!node->active || (node->told_paused == paused && (!paused || !strcmp(node->told_reason, reason))))
+        if (!node->active ||
+            (node->told_paused == paused && (!paused || node_pause_reason_same(node->told_reason, reason))))
                 return;
         node->told_paused = paused;
         snprintf(node->told_reason, sizeof node->told_reason, "%s", paused ? reason : "");

@@ -55,6 +55,11 @@ void node_tell_paused(Node *node, bool paused, const char *reason);
  * its text, at most NODE_PAUSED_MAX bytes in all. Returns its length. */
 #define NODE_PAUSED_MAX 132
 size_t node_paused_message(const char *reason, uint8_t buf[NODE_PAUSED_MAX]);
+/* Whether two pause reasons say the same cause: their text up to the first
+ * figure ("other processes use 1.80 CPU, ..." moves every half second,
+ * "idle for 2 s, ..." counts down): neighbours hear of a new cause, not of
+ * every figure. */
+bool node_pause_reason_same(const char *a, const char *b);
 /* Whether payload says its sender paused; its reason, printable ASCII, in
  * reason ("" from a sender that gives none). */
 bool node_paused_reason(const uint8_t *payload, size_t len, char *reason, size_t size);

@@ -90,13 +90,13 @@ static void tell_neighbours(Run *r, const uint8_t *msg, size_t len) {
 }
 
 /* That this stage is paused, and why, to its neighbours: once, and again
- * when the reason changes. */
+ * when the cause changes. */
 static void tell_paused(Run *r) {
         char reason[128] = "";
         uint8_t msg[NODE_PAUSED_MAX];
         if (r->o && r->o->control)
                 control_snapshot(r->o->control, NULL, NULL, reason, NULL, NULL);
-        if (r->told_paused && !strcmp(reason, r->told_reason))
+        if (r->told_paused && node_pause_reason_same(reason, r->told_reason))
                 return;
         snprintf(r->told_reason, sizeof r->told_reason, "%s", reason);
         tell_neighbours(r, msg, node_paused_message(reason, msg));

@@ -159,3 +159,15 @@ Test(node, close_reasons_say_which) {
         cr_assert_str_eq(node_close_reason(-EKEYREJECTED, &info, buf, sizeof buf), "sent an ephemeral key of small order");
         cr_assert_str_eq(node_close_reason(0, &info, buf, sizeof buf), "said goodbye");
 }
+
+/* Neighbours hear of a pause's new cause, not of every figure of it. */
+Test(node, a_pause_reason_moving_its_figures_keeps_its_cause) {
+        cr_assert(node_pause_reason_same("other processes use 1.80 CPU, resuming at 0.50 or less",
+                                         "other processes use 1.20 CPU, resuming at 0.50 or less"));
+        cr_assert(node_pause_reason_same("idle for 1 s, resuming after 60 s", "idle for 12 s, resuming after 60 s"));
+        cr_assert(node_pause_reason_same("paused by the operator", "paused by the operator"));
+        cr_assert_not(node_pause_reason_same("idle for 1 s, resuming after 60 s",
+                                             "other processes use 1.80 CPU, resuming at 0.50 or less"));
+        cr_assert_not(node_pause_reason_same("paused by the operator", "on battery"));
+        cr_assert_not(node_pause_reason_same("", "on battery"));
+}
