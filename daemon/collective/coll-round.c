@@ -126,7 +126,7 @@ static void round_fail(CollRound *r, int error) {
          * waited for: dropping the link hands our buffer back. */
         if (error == -ETIMEDOUT && r->state == COLL_ROUND_RUNNING && r->sending > 0 &&
             r->coll->members[r->right].up)
-                net_close_peer(r->coll->net, r->coll->members[r->right].peer);
+                net_drop_peer(r->coll->net, r->coll->members[r->right].peer, -ETIMEDOUT);
         r->state = COLL_ROUND_FAILED;
         r->error = error;
         r->end_ns = now_ns();
@@ -723,8 +723,8 @@ static void inject_more(CollRound *r) {
 }
 
 static void take_early(Coll *c, Early *e, void *ud) {
-        if (round_on_piece(c, e->member, &e->hdr, e->t) == -EBADMSG && c->members[e->member].up)
-                net_close_peer(c->net, c->members[e->member].peer);
+        if (round_on_piece(c, e->member, &e->hdr, e->t) == -EBADMSG)
+                coll_ban(c, e->member);
 }
 
 static void start_running(CollRound *r, uint64_t round, uint64_t participants, const double *weights) {
@@ -751,7 +751,6 @@ static uint64_t everyone(const CollRound *r) {
 
 int round_on_start(Coll *c, unsigned member, const CollStart *m) {
         CollRound *r = round_of_group(c, m->group);
-        uint64_t *last = coll_last_round(c, m->group);
         unsigned sender_pos = UINT_MAX;
 
         if (!r || r->state != COLL_ROUND_JOINING || c->members[member].foreign)
@@ -762,7 +761,8 @@ int round_on_start(Coll *c, unsigned member, const CollStart *m) {
         if (sender_pos == UINT_MAX || sender_pos > r->self_pos || (m->participants & ~everyone(r)) != 0 ||
             !(m->participants & (1ull << sender_pos)))
                 return -EBADMSG;
-        if (!(m->participants & (1ull << r->self_pos)) || (last && m->round <= *last) || m->final != r->final)
+        if (!(m->participants & (1ull << r->self_pos)) || m->round <= coll_seen_round(c, m->group) ||
+            m->final != r->final)
                 return 0; /* left out of this round, a stale START, or not a last round like ours */
         start_running(r, m->round, m->participants, m->weights);
         return 0;

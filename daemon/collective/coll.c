@@ -23,7 +23,7 @@ void coll_config_defaults(CollConfig *c) {
                 .join_timeout_ms = 10000,
                 .round_timeout_ms = 30000,
                 .redial_ms = 1000,
-                .ban_ms = 60000,
+                .ban_ms = COLL_BAN_MS,
         };
 }
 
@@ -73,8 +73,8 @@ uint64_t coll_blame(const Coll *c, const unsigned *members, unsigned n) {
 void coll_ban(Coll *c, unsigned member) {
         Member *m = &c->members[member];
         m->banned_until_ns = now_ns() + (uint64_t)c->cfg.ban_ms * 1000000ull;
-        if (m->up)
-                net_close_peer(c->net, m->peer);
+        if (m->up) /* closed() reports it so: not a goodbye */
+                net_drop_peer(c->net, m->peer, COLL_DROP_REASON);
 }
 
 static void drop_early(Coll *c, bool (*match)(const Early *, const void *), const void *arg) {
@@ -192,7 +192,7 @@ static void on_control(void *ud, uint32_t peer, uint8_t type, const uint8_t *pay
         int k = coll_ctl_decode(payload, len, &m) < 0 ? -EBADMSG : on_model(c, (unsigned)member, &m);
         if (k != 0) { /* a MODEL taken, or a message that breaks the protocol */
                 if (k < 0)
-                        net_close_peer(c->net, peer);
+                        coll_ban(c, (unsigned)member);
                 return;
         }
         if (m.kind == COLL_READY)
@@ -204,7 +204,7 @@ static void on_control(void *ud, uint32_t peer, uint8_t type, const uint8_t *pay
         else if (m.kind == COLL_STATE_NO)
                 state_on_no(c, (unsigned)member, &m.no);
         else if (round_on_start(c, (unsigned)member, &m.start) == -EBADMSG)
-                net_close_peer(c->net, peer);
+                coll_ban(c, (unsigned)member);
 }
 
 static void on_tensor(void *ud, NetTensor *t) {

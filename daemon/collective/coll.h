@@ -38,6 +38,7 @@
  */
 #pragma once
 
+#include <errno.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -63,9 +64,13 @@ typedef struct CollConfig {
         unsigned join_timeout_ms;   /* READY to START */
         unsigned round_timeout_ms;  /* START to the last piece */
         unsigned redial_ms;
-        unsigned ban_ms;            /* a member that sent a bad piece is refused this long */
+        unsigned ban_ms;            /* a member that broke the protocol is refused this long (COLL_BAN_MS) */
         CollModel model;            /* what this member averages; zero: not named (see coll_foreign()) */
 } CollConfig;
+
+#define COLL_BAN_MS 60000
+/* A member's link that coll_ban() drops closes with this reason. */
+#define COLL_DROP_REASON (-EBADRQC)
 
 void coll_config_defaults(CollConfig *c);
 

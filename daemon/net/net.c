@@ -803,6 +803,9 @@ void net_link_close(Link *l, int reason) {
                 else
                         n->stats.bad_frames++;
                 break;
+        case -EBADRQC: /* the application's: a protocol above ours broken */
+                n->stats.bad_frames++;
+                break;
         case -EMSGSIZE:
         case -ENOBUFS:
         case -EMFILE:
@@ -886,10 +889,14 @@ const char *net_timeout_to_string(NetTimeout t) {
 }
 
 int net_close_peer(Net *n, uint32_t peer) {
+        return net_drop_peer(n, peer, 0);
+}
+
+int net_drop_peer(Net *n, uint32_t peer, int reason) {
         Link *l = net_link_find(n, peer);
-        if (!l)
-                return -ENOTCONN;
-        net_link_close(l, 0);
+        if (!l || reason > 0)
+                return l ? -EINVAL : -ENOTCONN;
+        net_link_close(l, reason);
         return 0;
 }
 

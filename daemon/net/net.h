@@ -228,6 +228,10 @@ int net_send_control(Net *n, uint32_t peer, uint8_t type, const void *payload, s
 int net_broadcast_control(Net *n, uint8_t type, const void *payload, size_t len);
 void net_tensor_release(Net *n, NetTensor *t);
 int net_close_peer(Net *n, uint32_t peer);
+/* The same for a reason of the application's (a negative errno), which the
+ * link's closed() reports instead of 0 (our goodbye): a peer dropped for
+ * breaking a protocol above the transport's. */
+int net_drop_peer(Net *n, uint32_t peer, int reason);
 
 /* Wait up to timeout_ms for I/O, then run every callback that is due.
  * Returns the number of completions handled. */

@@ -184,6 +184,9 @@ static void log_link_lost(const Averaging *a, const CollLoss *l, uint64_t since)
                 identity_to_hex(m->id, hex);
         node_close_reason(l->reason, &l->info, why, sizeof why);
         snprintf(fields, sizeof fields, "PEER=%s\nPEER_ADDRESS=%s\nREASON=%s", hex, l->info.address, why);
+        if (l->reason == COLL_DROP_REASON) /* dropped by us: coll_ban() */
+                snprintf(why + strlen(why), sizeof why - strlen(why), "; refused for %u s",
+                         COLL_BAN_MS / 1000);
         if (since > 1)
                 snprintf(more, sizeof more, " (%llu links lost since the last line)", (unsigned long long)since);
         log_event(l->reason == 0 ? LOG_INFO : LOG_WARNING, EVENT_PEER_LEFT, fields,

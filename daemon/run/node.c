@@ -25,6 +25,7 @@ static const char *reason_text(int reason) {
         case -EBADMSG: return "sent a malformed, forged, replayed or reordered frame";
         case -EPROTO: return "broke the handshake";
         case -EMSGSIZE: return "sent a frame or tensor over the size limits";
+        case -EBADRQC: return "broke the protocol of its messages (one malformed or out of place)";
         case -ECONNRESET: return "closed the connection";
         default: return NULL;
         }
