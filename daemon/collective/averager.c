@@ -678,12 +678,13 @@ static void *averager_main(void *arg) {
                 uint64_t now = now_ns();
                 unsigned connected = coll_n_connected(a->coll);
                 CollLoss lost = coll_loss(a->coll), refused = coll_refusals(a->coll), diverged = coll_diverged(a->coll);
+                CollLoss unready = coll_unready(a->coll);
                 CollForeign foreign = coll_foreign(a->coll);
                 atomic_store(&a->peers_up, ring_peers_up(a));
                 /* only this thread writes them */
                 if (connected != a->stats.connected || lost.count != a->stats.lost.count ||
                     refused.count != a->stats.refused.count || diverged.count != a->stats.diverged.count ||
-                    foreign.count != a->stats.foreign.count) {
+                    foreign.count != a->stats.foreign.count || unready.count != a->stats.unready.count) {
                         NetStats ns;
                         net_get_stats(coll_net(a->coll), &ns);
                         pthread_mutex_lock(&a->lock);
@@ -692,6 +693,7 @@ static void *averager_main(void *arg) {
                         a->stats.lost = lost;
                         a->stats.refused = refused;
                         a->stats.diverged = diverged;
+                        a->stats.unready = unready;
                         a->stats.foreign = foreign;
                         pthread_mutex_unlock(&a->lock);
                 }

@@ -112,6 +112,7 @@ typedef struct AveragerStats {
         CollLoss lost;                        /* links to members that closed, and the last */
         CollLoss refused;                     /* connections refused or failed before a member's link */
         CollLoss diverged;                    /* members sitting rounds out, their values not finite (coll_diverged) */
+        CollLoss unready;                     /* connected members our rounds started without (coll_unready) */
         CollForeign foreign;                  /* members refused, another model (coll_foreign); last_error -EBADE:
                                                * a round failed for want of a member of ours */
         uint64_t bytes_sent, bytes_received;

@@ -173,6 +173,7 @@ struct Coll {
         CollLoss loss; /* links to members lost so far, and the last one */
         CollLoss refusals; /* connections closed before they were a member's link */
         CollLoss diverged; /* members that sat a round out, their values not finite (coll_diverged()) */
+        CollLoss unready;  /* connected members a round we led started without (coll_unready()) */
         CollForeign foreign; /* members refused for another model (coll_foreign()) */
         Donation donations[COLL_MAX_DONATIONS];
         unsigned n_donations;

@@ -768,6 +768,18 @@ int round_on_start(Coll *c, unsigned member, const CollStart *m) {
         return 0;
 }
 
+/* Members connected to us that a round we lead starts without: they had
+ * not said READY (or left it stale) in half the join timeout. */
+static void note_unready(Coll *c, const CollRound *r, uint64_t participants) {
+        for (unsigned i = 0; i < r->n_members; i++) {
+                Member *m = &c->members[r->members[i]];
+                if ((participants & (1ull << i)) || i == r->self_pos || !m->up || member_out(m))
+                        continue;
+                c->unready = (CollLoss){ .count = c->unready.count + 1, .member = r->members[i] };
+                (void)net_peer_describe(c->net, m->peer, &c->unready.info);
+        }
+}
+
 /* The participants: members that said READY, reduced until every pair is
  * connected (each ring order may need any pair). */
 static uint64_t choose_participants(Coll *c, CollRound *r, uint64_t now, uint64_t *ret_round, double *weights) {
@@ -898,6 +910,8 @@ static void joining_step(CollRound *r, uint64_t now) {
 
         CollStart s = { .group = r->group, .final = r->final };
         s.participants = choose_participants(c, r, now, &s.round, s.weights);
+        if (!all)
+                note_unready(c, r, s.participants);
         s.n = (unsigned)__builtin_popcountll(s.participants);
         if (s.n == 1 && round_has_foreign(r))
                 return round_fail(r, -EBADE); /* alone for want of a model like ours: no average */

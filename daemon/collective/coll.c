@@ -379,6 +379,10 @@ CollLoss coll_diverged(const Coll *c) {
         return c->diverged;
 }
 
+CollLoss coll_unready(const Coll *c) {
+        return c->unready;
+}
+
 CollLoss coll_loss(const Coll *c) {
         return c->loss;
 }

@@ -135,6 +135,12 @@ CollLoss coll_refusals(const Coll *c);
  * last of them (reason -ERANGE). The rounds of the others go on without it
  * until it says READY again or its link goes. */
 CollLoss coll_diverged(const Coll *c);
+/* Members whose link is up but that had not said READY when a round this
+ * node leads gave up waiting for them (half the join timeout) and started
+ * without them: how many times, and the last (its address in info). A
+ * member that connects and never says READY holds every such round up so:
+ * this names it. */
+CollLoss coll_unready(const Coll *c);
 /* Members that train another model: their model (in a READY, a STATE_ASK,
  * or a REFUSE they sent) fails coll_model_check() against ours. Each is
  * refused at once and told so (REFUSE, with our model), and until its link

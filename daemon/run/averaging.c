@@ -207,6 +207,25 @@ static void log_diverged(const Averaging *a, const CollLoss *l) {
                     l->info.address[0] ? l->info.address : "?");
 }
 
+/* A round this node leads started without a member that is connected but
+ * had not said READY in half the join timeout: each such round waited that
+ * long for it. Said at once, then at most once a minute. */
+static void log_unready(Averaging *a, const CollLoss *u, uint64_t now) {
+        char hex[IDENTITY_HEX_SIZE] = "?", more[80] = "";
+        if (a->unready_logged_ns && now - a->unready_logged_ns < 60 * NSEC_PER_SEC)
+                return;
+        if (u->member < a->n_members)
+                identity_to_hex(a->members[u->member].id, hex);
+        if (u->count - a->unready_logged > 1)
+                snprintf(more, sizeof more, " (%llu rounds waited so since the last line)",
+                         (unsigned long long)(u->count - a->unready_logged));
+        log_warning("Averaging: member %u (%.16s…) at %s is connected but did not say it was ready; the round waited "
+                    "%.1f s for it and started without it%s", u->member + 1, hex,
+                    u->info.address[0] ? u->info.address : "?", a->join_timeout_ms / 2000.0, more);
+        a->unready_logged_ns = now;
+        a->unready_logged = u->count;
+}
+
 /* A member's link brought another model (its MODEL): both ends refuse
  * each other at once, and say so once per link. */
 void averaging_log_foreign(const ConfigMember *members, unsigned n_members, const CollModel *ours,
@@ -318,6 +337,8 @@ static void log_progress(Averaging *a) {
                 log_link_lost(a, &s.lost, s.lost.count - a->seen.lost.count);
         if (s.diverged.count != a->seen.diverged.count)
                 log_diverged(a, &s.diverged);
+        if (s.unready.count != a->unready_logged)
+                log_unready(a, &s.unready, now);
         if (s.foreign.count != a->seen.foreign.count)
                 averaging_log_foreign(a->members, a->n_members, &a->model, &s.foreign,
                                       s.foreign.count - a->seen.foreign.count);

@@ -58,6 +58,7 @@ typedef struct Averaging {
         CollModel model;             /* ours, for messages */
         uint64_t foreign_logged_ns;  /* rounds failed for want of a member of our model: the last line */
         uint64_t foreign_failed;     /* ... and those since */
+        uint64_t unready_logged_ns, unready_logged; /* rounds started without a connected member: the last line */
         bool active;
 } Averaging;
 

@@ -650,6 +650,60 @@ Test(coll, a_right_neighbour_that_said_bye_when_done_does_not_fail_a_round) {
 
 Test(coll, bad_piece_f32_nan) { forged(COLL_PAYLOAD_F32); }
 
+/* Member 2 is connected but never says READY: the round of 0 and 1 waits
+ * half the join timeout for it, starts without it, and the leader names it
+ * (coll_unready()), its link's address with it; member 1 leads nothing. */
+static atomic_bool mute_stop;
+
+static void *mute_member(void *arg) {
+        SwarmNode *nd = arg;
+        while (!atomic_load(&mute_stop))
+                coll_run(nd->coll, 5);
+        return NULL;
+}
+
+static void *ready_member(void *arg) {
+        SwarmNode *nd = arg;
+        CollRound *rd;
+        for (int i = 0; i < 5000 && coll_n_connected(nd->coll) < 2; i++)
+                coll_run(nd->coll, 2);
+        if (coll_round_start(nd->coll, 0, (unsigned[]){ 0, 1, 2 }, 3, nd->x, nd->len, 1, &rd) < 0)
+                return NULL;
+        while (!coll_round_finished(rd))
+                coll_run(nd->coll, 5);
+        coll_round_info(rd, &nd->info);
+        coll_round_free(rd);
+        return NULL;
+}
+
+Test(coll, a_connected_member_that_never_says_ready_is_named) {
+        Swarm s;
+        CollConfig c;
+        coll_config_defaults(&c);
+        c.join_timeout_ms = 1000;
+        cr_assert_eq(swarm_init(&s, 3, &c, false), 0);
+        fill(&s, 3000, 17, false);
+        atomic_store(&mute_stop, false);
+        cr_assert_eq(pthread_create(&s.node[2].thread, NULL, mute_member, &s.node[2]), 0);
+        for (unsigned i = 0; i < 2; i++)
+                cr_assert_eq(pthread_create(&s.node[i].thread, NULL, ready_member, &s.node[i]), 0);
+        for (unsigned i = 0; i < 2; i++)
+                pthread_join(s.node[i].thread, NULL);
+        atomic_store(&mute_stop, true);
+        pthread_join(s.node[2].thread, NULL);
+        for (unsigned i = 0; i < 2; i++) {
+                cr_assert_eq(s.node[i].info.state, COLL_ROUND_DONE, "member %u: error %d", i, s.node[i].info.error);
+                cr_assert_eq(s.node[i].info.participants, 2, "member %u", i);
+        }
+        CollLoss u = coll_unready(s.node[0].coll);
+        cr_assert_eq(u.count, 1, "the leader counted %" PRIu64, u.count);
+        cr_assert_eq(u.member, 2);
+        cr_assert(strncmp(u.info.address, "127.0.0.1:", 10) == 0, "%s", u.info.address);
+        cr_assert_eq(coll_unready(s.node[1].coll).count, 0);
+        release(&s);
+        swarm_free(&s);
+}
+
 /* Member i's round went on without member out, at once (not at half the
  * join timeout, as for a member that is merely slow), and every one of its
  * R rounds (its history) is the exact weighted average of the others. */
