@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/socket.h>
 
 #include "util/time-util.h"
@@ -117,6 +118,15 @@ static void take_snapshot(WebServer *w, WebSnapshot *ret, WebHistory *ret_histor
         (void)web_process_read(&ret->process);
 }
 
+/* The path of a request's target: HTTP/1.1 servers take the absolute form
+ * too ("http://host:port/metrics", what a client sends through a proxy). */
+static const char *origin_path(const char *url) {
+        if (strncasecmp(url, "http://", 7) != 0)
+                return url;
+        const char *path = strchr(url + 7, '/');
+        return path ?: "/";
+}
+
 static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const char *url, const char *method,
                                   const char *version, const char *upload_data, size_t *upload_data_size,
                                   void **con_cls) {
@@ -142,6 +152,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
 
         if (strcmp(method, MHD_HTTP_METHOD_GET) != 0 && strcmp(method, MHD_HTTP_METHOD_HEAD) != 0)
                 return answer_text(c, MHD_HTTP_METHOD_NOT_ALLOWED, "Only GET and HEAD\n");
+        url = origin_path(url);
         if (strcmp(url, "/metrics") == 0) {
                 take_snapshot(w, &s, NULL);
                 if (web_metrics_render(&s, &b) < 0) {

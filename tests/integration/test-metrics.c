@@ -153,6 +153,11 @@ Test(metrics, answers_and_refuses, .timeout = 180) {
         cr_assert(strstr(answer, "Content-Type: text/html"), "%s", answer);
         cr_assert(strstr(answer, "fashion-mnist-mlp") && strstr(answer, "<svg"), "%s", answer);
         cr_assert_eq(http(n.port, "GET", "/nothing", answer, sizeof answer), 404, "%s", answer);
+        /* a target in the absolute form, as through a proxy */
+        cr_assert_eq(http(n.port, "GET", "http://127.0.0.1/metrics", answer, sizeof answer), 200, "%s", answer);
+        cr_assert(strstr(answer, "ravnest_steps_total"), "%s", answer);
+        cr_assert_eq(http(n.port, "GET", "HTTP://localhost:9/", answer, sizeof answer), 200, "%s", answer);
+        cr_assert_eq(http(n.port, "GET", "http://localhost/nothing", answer, sizeof answer), 404, "%s", answer);
 
         cr_assert_eq(http(n.port, "POST", "/metrics", answer, sizeof answer), 405, "%s", answer);
         cr_assert(strstr(answer, "Allow: GET, HEAD"), "%s", answer);
