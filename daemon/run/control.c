@@ -190,6 +190,11 @@ void control_report_network(Control *c, const NodeNetwork *n) {
         s.traffic.steps += b->traffic.steps;
         s.traffic.peers_sent += b->traffic.peers_sent;
         s.traffic.peers_received += b->traffic.peers_received;
+        /* the coordinator's links, which no run counts */
+        s.bytes_sent += c->coordinator_sent;
+        s.bytes_received += c->coordinator_received;
+        s.traffic.peers_sent += c->coordinator_sent;
+        s.traffic.peers_received += c->coordinator_received;
         /* the last round is an earlier run's until this one has done one */
         if (!s.last_averaging_usec) {
                 s.last_averaging_usec = b->last_averaging_usec;
@@ -204,7 +209,24 @@ void control_report_network(Control *c, const NodeNetwork *n) {
 void control_report_run_end(Control *c) {
         pthread_mutex_lock(&c->lock);
         c->network_base = c->status.network;
+        /* the run's, without the coordinator's: those go on beside the next run's */
+        c->network_base.bytes_sent -= c->coordinator_sent;
+        c->network_base.bytes_received -= c->coordinator_received;
+        c->network_base.traffic.peers_sent -= c->coordinator_sent;
+        c->network_base.traffic.peers_received -= c->coordinator_received;
         c->status.network.peers = c->status.network.paused_peers = 0;
+        pthread_mutex_unlock(&c->lock);
+}
+
+void control_add_coordinator_bytes(Control *c, uint64_t sent, uint64_t received) {
+        pthread_mutex_lock(&c->lock);
+        NodeNetwork *s = &c->status.network;
+        c->coordinator_sent += sent;
+        c->coordinator_received += received;
+        s->bytes_sent += sent;
+        s->bytes_received += received;
+        s->traffic.peers_sent += sent;
+        s->traffic.peers_received += received;
         pthread_mutex_unlock(&c->lock);
 }
 

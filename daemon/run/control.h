@@ -137,6 +137,9 @@ typedef struct Control {
         NodeState state;
         NodeStatus status;
         NodeNetwork network_base;   /* the counters of the runs that ended (control_report_run_end()) */
+        /* the bytes of this node's coordinator's links, since the daemon
+         * started (control_add_coordinator_bytes()) */
+        uint64_t coordinator_sent, coordinator_received;
         uint64_t position;          /* the run's step as last reported (NodeTraining.step) */
         uint64_t checkpoints_done;
         int checkpoint_error;       /* of the last one */
@@ -174,6 +177,13 @@ void control_report_network(Control *c, const NodeNetwork *n);
 /* A run ended, its links gone: what it counted (as last reported) is kept
  * for the next run's to add to; its peers are 0 until that one reports. */
 void control_report_run_end(Control *c);
+/* Membership, from the coordinator's thread (membership.coordinate): the
+ * bytes its links to the members moved since it last said. They are its
+ * own, beside any run's: published in BytesSent and BytesReceived and
+ * under purpose "network" at once, whether this node trains (a stage of
+ * each plan epoch, whose runs report their own) or only coordinates, and
+ * kept out of what a run that ends leaves for the next to add to. */
+void control_add_coordinator_bytes(Control *c, uint64_t sent, uint64_t received);
 void control_report_averaging(Control *c, const NodeAveraging *a);
 /* A checkpoint of the run at step (its position, as NodeTraining.step)
  * was loaded at start, or written. */

@@ -93,7 +93,8 @@ struct CoordinatorState {
          * with an epoch (trained before), handed in (collecting) */
         unsigned n_joined, n_probing, n_trained, n_done;
         unsigned shown_joined; /* n_joined for other threads (coordinator_members()), atomically */
-        uint64_t shown_sent, shown_received; /* its links' bytes, the same (coordinator_traffic()) */
+        Control *control;     /* told its links' bytes; NULL: nobody */
+        uint64_t told_sent, told_received; /* ... as far as it was told */
         Plan *plan;           /* the last one sent; NULL before the first */
         uint64_t epoch;       /* the last one used (sent, or asked to stop for) */
         uint64_t samples;     /* trained by every cluster before the current plan */
@@ -912,6 +913,20 @@ static void tick(CoordinatorState *s) {
                 tick_collecting(s, now);
 }
 
+/* The bytes its links moved since it last told the node's Control: its
+ * own, which no run of the node counts (it trains on links of its own). */
+static void tell_traffic(CoordinatorState *s) {
+        NetStats ns;
+        if (!s->control)
+                return;
+        net_get_stats(s->net, &ns);
+        if (ns.bytes_sent == s->told_sent && ns.bytes_received == s->told_received)
+                return;
+        control_add_coordinator_bytes(s->control, ns.bytes_sent - s->told_sent, ns.bytes_received - s->told_received);
+        s->told_sent = ns.bytes_sent;
+        s->told_received = ns.bytes_received;
+}
+
 static void *coordinator_main(void *ud) {
         CoordinatorState *s = ud;
         uint64_t last_hb = now_ns();
@@ -920,15 +935,13 @@ static void *coordinator_main(void *ud) {
                 net_run(s->net, 50);
                 tick(s);
                 __atomic_store_n(&s->shown_joined, s->n_joined, __ATOMIC_RELAXED);
-                NetStats ns;
-                net_get_stats(s->net, &ns);
-                __atomic_store_n(&s->shown_sent, ns.bytes_sent, __ATOMIC_RELAXED);
-                __atomic_store_n(&s->shown_received, ns.bytes_received, __ATOMIC_RELAXED);
+                tell_traffic(s);
                 if (now_ns() - last_hb >= every) { /* members see their coordinator alive */
                         last_hb = now_ns();
                         net_broadcast_control(s->net, FRAME_HEARTBEAT, NULL, 0);
                 }
         }
+        tell_traffic(s);
         return NULL;
 }
 
@@ -954,7 +967,7 @@ static CoordinatorState *state_free(CoordinatorState *s) {
         return NULL;
 }
 
-int coordinator_start(Coordinator *co, const Config *c, const Job *job, const Identity *id) {
+int coordinator_start(Coordinator *co, const Config *c, const Job *job, const Identity *id, Control *control) {
         const ConfigMembership *cm = &c->membership;
         CoordinatorState *s;
         NetConfig nc;
@@ -980,6 +993,7 @@ int coordinator_start(Coordinator *co, const Config *c, const Job *job, const Id
         s->c = c;
         s->job = job;
         s->id = *id;
+        s->control = control;
         for (unsigned i = 0; i < MAX_LINKS; i++) /* slot 0 taken first */
                 s->free_slots[s->n_free++] = (uint16_t)(MAX_LINKS - 1 - i);
         for (int l = 0; l < job->model.n_layers; l++)
@@ -1034,11 +1048,6 @@ int coordinator_start(Coordinator *co, const Config *c, const Job *job, const Id
 
 unsigned coordinator_members(const Coordinator *co) {
         return co->running ? __atomic_load_n(&co->state->shown_joined, __ATOMIC_RELAXED) : 0;
-}
-
-void coordinator_traffic(const Coordinator *co, uint64_t *ret_sent, uint64_t *ret_received) {
-        *ret_sent = co->running ? __atomic_load_n(&co->state->shown_sent, __ATOMIC_RELAXED) : 0;
-        *ret_received = co->running ? __atomic_load_n(&co->state->shown_received, __ATOMIC_RELAXED) : 0;
 }
 
 void coordinator_stop(Coordinator *co) {

@@ -15,9 +15,12 @@
  *
  * It runs on a thread of its own with its own transport, so the node that
  * coordinates also trains (it joins itself over loopback like any other).
+ * The bytes of its links to the members (JOINs, plans, heartbeats, layers,
+ * frames included) go to the node's Control as they grow, beside those of
+ * the stage the node trains, if any (control_add_coordinator_bytes()).
  *
  *     Coordinator co;
- *     r = coordinator_start(&co, &config, &job, &node.identity);   // logs
+ *     r = coordinator_start(&co, &config, &job, &node.identity, &control);   // logs
  *     ...
  *     coordinator_stop(&co);
  */
@@ -25,10 +28,10 @@
 
 #include <pthread.h>
 #include <stdbool.h>
-#include <stdint.h>
 
 #include "conf/config.h"
 #include "conf/job.h"
+#include "control.h"
 #include "net/identity.h"
 
 typedef struct CoordinatorState CoordinatorState;
@@ -40,12 +43,10 @@ typedef struct Coordinator {
 } Coordinator;
 
 /* Listen on membership.coordinator's address and serve it until
- * coordinator_stop(). -EINVAL (logged) when this node is not the
- * coordinator the configuration names. */
-int coordinator_start(Coordinator *co, const Config *c, const Job *job, const Identity *id);
+ * coordinator_stop(), telling control (may be NULL) its links' bytes.
+ * -EINVAL (logged) when this node is not the coordinator the
+ * configuration names. */
+int coordinator_start(Coordinator *co, const Config *c, const Job *job, const Identity *id, Control *control);
 void coordinator_stop(Coordinator *co);
 /* The members joined now (from any thread). */
 unsigned coordinator_members(const Coordinator *co);
-/* The bytes its links to the members moved, frames included: JOINs,
- * plans, heartbeats, layers (from any thread). */
-void coordinator_traffic(const Coordinator *co, uint64_t *ret_sent, uint64_t *ret_received);

@@ -99,7 +99,8 @@ static int run_membership(Daemon *d, const LocalRunOptions *o) {
         Coordinator co = {};
         int r = 0;
 
-        if (c->membership.coordinate && (r = coordinator_start(&co, c, &d->job, &d->node.identity)) < 0)
+        if (c->membership.coordinate &&
+            (r = coordinator_start(&co, c, &d->job, &d->node.identity, &d->control)) < 0)
                 return r;
         if (c->membership.train)
                 r = membership_run(c, &d->job, &d->node.identity, o, &d->control.stop);
@@ -116,13 +117,8 @@ static int run_membership(Daemon *d, const LocalRunOptions *o) {
                                 node_poll(&d->node, 200);
                         else
                                 usleep(200 * 1000);
-                        NodeStatus st; /* its links are the members', their bytes under purpose "network" */
-                        control_snapshot(&d->control, NULL, &st, NULL, NULL, NULL);
-                        st.network.peers = coordinator_members(&co);
-                        coordinator_traffic(&co, &st.network.bytes_sent, &st.network.bytes_received);
-                        st.network.traffic.peers_sent = st.network.bytes_sent;
-                        st.network.traffic.peers_received = st.network.bytes_received;
-                        control_report_network(&d->control, &st.network);
+                        /* its links are the members'; their bytes the coordinator adds */
+                        control_report_network(&d->control, &(NodeNetwork){ .peers = coordinator_members(&co) });
                 }
         }
         coordinator_stop(&co);

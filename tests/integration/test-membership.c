@@ -721,6 +721,78 @@ Test(membership, a_dial_back_goes_where_the_link_comes_from, .timeout = 120) {
         test_remove_tree(dir);
 }
 
+/* The value of "name": in ravnestctl's --json; -1 when absent. */
+static double json_number(const char *out, const char *name) {
+        char want[96];
+        snprintf(want, sizeof want, "\"%s\": ", name);
+        const char *at = strstr(out, want);
+        return at ? strtod(at + strlen(want), NULL) : -1;
+}
+
+/* `ravnestctl status --json` of the node at sock until ok(out) says so
+ * (true) or about 10 s pass; st holds the last answer. */
+static bool status_until(Proc *st, const char *sock, bool (*ok)(const char *out)) {
+        for (int k = 0; k < 50; k++) {
+                proc_start(st, (char *[]){ RAVNESTCTL, "status", "--json", "--socket", (char *)sock, NULL }, NULL);
+                cr_assert_eq(proc_exit(st), 0, "%s", st->out);
+                if (ok(st->out))
+                        return true;
+                usleep(200 * 1000);
+        }
+        return false;
+}
+
+/* Bytes of links besides the pipeline's and averaging's: a training
+ * node's coordinator's, both ways. */
+static bool coordinator_counted(const char *out) {
+        return json_number(out, "BytesSent") - json_number(out, "PipelineBytesSent") -
+                               json_number(out, "AveragingBytesSent") > 0 &&
+               json_number(out, "BytesReceived") - json_number(out, "PipelineBytesReceived") -
+                               json_number(out, "AveragingBytesReceived") > 0;
+}
+
+static bool stage_counted(const char *out) {
+        return json_number(out, "PipelineBytesSent") > 0 && json_number(out, "PipelineBytesReceived") > 0 &&
+               coordinator_counted(out);
+}
+
+/* A node that coordinates and trains counts its coordinator's links (the
+ * JOINs, its own among them, heartbeats, plans) in BytesSent and
+ * BytesReceived beside its stage's: before the first plan, when it has no
+ * stage, and while its stage trains (they were left out: it read 0 bytes
+ * until its stage ran, then the stage's alone). */
+Test(membership, a_coordinator_that_trains_counts_its_links_too, .timeout = 120) {
+        skip_without_dataset();
+        char dir[64], conf[2][256], cmd[600], sock[128];
+        Proc p[2], st;
+        make_test_dir(dir);
+        make_nodes(dir, 2, 0.5, 4.0, false, conf);
+        snprintf(sock, sizeof sock, "%s/coordinator.sock", dir);
+        snprintf(cmd, sizeof cmd, "sed -i 's|control_socket = \"\";|control_socket = \"%s\";|' %s", sock, conf[0]);
+        cr_assert_eq(system(cmd), 0);
+
+        /* alone: it joins itself, and a plan waits for two members */
+        start(&p[0], conf[0], "20");
+        cr_assert(proc_wait_for(&p[0], "Joined the coordinator", 30000), "%s", p[0].out);
+        cr_assert(status_until(&st, sock, coordinator_counted), "no bytes before the first plan\n%s", st.out);
+        double sent = json_number(st.out, "BytesSent"), received = json_number(st.out, "BytesReceived");
+        cr_log_info("before the first plan: %.0f bytes sent, %.0f received\n", sent, received);
+
+        start(&p[1], conf[1], "20");
+        for (int i = 0; i < 2; i++)
+                cr_assert(proc_wait_for(&p[i], "Holds plan epoch 1 (", 30000), "node %d\n%s", i + 1, p[i].out);
+        cr_assert(status_until(&st, sock, stage_counted), "the stage's and the coordinator's bytes\n%s", st.out);
+        cr_assert_geq(json_number(st.out, "BytesSent"), sent, "%s", st.out);
+        cr_assert_geq(json_number(st.out, "BytesReceived"), received, "%s", st.out);
+        cr_log_info("training: %.0f bytes sent, %.0f of them the pipeline's\n", json_number(st.out, "BytesSent"),
+                    json_number(st.out, "PipelineBytesSent"));
+        for (int i = 0; i < 2; i++) {
+                kill(p[i].pid, SIGTERM);
+                cr_assert_eq(proc_exit(&p[i]), 0, "node %d\n%s", i + 1, p[i].out);
+        }
+        test_remove_tree(dir);
+}
+
 /* GET /metrics from 127.0.0.1:port into out (the whole answer); false when
  * nothing came. */
 static bool scrape(unsigned short port, char *out, size_t len) {

@@ -595,6 +595,51 @@ Test(duty, the_network_counters_go_on_across_runs) {
         control_done(&c);
 }
 
+/* A node that coordinates and trains: its coordinator's links count in the
+ * bytes and under purpose "network" beside the stage of each plan epoch,
+ * between two stages too, and once: not again in what a run that ends
+ * leaves for the next. */
+Test(duty, the_coordinator_s_bytes_count_beside_the_runs) {
+        Control c;
+        NodeStatus st;
+        cr_assert_eq(control_init(&c), 0);
+        control_add_coordinator_bytes(&c, 100, 300); /* JOINs in, before any plan */
+        control_snapshot(&c, NULL, &st, NULL, NULL, NULL);
+        cr_assert_eq(st.network.bytes_sent, 100);
+        cr_assert_eq(st.network.bytes_received, 300);
+        cr_assert_eq(st.network.traffic.peers_sent, 100);
+        cr_assert_eq(st.network.traffic.peers_received, 300);
+
+        /* a stage of plan epoch 1 */
+        control_report_network(&c, &(NodeNetwork){ .peers = 2, .bytes_sent = 1000, .bytes_received = 2000,
+                                                    .traffic = { .pipeline_sent = 1000, .pipeline_received = 2000 } });
+        control_add_coordinator_bytes(&c, 10, 20); /* a heartbeat */
+        control_snapshot(&c, NULL, &st, NULL, NULL, NULL);
+        cr_assert_eq(st.network.bytes_sent, 1110);
+        cr_assert_eq(st.network.bytes_received, 2320);
+        cr_assert_eq(st.network.traffic.pipeline_sent, 1000);
+        cr_assert_eq(st.network.traffic.peers_sent, 110);
+        cr_assert_eq(st.network.traffic.peers_received, 320);
+
+        /* it ends; the coordinator collects the layers */
+        control_report_run_end(&c);
+        control_add_coordinator_bytes(&c, 5, 4000);
+        control_snapshot(&c, NULL, &st, NULL, NULL, NULL);
+        cr_assert_eq(st.network.bytes_sent, 1115);
+        cr_assert_eq(st.network.bytes_received, 6320);
+
+        /* the stage of plan epoch 2: the coordinator's bytes are not the run's base */
+        control_report_network(&c, &(NodeNetwork){ .peers = 1, .bytes_sent = 7, .bytes_received = 8,
+                                                    .traffic = { .pipeline_sent = 7, .pipeline_received = 8 } });
+        control_snapshot(&c, NULL, &st, NULL, NULL, NULL);
+        cr_assert_eq(st.network.bytes_sent, 1122, "%llu", (unsigned long long)st.network.bytes_sent);
+        cr_assert_eq(st.network.bytes_received, 6328, "%llu", (unsigned long long)st.network.bytes_received);
+        cr_assert_eq(st.network.traffic.pipeline_sent, 1007);
+        cr_assert_eq(st.network.traffic.peers_sent, 115);
+        cr_assert_eq(st.network.traffic.peers_received, 4320);
+        control_done(&c);
+}
+
 /* A round no other member took part in averaged nothing: it counts as
  * failed, and the last round (its time, length and members) stays the
  * last one that averaged with another member. */
