@@ -141,3 +141,20 @@ int link_estimate_get(const LinkEstimate *e, double *ret_bandwidth, double *ret_
         *ret_latency = 0;
         return 0;
 }
+
+void link_latency_update(LinkLatency *l, const LinkLatencySample *s, size_t n, uint64_t settle_ns) {
+        double settled = 0, young = 0;
+        for (size_t i = 0; i < n; i++) {
+                if (!(s[i].latency > 0))
+                        continue;
+                if (s[i].up_ns >= settle_ns)
+                        settled = MAX(settled, s[i].latency);
+                else
+                        young = MAX(young, s[i].latency);
+        }
+        if (settled > 0) {
+                l->latency = settled;
+                l->settled = true;
+        } else if (young > 0 && !l->settled)
+                l->latency = young;
+}

@@ -19,9 +19,14 @@
  *     link_estimate_add(&e, 4096, 0.0011);    // bytes, seconds: from real frames
  *     link_estimate_add(&e, 1 << 20, 0.0095);
  *     r = link_estimate_get(&e, &c.bandwidth, &c.latency);
+ *
+ *     LinkLatency l = {};                     // what a member reports, kept from link to link
+ *     LinkLatencySample s[] = { { .latency = rtt / 2, .up_ns = now - link_up_ns } };
+ *     link_latency_update(&l, s, 1, 5 * NSEC_PER_SEC);   // l.latency: seconds, one way
  */
 #pragma once
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -60,3 +65,26 @@ void link_estimate_add(LinkEstimate *e, uint64_t bytes, double seconds);
  * that says negative latency), the latency is taken as 0 and the bandwidth
  * as bytes / time, which is a lower bound. */
 int link_estimate_get(const LinkEstimate *e, double *ret_bandwidth, double *ret_latency);
+
+/* One link's one-way latency as its kernel measured it (half TCP_INFO's
+ * smoothed round trip), and how long the link had been up then. */
+typedef struct LinkLatencySample {
+        double latency; /* seconds; <= 0: not measured */
+        uint64_t up_ns;
+} LinkLatencySample;
+
+/* The latency a node reports for its links, kept across their
+ * reconnections. */
+typedef struct LinkLatency {
+        double latency; /* seconds, one way; 0: nothing measured yet */
+        bool settled;   /* it came from links up for settle_ns */
+} LinkLatency;
+
+/* Takes the samples of the links up now: the largest latency of those up
+ * for settle_ns at least. A link that has just come up, above all one that
+ * came back (its peer restarted and takes every member back at once), has
+ * only its handshake's round trips, and the kernel smooths an inflated one
+ * out only over many later: its samples count only while no settled link
+ * has ever measured (a node's first figures, better than none), else l
+ * keeps the figure settled links measured last. */
+void link_latency_update(LinkLatency *l, const LinkLatencySample *s, size_t n, uint64_t settle_ns);

@@ -37,6 +37,8 @@ typedef struct Membership {
         double sent_bandwidth, sent_latency; /* as the coordinator last heard them */
         uint64_t sent_link_ns;    /* ... when, in a refresh (0: none since the JOIN) */
         LinkFigures links;        /* the stage's pipeline links, as pipeline_run() measured them */
+        uint64_t stage_ns;        /* ... since the stage started (its links came up after) */
+        LinkLatency latency;      /* join.latency, kept across reconnections (link_latency_update()) */
         Plan *plan;               /* held; epoch 0 before the first */
         Plan *next;               /* received, newer, not yet taken */
         Plan *scratch;            /* a plan being checked */
@@ -63,30 +65,39 @@ typedef struct Membership {
         bool reach_known;
 } Membership;
 
+/* A link's round trips count in the latency once it has been up this
+ * long: its handshake, and the first heartbeats smoothed in with it. */
+#define LINK_SETTLE_NS (5 * NSEC_PER_SEC)
+
 /* This node's links as the kernel measured them on their real traffic
  * (TCP_INFO): the link to the coordinator, and those of the stage it runs
  * (m->links). The one-way latency is half the smoothed round trip, the
- * largest over the links; the bandwidth is the smallest delivery rate of
+ * largest over the links up for LINK_SETTLE_NS; a link that came back
+ * since does not replace what settled links measured before it
+ * (link_latency_update()). The bandwidth is the smallest delivery rate of
  * the latest transfers where the sender was not holding back. While only
  * app-limited rates are known (the sender had too little to send for the
  * rate to show the path), they can only raise it. Until anything is
  * measured the JOIN carries the defaults. True when a figure moved by more
  * than a tenth since it was last sent. */
 static bool measure_link(Membership *m) {
-        double rtt, rate, bw = 0, lat = 0, floor = 0;
+        double rtt, rate, bw = 0, floor = 0;
         bool app_limited;
+        uint64_t now = now_ns();
         if (m->coord < 0 || net_peer_link_info(m->net, (uint32_t)m->coord, &rtt, &rate, &app_limited) < 0)
                 return false;
-        lat = rtt / 2;
         if (rate > 0 && !app_limited)
                 bw = rate;
         else
                 floor = rate;
         if (m->links.bandwidth > 0)
                 bw = bw > 0 ? MIN(bw, m->links.bandwidth) : m->links.bandwidth;
-        lat = MAX(lat, m->links.latency);
-        if (lat > 0)
-                m->join.latency = MIN(lat, 60.0);
+        LinkLatencySample lat[2] = { { .latency = rtt / 2, .up_ns = now - m->joined_ns } };
+        if (m->training) /* the stage's links, up since it started at most */
+                lat[1] = (LinkLatencySample){ .latency = m->links.latency, .up_ns = now - m->stage_ns };
+        link_latency_update(&m->latency, lat, 2, LINK_SETTLE_NS);
+        if (m->latency.latency > 0)
+                m->join.latency = MIN(m->latency.latency, 60.0);
         m->join.bandwidth = MIN(bw > 0 ? bw : MAX(m->join.bandwidth, floor), 1e13);
         return fabs(m->join.bandwidth - m->sent_bandwidth) > 0.1 * m->sent_bandwidth ||
                fabs(m->join.latency - m->sent_latency) > 0.1 * m->sent_latency;
@@ -99,9 +110,9 @@ static void figures_sent(Membership *m) {
         m->sent_latency = m->join.latency;
 }
 
-/* The first refresh after the JOIN goes as soon as the figures move (the
- * JOIN had only the handshake's round trips); later ones at most every
- * LINK_REFRESH_NS. */
+/* The first refresh after the JOIN goes as soon as the figures move (a
+ * first JOIN had only the handshake's round trips); later ones at most
+ * every LINK_REFRESH_NS. */
 static void send_link(Membership *m) {
         uint8_t buf[PLAN_LINK_SIZE];
         plan_link_encode(m->join.bandwidth, m->join.latency, buf);
@@ -477,6 +488,8 @@ static int run_stage(Membership *m, unsigned cluster, unsigned stage, bool hande
         o.reach_checked = m->reach_known;
         o.reach_error = m->reach_error;
         m->reach = net_free(m->reach); /* the stage listens on the port now */
+        m->links.latency = 0; /* its links are new: their round trips are measured anew */
+        m->stage_ns = now_ns();
         m->restart = m->stop_epoch > m->plan->epoch || m->have_next; /* asked already: start, hand in */
         m->carry_checkpointed = false; /* the stage saves its own carry */
         m->training = true;

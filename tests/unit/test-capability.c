@@ -65,3 +65,41 @@ Test(capability, link_fit) {
         cr_assert_float_eq(bw, 1e6, 1);
         cr_assert_eq(lat, 0);
 }
+
+/* The latency a member reports: its links' round trips once they have
+ * been up SETTLE, not those of a link that just came back, which the
+ * handshake inflates while its peer takes every member back at once. */
+Test(capability, link_latency_waits_for_links_to_settle) {
+        const uint64_t s = 1000000000, SETTLE = 5 * s;
+        LinkLatency l = {};
+
+        /* nothing measured: nothing taken */
+        link_latency_update(&l, (LinkLatencySample[]){ { 0, 10 * s } }, 1, SETTLE);
+        cr_assert_eq(l.latency, 0);
+        /* the first link, just up: its handshake's figure is all there is */
+        link_latency_update(&l, (LinkLatencySample[]){ { 2e-3, 0 } }, 1, SETTLE);
+        cr_assert_eq(l.latency, 2e-3);
+        cr_assert(!l.settled);
+        link_latency_update(&l, (LinkLatencySample[]){ { 1e-3, 3 * s } }, 1, SETTLE);
+        cr_assert_eq(l.latency, 1e-3, "still young, and nothing settled: it follows");
+        /* settled: the largest of the settled links, a young one left out */
+        link_latency_update(&l, (LinkLatencySample[]){ { 5e-4, 6 * s }, { 3e-4, 60 * s }, { 9e-3, s } }, 3,
+                            SETTLE);
+        cr_assert_eq(l.latency, 5e-4);
+        cr_assert(l.settled);
+
+        /* the link to the coordinator comes back (it restarted) and no
+         * stage runs: its inflated round trip is not the node's latency
+         * (the JOIN it sends now, and the coordinator's first plan, take
+         * the one measured before) */
+        link_latency_update(&l, (LinkLatencySample[]){ { 40e-3, 0 }, { 0, 0 } }, 2, SETTLE);
+        cr_assert_eq(l.latency, 5e-4, "%g", l.latency);
+        link_latency_update(&l, (LinkLatencySample[]){ { 30e-3, 4 * s } }, 1, SETTLE);
+        cr_assert_eq(l.latency, 5e-4, "%g", l.latency);
+        /* a stage that has trained a while: its links count, the new one still not */
+        link_latency_update(&l, (LinkLatencySample[]){ { 30e-3, 4 * s }, { 7e-4, 20 * s } }, 2, SETTLE);
+        cr_assert_eq(l.latency, 7e-4, "%g", l.latency);
+        /* up long enough, the new link counts: what it measures now */
+        link_latency_update(&l, (LinkLatencySample[]){ { 6e-4, SETTLE } }, 1, SETTLE);
+        cr_assert_eq(l.latency, 6e-4, "%g", l.latency);
+}
