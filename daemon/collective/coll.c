@@ -375,6 +375,13 @@ CollForeign coll_foreign(const Coll *c) {
         return c->foreign;
 }
 
+int coll_member_model(const Coll *c, unsigned member) {
+        const Member *m = member < c->n_members ? &c->members[member] : NULL;
+        if (!m || !m->up || !m->model_known)
+                return 0;
+        return m->foreign ? -EBADE : 1;
+}
+
 CollLoss coll_diverged(const Coll *c) {
         return c->diverged;
 }

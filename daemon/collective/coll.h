@@ -155,6 +155,9 @@ typedef struct CollForeign {
         CollModel theirs;
 } CollForeign;
 CollForeign coll_foreign(const Coll *c);
+/* What member's link up now says it averages: 1 our model, -EBADE another
+ * (refused as above), 0 not known (no link, or its MODEL has not come). */
+int coll_member_model(const Coll *c, unsigned member);
 Net *coll_net(Coll *c);
 /* The Net peer of member's link, or -ENOTCONN. */
 int64_t coll_peer(const Coll *c, unsigned member);

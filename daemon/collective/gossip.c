@@ -29,6 +29,8 @@ struct Gossip {
         bool started;
         atomic_bool stop;
         atomic_uint connected; /* written by the exchange thread after each run */
+        bool *out;           /* members left out of the groups: they train another model; under lock */
+        unsigned n_out;
 
         pthread_mutex_t lock;
         pthread_cond_t cond;
@@ -65,8 +67,9 @@ int gossip_new(const GossipConfig *cfg, Gossip **ret) {
         pthread_cond_init(&g->cond, NULL);
         g->snap = aligned_alloc(64, ALIGN_TO(cfg->len * sizeof(float), 64));
         g->delta = aligned_alloc(64, ALIGN_TO(cfg->len * sizeof(float), 64));
+        g->out = calloc(MAX(cfg->coll.n_members, 1u), sizeof *g->out);
         int r = -ENOMEM;
-        if (!g->snap || !g->delta)
+        if (!g->snap || !g->delta || !g->out)
                 goto fail;
         r = coll_new(&cfg->coll, &g->coll);
         if (r < 0)
@@ -91,6 +94,7 @@ Gossip *gossip_free(Gossip *g) {
         coll_free(g->coll);
         free(g->snap);
         free(g->delta);
+        free(g->out);
         pthread_cond_destroy(&g->cond);
         pthread_mutex_destroy(&g->lock);
         free(g);
@@ -152,6 +156,27 @@ static int finish_round(Gossip *g, CollRound *rd, CollRoundInfo *info) {
         return (int)p;
 }
 
+/* The members as their links' MODEL says (coll_member_model()): one of
+ * another model is left out of the groups from now on, until a link of it
+ * names ours; it does the same with us. Connected: the members whose MODEL
+ * came, so that a member that waits for them all before its first
+ * iteration leaves out the same ones as the others. */
+static void update_members(Gossip *g) {
+        unsigned n = g->cfg.coll.n_members, connected = 0;
+        for (unsigned m = 0; m < n; m++) {
+                int model = m == g->cfg.coll.self ? 0 : coll_member_model(g->coll, m);
+                bool out = model < 0 || (model == 0 && g->out[m]); /* only this thread writes out */
+                connected += model != 0;
+                if (out == g->out[m])
+                        continue;
+                pthread_mutex_lock(&g->lock);
+                g->out[m] = out;
+                g->n_out = out ? g->n_out + 1 : g->n_out - 1;
+                pthread_mutex_unlock(&g->lock);
+        }
+        atomic_store(&g->connected, connected);
+}
+
 static void *gossip_main(void *arg) {
         Gossip *g = arg;
         CollRound *rd = NULL;
@@ -175,7 +200,7 @@ static void *gossip_main(void *arg) {
                 pthread_mutex_unlock(&g->lock);
 
                 coll_run(g->coll, rd ? 1 : 2);
-                atomic_store(&g->connected, coll_n_connected(g->coll));
+                update_members(g);
                 CollForeign foreign = coll_foreign(g->coll);
                 if (foreign.count != g->stats.foreign.count) {
                         pthread_mutex_lock(&g->lock);
@@ -229,7 +254,10 @@ int gossip_send(Gossip *g, const float *x, uint64_t t) {
                 pthread_mutex_unlock(&g->lock);
                 return -EBUSY;
         }
-        int k = gossip_group(g->topology, n, g->cfg.coll.self, t, grp);
+        /* complete keeps everyone: one group (one id) however they see each
+         * other, and its round leaves the one of another model out */
+        int k = gossip_group_among(g->topology, n, g->topology == GOSSIP_COMPLETE ? NULL : g->out,
+                                   g->cfg.coll.self, t, grp);
         if (k < 0) {
                 pthread_mutex_unlock(&g->lock);
                 return k;
@@ -237,7 +265,12 @@ int gossip_send(Gossip *g, const float *x, uint64_t t) {
         g->probe = false;
         g->t = t;
         g->sent_ns = now_ns();
-        if (k == 1) {
+        if (n > 1 && g->n_out == n - 1) { /* nobody trains our model: not averaging */
+                g->result = -EBADE;
+                g->state = G_DONE;
+                g->stats.failed++;
+                g->stats.last_error = -EBADE;
+        } else if (k == 1) {
                 g->result = 1;
                 g->zero_delta = true;
                 g->state = G_DONE;

@@ -19,6 +19,17 @@
  * themselves; a group of one keeps x. With topology complete the mix is
  * the all-reduce average.
  *
+ * A member whose link's MODEL names another model (coll_member_model())
+ * is left out of the groups from then on (until a link of it names ours):
+ * the topology's groups are those among the others (gossip_group_among()),
+ * so a member paired with it does not lose that exchange, step after step,
+ * but meets one of ours. It leaves us out too, and every member waits for
+ * every link's MODEL before its first iteration (gossip_connected()), so
+ * the members of one model make the same groups, pairs with each other.
+ * Complete keeps everyone in its one group; its round leaves such a member
+ * out. One that every other member trains another model for averages with
+ * nobody: its exchanges fail at once, -EBADE.
+ *
  *     GossipConfig c;
  *     gossip_config_defaults(&c);
  *     c.coll = coll_config;  c.topology = GOSSIP_ALT_EXP_RING;  c.len = n;
@@ -58,7 +69,7 @@ typedef struct GossipStats {
         uint64_t wait_ns;                  /* time gossip_mix() spent waiting */
         uint64_t exchange_ns;              /* send to completion, summed */
         uint64_t bytes_sent, bytes_received;
-        int last_error;                    /* -EBADE: nobody of its group trains our model */
+        int last_error;                    /* -EBADE: no other member trains our model */
         unsigned last_participants;
         CollForeign foreign;               /* members refused, another model (coll_foreign()) */
 } GossipStats;
@@ -72,7 +83,8 @@ uint16_t gossip_port(const Gossip *g);
 /* Before gossip_start(). */
 int gossip_set_address(Gossip *g, unsigned member, const char *host, uint16_t port);
 int gossip_start(Gossip *g);
-/* Members connected to us (at most n - 1). */
+/* Members connected to us whose MODEL came, of our model or not (at most
+ * n - 1). */
 unsigned gossip_connected(Gossip *g);
 
 /* Copy x (len values) and exchange it with the group of iteration t in the

@@ -79,6 +79,32 @@ int gossip_group(GossipTopology topo, unsigned n, unsigned i, uint64_t t, unsign
         return 2;
 }
 
+int gossip_group_among(GossipTopology topo, unsigned n, const bool *out, unsigned i, uint64_t t, unsigned *ret) {
+        unsigned left = 0, rank = 0;
+
+        if (!out)
+                return gossip_group(topo, n, i, t, ret);
+        if (n == 0 || n > GOSSIP_MAX_MEMBERS || i >= n)
+                return -EINVAL;
+        if (out[i]) {
+                ret[0] = i;
+                return 1;
+        }
+        for (unsigned j = 0; j < n; j++)
+                if (!out[j]) {
+                        rank += j < i;
+                        left++;
+                }
+        int k = gossip_group(topo, left, rank, t, ret);
+        if (k < 0)
+                return k;
+        /* ranks among those left back to members: both in increasing order */
+        for (unsigned j = 0, r = 0, g = 0; j < n && g < (unsigned)k; j++)
+                if (!out[j] && r++ == ret[g])
+                        ret[g++] = j;
+        return k;
+}
+
 unsigned gossip_period(GossipTopology topo, unsigned n) {
         unsigned b = MAX(exp_bits(n), 1u);
         switch (topo) {

@@ -34,6 +34,8 @@
  *
  *     unsigned g[GOSSIP_MAX_GROUP];
  *     int k = gossip_group(GOSSIP_ALT_EXP_RING, 8, 3, t, g);  // 2: { 2, 3 } or ...
+ *     bool out[8] = { [5] = true };                           // member 5 left out
+ *     k = gossip_group_among(GOSSIP_ALT_EXP_RING, 8, out, 3, t, g);
  *     double W[64];
  *     gossip_mixing_matrix(GOSSIP_RING, 8, t, 0, W);          // 8 x 8, row-major
  *     double rho, sigma;
@@ -41,6 +43,7 @@
  */
 #pragma once
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -63,6 +66,13 @@ GossipTopology gossip_topology_from_string(const char *s);
  * n). Returns its size (1: alone), or -EINVAL. A pure function: every
  * member computes the same groups. */
 int gossip_group(GossipTopology topo, unsigned n, unsigned i, uint64_t t, unsigned *ret);
+
+/* The same among the members not marked in out (n flags; NULL: none):
+ * the topology over those alone, in their order, so every member that
+ * marks the same ones gets the same groups, and none of them is in a
+ * group. A member marked itself is alone. Gossip leaves out so the members
+ * that train another model (gossip.h). */
+int gossip_group_among(GossipTopology topo, unsigned n, const bool *out, unsigned i, uint64_t t, unsigned *ret);
 
 /* The number of iterations after which the groups repeat. */
 unsigned gossip_period(GossipTopology topo, unsigned n);

@@ -219,8 +219,8 @@ static void log_failed(GossipRun *gr, int error) {
         if (gr->failed_logged)
                 return;
         if (error == -EBADE)
-                log_error("Gossip exchange failed: the members of its group train another model; the "
-                          "parameters kept their values (said once)");
+                log_error("Gossip exchange failed: the members it could exchange with train another model; "
+                          "the parameters kept their values (said once)");
         else
                 log_warning("Gossip exchange failed: %s; the parameters kept their values (said once)",
                             strerror(-error));

@@ -57,6 +57,52 @@ Test(topology, every_member_in_exactly_one_group_per_iteration) {
                 }
 }
 
+/* Members left out (another model's) are in no group of the others, and
+ * those left in still make groups they all agree on: the topology over
+ * them alone, pairs where it pairs. */
+Test(topology, groups_among_the_members_left_in_agree) {
+        static unsigned g[GOSSIP_MAX_MEMBERS], h[GOSSIP_MAX_MEMBERS], want[GOSSIP_MAX_MEMBERS];
+        const unsigned sizes[] = { 2, 3, 4, 5, 8, 13, 64 };
+        Rng rng;
+        rng_seed(&rng, 11, RNG_STREAM_TEST);
+        for (size_t k = 0; k < ELEMENTSOF(all_topos); k++)
+                for (size_t s = 0; s < ELEMENTSOF(sizes); s++)
+                        for (int trial = 0; trial < 8; trial++) {
+                                unsigned n = sizes[s], left = 0, at[64];
+                                bool out[64] = {};
+                                for (unsigned i = 0; i < n; i++) {
+                                        out[i] = trial > 0 && rng_uniform(&rng) < 0.3;
+                                        if (!out[i])
+                                                at[left++] = i;
+                                }
+                                for (uint64_t t = 0; t < 2 * gossip_period(all_topos[k], n) + 1; t++)
+                                        for (unsigned i = 0; i < n; i++) {
+                                                int m = gossip_group_among(all_topos[k], n, out, i, t, g);
+                                                if (out[i]) {
+                                                        cr_assert(m == 1 && g[0] == i, "a member left out is alone");
+                                                        continue;
+                                                }
+                                                /* what the topology gives over those left in */
+                                                unsigned rank = 0;
+                                                while (at[rank] != i)
+                                                        rank++;
+                                                cr_assert_eq(gossip_group(all_topos[k], left, rank, t, want), m);
+                                                for (int j = 0; j < m; j++) {
+                                                        cr_assert_eq(g[j], at[want[j]]);
+                                                        cr_assert(!out[g[j]], "%s n=%u t=%llu: %u grouped with "
+                                                                  "%u, left out", gossip_topology_to_string(
+                                                                  all_topos[k]), n, (unsigned long long)t, i, g[j]);
+                                                        int m2 = gossip_group_among(all_topos[k], n, out, g[j], t, h);
+                                                        cr_assert(m2 == m && !memcmp(g, h, (size_t)m * sizeof *g),
+                                                                  "%u and %u disagree", i, g[j]);
+                                                }
+                                        }
+                        }
+        unsigned one[4];
+        cr_assert_eq(gossip_group_among(GOSSIP_RING, 4, (bool[4]){}, 4, 0, one), -EINVAL);
+        cr_assert_eq(gossip_group_among(GOSSIP_RING, 4, NULL, 0, 0, one), 2, "NULL: nobody out");
+}
+
 Test(topology, alt_exp_ring_alternates_exp_and_ring_pairs) {
         unsigned g[8];
         /* n = 8: even t are exp hops of distance 1, 2, 4; odd t the ring's odd pairs (1,2)...(7,0) */
@@ -328,6 +374,14 @@ static void run_members(Node *nodes, const Vecs *sim, GossipTopology topo, doubl
                 pthread_join(nodes[i].thread, NULL);
 }
 
+static void members_free(Node *nodes, Vecs *sim) {
+        for (unsigned i = 0; i < MEMBERS; i++) {
+                nodes[i].g = gossip_free(nodes[i].g);
+                free(nodes[i].x);
+        }
+        vecs_free(sim);
+}
+
 static void real_vs_simulated(GossipTopology topo, double weight) {
         Node nodes[MEMBERS] = {};
         Vecs sim;
@@ -361,11 +415,7 @@ static void real_vs_simulated(GossipTopology topo, double weight) {
                 gossip_get_stats(nodes[i].g, &st);
                 cr_assert_eq(st.failed, 0);
         }
-        for (unsigned i = 0; i < MEMBERS; i++) {
-                nodes[i].g = gossip_free(nodes[i].g);
-                free(nodes[i].x);
-        }
-        vecs_free(&sim);
+        members_free(nodes, &sim);
 }
 
 /* A probe round (gossip_average) first, and a topology switched between
@@ -421,15 +471,51 @@ static void another_model(bool same_count) {
                                   nodes[i].x[e], want);
                 }
         }
-        for (unsigned i = 0; i < MEMBERS; i++) {
-                nodes[i].g = gossip_free(nodes[i].g);
-                free(nodes[i].x);
-        }
-        vecs_free(&sim);
+        members_free(nodes, &sim);
 }
 
 Test(gossip, a_member_of_another_model_is_refused) { another_model(true); }
 Test(gossip, a_member_of_another_count_is_refused) { another_model(false); }
+
+/* Pairs: the member of another model (the last) is left out of the
+ * others' pairings, which the topology makes among the three of them, so
+ * they exchange with each other at every iteration and never lose one for
+ * being paired with it (they failed, -EBADE, whenever they were); it
+ * exchanges with nobody (-EBADE at once) and keeps its values. */
+static void another_model_in_pairs(GossipTopology topo) {
+        Node nodes[MEMBERS] = {};
+        CollModel models[MEMBERS] = {};
+        Vecs sim;
+        bool out[MEMBERS] = { [MEMBERS - 1] = true };
+
+        for (unsigned i = 0; i < MEMBERS; i++)
+                models[i] = (CollModel){ .digest = { 0x3c, 0x4d }, .values = LEN };
+        models[MEMBERS - 1].digest[0] = 0x1a;
+        vecs_random(&sim, MEMBERS, LEN, 44);
+        run_members(nodes, &sim, topo, 0, models);
+        for (uint64_t t = 0; t < ITERS; t++) /* the three alone, as members 0, 1, 2 of three */
+                gossip_simulate_step(topo, MEMBERS - 1, t, 0, sim.x, LEN);
+        for (unsigned i = 0; i < MEMBERS; i++) {
+                bool odd = i == MEMBERS - 1;
+                for (uint64_t t = 0; t < ITERS; t++) {
+                        unsigned g[MEMBERS];
+                        int want = odd ? -EBADE : gossip_group_among(topo, MEMBERS, out, i, t, g);
+                        cr_assert_eq(nodes[i].results[t], want, "%s: member %u iteration %llu: %d, not %d",
+                                     gossip_topology_to_string(topo), i, (unsigned long long)t, nodes[i].results[t],
+                                     want);
+                }
+                GossipStats st;
+                gossip_get_stats(nodes[i].g, &st);
+                cr_assert_eq(st.failed, odd ? ITERS : 0, "member %u: %llu failed", i, (unsigned long long)st.failed);
+                for (size_t e = 0; e < LEN; e++)
+                        cr_assert(fabs((double)nodes[i].x[e] - sim.x[i][e]) < 2e-5, "member %u value %zu: %g, not %g",
+                                  i, e, nodes[i].x[e], sim.x[i][e]);
+        }
+        members_free(nodes, &sim);
+}
+
+Test(gossip, pairs_leave_a_member_of_another_model_out_alt_exp_ring) { another_model_in_pairs(GOSSIP_ALT_EXP_RING); }
+Test(gossip, pairs_leave_a_member_of_another_model_out_ring) { another_model_in_pairs(GOSSIP_RING); }
 
 Test(gossip, send_twice_is_busy_and_mix_without_send_is_nomsg) {
         static const uint8_t secret[HANDSHAKE_SECRET_SIZE] = { 1 };
