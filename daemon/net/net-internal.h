@@ -212,7 +212,8 @@ struct Net {
         uint32_t relay_waiter;     /* the link waiting at the relay; 0: none */
         uint64_t relay_retry_ns;   /* when to open one again */
         unsigned relay_failures;   /* WAITs in a row that failed: the next waits longer */
-        bool relay_registered;     /* relay_waiter got through the relay's preamble */
+        bool relay_tried;          /* a WAIT was tried (opened or not) ... */
+        bool relay_registered;     /* ... and got through the relay's preamble */
         /* net_run() visits every slot only now and then, not on every
          * wake-up: with a thousand links that is a scan per message */
         uint64_t timers_ns;        /* deadlines last checked */

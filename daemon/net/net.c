@@ -701,19 +701,20 @@ int net_connect_relayed(Net *n, const uint8_t target[IDENTITY_PK_SIZE], uint32_t
 
 /* With relay_wait, one connection always waits at the relay; once a peer
  * has come through it, it is a link like any other and another waits. A
- * connection that ended before the relay took it is a failure: the next
- * try waits twice as long, 1 s up to 64 s. */
+ * try that the relay did not take (the connection ended first, or could
+ * not even be opened) is a failure, counted when the next is due: that one
+ * waits twice as long, 1 s up to 64 s. */
 static void relay_keep_waiting(Net *n) {
         uint64_t now = net_now_ns();
         if (!n->cfg.relay_wait || (n->relay_waiter && net_link_find(n, n->relay_waiter)) || now < n->relay_retry_ns)
                 return;
-        if (n->relay_waiter && !n->relay_registered)
+        if (n->relay_tried && !n->relay_registered)
                 n->relay_failures = MIN(n->relay_failures + 1, 6u);
         n->relay_waiter = 0;
         n->relay_registered = false;
+        n->relay_tried = true;
         n->relay_retry_ns = now + (1000ULL << n->relay_failures) * 1000000ULL;
-        if (relay_begin(n, RELAY_OP_WAIT, n->identity.pk, &n->relay_waiter) < 0)
-                n->relay_failures = MIN(n->relay_failures + 1, 6u);
+        (void)relay_begin(n, RELAY_OP_WAIT, n->identity.pk, &n->relay_waiter);
 }
 
 /* An open link the application knows: not another lane, not a link of
