@@ -34,6 +34,7 @@ typedef struct Progress {
          * and pauses included); < 0 before the first window */
         double window_loss_sum;
         uint64_t window_samples;
+        SeriesRate window_rate; /* since the last window's end */
         double loss, rate;
         TrainProgress last;  /* for the series' last row */
         Series series;
@@ -110,7 +111,7 @@ static void series_tick(Progress *pr, const TrainProgress *p, uint64_t now, bool
         bool trained = pr->window_samples > 0;
         pr->busy = span ? CLAMP(1 - (double)(gated - pr->window_gate_ns) / (double)span, 0.0, 1.0) : 1.0;
         if (span)
-                pr->rate = (double)pr->window_samples / ns_to_sec(span);
+                pr->rate = series_rate(&pr->window_rate, pr->at.samples, now);
         if (trained)
                 pr->loss = pr->window_loss_sum / (double)pr->window_samples;
         pr->window_loss_sum = 0;
@@ -243,6 +244,7 @@ int local_run(const Job *job, const LocalRunOptions *o, const volatile sig_atomi
                 if (o->control)
                         control_report_checkpoint(o->control, pr.at.step);
         }
+        series_rate_start(&pr.window_rate, 0, pr.at.samples, pr.window_ns); /* the samples of this run alone */
         if (o->begin)
                 o->begin(o->step_userdata, t->stage->params, &t->optim);
         /* the gate before the first step too: a node that starts paused

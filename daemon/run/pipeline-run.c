@@ -68,12 +68,8 @@ typedef struct Run {
         double busy;                  /* of the last window; < 0 before one */
         /* the published samples/s: over the last 2 s, sliding at every
          * report (the series' window closes every 2 s only, and before it
-         * first did a stage training read 0 samples/s); the oldest mark at
-         * most 2 s before the next, the first the run's start */
-        struct {
-                uint64_t ns, samples;
-        } rate_marks[16];
-        unsigned n_rate_marks;
+         * first did a stage training read 0 samples/s) */
+        SeriesRate rate;
 } Run;
 
 /* Control payloads of the daemon's own, beside the pipe's: a stage tells its
@@ -415,24 +411,6 @@ static void waiting_for(const Run *run, char *buf, size_t len) {
                 snprintf(buf, len, "stage %u: %s", run->stage + 2, run->next_peer < 0 ? "not connected" : "paused");
 }
 
-/* Samples per second of the wall clock over the last 2 s (since the run's
- * start before 2 s passed), a mark of now kept for the next. */
-static double recent_rate(Run *run, const PipeStats *st, uint64_t now) {
-        unsigned n = run->n_rate_marks, old = 0;
-        while (n - old >= 2 && now - run->rate_marks[old + 1].ns >= SERIES_INTERVAL_NS)
-                old++;
-        if (n - old == ELEMENTSOF(run->rate_marks))
-                old++;
-        n -= old;
-        memmove(run->rate_marks, run->rate_marks + old, n * sizeof run->rate_marks[0]);
-        uint64_t span = n ? now - run->rate_marks[0].ns : 0;
-        double rate = span ? (double)(st->samples - run->rate_marks[0].samples) / ns_to_sec(span) : 0;
-        run->rate_marks[n].ns = now;
-        run->rate_marks[n].samples = st->samples;
-        run->n_rate_marks = n + 1;
-        return rate;
-}
-
 static void report(Run *run, const PipeStats *st) {
         const LocalRunOptions *o = run->o;
         NodeTraining t = {
@@ -442,7 +420,7 @@ static void report(Run *run, const PipeStats *st) {
                 .epochs = run->epochs,
                 .step = st->updates,
                 .loss = run->last_loss,
-                .samples_per_sec = recent_rate(run, st, now_ns()),
+                .samples_per_sec = series_rate(&run->rate, st->samples, now_ns()),
                 .busy = run->busy,
                 .test_accuracy = st->test_acc,
                 .test_loss = st->test_acc >= 0 ? st->test_loss : -1.0,
@@ -967,9 +945,7 @@ static int run_loop(Run *run, const volatile sig_atomic_t *stop) {
         run->last_loss = -1;
         pipe_get_stats(run->pipe, &st);
         run->window_st = st;
-        run->rate_marks[0].ns = run->window_ns;
-        run->rate_marks[0].samples = st.samples;
-        run->n_rate_marks = 1;
+        series_rate_start(&run->rate, SERIES_INTERVAL_NS, st.samples, run->window_ns);
         run->updates_seen = run->first_update = st.updates;
         while (!*stop && !run_quiesce(run)) {
                 dial_neighbours(run);

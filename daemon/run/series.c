@@ -139,3 +139,23 @@ void series_close(Series *s) {
                 close(s->fd);
         s->fd = -1;
 }
+
+void series_rate_start(SeriesRate *r, uint64_t window_ns, uint64_t samples, uint64_t now_ns) {
+        *r = (SeriesRate){ .window_ns = window_ns, .marks[0] = { .ns = now_ns, .samples = samples }, .n_marks = 1 };
+}
+
+double series_rate(SeriesRate *r, uint64_t samples, uint64_t now_ns) {
+        unsigned n = r->n_marks, old = 0;
+        while (n - old >= 2 && now_ns - r->marks[old + 1].ns >= r->window_ns)
+                old++;
+        if (n - old == ELEMENTSOF(r->marks))
+                old++;
+        n -= old;
+        memmove(r->marks, r->marks + old, n * sizeof r->marks[0]);
+        uint64_t span = n ? now_ns - r->marks[0].ns : 0;
+        double rate = span ? (double)(samples - r->marks[0].samples) / ns_to_sec(span) : 0;
+        r->marks[n].ns = now_ns;
+        r->marks[n].samples = samples;
+        r->n_marks = n + 1;
+        return rate;
+}

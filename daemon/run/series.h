@@ -58,6 +58,33 @@ typedef struct Series {
 
 #define SERIES_CLOSED ((Series){ .fd = -1 })
 
+/* The samples/s a node publishes and writes in its rows: samples per
+ * second of the wall clock (rests and pauses included) since a mark, each
+ * call marking now. The window slides: the oldest mark kept is the last
+ * one at least window_ns before now (the first mark while none is). With
+ * window_ns SERIES_INTERVAL_NS and a call at every report, the last 2 s,
+ * and since the start in the first 2 s (a stage's); with window_ns 0, since
+ * the last call: with a call at every row, the row's window (a standalone
+ * node's). At most SERIES_RATE_MARKS marks: past them, the oldest go.
+ *
+ *     SeriesRate rate;
+ *     series_rate_start(&rate, SERIES_INTERVAL_NS, samples, now_ns());
+ *     t.samples_per_sec = series_rate(&rate, samples, now_ns());   // again and again
+ */
+#define SERIES_RATE_MARKS 16
+
+typedef struct SeriesRate {
+        uint64_t window_ns;
+        struct {
+                uint64_t ns, samples;
+        } marks[SERIES_RATE_MARKS];
+        unsigned n_marks;
+} SeriesRate;
+
+void series_rate_start(SeriesRate *r, uint64_t window_ns, uint64_t samples, uint64_t now_ns);
+/* 0 over no time. */
+double series_rate(SeriesRate *r, uint64_t samples, uint64_t now_ns);
+
 /* Opens (creates) the file for appending; a file that holds another kind of
  * series is started again. */
 int series_open(Series *s, const char *dir, const char *job);

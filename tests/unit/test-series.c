@@ -1,7 +1,8 @@
 /* A node's series file (run/series.h): the header and rows of twelve
  * fields, empty where a figure is not known; a second run goes on with the
  * clock of the rows there; a file of another kind starts again; a write
- * that fails is returned once and the series stops. */
+ * that fails is returned once and the series stops. And the samples/s a
+ * node publishes and writes, over a sliding window or a row's. */
 #include <criterion/criterion.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -132,4 +133,43 @@ Test(series, no_directory_no_series) {
         cr_expect_eq(series_open(&s, "/nonexistent/ravnest", "mlp"), -ENOENT);
         cr_expect_eq(s.fd, -1);
         cr_expect_eq(series_append(&s, &(SeriesRow){}), 0);
+}
+
+#define MS 1000000ULL
+
+/* The published samples/s: with a 2 s window, called every 250 ms, it is
+ * that of the last 2 s (since the start before), whatever came before;
+ * with a window of 0, called at every row, that of the row's window alone
+ * (a last row short of 2 s included). */
+Test(series, a_rate_over_the_last_2_s_or_since_the_last_call) {
+        SeriesRate r;
+        double rate;
+        series_rate_start(&r, SERIES_INTERVAL_NS, 0, 0);
+        rate = series_rate(&r, 0, 0);
+        cr_expect_eq(rate, 0, "a rate over no time: %g", rate);
+        rate = series_rate(&r, 100, 250 * MS);
+        cr_expect_float_eq(rate, 400, 1e-9, "since the start: %g", rate);
+        uint64_t samples = 100;
+        for (uint64_t t = 500 * MS; t <= 4000 * MS; t += 250 * MS) /* 400/s, then 1000/s from 2 s */
+                series_rate(&r, samples += t <= 2000 * MS ? 100 : 250, t);
+        rate = series_rate(&r, samples += 250, 4250 * MS);
+        cr_expect_float_eq(rate, 1000, 1e-9, "the last 2 s: %g", rate);
+        rate = series_rate(&r, samples, 6250 * MS);
+        cr_expect_float_eq(rate, 0, 1e-9, "after a pause of 2 s: %g", rate);
+
+        /* marks every millisecond: past SERIES_RATE_MARKS the oldest go */
+        series_rate_start(&r, SERIES_INTERVAL_NS, 0, 0);
+        for (uint64_t t = 1; t <= 100; t++)
+                series_rate(&r, t * 10, t * MS);
+        cr_expect_leq(r.n_marks, SERIES_RATE_MARKS);
+        rate = series_rate(&r, 1010, 101 * MS);
+        cr_expect_float_eq(rate, 10000, 1e-6, "%g", rate);
+
+        series_rate_start(&r, 0, 1000, 0);
+        rate = series_rate(&r, 1400, 2000 * MS);
+        cr_expect_float_eq(rate, 200, 1e-9, "the first row: %g", rate);
+        rate = series_rate(&r, 2400, 4000 * MS);
+        cr_expect_float_eq(rate, 500, 1e-9, "the second row: %g", rate);
+        rate = series_rate(&r, 2500, 4500 * MS);
+        cr_expect_float_eq(rate, 200, 1e-9, "a last row of 0.5 s: %g", rate);
 }
