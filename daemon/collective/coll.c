@@ -301,7 +301,7 @@ int coll_listen(Coll *c, uint16_t port, uint16_t *ret_port) {
                 return 0;
         }
         const char *host = c->cfg.listen_host ? c->cfg.listen_host : c->members[c->self].m.host;
-        return net_listen(c->net, host, port, ret_port);
+        return net_listen_wait(c->net, host, port, c->cfg.listen_wait_ms, ret_port);
 }
 
 int coll_set_address(Coll *c, unsigned member, const char *host, uint16_t port) {

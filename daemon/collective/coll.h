@@ -59,6 +59,7 @@ typedef struct CollConfig {
         unsigned n_members;
         unsigned self;              /* our index in members */
         const char *listen_host;    /* NULL: members[self].host */
+        unsigned listen_wait_ms;    /* coll_listen(): how long a port in use is tried again (net_listen_wait()) */
         CollPayload payload;        /* how values travel: float32, binary16, 8-bit */
         size_t piece_bytes;         /* values per piece, in bytes (default COLL_PIECE_BYTES) */
         unsigned join_timeout_ms;   /* READY to START */
@@ -105,7 +106,8 @@ int coll_new(const CollConfig *c, Coll **ret);
 Coll *coll_free(Coll *c);
 DEFINE_TRIVIAL_CLEANUP_FUNC(Coll *, coll_free);
 /* Bind the listener (port 0: any; the port is written back with ret_port);
- * a member that accepts no connections binds none (port 0). */
+ * a member that accepts no connections binds none (port 0). A port in use:
+ * -EADDRINUSE, after cfg.listen_wait_ms. */
 int coll_listen(Coll *c, uint16_t port, uint16_t *ret_port);
 /* Point member i at another address (after coll_listen of a peer found it). */
 int coll_set_address(Coll *c, unsigned member, const char *host, uint16_t port);

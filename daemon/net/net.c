@@ -418,12 +418,12 @@ static int resolve(const char *host, uint16_t port, struct sockaddr_storage *ret
 /* A port whose last owner has just died can stay taken for a moment: the
  * kernel tears a dead process's io_uring down later, and the accept it had
  * queued holds the listening socket until then. A node restarted at once
- * (by systemd or by hand) waits for it, at most NET_LISTEN_WAIT_MS. */
-static int bind_retrying(int fd, const struct sockaddr_storage *sa, socklen_t len) {
-        for (int waited = 0;; waited += 100) {
+ * (by systemd or by hand) waits for it, at most wait_ms. */
+static int bind_retrying(int fd, const struct sockaddr_storage *sa, socklen_t len, unsigned wait_ms) {
+        for (unsigned waited = 0;; waited += 100) {
                 if (bind(fd, (const struct sockaddr *)sa, len) == 0)
                         return 0;
-                if (errno != EADDRINUSE || waited >= NET_LISTEN_WAIT_MS)
+                if (errno != EADDRINUSE || waited >= wait_ms)
                         return -errno;
                 (void)usleep(100 * 1000);
         }
@@ -469,14 +469,14 @@ static int inherited_listener(const struct sockaddr_storage *sa, socklen_t len) 
 
 /* A socket listening on sa, SO_REUSEADDR (so that the TIME-WAIT of the
  * connections it accepted never keeps it from listening there again); a
- * port in use is tried again for up to NET_LISTEN_WAIT_MS when wait. */
-static int listen_socket(const struct sockaddr_storage *sa, socklen_t len, bool wait) {
+ * port in use is tried again for up to wait_ms. */
+static int listen_socket(const struct sockaddr_storage *sa, socklen_t len, unsigned wait_ms) {
         _cleanup_(closep) int fd = socket(sa->ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
         int one = 1, r;
         if (fd < 0)
                 return -errno;
         setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-        r = wait ? bind_retrying(fd, sa, len) : bind(fd, (const struct sockaddr *)sa, len) < 0 ? -errno : 0;
+        r = bind_retrying(fd, sa, len, wait_ms);
         if (r < 0)
                 return r;
         if (listen(fd, 128) < 0)
@@ -499,13 +499,17 @@ int net_listen_socket(const char *host, uint16_t port, uint16_t *ret_port) {
         int r = resolve(host, port, &sa, &len);
         if (r < 0)
                 return r;
-        int fd = listen_socket(&sa, len, false);
+        int fd = listen_socket(&sa, len, 0);
         if (fd >= 0 && ret_port)
                 *ret_port = bound_port(fd);
         return fd;
 }
 
 int net_listen(Net *n, const char *host, uint16_t port, uint16_t *ret_port) {
+        return net_listen_wait(n, host, port, 0, ret_port);
+}
+
+int net_listen_wait(Net *n, const char *host, uint16_t port, unsigned wait_ms, uint16_t *ret_port) {
         struct sockaddr_storage sa;
         socklen_t len = 0;
         int r;
@@ -517,7 +521,7 @@ int net_listen(Net *n, const char *host, uint16_t port, uint16_t *ret_port) {
                 return r;
         _cleanup_(closep) int fd = port ? inherited_listener(&sa, len) : -1;
         if (fd < 0)
-                fd = listen_socket(&sa, len, true);
+                fd = listen_socket(&sa, len, wait_ms);
         if (fd < 0)
                 return fd;
         if (ret_port)

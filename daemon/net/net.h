@@ -162,12 +162,16 @@ Net *net_free(Net *n);
 DEFINE_TRIVIAL_CLEANUP_FUNC(Net *, net_free);
 const char *net_backend_name(const Net *n);
 
-/* Listens on host:port (0: any; the port in *ret_port). A port still in
- * use is tried again for up to NET_LISTEN_WAIT_MS before -EADDRINUSE: the
- * listening socket of a node that has just died lingers until the kernel
- * has torn down its io_uring. */
-#define NET_LISTEN_WAIT_MS 10000
+/* Listens on host:port (0: any; the port in *ret_port); -EADDRINUSE at
+ * once if the port is taken. */
 int net_listen(Net *n, const char *host, uint16_t port, uint16_t *ret_port);
+/* The same, but a port in use is tried again for up to wait_ms before
+ * -EADDRINUSE: the listening socket of a node that has just died lingers
+ * until the kernel has torn down its io_uring, so a node started again at
+ * once waits NET_LISTEN_WAIT_MS for it. The caller, which had -EADDRINUSE
+ * from net_listen(), says that it waits: nothing here does. */
+#define NET_LISTEN_WAIT_MS 10000
+int net_listen_wait(Net *n, const char *host, uint16_t port, unsigned wait_ms, uint16_t *ret_port);
 
 /* Listening sockets this process was handed (a service manager's
  * LISTEN_FDS, or ravnestctl swarm's): from now on net_listen() on the

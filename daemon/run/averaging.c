@@ -118,6 +118,18 @@ void averaging_report_started(const Averaging *a, const AveragingGroup *g, size_
         control_report_averaging(c, &na);
 }
 
+typedef struct AveragerNew {
+        AveragerConfig *config;
+        Averager **ret;
+} AveragerNew;
+
+/* averager_new(), which listens, as node_listen_patiently() tries it. */
+static int averager_new_waiting(void *userdata, unsigned wait_ms) {
+        AveragerNew *an = userdata;
+        an->config->coll.listen_wait_ms = wait_ms;
+        return averager_new(an->config, an->ret);
+}
+
 int averaging_start(Averaging *a, const AveragingGroup *g, const Identity *id, size_t n_params,
                     const AveragerRing *rings, unsigned n_rings) {
         const ConfigAveraging *ca = g->settings;
@@ -150,7 +162,8 @@ int averaging_start(Averaging *a, const AveragingGroup *g, const Identity *id, s
         ac.group_size = ca->group_size;
         ac.error_feedback = ca->error_feedback;
         ac.listen_port = ca->listen.port;
-        r = averager_new(&ac, &a->av);
+        r = node_listen_patiently(ca->listen.host, ca->listen.port, averager_new_waiting,
+                                  &(AveragerNew){ .config = &ac, .ret = &a->av });
         if (r < 0)
                 return log_error_errno(r, "Failed to start averaging on %s:%u: %m", ca->listen.host, ca->listen.port);
         r = averager_start(a->av);

@@ -1027,7 +1027,7 @@ int coordinator_start(Coordinator *co, const Config *c, const Job *job, const Id
                 state_free(s);
                 return log_error_errno(r, "Coordinator: failed to start its transport: %m");
         }
-        if ((r = net_listen(s->net, cm->coordinator.address.host, cm->coordinator.address.port, &port)) < 0) {
+        if ((r = node_listen(s->net, cm->coordinator.address.host, cm->coordinator.address.port, &port)) < 0) {
                 state_free(s);
                 return log_error_errno(r, "Coordinator: failed to listen on %s:%u: %m", cm->coordinator.address.host,
                                        cm->coordinator.address.port);

@@ -7,6 +7,7 @@
 
 #include "averaging.h"
 #include "collective/runtime-model.h"
+#include "node.h"
 #include "util/log.h"
 #include "util/time-util.h"
 
@@ -30,6 +31,18 @@ static void set_method(GossipRun *gr, const char *choice) {
         snprintf(gr->figures.method, sizeof gr->figures.method, "%s%s", gr->is_auto ? "auto: " : "gossip ", choice);
 }
 
+typedef struct GossipNew {
+        GossipConfig *config;
+        Gossip **ret;
+} GossipNew;
+
+/* gossip_new(), which listens, as node_listen_patiently() tries it. */
+static int gossip_new_waiting(void *userdata, unsigned wait_ms) {
+        GossipNew *gn = userdata;
+        gn->config->coll.listen_wait_ms = wait_ms;
+        return gossip_new(gn->config, gn->ret);
+}
+
 int gossip_run_start(GossipRun *gr, const AveragingGroup *g, const Identity *id, size_t n_params, Control *control) {
         const ConfigAveraging *ca = g->settings;
         _cleanup_(freep) CollMember *members = NULL;
@@ -49,7 +62,8 @@ int gossip_run_start(GossipRun *gr, const AveragingGroup *g, const Identity *id,
         gc.weight = ca->weight;
         gc.len = n_params;
         gc.listen_port = ca->listen.port;
-        r = gossip_new(&gc, &gr->g);
+        r = node_listen_patiently(ca->listen.host, ca->listen.port, gossip_new_waiting,
+                                  &(GossipNew){ .config = &gc, .ret = &gr->g });
         if (r < 0)
                 return log_error_errno(r, "Failed to start gossip averaging on %s:%u: %m", ca->listen.host,
                                        ca->listen.port);

@@ -451,7 +451,7 @@ static void reach_listen(Membership *m) {
         nc.relay_wait = false;
         int r = net_new(&nc, &cb, m, &m->reach);
         if (r >= 0)
-                r = net_listen(m->reach, a->host, a->port, NULL);
+                r = node_listen(m->reach, a->host, a->port, NULL);
         if (r < 0) {
                 log_warning_errno(r, "Failed to listen on %s:%u for the coordinator's dial-back (%m): it will take "
                                   "this node for one behind NAT", a->host, a->port);

@@ -211,6 +211,36 @@ static void on_tensor(void *userdata, NetTensor *t) {
         net_tensor_release(node->net, t);
 }
 
+int node_listen_patiently(const char *host, uint16_t port, NodeListenFn try_listen, void *userdata) {
+        int r = try_listen(userdata, 0);
+        if (r != -EADDRINUSE)
+                return r;
+        log_notice("%s:%u is in use: waiting up to %u s for it (a node stopped a moment ago may still hold it)",
+                   host, port, NET_LISTEN_WAIT_MS / 1000);
+        uint64_t start = now_ns();
+        r = try_listen(userdata, NET_LISTEN_WAIT_MS);
+        if (r >= 0)
+                log_info("%s:%u is free now, after %.1f s", host, port, ns_to_sec(now_ns() - start));
+        return r;
+}
+
+typedef struct NetListen {
+        Net *net;
+        const char *host;
+        uint16_t port;
+        uint16_t *ret_port;
+} NetListen;
+
+static int net_listen_try(void *userdata, unsigned wait_ms) {
+        NetListen *l = userdata;
+        return net_listen_wait(l->net, l->host, l->port, wait_ms, l->ret_port);
+}
+
+int node_listen(Net *n, const char *host, uint16_t port, uint16_t *ret_port) {
+        NetListen l = { .net = n, .host = host, .port = port, .ret_port = ret_port };
+        return node_listen_patiently(host, port, net_listen_try, &l);
+}
+
 int node_start(Node *node, const Config *c) {
         char path[PATH_MAX + 16], hex[IDENTITY_HEX_SIZE];
         NetConfig nc;
@@ -254,7 +284,7 @@ int node_start(Node *node, const Config *c) {
 
         if (c->listen.port) {
                 uint16_t port;
-                r = net_listen(node->net, c->listen.host, c->listen.port, &port);
+                r = node_listen(node->net, c->listen.host, c->listen.port, &port);
                 if (r < 0)
                         return log_error_errno(r, "Failed to listen on %s:%u: %m", c->listen.host, c->listen.port);
                 log_info("Listening on %s:%u", c->listen.host, port);

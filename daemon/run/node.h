@@ -44,6 +44,16 @@ bool node_configured(const Config *c);
 /* Load or create the identity, start the transport, listen, connect to the
  * configured peers. Logs; returns -errno on failure. */
 int node_start(Node *node, const Config *c);
+/* Listens as try_listen(userdata, wait_ms) does (net_listen_wait(), or a
+ * module that listens as it starts), first with wait_ms 0; where host:port
+ * is taken, logs at once that it is and that this node waits for it, tries
+ * again waiting up to NET_LISTEN_WAIT_MS (a node that has just stopped may
+ * hold it a moment longer), and logs when it got it. A failure is the
+ * caller's to log, with what listens there. */
+typedef int (*NodeListenFn)(void *userdata, unsigned wait_ms);
+int node_listen_patiently(const char *host, uint16_t port, NodeListenFn try_listen, void *userdata);
+/* net_listen_wait() on n, as node_listen_patiently() says. */
+int node_listen(Net *n, const char *host, uint16_t port, uint16_t *ret_port);
 /* Serve the links for up to timeout_ms (the transport heartbeats quiet
  * links), and dial the configured peers that are due. */
 void node_poll(Node *node, int timeout_ms);

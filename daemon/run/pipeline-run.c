@@ -723,7 +723,7 @@ static int run_links(Run *run) {
         if (r < 0)
                 return log_error_errno(r, "Failed to start the pipeline transport: %m");
         pipe_connect(run->pipe, run->net, -1, -1);
-        if (dialed && !run->self->no_accept && (r = net_listen(run->net, p->listen.host, p->listen.port, NULL)) < 0)
+        if (dialed && !run->self->no_accept && (r = node_listen(run->net, p->listen.host, p->listen.port, NULL)) < 0)
                 return log_error_errno(r, "Failed to listen on %s:%u for the neighbouring stages: %m",
                                        p->listen.host, p->listen.port);
         if (run->self->no_accept && run->n_stages > 1)

@@ -364,10 +364,13 @@ static int hold_port(uint16_t *ret_port) {
 }
 
 /* A node that cannot start (its address in use) under systemd's
- * Type=notify never says READY=1, so `systemctl start` fails; an
- * unconfigured node that a reload sets training, and that then cannot
- * start, is unconfigured again and stays up (it exited 1 into a restart
- * loop), and a later reload that can start trains. */
+ * Type=notify never says READY=1, so `systemctl start` fails; it says at
+ * once that the address is in use and that it waits for it, before the
+ * failure (it said nothing for the 10 s it waited). An unconfigured node
+ * that a reload sets training, and that then cannot start, is
+ * unconfigured again and stays up (it exited 1 into a restart loop), and
+ * a later reload that can start trains, once the address it waits for
+ * comes free. */
 static void node_file(const char *dir, uint16_t listen, uint16_t metrics, char *conf) {
         char text[1024];
         int k = snprintf(text, sizeof text,
@@ -403,7 +406,11 @@ Test(daemon, a_node_that_cannot_start_is_never_ready_and_a_reload_that_cannot_st
         int code = proc_exit(&p);
         unsetenv("NOTIFY_SOCKET");
         cr_assert_eq(code, 1, "%s", p.out);
-        cr_assert(strstr(p.out, "Address already in use"), "%s", p.out);
+        char waiting[64];
+        snprintf(waiting, sizeof waiting, "127.0.0.1:%u is in use: waiting up to 10 s for it", port);
+        const char *wait_line = strstr(p.out, waiting), *failed = strstr(p.out, "Failed to listen on");
+        cr_assert(wait_line && failed && wait_line < failed, "no \"%s\" before the failure:\n%s", waiting, p.out);
+        cr_assert(strstr(failed, "Address already in use"), "%s", p.out);
         char msg[512];
         ssize_t k;
         while ((k = recv(notify, msg, sizeof msg - 1, 0)) > 0) {
@@ -428,8 +435,12 @@ Test(daemon, a_node_that_cannot_start_is_never_ready_and_a_reload_that_cannot_st
         /* and says why, as systemd's STATUS= does (it showed "unconfigured" alone) */
         cr_assert(strstr(st.out, "Reload: failed, training could not start (Address already in use)"), "%s",
                   st.out);
-        close(held);
         cr_assert_eq(kill(p.pid, SIGHUP), 0);
+        cr_assert(proc_wait_for_count(&p, waiting, 2, 30000), "%s", p.out);
+        close(held);
+        char free_line[64];
+        snprintf(free_line, sizeof free_line, "127.0.0.1:%u is free now, after ", port);
+        cr_assert(proc_wait_for(&p, free_line, 30000), "%s", p.out);
         cr_assert(proc_wait_for(&p, "epoch 1/", 60000), "%s", p.out);
         proc_start(&st, (char *[]){ RAVNESTCTL, "status", "--socket", path, NULL }, NULL);
         cr_assert_eq(proc_exit(&st), 0, "%s", st.out);

@@ -398,13 +398,6 @@ static void checkpoint_in(const char *dir, char *name, size_t len) {
         cr_assert(name[0], "no checkpoint in %s", dir);
 }
 
-/* Read p's output until what occurs want times. */
-static bool wait_for_count(Proc *p, const char *what, int want, int timeout_ms) {
-        for (int t = 0; t < timeout_ms / 100 && test_count(p->out, what) < want; t++)
-                (void)proc_wait_for(p, "\x01", 100);
-        return test_count(p->out, what) >= want;
-}
-
 /* The whole swarm goes down at once, coordinator included (a power cut:
  * SIGKILL, no last checkpoint), and comes back. Each training node holds
  * the layers of the checkpoint it wrote last, with their optimizer's
@@ -426,7 +419,7 @@ Test(membership, a_swarm_killed_whole_starts_from_its_checkpoints, .timeout = 18
                 start(&p[i], conf[i], "20"); /* longer than the test */
         for (int i = 1; i < 3; i++) {
                 cr_assert(proc_wait_for(&p[i], "Holds plan epoch 1 (", 30000), "node %d\n%s", i + 1, p[i].out);
-                cr_assert(wait_for_count(&p[i], "Checkpoint written: ", 2, 30000), "node %d\n%s", i + 1, p[i].out);
+                cr_assert(proc_wait_for_count(&p[i], "Checkpoint written: ", 2, 30000), "node %d\n%s", i + 1, p[i].out);
         }
         char own[256], other[256], from[1600], to[600];
         snprintf(from, sizeof from, "%s/n2", dir);
@@ -438,7 +431,7 @@ Test(membership, a_swarm_killed_whole_starts_from_its_checkpoints, .timeout = 18
                  dir, other);
         cr_assert_eq(system(from), 0, "%s", from);
         int written = test_count(p[1].out, "Checkpoint written: ");
-        cr_assert(wait_for_count(&p[1], "Checkpoint written: ", written + 1, 30000), "%s", p[1].out);
+        cr_assert(proc_wait_for_count(&p[1], "Checkpoint written: ", written + 1, 30000), "%s", p[1].out);
         cr_assert(proc_wait_for(&p[1], "Retired the checkpoint of layers ", 10000), "%s", p[1].out);
         snprintf(to, sizeof to, "%s/n2/%s.retired", dir, other);
         cr_assert_eq(access(to, F_OK), 0, "%s is not there", to);
@@ -979,16 +972,16 @@ Test(membership, a_member_that_comes_back_takes_the_moments_handed_over, .timeou
         int left = test_count(p[0].out, "left (missed its heartbeats)");
         int alone = test_count(p[1].out, "cluster 1 of 1, stage 1 of 1");
         kill(p[2].pid, SIGSTOP);
-        cr_assert(wait_for_count(&p[0], "left (missed its heartbeats)", left + 1, 30000), "%s", p[0].out);
-        cr_assert(wait_for_count(&p[1], "cluster 1 of 1, stage 1 of 1", alone + 1, 30000), "%s", p[1].out);
+        cr_assert(proc_wait_for_count(&p[0], "left (missed its heartbeats)", left + 1, 30000), "%s", p[0].out);
+        cr_assert(proc_wait_for_count(&p[1], "cluster 1 of 1, stage 1 of 1", alone + 1, 30000), "%s", p[1].out);
         cr_assert(proc_wait_for(&p[1], "Going on with ", 30000), "%s", p[1].out);
         drain(&p[2]);
         size_t from = strlen(p[2].out);
         kill(p[2].pid, SIGCONT);
         int handed = test_count(p[2].out, "Going on with the handed-over optimizer state (");
         cr_assert(proc_wait_for(&p[2], "starting from the layers handed over", 90000), "%s", p[2].out + from);
-        cr_assert(wait_for_count(&p[2], "Going on with the handed-over optimizer state (", handed + 1, 30000), "%s",
-                  p[2].out + from);
+        cr_assert(proc_wait_for_count(&p[2], "Going on with the handed-over optimizer state (", handed + 1, 30000),
+                  "%s", p[2].out + from);
         const char *held = strstr(p[2].out + from, "starting from the layers handed over");
         cr_assert(held && !strncmp(held + strlen("starting from the layers handed over"),
                                    ", with their optimizer's state", 30), "%s", p[2].out + from);

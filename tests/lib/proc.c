@@ -75,6 +75,12 @@ bool proc_wait_for(Proc *p, const char *what, int timeout_ms) {
         return true;
 }
 
+bool proc_wait_for_count(Proc *p, const char *what, int want, int timeout_ms) {
+        for (int t = 0; t < timeout_ms / 100 && test_count(p->out, what) < want; t++)
+                (void)proc_wait_for(p, "\x01", 100);
+        return test_count(p->out, what) >= want;
+}
+
 int proc_exit(Proc *p) {
         return proc_exit_within(p, 120000);
 }

@@ -21,6 +21,8 @@ typedef struct Proc {
 void proc_start(Proc *p, char *const argv[], void (*setup)(void));
 /* Read output until it contains what (or EOF, or timeout). */
 bool proc_wait_for(Proc *p, const char *what, int timeout_ms);
+/* Read output until what occurs want times in it (or timeout). */
+bool proc_wait_for_count(Proc *p, const char *what, int want, int timeout_ms);
 /* Read to the end and reap: the exit status, or 128 + the signal. Output
  * after 120 s (timeout_ms) is not read. A child that a signal ended has a
  * line saying which appended to out, and, where it dumped core (children

@@ -127,7 +127,8 @@ Test(node, a_configured_peer_is_dialed_until_it_is_up) {
                 Peer p = {};
                 cr_assert_eq(net_new(&nc, &cb, &p, &p.n), 0);
                 uint16_t got;
-                cr_assert_eq(net_listen(p.n, "127.0.0.1", port, &got), 0);
+                /* as a node started again: the last round's socket may linger */
+                cr_assert_eq(net_listen_wait(p.n, "127.0.0.1", port, NET_LISTEN_WAIT_MS, &got), 0);
                 for (int i = 0; i < 6000 && !p.connected; i++) {
                         node_poll(&node, 1);
                         net_run(p.n, 1);
