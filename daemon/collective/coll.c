@@ -233,12 +233,21 @@ static void on_sent(void *ud, uint32_t peer, uint64_t cookie) {
                 round_on_sent(ud, cookie);
 }
 
+/* A member's other connection refused before it joined its link: a
+ * refusal like one that never was a member's link. */
+static void on_lane_refused(void *ud, int reason, const NetPeerInfo *info) {
+        Coll *c = ud;
+        c->refusals = (CollLoss){ .count = c->refusals.count + 1, .member = c->n_members, .reason = reason,
+                                  .info = *info };
+}
+
 static const NetCallbacks callbacks = {
         .connected = on_connected,
         .tensor = on_tensor,
         .control = on_control,
         .sent = on_sent,
         .closed = on_closed,
+        .lane_refused = on_lane_refused,
 };
 
 int coll_new(const CollConfig *cfg, Coll **ret) {

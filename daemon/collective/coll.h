@@ -129,8 +129,8 @@ typedef struct CollLoss {
 } CollLoss;
 CollLoss coll_loss(const Coll *c);
 /* Connections that closed before they were a member's link (a failed or
- * refused handshake, a peer that is no member): how many, and the last
- * (member is then n_members). */
+ * refused handshake, a peer that is no member, another lane refused before
+ * it joined its link): how many, and the last (member is then n_members). */
 CollLoss coll_refusals(const Coll *c);
 /* Members that sat rounds out because their own values are not finite (a
  * diverged optimizer: ABORT -ERANGE): how many times one began to, and the

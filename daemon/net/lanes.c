@@ -201,7 +201,8 @@ int lanes_accept(Link *l, uint32_t offered, const uint8_t nonce[HANDSHAKE_NONCE_
 }
 
 /* Responder: an extra lane's first frame names the link it joins (the
- * primary's HELLO nonce, from the same identity) and its index. */
+ * primary's HELLO nonce, from the same identity) and its index. -ENOLINK:
+ * no open link of that peer waits for lanes with that nonce (any more). */
 int lanes_rx_lane(Link *l, const uint8_t *p, size_t len) {
         Net *n = l->net;
         if (!l->lane_pending || len != HANDSHAKE_NONCE_SIZE + 1)
@@ -221,7 +222,7 @@ int lanes_rx_lane(Link *l, const uint8_t *p, size_t len) {
                 lanes_opened(l);
                 return 0;
         }
-        return -EBADMSG; /* no such link (any more) */
+        return -ENOLINK; /* no such link (any more), or not one waiting for lanes */
 }
 
 int lanes_rx_ack(Link *l, const uint8_t *p, size_t len) {

@@ -198,6 +198,7 @@ static void net_say_bye(Net *n) {
         n->cb.tensor = NULL;
         n->cb.control = NULL;
         n->cb.closed = NULL;
+        n->cb.lane_refused = NULL;
         for (unsigned i = 0; n->links && i < n->cfg.max_links; i++) {
                 Link *l = n->links[i];
                 if (!l || l->state != LINK_OPEN || l->bye_sent) /* one the application said BYE on */
@@ -859,6 +860,7 @@ void net_link_released(Link *l) {
         int reason = l->close_reason;
 
         bool hidden = l->extra; /* another lane: the application never knew it */
+        bool refused = l->lane_pending; /* ... nor that it was refused before it joined */
         memcpy(id, l->peer_id, sizeof id);
         link_describe(l, &n->closing);
         n->links[l->slot] = NULL;
@@ -869,6 +871,8 @@ void net_link_released(Link *l) {
                 n->closing_id = peer; /* for net_peer_describe() in the callback */
                 n->cb.closed(n->userdata, peer, reason, id);
         }
+        if (n->cb.lane_refused && refused)
+                n->cb.lane_refused(n->userdata, reason, &n->closing);
         n->closing_id = 0;
 }
 

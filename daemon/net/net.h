@@ -93,24 +93,6 @@ typedef struct NetTensor {
         uint8_t *data; /* desc.bytes bytes, owned by the Net until net_tensor_release() */
 } NetTensor;
 
-typedef struct NetCallbacks {
-        /* The handshake finished; id is the peer's identity. */
-        void (*connected)(void *userdata, uint32_t peer, const uint8_t id[IDENTITY_PK_SIZE]);
-        /* A whole tensor arrived and was authenticated. */
-        void (*tensor)(void *userdata, NetTensor *t);
-        /* A PLAN or CONTROL frame. */
-        void (*control)(void *userdata, uint32_t peer, uint8_t type, const uint8_t *payload, size_t len);
-        /* The data of a net_send_tensor() is no longer needed. */
-        void (*sent)(void *userdata, uint32_t peer, uint64_t cookie);
-        /* The link is gone: 0 for an orderly BYE, else why (-EBADMSG bad or
-         * forged frame, -EACCES not admitted, -EKEYREJECTED a small-order
-         * ephemeral key, -EPROTONOSUPPORT another protocol version,
-         * -EMSGSIZE over a limit, -ETIMEDOUT, -ECONNRESET, ...). id is all
-         * zero before the handshake. net_peer_describe() tells more (the
-         * address, which timeout, the version) during this call. */
-        void (*closed)(void *userdata, uint32_t peer, int reason, const uint8_t id[IDENTITY_PK_SIZE]);
-} NetCallbacks;
-
 /* Which deadline a link missed (reason -ETIMEDOUT). */
 typedef enum NetTimeout {
         NET_TIMEOUT_NONE,
@@ -134,6 +116,34 @@ typedef struct NetPeerInfo {
 } NetPeerInfo;
 
 const char *net_timeout_to_string(NetTimeout t);
+
+typedef struct NetCallbacks {
+        /* The handshake finished; id is the peer's identity. */
+        void (*connected)(void *userdata, uint32_t peer, const uint8_t id[IDENTITY_PK_SIZE]);
+        /* A whole tensor arrived and was authenticated. */
+        void (*tensor)(void *userdata, NetTensor *t);
+        /* A PLAN or CONTROL frame. */
+        void (*control)(void *userdata, uint32_t peer, uint8_t type, const uint8_t *payload, size_t len);
+        /* The data of a net_send_tensor() is no longer needed. */
+        void (*sent)(void *userdata, uint32_t peer, uint64_t cookie);
+        /* The link is gone: 0 for an orderly BYE, else why (-EBADMSG bad or
+         * forged frame, -EACCES not admitted, -EKEYREJECTED a small-order
+         * ephemeral key, -EPROTONOSUPPORT another protocol version,
+         * -EMSGSIZE over a limit, -ETIMEDOUT, -ECONNRESET, ...). id is all
+         * zero before the handshake. net_peer_describe() tells more (the
+         * address, which timeout, the version) during this call. */
+        void (*closed)(void *userdata, uint32_t peer, int reason, const uint8_t id[IDENTITY_PK_SIZE]);
+        /* A peer's other connection of a link of several lanes (NetConfig.lanes)
+         * finished its handshake and was refused before it joined: its LANE
+         * frame named no link of that peer that waits for one (-ENOLINK), or
+         * broke the rules (-EBADMSG: another frame first, an index out of
+         * range or taken), or did not come within the handshake timeout
+         * (-ETIMEDOUT); or the peer closed it first (0, -ECONNRESET). The
+         * application had no connected() of it and hears no closed(): this,
+         * once a connection, with what the transport knew of it (the key the
+         * peer proved, its address). */
+        void (*lane_refused)(void *userdata, int reason, const NetPeerInfo *info);
+} NetCallbacks;
 
 typedef struct NetStats {
         uint64_t bytes_sent, bytes_received;

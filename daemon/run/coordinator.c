@@ -481,12 +481,17 @@ static void on_sent(void *ud, uint32_t peer, uint64_t cookie) {
                 s->sends--;
 }
 
+static void on_lane_refused(void *ud, int reason, const NetPeerInfo *info) {
+        node_log_lane_refused("coordinator", reason, info);
+}
+
 static const NetCallbacks callbacks = {
         .connected = on_connected,
         .closed = on_closed,
         .control = on_control,
         .tensor = on_tensor,
         .sent = on_sent,
+        .lane_refused = on_lane_refused,
 };
 
 static bool has_params(const CoordinatorState *s, int lo, int hi) {

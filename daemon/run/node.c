@@ -27,6 +27,7 @@ static const char *reason_text(int reason) {
         case -EMSGSIZE: return "sent a frame or tensor over the size limits";
         case -EBADRQC: return "broke the protocol of its messages (one malformed or out of place)";
         case -ECONNRESET: return "closed the connection";
+        case -ENOLINK: return "named no link of this peer that waits for another connection";
         default: return NULL;
         }
 }
@@ -159,6 +160,17 @@ static void on_closed(void *userdata, uint32_t peer, int reason, const uint8_t i
                 log_event(LOG_WARNING, EVENT_PEER_LEFT, fields, "Dropped link %u with peer %s: %s", peer, who, why);
 }
 
+void node_log_lane_refused(const char *what, int reason, const NetPeerInfo *info) {
+        char who[IDENTITY_HEX_SIZE + 80], why[128];
+        describe_peer(info, who, sizeof who);
+        log_warning("Refused another connection of a %s link from %s: %s", what, who,
+                    node_close_reason(reason, info, why, sizeof why));
+}
+
+static void on_lane_refused(void *userdata, int reason, const NetPeerInfo *info) {
+        node_log_lane_refused("network", reason, info);
+}
+
 /* Where peer is in node->paused, or -1. */
 static int paused_index(const Node *node, uint32_t peer) {
         for (uint32_t i = 0; i < node->paused_peers; i++)
@@ -266,7 +278,8 @@ int node_start(Node *node, const Config *c) {
         r = config_net(c, &node->identity, &nc, &d);
         if (r < 0)
                 return log_error_errno(r, "Invalid network configuration: %s", d.text);
-        NetCallbacks cb = { .connected = on_connected, .closed = on_closed, .tensor = on_tensor, .control = on_control };
+        NetCallbacks cb = { .connected = on_connected, .closed = on_closed, .tensor = on_tensor, .control = on_control,
+                            .lane_refused = on_lane_refused };
         r = net_new(&nc, &cb, node, &node->net);
         if (r < 0)
                 return log_error_errno(r, "Failed to start the transport: %m");

@@ -77,3 +77,7 @@ bool node_paused_reason(const uint8_t *payload, size_t len, char *reason, size_t
  * net_peer_describe() in that callback ("said goodbye", "timed out (idle
  * link deadline)", "peer speaks protocol version 2, this node speaks 1", ...). */
 const char *node_close_reason(int reason, const NetPeerInfo *info, char *buf, size_t size);
+/* Logs a peer's connection refused before it joined its link as another
+ * lane (NetCallbacks.lane_refused), of a link of what ("pipeline"): the
+ * peer, and why. */
+void node_log_lane_refused(const char *what, int reason, const NetPeerInfo *info);

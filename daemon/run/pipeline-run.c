@@ -224,12 +224,17 @@ static void run_control(void *ud, uint32_t peer, uint8_t type, const uint8_t *p,
         run_tell_lost(r);
 }
 
+static void run_lane_refused(void *ud, int reason, const NetPeerInfo *info) {
+        node_log_lane_refused("pipeline", reason, info);
+}
+
 static const NetCallbacks run_callbacks = {
         .connected = run_connected,
         .closed = run_closed,
         .tensor = run_tensor,
         .sent = run_sent,
         .control = run_control,
+        .lane_refused = run_lane_refused,
 };
 
 /* The busy fraction of the training window, and what it was made of. */

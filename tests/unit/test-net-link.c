@@ -22,6 +22,8 @@ typedef struct Srv {
         uint8_t id[IDENTITY_PK_SIZE];
         NetPeerInfo info; /* from net_peer_describe() in closed() */
         int describe;
+        int lanes_refused, lane_reason; /* lane_refused(): how many, the last one's reason ... */
+        NetPeerInfo lane;               /* ... and what it was */
 } Srv;
 
 static void srv_connected(void *ud, uint32_t peer, const uint8_t id[32]) {
@@ -40,7 +42,14 @@ static void srv_closed(void *ud, uint32_t peer, int reason, const uint8_t id[32]
         memcpy(s->id, id, 32);
         s->describe = net_peer_describe(s->n, peer, &s->info);
 }
-static const NetCallbacks srv_cb = { .connected = srv_connected, .tensor = srv_tensor, .closed = srv_closed };
+static void srv_lane_refused(void *ud, int reason, const NetPeerInfo *info) {
+        Srv *s = ud;
+        s->lanes_refused++;
+        s->lane_reason = reason;
+        s->lane = *info;
+}
+static const NetCallbacks srv_cb = { .connected = srv_connected, .tensor = srv_tensor, .closed = srv_closed,
+                                     .lane_refused = srv_lane_refused };
 
 static Identity server_id, client_id, stranger_id;
 
@@ -471,9 +480,24 @@ static bool raw_dropped(Srv *s, Raw *r) {
         return false;
 }
 
-/* Another lane that names no link, or speaks before it says which, is
- * dropped without the application hearing of it; a link announced with
- * more lanes than come is never announced and times out. */
+/* lane_refused() came once more, for e's connection, with reason. */
+static void assert_lane_refused(Srv *s, const Raw *e, int refused, int reason) {
+        char want[64];
+        for (int i = 0; i < 100 && s->lanes_refused < refused; i++)
+                net_run(s->n, 2);
+        cr_assert_eq(s->lanes_refused, refused, "lane_refused() %d times, not %d", s->lanes_refused, refused);
+        cr_assert_eq(s->lane_reason, reason, "%d, not %d", s->lane_reason, reason);
+        snprintf(want, sizeof want, "127.0.0.1:%u", e->local_port);
+        cr_assert_str_eq(s->lane.address, want);
+        cr_assert(s->lane.key_known && memcmp(s->lane.key, client_id.pk, IDENTITY_PK_SIZE) == 0,
+                  "not the key the lane proved");
+}
+
+/* Another lane that names no link, speaks before it says which, or says
+ * nothing, is dropped without the application hearing of it as a link:
+ * lane_refused() tells it once a lane, whose key, where from and why (it
+ * was told nothing); a link announced with more lanes than come is never
+ * announced and times out. */
 Test(netlink, lanes_that_do_not_join) {
         Srv s;
         Raw r, e;
@@ -483,10 +507,17 @@ Test(netlink, lanes_that_do_not_join) {
         cr_assert_eq(raw_lane_handshake(&s, &e, port, HANDSHAKE_LANE_EXTRA), 0);
         raw_sealed(&e, (FrameHeader){ .type = FRAME_LANE, .length = sizeof lane }, lane);
         cr_assert(raw_dropped(&s, &e), "a lane of no link was kept");
+        assert_lane_refused(&s, &e, 1, -ENOLINK);
         raw_close(&e);
         cr_assert_eq(raw_lane_handshake(&s, &e, port, HANDSHAKE_LANE_EXTRA), 0);
         raw_sealed(&e, (FrameHeader){ .type = FRAME_CONTROL, .length = 4 }, (const uint8_t *)"RVPZ");
         cr_assert(raw_dropped(&s, &e), "a lane that did not say which link was kept");
+        assert_lane_refused(&s, &e, 2, -EBADMSG);
+        raw_close(&e);
+        cr_assert_eq(raw_lane_handshake(&s, &e, port, HANDSHAKE_LANE_EXTRA), 0);
+        cr_assert(raw_dropped(&s, &e), "a lane that said nothing was kept past the handshake timeout");
+        assert_lane_refused(&s, &e, 3, -ETIMEDOUT);
+        cr_assert_eq(s.lane.timeout, NET_TIMEOUT_HANDSHAKE);
         raw_close(&e);
         cr_assert_eq(s.connected, 0);
         cr_assert_eq(s.closed, 0, "the application heard of a lane");
@@ -498,6 +529,7 @@ Test(netlink, lanes_that_do_not_join) {
         cr_assert_eq(s.connected, 0);
         cr_assert_eq(s.closed, 1);
         cr_assert_eq(s.reason, -ETIMEDOUT);
+        cr_assert_eq(s.lanes_refused, 3, "a first lane was told as another");
         raw_close(&r);
         net_free(s.n);
 }
@@ -590,6 +622,7 @@ Test(netlink, lanes_broken_rules) {
                         net_run(s.n, 2);
                 cr_assert_eq(s.closed, 1, "case %d", k);
                 cr_assert_eq(s.reason, -EBADMSG, "case %d: %d", k, s.reason);
+                cr_assert_eq(s.lanes_refused, 0, "case %d: a lane that had joined was told as refused", k);
                 raw_close(&r);
                 raw_close(&e);
                 net_free(s.n);
