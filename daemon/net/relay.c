@@ -41,7 +41,8 @@ typedef struct Conn {
         uint8_t *buf;                  /* joined: read here, not yet written to the peer */
         size_t len, off;
         uint32_t events;               /* registered with epoll */
-        struct Conn *next;             /* every connection */
+        bool closed;                   /* on Relay.closed: its events of this batch are stale */
+        struct Conn *next;             /* every connection, or every closed one */
 } Conn;
 
 struct Relay {
@@ -54,6 +55,10 @@ struct Relay {
         atomic_bool stop;
         Conn *conns;
         unsigned n_conns;
+        /* Closed in this epoll batch, freed at its end: a later event of the
+         * batch may still point here, and must not find a connection that
+         * on_accept() allocated at the same address. */
+        Conn *closed;
         pthread_mutex_t lock;          /* stats */
         RelayStats stats;
 };
@@ -81,6 +86,7 @@ static void watch(Relay *r, Conn *c, uint32_t events) {
         c->events = events;
 }
 
+/* Closes c's socket and moves it to Relay.closed, freed by conns_reap(). */
 static void conn_free(Relay *r, Conn *c) {
         for (Conn **p = &r->conns; *p; p = &(*p)->next)
                 if (*p == c) {
@@ -98,8 +104,20 @@ static void conn_free(Relay *r, Conn *c) {
                 c->peer->peer = NULL;
         epoll_ctl(r->epfd, EPOLL_CTL_DEL, c->fd, NULL);
         close(c->fd);
-        free(c->buf);
-        free(c);
+        c->fd = -1;
+        c->peer = NULL;
+        c->closed = true;
+        c->next = r->closed;
+        r->closed = c;
+}
+
+static void conns_reap(Relay *r) {
+        while (r->closed) {
+                Conn *c = r->closed;
+                r->closed = c->next;
+                free(c->buf);
+                free(c);
+        }
 }
 
 /* A joined link goes as a unit: either end closing ends both. */
@@ -377,13 +395,11 @@ static void *relay_main(void *arg) {
                         }
                         /* an earlier event of this batch may have closed it */
                         Conn *c = ev[i].data.ptr;
-                        bool alive = false;
-                        for (Conn *x = r->conns; x && !alive; x = x->next)
-                                alive = x == c;
-                        if (alive)
+                        if (!c->closed)
                                 on_event(r, c, ev[i].events);
                 }
                 expire(r);
+                conns_reap(r);
         }
         return NULL;
 }
@@ -463,6 +479,7 @@ Relay *relay_free(Relay *r) {
         }
         while (r->conns)
                 conn_free(r, r->conns);
+        conns_reap(r);
         if (r->epfd >= 0)
                 close(r->epfd);
         if (r->listen_fd >= 0)
