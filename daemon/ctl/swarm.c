@@ -300,11 +300,14 @@ static int check_behind_nat(const Swarm *s) {
         return 0;
 }
 
-/* --relay: a relay on loopback in this process, which every node may use. */
+/* --relay: a relay on loopback in this process, which every node may use;
+ * all at one address, each waiting with two connections. */
 static int start_relay(Swarm *s) {
         if (!s->o->relay)
                 return 0;
-        int r = relay_new(&(RelayConfig){ .host = "127.0.0.1", .max_links = 2 * MAX_NODES }, &s->relay);
+        int r = relay_new(&(RelayConfig){ .host = "127.0.0.1", .max_links = 2 * MAX_NODES,
+                                          .max_links_per_addr = 4 * MAX_NODES },
+                          &s->relay);
         if (r < 0)
                 return log_error_errno(r, "Failed to start a relay on loopback: %m");
         snprintf(s->relay_setting, sizeof s->relay_setting, " relay = \"127.0.0.1:%u\";", relay_port(s->relay));

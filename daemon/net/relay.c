@@ -38,6 +38,9 @@ typedef struct Conn {
         uint64_t since_ns;             /* accepted */
         uint8_t addr[16];              /* the asker's, net_addr_key() */
         struct Conn *peer;             /* joined: the other end */
+        bool asker;                    /* joined: the CONNECT's end (the pair's one that counts it) */
+        uint64_t joined_ns, last_ns;   /* joined: when, and the last byte read from this end */
+        uint64_t moved;                /* joined: bytes read from this end */
         uint8_t *buf;                  /* joined: read here, not yet written to the peer */
         size_t len, off;
         uint32_t events;               /* registered with epoll */
@@ -173,6 +176,107 @@ static bool make_room(Relay *r, const uint8_t addr[16]) {
         return true;
 }
 
+/* ---- places held by an address, and links that may give way ---------------- */
+
+/* A WAIT or CONNECT needs a place of its address (max_links_per_addr) and a
+ * CONNECT one of max_links. Neither a key nor a signature says whether two
+ * real nodes talk through a link: a stranger may WAIT with a key of its own
+ * and CONNECT to it. What the relay can judge is use, so a newcomer that
+ * finds no room displaces a link that shows none, and is refused only when
+ * every link that could make room is in use. A link carrying bytes both
+ * ways between two addresses is never displaced: at worst strangers with
+ * many addresses that keep bytes flowing hold the places they took. */
+
+/* Waiting connections from addr, and links with an end there (once each). */
+static unsigned held_near(const Relay *r, const uint8_t addr[16]) {
+        unsigned n = 0;
+        for (const Conn *o = r->conns; o; o = o->next)
+                if (o->state == CONN_WAITING)
+                        n += net_addr_near(o->addr, addr);
+                else if (o->state == CONN_JOINED && o->asker)
+                        n += net_addr_near(o->addr, addr) || net_addr_near(o->peer->addr, addr);
+        return n;
+}
+
+static uint64_t last_byte(const Conn *asker) {
+        return MAX(asker->last_ns, asker->peer->last_ns);
+}
+
+/* No sign of two nodes using the link: both ends at one address (a
+ * stranger joined to itself; also two nodes behind one router, rarely
+ * short of a relay's place), nothing carried both ways within the preamble
+ * deadline of joining (an asker's HELLO goes at once, and its answer), or
+ * nothing at all for RELAY_QUIET_MS. */
+static bool link_unused(const Relay *r, const Conn *asker, uint64_t now) {
+        const Conn *w = asker->peer;
+        return net_addr_near(asker->addr, w->addr) ||
+               ((asker->moved == 0 || w->moved == 0) &&
+                now - asker->joined_ns > (uint64_t)r->cfg.preamble_timeout_ms * 1000000ull) ||
+               now - last_byte(asker) > RELAY_QUIET_MS * 1000000ull;
+}
+
+/* The unused link silent the longest (with addr, of those with an end
+ * there), by its asking end; NULL: none. */
+static Conn *unused_link(const Relay *r, const uint8_t *addr, uint64_t now) {
+        Conn *best = NULL;
+        for (Conn *o = r->conns; o; o = o->next) {
+                if (o->state != CONN_JOINED || !o->asker || !link_unused(r, o, now) ||
+                    (addr && !net_addr_near(o->addr, addr) && !net_addr_near(o->peer->addr, addr)))
+                        continue;
+                if (!best || last_byte(o) < last_byte(best))
+                        best = o;
+        }
+        return best;
+}
+
+static Conn *oldest_waiter_near(const Relay *r, const uint8_t addr[16]) {
+        Conn *best = NULL;
+        for (Conn *o = r->conns; o; o = o->next)
+                if (o->state == CONN_WAITING && net_addr_near(o->addr, addr) && (!best || o->since_ns < best->since_ns))
+                        best = o;
+        return best;
+}
+
+static void count(Relay *r, uint64_t *counter, const uint8_t *addr) {
+        pthread_mutex_lock(&r->lock);
+        (*counter)++;
+        if (addr)
+                memcpy(r->stats.last_over_addr, addr, sizeof r->stats.last_over_addr);
+        pthread_mutex_unlock(&r->lock);
+}
+
+/* Room for c (a WAIT, or a CONNECT to w) at its address, and with a
+ * CONNECT among the links: what must give way is closed. false: there is
+ * none, c is to be refused (counted as such). */
+static bool make_link_room(Relay *r, const Conn *c, const Conn *w) {
+        uint64_t now = now_ns();
+        bool over_addr = (!w || !net_addr_near(c->addr, w->addr)) && held_near(r, c->addr) >= r->cfg.max_links_per_addr;
+        bool over_all = w && r->stats.links >= r->cfg.max_links;
+        Conn *link = NULL, *waiter = NULL;
+
+        if (over_addr && !(link = unused_link(r, c->addr, now)))
+                waiter = oldest_waiter_near(r, c->addr);
+        if (over_all && !link)
+                link = unused_link(r, NULL, now);
+        if (over_addr && !link && !waiter) {
+                count(r, &r->stats.over_addr, c->addr);
+                return false;
+        }
+        if (over_all && !link) {
+                count(r, &r->stats.refused_full, NULL);
+                return false;
+        }
+        if (over_addr)
+                count(r, &r->stats.over_addr, c->addr);
+        if (link) {
+                count(r, &r->stats.displaced, NULL);
+                conn_close(r, link);
+        }
+        if (waiter)
+                conn_close(r, waiter);
+        return true;
+}
+
 static void on_accept(Relay *r) {
         for (;;) {
                 struct sockaddr_storage sa;
@@ -248,6 +352,10 @@ static void on_wait(Relay *r, Conn *c) {
         Conn *old = waiter_of(r, c);
         if (old)
                 conn_close(r, old);
+        if (!make_link_room(r, c, NULL)) {
+                refuse(r, c, RELAY_FULL);
+                return;
+        }
         uint8_t ok = RELAY_OK;
         if (send(c->fd, &ok, 1, MSG_NOSIGNAL) != 1) {
                 conn_close(r, c);
@@ -266,7 +374,7 @@ static void on_connect(Relay *r, Conn *c) {
                 refuse(r, c, RELAY_NO_TARGET);
                 return;
         }
-        if (r->stats.links >= r->cfg.max_links) {
+        if (!make_link_room(r, c, w)) {
                 refuse(r, c, RELAY_FULL);
                 return;
         }
@@ -284,6 +392,8 @@ static void on_connect(Relay *r, Conn *c) {
         c->state = w->state = CONN_JOINED;
         c->peer = w;
         w->peer = c;
+        c->asker = true;
+        c->joined_ns = w->joined_ns = c->last_ns = w->last_ns = now_ns();
         pthread_mutex_lock(&r->lock);
         r->stats.waiting--;
         r->stats.links++;
@@ -343,6 +453,8 @@ static void on_joined(Relay *r, Conn *c, uint32_t events) {
                 if (k > 0) {
                         c->len = (size_t)k;
                         c->off = 0;
+                        c->moved += (uint64_t)k;
+                        c->last_ns = now_ns();
                         if (!flush(r, c)) {
                                 conn_close(r, c);
                                 return;
@@ -444,6 +556,8 @@ int relay_new(const RelayConfig *c, Relay **ret) {
         pthread_mutex_init(&r->lock, NULL);
         if (!r->cfg.preamble_timeout_ms)
                 r->cfg.preamble_timeout_ms = 10000;
+        if (!r->cfg.max_links_per_addr)
+                r->cfg.max_links_per_addr = RELAY_MAX_LINKS_PER_ADDR;
         int err = -ENOMEM;
         if (c->allowed && c->n_allowed) {
                 r->allowed = malloc(c->n_allowed * IDENTITY_PK_SIZE);

@@ -12,6 +12,18 @@
  * direction, and a preamble deadline. The wire format is in
  * ravnest-protocol(7), RELAY.
  *
+ * Anyone may WAIT with a key of their own and CONNECT to it (with no
+ * allowlist the relay serves any key), so nothing a client says is proof
+ * that two real nodes talk through a link; what the relay sees is how they
+ * use it. One address (a router's, an IPv6 /64) holds at most
+ * max_links_per_addr waiting connections and links, and when there is no
+ * room a newcomer displaces a link that shows no sign of use by two nodes:
+ * its two ends at one address, nothing carried both ways within the
+ * preamble deadline of joining, or nothing at all for RELAY_QUIET_MS.
+ * A link that carries bytes both ways between two addresses is never
+ * displaced, so strangers with many addresses that keep their links busy
+ * can still take every place; RelayStats counts what they cause.
+ *
  *     Relay *r;
  *     r = relay_new(&(RelayConfig){ .host = "0.0.0.0", .port = 7400, .max_links = 64 }, &r);
  *     relay_get_stats(r, &st);
@@ -32,6 +44,11 @@
 #define RELAY_SIG_SIZE 64
 #define RELAY_REQUEST_SIZE (2 + IDENTITY_PK_SIZE + RELAY_SIG_SIZE)  /* client to relay */
 #define RELAY_BUFFER (64u << 10)
+/* A link that has carried nothing either way for this long may give way to
+ * a newcomer: its ends, with net.h's default idle_timeout, would have
+ * dropped it by now (they heartbeat every 40 s). */
+#define RELAY_QUIET_MS 120000u
+#define RELAY_MAX_LINKS_PER_ADDR 32u
 
 enum {
         RELAY_OP_WAIT = 1,
@@ -43,13 +60,16 @@ enum {
         RELAY_OK = 0,          /* WAIT: registered; CONNECT: joined, the target's stream from the next byte */
         RELAY_BAD_REQUEST = 1, /* malformed, a bad signature, or a key not admitted */
         RELAY_NO_TARGET = 2,   /* CONNECT: nobody waits with that key */
-        RELAY_FULL = 3,        /* max_links relayed links already */
+        RELAY_FULL = 3,        /* max_links relayed links, or max_links_per_addr from the asker's
+                                  address, none of which may give way */
 };
 
 typedef struct RelayConfig {
         const char *host;
         uint16_t port;                        /* 0: any (relay_port()) */
         unsigned max_links;                   /* relayed at once; as many more may wait */
+        unsigned max_links_per_addr;          /* waiting and relayed with an end at one address;
+                                                 0: RELAY_MAX_LINKS_PER_ADDR */
         const uint8_t (*allowed)[IDENTITY_PK_SIZE]; /* NULL: any key may wait and be asked for */
         size_t n_allowed;
         unsigned preamble_timeout_ms;         /* 0: 10 s */
@@ -59,6 +79,12 @@ typedef struct RelayStats {
         uint64_t links, waiting;              /* now */
         uint64_t links_total, refused;        /* since the start */
         uint64_t bytes;                       /* copied, both directions */
+        /* Since the start, what strangers holding places would cause: */
+        uint64_t displaced;                   /* links closed for a newcomer: shown no use by two nodes */
+        uint64_t refused_full;                /* CONNECTs refused: max_links, every one in use */
+        uint64_t over_addr;                   /* WAITs and CONNECTs from an address at max_links_per_addr:
+                                                 refused, or one of its own made way */
+        uint8_t last_over_addr[16];           /* the latest such address (net_addr_key()) */
 } RelayStats;
 
 typedef struct Relay Relay;

@@ -1,9 +1,11 @@
 /* The relay (net/relay.h) between two Nets in this process: a link through
  * it carries tensors both ways bit for bit, with the ends' own handshake
- * and AEAD; and everything a client of the relay may get wrong is refused
+ * and AEAD; everything a client of the relay may get wrong is refused
  * without harm to the links it relays: a bad signature, a target nobody
  * waits for, a full relay, bytes before a link is joined, a silent
- * preamble, junk. */
+ * preamble, junk; and strangers (who need no secret to WAIT and CONNECT)
+ * cannot keep real nodes out, by waiting, by links joined to themselves or
+ * that carry nothing, or from one address. */
 #include <criterion/criterion.h>
 #include <errno.h>
 #include <netinet/in.h>
@@ -49,12 +51,18 @@ static const NetCallbacks cbs = { .connected = on_conn, .tensor = on_tensor, .cl
 static Relay *relay;
 static uint16_t port;
 
-static void relay_up(unsigned max_links) {
+#define PREAMBLE_MS 500
+
+static void relay_up_per_addr(unsigned max_links, unsigned per_addr) {
         cr_assert_eq(relay_new(&(RelayConfig){ .host = "127.0.0.1", .max_links = max_links,
-                                               .preamble_timeout_ms = 500 },
+                                               .max_links_per_addr = per_addr, .preamble_timeout_ms = PREAMBLE_MS },
                                &relay),
                      0);
         port = relay_port(relay);
+}
+
+static void relay_up(unsigned max_links) {
+        relay_up_per_addr(max_links, 0);
 }
 
 static void side_new(Side *s, bool wait) {
@@ -94,7 +102,7 @@ static void relay_sockets(unsigned *ret_all, unsigned *ret_keepalive) {
 }
 
 /* b waits at the relay, a asks for it there. */
-static void link_through_relay(Side *a, Side *b) {
+static void link_up(Side *a, Side *b) {
         side_new(b, true);
         side_new(a, false);
         RelayStats st = {};
@@ -108,6 +116,11 @@ static void link_through_relay(Side *a, Side *b) {
         for (int i = 0; i < 400 && !(a->connected && b->connected); i++)
                 pump(a, b, 5);
         cr_assert(a->connected && b->connected, "no link through the relay (closed %d/%d)", a->closed, b->closed);
+}
+
+/* link_up(), and this process has no connection to the relay but theirs. */
+static void link_through_relay(Side *a, Side *b) {
+        link_up(a, b);
         /* b's next waiting connection and every connection the relay holds
          * probe with keepalive: one whose other end vanished without a word
          * (the relay restarted, a NAT mapping changed) ends, and b waits
@@ -199,6 +212,55 @@ static int answer(int fd) {
         return read(fd, &s, 1) == 1 ? s : -1;
 }
 
+/* A byte goes each way through a raw link (waiter, asker): it is in use. */
+static void raw_carries(const int fds[2]) {
+        uint8_t b;
+        cr_assert_eq(write(fds[1], "i", 1), 1);
+        cr_assert_eq(read(fds[0], &b, 1), 1, "the link carries nothing to its waiter");
+        cr_assert_eq(b, 'i');
+        cr_assert_eq(write(fds[0], "r", 1), 1);
+        cr_assert_eq(read(fds[1], &b, 1), 1, "the link carries nothing to its asker");
+        cr_assert_eq(b, 'r');
+}
+
+/* From 127.0.0.<host>, a WAIT for id on the pipeline's channel; the
+ * connection, its answer in *ret_status. */
+static int raw_wait(uint8_t host, const Identity *id, int *ret_status) {
+        uint8_t ch[RELAY_CHALLENGE_SIZE], req[RELAY_REQUEST_SIZE] = { RELAY_OP_WAIT, NET_RELAY_PIPELINE },
+                msg[RELAY_WAIT_MESSAGE_SIZE];
+        int fd = raw_from(host, ch);
+        memcpy(req + 2, id->pk, 32);
+        relay_wait_message(ch, NET_RELAY_PIPELINE, msg);
+        crypto_sign_detached(req + 34, NULL, msg, sizeof msg, id->sk);
+        cr_assert_eq(write(fd, req, sizeof req), (ssize_t)sizeof req);
+        *ret_status = answer(fd);
+        return fd;
+}
+
+/* From 127.0.0.<host>, a CONNECT to key on the pipeline's channel. */
+static int raw_connect(uint8_t host, const uint8_t key[32], int *ret_status) {
+        uint8_t req[RELAY_REQUEST_SIZE] = { RELAY_OP_CONNECT, NET_RELAY_PIPELINE };
+        int fd = raw_from(host, NULL);
+        memcpy(req + 2, key, 32);
+        cr_assert_eq(write(fd, req, sizeof req), (ssize_t)sizeof req);
+        *ret_status = answer(fd);
+        return fd;
+}
+
+/* A link joined by raw clients, waiting from 127.0.0.<wait_host> and
+ * asking from 127.0.0.<ask_host>; with use, a byte has gone each way. */
+static void raw_link(uint8_t wait_host, uint8_t ask_host, bool use, int ret_fds[2]) {
+        Identity id;
+        int st;
+        identity_generate(&id);
+        ret_fds[0] = raw_wait(wait_host, &id, &st);
+        cr_assert_eq(st, RELAY_OK, "the WAIT from 127.0.0.%u was answered %d", wait_host, st);
+        ret_fds[1] = raw_connect(ask_host, id.pk, &st);
+        cr_assert_eq(st, RELAY_OK, "the CONNECT from 127.0.0.%u was answered %d", ask_host, st);
+        if (use)
+                raw_carries(ret_fds);
+}
+
 /* The relay closed the connection (an end of file, or a reset when bytes
  * it did not read were left behind); not a timeout. */
 static bool closed_by_relay(int fd) {
@@ -266,29 +328,34 @@ Test(relay, bad_clients_are_refused) {
         cr_assert(closed_by_relay(fd), "a waiter sent bytes before it was joined and stayed");
         close(fd);
 
-        /* full: one relayed link at most, a second CONNECT is refused */
-        Side a, b, c;
-        link_through_relay(&a, &b);
+        /* full: one relayed link at most, in use between two addresses; a
+         * second CONNECT is refused */
+        int in_use[2];
+        raw_link(4, 5, true, in_use);
+        Side b, c;
+        side_new(&b, true);
         side_new(&c, false);
-        RelayStats st;
-        for (int i = 0; i < 400; i++) { /* b waits again */
-                pump(&a, &b, 5);
+        RelayStats st = {};
+        for (int i = 0; i < 400 && !st.waiting; i++) {
+                net_run(b.n, 5);
                 relay_get_stats(relay, &st);
-                if (st.waiting)
-                        break;
         }
-        cr_assert_eq(st.waiting, 1);
+        cr_assert_eq(st.waiting, 1, "b is not waiting at the relay");
         uint32_t p;
         cr_assert_eq(net_connect_relayed(c.n, b.id.pk, &p), 0, "the request waited for the relay's answer");
         for (int i = 0; i < 400 && !c.closed; i++)
                 net_run(c.n, 5);
         cr_assert_eq(c.reason, -EBUSY, "%d", c.reason);
         /* the relayed link was not disturbed by any of it */
-        send_and_check(&a, &b, 1u << 20, 9);
+        raw_carries(in_use);
         relay_get_stats(relay, &st);
         cr_assert_eq(st.refused, 5, "refused %llu requests", (unsigned long long)st.refused);
+        cr_assert_eq(st.refused_full, 1);
+        cr_assert_eq(st.displaced, 0);
+        net_free(b.n);
         net_free(c.n);
-        sides_free(&a, &b);
+        close(in_use[0]);
+        close(in_use[1]);
         relay = relay_free(relay);
 }
 
@@ -383,4 +450,124 @@ Test(relay, a_relay_that_does_not_answer_does_not_hold_the_caller) {
         cr_assert_eq(a.reason, -ETIMEDOUT, "%d", a.reason);
         net_free(a.n);
         close(lst);
+}
+
+/* A link between a real waiter and a real asker is made, whatever
+ * strangers hold; then it carries a tensor. */
+static void real_link_gets_through(Side *a, Side *b) {
+        link_up(a, b);
+        send_and_check(a, b, 1u << 16, 6);
+}
+
+/* How many of fds the relay has closed. */
+static int closed_of(const int *fds, int n) {
+        int gone = 0;
+        for (int i = 0; i < n; i++) {
+                struct pollfd pfd = { fds[i], POLLIN, 0 };
+                uint8_t byte;
+                gone += poll(&pfd, 1, 0) == 1 && recv(fds[i], &byte, 1, MSG_DONTWAIT) <= 0;
+        }
+        return gone;
+}
+
+/* Strangers with no secret WAIT with throwaway keys and CONNECT to
+ * themselves, each from an address of its own (a botnet): every link of the
+ * relay is theirs, and a real node asking for a real waiter displaces one
+ * of them. (Joined links were never displaced: the relay answered "full"
+ * to every real node for as long as the strangers stayed.) */
+Test(relay, strangers_joined_to_themselves_do_not_shut_it) {
+        int strangers[2][2];
+        signal(SIGPIPE, SIG_IGN);
+        relay_up(2);
+        for (int i = 0; i < 2; i++)
+                raw_link((uint8_t)(2 + i), (uint8_t)(2 + i), false, strangers[i]);
+        RelayStats st = {};
+        for (int i = 0; i < 200 && st.links < 2; i++) { /* counted just after the answer is sent */
+                usleep(5000);
+                relay_get_stats(relay, &st);
+        }
+        cr_assert_eq(st.links, 2);
+        Side a, b;
+        real_link_gets_through(&a, &b);
+        cr_assert_geq(closed_of(&strangers[0][0], 4), 2, "no stranger's link made way");
+        relay_get_stats(relay, &st);
+        cr_assert_geq(st.displaced, 1);
+        sides_free(&a, &b);
+        for (int i = 0; i < 2; i++) {
+                close(strangers[i][0]);
+                close(strangers[i][1]);
+        }
+        relay = relay_free(relay);
+}
+
+/* Links between two addresses that carried nothing within the preamble
+ * deadline of joining (a real asker's HELLO comes at once) give way too. */
+Test(relay, strangers_links_that_carry_nothing_give_way) {
+        int strangers[2][2];
+        signal(SIGPIPE, SIG_IGN);
+        relay_up(2);
+        raw_link(2, 3, false, strangers[0]);
+        raw_link(4, 5, false, strangers[1]);
+        cr_assert_eq(write(strangers[1][1], "x", 1), 1); /* one way only */
+        usleep(2 * PREAMBLE_MS * 1000);
+        Side a, b;
+        real_link_gets_through(&a, &b);
+        cr_assert_geq(closed_of(&strangers[0][0], 4), 2, "no stranger's link made way");
+        sides_free(&a, &b);
+        for (int i = 0; i < 2; i++) {
+                close(strangers[i][0]);
+                close(strangers[i][1]);
+        }
+        relay = relay_free(relay);
+}
+
+/* One address holds at most max_links_per_addr waiting connections and
+ * links: its newest waiter displaces its oldest, and once every place is
+ * a link in use, it is refused; other addresses are served as before. */
+Test(relay, one_address_holds_at_most_its_share) {
+        int waiters[5], links[4][2], st, fd;
+        Identity id;
+        signal(SIGPIPE, SIG_IGN);
+        relay_up_per_addr(8, 4);
+        for (int i = 0; i < 5; i++) {
+                identity_generate(&id);
+                waiters[i] = raw_wait(9, &id, &st);
+                cr_assert_eq(st, RELAY_OK, "WAIT %d from one address answered %d", i, st);
+        }
+        cr_assert(closed_by_relay(waiters[0]), "the address's oldest waiter kept its place");
+        for (int i = 0; i < 5; i++)
+                close(waiters[i]);
+        RelayStats s = { .waiting = 1 };
+        for (int i = 0; i < 400 && s.waiting; i++) { /* the relay sees them go */
+                usleep(5000);
+                relay_get_stats(relay, &s);
+        }
+        cr_assert_eq(s.waiting, 0);
+        /* its four places are links in use, with their other ends at .10 */
+        for (int i = 0; i < 4; i++)
+                raw_link(9, 10, true, links[i]);
+        identity_generate(&id);
+        fd = raw_wait(9, &id, &st);
+        cr_assert_eq(st, RELAY_FULL, "a fifth WAIT from the address answered %d", st);
+        close(fd);
+        int other = raw_wait(11, &id, &st);
+        cr_assert_eq(st, RELAY_OK, "a WAIT from another address answered %d", st);
+        fd = raw_connect(10, id.pk, &st);
+        cr_assert_eq(st, RELAY_FULL, "a fifth link from .10 answered %d", st);
+        close(fd);
+        fd = raw_connect(12, id.pk, &st);
+        cr_assert_eq(st, RELAY_OK, "a CONNECT from another address answered %d", st);
+        relay_get_stats(relay, &s);
+        cr_assert_eq(s.over_addr, 3, "%llu", (unsigned long long)s.over_addr);
+        cr_assert_eq(s.displaced, 0);
+        uint8_t dot10[16] = { [10] = 0xff, [11] = 0xff, 127, 0, 0, 10 };
+        cr_assert(memcmp(s.last_over_addr, dot10, 16) == 0);
+        for (int i = 0; i < 4; i++) {
+                raw_carries(links[i]);
+                close(links[i][0]);
+                close(links[i][1]);
+        }
+        close(other);
+        close(fd);
+        relay = relay_free(relay);
 }
