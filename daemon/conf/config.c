@@ -14,6 +14,7 @@
 #include "collective/averager.h"
 #include "collective/coll-wire.h"
 #include "collective/topology.h"
+#include "net/relay.h"
 #include "conf.h"
 #include "util/file.h"
 #include "nodes-file.h"
@@ -908,19 +909,21 @@ static int parse_checkpoint(const config_setting_t *root, Config *c, Diag *d) {
         return 0;
 }
 
-/* relay = { listen; max_links; }: this node relays links between nodes
- * that accept no connections. */
+/* relay = { listen; max_links; max_links_per_address; }: this node relays
+ * links between nodes that accept no connections. */
 static int parse_relay(const config_setting_t *root, Config *c, Diag *d) {
-        static const char *const keys[] = { "listen", "max_links", NULL };
+        static const char *const keys[] = { "listen", "max_links", "max_links_per_address", NULL };
         ConfigRelay *rl = &c->relay_server;
         config_setting_t *g, *s;
-        long long max;
+        long long max, per_addr;
         int r;
 
+        rl->max_links_per_addr = RELAY_MAX_LINKS_PER_ADDR;
         if ((r = conf_get_group(root, "relay", false, false, &g, d)) < 0 || !g)
                 return r;
         if ((r = conf_check_keys(g, keys, d)) < 0 ||
-            (r = conf_get_int(g, "max_links", false, 1, 65536, 64, &max, d)) < 0)
+            (r = conf_get_int(g, "max_links", false, 1, 65536, 64, &max, d)) < 0 ||
+            (r = conf_get_int(g, "max_links_per_address", false, 1, 65536, RELAY_MAX_LINKS_PER_ADDR, &per_addr, d)) < 0)
                 return r;
         s = member(g, "listen");
         if (!s)
@@ -930,6 +933,7 @@ static int parse_relay(const config_setting_t *root, Config *c, Diag *d) {
         if ((r = get_address(s, &rl->listen, d)) < 0)
                 return r;
         rl->max_links = (unsigned)max;
+        rl->max_links_per_addr = (unsigned)per_addr;
         rl->enabled = true;
         return 0;
 }

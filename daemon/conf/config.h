@@ -154,6 +154,7 @@ typedef struct ConfigRelay {
         bool enabled;
         ConfigAddress listen;
         unsigned max_links;
+        unsigned max_links_per_addr;    /* waiting and relayed with an end at one address */
 } ConfigRelay;
 
 typedef struct Config {

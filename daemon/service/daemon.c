@@ -1,6 +1,7 @@
 /* service/daemon.c */
 #include "daemon.h"
 
+#include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <signal.h>
@@ -22,6 +23,8 @@
 #define IDLE_SAMPLE_USEC 500000ULL
 #define STATUS_USEC (5 * USEC_PER_SEC)
 #define WEB_PUBLISH_USEC USEC_PER_SEC
+#define RELAY_WATCH_USEC (10 * USEC_PER_SEC)
+#define RELAY_LOG_USEC (10 * 60 * USEC_PER_SEC)
 
 /* ---- the compute thread ------------------------------------------------ */
 
@@ -559,6 +562,66 @@ static int start_web(Daemon *d) {
 
 /* ---- the relay ------------------------------------------------------------ */
 
+/* "192.0.2.7", or an IPv6 address's /64 ("2001:db8:1:2::/64"): the relay
+ * counts an address's places by it (net_addr_near()). */
+static void relay_addr_format(const uint8_t key[16], char out[INET6_ADDRSTRLEN + 4]) {
+        static const uint8_t v4mapped[12] = { [10] = 0xff, [11] = 0xff };
+        uint8_t prefix[16] = {};
+
+        if (memcmp(key, v4mapped, sizeof v4mapped) == 0) {
+                inet_ntop(AF_INET, key + 12, out, INET6_ADDRSTRLEN);
+                return;
+        }
+        memcpy(prefix, key, 8);
+        inet_ntop(AF_INET6, prefix, out, INET6_ADDRSTRLEN);
+        strcat(out, "/64");
+}
+
+/* How many more since the cause's last line, if one is due: the first at
+ * once, then at most one every RELAY_LOG_USEC (strangers can make the
+ * relay refuse or displace at every connection; a line each would flood
+ * the log). 0: none due. */
+static uint64_t relay_log_due(RelayLog *l, unsigned cause, uint64_t counter, uint64_t now) {
+        uint64_t more = counter - l->logged[cause];
+
+        if (more == 0 || (l->at_usec[cause] && now - l->at_usec[cause] < RELAY_LOG_USEC))
+                return 0;
+        l->logged[cause] = counter;
+        l->at_usec[cause] = now;
+        return more;
+}
+
+/* Says why the relay turned newcomers away or closed links to make room
+ * for them: the signs of strangers holding its places, or of a relay too
+ * small for its nodes. */
+static int on_relay_timer(sd_event_source *s, uint64_t usec, void *userdata) {
+        Daemon *d = userdata;
+        RelayLog *l = &d->relay_log;
+        RelayStats st;
+        char addr[INET6_ADDRSTRLEN + 4];
+        uint64_t n;
+
+        relay_get_stats(d->relay, &st);
+        if ((n = relay_log_due(l, RELAY_LOG_DISPLACED, st.displaced, usec)))
+                log_notice("Relay: closed %llu link%s that showed no use by two nodes (both ends at one address, or "
+                           "nothing carried) to make room for newcomers%s; strangers may be holding places",
+                           (unsigned long long)n, n == 1 ? "" : "s", st.displaced > n ? " since the last report" : "");
+        if ((n = relay_log_due(l, RELAY_LOG_FULL, st.refused_full, usec)))
+                log_warning("Relay full: refused %llu link%s%s, none of the %u it relays free to give way (each "
+                            "carries bytes between two addresses, or was joined moments ago; relay.max_links in %s)",
+                            (unsigned long long)n, n == 1 ? "" : "s", st.refused_full > n ? " since the last report" : "",
+                            l->max_links, d->config.path);
+        if ((n = relay_log_due(l, RELAY_LOG_OVER_ADDR, st.over_addr, usec))) {
+                relay_addr_format(st.last_over_addr, addr);
+                log_warning("Relay: %llu request%s%s came from an address holding relay.max_links_per_address (%u) "
+                            "waiting nodes and links, the latest from %s: refused, or one of its places made way",
+                            (unsigned long long)n, n == 1 ? "" : "s", st.over_addr > n ? " since the last report" : "",
+                            l->max_links_per_addr, addr);
+        }
+        sd_event_source_set_time_relative(s, RELAY_WATCH_USEC);
+        return 0;
+}
+
 /* Set at start (a reload does not move it): relays links for nodes that
  * accept no connections, on a thread of its own; with an allowlist, only
  * for the keys on it. */
@@ -571,14 +634,23 @@ static int start_relay(Daemon *d) {
         if (!rl->enabled)
                 return 0;
         r = relay_new(&(RelayConfig){ .host = rl->listen.host, .port = rl->listen.port, .max_links = rl->max_links,
+                                      .max_links_per_addr = rl->max_links_per_addr,
                                       .allowed = list ? (const uint8_t(*)[IDENTITY_PK_SIZE])c->allowed : NULL,
                                       .n_allowed = list ? c->n_allowed : 0 },
                       &d->relay);
         if (r < 0)
                 return log_error_errno(r, "Failed to relay on %s:%u (relay.listen in %s): %m", rl->listen.host,
                                        rl->listen.port, c->path);
-        log_info("Relaying links for nodes that accept no connections on %s:%u (at most %u at once%s)",
-                 rl->listen.host, relay_port(d->relay), rl->max_links, list ? ", allowed peers only" : "");
+        log_info("Relaying links for nodes that accept no connections on %s:%u (at most %u at once, %u from one "
+                 "address%s)",
+                 rl->listen.host, relay_port(d->relay), rl->max_links, rl->max_links_per_addr,
+                 list ? ", allowed peers only" : "");
+        d->relay_log = (RelayLog){ .max_links = rl->max_links, .max_links_per_addr = rl->max_links_per_addr };
+        r = sd_event_add_time_relative(d->event, &d->relay_timer, CLOCK_MONOTONIC, RELAY_WATCH_USEC, 0,
+                                       on_relay_timer, d);
+        if (r < 0)
+                return log_error_errno(r, "Failed to set up the event loop: %m");
+        sd_event_source_set_enabled(d->relay_timer, SD_EVENT_ON);
         return 0;
 }
 
@@ -741,6 +813,7 @@ out:
         bus_stop(&d->bus);
         d->web = web_server_stop(d->web);
         d->relay = relay_free(d->relay);
+        d->relay_timer = sd_event_source_unref(d->relay_timer);
         d->web_timer = sd_event_source_unref(d->web_timer);
         if (d->idle_on)
                 idle_monitor_done(&d->idle);

@@ -30,6 +30,16 @@ typedef struct DaemonOptions {
         LocalRunOptions run;       /* threads, epochs, data directory, progress */
 } DaemonOptions;
 
+/* What the relay's lines in the log said last (on_relay_timer()): the
+ * counter of RelayStats each cause was at, and when (0: never); and the
+ * limits it started with (a reload does not move them). */
+enum { RELAY_LOG_DISPLACED, RELAY_LOG_FULL, RELAY_LOG_OVER_ADDR, _RELAY_LOG_MAX };
+typedef struct RelayLog {
+        uint64_t logged[_RELAY_LOG_MAX];
+        uint64_t at_usec[_RELAY_LOG_MAX];
+        unsigned max_links, max_links_per_addr;
+} RelayLog;
+
 typedef struct Daemon {
         Config config;             /* what the compute thread runs with */
         DaemonOptions options;
@@ -42,6 +52,8 @@ typedef struct Daemon {
         sd_event_source *idle_timer, *checkpoint_timer, *status_timer, *web_timer;
         WebServer *web;            /* metrics.listen set: Prometheus' metrics and the status page */
         Relay *relay;              /* relay.listen set: links relayed for nodes behind NAT */
+        sd_event_source *relay_timer;
+        RelayLog relay_log;
         /* the compute thread's */
         Node node;
         Averaging averaging;

@@ -769,6 +769,34 @@ Test(config, metrics) {
         expect_error("threads = 2;\n", "threads = 2;\nmetrics = \"127.0.0.1:1\";\n", "3: metrics");
 }
 
+Test(config, relay) {
+        char path[64];
+        Config c;
+        Diag d = {};
+
+        cr_assert_eq(load_variant("threads = 2;\n", "threads = 2;\n", &c, &d, path), 0, "%s", d.text);
+        cr_assert(!c.relay_server.enabled);
+        config_free(&c);
+
+        cr_assert_eq(load_variant("threads = 2;\n", "threads = 2;\nrelay = { listen = \"0.0.0.0:7400\"; };\n", &c, &d,
+                                  path), 0, "%s", d.text);
+        cr_assert(c.relay_server.enabled);
+        cr_assert_eq(c.relay_server.listen.port, 7400);
+        cr_assert_eq(c.relay_server.max_links, 64);
+        cr_assert_eq(c.relay_server.max_links_per_addr, 32);
+        config_free(&c);
+
+        cr_assert_eq(load_variant("threads = 2;\n",
+                                  "threads = 2;\nrelay = { listen = \"0.0.0.0:7400\"; max_links = 8;\n"
+                                  "  max_links_per_address = 3; };\n", &c, &d, path), 0, "%s", d.text);
+        cr_assert_eq(c.relay_server.max_links, 8);
+        cr_assert_eq(c.relay_server.max_links_per_addr, 3);
+        config_free(&c);
+
+        expect_error("threads = 2;\n", "threads = 2;\nrelay = { listen = \"0.0.0.0:7400\";\n  max_links_per_address = 0; };\n",
+                     "4: relay.max_links_per_address: must be an integer in [1, 65536]");
+}
+
 /* One run lists every error, one line each, not just the first. */
 Test(config, every_error_is_reported) {
         char path[64], want[128];
