@@ -53,6 +53,7 @@ struct Averager {
         atomic_uint_fast64_t done;      /* the last ticket whose round's delta was applied */
         uint64_t round_ticket, delta_ticket;
         atomic_uint patience_ms; /* of the requested round */
+        atomic_uint last_turn;   /* ... and its place among the last rounds (averager_request) */
 
         float *snapshot, *delta;
         float *feedback; /* error_feedback: the int8 errors carried, averaging thread only */
@@ -71,8 +72,9 @@ struct Averager {
         size_t rd_off[COLL_MAX_MEMBERS]; /* where each round's values sit in the slab */
         unsigned n_rd;
         bool outer_round; /* the rounds in flight average pseudo-gradients */
+        bool keep_average; /* ... or are last ones: delta holds the average itself (outer, or last, rounds) */
         unsigned round_group; /* the smallest group of the rounds in flight */
-        uint64_t next_due_ns, steps_at_last, fragment_round, last_rounds, round_start_ns, started_ns;
+        uint64_t next_due_ns, steps_at_last, fragment_round, round_start_ns, started_ns;
         unsigned moshpit_dim; /* the grid dimension of the next regular Moshpit round */
         bool settled;
 
@@ -462,7 +464,7 @@ static int round_outputs(Averager *a, CollRound *rd, size_t off) {
 static int start_moshpit(Averager *a) {
         const MoshpitGrid *g = &a->cfg.grid;
         bool last = atomic_load(&a->last);
-        unsigned dim = last ? (unsigned)(a->last_rounds++ % g->dims) : a->moshpit_dim;
+        unsigned dim = last ? atomic_load(&a->last_turn) % g->dims : a->moshpit_dim;
         unsigned members[COLL_MAX_MEMBERS], n = moshpit_members(a, dim, members);
         uint64_t key = moshpit_grid_group_key(g, a->cfg.coll.self, dim);
         uint32_t group = 0x80000000u | (uint32_t)dim << 16 | (uint32_t)key;
@@ -511,14 +513,16 @@ static int start_rounds(Averager *a) {
         a->n_rd = 0;
         a->round_group = UINT32_MAX;
         a->outer_round = a->cfg.outer.enabled && !atomic_load(&a->last) && !atomic_load(&a->join_round);
-        /* what no round covers: a delta of 0, or for an outer step "unchanged" */
-        fill_f32(a->delta, a->outer_round ? NAN : 0.0f, a->cfg.len);
+        a->keep_average = a->outer_round || atomic_load(&a->last);
+        /* what no round covers: a delta of 0, or for an outer step and a
+         * last round "unchanged" */
+        fill_f32(a->delta, a->keep_average ? NAN : 0.0f, a->cfg.len);
         if (a->cfg.method == AVERAGER_MOSHPIT)
                 return start_moshpit(a);
         /* the fragment in turn and the grid dimension of wide rings: each
          * fragment goes through every dimension; a last round is whole */
         bool whole = atomic_load(&a->last);
-        uint64_t f = MAX(a->cfg.fragments, 1u), t = whole ? a->last_rounds++ : a->fragment_round++;
+        uint64_t f = MAX(a->cfg.fragments, 1u), t = whole ? atomic_load(&a->last_turn) : a->fragment_round++;
         int k = f > 1 && !whole ? (int)(t % f) : -1;
         uint64_t turn = whole ? t : t / f;
         for (unsigned i = 0; i < a->cfg.n_rings; i++) {
@@ -552,16 +556,16 @@ _simd_clones_ static void sub_f32(float *restrict d, const float *restrict x, si
 }
 
 /* The rounds wrote the averages into delta: delta = avg - snapshot where a
- * piece was averaged, 0 elsewhere; for an outer step the average stays,
- * NaN ("unchanged") elsewhere. */
-static size_t round_delta(const CollRound *rd, float *delta, const float *snapshot, bool outer) {
+ * piece was averaged, 0 elsewhere; with keep (an outer step, a last round)
+ * the average stays, NaN ("unchanged") elsewhere. */
+static size_t round_delta(const CollRound *rd, float *delta, const float *snapshot, bool keep) {
         size_t off, len, values = 0;
         bool done;
         for (size_t k = 0; coll_round_piece(rd, k, &off, &len, &done) == 0; k++) {
-                if (done && !outer)
+                if (done && !keep)
                         sub_f32(delta + off, snapshot + off, len);
                 else if (!done)
-                        fill_f32(delta + off, outer ? NAN : 0.0f, len);
+                        fill_f32(delta + off, keep ? NAN : 0.0f, len);
                 values += done ? len : 0;
         }
         return values;
@@ -579,7 +583,7 @@ static void finish_rounds(Averager *a, uint64_t now) {
                 CollRoundInfo info;
                 size_t off = a->rd_off[i];
                 coll_round_info(a->rd[i], &info);
-                values += round_delta(a->rd[i], a->delta + off, a->snapshot + off, a->outer_round);
+                values += round_delta(a->rd[i], a->delta + off, a->snapshot + off, a->keep_average);
                 if (info.state != COLL_ROUND_DONE && error != -EBADE) /* another model: the reason to tell */
                         error = info.error;
                 smallest = MIN(smallest, info.participants);
@@ -796,7 +800,23 @@ static void outer_step(Averager *a, float *params) {
         }
 }
 
-/* A last round averaged the parameters: params moved by delta, and the
+/* A last round averaged the parameters (avg in delta, NaN elsewhere): they
+ * become the average itself, bit for bit the same at every member (snapshot
+ * + (avg - snapshot) may round off it), and so does the anchor. The caller
+ * waits for a last round, so its parameters are still the snapshot; where
+ * they are not, they keep what training did since. */
+static void apply_average(Averager *a, float *params) {
+        for (size_t i = 0; i < a->cfg.len; i++) {
+                float avg = a->delta[i];
+                if (isnan(avg))
+                        continue;
+                params[i] = params[i] == a->snapshot[i] ? avg : params[i] + (avg - a->snapshot[i]);
+                if (a->anchor)
+                        a->anchor[i] = avg;
+        }
+}
+
+/* A join round averaged the parameters: params moved by delta, and the
  * anchor becomes the average (snapshot + delta). */
 static void apply_delta(Averager *a, float *params) {
         add_f32(params, a->delta, a->cfg.len);
@@ -828,7 +848,9 @@ int averager_serve(Averager *a, float *params) {
         case AV_DELTA:
                 if (a->on_write)
                         a->on_write(a->on_write_ud);
-                if (a->anchor && !atomic_load(&a->last) && !atomic_load(&a->join_round))
+                if (atomic_load(&a->last))
+                        apply_average(a, params);
+                else if (a->anchor && !atomic_load(&a->join_round))
                         outer_step(a, params);
                 else
                         apply_delta(a, params);
@@ -856,8 +878,9 @@ void averager_get_stats(Averager *a, AveragerStats *ret) {
         pthread_mutex_unlock(&a->lock);
 }
 
-uint64_t averager_request(Averager *a, unsigned join_ms) {
+uint64_t averager_request(Averager *a, unsigned join_ms, unsigned turn) {
         atomic_store(&a->patience_ms, join_ms);
+        atomic_store(&a->last_turn, turn);
         return atomic_fetch_add(&a->requested, 1) + 1;
 }
 

@@ -155,10 +155,14 @@ int averager_set_outer_state(Averager *a, const float *anchor, const float *mome
 int averager_outer_state(const Averager *a, const float **ret_anchor, const float **ret_momentum);
 /* Ask for a last round now (whatever the cadence): it averages only with
  * members in their last round too, waiting join_ms for them (0: the
- * configured join timeout). Returns its ticket: once
- * averager_done_ticket() reaches it, that round (begun after this call)
- * has ended and its delta has been handed over by averager_sync(). */
-uint64_t averager_request(Averager *a, unsigned join_ms);
+ * configured join timeout), along grid dimension turn (mod the grid's
+ * dimensions: turn k of averager_last_rounds(); a failed one is asked for
+ * again under the same turn, so the members still meet in one group). Its
+ * parameters become the average itself, the same at every member. Returns
+ * its ticket: once averager_done_ticket() reaches it, that round (begun
+ * after this call) has ended and its result has been handed over by
+ * averager_sync(). */
+uint64_t averager_request(Averager *a, unsigned join_ms, unsigned turn);
 uint64_t averager_done_ticket(Averager *a);
 /* How many requested rounds in a row end with one model: the most grid
  * dimensions of this node's rings (1 for rings no wider than group_size),

@@ -2,6 +2,7 @@
 #include "averaging.h"
 
 #include <string.h>
+#include <unistd.h>
 
 #include "checkpoint.h"
 #include "events.h"
@@ -399,53 +400,87 @@ void averaging_stop(Averaging *a) {
         a->active = false;
 }
 
-/* One requested round, waited for: 0, -ETIMEDOUT, or -EUCLEAN when it
- * went on without some members. */
-static int final_round(Averaging *a, float *params, void (*poll)(void *ud), void *ud, unsigned *ret_group) {
+/* Serve the averager and the caller's links for ms. */
+static void serve_for(Averaging *a, float *params, void (*poll)(void *ud), void *ud, unsigned ms) {
+        uint64_t until = now_ns() + (uint64_t)ms * 1000000ull;
+        do {
+                averaging_serve(a, params);
+                if (poll)
+                        poll(ud);
+                else
+                        usleep(1000);
+        } while (now_ns() < until);
+}
+
+/* One requested round (turn of the last ones), waited for: 0, -ETIMEDOUT,
+ * or -EUCLEAN when it failed or went on without some members (how many
+ * took part in *ret_participants, of *ret_group). */
+static int final_round(Averaging *a, float *params, void (*poll)(void *ud), void *ud, unsigned turn,
+                       unsigned *ret_participants, unsigned *ret_group) {
         /* everyone comes to this round when their training ends: wait for
          * the others as long as a round may take */
         AveragerStats before, s;
         averager_get_stats(a->av, &before);
-        uint64_t ticket = averager_request(a->av, a->round_timeout_ms);
+        uint64_t ticket = averager_request(a->av, a->round_timeout_ms, turn);
         uint64_t deadline = now_ns() + (uint64_t)2 * a->round_timeout_ms * 1000000ull + 1000000000ull;
         while (averager_done_ticket(a->av) < ticket && now_ns() < deadline) {
                 averaging_serve(a, params);
                 if (poll)
                         poll(ud);
         }
-        if (averager_done_ticket(a->av) < ticket) {
-                log_warning("The last averaging round did not finish in time: this replica is evaluated as it is");
+        if (averager_done_ticket(a->av) < ticket)
                 return -ETIMEDOUT;
-        }
         /* The stats' last round is the one the ticket asked for (no other
          * starts before this thread takes a snapshot again); a regular
          * round given up or failed while it waited does not count. */
         averager_get_stats(a->av, &s);
         bool done = s.rounds_done > before.rounds_done && s.last_error == 0;
-        if (!done || s.last_participants < s.last_group) {
-                log_warning("The last averaging round included %u of %u members: this replica is evaluated "
-                            "without the others' last updates", done ? s.last_participants : 1, s.last_group);
-                return -EUCLEAN;
-        }
+        *ret_participants = done ? s.last_participants : 1;
         *ret_group = s.last_group;
-        return 0;
+        return done && s.last_participants >= s.last_group ? 0 : -EUCLEAN;
 }
 
+/* The last rounds, one per turn (averager_last_rounds()). A turn that fails
+ * or goes on without some members is asked for again, under the same turn,
+ * until every member took part or half a round timeout has passed since
+ * the first: a member that finished training a moment later, or a regular
+ * round of the others' that timed out just then, is still met. */
 int averaging_final(Averaging *a, float *params, void (*poll)(void *ud), void *ud) {
         if (!a->active)
                 return 0;
         /* a ring wider than one group, or Moshpit: one round per grid dimension */
-        unsigned rounds = averager_last_rounds(a->av), last_group = 0;
-        for (unsigned i = 0; i < rounds; i++) {
-                int r = final_round(a, params, poll, ud, &last_group);
-                if (r < 0)
-                        return r;
-        }
+        unsigned rounds = averager_last_rounds(a->av), participants = 0, group = 0, tries = 0;
+        uint64_t start = now_ns(), again_until = start + (uint64_t)a->round_timeout_ms * 1000000ull / 2;
+        for (unsigned turn = 0; turn < rounds; turn++)
+                for (;;) {
+                        int r = final_round(a, params, poll, ud, turn, &participants, &group);
+                        tries++;
+                        if (r == -ETIMEDOUT) {
+                                log_warning("The last averaging round did not finish in time: this replica is "
+                                            "evaluated as it is");
+                                return r;
+                        }
+                        if (r == 0)
+                                break;
+                        if (now_ns() >= again_until) {
+                                log_warning("The last averaging round included %u of %u members (%u tries in %.1f "
+                                            "s): this replica is evaluated without the others' last updates",
+                                            participants, group, tries, (double)(now_ns() - start) / 1e9);
+                                return -EUCLEAN;
+                        }
+                        if (tries == 1)
+                                log_info("The last averaging round included %u of %u members: asking again for "
+                                         "up to %.1f s", participants, group, (double)(again_until - now_ns()) / 1e9);
+                        serve_for(a, params, poll, ud, 200); /* a round that failed at once: not in a loop */
+                }
+        char again[64] = "";
+        if (tries > rounds)
+                snprintf(again, sizeof again, ", %u tries in %.1f s", tries, (double)(now_ns() - start) / 1e9);
         if (rounds > 1)
                 log_info("The last averaging round included all %u members of its group (the last of %u rounds, one "
-                         "per dimension of the grid)", last_group, rounds);
+                         "per dimension of the grid%s)", group, rounds, again);
         else
-                log_info("The last averaging round included all %u members", last_group);
+                log_info("The last averaging round included all %u members%s", group, again);
         return 0;
 }
 

@@ -156,6 +156,10 @@ static int on_progress(const TrainProgress *p, void *userdata) {
                 uint64_t step = p->samples >= pr->samples ? p->samples - pr->samples : p->samples;
                 pr->o->step(pr->o->step_userdata, pr->trainer->stage->params, step);
         }
+        if (pr->o->last_round && !p->epoch_done && p->epoch == p->epochs && p->step == p->steps_per_epoch) {
+                log_info("Training done: a last averaging round before the evaluation");
+                pr->o->last_round(pr->o->step_userdata, pr->trainer->stage->params);
+        }
         if (!p->epoch_done) {
                 uint64_t prev = p->samples >= pr->samples ? pr->samples : 0; /* 0: a new epoch */
                 pr->window_loss_sum += p->loss * (double)p->samples - pr->last.loss * (double)prev;

@@ -45,6 +45,9 @@ typedef struct LocalRunOptions {
         void (*step)(void *userdata, float *params, uint64_t samples);
         /* called once before the first step, after the checkpoint (averaging_begin) */
         void (*begin)(void *userdata, float *params, struct Optim *optim);
+        /* called once after the job's last step, before its evaluation: the
+         * last averaging round, so the members leave as one model (averaging_final) */
+        void (*last_round)(void *userdata, float *params);
         void *step_userdata;
         int shard, n_shards;      /* this node's part of the training set; n_shards 0: all */
         /* The daemon's: pause, stop and checkpoint requests between steps,

@@ -81,6 +81,13 @@ static void begin_averaging(void *userdata, float *params, Optim *optim) {
         averaging_begin(&d->averaging, params, optim, true, NULL, NULL);
 }
 
+/* After the last step, before the evaluation: every member evaluates, and
+ * keeps, the one averaged model (when all take part). */
+static void last_round_averaging(void *userdata, float *params) {
+        Daemon *d = userdata;
+        (void)averaging_final(&d->averaging, params, poll_node, d);
+}
+
 static void step_gossip(void *userdata, float *params, uint64_t samples) {
         Daemon *d = userdata;
         d->steps++;
@@ -168,6 +175,7 @@ static int run_job(Daemon *d) {
         if (d->averaging.active) { /* every member trains its own shard of the data */
                 o.step = step_averaging;
                 o.begin = begin_averaging;
+                o.last_round = last_round_averaging;
                 o.step_userdata = d;
                 o.shard = (int)d->averaging.self;
                 o.n_shards = (int)d->averaging.n_members;

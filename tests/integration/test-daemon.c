@@ -277,7 +277,7 @@ Test(daemon, two_members_average_while_training, .timeout = 300) {
                 snprintf(conf[i], sizeof conf[i], "%s/%s.conf", dir, names[i]);
                 snprintf(text, sizeof text,
                          "state_directory = \"%s/state-%s\";\n"
-                         "control_socket = \"\";\n"
+                         "control_socket = \"%s/%s.sock\";\n"
                          "idle = { enabled = false; };\n"
                          "threads = 1;\n"
                          "network = { secret_file = \"%s\"; };\n"
@@ -288,7 +288,7 @@ Test(daemon, two_members_average_while_training, .timeout = 300) {
                          "  listen = \"127.0.0.1:%u\";\n"
                          "  members = [ \"%s@127.0.0.1:%u\", \"%s@127.0.0.1:%u\" ];\n"
                          "};\n",
-                         dir, names[i], secret, port[i], hex[0], port[0], hex[1], port[1]);
+                         dir, names[i], dir, names[i], secret, port[i], hex[0], port[0], hex[1], port[1]);
                 test_write_file(conf[i], text, 0644);
         }
         Proc p[2];
@@ -318,11 +318,28 @@ Test(daemon, two_members_average_while_training, .timeout = 300) {
                 double acc = test_final_accuracy(p[i].out);
                 cr_log_info("member %s: test accuracy %.2f%% after 1 epoch on half the data each\n", names[i], acc);
                 cr_assert(acc >= 80.0, "%s: accuracy %.2f%%: %s", names[i], acc, p[i].out);
+                /* the members leave as one model (ravnestd.conf(5), round_timeout) */
+                cr_assert(strstr(p[i].out, "The last averaging round included all 2 members"), "%s: %s", names[i],
+                          p[i].out);
         }
         for (int i = 0; i < 2; i++) {
                 kill(p[i].pid, SIGTERM);
                 cr_assert_eq(proc_exit(&p[i]), 0, "%s", p[i].out);
         }
+        /* ... the same parameters, bit for bit */
+        char out[2][300];
+        for (int i = 0; i < 2; i++) {
+                char ckpt[300];
+                snprintf(ckpt, sizeof ckpt, "%s/state-%s/fashion-mnist-mlp.layers-0-6.ckpt", dir, names[i]);
+                snprintf(out[i], sizeof out[i], "%s/%s.safetensors", dir, names[i]);
+                Proc e;
+                proc_start(&e, (char *[]){ RAVNESTCTL, "export", "--job", SOURCE_ROOT "/config/jobs/fashion-mnist-mlp.job",
+                                           "--checkpoint", ckpt, "--output", out[i], NULL }, NULL);
+                cr_assert_eq(proc_exit(&e), 0, "%s", e.out);
+        }
+        char cmp[700];
+        snprintf(cmp, sizeof cmp, "cmp -s %s %s", out[0], out[1]);
+        cr_assert_eq(system(cmp), 0, "the members' trained parameters differ (%s, %s)", out[0], out[1]);
         char cmd[300];
         snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
         cr_assert_eq(system(cmd), 0);

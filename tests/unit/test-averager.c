@@ -211,7 +211,7 @@ static void *train(void *arg) {
         if (nd->release)
                 *nd->release = 1;
         for (unsigned k = 0, n = nd->last_rounds ? averager_last_rounds(nd->av) : 0; k < n; k++) {
-                uint64_t ticket = averager_request(nd->av, 5000);
+                uint64_t ticket = averager_request(nd->av, 5000, k);
                 for (int i = 0; i < 40000 && averager_done_ticket(nd->av) < ticket; i++) {
                         averager_serve(nd->av, nd->w);
                         usleep(250);
