@@ -39,11 +39,13 @@ static void report_network(Daemon *d) {
                 n.bytes_received = n.traffic.peers_received = st.bytes_received;
                 snprintf(n.io_backend, sizeof n.io_backend, "%s", net_backend_name(d->node.net));
         }
-        if (d->averaging.active) {
+        /* the averager's bytes are kept after it stopped (a member that
+         * finished): BytesSent and BytesReceived count over every link since
+         * the start, and never go down */
+        if (d->averaging.active)
                 n.peers += d->averaging.seen.connected;
-                n.bytes_sent += d->averaging.seen.bytes_sent;
-                n.bytes_received += d->averaging.seen.bytes_received;
-        }
+        n.bytes_sent += d->averaging.seen.bytes_sent;
+        n.bytes_received += d->averaging.seen.bytes_received;
         /* a member's: kept after training, while it serves its peers */
         averaging_report_network(&d->averaging, &n);
         n.traffic.averaging_sent = d->averaging.seen.bytes_sent;
@@ -188,6 +190,7 @@ static int run_job(Daemon *d) {
         }
         r = local_run(&d->job, &o, &d->control.stop, NULL);
         averaging_stop(&d->averaging);
+        report_network(d); /* the last round's bytes, whether the node stays or not */
         gossip_run_finish(&d->gossip, r >= 0 && !d->control.stop);
         /* With a network, the node stays and serves its peers. */
         if (r >= 0 && d->node.active && !d->control.stop) {

@@ -322,6 +322,25 @@ Test(daemon, two_members_average_while_training, .timeout = 300) {
                 cr_assert(strstr(p[i].out, "The last averaging round included all 2 members"), "%s: %s", names[i],
                           p[i].out);
         }
+        /* finished, its averaging links closed: the bytes of every link since
+         * the start, those of averaging among them, do not go back to 0 */
+        for (int i = 0; i < 2; i++) {
+                cr_assert(proc_wait_for(&p[i], "serving peers until stopped", 60000), "%s: %s", names[i], p[i].out);
+                char sock[300];
+                snprintf(sock, sizeof sock, "%s/%s.sock", dir, names[i]);
+                Proc c;
+                proc_start(&c, (char *[]){ RAVNESTCTL, "status", "--json", "--socket", sock, NULL }, NULL);
+                cr_assert_eq(proc_exit(&c), 0, "%s", c.out);
+                const char *state = strstr(c.out, "\"State\": \""), *sent = strstr(c.out, "\"BytesSent\": "),
+                           *received = strstr(c.out, "\"BytesReceived\": "),
+                           *avg = strstr(c.out, "\"AveragingBytesSent\": ");
+                cr_assert(state && sent && received && avg, "%s", c.out);
+                cr_assert(!strncmp(state + 10, "finished", 8), "%s", c.out);
+                unsigned long long bs = strtoull(sent + 13, NULL, 10), br = strtoull(received + 17, NULL, 10),
+                                   as = strtoull(avg + 22, NULL, 10);
+                cr_assert(as > 0 && bs >= as && br > 0, "%s: BytesSent %llu, BytesReceived %llu, AveragingBytesSent "
+                          "%llu: %s", names[i], bs, br, as, c.out);
+        }
         for (int i = 0; i < 2; i++) {
                 kill(p[i].pid, SIGTERM);
                 cr_assert_eq(proc_exit(&p[i]), 0, "%s", p[i].out);
