@@ -14,6 +14,7 @@
 #include "conf/job.h"
 #include "conf/option.h"
 #include "service/daemon.h"
+#include "tensor/ops.h"
 #include "util/log.h"
 
 static void help(void) {
@@ -179,6 +180,8 @@ int main(int argc, char *argv[]) {
         static Daemon daemon;
         int r;
 
+        if ((r = ops_blas_exec_without_threads(argv)) < 0)
+                log_full_errno(LOG_DEBUG, r, "Failed to start again without OpenBLAS's threads: %m");
         if ((r = parse_args(argc, argv, &a)) >= 0)
                 return r;
         if (load_config(&a, &config) < 0)

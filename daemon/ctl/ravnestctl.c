@@ -25,6 +25,7 @@
 #include "conf/job.h"
 #include "conf/option.h"
 #include "swarm.h"
+#include "tensor/ops.h"
 
 static int describe_job(const char *path) {
         Layer layers[MODEL_MAX_LAYERS];
@@ -405,6 +406,7 @@ static void help(void) {
 }
 
 int main(int argc, char *argv[]) {
+        (void)ops_blas_exec_without_threads(argv); /* (on failure, with them) */
         if (argc < 2 || strcmp(argv[1], "help") == 0 || strcmp(argv[1], "--help") == 0 ||
             strcmp(argv[1], "-h") == 0) {
                 if (argc > 3 || (argc == 3 && strcmp(argv[2], "--help") && strcmp(argv[2], "-h"))) {

@@ -1,6 +1,11 @@
 /* tensor/ops-blas.c — the fast path: OpenBLAS, one single-threaded call per
  * thread of the compute pool (see pool.h for why not OpenBLAS's threads). */
 #include <cblas.h>
+#include <errno.h>
+#include <limits.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
 
 #include "ops.h"
 #include "pool.h"
@@ -96,4 +101,31 @@ int ops_blas_get_threads(void) {
 
 Pool *ops_blas_pool(void) {
         return compute_pool;
+}
+
+/* OpenBLAS starts a thread per CPU but one in its constructor, before
+ * main(), and each allocates a buffer of 128 MiB. We never let it compute on
+ * them (ops_blas_set_threads), so they only cost; and under an address-space
+ * limit too small for the buffer (ulimit -v, a container's), such a thread
+ * retries its allocation for ever, spinning, and exit() joins it
+ * (gotoblas_quit): the process never ended, SIGTERM or not. Only the
+ * environment OpenBLAS's constructor reads stops them from starting, and
+ * nothing of ours runs before it but a .preinit_array, whose setenv() libc's
+ * own start then undoes. Hence one exec more. */
+int ops_blas_exec_without_threads(char *argv[]) {
+        const char *v = getenv("OPENBLAS_NUM_THREADS");
+        char path[PATH_MAX];
+
+        if (v && strcmp(v, "1") == 0)
+                return 0;
+        /* the file itself, not /proc/self/exe, whose name the process
+         * would take (comm "exe" in ps and the journal) */
+        ssize_t n = readlink("/proc/self/exe", path, sizeof path - 1);
+        if (n < 0)
+                return -errno;
+        path[n] = '\0';
+        if (setenv("OPENBLAS_NUM_THREADS", "1", 1) < 0)
+                return -errno;
+        execv(path, argv);
+        return -errno;
 }

@@ -45,6 +45,11 @@ typedef struct Pool Pool;
  * pool.h). Call before training starts, not while ops_blas is in use. */
 int ops_blas_set_threads(int n);
 int ops_blas_get_threads(void);
+/* At the top of main(): unless OPENBLAS_NUM_THREADS is 1, set it and
+ * execute the program again (argv as main() got it), so that OpenBLAS
+ * starts no threads of its own. Returns only when there is nothing to do
+ * (0) or the exec failed (-errno; the program goes on with them). */
+int ops_blas_exec_without_threads(char *argv[]);
 /* The pool, for the elementwise work that goes with the gemms (NULL when
  * running on one thread). */
 Pool *ops_blas_pool(void);

@@ -9,6 +9,7 @@
 #include <errno.h>
 #include <stddef.h>
 #include <sys/prctl.h>
+#include <sys/resource.h>
 #include <sys/syscall.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
@@ -137,6 +138,48 @@ static void write_tiny_dataset(const char *dir) {
                 gzwrite(f, lab, sizeof lab);
                 gzclose(f);
         }
+}
+
+/* ---- an address-space limit ----------------------------------------------- */
+
+/* In the child before exec: 120 MiB of address space, twice what an idle
+ * node maps, less than the job's 200 MB of weights and less than the
+ * 128 MiB buffer each thread of OpenBLAS's own pool would allocate. */
+static void limit_address_space(void) {
+        struct rlimit rl = { 120 << 20, 120 << 20 };
+        if (setrlimit(RLIMIT_AS, &rl) < 0)
+                _exit(126);
+}
+
+/* A node that cannot set its job up within the limit exits 1. It used to
+ * hang in exit() for ever, SIGTERM or not: OpenBLAS's thread pool, started
+ * before main(), retried its buffer's allocation, and exit() joined it. The
+ * test's timeout bounds the wait. */
+Test(daemon, exits_1_when_the_job_does_not_fit_an_address_space_limit, .timeout = 120) {
+#if defined(__SANITIZE_ADDRESS__)
+        cr_skip_test("SKIP: AddressSanitizer maps terabytes of shadow memory, which no address-space limit admits");
+#endif
+        char dir[] = "/tmp/ravnest-test-as-XXXXXX", job[256], conf[256], text[512];
+        cr_assert_not_null(mkdtemp(dir));
+        write_tiny_dataset(dir);
+        snprintf(job, sizeof job, "%s/big.job", dir);
+        test_write_file(job,
+                        "name = \"big\";\ndataset = { name = \"fashion-mnist\"; };\n"
+                        "model = { input = [1, 28, 28]; layers = ( { type = \"flatten\"; },\n"
+                        "  { type = \"linear\"; out = 65536; }, { type = \"linear\"; out = 10; } ); };\n"
+                        "optimizer = { type = \"sgd\"; lr = 0.1; };\ntraining = { batch_size = 8; epochs = 1; };\n",
+                        0644);
+        snprintf(conf, sizeof conf, "%s/n.conf", dir);
+        snprintf(text, sizeof text, "state_directory = \"%s/state\";\ncontrol_socket = \"\";\nidle = { enabled = false; };\n",
+                 dir);
+        test_write_file(conf, text, 0644);
+        Proc p;
+        proc_start(&p, (char *[]){ RAVNESTD, "--config", conf, "--job", job, "--data-dir", dir, "--threads", "1", NULL },
+                   limit_address_space);
+        int code = proc_exit(&p);
+        test_remove_tree(dir);
+        cr_assert_eq(code, 1, "exit %d: %s", code, p.out);
+        cr_assert(strstr(p.out, "<3>Failed to "), "%s", p.out);
 }
 
 static void node_config(const char *dir, const char *name, const char *secret_file, uint16_t listen, uint16_t peer,
