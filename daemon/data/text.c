@@ -48,7 +48,7 @@ static int append_file(const char *path, uint8_t **buf, size_t *len, size_t *cap
                 uint8_t *p = realloc(*buf, want);
                 if (!p) {
                         close(fd);
-                        return -ENOMEM;
+                        return diag_set(d, -ENOMEM, "Cannot allocate memory for %zu bytes of text", want);
                 }
                 *buf = p;
                 *cap = want;
@@ -90,7 +90,7 @@ static int append_dir(const char *dir, uint8_t **buf, size_t *len, size_t *cap, 
                         continue;
                 char **more = realloc(names, (n + 1) * sizeof *names);
                 if (!more || !(more[n] = strdup(e->d_name)))
-                        r = -ENOMEM;
+                        r = diag_set(d, -ENOMEM, "Cannot allocate memory for the names in %s", dir);
                 else
                         n++;
                 names = more ?: names;
@@ -107,7 +107,7 @@ static int append_dir(const char *dir, uint8_t **buf, size_t *len, size_t *cap, 
                 r = append_file(path, buf, len, cap, d);
                 if (r == -EMEDIUMTYPE) { /* not text: not part of the corpus */
                         *len = before;
-                        r = 0;
+                        r = diag_set(d, 0, "%s", ""); /* its reason must not outlive it */
                 } else if (r >= 0)
                         used++;
         }
@@ -162,7 +162,7 @@ int dataset_load_text(const char *path, bool test, int T, int vocab, Dataset **r
         ds = calloc(1, sizeof *ds);
         if (!ds) {
                 free(buf);
-                return -ENOMEM;
+                return diag_set(d, -ENOMEM, "Cannot allocate memory");
         }
         *ds = (Dataset){ .n = (n - 1) / (size_t)T, .c = T, .h = 1, .w = 1, .n_classes = vocab, .text = buf,
                          .text_len = n, .scale = 1.0f };

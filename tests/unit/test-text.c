@@ -4,6 +4,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "../lib/proc.h"
@@ -82,6 +84,57 @@ Test(text, a_directory_skips_what_is_not_text) {
         cr_assert_eq(ds->text[0], 'a');
         cr_assert_eq(ds->text[600], 'b');
         dataset_free(ds);
+}
+
+/* Running out of memory says so, not the reason a file before was left out
+ * for ("1.dat: not UTF-8 text", which sent an operator to a file that was
+ * fine). The allocation fails for real: a forked child loads the corpus
+ * under an address-space limit its text does not fit, and writes what it
+ * got to a pipe. */
+Test(text, out_of_memory_is_not_a_skipped_file_s_reason) {
+#if defined(__SANITIZE_ADDRESS__)
+        cr_skip_test("SKIP: AddressSanitizer maps terabytes of shadow memory, which no address-space limit admits");
+#endif
+        enum { TEXT = 64 << 20 };
+        char *text = malloc(TEXT);
+        cr_assert(text);
+        memset(text, 'a', TEXT);
+        write_bytes("1.dat", "\0\0\0\2binary", 10);
+        write_bytes("2.txt", text, TEXT);
+        free(text);
+
+        int fds[2];
+        cr_assert_eq(pipe(fds), 0);
+        pid_t pid = fork();
+        cr_assert_geq(pid, 0);
+        if (pid == 0) {
+                /* what the child has mapped now, and 16 MiB more */
+                char line[256];
+                long kib = -1;
+                FILE *f = fopen("/proc/self/status", "r");
+                while (f && fgets(line, sizeof line, f))
+                        sscanf(line, "VmSize: %ld kB", &kib);
+                if (f)
+                        fclose(f);
+                rlim_t limit = ((rlim_t)kib << 10) + (16 << 20);
+                Dataset *ds = NULL;
+                Diag d = {};
+                int r = kib < 0 || setrlimit(RLIMIT_AS, &(struct rlimit){ limit, limit }) < 0 ? -EPERM :
+                        dataset_load_text(dir, false, 8, 256, &ds, &d);
+                dprintf(fds[1], "%d %s", r, d.text);
+                _exit(0);
+        }
+        close(fds[1]);
+        char got[2048] = "";
+        size_t n = 0;
+        ssize_t k;
+        while (n + 1 < sizeof got && (k = read(fds[0], got + n, sizeof got - 1 - n)) > 0)
+                n += (size_t)k;
+        close(fds[0]);
+        waitpid(pid, NULL, 0);
+        cr_assert_eq(atoi(got), -ENOMEM, "the child: %s", got);
+        cr_assert(strstr(got, "Cannot allocate memory"), "%s", got);
+        cr_assert_null(strstr(got, "1.dat"), "%s", got);
 }
 
 Test(text, what_is_not_text_is_refused) {
