@@ -32,6 +32,7 @@ int partition_costs(const ModelSpec *m, const PartitionParams *p, PartitionCosts
                 double times = below ? (l->n_params ? 2 : 1) : 3;
                 if (l->n_params)
                         below = false;
+                ret->params[i] = l->n_params > 0;
                 ret->flops[i] = times * layer_forward_flops(l) * p->micro_batch;
                 ret->memory[i] = params + acts;
                 ret->scratch[i] = ((uint64_t)l->scratch_floats + (uint64_t)l->scratch_per_sample * (uint64_t)p->micro_batch) *
@@ -45,6 +46,20 @@ static double stage_flops(const PartitionCosts *c, int lo, int hi) {
         for (int i = lo; i < hi; i++)
                 f += c->flops[i];
         return f;
+}
+
+static bool stage_has_params(const PartitionCosts *c, int lo, int hi) {
+        for (int i = lo; i < hi; i++)
+                if (c->params[i])
+                        return true;
+        return false;
+}
+
+int partition_max_stages(const PartitionCosts *c) {
+        int n = 0;
+        for (int i = 0; i < c->n_layers; i++)
+                n += c->params[i];
+        return n;
 }
 
 static uint64_t stage_memory(const PartitionCosts *c, int lo, int hi) {
@@ -77,7 +92,7 @@ static int solve(const PartitionCosts *c, const PartitionNode *nodes, int n, boo
         for (int k = 1; k <= n; k++)
                 for (int j = k; j <= L - (n - k); j++)
                         for (int i = k - 1; i < j; i++) {
-                                if (!isfinite(best[k - 1][i]))
+                                if (!isfinite(best[k - 1][i]) || !stage_has_params(c, i, j))
                                         continue;
                                 uint64_t mem = stage_memory(c, i, j);
                                 double v;
@@ -108,8 +123,10 @@ int partition_plan(const PartitionCosts *c, const PartitionNode *nodes, int n_no
         double v;
         if (n_nodes < 1 || n_nodes > 64)
                 return diag_set(d, -EINVAL, "a cluster has 1 to 64 nodes, not %d", n_nodes);
-        if (c->n_layers < n_nodes)
-                return diag_set(d, -EINVAL, "%d layers cannot make %d stages", c->n_layers, n_nodes);
+        if (partition_max_stages(c) < n_nodes)
+                return diag_set(d, -EINVAL, "%d of the %d layers have parameters, and every stage needs one: "
+                                "at most %d stages, not %d", partition_max_stages(c), c->n_layers,
+                                partition_max_stages(c), n_nodes);
         for (int k = 0; k < n_nodes; k++)
                 if (!(nodes[k].gflops > 0))
                         return diag_set(d, -EINVAL, "node %d has no measured speed", k + 1);

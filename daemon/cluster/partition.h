@@ -18,6 +18,7 @@
  */
 #pragma once
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -38,6 +39,8 @@ typedef struct PartitionCosts {
         uint64_t scratch[MODEL_MAX_LAYERS]; /* bytes of work space one micro-batch's trace needs for it; a
                                              * stage's traces share the largest of their layers' */
         int traces;                         /* a stage's traces: those in flight and the evaluation's */
+        bool params[MODEL_MAX_LAYERS];      /* the layer has parameters: every stage holds one such (a stage
+                                             * without has nothing to average, and nodes refuse it) */
 } PartitionCosts;
 
 typedef struct PartitionNode {
@@ -46,9 +49,12 @@ typedef struct PartitionNode {
 } PartitionNode;
 
 int partition_costs(const ModelSpec *m, const PartitionParams *p, PartitionCosts *ret, Diag *d);
+/* The most stages a cut may have: the layers with parameters. */
+int partition_max_stages(const PartitionCosts *c);
 /* bounds: n_nodes + 1 entries, 0 = bounds[0] < ... < bounds[n_nodes] =
- * n_layers. -EINVAL: fewer layers than nodes; -ENOSPC: no cut fits, and d
- * says which node lacks how much memory in the cut that comes closest. */
+ * n_layers, every stage with a layer with parameters. -EINVAL: fewer layers
+ * with parameters than nodes; -ENOSPC: no cut fits, and d says which node
+ * lacks how much memory in the cut that comes closest. */
 int partition_plan(const PartitionCosts *c, const PartitionNode *nodes, int n_nodes, int *bounds, Diag *d);
 /* The slowest stage's time for a cut, in seconds per micro-batch. */
 double partition_time(const PartitionCosts *c, const PartitionNode *nodes, int n_nodes, const int *bounds);

@@ -17,6 +17,7 @@
 #include <sys/stat.h>
 #include <sys/resource.h>
 #include <sys/wait.h>
+#include <sysexits.h>
 #include <unistd.h>
 
 #include "cluster/partition.h"
@@ -73,6 +74,7 @@ typedef struct Swarm {
         unsigned n;
         SwarmResult res;
         bool stopping;
+        unsigned failed;  /* 1 + the node whose end made the swarm stop the others; 0 none */
         Relay *relay;   /* --relay: in this process, for the nodes behind NAT */
         char relay_setting[48];
 } Swarm;
@@ -142,16 +144,16 @@ static int plan_cut(const Job *job, unsigned stages, int *bounds) {
                                                                   .stashed = 4 },
                                 &costs, &d);
         if (r < 0)
-                return r;
+                return log_error_errno(r, "Invalid job: %s", d.text);
+        /* a stage without parameters has nothing to average: its nodes would refuse it */
+        if ((int)stages > partition_max_stages(&costs))
+                return log_error_errno(-EINVAL, "%s has %d layers with parameters (of %d): at most that many stages",
+                                       job->name, partition_max_stages(&costs), job->model.n_layers);
         for (unsigned i = 0; i < stages; i++)
                 nodes[i] = (PartitionNode){ .gflops = 10, .memory = UINT64_MAX / 2 };
         r = partition_plan(&costs, nodes, (int)stages, bounds, &d);
         if (r < 0)
                 return log_error_errno(r, "Cannot cut %s into %u stages: %s", job->name, stages, d.text);
-        /* a stage without parameters has nothing to average: move the cut */
-        for (unsigned i = 1; i < stages; i++)
-                while (model_spec_params(&job->model, bounds[i - 1], bounds[i]) == 0 && bounds[i] < bounds[i + 1] - 1)
-                        bounds[i]++;
         return 0;
 }
 
@@ -236,9 +238,6 @@ static int swarm_plan(Swarm *s) {
                 return log_error_errno(-EINVAL, "A swarm has 1 to %d nodes (clusters x stages)", MAX_NODES);
         if ((r = job_load(o->job, &s->job, &d)) < 0 || (r = job_check_data(&s->job, o->data_dir, &d)) < 0)
                 return log_error_errno(r == -ENOENT ? r : -EINVAL, "Invalid job: %s", d.text);
-        if ((int)o->stages > s->job.model.n_layers)
-                return log_error_errno(-EINVAL, "%s has %d layers: at most that many stages", s->job.name,
-                                       s->job.model.n_layers);
         return plan_cut(&s->job, o->stages, s->bounds);
 }
 
@@ -540,8 +539,9 @@ static void stop_all(Swarm *s) {
 }
 
 static const char *describe_exit(int status, char *buf, size_t len) {
-        snprintf(buf, len, "%s %d", WIFEXITED(status) ? "status" : "signal",
-                 WIFEXITED(status) ? WEXITSTATUS(status) : WTERMSIG(status));
+        snprintf(buf, len, "%s %d%s", WIFEXITED(status) ? "status" : "signal",
+                 WIFEXITED(status) ? WEXITSTATUS(status) : WTERMSIG(status),
+                 WIFEXITED(status) && WEXITSTATUS(status) == EX_CONFIG ? ", refusing its configuration or job" : "");
         return buf;
 }
 
@@ -552,7 +552,7 @@ static const char *describe_exit(int status, char *buf, size_t len) {
  * swarm. */
 static void on_node_exit(Swarm *s, unsigned i, int status, long rss_kib) {
         SwarmNode *nd = &s->nodes[i];
-        char why[32];
+        char why[64];
 
         nd->rss_kib = MAX(nd->rss_kib, rss_kib);
         nd->status = status;
@@ -573,6 +573,7 @@ static void on_node_exit(Swarm *s, unsigned i, int status, long rss_kib) {
                 printf("swarm: %s ended with %s\n", nd->name, why);
         else {
                 printf("swarm: %s ended with %s; stopping the others\n", nd->name, why);
+                s->failed = i + 1;
                 stop_all(s);
         }
         fflush(stdout);
@@ -667,7 +668,15 @@ static const char *why_not_averaged(const Swarm *s, char *buf, size_t len) {
         for (unsigned c = 0; c < o->clusters; c++)
                 if (s->res.accuracy[c] < 0) {
                         const SwarmNode *last = &s->nodes[c * o->stages + o->stages - 1];
-                        char why[32];
+                        const SwarmNode *first = s->failed ? &s->nodes[s->failed - 1] : NULL;
+                        char why[64];
+                        /* the node that failed, not the signal the swarm stopped this one with */
+                        if (first && first != last && last->status) {
+                                snprintf(buf, len, "cluster %u has no result: %s ended with %s, and the swarm "
+                                         "stopped the others", c + 1, first->name,
+                                         describe_exit(first->status, why, sizeof why));
+                                return buf;
+                        }
                         if (last->status)
                                 describe_exit(last->status, why, sizeof why);
                         snprintf(buf, len, "cluster %u has no result (its last stage %s %s%s)", c + 1, last->name,

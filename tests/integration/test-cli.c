@@ -202,6 +202,17 @@ Test(cli, configuration_errors_name_file_line_and_setting) {
 
 /* ---- figures that mislead ------------------------------------------------ */
 
+/* In a new dir (a template mkdtemp() fills in), a script that stands in for
+ * ravnestd: a shell case on its configuration's path ($2), cases its
+ * branches. */
+static void write_fake_ravnestd(char *dir, const char *cases, char fake[static 128]) {
+        char text[2048];
+        cr_assert_not_null(mkdtemp(dir));
+        snprintf(fake, 128, "%s/ravnestd", dir);
+        snprintf(text, sizeof text, "#!/bin/sh\ncase \"$2\" in\n%sesac\n", cases);
+        test_write_file(fake, text, 0755);
+}
+
 /* The swarm's table: a node stopped before its last line has no busy
  * figure ("-", not -1%), and a figure is shown within 0..100% (not -0%);
  * its bytes per step are what its last line says, "-" where it says none
@@ -210,18 +221,13 @@ Test(cli, configuration_errors_name_file_line_and_setting) {
  * others end without a word. */
 Test(cli, swarm_table_shows_busy_within_0_to_100) {
         char dir[] = "/tmp/ravnest-test-cli-XXXXXX", fake[128];
-        cr_assert_not_null(mkdtemp(dir));
-        snprintf(fake, sizeof fake, "%s/ravnestd", dir);
-        test_write_file(fake,
-                        "#!/bin/sh\n"
-                        "case \"$2\" in\n"
-                        "*/c1s2.conf) echo '<6>Finished fashion-mnist-mlp: test accuracy 10.00% (stage 2 of 2 in "
-                        "cluster 1), 5 samples/s, busy -0% while training (computing 0%), -0% in all; "
-                        "pipeline 52.0 KiB/step, averaging 1.3 KiB/step' >&2 ;;\n"
-                        "*/c2s1.conf) echo '<6>Finished stage 1 of 2 in cluster 2: 5 updates, busy 50% while "
-                        "training (computing 0%), 50% in all; pipeline lots/step, averaging 3 B/step' >&2 ;;\n"
-                        "esac\n",
-                        0755);
+        write_fake_ravnestd(dir,
+                            "*/c1s2.conf) echo '<6>Finished fashion-mnist-mlp: test accuracy 10.00% (stage 2 of 2 in "
+                            "cluster 1), 5 samples/s, busy -0% while training (computing 0%), -0% in all; "
+                            "pipeline 52.0 KiB/step, averaging 1.3 KiB/step' >&2 ;;\n"
+                            "*/c2s1.conf) echo '<6>Finished stage 1 of 2 in cluster 2: 5 updates, busy 50% while "
+                            "training (computing 0%), 50% in all; pipeline lots/step, averaging 3 B/step' >&2 ;;\n",
+                            fake);
         char swarm_dir[160];
         snprintf(swarm_dir, sizeof swarm_dir, "%s/swarm", dir);
         Proc p;
@@ -245,6 +251,35 @@ static void skip_without_dataset(void) {
         if (access(FASHION_MNIST_DIR "/train-images-idx3-ubyte.gz", R_OK) < 0)
                 cr_skip_test("SKIP: %s missing: install Debian's dataset-fashion-mnist to run this test",
                              FASHION_MNIST_DIR);
+}
+
+/* Every stage must hold parameters (its node refuses a plan where one holds
+ * none): the shipped MLP has 3 such layers of 6, so 4 stages are refused
+ * before any node starts. And a node that fails ends the swarm with its own
+ * exit status, not the signal the swarm stopped the others with (it blamed
+ * "its last stage c1s2 ended with signal 15"). */
+Test(cli, swarm_refuses_stages_without_parameters_and_names_the_node_that_failed, .timeout = 120) {
+        Proc p;
+        int code = run(&p, (char *[]){ RAVNESTCTL, "swarm", "--clusters", "1", "--stages", "4", "--job",
+                                       SOURCE_ROOT "/config/jobs/fashion-mnist-mlp.job", NULL });
+        cr_assert_eq(code, 78, "exit %d: %s", code, p.out);
+        cr_assert(strstr(p.out, "fashion-mnist-mlp has 3 layers with parameters (of 6): at most that many stages"),
+                  "%s", p.out);
+        cr_assert_null(strstr(p.out, "started c1s"), "%s", p.out);
+
+        char dir[] = "/tmp/ravnest-test-cli-XXXXXX", fake[128], swarm_dir[160];
+        write_fake_ravnestd(dir,
+                            "*/c1s1.conf) echo '<3>Invalid configuration: the plan is refused' >&2; exit 78 ;;\n"
+                            "*) exec sleep 100 ;;\n",
+                            fake);
+        snprintf(swarm_dir, sizeof swarm_dir, "%s/swarm", dir);
+        code = run(&p, (char *[]){ RAVNESTCTL, "swarm", "--ravnestd", fake, "--dir", swarm_dir, "--clusters", "1",
+                                   "--job", SOURCE_ROOT "/config/jobs/fashion-mnist-mlp.job", NULL });
+        test_remove_tree(dir);
+        cr_assert_eq(code, 1, "exit %d: %s", code, p.out);
+        cr_assert(strstr(p.out, "no trained model: cluster 1 has no result: c1s1 ended with status 78, refusing "
+                                "its configuration or job, and the swarm stopped the others"),
+                  "%s", p.out);
 }
 
 /* The averaging cadence as configured: 0.25 s, not "every 0.2 s". */

@@ -19,7 +19,8 @@ static void mlp(ModelSpec *m) {
 
 static const PartitionParams params = { .micro_batch = 32, .in_flight = 4, .optim_floats = 1, .stashed = 4 };
 
-/* Every cut of L layers into n stages, the best slowest-stage time among those that fit. */
+/* Every cut of L layers into n stages, the best slowest-stage time among
+ * those that fit and give every stage a layer with parameters. */
 static double brute(const PartitionCosts *c, const PartitionNode *nodes, int n, int k, int lo, int *b) {
         if (k == n - 1) {
                 b[k] = lo;
@@ -31,9 +32,12 @@ static double brute(const PartitionCosts *c, const PartitionNode *nodes, int n, 
                         return INFINITY;
                 for (int s = 0; s < n; s++) {
                         uint64_t ms = 0;
-                        for (int i = b[s]; i < b[s + 1]; i++)
+                        bool holds = false;
+                        for (int i = b[s]; i < b[s + 1]; i++) {
                                 ms += c->memory[i];
-                        if (ms > nodes[s].memory)
+                                holds |= c->params[i];
+                        }
+                        if (ms > nodes[s].memory || !holds)
                                 return INFINITY;
                 }
                 return partition_time(c, nodes, n, b);
@@ -105,6 +109,38 @@ Test(partition, memory_bounds_the_cut) {
         cr_assert_eq(partition_plan(&c, tiny, 2, b, &d), -ENOSPC);
         cr_assert(strstr(d.text, "short of") && strstr(d.text, "MiB") && strstr(d.text, "node "), "%s", d.text);
         cr_assert_eq(partition_plan(&c, tiny, 8, b, &d), -EINVAL, "more stages than layers");
+}
+
+/* A stage without parameters has nothing to average, and its node refuses
+ * it: every stage holds a layer with parameters, and a model has at most as
+ * many stages as such layers (ravnestctl swarm --stages 4 of the shipped
+ * MLP cut "0-1 2-2 3-3 4-5", and each node refused its plan). */
+Test(partition, every_stage_holds_parameters) {
+        /* flatten, linear, relu, linear, relu, linear: 3 with parameters */
+        ModelSpec m = { .input = { 1, 28, 28 }, .n_classes = 10 };
+        m.layers[m.n_layers++] = (LayerSpec){ .kind = LAYER_FLATTEN };
+        for (int i = 0; i < 3; i++) {
+                m.layers[m.n_layers++] = (LayerSpec){ .kind = LAYER_LINEAR, .out = i < 2 ? 1024 : 10 };
+                if (i < 2)
+                        m.layers[m.n_layers++] = (LayerSpec){ .kind = LAYER_RELU };
+        }
+        PartitionCosts c;
+        Diag d = {};
+        cr_assert_eq(partition_costs(&m, &params, &c, &d), 0, "%s", d.text);
+        cr_assert_eq(partition_max_stages(&c), 3);
+        PartitionNode nodes[4] = { { 10, 1ull << 34 }, { 10, 1ull << 34 }, { 10, 1ull << 34 }, { 10, 1ull << 34 } };
+        int b[5];
+        cr_assert_eq(partition_plan(&c, nodes, 4, b, &d), -EINVAL);
+        cr_assert(strstr(d.text, "at most 3 stages"), "%s", d.text);
+        /* and whatever the speeds, when there are as many stages as such layers */
+        PartitionNode skew[3] = { { 1, 1ull << 34 }, { 1000, 1ull << 34 }, { 1, 1ull << 34 } };
+        for (int n = 1; n <= 3; n++)
+                for (int k = 0; k < 2; k++) {
+                        cr_assert_eq(partition_plan(&c, k ? skew : nodes, n, b, &d), 0, "%s", d.text);
+                        for (int s = 0; s < n; s++)
+                                cr_assert_gt(model_spec_params(&m, b[s], b[s + 1]), 0, "n=%d: stage %d is layers %d-%d",
+                                             n, s + 1, b[s], b[s + 1] - 1);
+                }
 }
 
 /* A GPT's blocks need work space for their backward pass, shared by the
