@@ -53,8 +53,9 @@ static bool termios_saved, screen_taken;
 static volatile sig_atomic_t quit_requested;
 
 static void terminal_restore(void) {
-        if (screen_taken) /* the cursor back, the main screen back */
-                (void)!write(STDOUT_FILENO, "\033[0m\033[?25h\033[?1049l", 19);
+        static const char restore[] = "\033[0m\033[?25h\033[?1049l"; /* the cursor back, the main screen back */
+        if (screen_taken) /* (its length counted by the compiler: by hand it took the NUL too) */
+                (void)!write(STDOUT_FILENO, restore, sizeof restore - 1);
         screen_taken = false;
         if (termios_saved)
                 (void)tcsetattr(STDIN_FILENO, TCSAFLUSH, &saved_termios);
