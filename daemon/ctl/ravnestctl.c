@@ -83,7 +83,7 @@ static int describe_job(const char *path) {
 /* The node's public key, for other nodes' allowlists (created if absent,
  * as ravnestd would on its first start). */
 static int show_identity(const char *state_dir) {
-        char path[PATH_MAX + 16], hex[IDENTITY_HEX_SIZE];
+        char dir[PATH_MAX], path[PATH_MAX + 16], hex[IDENTITY_HEX_SIZE];
         Identity id;
         bool created;
         Diag d = {};
@@ -97,10 +97,16 @@ static int show_identity(const char *state_dir) {
                         fprintf(stderr, "%s\n", d.text);
                         return EX_CONFIG;
                 }
-                snprintf(path, sizeof path, "%s/identity", c.state_directory);
+                snprintf(dir, sizeof dir, "%s", c.state_directory);
                 config_free(&c);
         } else
-                snprintf(path, sizeof path, "%s/identity", state_dir);
+                snprintf(dir, sizeof dir, "%s", state_dir);
+        snprintf(path, sizeof path, "%s/identity", dir);
+        /* the state directory, as the daemon makes it (its parent must be there) */
+        if (mkdir(dir, 0700) < 0 && errno != EEXIST) {
+                fprintf(stderr, "%s: cannot create: %m\n", dir);
+                return 1;
+        }
 
         if (identity_load_or_create(path, &id, &created, &d) < 0) {
                 fprintf(stderr, "%s\n", d.text);
@@ -113,13 +119,8 @@ static int show_identity(const char *state_dir) {
                  * belongs to whoever owns the state directory (the user
                  * ravnest, from StateDirectory=), or the daemon could not
                  * read it. */
-                char dir[PATH_MAX + 16];
                 struct stat st;
-                snprintf(dir, sizeof dir, "%s", path);
-                char *slash = strrchr(dir, '/');
-                if (slash)
-                        *slash = 0;
-                if (slash && stat(dir[0] ? dir : "/", &st) == 0 && st.st_uid != 0 &&
+                if (stat(dir[0] ? dir : "/", &st) == 0 && st.st_uid != 0 &&
                     chown(path, st.st_uid, st.st_gid) < 0) {
                         fprintf(stderr, "cannot give %s to uid %u: %m\n", path, (unsigned)st.st_uid);
                         return 1;

@@ -6,6 +6,7 @@
 #include "../lib/proc.h"
 #include <signal.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/un.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -103,6 +104,30 @@ Test(cli, bad_arguments_exit_64_naming_them) {
                 cr_expect(strstr(p.out, b->says), "%s%s: no \"%s\" in: %s", strrchr(b->argv[0], '/') + 1, line,
                           b->says, p.out);
         }
+}
+
+/* identity makes the state directory it is given, mode 0700, as the daemon
+ * does, and the key in it, mode 0600 (it said "cannot create" for a new
+ * directory); the same key the second time. */
+Test(cli, identity_creates_its_state_directory) {
+        char dir[] = "/tmp/ravnest-test-id-XXXXXX", state[128], key[160], first[80] = "(none)";
+        cr_assert_not_null(mkdtemp(dir));
+        snprintf(state, sizeof state, "%s/state", dir);
+        snprintf(key, sizeof key, "%s/identity", state);
+        Proc p;
+        int code = run(&p, (char *[]){ RAVNESTCTL, "identity", state, NULL });
+        cr_assert_eq(code, 0, "exit %d: %s", code, p.out);
+        for (const char *l = p.out; l; l = strchr(l, '\n') ? strchr(l, '\n') + 1 : NULL)
+                if (strcspn(l, "\n") == 64) /* the key's line, wherever the stderr's falls */
+                        snprintf(first, sizeof first, "%.64s", l);
+        struct stat sd, sk;
+        cr_assert(stat(state, &sd) == 0 && stat(key, &sk) == 0, "%s", p.out);
+        cr_assert_eq(sd.st_mode & 0777, 0700, "%o", sd.st_mode & 0777);
+        cr_assert_eq(sk.st_mode & 0777, 0600, "%o", sk.st_mode & 0777);
+        code = run(&p, (char *[]){ RAVNESTCTL, "identity", state, NULL });
+        test_remove_tree(dir);
+        cr_assert_eq(code, 0, "exit %d: %s", code, p.out);
+        cr_assert(strstr(p.out, first) && !strstr(p.out, "created"), "%s then %s", first, p.out);
 }
 
 /* A socket that takes the connection and never answers (a node whose loop
