@@ -26,6 +26,7 @@
 #include "conf/option.h"
 #include "swarm.h"
 #include "tensor/ops.h"
+#include "util/log.h"
 
 static int describe_job(const char *path) {
         Layer layers[MODEL_MAX_LAYERS];
@@ -408,6 +409,9 @@ static void help(void) {
 
 int main(int argc, char *argv[]) {
         (void)ops_blas_exec_without_threads(argv); /* (on failure, with them) */
+        /* a command's messages are read by people and scripts, never by
+         * journald: no "<3>" before them, terminal or not */
+        log_set_prefix(false);
         if (argc < 2 || strcmp(argv[1], "help") == 0 || strcmp(argv[1], "--help") == 0 ||
             strcmp(argv[1], "-h") == 0) {
                 if (argc > 3 || (argc == 3 && strcmp(argv[2], "--help") && strcmp(argv[2], "-h"))) {
