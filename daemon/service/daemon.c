@@ -523,6 +523,7 @@ static int on_checkpoint_timer(sd_event_source *s, uint64_t usec, void *userdata
 static int on_status_timer(sd_event_source *s, uint64_t usec, void *userdata) {
         (void)usec;
         send_status(userdata);
+        log_ratelimit_flush(); /* what rate limits left out of the intervals that ended */
         sd_event_source_set_time_relative(s, STATUS_USEC);
         return 0;
 }

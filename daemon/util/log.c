@@ -1,6 +1,7 @@
 /* util/log.c */
 #include "log.h"
 
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -8,6 +9,8 @@
 #include <sys/uio.h>
 #include <systemd/sd-journal.h>
 #include <unistd.h>
+
+#include "time-util.h"
 
 static int max_level = LOG_INFO;
 static int use_prefix = -1; /* -1: decide from isatty(stderr) */
@@ -89,4 +92,90 @@ int log_event(int level, const char *message_id, const char *fields, const char 
         if (sd_journal_sendv(iov, (int)n) < 0)
                 return log_internal(level, 0, "%s", text);
         return 0;
+}
+
+/* ---- rate limits --------------------------------------------------------- */
+
+static pthread_mutex_t ratelimit_lock = PTHREAD_MUTEX_INITIALIZER;
+static LogRatelimit *ratelimits; /* every limit used so far, for log_ratelimit_flush() */
+
+/* What the interval of k left out, in one line; k starts afresh. */
+static void ratelimit_summary(const LogRatelimit *rl, LogRatelimitKey *k, uint64_t now) {
+        if (k->hidden > 0) {
+                unsigned secs = (unsigned)((now - k->begin_ns + NSEC_PER_SEC / 2) / NSEC_PER_SEC);
+                log_internal(k->level, 0, "%s %s ... and %u more in the last %u s", rl->what, k->key, k->hidden,
+                             MAX(secs, 1u));
+        }
+        k->begin_ns = now;
+        k->shown = k->hidden = 0;
+        k->level = LOG_DEBUG;
+}
+
+static bool interval_over(const LogRatelimitKey *k, uint64_t now) {
+        return now - k->begin_ns >= LOG_RATELIMIT_INTERVAL_NS;
+}
+
+/* key's entry: its own, a free one, one whose interval is over (its
+ * summary written first), or the shared last one. */
+static LogRatelimitKey *ratelimit_entry(LogRatelimit *rl, const char *key, uint64_t now) {
+        LogRatelimitKey *free_entry = NULL;
+        for (size_t i = 0; i < LOG_RATELIMIT_KEYS; i++) {
+                LogRatelimitKey *k = &rl->keys[i];
+                if (k->key[0] && !strncmp(k->key, key, sizeof k->key - 1))
+                        return k;
+                if (!free_entry && (!k->key[0] || interval_over(k, now)))
+                        free_entry = k;
+        }
+        LogRatelimitKey *k = free_entry ?: &rl->keys[LOG_RATELIMIT_KEYS];
+        if (free_entry && k->key[0]) /* another key's interval, over: said before the entry goes */
+                ratelimit_summary(rl, k, now);
+        if (free_entry || !k->key[0]) {
+                snprintf(k->key, sizeof k->key, "%s", free_entry ? key : "other senders");
+                ratelimit_summary(rl, k, now); /* (nothing left out yet: starts the interval) */
+        }
+        return k;
+}
+
+bool log_ratelimit_at(LogRatelimit *rl, int level, const char *key, uint64_t now) {
+        if (level > max_level)
+                return true;
+        pthread_mutex_lock(&ratelimit_lock);
+        if (!rl->listed) {
+                rl->next = ratelimits;
+                ratelimits = rl;
+                rl->listed = true;
+        }
+        LogRatelimitKey *k = ratelimit_entry(rl, key ?: "", now);
+        if (interval_over(k, now))
+                ratelimit_summary(rl, k, now);
+        bool pass = k->shown < LOG_RATELIMIT_BURST;
+        if (pass)
+                k->shown++;
+        else {
+                k->hidden++;
+                k->level = MIN(k->level, level);
+        }
+        pthread_mutex_unlock(&ratelimit_lock);
+        return pass;
+}
+
+bool log_ratelimit(LogRatelimit *rl, int level, const char *key) {
+        return log_ratelimit_at(rl, level, key, now_ns());
+}
+
+void log_ratelimit_flush_at(uint64_t now) {
+        pthread_mutex_lock(&ratelimit_lock);
+        for (LogRatelimit *rl = ratelimits; rl; rl = rl->next)
+                for (size_t i = 0; i <= LOG_RATELIMIT_KEYS; i++) {
+                        LogRatelimitKey *k = &rl->keys[i];
+                        if (k->key[0] && interval_over(k, now)) {
+                                ratelimit_summary(rl, k, now);
+                                k->key[0] = 0;
+                        }
+                }
+        pthread_mutex_unlock(&ratelimit_lock);
+}
+
+void log_ratelimit_flush(void) {
+        log_ratelimit_flush_at(now_ns());
 }
