@@ -326,10 +326,20 @@ static void on_closed(void *ud, uint32_t peer, int reason, const uint8_t id[IDEN
         }
 }
 
+/* Lines a member can have the coordinator write at will (a drop per
+ * connection, link figures per message): a burst each per member, then a
+ * summary; a member with a new key each time shares a burst with the
+ * others past the limit's table. A member sends its figures every 10 s at
+ * most. */
+static LogRatelimit drop_lines = LOG_RATELIMIT_INIT("Coordinator: links dropped of");
+static LogRatelimit figure_lines = LOG_RATELIMIT_INIT("Coordinator: link figures from");
+
 static void drop(CoordinatorState *s, Member *m, const char *why) {
         char hex[IDENTITY_HEX_SIZE];
         identity_to_hex(m->key, hex);
-        log_warning("Coordinator: dropped the link of %.16s…: %s", hex, why);
+        hex[16] = 0;
+        if (log_ratelimit(&drop_lines, LOG_WARNING, hex))
+                log_warning("Coordinator: dropped the link of %s…: %s", hex, why);
         net_close_peer(s->net, m->peer);
 }
 
@@ -405,8 +415,10 @@ static void on_control(void *ud, uint32_t peer, uint8_t type, const uint8_t *p, 
                 m->join.latency = lat;
                 char hex[IDENTITY_HEX_SIZE];
                 identity_to_hex(m->key, hex);
-                log_info("Coordinator: %.16s… measures its links at %.0f Mbit/s and %.3f ms now", hex, bw * 8e-6,
-                         lat * 1e3);
+                hex[16] = 0;
+                if (log_ratelimit(&figure_lines, LOG_INFO, hex))
+                        log_info("Coordinator: %s… measures its links at %.0f Mbit/s and %.3f ms now", hex, bw * 8e-6,
+                                 lat * 1e3);
                 return;
         }
         if (type == FRAME_CONTROL && len >= 4 && memcmp(p, "RVMD", 4) == 0) {

@@ -45,6 +45,25 @@ const char *node_close_reason(int reason, const NetPeerInfo *info, char *buf, si
         return buf;
 }
 
+const char *node_address_host(const char *address, char *buf, size_t size) {
+        const char *colon = strrchr(address, ':');
+        size_t n = colon && (address[0] != '[' || colon[-1] == ']') ? (size_t)(colon - address) : strlen(address);
+        snprintf(buf, size, "%.*s", (int)n, address);
+        return buf;
+}
+
+/* Lines a stranger can have this node write at will, one per connection
+ * or per message: each sender's address has a burst, then a summary. */
+static LogRatelimit handshake_lines = LOG_RATELIMIT_INIT("Failed handshakes from");
+static LogRatelimit link_lines = LOG_RATELIMIT_INIT("Peers joining and leaving from");
+static LogRatelimit pause_lines = LOG_RATELIMIT_INIT("Pause notices from");
+
+/* Whether a line about a peer at address may be written: by its host. */
+static bool peer_line_ok(LogRatelimit *rl, int level, const char *address) {
+        char host[64];
+        return log_ratelimit(rl, level, node_address_host(address, host, sizeof host));
+}
+
 static const uint8_t msg_paused[4] = { 'R', 'V', 'P', 'Z' }, msg_resumed[4] = { 'R', 'V', 'P', 'R' };
 
 bool node_pause_reason_same(const char *a, const char *b) {
@@ -98,8 +117,9 @@ static void on_connected(void *userdata, uint32_t peer, const uint8_t id[IDENTIT
                 snprintf(info.address, sizeof info.address, "?");
         identity_to_hex(id, hex);
         snprintf(fields, sizeof fields, "PEER=%s\nPEER_ADDRESS=%s", hex, info.address);
-        log_event(LOG_INFO, EVENT_PEER_JOINED, fields, "Peer %s at %s joined (link %u, %s)", hex, info.address, peer,
-                  c >= 0 ? cipher_to_string((Cipher)c) : "?");
+        if (peer_line_ok(&link_lines, LOG_INFO, info.address))
+                log_event(LOG_INFO, EVENT_PEER_JOINED, fields, "Peer %s at %s joined (link %u, %s)", hex, info.address,
+                          peer, c >= 0 ? cipher_to_string((Cipher)c) : "?");
         if (node->told_paused) /* the others heard it when this node paused */
                 send_paused(node, peer);
 }
@@ -141,20 +161,24 @@ static void on_closed(void *userdata, uint32_t peer, int reason, const uint8_t i
         node_close_reason(reason, &info, why, sizeof why);
         snprintf(fields, sizeof fields, "PEER=%s\nPEER_ADDRESS=%s\nREASON=%s", hex, info.address, why);
 
-        if (!info.reached && reason != 0)
+        bool refused = reason == -EACCES || reason == -EOPNOTSUPP || reason == -EKEYREJECTED;
+        bool left = info.open && !refused && (reason == 0 || reason == -ECONNRESET);
+        if (!info.reached && reason != 0) /* this node's own dial (again after a minute at most) */
                 log_event(LOG_WARNING, EVENT_PEER_LEFT, fields, "Failed to connect to %s (link %u): %s", info.address,
                           peer, reason == -ETIMEDOUT ? "no answer within the handshake timeout" : strerror(-reason));
+        else if (!peer_line_ok(info.open && !refused ? &link_lines : &handshake_lines, left ? LOG_INFO : LOG_WARNING,
+                               info.address))
+                return;
         else if (!info.open && (reason == 0 || reason == -ECONNRESET))
                 /* The initiator checks the responder first: a link that ends
                  * here usually means the other side refused this node. */
                 log_event(LOG_WARNING, EVENT_AUTH_FAILED, fields,
                           "Link %u with %s closed during the handshake: the peer did not admit this node "
                           "(different network secret, or not on its allowlist) or gave up", peer, who);
-        else if ((!info.open && reason != -ETIMEDOUT) || reason == -EACCES || reason == -EOPNOTSUPP ||
-                 reason == -EKEYREJECTED)
+        else if ((!info.open && reason != -ETIMEDOUT) || refused)
                 log_event(LOG_WARNING, EVENT_AUTH_FAILED, fields, "Authentication failed on link %u with %s: %s",
                           peer, who, why);
-        else if (reason == 0 || reason == -ECONNRESET)
+        else if (left)
                 log_event(LOG_INFO, EVENT_PEER_LEFT, fields, "Peer %s left (link %u): %s", who, peer, why);
         else
                 log_event(LOG_WARNING, EVENT_PEER_LEFT, fields, "Dropped link %u with peer %s: %s", peer, who, why);
@@ -181,24 +205,41 @@ static int paused_index(const Node *node, uint32_t peer) {
 
 static void forget_paused(Node *node, uint32_t peer) {
         int i = paused_index(node, peer);
-        if (i >= 0)
-                node->paused[i] = node->paused[--node->paused_peers];
+        if (i < 0)
+                return;
+        node->paused_peers--;
+        node->paused[i] = node->paused[node->paused_peers];
+        memcpy(node->paused_reason[i], node->paused_reason[node->paused_peers], sizeof node->paused_reason[i]);
 }
 
+/* A peer's pause notice: logged when it pauses or resumes and when the
+ * cause of its pause changes, not at every notice (any peer can send them
+ * as fast as it likes), and within its address's rate limit. */
 static void on_control(void *userdata, uint32_t peer, uint8_t type, const uint8_t *payload, size_t len) {
         Node *node = userdata;
         char reason[NODE_PAUSED_MAX];
+        NetPeerInfo info = {};
         if (type != FRAME_CONTROL)
                 return;
         bool paused = node_paused_reason(payload, len, reason, sizeof reason);
         if (!paused && (len != 4 || memcmp(payload, msg_resumed, 4)))
                 return;
-        bool known = paused_index(node, peer) >= 0;
+        int i = paused_index(node, peer);
+        if (!paused && i < 0) /* resumed, and was not paused (or past NODE_MAX_PAUSED) */
+                return;
+        if (paused && i >= 0 && node_pause_reason_same(node->paused_reason[i], reason))
+                return;
         if (!paused)
                 forget_paused(node, peer);
-        else if (!known && node->paused_peers < NODE_MAX_PAUSED)
-                node->paused[node->paused_peers++] = peer;
-        if (paused || known) /* and a paused peer's new reason */
+        else if (i < 0 && node->paused_peers < NODE_MAX_PAUSED)
+                i = (int)node->paused_peers++;
+        if (paused && i >= 0) {
+                node->paused[i] = peer;
+                snprintf(node->paused_reason[i], sizeof node->paused_reason[i], "%s", reason);
+        }
+        if (net_peer_describe(node->net, peer, &info) < 0)
+                snprintf(info.address, sizeof info.address, "?");
+        if (peer_line_ok(&pause_lines, LOG_INFO, info.address))
                 log_info("Peer on link %u %s%s%s", peer, paused ? "paused" : "resumed", reason[0] && paused ? ": " : "",
                          paused ? reason : "");
 }

@@ -16,6 +16,8 @@
 #include "net/net.h"
 
 #define NODE_MAX_PAUSED 64
+/* A pause notice's length at most (node_paused_message()). */
+#define NODE_PAUSED_MAX 132
 
 /* A peer of network.peers: dialed at start, and again whenever its link is
  * lost or could not be made (after 1 s, twice as long after each failure
@@ -37,6 +39,7 @@ typedef struct Node {
         char told_reason[128];         /* ... and why */
         uint32_t paused_peers;         /* peers that said they are paused ... */
         uint32_t paused[NODE_MAX_PAUSED]; /* ... their links (a status figure: past this many, not counted) */
+        char paused_reason[NODE_MAX_PAUSED][NODE_PAUSED_MAX]; /* ... and why: logged once per cause */
 } Node;
 
 /* Whether the configuration asks for a network at all. */
@@ -63,7 +66,6 @@ void node_stop(Node *node);
 void node_tell_paused(Node *node, bool paused, const char *reason);
 /* The CONTROL payload that says this node paused: "RVPZ" and the reason,
  * its text, at most NODE_PAUSED_MAX bytes in all. Returns its length. */
-#define NODE_PAUSED_MAX 132
 size_t node_paused_message(const char *reason, uint8_t buf[NODE_PAUSED_MAX]);
 /* Whether two pause reasons say the same cause: their text up to the first
  * figure ("other processes use 1.80 CPU, ..." moves every half second,
@@ -73,6 +75,10 @@ bool node_pause_reason_same(const char *a, const char *b);
 /* Whether payload says its sender paused; its reason, printable ASCII, in
  * reason ("" from a sender that gives none). */
 bool node_paused_reason(const uint8_t *payload, size_t len, char *reason, size_t size);
+/* The host of a peer's address ("192.0.2.7" of "192.0.2.7:41234",
+ * "[2001:db8::7]" of "[2001:db8::7]:7000"): the key its log lines are
+ * rate-limited by (log_ratelimit()), whatever port it comes from. */
+const char *node_address_host(const char *address, char *buf, size_t size);
 /* Why a link closed, for a log line: reason as closed() gives it, info from
  * net_peer_describe() in that callback ("said goodbye", "timed out (idle
  * link deadline)", "peer speaks protocol version 2, this node speaks 1", ...). */

@@ -47,6 +47,7 @@ typedef struct Run {
         char told_reason[128];       /* ... and why */
         uint64_t lost_told;          /* micro-batches lost with broken links, as logged */
         bool prev_paused, next_paused;
+        char prev_reason[NODE_PAUSED_MAX], next_reason[NODE_PAUSED_MAX]; /* why, as logged */
         bool prev_quiesced;           /* the stages before finished their micro-batches */
         uint64_t missing_since_ns;    /* a neighbour has been gone (or not come) since; 0: both there */
         bool quiescing, quiesced;
@@ -132,6 +133,11 @@ static void run_done(Run *r) {
         r->test = dataset_free(r->test);
 }
 
+/* Lines a stranger or a neighbour can have this stage write at will: a
+ * burst each (by address, or by neighbour), then a summary. */
+static LogRatelimit stranger_lines = LOG_RATELIMIT_INIT("Links that are no neighbour's from");
+static LogRatelimit pause_lines = LOG_RATELIMIT_INIT("Pause notices from the");
+
 static void run_connected(void *ud, uint32_t peer, const uint8_t id[IDENTITY_PK_SIZE]) {
         Run *r = ud;
         char hex[IDENTITY_HEX_SIZE];
@@ -145,7 +151,12 @@ static void run_connected(void *ud, uint32_t peer, const uint8_t id[IDENTITY_PK_
                 r->dial_pending[1] = false;
                 log_info("Next stage %.16s… joined", hex);
         } else {
-                log_warning("Dropped pipeline link from %.16s…: not a neighbouring stage of this node", hex);
+                NetPeerInfo info = { .address = "?" };
+                char host[64];
+                (void)net_peer_describe(r->net, peer, &info);
+                if (log_ratelimit(&stranger_lines, LOG_WARNING, node_address_host(info.address, host, sizeof host)))
+                        log_warning("Dropped pipeline link from %.16s… at %s: not a neighbouring stage of this node",
+                                    hex, info.address);
                 net_close_peer(r->net, peer);
                 return;
         }
@@ -178,10 +189,13 @@ static void run_closed(void *ud, uint32_t peer, int reason, const uint8_t id[IDE
                 if (!r->finished)
                         log_warning("%s stage left (%s); waiting for it to come back", prev ? "Previous" : "Next",
                             reason ? strerror(-reason) : "said goodbye");
-                if (prev)
+                if (prev) { /* and paused no more: it says so again when it comes back paused */
                         r->prev_peer = -1;
-                else
+                        r->prev_paused = false;
+                } else {
                         r->next_peer = -1;
+                        r->next_paused = false;
+                }
                 pipe_connect(r->pipe, r->net, r->prev_peer, r->next_peer);
                 run_tell_lost(r);
         }
@@ -210,9 +224,17 @@ static void run_control(void *ud, uint32_t peer, uint8_t type, const uint8_t *p,
         bool paused = type == FRAME_CONTROL && node_paused_reason(p, len, why, sizeof why);
         if (type == FRAME_CONTROL && (from_prev || from_next) &&
             (paused || (len == 4 && !memcmp(p, msg_resumed, 4)))) {
-                *(from_prev ? &r->prev_paused : &r->next_paused) = paused;
-                log_info("%s stage %s%s%s", from_prev ? "Previous" : "Next", paused ? "paused" : "resumed",
-                         paused && why[0] ? ": " : "", paused ? why : "");
+                /* logged when it pauses, resumes or the cause changes, not
+                 * at every notice: it may send them as fast as it likes */
+                bool *was = from_prev ? &r->prev_paused : &r->next_paused;
+                char *cause = from_prev ? r->prev_reason : r->next_reason;
+                if (paused == *was && (!paused || node_pause_reason_same(cause, why)))
+                        return;
+                *was = paused;
+                snprintf(cause, NODE_PAUSED_MAX, "%s", paused ? why : "");
+                if (log_ratelimit(&pause_lines, LOG_INFO, from_prev ? "previous stage" : "next stage"))
+                        log_info("%s stage %s%s%s", from_prev ? "Previous" : "Next", paused ? "paused" : "resumed",
+                                 paused && why[0] ? ": " : "", paused ? why : "");
                 return;
         }
         if (type == FRAME_CONTROL && len == 4 && from_prev && !memcmp(p, msg_quiesced, 4)) {

@@ -4,6 +4,8 @@
 
 #include "../lib/proc.h"
 #include "service/bus.h"
+#include "util/log.h"
+#include <arpa/inet.h>
 #include <linux/filter.h>
 #include <linux/seccomp.h>
 #include <errno.h>
@@ -112,6 +114,37 @@ Test(daemon, broken_dataset_is_a_clear_error) {
         char want[192];
         snprintf(want, sizeof want, "%s: bad magic", path);
         cr_assert(strstr(p.out, want), "%s", p.out);
+}
+
+/* ---- rate-limited lines ---------------------------------------------------- */
+
+/* Of total lines about one sender that p would write without a rate limit,
+ * those it wrote (containing line) and those its summaries ("<subject> ...
+ * and N more in the last S s") count; reads p's output until they add up to
+ * total (the last summary comes when its interval ends), then checks that
+ * each interval let at most a burst through. Returns the lines written. */
+static int rate_limited_lines(Proc *p, const char *line, const char *subject, int total) {
+        int shown = 0, hidden = 0, summaries = 0;
+        for (int waited = 0; waited < 60; waited++) {
+                shown = test_count(p->out, line);
+                hidden = summaries = 0;
+                for (const char *s = strstr(p->out, subject); s; s = strstr(s + 1, subject)) {
+                        int n;
+                        if (sscanf(s + strlen(subject), " ... and %d more in the last", &n) == 1) {
+                                hidden += n;
+                                summaries++;
+                        }
+                }
+                if (shown + hidden >= total)
+                        break;
+                proc_wait_for(p, "(a line that never comes)", 1000);
+        }
+        cr_assert_eq(shown + hidden, total, "%d lines written, %d in %d summaries, of %d:\n%s", shown, hidden,
+                     summaries, total, p->out);
+        cr_assert_geq(summaries, 1, "%s", p->out);
+        cr_assert_leq(shown, LOG_RATELIMIT_BURST * (summaries + 1), "%d lines written in %d intervals:\n%s", shown,
+                      summaries + 1, p->out);
+        return shown;
 }
 
 /* ---- the network: peers join, strangers are refused ---------------------- */
@@ -262,6 +295,45 @@ Test(daemon, peers_join_and_strangers_are_refused, .timeout = 120) {
         char cmd[300];
         snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
         cr_assert_eq(system(cmd), 0);
+}
+
+/* Node a in dir, listening on port: it trained on the tiny dataset in a
+ * moment, and serves its peers and its control socket
+ * (<dir>/state-a.sock), quietly. */
+static void start_trained_node(Proc *p, const char *dir, uint16_t port) {
+        char secret[256], conf[256];
+        write_tiny_dataset(dir);
+        snprintf(secret, sizeof secret, "%s/secret", dir);
+        test_write_file(secret, "00112233445566778899aabbccddeeff00112233445566778899aabbccddeeff\n", 0600);
+        node_config(dir, "a", secret, port, 0, conf);
+        start_node(p, conf, dir);
+        cr_assert(proc_wait_for(p, "serving peers", 30000), "%s", p->out);
+}
+
+/* Anyone who reaches the port can fail handshakes as fast as it connects:
+ * a burst of warnings per address, then one line for the rest. */
+Test(daemon, a_flood_of_failed_handshakes_logs_a_burst_and_a_summary, .timeout = 180) {
+        char dir[] = "/tmp/ravnest-test-flood-XXXXXX";
+        cr_assert_not_null(mkdtemp(dir));
+        uint16_t port = test_free_port();
+        Proc a;
+        start_trained_node(&a, dir, port);
+
+        enum { FLOOD = 200 };
+        static const char junk[] = "GET / HTTP/1.0\r\n\r\n"; /* not a HELLO */
+        struct sockaddr_in sa = { .sin_family = AF_INET, .sin_port = htons(port),
+                                  .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
+        for (int i = 0; i < FLOOD; i++) {
+                int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+                cr_assert_eq(connect(fd, (struct sockaddr *)&sa, sizeof sa), 0, "connection %d", i);
+                (void)send(fd, junk, sizeof junk - 1, MSG_NOSIGNAL);
+                close(fd);
+        }
+        int shown = rate_limited_lines(&a, "with 127.0.0.1:", "Failed handshakes from 127.0.0.1", FLOOD);
+        cr_log_info("%d failed handshakes: %d lines and their summaries", FLOOD, shown);
+        kill(a.pid, SIGTERM);
+        cr_assert_eq(proc_exit(&a), 0, "%s", a.out);
+        test_remove_tree(dir);
 }
 
 Test(daemon, falls_back_to_epoll_without_io_uring, .timeout = 120) {
@@ -648,3 +720,4 @@ Test(daemon, the_control_socket_answers_a_call_sent_with_the_authentication_and_
         snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
         cr_assert_eq(system(cmd), 0);
 }
+

@@ -8,9 +8,12 @@
 
 #include "../lib/proc.h"
 #include "run/node.h"
+#include "util/macro.h"
 
 typedef struct Peer {
         Net *n;
+        Identity id;
+        uint8_t key[32];
         int connected, paused;
         char reason[NODE_PAUSED_MAX];
 } Peer;
@@ -62,6 +65,20 @@ static void peer_config(NetConfig *nc, Identity *id, uint8_t key[32]) {
         nc->secret = key;
 }
 
+/* p, a new identity with the node's secret, dials the node on port, and
+ * both serve their links until the link is up. */
+static void peer_dial(Peer *p, const NetCallbacks *cb, Node *node, uint16_t port, uint32_t *ret_link) {
+        NetConfig nc;
+        peer_config(&nc, &p->id, p->key);
+        cr_assert_eq(net_new(&nc, cb, p, &p->n), 0);
+        cr_assert_eq(net_connect(p->n, "127.0.0.1", port, ret_link), 0);
+        for (int i = 0; i < 2000 && !p->connected; i++) {
+                node_poll(node, 1);
+                net_run(p->n, 1);
+        }
+        cr_assert(p->connected, "the peer did not connect");
+}
+
 /* A node that paused before a peer connected tells that peer too, not only
  * the peers it had when it paused; and why, again when that changes (a
  * peer heard "its owner needs the machine" whatever paused it). */
@@ -74,20 +91,14 @@ Test(node, a_peer_that_connects_while_paused_learns_it) {
         node_up(dir, listen, &c, &node);
         node_tell_paused(&node, true, "paused by the operator");
 
-        Identity id;
-        uint8_t key[32];
-        NetConfig nc;
-        peer_config(&nc, &id, key);
         NetCallbacks cb = { .connected = peer_connected, .control = peer_control };
         Peer p = {};
-        cr_assert_eq(net_new(&nc, &cb, &p, &p.n), 0);
         uint32_t link;
-        cr_assert_eq(net_connect(p.n, "127.0.0.1", port, &link), 0);
+        peer_dial(&p, &cb, &node, port, &link);
         for (int i = 0; i < 2000 && !p.paused; i++) {
                 node_poll(&node, 1);
                 net_run(p.n, 1);
         }
-        cr_assert(p.connected, "the peer did not connect");
         cr_assert_eq(p.paused, 1, "the peer was not told the node is paused");
         cr_assert_str_eq(p.reason, "paused by the operator");
         node_tell_paused(&node, true, "paused by the operator");
@@ -98,6 +109,63 @@ Test(node, a_peer_that_connects_while_paused_learns_it) {
         }
         cr_assert_eq(p.paused, 2, "told once per reason");
         cr_assert_str_eq(p.reason, "other processes use 1.2 CPU");
+
+        net_free(p.n);
+        for (int i = 0; i < 100; i++)
+                node_poll(&node, 1);
+        node_down(dir, &c, &node);
+}
+
+/* A peer's pause notices, as often as it sends them, are logged when it
+ * pauses, resumes or gives another cause (every notice was a line: a peer
+ * could write the node's log as fast as it sent them). */
+Test(node, a_peer_repeating_its_pause_is_logged_once_per_cause) {
+        char dir[] = "/tmp/ravnest-test-node-XXXXXX", listen[64], log[] = "/tmp/ravnest-test-node-log-XXXXXX";
+        uint16_t port = test_free_port();
+        snprintf(listen, sizeof listen, "listen = \"127.0.0.1:%u\";", port);
+        Config c;
+        Node node;
+        node_up(dir, listen, &c, &node);
+
+        NetCallbacks cb = { .connected = peer_connected };
+        Peer p = {};
+        uint8_t msg[NODE_PAUSED_MAX];
+        uint32_t link;
+        peer_dial(&p, &cb, &node, port, &link);
+
+        /* the node's log into a file while the notices come */
+        int fd = mkstemp(log), saved = dup(STDERR_FILENO);
+        fflush(stderr);
+        cr_assert(dup2(fd, STDERR_FILENO) >= 0);
+        char reason[64];
+        for (int i = 0; i < 50; i++) { /* its figures move: one cause */
+                snprintf(reason, sizeof reason, "other processes use 1.%02d CPU", i);
+                cr_assert_eq(net_send_control(p.n, link, FRAME_CONTROL, msg, node_paused_message(reason, msg)), 0);
+        }
+        cr_assert_eq(net_send_control(p.n, link, FRAME_CONTROL, msg,
+                                      node_paused_message("paused by the operator", msg)), 0);
+        for (int i = 0; i < 20; i++)
+                cr_assert_eq(net_send_control(p.n, link, FRAME_CONTROL, "RVPR", 4), 0);
+        cr_assert_eq(net_send_control(p.n, link, FRAME_CONTROL, msg, node_paused_message("on battery", msg)), 0);
+        for (int i = 0; i < 4000 && !(node.paused_peers == 1 && !strcmp(node.paused_reason[0], "on battery")); i++) {
+                node_poll(&node, 1);
+                net_run(p.n, 1);
+        }
+        fflush(stderr);
+        dup2(saved, STDERR_FILENO);
+        close(saved);
+        cr_assert_str_eq(node.paused_reason[0], "on battery");
+
+        char text[4096];
+        ssize_t n = pread(fd, text, sizeof text - 1, 0);
+        close(fd);
+        unlink(log);
+        text[MAX(n, 0)] = 0;
+        cr_assert_eq(test_count(text, "paused: other processes use 1.00 CPU"), 1, "%s", text);
+        cr_assert_eq(test_count(text, "paused: paused by the operator"), 1, "%s", text);
+        cr_assert_eq(test_count(text, "resumed"), 1, "%s", text);
+        cr_assert_eq(test_count(text, "paused: on battery"), 1, "%s", text);
+        cr_assert_eq(test_count(text, "Peer on link"), 4, "%s", text);
 
         net_free(p.n);
         for (int i = 0; i < 100; i++)
