@@ -141,23 +141,49 @@ static int get_version(sd_bus *bus, const char *path, const char *interface, con
 
 /* ---- methods ----------------------------------------------------------- */
 
+/* Who sent m: the system bus says; on the control socket, the socket said
+ * when the client connected (sd-bus reads the client's messages from a
+ * pipe, which has no credentials: BusClient). */
+static int sender_uid(Bus *b, sd_bus_message *m, uid_t *ret) {
+        _cleanup_(sd_bus_creds_unrefp) sd_bus_creds *creds = NULL;
+        sd_bus *bus = sd_bus_message_get_bus(m);
+        int r;
+
+        for (size_t i = 0; i < BUS_MAX_DIRECT; i++)
+                if (b->direct[i] && b->direct[i]->bus == bus) {
+                        *ret = b->direct[i]->uid;
+                        return 0;
+                }
+        if (!bus || bus != b->system)
+                return -ESRCH;
+        r = sd_bus_query_sender_creds(m, SD_BUS_CREDS_EUID, &creds);
+        if (r >= 0)
+                r = sd_bus_creds_get_euid(creds, ret);
+        return r;
+}
+
+/* Refusals any local user can ask for as fast as it likes: a burst per
+ * uid, then a summary. */
+static LogRatelimit refusal_lines = LOG_RATELIMIT_INIT("Refused calls from");
+
 /* Root and the daemon's own user; the bus policy says the same. Logs who
  * asked, so a pause and resume between two steps leave a trace too. */
 static int check_privileged(Bus *b, sd_bus_message *m, const char *what, sd_bus_error *error) {
-        _cleanup_(sd_bus_creds_unrefp) sd_bus_creds *creds = NULL;
+        char key[32];
         uid_t uid;
         int r;
 
-        r = sd_bus_query_sender_creds(m, SD_BUS_CREDS_EUID, &creds);
-        if (r >= 0)
-                r = sd_bus_creds_get_euid(creds, &uid);
+        r = sender_uid(b, m, &uid);
         if (r < 0)
                 return sd_bus_error_set_errnof(error, -r, "Cannot tell who is calling: %s", strerror(-r));
         if (uid != 0 && uid != b->self_uid) {
                 /* under the unit's PrivateUsers=, every other user is seen as the overflow uid */
-                log_notice("Refused %s from uid %u%s: only root and uid %u (this daemon's user) may", what,
-                           (unsigned)uid, uid == 65534 ? " (or a user the service's sandbox shows as nobody)" : "",
-                           (unsigned)b->self_uid);
+                snprintf(key, sizeof key, "uid %u", (unsigned)uid);
+                if (log_ratelimit(&refusal_lines, LOG_NOTICE, key))
+                        log_notice("Refused %s from uid %u%s: only root and uid %u (this daemon's user) may", what,
+                                   (unsigned)uid,
+                                   uid == 65534 ? " (or a user the service's sandbox shows as nobody)" : "",
+                                   (unsigned)b->self_uid);
                 return sd_bus_error_setf(error, SD_BUS_ERROR_ACCESS_DENIED,
                                          "Only root and the daemon's own user may %s this node", what);
         }
@@ -270,27 +296,174 @@ static int serve_object(Bus *b, sd_bus *bus) {
         return r;
 }
 
-/* No flush: a client that does not read would hold the loop in it. */
+static BusClient *client_free(BusClient *c) {
+        if (!c)
+                return NULL;
+        sd_event_source_disable_unref(c->in);
+        sd_event_source_disable_unref(c->out);
+        if (c->fd >= 0)
+                close(c->fd);
+        if (c->pipe >= 0)
+                close(c->pipe);
+        sd_bus_close_unref(c->bus); /* No flush: a client that does not read would hold the loop in it. */
+        free(c);
+        return NULL;
+}
+
 static void drop_client(Bus *b, size_t i) {
-        b->direct[i] = sd_bus_close_unref(b->direct[i]);
+        b->direct[i] = client_free(b->direct[i]);
 }
 
 /* After every event the loop dispatched: a client whose call came in the
  * same read as its authentication has it still in sd-bus's buffer, with
- * nothing left on the socket to wake the loop; a client gone is freed; and
- * one that leaves more than BUS_MAX_QUEUED replies unread is dropped, so
- * that it cannot grow the daemon's memory. */
+ * nothing left on the socket to wake the loop; a client gone or refused is
+ * freed; and one that leaves more than BUS_MAX_QUEUED replies unread is
+ * dropped, so that it cannot grow the daemon's memory. */
 static int on_post(sd_event_source *s, void *userdata) {
         Bus *b = userdata;
         (void)s;
         for (size_t i = 0; i < BUS_MAX_DIRECT; i++) {
+                BusClient *c = b->direct[i];
                 uint64_t queued = 0;
-                for (int k = 0; k < 16 && b->direct[i] && sd_bus_process(b->direct[i], NULL) > 0; k++)
+                if (!c)
+                        continue;
+                for (int k = 0; k < 16 && !c->refused && sd_bus_process(c->bus, NULL) > 0; k++)
                         ;
-                if (b->direct[i] && (sd_bus_is_open(b->direct[i]) <= 0 ||
-                                     (sd_bus_get_n_queued_write(b->direct[i], &queued) >= 0 && queued > BUS_MAX_QUEUED)))
+                if (c->refused || sd_bus_is_open(c->bus) <= 0 ||
+                    (sd_bus_get_n_queued_write(c->bus, &queued) >= 0 && queued > BUS_MAX_QUEUED))
                         drop_client(b, i);
         }
+        return 0;
+}
+
+/* A message's size from its fixed header (the D-Bus specification,
+ * "Message Format"): 16 bytes (the byte order, type, flags, version, the
+ * body's length, the serial, the header fields' length), the header
+ * fields padded to 8, the body. */
+static int message_size(const uint8_t header[16], uint64_t *ret) {
+        uint32_t body, fields;
+        memcpy(&body, header + 4, sizeof body);
+        memcpy(&fields, header + 12, sizeof fields);
+        if (header[0] == 'l') {
+                body = le32toh(body);
+                fields = le32toh(fields);
+        } else if (header[0] == 'B') {
+                body = be32toh(body);
+                fields = be32toh(fields);
+        } else
+                return -EBADMSG;
+        *ret = 16 + ALIGN_TO((uint64_t)fields, 8) + body;
+        return 0;
+}
+
+/* What of c->buf may pass on to sd-bus: an authentication line, or a
+ * message's header once it announces at most BUS_MAX_MESSAGE bytes, then
+ * the rest of the message. 1: c->ready set; 0: more bytes first;
+ * -EMSGSIZE: a message too large (its size in *ret_size); -EBADMSG: not a
+ * D-Bus message. */
+static int relay_check(BusClient *c, uint64_t *ret_size) {
+        if (!c->authenticated) {
+                const uint8_t *end = memmem(c->buf, c->n, "\r\n", 2);
+                if (!end)
+                        return 0;
+                size_t len = (size_t)(end - c->buf), skip = 0;
+                if (c->lines++ == 0 && len > 0 && c->buf[0] == 0)
+                        skip = 1; /* as sd-bus reads it: the NUL that opens the first line is not part of it */
+                c->authenticated = len - skip == 5 && !memcmp(c->buf + skip, "BEGIN", 5);
+                c->ready = len + 2;
+                return 1;
+        }
+        if (c->left == 0) {
+                if (c->n < 16)
+                        return 0;
+                int r = message_size(c->buf, &c->left);
+                if (r < 0)
+                        return r;
+                if (c->left > BUS_MAX_MESSAGE) {
+                        *ret_size = c->left;
+                        return -EMSGSIZE;
+                }
+        }
+        c->ready = (size_t)MIN((uint64_t)c->n, c->left);
+        c->left -= c->ready;
+        return c->ready > 0;
+}
+
+/* Pass on to sd-bus what the client sent, as far as it checks. 0: waits
+ * for the client, or for sd-bus to read the pipe; -ECONNRESET: the client
+ * closed; -EMSGSIZE, -EBADMSG: relay_check() refused it (*ret_size). */
+static int relay(BusClient *c, uint64_t *ret_size) {
+        for (;;) {
+                while (c->ready > 0) {
+                        ssize_t k = write(c->pipe, c->buf, c->ready);
+                        if (k < 0 && errno == EAGAIN) { /* sd-bus reads on: c->out says when */
+                                sd_event_source_set_enabled(c->in, SD_EVENT_OFF);
+                                sd_event_source_set_enabled(c->out, SD_EVENT_ONESHOT);
+                                return 0;
+                        }
+                        if (k < 0)
+                                return -errno;
+                        memmove(c->buf, c->buf + k, c->n - (size_t)k);
+                        c->n -= (size_t)k;
+                        c->ready -= (size_t)k;
+                }
+                int r = relay_check(c, ret_size);
+                if (r < 0)
+                        return r;
+                if (r > 0)
+                        continue;
+                if (c->n == sizeof c->buf) /* an authentication line that long */
+                        return -EBADMSG;
+                ssize_t k = recv(c->fd, c->buf + c->n, sizeof c->buf - c->n, MSG_DONTWAIT);
+                if (k == 0)
+                        return -ECONNRESET;
+                if (k < 0)
+                        return errno == EAGAIN || errno == EINTR ? 0 : -errno;
+                c->n += (size_t)k;
+        }
+}
+
+/* Drops any local user can ask for as fast as it likes: a burst per uid,
+ * then a summary. */
+static LogRatelimit drop_lines = LOG_RATELIMIT_INIT("Dropped control clients of");
+
+/* The client's socket is readable (or the pipe writable again). */
+static void relay_input(BusClient *c) {
+        char key[32];
+        uint64_t size = 0;
+        int r = relay(c, &size);
+        if (r >= 0)
+                return;
+        sd_event_source_set_enabled(c->in, SD_EVENT_OFF);
+        if (r != -EMSGSIZE && r != -EBADMSG) { /* gone: sd-bus reads what came before, then the end */
+                c->out = sd_event_source_disable_unref(c->out);
+                if (c->pipe >= 0)
+                        close(c->pipe);
+                c->pipe = -1;
+                return;
+        }
+        c->refused = true;
+        snprintf(key, sizeof key, "uid %u", (unsigned)c->uid);
+        if (r == -EBADMSG)
+                log_debug("Dropped a control client of uid %u: it does not speak D-Bus", (unsigned)c->uid);
+        else if (log_ratelimit(&drop_lines, LOG_WARNING, key))
+                log_warning("Dropped a control client of uid %u: it announced a message of %llu bytes, and the "
+                            "control socket takes %u at most", (unsigned)c->uid, (unsigned long long)size,
+                            BUS_MAX_MESSAGE);
+}
+
+static int on_client_input(sd_event_source *s, int fd, uint32_t revents, void *userdata) {
+        (void)s, (void)fd, (void)revents;
+        relay_input(userdata);
+        return 0;
+}
+
+/* The pipe took what sd-bus read: back to the client's socket. */
+static int on_pipe_writable(sd_event_source *s, int fd, uint32_t revents, void *userdata) {
+        BusClient *c = userdata;
+        (void)s, (void)fd, (void)revents;
+        sd_event_source_set_enabled(c->in, SD_EVENT_ON);
+        relay_input(c);
         return 0;
 }
 
@@ -306,9 +479,9 @@ static int client_slot(Bus *b, uid_t uid) {
         for (size_t i = 0; i < BUS_MAX_DIRECT; i++) {
                 if (!b->direct[i])
                         free_slot = MIN(free_slot, i);
-                else if (b->direct_uid[i] == uid)
+                else if (b->direct[i]->uid == uid)
                         theirs++;
-                else if (!privileged_uid(b, b->direct_uid[i]))
+                else if (!privileged_uid(b, b->direct[i]->uid))
                         other = i;
         }
         if (!privileged_uid(b, uid) && theirs >= BUS_MAX_DIRECT_PER_USER)
@@ -321,10 +494,51 @@ static int client_slot(Bus *b, uid_t uid) {
         return (int)other;
 }
 
+/* A new client on its socket cfd (taken over): sd-bus reads the pipe the
+ * relay writes, and writes to the socket. */
+static int client_new(Bus *b, int cfd, uid_t uid, BusClient **ret) {
+        _cleanup_(closep) int fd = cfd;
+        sd_id128_t id;
+        int p[2], r;
+
+        BusClient *c = calloc(1, sizeof *c);
+        if (!c)
+                return -ENOMEM;
+        c->uid = uid;
+        c->fd = c->pipe = -1;
+        if (pipe2(p, O_CLOEXEC | O_NONBLOCK) < 0) {
+                free(c);
+                return -errno;
+        }
+        c->pipe = p[1];
+        r = sd_bus_new(&c->bus);
+        if (r >= 0)
+                r = sd_bus_set_fd(c->bus, p[0], fd);
+        if (r < 0) {
+                close(p[0]);
+                client_free(c);
+                return r;
+        }
+        TAKE_FD(fd); /* sd-bus's now, and p[0] */
+        c->fd = fcntl(cfd, F_DUPFD_CLOEXEC, 3);
+        if (c->fd < 0)
+                r = -errno;
+        /* who calls is c->uid (sender_uid()), whatever the client says it is */
+        if (r < 0 || (r = sd_id128_randomize(&id)) < 0 || (r = sd_bus_set_server(c->bus, 1, id)) < 0 ||
+            (r = sd_bus_set_anonymous(c->bus, 1)) < 0 || (r = sd_bus_start(c->bus)) < 0 ||
+            (r = serve_object(b, c->bus)) < 0 ||
+            (r = sd_event_add_io(b->event, &c->in, c->fd, EPOLLIN, on_client_input, c)) < 0 ||
+            (r = sd_event_add_io(b->event, &c->out, c->pipe, EPOLLOUT, on_pipe_writable, c)) < 0 ||
+            (r = sd_event_source_set_enabled(c->out, SD_EVENT_OFF)) < 0) {
+                client_free(c);
+                return r;
+        }
+        *ret = c;
+        return 0;
+}
+
 static int on_client(sd_event_source *s, int fd, uint32_t revents, void *userdata) {
         Bus *b = userdata;
-        sd_bus *bus = NULL;
-        sd_id128_t id;
         struct ucred cred;
         socklen_t len = sizeof cred;
         int cfd, r, slot;
@@ -342,19 +556,11 @@ static int on_client(sd_event_source *s, int fd, uint32_t revents, void *userdat
                 close(cfd);
                 return 0;
         }
-        if ((r = sd_bus_new(&bus)) < 0 || (r = sd_bus_set_fd(bus, cfd, cfd)) < 0) {
-                close(cfd);
-                sd_bus_unref(bus);
-                return 0;
-        }
-        if ((r = sd_id128_randomize(&id)) < 0 || (r = sd_bus_set_server(bus, 1, id)) < 0 ||
-            (r = sd_bus_start(bus)) < 0 || (r = serve_object(b, bus)) < 0) {
+        r = client_new(b, cfd, cred.uid, &b->direct[slot]);
+        if (r < 0)
                 log_debug("Control client dropped: %s", strerror(-r));
-                sd_bus_close_unref(bus);
-                return 0;
-        }
-        b->direct[slot] = bus;
-        b->direct_uid[slot] = cred.uid;
+        else
+                relay_input(b->direct[slot]); /* what it sent with its connection */
         return 0;
 }
 
@@ -441,7 +647,7 @@ static void emit_changed(Bus *b) {
                                                      NULL);
         for (size_t i = 0; i < BUS_MAX_DIRECT; i++)
                 if (b->direct[i])
-                        (void)sd_bus_emit_properties_changed(b->direct[i], BUS_PATH, BUS_INTERFACE, "State",
+                        (void)sd_bus_emit_properties_changed(b->direct[i]->bus, BUS_PATH, BUS_INTERFACE, "State",
                                                              "PauseReason", NULL);
 }
 

@@ -6,7 +6,9 @@
  * the runtime directory, so status and control work where no system bus
  * exists (a container). Reading properties is open to everyone; Pause,
  * Resume and Checkpoint are for root and the daemon's own user, checked here
- * as well as by the bus policy.
+ * as well as by the bus policy. On the socket, which any local user may
+ * reach, the daemon takes messages of at most BUS_MAX_MESSAGE bytes
+ * (BusClient).
  *
  *     Bus bus;
  *     r = bus_start(&bus, event, &control, "/run/ravnest/bus", true);
@@ -34,6 +36,33 @@
 #define BUS_MAX_PENDING 16
 /* A client gives up on a socket that does not answer within this long. */
 #define BUS_CONNECT_TIMEOUT_USEC (10 * 1000000ULL)
+/* The largest message a client of the control socket may send, in bytes:
+ * the node's methods take no arguments, a property's name is short. */
+#define BUS_MAX_MESSAGE (64 * 1024)
+
+/* A client of the control socket. The daemon reads its socket itself and
+ * passes on to sd-bus, through a pipe, only what checks: the lines of the
+ * authentication, then each message once its fixed header announces at
+ * most BUS_MAX_MESSAGE bytes. (sd-bus buffers a whole message, up to its
+ * own 128 MiB, before a handler sees it, and waits for its end as long as
+ * the client likes: any local user could pin that much memory on each of
+ * its connections.) sd-bus answers on the socket itself. Reading a pipe,
+ * sd-bus knows nothing of who sent a message: uid does, read from the
+ * socket when the client connected. */
+typedef struct BusClient {
+        sd_bus *bus;
+        uid_t uid;
+        int fd;                    /* the client's socket, read here (sd-bus writes to its own copy) */
+        int pipe;                  /* the end of the pipe sd-bus reads that is written here */
+        sd_event_source *in, *out; /* the socket readable; the pipe writable again, after it was full */
+        unsigned lines;            /* of the authentication, passed on */
+        bool authenticated;        /* the client said BEGIN: messages follow */
+        bool refused;              /* dropped after this event */
+        uint64_t left;             /* bytes of the current message to pass on still */
+        size_t n;                  /* bytes in buf ... */
+        size_t ready;              /* ... of them, at its start, checked and to pass on */
+        uint8_t buf[4096];
+} BusClient;
 
 typedef struct Bus {
         Control *control;
@@ -44,8 +73,7 @@ typedef struct Bus {
         sd_event_source *listen_source;
         char socket_path[PATH_MAX];
         sd_event_source *post_source;     /* after each event: the clients' buffered calls */
-        sd_bus *direct[BUS_MAX_DIRECT];   /* one per connected client */
-        uid_t direct_uid[BUS_MAX_DIRECT]; /* ... whose socket's owner this is */
+        BusClient *direct[BUS_MAX_DIRECT]; /* one per connected client */
         sd_bus_message *pending[BUS_MAX_PENDING]; /* Checkpoint() calls waiting for the compute thread */
         uint64_t pending_ticket[BUS_MAX_PENDING];
         NodeState last_state;

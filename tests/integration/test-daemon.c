@@ -5,6 +5,7 @@
 #include "../lib/proc.h"
 #include "service/bus.h"
 #include "util/log.h"
+#include <endian.h>
 #include <arpa/inet.h>
 #include <linux/filter.h>
 #include <linux/seccomp.h>
@@ -721,3 +722,129 @@ Test(daemon, the_control_socket_answers_a_call_sent_with_the_authentication_and_
         cr_assert_eq(system(cmd), 0);
 }
 
+/* A raw client of the control socket, authenticated as the EXTERNAL
+ * mechanism asks, its messages next; -1 when it is not answered OK. */
+static int control_connect(const char *sock) {
+        struct sockaddr_un sa = { .sun_family = AF_UNIX };
+        struct timeval tv = { .tv_sec = 10 };
+        char uid[16], hex[40] = "", line[80], reply[128];
+        snprintf(sa.sun_path, sizeof sa.sun_path, "%.100s", sock);
+        snprintf(uid, sizeof uid, "%u", (unsigned)geteuid());
+        for (size_t i = 0; uid[i]; i++)
+                snprintf(hex + 2 * i, 3, "%02x", (unsigned char)uid[i]);
+        int k = snprintf(line, sizeof line, "%cAUTH EXTERNAL %s\r\n", 0, hex);
+        int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+        setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+        setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+        if (connect(fd, (struct sockaddr *)&sa, sizeof sa) < 0 || send(fd, line, (size_t)k, MSG_NOSIGNAL) != k ||
+            recv(fd, reply, sizeof reply, 0) < 3 || strncmp(reply, "OK ", 3) ||
+            send(fd, "BEGIN\r\n", 7, MSG_NOSIGNAL) != 7) {
+                close(fd);
+                return -1;
+        }
+        return fd;
+}
+
+/* A node that serves its control socket, <dir>/state-a.sock. */
+static void start_control_node(Proc *p, const char *dir, char sock[128]) {
+        start_trained_node(p, dir, test_free_port());
+        snprintf(sock, 128, "%s/state-a.sock", dir);
+}
+
+/* The node's methods take no arguments: a client that announces a message
+ * far over BUS_MAX_MESSAGE is dropped once the message's header says so,
+ * and none of its body is kept (sd-bus buffered it, up to 128 MiB per
+ * connection, for as long as the client liked: four connections of any
+ * local user pinned half a GiB). The others are served meanwhile. */
+Test(daemon, the_control_socket_drops_a_client_that_announces_a_huge_message, .timeout = 180) {
+        char dir[] = "/tmp/ravnest-test-ctl-XXXXXX", sock[128], cmd[512];
+        cr_assert_not_null(mkdtemp(dir));
+        Proc p;
+        start_control_node(&p, dir, sock);
+        long before = proc_peak_rss_kib(p.pid);
+
+        int fd = control_connect(sock);
+        cr_assert_geq(fd, 0, "not answered OK: %s", p.out);
+        /* a method call's fixed header: 120 MiB of body to come, no fields */
+        uint8_t header[16] = { 'l', 1, 0, 1 };
+        uint32_t body = htole32(120u << 20), serial = htole32(1);
+        memcpy(header + 4, &body, sizeof body);
+        memcpy(header + 8, &serial, sizeof serial);
+        cr_assert_eq(send(fd, header, sizeof header, MSG_NOSIGNAL), (ssize_t)sizeof header);
+        static char chunk[1 << 20];
+        size_t sent = 0;
+        while (sent < 64u << 20) {
+                ssize_t k = send(fd, chunk, sizeof chunk, MSG_NOSIGNAL);
+                if (k <= 0)
+                        break;
+                sent += (size_t)k;
+        }
+        snprintf(cmd, sizeof cmd, "timeout 20 %s status --socket %s > /dev/null", RAVNESTCTL, sock);
+        cr_assert_eq(system(cmd), 0, "status while the client holds its connection");
+
+        char c;
+        errno = 0;
+        ssize_t k = recv(fd, &c, 1, 0);
+        cr_assert(k == 0 || (k < 0 && errno == ECONNRESET), "the client was not dropped (%zd, %s) after %zu MiB",
+                  k, strerror(errno), sent >> 20);
+        close(fd);
+        cr_assert(proc_wait_for(&p, "announced a message of 125829136 bytes", 10000), "%s", p.out);
+        long after = proc_peak_rss_kib(p.pid);
+        cr_log_info("%zu MiB sent before the drop; the node's peak RSS %ld KiB, then %ld KiB", sent >> 20, before,
+                    after);
+        cr_assert_lt(after - before, 16 * 1024, "the node's peak RSS grew from %ld to %ld KiB", before, after);
+        cr_assert_eq(system(cmd), 0, "status after the drop");
+
+        kill(p.pid, SIGTERM);
+        cr_assert_eq(proc_exit(&p), 0, "%s", p.out);
+        test_remove_tree(dir);
+}
+
+/* Another user's calls to Pause are refused (the node tells callers apart
+ * by the socket, sd-bus reading their messages from a pipe), as often as it
+ * makes them, and a burst of them logged, then a summary; root's is done. */
+Test(daemon, the_control_socket_refuses_another_user_with_a_burst_of_lines_and_serves_root, .timeout = 180) {
+        if (geteuid() != 0)
+                cr_skip_test("SKIP: needs root (a second user to be refused)");
+        char dir[] = "/tmp/ravnest-test-ctl-XXXXXX", sock[128], cmd[512];
+        cr_assert_not_null(mkdtemp(dir));
+        cr_assert_eq(chmod(dir, 0755), 0);
+        Proc p;
+        start_control_node(&p, dir, sock);
+
+        enum { CALLS = 300 };
+        int refused = -1, pipefd[2];
+        cr_assert_eq(pipe(pipefd), 0);
+        pid_t child = fork();
+        if (child == 0) {
+                sd_bus *bus = NULL;
+                bool direct;
+                int n = 0;
+                if (setgid(65534) < 0 || setuid(65534) < 0 || bus_connect_node(sock, true, &bus, &direct) < 0)
+                        _exit(2);
+                for (int i = 0; i < CALLS; i++) {
+                        sd_bus_error error = SD_BUS_ERROR_NULL;
+                        if (sd_bus_call_method(bus, NULL, BUS_PATH, BUS_INTERFACE, "Pause", &error, NULL, "") < 0 &&
+                            sd_bus_error_has_name(&error, SD_BUS_ERROR_ACCESS_DENIED))
+                                n++;
+                        sd_bus_error_free(&error);
+                }
+                (void)!write(pipefd[1], &n, sizeof n);
+                _exit(0);
+        }
+        cr_assert_eq(read(pipefd[0], &refused, sizeof refused), (ssize_t)sizeof refused);
+        waitpid(child, NULL, 0);
+        close(pipefd[0]);
+        close(pipefd[1]);
+        cr_assert_eq(refused, CALLS, "%d of %d calls refused", refused, CALLS);
+        rate_limited_lines(&p, "Refused pause from uid 65534", "Refused calls from uid 65534", CALLS);
+
+        snprintf(cmd, sizeof cmd, "timeout 20 %s pause --socket %s > /dev/null", RAVNESTCTL, sock);
+        cr_assert_eq(system(cmd), 0, "root's pause");
+        cr_assert(proc_wait_for(&p, "Pause requested by uid 0", 10000), "%s", p.out);
+        snprintf(cmd, sizeof cmd, "timeout 20 %s resume --socket %s > /dev/null", RAVNESTCTL, sock);
+        cr_assert_eq(system(cmd), 0, "root's resume");
+        kill(p.pid, SIGTERM);
+        cr_assert_eq(proc_exit(&p), 0, "%s", p.out);
+        test_remove_tree(dir);
+}
