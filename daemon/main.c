@@ -139,7 +139,8 @@ static int check(const Args *a, const Config *config) {
                 log_error_errno(r, "Invalid job: %s", d.text);
                 return EX_CONFIG;
         }
-        if (a->check_config && (r = config_check_job(config, &job, &d)) < 0) {
+        if (a->check_config && ((r = config_check_job(config, &job, &d)) < 0 ||
+                                (config->path[0] && (r = config_check_state_directory(config, &d)) < 0))) {
                 log_error_errno(r, "Invalid configuration: %s", d.text);
                 return EX_CONFIG;
         }

@@ -9,6 +9,7 @@
 #include <string.h>
 #include <strings.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "cluster/plan.h"
 #include "collective/averager.h"
@@ -1002,6 +1003,8 @@ int config_load(const char *path, Config *ret, Diag *d) {
         threads = 0;
         CHECK(conf_check_keys(root, keys, &one));
         CHECK(get_path(root, "state_directory", c.state_directory, sizeof c.state_directory, &one));
+        if (member(root, "state_directory"))
+                c.state_directory_line = (unsigned)config_setting_source_line(member(root, "state_directory"));
         CHECK(get_job(root, c.job, sizeof c.job, &one));
         CHECK(get_socket_path(root, c.control_socket, sizeof c.control_socket, &one));
         CHECK(parse_idle(root, &c, &one));
@@ -1045,6 +1048,39 @@ int config_pipeline_fits_job(const ConfigPipeline *p, const char *source, const 
 
 int config_check_job(const Config *c, const Job *job, Diag *d) {
         return c->pipeline.enabled ? config_pipeline_fits_job(&c->pipeline, c->path, job, d) : 0;
+}
+
+int config_check_state_directory(const Config *c, Diag *d) {
+        const char *dir = c->state_directory;
+        char where[PATH_MAX + 64], parent[PATH_MAX];
+        struct stat st;
+
+        if (c->state_directory_line)
+                snprintf(where, sizeof where, "%s:%u: state_directory", c->path, c->state_directory_line);
+        else
+                snprintf(where, sizeof where, "%s: state_directory (the default)", c->path);
+        if (stat(dir, &st) >= 0) {
+                if (!S_ISDIR(st.st_mode))
+                        return diag_set(d, -ENOTDIR, "%s: %s is not a directory", where, dir);
+                if (access(dir, W_OK | X_OK) < 0)
+                        return diag_set(d, -errno, "%s: %s: cannot write there: %m", where, dir);
+                return 0;
+        }
+        if (errno != ENOENT)
+                return diag_set(d, -errno, "%s: %s: %m", where, dir);
+        /* the daemon creates it, one level (mkdir()): its parent must take it */
+        snprintf(parent, sizeof parent, "%s", dir);
+        for (size_t n = strlen(parent); n > 1 && parent[n - 1] == '/'; n--)
+                parent[n - 1] = 0;
+        char *slash = strrchr(parent, '/');
+        slash[slash == parent] = 0; /* an absolute path (get_path()): "/x" -> "/" */
+        if (stat(parent, &st) < 0)
+                return diag_set(d, -errno, "%s: %s cannot be created: %s: %m", where, dir, parent);
+        if (!S_ISDIR(st.st_mode))
+                return diag_set(d, -ENOTDIR, "%s: %s cannot be created: %s is not a directory", where, dir, parent);
+        if (access(parent, W_OK | X_OK) < 0)
+                return diag_set(d, -errno, "%s: %s cannot be created: %s: %m", where, dir, parent);
+        return 0;
 }
 
 int config_net(const Config *c, const Identity *id, NetConfig *ret, Diag *d) {

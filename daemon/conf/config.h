@@ -161,6 +161,7 @@ typedef struct Config {
         char path[PATH_MAX];            /* the file it was read from */
         char control_socket[PATH_MAX];  /* D-Bus object on a direct connection; "" for none */
         char state_directory[PATH_MAX]; /* the identity key is <state_directory>/identity */
+        unsigned state_directory_line;  /* its line in path; 0: the default */
         char job[PATH_MAX];
         unsigned threads;               /* 0: the number of online CPUs */
 
@@ -192,6 +193,12 @@ typedef struct Config {
 void config_defaults(Config *c);
 /* Read path; *ret is untouched on failure. */
 int config_load(const char *path, Config *ret, Diag *d);
+/* state_directory is a directory this process may write, or one it can
+ * create (its parent is): -errno with the file, the line and the setting
+ * in d. It is not config_load()'s: ravnestctl reads the file too, as a
+ * user who need not write there. The daemon's start and --check-config
+ * run it. */
+int config_check_state_directory(const Config *c, Diag *d);
 /* The NetConfig for identity id. It points into c (secret, allowlist);
  * net_new() copies them. -EINVAL when c has no admission rule (a node that
  * neither listens nor has peers need not set one). */

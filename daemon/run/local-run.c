@@ -44,11 +44,11 @@ static void progress_done(Progress *pr) {
         series_close(&pr->series);
 }
 
-static int save_checkpoint(Progress *pr) {
+static int save_checkpoint(Progress *pr, bool last) {
         const LocalRunOptions *o = pr->o;
         pr->at.batch = (uint32_t)pr->trainer->spec.batch_size;
         return stage_checkpoint_save(o->checkpoint_dir, pr->job->name, pr->trainer->stage, &pr->trainer->optim,
-                                     &pr->at);
+                                     &pr->at, last);
 }
 
 static void series_tick(Progress *pr, const TrainProgress *p, uint64_t now, bool last);
@@ -94,7 +94,7 @@ static int pass_gate(Progress *pr, const TrainProgress *p, uint64_t now) {
         pr->gate_since = now_ns();
         /* a checkpoint asked for while paused is written, and the pause goes on */
         while ((r = control_gate(o->control, serve_local, pr)) == CONTROL_CHECKPOINT) {
-                int k = o->checkpoint_dir ? save_checkpoint(pr) : -EOPNOTSUPP;
+                int k = o->checkpoint_dir ? save_checkpoint(pr, false) : -EOPNOTSUPP;
                 control_checkpoint_done(o->control, k, pr->at.step);
         }
         pr->gate_ns += now_ns() - pr->gate_since;
@@ -265,9 +265,12 @@ int local_run(const Job *job, const LocalRunOptions *o, const volatile sig_atomi
          * was when this run trained nothing of a trained job */
         bool trained = t->start_epoch < spec.epochs || pr.at.step != loaded_step;
         if (o->checkpoint_dir && o->control && (r >= 0 || r == -ECANCELED) && trained) {
-                int k = save_checkpoint(&pr);
+                int k = save_checkpoint(&pr, true);
                 if (k >= 0)
                         control_report_checkpoint(o->control, pr.at.step);
+                else if (r >= 0) /* the job's one product: not a success */
+                        return log_error_errno(k, "Finished %s, but the trained model was not saved (above)",
+                                               job->name);
         }
         if (r >= 0 && t->start_epoch >= spec.epochs) {
                 log_info("The checkpoint holds the trained job: evaluating it");

@@ -377,7 +377,7 @@ static CheckpointInfo position(Pipe *pipe) {
         };
 }
 
-static int save_checkpoint(Run *run) {
+static int save_checkpoint(Run *run, bool last) {
         const LocalRunOptions *o = run->o;
         CheckpointInfo at = position(run->pipe);
         const float *anchor, *momentum;
@@ -386,7 +386,7 @@ static int save_checkpoint(Run *run) {
                 (void)stage_checkpoint_save_outer(o->checkpoint_dir, run->job->name, pipe_stage(run->pipe), anchor,
                                                   momentum, run->outer_rounds + as.rounds_done, &at);
         const Stage *s = pipe_stage(run->pipe);
-        int r = stage_checkpoint_save(o->checkpoint_dir, run->job->name, s, pipe_optim(run->pipe), &at);
+        int r = stage_checkpoint_save(o->checkpoint_dir, run->job->name, s, pipe_optim(run->pipe), &at, last);
         if (r >= 0 && o->control)
                 control_report_checkpoint(o->control, at.step);
         if (r >= 0 && o->retire_checkpoints) /* a layer range held before is someone else's now */
@@ -852,7 +852,7 @@ static int run_gate(Run *run) {
                 return 0;
         /* a checkpoint asked for while paused is written, and the pause goes on */
         while ((r = control_gate(o->control, serve_paused, run)) == CONTROL_CHECKPOINT)
-                control_checkpoint_done(o->control, o->checkpoint_dir ? save_checkpoint(run) : -EOPNOTSUPP,
+                control_checkpoint_done(o->control, o->checkpoint_dir ? save_checkpoint(run, false) : -EOPNOTSUPP,
                                         position(run->pipe).step);
         if (run->told_paused) {
                 tell_neighbours(run, msg_resumed, sizeof msg_resumed);
@@ -1012,17 +1012,18 @@ static int run_loop(Run *run, const volatile sig_atomic_t *stop) {
 
 /* The stage's parameters for the next plan's owners, its samples, and a
  * checkpoint on the way out, so a restart goes on from here; then what the
- * stage queued last (DONE, say) leaves. */
-static void run_hand_back(Run *run, int r, const volatile sig_atomic_t *stop) {
+ * stage queued last (DONE, say) leaves. The checkpoint's error, if any. */
+static int run_hand_back(Run *run, int r, const volatile sig_atomic_t *stop) {
         const LocalRunOptions *o = run->o;
         Stage *s = pipe_stage(run->pipe);
         PipeStats st;
+        int saved = 0;
 
         carry_save(run);
         /* the last checkpoint before the averager goes: it holds the outer
          * optimizer's anchor and momentum, written with it */
         if (o->checkpoint_dir && o->control && (r == PIPE_FINISHED || *stop))
-                save_checkpoint(run);
+                saved = save_checkpoint(run, true);
         averaging_stop(&run->av);
         run->finished = r == PIPE_FINISHED;
         if (o->model_params)
@@ -1037,6 +1038,7 @@ static void run_hand_back(Run *run, int r, const volatile sig_atomic_t *stop) {
         for (int i = 0; i < 100 && run->quiesced && run->next_peer >= 0 &&
                         net_queued(run->net, (uint32_t)run->next_peer) > 0; i++)
                 net_run(run->net, 5);
+        return saved;
 }
 
 /* The last report of this run, its figures then kept by the daemon: the
@@ -1127,12 +1129,15 @@ int pipeline_run(const StagePlan *plan, const Job *job, const Identity *id, cons
         PipeStats end;
         pipe_get_stats(run.pipe, &end);
         run_series_row(&run, &end, now_ns(), false); /* the last row: its evaluation */
-        run_hand_back(&run, r, stop);
+        int saved = run_hand_back(&run, r, stop);
         run_report_end(&run);
         if (*stop || run.quiesced)
                 return -ECANCELED;
         if (r < 0)
                 return r;
+        if (saved < 0) /* the stage's one product: not a success */
+                return log_error_errno(saved, "Finished stage %u of %u in cluster %u, but its trained layers were "
+                                              "not saved (above)", run.stage + 1, run.n_stages, run.cluster + 1);
         run_log_finished(&run);
         return 0;
 }

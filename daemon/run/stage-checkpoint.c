@@ -20,7 +20,8 @@ static void file_name(const char *job, const Stage *s, char *buf, size_t len) {
         stage_checkpoint_name(job, s->first_layer, s->first_layer + s->n_layers, buf, len);
 }
 
-int stage_checkpoint_save(const char *dir, const char *job, const Stage *s, const Optim *o, const CheckpointInfo *at) {
+int stage_checkpoint_save(const char *dir, const char *job, const Stage *s, const Optim *o, const CheckpointInfo *at,
+                          bool last) {
         CheckpointInfo info = *at;
         char name[160], path[PATH_MAX + 200], fields[PATH_MAX + 300];
         Diag d = {};
@@ -40,10 +41,17 @@ int stage_checkpoint_save(const char *dir, const char *job, const Stage *s, cons
         if (r == -ERANGE)
                 return log_error_errno(r, "Not writing the checkpoint of step %llu: training diverged, %s; the last "
                                           "good checkpoint stays as it was", (unsigned long long)info.step, d.text);
-        if (r < 0)
-                return log_error_errno(r, "Failed to write the checkpoint (the previous one stays as it was; "
-                                          "training goes on): %s", d.text);
         snprintf(path, sizeof path, "%s/%s", dir, name);
+        if (r < 0) {
+                struct stat st;
+                const char *kept = stat(path, &st) >= 0 && S_ISREG(st.st_mode) ? "the previous one stays as it was"
+                                                                               : "there is no earlier one";
+                if (last)
+                        return log_error_errno(r, "Failed to write the checkpoint of step %llu as training ends (%s): "
+                                                  "%s", (unsigned long long)info.step, kept, d.text);
+                return log_error_errno(r, "Failed to write the checkpoint of step %llu (%s; training goes on): %s",
+                                       (unsigned long long)info.step, kept, d.text);
+        }
         snprintf(fields, sizeof fields, "PATH=%s\nSTEP=%llu", path, (unsigned long long)info.step);
         /* the position training goes on from, as the plan counts it (under
          * membership the swarm's: it may go back at a new plan); not the

@@ -7,7 +7,7 @@
  * its own.
  *
  *     CheckpointInfo at = { .epoch = e, .step_in_epoch = s, .step = step, ... };
- *     r = stage_checkpoint_save(dir, job->name, stage, &optim, &at);   // logs the event
+ *     r = stage_checkpoint_save(dir, job->name, stage, &optim, &at, false);   // logs the event
  *     r = stage_checkpoint_load(dir, job->name, stage, &optim, &at);   // 0 loaded, -ENOENT none
  */
 #pragma once
@@ -21,8 +21,12 @@
 void stage_checkpoint_name(const char *job, int lo, int hi, char *buf, size_t len);
 
 /* Save the stage's parameters and o's state with the counters in at (job,
- * layers, sizes and optimizer fields are filled here). Logs. */
-int stage_checkpoint_save(const char *dir, const char *job, const Stage *s, const Optim *o, const CheckpointInfo *at);
+ * layers, sizes and optimizer fields are filled here). Logs, a failure
+ * with what is left: the previous checkpoint or none, and whether training
+ * goes on (last: the one written as training ends, which is the caller's
+ * to treat as an error). */
+int stage_checkpoint_save(const char *dir, const char *job, const Stage *s, const Optim *o, const CheckpointInfo *at,
+                          bool last);
 /* Restore them into s and o (o->t too) and return the counters in *ret.
  * -ENOENT when there is none; any other error (a checkpoint of another
  * optimizer, or of layers other than s's: checkpoint_model_check()) is

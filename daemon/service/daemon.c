@@ -714,7 +714,12 @@ static int start_worker(Daemon *d) {
                 if (r < 0) /* -EINVAL (it does not fit): a configuration error */
                         return log_error_errno(r, "Invalid job: %s", diag.text);
         }
-        /* the identity and the checkpoints live there */
+        /* the identity and the checkpoints live there (a run without a
+         * configuration writes none) */
+        if (d->config.path[0] && (r = config_check_state_directory(&d->config, &diag)) < 0) {
+                log_error_errno(r, "Invalid configuration: %s", diag.text);
+                return -EINVAL;
+        }
         if (mkdir(d->config.state_directory, 0700) < 0 && errno != EEXIST)
                 return log_error_errno(-errno, "Failed to create %s: %m", d->config.state_directory);
         if (d->options.run.threads <= 0)

@@ -848,3 +848,51 @@ Test(daemon, the_control_socket_refuses_another_user_with_a_burst_of_lines_and_s
         cr_assert_eq(proc_exit(&p), 0, "%s", p.out);
         test_remove_tree(dir);
 }
+
+/* ---- the state directory ------------------------------------------------- */
+
+/* A state directory that is not one is refused by --check-config and at the
+ * start, naming file, line and setting; a trained job whose last checkpoint
+ * cannot be written (a directory stands where it goes) fails: its one
+ * product is lost, and the exit status says so. */
+Test(daemon, an_unusable_state_directory_is_refused_and_an_unsaved_model_fails, .timeout = 180) {
+        char dir[] = "/tmp/ravnest-test-state-XXXXXX", conf[256], text[512], path[320], want[768];
+        cr_assert_not_null(mkdtemp(dir));
+        write_tiny_dataset(dir);
+        snprintf(path, sizeof path, "%s/not-a-dir", dir);
+        test_write_file(path, "", 0644);
+        snprintf(conf, sizeof conf, "%s/n.conf", dir);
+        snprintf(text, sizeof text, "control_socket = \"\";\nstate_directory = \"%s\";\nidle = { enabled = false; };\n",
+                 path);
+        test_write_file(conf, text, 0644);
+        snprintf(want, sizeof want, "%s:2: state_directory: %s is not a directory", conf, path);
+        Proc p;
+        proc_start(&p, (char *[]){ RAVNESTD, "--check-config", "--config", conf, "--job",
+                                   SOURCE_ROOT "/config/jobs/fashion-mnist-mlp.job", "--data-dir", dir, NULL }, child_setup);
+        int code = proc_exit(&p);
+        cr_assert_eq(code, 78, "exit %d: %s", code, p.out);
+        cr_assert(strstr(p.out, want), "%s", p.out);
+        proc_start(&p, (char *[]){ RAVNESTD, "--config", conf, "--job", SOURCE_ROOT "/config/jobs/fashion-mnist-mlp.job",
+                                   "--data-dir", dir, "--progress", "0", NULL }, child_setup);
+        code = proc_exit(&p);
+        cr_assert_eq(code, 78, "exit %d: %s", code, p.out);
+        cr_assert(strstr(p.out, want), "%s", p.out);
+
+        snprintf(text, sizeof text, "control_socket = \"\";\nstate_directory = \"%s/state\";\nidle = { enabled = false; };\n",
+                 dir);
+        test_write_file(conf, text, 0644);
+        snprintf(path, sizeof path, "%s/state", dir);
+        cr_assert_eq(mkdir(path, 0700), 0);
+        snprintf(path, sizeof path, "%s/state/fashion-mnist-mlp.layers-0-6.ckpt", dir);
+        cr_assert_eq(mkdir(path, 0700), 0);
+        snprintf(path, sizeof path, "%s/state/fashion-mnist-mlp.layers-0-6.ckpt/in-the-way", dir);
+        test_write_file(path, "", 0644);
+        proc_start(&p, (char *[]){ RAVNESTD, "--config", conf, "--job", SOURCE_ROOT "/config/jobs/fashion-mnist-mlp.job",
+                                   "--data-dir", dir, "--epochs", "1", "--progress", "0", NULL }, child_setup);
+        code = proc_exit(&p);
+        cr_assert_eq(code, 1, "exit %d: %s", code, p.out);
+        cr_assert(strstr(p.out, "as training ends (there is no earlier one)"), "%s", p.out);
+        cr_assert(strstr(p.out, "Finished fashion-mnist-mlp, but the trained model was not saved"), "%s", p.out);
+        cr_assert_null(strstr(p.out, "training goes on"), "%s", p.out);
+        test_remove_tree(dir);
+}

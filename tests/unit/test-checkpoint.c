@@ -680,7 +680,7 @@ static int save_then_load(const ModelSpec *saved, const ModelSpec *loaded, int l
         memcpy(before, b->params, b->n_params * sizeof(float));
 
         CheckpointInfo at = { .step = 5 }, got;
-        cr_assert_eq(stage_checkpoint_save(dir, "job", a, &oa, &at), 0);
+        cr_assert_eq(stage_checkpoint_save(dir, "job", a, &oa, &at, false), 0);
         int r = stage_checkpoint_load(dir, "job", b, &ob, &got);
         *untouched = memcmp(before, b->params, b->n_params * sizeof(float)) == 0;
         if (r == 0)
