@@ -3,10 +3,12 @@
 
 #include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <limits.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "events.h"
 #include "util/log.h"
@@ -63,6 +65,25 @@ int stage_checkpoint_save(const char *dir, const char *job, const Stage *s, cons
         return 0;
 }
 
+/* A checkpoint the loader refused, renamed "<path>.refused" (or
+ * ".refused.1", ".refused.2", ...: an earlier one is never replaced), so
+ * the next checkpoint does not write over what may be days of training
+ * that an edit of the job or a flipped bit made unreadable. */
+static int keep_refused(const char *path, char *ret, size_t len) {
+        for (unsigned i = 0; i < 1000; i++) {
+                int n = i ? snprintf(ret, len, "%s.refused.%u", path, i) : snprintf(ret, len, "%s.refused", path);
+                if (n < 0 || (size_t)n >= len)
+                        return -ENAMETOOLONG;
+                if (renameat2(AT_FDCWD, path, AT_FDCWD, ret, RENAME_NOREPLACE) >= 0)
+                        return 0;
+                if (errno == EINVAL && access(ret, F_OK) < 0 && errno == ENOENT) /* no RENAME_NOREPLACE here */
+                        return rename(path, ret) < 0 ? -errno : 0;
+                if (errno != EEXIST && errno != EINVAL)
+                        return -errno;
+        }
+        return -EEXIST;
+}
+
 int stage_checkpoint_load_layers(const char *dir, const char *job, const Layer *layers, int lo, int hi,
                                  float *params, size_t n_params, uint32_t optim_kind, float *optim, size_t n_state,
                                  CheckpointInfo *ret) {
@@ -84,7 +105,15 @@ int stage_checkpoint_load_layers(const char *dir, const char *job, const Layer *
         if (r >= 0)
                 r = checkpoint_read(path, &info, params, n_params, optim, n_state, &d);
         if (r < 0) {
-                log_warning_errno(r, "Not resuming from the checkpoint, training starts afresh: %s", d.text);
+                char aside[PATH_MAX + 230];
+                int k = keep_refused(path, aside, sizeof aside);
+                if (k < 0)
+                        log_warning_errno(r, "Not resuming from the checkpoint, training starts afresh: %s (it could "
+                                             "not be kept aside, %s: the next checkpoint replaces it)", d.text,
+                                          strerror(-k));
+                else
+                        log_warning_errno(r, "Not resuming from the checkpoint, training starts afresh: %s; the file "
+                                             "is kept as %s, never loaded", d.text, aside);
                 return r;
         }
         log_info("Resuming from %s: step %llu, %llu epochs done", path, (unsigned long long)info.step,

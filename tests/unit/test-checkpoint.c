@@ -706,6 +706,29 @@ Test(checkpoint, another_models_layers_are_refused) {
         cr_assert(untouched);
 }
 
+/* A refused checkpoint is kept aside, never written over: the next
+ * checkpoint would replace what may be days of training. */
+Test(checkpoint, a_refused_checkpoint_is_kept_aside) {
+        ModelSpec relu = mlp(LAYER_RELU), gelu = mlp(LAYER_GELU);
+        char file[300];
+        struct stat st;
+        bool untouched;
+
+        cr_assert_eq(save_then_load(&relu, &gelu, 1, 4, &untouched), -EINVAL);
+        snprintf(file, sizeof file, "%s/job.layers-1-4.ckpt", dir);
+        cr_assert_eq(stat(file, &st), -1, "moved: nothing to write over");
+        snprintf(file, sizeof file, "%s/job.layers-1-4.ckpt.refused", dir);
+        cr_assert_eq(stat(file, &st), 0, "kept as .refused");
+        ino_t first = st.st_ino;
+        cr_assert_eq(save_then_load(&relu, &gelu, 1, 4, &untouched), -EINVAL);
+        cr_assert_eq(stat(file, &st), 0);
+        cr_assert_eq(st.st_ino, first, "an earlier refused file is never replaced");
+        snprintf(file, sizeof file, "%s/job.layers-1-4.ckpt.refused.1", dir);
+        cr_assert_eq(stat(file, &st), 0, "the second kept as .refused.1");
+        int lo, hi;
+        cr_assert_eq(stage_checkpoint_newest(dir, "job", &lo, &hi), -ENOENT, "a refused file is no checkpoint");
+}
+
 /* A file written before checkpoints recorded their model (zero digest) still
  * resumes; one whose digest is not the layers' does not, as export sees. */
 Test(checkpoint, a_digest_of_zeros_is_a_file_from_before) {
