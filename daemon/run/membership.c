@@ -498,6 +498,8 @@ static int run_stage(Membership *m, unsigned cluster, unsigned stage, bool hande
         plan_inputs_done(&in);
         if (r == 0) {
                 m->finished = true;
+                if (o.control) /* as a finished node shows it: no samples/s, not busy */
+                        control_set_state(o.control, NODE_FINISHED);
                 log_info("Training is over (plan epoch %llu); serving the coordinator until stopped",
                          (unsigned long long)m->plan->epoch);
                 return 0;

@@ -23,6 +23,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "../lib/data.h"
 #include "../lib/proc.h"
 #include "cluster/plan.h"
 #include "conf/job.h"
@@ -992,4 +993,38 @@ Test(membership, a_member_that_comes_back_takes_the_moments_handed_over, .timeou
         }
         snprintf(text, sizeof text, "rm -rf %s", dir);
         (void)!system(text);
+}
+
+/* A member whose job is trained serves the coordinator on, and shows it as
+ * a finished node does: State "finished", no samples/s, not busy (it said
+ * "training" with the last figures, frozen). */
+Test(membership, a_trained_member_is_finished, .timeout = 180) {
+        char dir[64], conf[1][256], job[128], data[128], cmd[600], sock[128];
+        Proc p, st;
+        make_test_dir(dir);
+        make_nodes(dir, 1, 0.5, 4.0, false, conf);
+        snprintf(data, sizeof data, "%s/data", dir);
+        snprintf(job, sizeof job, "%s/small.job", dir);
+        test_write_idx_data(data, &(TestData){ .h = 8, .w = 8, .classes = 3, .n_train = 300, .n_test = 60 });
+        test_write_mlp_job(job, data, 8, 8, 3, 3);
+        snprintf(sock, sizeof sock, "%s/n1.sock", dir);
+        snprintf(cmd, sizeof cmd, "sed -i 's|control_socket = \"\";|control_socket = \"%s\";|' %s", sock, conf[0]);
+        cr_assert_eq(system(cmd), 0);
+        proc_start(&p, (char *[]){ RAVNESTD, "--config", conf[0], "--job", job, "--no-idle", "--progress", "0", NULL },
+                   NULL);
+        cr_assert(proc_wait_for(&p, "Training is over (plan epoch ", 120000), "%s", p.out);
+        bool finished = false;
+        for (int k = 0; k < 50 && !finished; k++) { /* the status follows within a report */
+                proc_start(&st, (char *[]){ RAVNESTCTL, "status", "--json", "--socket", sock, NULL }, NULL);
+                cr_assert_eq(proc_exit(&st), 0, "%s", st.out);
+                finished = strstr(st.out, "\"State\": \"finished\"");
+                if (!finished)
+                        usleep(100 * 1000);
+        }
+        cr_assert(finished, "%s", st.out);
+        cr_assert(strstr(st.out, "\"SamplesPerSecond\": 0,") && strstr(st.out, "\"Busy\": 0,"), "%s", st.out);
+        kill(p.pid, SIGTERM);
+        cr_assert_eq(proc_exit(&p), 0, "%s", p.out);
+        snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+        (void)!system(cmd);
 }
