@@ -52,15 +52,20 @@ static int save_checkpoint(Progress *pr, bool last) {
 }
 
 static void series_tick(Progress *pr, const TrainProgress *p, uint64_t now, bool last);
+static void report_training(Progress *pr, const TrainProgress *p, uint64_t now);
 
 /* The gate's serve(): the daemon's poll, paused or resting; the series'
- * rows go on while paused. */
+ * rows go on while paused, and the status says where training stopped
+ * (the last report may be steps behind). */
 static void serve_local(void *ud, bool paused) {
         Progress *pr = ud;
         if (pr->o->poll)
                 pr->o->poll(pr->o->poll_userdata);
-        if (paused && pr->last.epoch > 0)
-                series_tick(pr, &pr->last, now_ns(), false);
+        if (paused && pr->last.epoch > 0) {
+                uint64_t now = now_ns();
+                series_tick(pr, &pr->last, now, false);
+                report_training(pr, &pr->last, now);
+        }
 }
 
 /* The daemon's status: where training is, and its figures. */
@@ -95,6 +100,7 @@ static int pass_gate(Progress *pr, const TrainProgress *p, uint64_t now) {
         /* a checkpoint asked for while paused is written, and the pause goes on */
         while ((r = control_gate(o->control, serve_local, pr)) == CONTROL_CHECKPOINT) {
                 int k = o->checkpoint_dir ? save_checkpoint(pr, false) : -EOPNOTSUPP;
+                report_training(pr, p, now_ns()); /* Step where CheckpointStep is */
                 control_checkpoint_done(o->control, k, pr->at.step);
         }
         pr->gate_ns += now_ns() - pr->gate_since;
@@ -259,8 +265,11 @@ int local_run(const Job *job, const LocalRunOptions *o, const volatile sig_atomi
         r = o->control ? pass_gate(&pr, &first, now_ns()) : 0;
         if (r >= 0)
                 r = trainer_run(t, on_progress, &pr, stop);
-        if (pr.last.epoch > 0)
+        if (pr.last.epoch > 0) { /* the last window: the series' last row, and the figures the node ends with */
                 series_tick(&pr, &pr.last, now_ns(), true);
+                if (o->control)
+                        report_training(&pr, &pr.last, now_ns());
+        }
         /* on the way out, so a restart goes on from here: the file as it
          * was when this run trained nothing of a trained job */
         bool trained = t->start_epoch < spec.epochs || pr.at.step != loaded_step;

@@ -101,9 +101,10 @@ static void tell_paused(Run *r) {
 }
 
 static void run_series_row(Run *run, const PipeStats *st, uint64_t now, bool paused);
+static void report(Run *run, const PipeStats *st);
 
 /* While the gate holds the stage: keep the links served, and the series'
- * rows going while paused. */
+ * rows and the status going while paused. */
 static void serve_paused(void *ud, bool paused) {
         Run *r = ud;
         if (paused)
@@ -112,11 +113,14 @@ static void serve_paused(void *ud, bool paused) {
         if (r->o && r->o->poll) /* a paused node is still a member */
                 r->o->poll(r->o->poll_userdata);
         uint64_t now = now_ns();
-        if (paused && r->pipe && now - r->window_ns >= SERIES_INTERVAL_NS) {
-                PipeStats st;
-                pipe_get_stats(r->pipe, &st);
+        if (!paused || !r->pipe)
+                return;
+        PipeStats st;
+        pipe_get_stats(r->pipe, &st);
+        if (now - r->window_ns >= SERIES_INTERVAL_NS)
                 run_series_row(r, &st, now, true);
-        }
+        if (r->o && r->o->control) /* where the stage stopped: the last report may be steps behind */
+                report(r, &st);
 }
 
 /* In this order: the averaging thread, the tensors the pipe still holds
@@ -851,9 +855,13 @@ static int run_gate(Run *run) {
         if (!o->control)
                 return 0;
         /* a checkpoint asked for while paused is written, and the pause goes on */
-        while ((r = control_gate(o->control, serve_paused, run)) == CONTROL_CHECKPOINT)
-                control_checkpoint_done(o->control, o->checkpoint_dir ? save_checkpoint(run, false) : -EOPNOTSUPP,
-                                        position(run->pipe).step);
+        while ((r = control_gate(o->control, serve_paused, run)) == CONTROL_CHECKPOINT) {
+                int k = o->checkpoint_dir ? save_checkpoint(run, false) : -EOPNOTSUPP;
+                PipeStats st;
+                pipe_get_stats(run->pipe, &st);
+                report(run, &st); /* Step where CheckpointStep is (the last report may be steps behind) */
+                control_checkpoint_done(o->control, k, position(run->pipe).step);
+        }
         if (run->told_paused) {
                 tell_neighbours(run, msg_resumed, sizeof msg_resumed);
                 run->told_paused = false;
