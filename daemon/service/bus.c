@@ -675,6 +675,10 @@ void bus_state_changed(Bus *b) {
                 if (b->pending_ticket[i] > done)
                         (void)sd_bus_reply_method_errorf(m, ERROR_NOTHING, "The node stopped training (%s)",
                                                          node_state_to_string(state));
+                else if (err == -EOPNOTSUPP) /* what the run says when it has nowhere to write */
+                        (void)sd_bus_reply_method_errorf(m, ERROR_FAILED, "Writing the checkpoint failed: a run "
+                                                         "without a configuration file has no state directory to "
+                                                         "write to (start it with --config)");
                 else if (err < 0)
                         (void)sd_bus_reply_method_errorf(m, ERROR_FAILED, "Writing the checkpoint failed: %s",
                                                          strerror(-err));

@@ -152,10 +152,11 @@ static int run_job(Daemon *d) {
         o.poll = poll_node;
         o.poll_userdata = d;
         o.control = &d->control;
-        /* checkpoints need a configuration: a job run by hand leaves none behind */
+        /* the state directory is a configuration's: a job run by hand
+         * writes nothing into the system service's (no checkpoint, no series) */
         o.checkpoint_dir = c->path[0] ? c->state_directory : NULL;
         o.load_checkpoint = c->checkpoint.load;
-        o.series_dir = c->state_directory; /* a job run by hand too, when that directory is there */
+        o.series_dir = o.checkpoint_dir;
         if (c->membership.enabled)
                 return run_membership(d, &o);
         NetConfig nc = {};
@@ -720,7 +721,7 @@ static int start_worker(Daemon *d) {
                 log_error_errno(r, "Invalid configuration: %s", diag.text);
                 return -EINVAL;
         }
-        if (mkdir(d->config.state_directory, 0700) < 0 && errno != EEXIST)
+        if (d->config.path[0] && mkdir(d->config.state_directory, 0700) < 0 && errno != EEXIST)
                 return log_error_errno(-errno, "Failed to create %s: %m", d->config.state_directory);
         if (d->options.run.threads <= 0)
                 d->options.run.threads = d->config.threads ? (int)d->config.threads

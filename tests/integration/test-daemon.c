@@ -896,3 +896,24 @@ Test(daemon, an_unusable_state_directory_is_refused_and_an_unsaved_model_fails, 
         cr_assert_null(strstr(p.out, "training goes on"), "%s", p.out);
         test_remove_tree(dir);
 }
+
+/* A run without a configuration file has no state directory: ravnestctl
+ * checkpoint says so (it said "Operation not supported"). */
+Test(daemon, a_run_without_a_configuration_says_why_it_writes_no_checkpoint, .timeout = 120) {
+        char dir[] = "/tmp/ravnest-test-noconf-XXXXXX", sock[128];
+        cr_assert_not_null(mkdtemp(dir));
+        write_tiny_dataset(dir);
+        snprintf(sock, sizeof sock, "%s/n.sock", dir);
+        Proc p, c;
+        proc_start(&p, (char *[]){ RAVNESTD, "--no-idle", "--control-socket", sock, "--job",
+                                   SOURCE_ROOT "/config/jobs/fashion-mnist-mlp.job", "--data-dir", dir, "--epochs",
+                                   "100000", "--progress", "0", NULL }, child_setup);
+        cr_assert(proc_wait_for(&p, "<6>Training fashion-mnist-mlp", 60000), "%s", p.out);
+        proc_start(&c, (char *[]){ RAVNESTCTL, "checkpoint", "--socket", sock, NULL }, NULL);
+        int code = proc_exit(&c);
+        cr_assert_eq(code, 1, "exit %d: %s", code, c.out);
+        cr_assert(strstr(c.out, "a run without a configuration file has no state directory to write to"), "%s", c.out);
+        kill(p.pid, SIGTERM);
+        cr_assert_eq(proc_exit(&p), 0, "%s", p.out);
+        test_remove_tree(dir);
+}
