@@ -379,15 +379,23 @@ static int on_control_event(sd_event_source *s, int fd, uint32_t revents, void *
                         back_to_unconfigured(d, r);
                         return 0;
                 }
+                if (d->stopping && d->stopped_starting)
+                        r = -ECANCELED;
                 sd_event_exit(d->event, r == -EINVAL ? EX_CONFIG : r < 0 && r != -ECANCELED ? EXIT_FAILURE : 0);
         }
         return 0;
 }
 
 static void on_stop_signal(Daemon *d, int sig) {
+        NodeState state;
 
-        if (!d->stopping)
+        control_snapshot(&d->control, &state, NULL, NULL, NULL, NULL);
+        if (!d->stopping) {
                 log_debug("Received %s, stopping", strsignal(sig));
+                /* what the start still waits for (a listen address that
+                 * is taken) no longer matters: its failure is no failure */
+                d->stopped_starting = state == NODE_STARTING;
+        }
         d->stopping = true;
         d->stop_signal = sig;
         sd_notify(false, "STOPPING=1");
@@ -693,6 +701,21 @@ static void apply_live_settings(Daemon *d, const Config *c) {
                 sd_event_source_set_enabled(d->checkpoint_timer, SD_EVENT_OFF);
 }
 
+/* While the node starts (its links may wait for a listen address): the
+ * job it starts and its role, as the configuration gives them, until the
+ * run reports its own. */
+static void report_starting(Daemon *d) {
+        const Config *c = &d->config;
+        NodeTraining t = { .cluster = -1, .stage = -1, .loss = -1.0, .busy = -1.0, .test_accuracy = -1.0,
+                           .test_loss = -1.0 };
+        snprintf(t.job, sizeof t.job, "%s", d->job.name);
+        snprintf(t.role, sizeof t.role, "%s",
+                 c->membership.enabled && !c->membership.train ? "coordinator" :
+                 c->membership.enabled || c->pipeline.enabled ? "stage" :
+                 c->averaging.enabled                         ? "member" : "standalone");
+        control_report_training(&d->control, &t);
+}
+
 static int start_worker(Daemon *d) {
         const char *job_path = d->options.job_path ?: d->config.job;
         Diag diag = {};
@@ -726,6 +749,7 @@ static int start_worker(Daemon *d) {
         if (d->options.run.threads <= 0)
                 d->options.run.threads = d->config.threads ? (int)d->config.threads
                                                            : (int)MIN(sysconf(_SC_NPROCESSORS_ONLN), 256L);
+        report_starting(d);
         r = -pthread_create(&d->worker, NULL, worker_main, d);
         if (r < 0)
                 return log_error_errno(r, "Failed to start the compute thread: %m");

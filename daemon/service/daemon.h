@@ -66,6 +66,7 @@ typedef struct Daemon {
         bool worker_started, worker_done;
         int worker_result;
         bool ready_sent, stopping;
+        bool stopped_starting;     /* the stop came while the node was starting */
         int stop_signal;
         NodeState last_state;
         /* An unconfigured node that a reload set training: its configuration
