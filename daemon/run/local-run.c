@@ -19,8 +19,9 @@ typedef struct Progress {
         unsigned interval_ms;
         uint64_t last_ns;
         uint64_t start_ns;
-        double rates[64];
+        double rates[64]; /* samples/s of the first epochs of this run, for the median */
         int n_rates;
+        int epochs_run;   /* epochs this run finished, however many */
         double test_acc, test_loss;
         const Job *job;
         CheckpointInfo at;   /* where training is: what a checkpoint records */
@@ -183,6 +184,7 @@ static int on_progress(const TrainProgress *p, void *userdata) {
                          "test acc %.2f%%, test loss %.4f (%.1fs)",
                          p->epoch, p->epochs, p->loss, 100.0 * p->train_acc, p->samples_per_sec,
                          100.0 * p->test_acc, p->test_loss, ns_to_sec(now - pr->start_ns));
+                pr->epochs_run++;
                 if (pr->n_rates < (int)ELEMENTSOF(pr->rates))
                         pr->rates[pr->n_rates++] = p->samples_per_sec;
                 pr->test_acc = p->test_acc;
@@ -289,7 +291,7 @@ int local_run(const Job *job, const LocalRunOptions *o, const volatile sig_atomi
         }
         if (r == -ECANCELED)
                 log_notice("Stopped with %llu epochs done (%d of them in this run)", (unsigned long long)pr.at.epoch,
-                           pr.n_rates);
+                           pr.epochs_run);
         else if (r == -ERANGE)
                 return log_error_errno(r, "Training diverged: the loss of epoch %d step %zu is not finite; stopping "
                                           "(no checkpoint written: a restart goes on from the last good one)",
@@ -306,7 +308,7 @@ int local_run(const Job *job, const LocalRunOptions *o, const volatile sig_atomi
                         .test_acc = pr.test_acc,
                         .test_loss = pr.test_loss,
                         .samples_per_sec = pr.n_rates ? pr.rates[pr.n_rates / 2] : 0.0,
-                        .epochs_done = pr.n_rates,
+                        .epochs_done = pr.epochs_run,
                 };
         }
         return r;

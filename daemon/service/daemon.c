@@ -716,6 +716,18 @@ static void report_starting(Daemon *d) {
         control_report_training(&d->control, &t);
 }
 
+/* The Debian package whose files the job's data are, where they are read
+ * from where it installs them (no --data-dir, no dataset.path of one's own). */
+static const char *packaged_data(const Job *job, const char *data_dir) {
+        if (data_dir)
+                return NULL;
+        if (strcmp(job->data.path, FASHION_MNIST_DIR) == 0)
+                return "dataset-fashion-mnist";
+        if (strncmp(job->data.path, "/usr/share/games/fortunes", 25) == 0)
+                return "fortunes";
+        return NULL;
+}
+
 static int start_worker(Daemon *d) {
         const char *job_path = d->options.job_path ?: d->config.job;
         Diag diag = {};
@@ -730,11 +742,10 @@ static int start_worker(Daemon *d) {
          * before any link or thread exists (a coordinator alone trains nothing) */
         if (!d->config.membership.enabled || d->config.membership.train) {
                 r = job_check_data(&d->job, d->options.run.data_dir, &diag);
-                if (r == -ENOENT)
+                const char *package = packaged_data(&d->job, d->options.run.data_dir);
+                if (r == -ENOENT && package) /* else the line below names the file missing */
                         log_error("Dataset %s not found (install Debian's %s, or set dataset.path in %s or "
-                                  "--data-dir)", d->job.data.name,
-                                  d->job.data.kind == JOB_DATA_TEXT ? "fortunes for its text" : "dataset-fashion-mnist",
-                                  d->job.path);
+                                  "--data-dir)", d->job.data.name, package, d->job.path);
                 if (r < 0) /* -EINVAL (it does not fit): a configuration error */
                         return log_error_errno(r, "Invalid job: %s", diag.text);
         }

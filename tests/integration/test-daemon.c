@@ -216,6 +216,62 @@ Test(daemon, exits_1_when_the_job_does_not_fit_an_address_space_limit, .timeout 
         cr_assert(strstr(p.out, "<3>Failed to "), "%s", p.out);
 }
 
+/* A run stopped after more epochs than the 64 whose throughputs it keeps
+ * for their median counts every epoch it did (it said "64 of them in this
+ * run" after 297). */
+Test(daemon, a_stopped_run_counts_every_epoch_it_did, .timeout = 180) {
+        char dir[] = "/tmp/ravnest-test-ep-XXXXXX", job[256], conf[256], text[512], want[96];
+        cr_assert_not_null(mkdtemp(dir));
+        write_tiny_dataset(dir);
+        snprintf(job, sizeof job, "%s/tiny.job", dir);
+        test_write_file(job,
+                        "name = \"tiny\";\ndataset = { name = \"fashion-mnist\"; };\n"
+                        "model = { input = [1, 28, 28]; layers = ( { type = \"flatten\"; },\n"
+                        "  { type = \"linear\"; out = 10; } ); };\n"
+                        "optimizer = { type = \"sgd\"; lr = 0.01; };\ntraining = { batch_size = 32; epochs = 100000; };\n",
+                        0644);
+        snprintf(conf, sizeof conf, "%s/n.conf", dir);
+        snprintf(text, sizeof text, "state_directory = \"%s/state\";\ncontrol_socket = \"\";\nidle = { enabled = false; };\n",
+                 dir);
+        test_write_file(conf, text, 0644);
+        Proc p;
+        proc_start(&p, (char *[]){ RAVNESTD, "--config", conf, "--job", job, "--data-dir", dir, "--threads", "1",
+                                   "--progress", "0", NULL }, child_setup);
+        cr_assert(proc_wait_for_count(&p, " done: train loss", 70, 120000), "%s", p.out);
+        kill(p.pid, SIGTERM);
+        cr_assert_eq(proc_exit(&p), 0, "%s", p.out);
+        const char *line = strstr(p.out, "Stopped with ");
+        unsigned long long done = 0;
+        cr_assert(line && sscanf(line, "Stopped with %llu epochs done", &done) == 1, "%s", p.out);
+        cr_assert_geq(done, 70, "%s", line);
+        snprintf(want, sizeof want, "Stopped with %llu epochs done (%llu of them in this run)", done, done);
+        cr_assert(strstr(p.out, want), "wanted \"%s\": %s", want, line);
+        test_remove_tree(dir);
+}
+
+/* Data of one's own with a file missing: the error names the file, and
+ * sends nobody to install Debian's data set (it did, whatever the path). */
+Test(daemon, a_dataset_of_one_s_own_missing_a_file_is_named, .timeout = 60) {
+        char dir[] = "/tmp/ravnest-test-dm-XXXXXX", job[256], path[256], text[512];
+        cr_assert_not_null(mkdtemp(dir));
+        write_tiny_dataset(dir);
+        snprintf(path, sizeof path, "%s/t10k-labels-idx1-ubyte.gz", dir);
+        cr_assert_eq(unlink(path), 0);
+        snprintf(job, sizeof job, "%s/own.job", dir);
+        snprintf(text, sizeof text,
+                 "name = \"own\";\ndataset = { name = \"idx\"; path = \"%s\"; classes = 10; };\n"
+                 "model = { input = [1, 28, 28]; layers = ( { type = \"flatten\"; }, { type = \"linear\"; out = 10; } ); };\n"
+                 "optimizer = { type = \"sgd\"; lr = 0.01; };\ntraining = { batch_size = 8; epochs = 1; };\n", dir);
+        test_write_file(job, text, 0644);
+        Proc p;
+        proc_start(&p, (char *[]){ RAVNESTD, "--job", job, "--control-socket", "none", "--no-idle", NULL }, child_setup);
+        int code = proc_exit(&p);
+        test_remove_tree(dir);
+        cr_assert_neq(code, 0, "%s", p.out);
+        cr_assert(strstr(p.out, "t10k-labels-idx1-ubyte"), "the missing file is not named: %s", p.out);
+        cr_assert_null(strstr(p.out, "install Debian's"), "%s", p.out);
+}
+
 static void node_config(const char *dir, const char *name, const char *secret_file, uint16_t listen, uint16_t peer,
                         char *ret_path) {
         char text[1024], state[256];
