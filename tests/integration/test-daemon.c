@@ -174,6 +174,25 @@ static void write_tiny_dataset(const char *dir) {
         }
 }
 
+/* In dir (made, the tiny data set in it): a job on those data whose model
+ * is its layers after the flattening and whose training is its settings,
+ * and a configuration with a state directory and nothing else. */
+static void tiny_job(char *dir, const char *layers, const char *training, char job[256], char conf[256]) {
+        char text[768];
+        cr_assert_not_null(mkdtemp(dir));
+        write_tiny_dataset(dir);
+        snprintf(job, 256, "%s/tiny.job", dir);
+        snprintf(text, sizeof text,
+                 "name = \"tiny\";\ndataset = { name = \"fashion-mnist\"; };\n"
+                 "model = { input = [1, 28, 28]; layers = ( { type = \"flatten\"; },\n  %s ); };\n"
+                 "optimizer = { type = \"sgd\"; lr = 0.01; };\ntraining = { %s };\n", layers, training);
+        test_write_file(job, text, 0644);
+        snprintf(conf, 256, "%s/n.conf", dir);
+        snprintf(text, sizeof text, "state_directory = \"%s/state\";\ncontrol_socket = \"\";\nidle = { enabled = false; };\n",
+                 dir);
+        test_write_file(conf, text, 0644);
+}
+
 /* ---- an address-space limit ----------------------------------------------- */
 
 /* In the child before exec: 120 MiB of address space, twice what an idle
@@ -193,20 +212,9 @@ Test(daemon, exits_1_when_the_job_does_not_fit_an_address_space_limit, .timeout 
 #if defined(__SANITIZE_ADDRESS__)
         cr_skip_test("SKIP: AddressSanitizer maps terabytes of shadow memory, which no address-space limit admits");
 #endif
-        char dir[] = "/tmp/ravnest-test-as-XXXXXX", job[256], conf[256], text[512];
-        cr_assert_not_null(mkdtemp(dir));
-        write_tiny_dataset(dir);
-        snprintf(job, sizeof job, "%s/big.job", dir);
-        test_write_file(job,
-                        "name = \"big\";\ndataset = { name = \"fashion-mnist\"; };\n"
-                        "model = { input = [1, 28, 28]; layers = ( { type = \"flatten\"; },\n"
-                        "  { type = \"linear\"; out = 65536; }, { type = \"linear\"; out = 10; } ); };\n"
-                        "optimizer = { type = \"sgd\"; lr = 0.1; };\ntraining = { batch_size = 8; epochs = 1; };\n",
-                        0644);
-        snprintf(conf, sizeof conf, "%s/n.conf", dir);
-        snprintf(text, sizeof text, "state_directory = \"%s/state\";\ncontrol_socket = \"\";\nidle = { enabled = false; };\n",
-                 dir);
-        test_write_file(conf, text, 0644);
+        char dir[] = "/tmp/ravnest-test-as-XXXXXX", job[256], conf[256];
+        tiny_job(dir, "{ type = \"linear\"; out = 65536; }, { type = \"linear\"; out = 10; }",
+                 "batch_size = 8; epochs = 1;", job, conf);
         Proc p;
         proc_start(&p, (char *[]){ RAVNESTD, "--config", conf, "--job", job, "--data-dir", dir, "--threads", "1", NULL },
                    limit_address_space);
@@ -220,20 +228,8 @@ Test(daemon, exits_1_when_the_job_does_not_fit_an_address_space_limit, .timeout 
  * for their median counts every epoch it did (it said "64 of them in this
  * run" after 297). */
 Test(daemon, a_stopped_run_counts_every_epoch_it_did, .timeout = 180) {
-        char dir[] = "/tmp/ravnest-test-ep-XXXXXX", job[256], conf[256], text[512], want[96];
-        cr_assert_not_null(mkdtemp(dir));
-        write_tiny_dataset(dir);
-        snprintf(job, sizeof job, "%s/tiny.job", dir);
-        test_write_file(job,
-                        "name = \"tiny\";\ndataset = { name = \"fashion-mnist\"; };\n"
-                        "model = { input = [1, 28, 28]; layers = ( { type = \"flatten\"; },\n"
-                        "  { type = \"linear\"; out = 10; } ); };\n"
-                        "optimizer = { type = \"sgd\"; lr = 0.01; };\ntraining = { batch_size = 32; epochs = 100000; };\n",
-                        0644);
-        snprintf(conf, sizeof conf, "%s/n.conf", dir);
-        snprintf(text, sizeof text, "state_directory = \"%s/state\";\ncontrol_socket = \"\";\nidle = { enabled = false; };\n",
-                 dir);
-        test_write_file(conf, text, 0644);
+        char dir[] = "/tmp/ravnest-test-ep-XXXXXX", job[256], conf[256], want[96];
+        tiny_job(dir, "{ type = \"linear\"; out = 10; }", "batch_size = 32; epochs = 100000;", job, conf);
         Proc p;
         proc_start(&p, (char *[]){ RAVNESTD, "--config", conf, "--job", job, "--data-dir", dir, "--threads", "1",
                                    "--progress", "0", NULL }, child_setup);

@@ -600,19 +600,28 @@ static void hold_until_gone(void *ud, uint8_t phase, unsigned sent) {
         held_until_gone = atomic_load(&member2_gone);
 }
 
-/* A member's round; member 2 leaves the moment its own is done. */
-static void *leaving_member(void *arg) {
-        SwarmNode *nd = arg;
-        Swarm *s = nd->swarm;
+/* A round of group 0 over members 0, 1 and 2, once connected to all the
+ * others, run to its end; its info in nd->info. NULL if it did not start. */
+static CollRound *round_of_three(SwarmNode *nd) {
         CollRound *rd;
-
-        for (int i = 0; i < 5000 && coll_n_connected(nd->coll) < s->n - 1; i++)
+        for (int i = 0; i < 5000 && coll_n_connected(nd->coll) < 2; i++)
                 coll_run(nd->coll, 2);
         if (coll_round_start(nd->coll, 0, (unsigned[]){ 0, 1, 2 }, 3, nd->x, nd->len, 1, &rd) < 0)
                 return NULL;
         while (!coll_round_finished(rd))
                 coll_run(nd->coll, 5);
         coll_round_info(rd, &nd->info);
+        return rd;
+}
+
+/* A member's round; member 2 leaves the moment its own is done. */
+static void *leaving_member(void *arg) {
+        SwarmNode *nd = arg;
+        Swarm *s = nd->swarm;
+        CollRound *rd = round_of_three(nd);
+
+        if (!rd)
+                return NULL;
         if (coll_round_read(rd, 0, nd->len, nd->avg) < 0)
                 nd->avg = mfree(nd->avg);
         coll_round_apply(rd, nd->w);
@@ -663,16 +672,7 @@ static void *mute_member(void *arg) {
 }
 
 static void *ready_member(void *arg) {
-        SwarmNode *nd = arg;
-        CollRound *rd;
-        for (int i = 0; i < 5000 && coll_n_connected(nd->coll) < 2; i++)
-                coll_run(nd->coll, 2);
-        if (coll_round_start(nd->coll, 0, (unsigned[]){ 0, 1, 2 }, 3, nd->x, nd->len, 1, &rd) < 0)
-                return NULL;
-        while (!coll_round_finished(rd))
-                coll_run(nd->coll, 5);
-        coll_round_info(rd, &nd->info);
-        coll_round_free(rd);
+        coll_round_free(round_of_three(arg));
         return NULL;
 }
 
