@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sysexits.h>
 #include <unistd.h>
@@ -408,7 +409,13 @@ static void help(void) {
 }
 
 int main(int argc, char *argv[]) {
-        (void)ops_blas_exec_without_threads(argv); /* (on failure, with them) */
+        struct rlimit as;
+        /* OpenBLAS's own pool, started before main(), spins for ever under an
+         * address-space limit too small for its buffers (ravnestd(8),
+         * OPENBLAS_NUM_THREADS); without one, it only sleeps, and starting
+         * again would double what every call of the tool costs */
+        if (getrlimit(RLIMIT_AS, &as) == 0 && as.rlim_cur != RLIM_INFINITY)
+                (void)ops_blas_exec_without_threads(argv); /* (on failure, with them) */
         /* a command's messages are read by people and scripts, never by
          * journald: no "<3>" before them, terminal or not */
         log_set_prefix(false);
