@@ -174,6 +174,7 @@ struct Coll {
         CollLoss refusals; /* connections closed before they were a member's link */
         CollLoss diverged; /* members that sat a round out, their values not finite (coll_diverged()) */
         CollLoss unready;  /* connected members a round we led started without (coll_unready()) */
+        bool relay;        /* NetConfig.relay_host was set: members that both accept none link through it */
         CollForeign foreign; /* members refused for another model (coll_foreign()) */
         Donation donations[COLL_MAX_DONATIONS];
         unsigned n_donations;

@@ -267,7 +267,9 @@ int coll_new(const CollConfig *cfg, Coll **ret) {
         }
         for (unsigned i = 0; i < cfg->n_members; i++)
                 c->members[i].m = cfg->members[i];
+        c->relay = cfg->net->relay_host != NULL;
         int r = net_new(cfg->net, &callbacks, c, &c->net);
+        c->cfg.net = NULL; /* the caller's, maybe on its stack: net_new() took what it needs */
         if (r < 0) {
                 free(c->members);
                 free(c);
@@ -329,7 +331,7 @@ static void dial(Coll *c, uint64_t now) {
         bool accepts = !c->members[c->self].m.no_accept;
         for (unsigned i = 0; i < c->n_members; i++) {
                 Member *m = &c->members[i];
-                bool relayed = net_relays(accepts, !m->m.no_accept, c->self < i) && c->cfg.net->relay_host;
+                bool relayed = net_relays(accepts, !m->m.no_accept, c->self < i) && c->relay;
                 if (i == c->self || (!relayed && !net_dials(accepts, !m->m.no_accept, c->self < i)))
                         continue;
                 if (m->up || m->dialing || m->unwanted || now < m->next_dial_ns || now < m->banned_until_ns ||
