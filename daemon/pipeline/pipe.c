@@ -83,6 +83,7 @@ struct Pipe {
 
         Net *net;
         int64_t prev, next;
+        int64_t offender; /* the neighbour whose tensor broke the protocol */
         Queue fwd, bwd;
         bool end_seen, done_seen, trained_seen, released;
         bool quiescing; /* the first stage injects nothing new */
@@ -173,7 +174,7 @@ int pipe_new(const PipeConfig *c, const Ops *ops, Pipe **ret, Diag *d) {
         p->last = c->hi == c->model->n_layers;
         p->tau = c->in_flight;
         p->U = c->schedule == PIPE_SYNC ? c->in_flight : c->update_frequency;
-        p->prev = p->next = -1;
+        p->prev = p->next = p->offender = -1;
         if (p->first && (!c->train || c->epochs < 1))
                 return diag_set(d, -EINVAL, "the first stage needs the training set and epochs");
         if ((c->train && (r = model_check_data(c->model, c->train, d)) < 0) ||
@@ -462,6 +463,14 @@ static int send(Pipe *p, int64_t peer, uint8_t kind, uint32_t id, uint8_t dtype,
         return net_send_tensor(p->net, (uint32_t)peer, STREAM(kind, id), &d, data, cookie);
 }
 
+/* -ENOTCONN from a send to a neighbour: its link is closing, and the
+ * closed() that says so comes with the next net_run(). What the send
+ * carried is lost with the link, like the micro-batches closed() drops, and
+ * the stage goes on: 0. Any other error stands. */
+static int lost_with_link(int r) {
+        return r == -ENOTCONN ? 0 : r;
+}
+
 /* A copy of data, freed once sent. */
 static int send_copy(Pipe *p, int64_t peer, uint8_t kind, uint32_t id, uint8_t dtype, uint32_t rows, uint32_t cols,
                      const void *data, size_t bytes) {
@@ -472,7 +481,7 @@ static int send_copy(Pipe *p, int64_t peer, uint8_t kind, uint32_t id, uint8_t d
         int r = send(p, peer, kind, id, dtype, rows, cols, buf, COOKIE(buf, COOKIE_FREE));
         if (r < 0)
                 free(buf);
-        return r;
+        return lost_with_link(r);
 }
 
 void pipe_on_sent(Pipe *p, uint64_t cookie) {
@@ -584,7 +593,7 @@ static int backward_and_send(Pipe *p, uint32_t id, const float *w, Trace *tr, co
                      COOKIE(dinp, COOKIE_FREE));
         if (r < 0)
                 free(dinp);
-        return r;
+        return lost_with_link(r);
 }
 
 /* The last stage: loss and its gradient, straight into a backward pass
@@ -667,7 +676,7 @@ static int first_inject(Pipe *p, bool eval) {
                  COOKIE((uint64_t)(sl - p->slots) << 2, COOKIE_SLOT));
         if (r < 0)
                 sl->sending = false;
-        return r;
+        return lost_with_link(r);
 }
 
 static int do_backward(Pipe *p, NetTensor *t) {
@@ -697,10 +706,13 @@ static int do_forward(Pipe *p, NetTensor *t) {
         int B = (int)t->desc.dims[0], r;
 
         if (kind == KIND_LABELS) {
-                if (!p->last) /* passed on as it came, ahead of its activations */
-                        return send(p, p->next, KIND_LABELS, id, DTYPE_I32, (uint32_t)B,
-                                    p->rows > 1 ? (uint32_t)p->rows : 0, t->data,
-                                    COOKIE((uintptr_t)t, COOKIE_RELEASE));
+                if (!p->last) { /* passed on as it came, ahead of its activations */
+                        r = send(p, p->next, KIND_LABELS, id, DTYPE_I32, (uint32_t)B,
+                                 p->rows > 1 ? (uint32_t)p->rows : 0, t->data, COOKIE((uintptr_t)t, COOKIE_RELEASE));
+                        if (r < 0)
+                                net_tensor_release(p->net, t);
+                        return lost_with_link(r);
+                }
                 Labels *l = NULL;
                 for (int i = 0; i < 2 * p->tau + 2 && !l; i++)
                         if (!p->labels[i].used)
@@ -761,7 +773,7 @@ static int do_forward(Pipe *p, NetTensor *t) {
                  COOKIE((uint64_t)(sl - p->slots) << 2, COOKIE_SLOT));
         if (r < 0)
                 sl->sending = false;
-        return r;
+        return lost_with_link(r);
 }
 
 /* ---- broken links ------------------------------------------------------ */
@@ -856,8 +868,9 @@ static int first_next(Pipe *p) {
                 }
                 if (p->in_flight > 0)
                         return 0;
-                if (!p->last && control(p, p->next, msg_trained) < 0)
-                        return -ENOTCONN;
+                int r = p->last ? 0 : control(p, p->next, msg_trained);
+                if (r < 0) /* said again once the next stage is back */
+                        return lost_with_link(r);
                 train_over(p);
                 p->phase = p->cfg.hold_after_training ? PHASE_HELD : PHASE_EVAL;
                 p->st.epoch = p->cfg.epochs;
@@ -870,14 +883,28 @@ static int first_next(Pipe *p) {
                         int r = first_inject(p, true);
                         return r < 0 ? r : 1;
                 }
+                int r = p->last ? 0 : control(p, p->next, msg_end);
+                if (r < 0)
+                        return lost_with_link(r);
                 p->phase = PHASE_ENDING;
-                if (p->last) /* one stage: nobody to wait for */
-                        p->done_seen = true;
-                else if (control(p, p->next, msg_end) < 0)
-                        return -ENOTCONN;
+                p->done_seen = p->last; /* one stage: nobody to wait for */
                 return 1;
         }
         return 0;
+}
+
+/* A unit of work on a tensor from peer: 1, or its error; a tensor that
+ * breaks the protocol (-EBADMSG) names its sender for pipe_offender(). */
+static int unit_done(Pipe *p, uint32_t peer, int r) {
+        if (r == -EBADMSG)
+                p->offender = peer;
+        return r < 0 ? r : 1;
+}
+
+int64_t pipe_offender(Pipe *p) {
+        int64_t peer = p->offender;
+        p->offender = -1;
+        return peer;
 }
 
 static int work(Pipe *p) {
@@ -892,24 +919,29 @@ static int work(Pipe *p) {
                 return 0;
         if (p->phase == PHASE_HELD && !p->first)
                 return PIPE_HELD; /* evaluation waits, queued */
-        if ((t = queue_pop(&p->bwd)))
-                r = do_backward(p, t) < 0 ? -EBADMSG : 1;
+        if ((t = queue_pop(&p->bwd))) {
+                uint32_t from = t->peer; /* do_backward() consumes t */
+                r = unit_done(p, from, do_backward(p, t));
+        }
         else if (!p->first && p->trained_seen && p->phase == PHASE_TRAIN && slots_idle(p)) {
                 /* every training micro-batch has been through here and back */
+                if (!p->last && (r = control(p, p->next, msg_trained)) < 0)
+                        return lost_with_link(r); /* said again once the next stage is back */
                 p->trained_seen = false;
-                if (!p->last && control(p, p->next, msg_trained) < 0)
-                        return -ENOTCONN;
                 train_over(p);
                 if (p->cfg.hold_after_training && !p->released) {
                         p->phase = PHASE_HELD;
                         return PIPE_HELD;
                 }
                 r = 1;
-        } else if ((t = queue_pop(&p->fwd)))
-                r = do_forward(p, t) < 0 ? -EBADMSG : 1;
-        else if (p->first)
+        } else if ((t = queue_pop(&p->fwd))) {
+                uint32_t from = t->peer;
+                r = unit_done(p, from, do_forward(p, t));
+        } else if (p->first)
                 r = first_next(p);
         else if (p->end_seen && p->phase == PHASE_TRAIN && slots_idle(p)) {
+                if (!p->last && (r = control(p, p->next, msg_end)) < 0)
+                        return lost_with_link(r);
                 p->phase = PHASE_ENDING;
                 if (p->last) {
                         p->done_seen = true;
@@ -917,8 +949,7 @@ static int work(Pipe *p) {
                                 p->st.test_acc = p->eval_correct / (p->eval_seen * p->rows);
                                 p->st.test_loss = p->eval_loss / p->eval_seen;
                         }
-                } else if (control(p, p->next, msg_end) < 0)
-                        r = -ENOTCONN;
+                }
         }
         if (r == 0 && p->phase == PHASE_ENDING && p->done_seen) {
                 if (p->first && p->last && p->eval_seen > 0) {

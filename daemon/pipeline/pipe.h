@@ -141,8 +141,14 @@ int pipe_on_control(Pipe *p, uint32_t peer, const uint8_t *payload, size_t len);
  * PIPE_FINISHED when training and the final evaluation are over, or -errno:
  * -ERANGE when training diverged (the last stage's loss of a micro-batch is
  * not finite, or an update left a parameter that is not finite; the update
- * is not counted in PipeStats.updates). */
+ * is not counted in PipeStats.updates); -EBADMSG when a neighbour's tensor
+ * broke the protocol (pipe_offender() names it: drop its link and go on).
+ * A send to a neighbour whose link is closing is no error: what it carried
+ * is lost with the link, and a message that ends a phase goes again when
+ * the neighbour is back. */
 int pipe_work(Pipe *p);
+/* The neighbour whose tensor made pipe_work() return -EBADMSG, once; -1. */
+int64_t pipe_offender(Pipe *p);
 void pipe_get_stats(Pipe *p, PipeStats *ret);
 /* Go on from PIPE_HELD to the evaluation. */
 void pipe_release(Pipe *p);

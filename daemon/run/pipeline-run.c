@@ -205,16 +205,20 @@ static void run_closed(void *ud, uint32_t peer, int reason, const uint8_t id[IDE
         }
 }
 
+/* A neighbour that sent what this stage cannot take (e: -EBADMSG, -ERANGE)
+ * loses its link; the stage waits for it to come back, as for any loss. */
+static void drop_bad_neighbour(Run *r, uint32_t peer, int e) {
+        log_warning("Dropped a pipeline link: it sent %s",
+                    e == -ERANGE ? "values that are not finite (NaN or infinity)" : "a tensor this stage does not expect");
+        net_close_peer(r->net, peer);
+}
+
 static void run_tensor(void *ud, NetTensor *t) {
         Run *r = ud;
         uint32_t peer = t->peer;
         int e = pipe_on_tensor(r->pipe, t);
-        if (e == -EBADMSG || e == -ERANGE) {
-                log_warning("Dropped a pipeline link: it sent %s",
-                            e == -ERANGE ? "values that are not finite (NaN or infinity)"
-                                         : "a tensor this stage does not expect");
-                net_close_peer(r->net, peer);
-        }
+        if (e == -EBADMSG || e == -ERANGE)
+                drop_bad_neighbour(r, peer, e);
 }
 
 static void run_sent(void *ud, uint32_t peer, uint64_t cookie) {
@@ -1008,7 +1012,10 @@ static int run_loop(Run *run, const volatile sig_atomic_t *stop) {
                                                run->stage + 1 == run->n_stages ? "the loss or a parameter is"
                                                                                : "a parameter is");
                 }
-                if (r < 0)
+                int64_t bad = r == -EBADMSG ? pipe_offender(run->pipe) : -1;
+                if (bad >= 0)
+                        drop_bad_neighbour(run, (uint32_t)bad, r);
+                else if (r < 0)
                         return log_error_errno(r, "Stage %u failed: %m", run->stage + 1);
                 net_run(run->net, r > 0 ? 0 : 2);
                 if (o->poll)

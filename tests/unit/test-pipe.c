@@ -473,16 +473,16 @@ static void hostile_tensor(void *ud, NetTensor *t) {
 }
 static const NetCallbacks hostile_cbs = { .connected = hostile_conn, .tensor = hostile_tensor };
 
-Test(pipe, activations_that_are_not_finite_are_refused) {
+/* A stage of c (the layers lo..hi) linked over loopback to a hand-driven
+ * neighbour: the previous stage's place if it is not the first, the next's
+ * otherwise. */
+static void hostile_pair(const PipeConfig *c, Hostile *stage, Hostile *sender, Net **ret_ns, Net **ret_nh) {
         static Identity a, b;
         static const uint8_t secret[HANDSHAKE_SECRET_SIZE] = { 5 };
-        Setup su;
-        setup(&su, 0.05f, PIPE_ASYNC);
-        PipeConfig c1 = su.c;
-        c1.lo = 2; /* after the first linear layer and its ReLU: 32 features */
         Diag d = {};
-        Hostile stage = { .peer = -1 }, sender = { .peer = -1 };
-        cr_assert_eq(pipe_new(&c1, &ops_blas, &stage.pipe, &d), 0, "%s", d.text);
+        *stage = (Hostile){ .peer = -1 };
+        *sender = (Hostile){ .peer = -1 };
+        cr_assert_eq(pipe_new(c, &ops_blas, &stage->pipe, &d), 0, "%s", d.text);
         identity_generate(&a);
         identity_generate(&b);
         NetConfig nc;
@@ -490,45 +490,123 @@ Test(pipe, activations_that_are_not_finite_are_refused) {
         nc.secret = secret;
         nc.identity = &a;
         Net *ns, *nh;
-        cr_assert_eq(net_new(&nc, &hostile_cbs, &stage, &ns), 0);
+        cr_assert_eq(net_new(&nc, &hostile_cbs, stage, &ns), 0);
         nc.identity = &b;
-        cr_assert_eq(net_new(&nc, &hostile_cbs, &sender, &nh), 0);
+        cr_assert_eq(net_new(&nc, &hostile_cbs, sender, &nh), 0);
         uint16_t port;
         uint32_t peer;
         cr_assert_eq(net_listen(ns, "127.0.0.1", 0, &port), 0);
         cr_assert_eq(net_connect(nh, "127.0.0.1", port, &peer), 0);
-        for (int i = 0; i < 2000 && (stage.peer < 0 || sender.peer < 0); i++) {
+        for (int i = 0; i < 2000 && (stage->peer < 0 || sender->peer < 0); i++) {
                 net_run(ns, 1);
                 net_run(nh, 1);
         }
-        cr_assert(stage.peer >= 0 && sender.peer >= 0, "no link");
-        pipe_connect(stage.pipe, ns, stage.peer, -1);
+        cr_assert(stage->peer >= 0 && sender->peer >= 0, "no link");
+        if (c->lo == 0)
+                pipe_connect(stage->pipe, ns, -1, stage->peer);
+        else
+                pipe_connect(stage->pipe, ns, stage->peer, -1);
+        *ret_ns = ns;
+        *ret_nh = nh;
+}
 
-        enum { B = 4, F = 32 };
-        static int32_t labels[B] = { 0, 1, 2, 0 };
-        static float act[3][B * F];
-        for (int k = 0; k < 3; k++)
-                for (int i = 0; i < B * F; i++)
-                        act[k][i] = 0.01f * (float)(i % 17);
-        act[1][5] = NAN;
-        act[2][B * F - 1] = -INFINITY;
-        TensorDesc dl = { .dtype = DTYPE_I32, .ndim = 1, .dims = { B }, .bytes = sizeof labels };
-        TensorDesc da = { .dtype = DTYPE_F32, .ndim = 2, .dims = { B, F }, .bytes = sizeof act[0] };
-        for (uint32_t k = 0; k < 3; k++) { /* labels, then activations: stream kind << 30 | id */
-                cr_assert_eq(net_send_tensor(nh, (uint32_t)sender.peer, 1u << 30 | k, &dl, labels, 0), 0);
-                cr_assert_eq(net_send_tensor(nh, (uint32_t)sender.peer, k, &da, act[k], 0), 0);
-        }
-        for (int i = 0; i < 5000 && stage.n_results < 6; i++) {
+static void hostile_free(Hostile *stage, Net *ns, Net *nh) {
+        pipe_drop_queued(stage->pipe);
+        net_free(nh);
+        net_free(ns);
+        pipe_free(stage->pipe);
+}
+
+enum { HB = 4, HF = 32 }; /* a micro-batch to the last stage from layer 2 on */
+
+/* Labels (unless NULL) and activations of micro-batch id from the hostile
+ * neighbour, run through until the stage took them. */
+static void hostile_send(Hostile *stage, Hostile *sender, Net *ns, Net *nh, uint32_t id, const int32_t *labels,
+                         const float *act) {
+        TensorDesc dl = { .dtype = DTYPE_I32, .ndim = 1, .dims = { HB }, .bytes = HB * sizeof(int32_t) };
+        TensorDesc da = { .dtype = DTYPE_F32, .ndim = 2, .dims = { HB, HF }, .bytes = HB * HF * sizeof(float) };
+        int want = stage->n_results + 1 + (labels != NULL);
+        if (labels) /* stream kind << 30 | id */
+                cr_assert_eq(net_send_tensor(nh, (uint32_t)sender->peer, 1u << 30 | id, &dl, labels, 0), 0);
+        cr_assert_eq(net_send_tensor(nh, (uint32_t)sender->peer, id, &da, act, 0), 0);
+        for (int i = 0; i < 5000 && stage->n_results < want; i++) {
                 net_run(nh, 0);
                 net_run(ns, 1);
         }
-        cr_assert_eq(stage.n_results, 6);
+        cr_assert_eq(stage->n_results, want);
+}
+
+Test(pipe, activations_that_are_not_finite_are_refused) {
+        Setup su;
+        setup(&su, 0.05f, PIPE_ASYNC);
+        PipeConfig c1 = su.c;
+        c1.lo = 2; /* after the first linear layer and its ReLU: 32 features */
+        Hostile stage, sender;
+        Net *ns, *nh;
+        hostile_pair(&c1, &stage, &sender, &ns, &nh);
+        static int32_t labels[HB] = { 0, 1, 2, 0 };
+        static float act[3][HB * HF];
+        for (int k = 0; k < 3; k++)
+                for (int i = 0; i < HB * HF; i++)
+                        act[k][i] = 0.01f * (float)(i % 17);
+        act[1][5] = NAN;
+        act[2][HB * HF - 1] = -INFINITY;
+        for (uint32_t k = 0; k < 3; k++)
+                hostile_send(&stage, &sender, ns, nh, k, labels, act[k]);
         int want[6] = { 0, 0, 0, -ERANGE, 0, -ERANGE };
         for (int i = 0; i < 6; i++)
                 cr_expect_eq(stage.results[i], want[i], "tensor %d: %d", i, stage.results[i]);
-        pipe_drop_queued(stage.pipe);
-        net_free(nh);
-        net_free(ns);
-        pipe_free(stage.pipe);
+        hostile_free(&stage, ns, nh);
+        setup_free(&su);
+}
+
+/* A neighbour's tensor that is well formed but out of place (activations
+ * whose labels never came) makes pipe_work() return -EBADMSG and name that
+ * neighbour, once, so that its link alone is dropped; a last stage whose
+ * loss went NaN says it diverged (-ERANGE), as a stage alone does. */
+Test(pipe, a_tensor_out_of_place_names_its_sender_and_divergence_is_told) {
+        Setup su;
+        setup(&su, 0.05f, PIPE_ASYNC);
+        PipeConfig c1 = su.c;
+        c1.lo = 2;
+        Hostile stage, sender;
+        Net *ns, *nh;
+        hostile_pair(&c1, &stage, &sender, &ns, &nh);
+        static int32_t labels[HB] = { 0, 1, 2, 0 };
+        static float act[HB * HF];
+        hostile_send(&stage, &sender, ns, nh, 9, NULL, act);
+        cr_assert_eq(stage.results[0], 0, "taken: its place is checked as it is worked on");
+        cr_assert_eq(pipe_work(stage.pipe), -EBADMSG);
+        cr_assert_eq(pipe_offender(stage.pipe), stage.peer);
+        cr_assert_eq(pipe_offender(stage.pipe), -1, "named once");
+        Stage *s = pipe_stage(stage.pipe);
+        s->params[s->n_params - 1] = NAN; /* the last bias: the loss is NaN */
+        hostile_send(&stage, &sender, ns, nh, 10, labels, act);
+        int r = 0;
+        for (int i = 0; i < 4 && r >= 0; i++)
+                r = pipe_work(stage.pipe);
+        cr_assert_eq(r, -ERANGE, "%d", r);
+        cr_assert_eq(pipe_offender(stage.pipe), -1, "nobody to blame");
+        hostile_free(&stage, ns, nh);
+        setup_free(&su);
+}
+
+/* A first stage whose next stage's link is closing (the Net refuses sends
+ * on it; the closed() that tells the stage comes with the next net_run())
+ * goes on: what it sent is lost with the link. It failed the stage with
+ * -ENOTCONN, and a node killed mid-run took its neighbour down with it. */
+Test(pipe, a_send_to_a_closing_link_is_lost_with_it) {
+        Setup su;
+        setup(&su, 0.05f, PIPE_ASYNC);
+        PipeConfig c0 = su.c;
+        c0.hi = 2;
+        Hostile stage, next;
+        Net *ns, *nh;
+        hostile_pair(&c0, &stage, &next, &ns, &nh);
+        cr_assert_eq(pipe_work(stage.pipe), 1);
+        cr_assert_eq(net_close_peer(ns, (uint32_t)stage.peer), 0);
+        for (int i = 0; i < 3; i++)
+                cr_assert_geq(pipe_work(stage.pipe), 0, "unit %d", i);
+        hostile_free(&stage, ns, nh);
         setup_free(&su);
 }
