@@ -86,8 +86,8 @@ static int parse_args(int argc, char *argv[], Args *a) {
                 case ARG_NO_IDLE: a->no_idle = true; break;
                 case ARG_CONTROL_SOCKET:
                         if (strcmp(optarg, "none") && (optarg[0] != '/' || strlen(optarg) >= 108)) {
-                                log_error("Invalid value for --control-socket: %s (an absolute path, or \"none\")",
-                                          optarg);
+                                log_error("Invalid value for --control-socket: %s (an absolute path%s, or \"none\")",
+                                          optarg, optarg[0] == '/' ? " of at most 107 bytes, a socket's limit" : "");
                                 return EX_USAGE;
                         }
                         a->control_socket = optarg;

@@ -236,7 +236,9 @@ static int swarm_plan(Swarm *s) {
         s->n = o->clusters * o->stages;
         if (o->clusters < 1 || o->stages < 1 || s->n > MAX_NODES)
                 return log_error_errno(-EINVAL, "A swarm has 1 to %d nodes (clusters x stages)", MAX_NODES);
-        if ((r = job_load(o->job, &s->job, &d)) < 0 || (r = job_check_data(&s->job, o->data_dir, &d)) < 0)
+        if (job_load(o->job, &s->job, &d) < 0) /* missing or not a job: exit 78, as every command */
+                return log_error_errno(-EINVAL, "Invalid job: %s (--job FILE names the job)", d.text);
+        if ((r = job_check_data(&s->job, o->data_dir, &d)) < 0) /* its data missing: exit 1 */
                 return log_error_errno(r == -ENOENT ? r : -EINVAL, "Invalid job: %s", d.text);
         return plan_cut(&s->job, o->stages, s->bounds);
 }

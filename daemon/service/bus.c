@@ -621,8 +621,10 @@ int bus_start(Bus *b, sd_event *e, Control *c, const char *socket_path, bool wan
         if (r >= 0)
                 r = serve_object(b, b->system);
         if (r < 0) {
-                log_warning_errno(r, "No system bus (%m): status and control on %s only",
-                                  b->listen_fd >= 0 ? b->socket_path : "(nothing: no control socket either)");
+                if (b->listen_fd >= 0)
+                        log_warning_errno(r, "No system bus (%m): status and control on %s only", b->socket_path);
+                else
+                        log_warning_errno(r, "No system bus (%m) and no control socket: no status, no control");
                 b->system = sd_bus_flush_close_unref(b->system);
                 return 0;
         }
@@ -631,8 +633,9 @@ int bus_start(Bus *b, sd_event *e, Control *c, const char *socket_path, bool wan
                 /* Another node on this machine, or a policy that does not
                  * let this user own the name: the socket still answers. */
                 log_warning_errno(r, "Cannot own %s on the system bus (%m): is another ravnestd running, "
-                                  "and is the D-Bus policy installed? Status and control on %s only",
-                                  BUS_NAME, b->listen_fd >= 0 ? b->socket_path : "(nothing: no control socket either)");
+                                  "and is the D-Bus policy installed? %s%s",
+                                  BUS_NAME, b->listen_fd >= 0 ? "Status and control on the socket only: " : "",
+                                  b->listen_fd >= 0 ? b->socket_path : "No status, no control: no control socket");
                 b->system = sd_bus_flush_close_unref(b->system);
                 return 0;
         }

@@ -39,8 +39,11 @@ Test(cli, every_command_answers_help) {
 }
 
 /* A missing job makes any swarm that got past its options fail at once
- * (exit 1), never train. */
+ * (exit 78), never train. */
 #define NO_JOB "--job", "/nonexistent/ravnest-test.job"
+/* 115 bytes: more than a socket's address holds */
+#define TEN_X "xxxxxxxxxx"
+#define TOO_LONG_SOCKET "/tmp/" TEN_X TEN_X TEN_X TEN_X TEN_X TEN_X TEN_X TEN_X TEN_X TEN_X TEN_X
 
 typedef struct BadArgs {
         const char *argv[12];
@@ -54,6 +57,9 @@ static const BadArgs bad_args[] = {
         { { RAVNESTCTL, "swarm", "--stages", "0", NO_JOB }, "Invalid value for --stages: 0" },
         { { RAVNESTCTL, "swarm", "--clusters", "9", "--stages", "8", NO_JOB }, "--clusters and --stages: 9 x 8" },
         { { RAVNESTCTL, "swarm", "--micro-batch", "x", NO_JOB }, "Invalid value for --micro-batch: x" },
+        { { RAVNESTCTL, "swarm", "--clusters", " 2", NO_JOB }, "Invalid value for --clusters:  2 (an integer" },
+        { { RAVNESTD, "--control-socket", TOO_LONG_SOCKET }, "(an absolute path of at most 107 bytes, a socket's limit" },
+        { { RAVNESTCTL, "swarm", "--interval", " 1", NO_JOB }, "Invalid value for --interval:  1 (a number" },
         { { RAVNESTCTL, "swarm", "--staleness", "0", NO_JOB }, "Invalid value for --staleness: 0" },
         { { RAVNESTCTL, "swarm", "--update-frequency", "-1", NO_JOB }, "Invalid value for --update-frequency: -1" },
         { { RAVNESTCTL, "swarm", "--interval", "0.01", NO_JOB }, "Invalid value for --interval: 0.01 (a number from 0.05" },
@@ -276,6 +282,18 @@ static void skip_without_dataset(void) {
         if (access(FASHION_MNIST_DIR "/train-images-idx3-ubyte.gz", R_OK) < 0)
                 cr_skip_test("SKIP: %s missing: install Debian's dataset-fashion-mnist to run this test",
                              FASHION_MNIST_DIR);
+}
+
+/* A job file that is not there is an invalid job (exit 78), as for every
+ * command that reads one (the swarm said 1), and the message says which
+ * option names it: the default's path may not exist in a build tree. */
+Test(cli, swarm_of_a_missing_job_exits_78) {
+        Proc p;
+        int code = run(&p, (char *[]){ RAVNESTCTL, "swarm", NO_JOB, NULL });
+        cr_assert_eq(code, 78, "exit %d: %s", code, p.out);
+        cr_assert(strstr(p.out, "Invalid job: /nonexistent/ravnest-test.job: cannot read: No such file or directory "
+                                "(--job FILE names the job)"),
+                  "%s", p.out);
 }
 
 /* Every stage must hold parameters (its node refuses a plan where one holds
