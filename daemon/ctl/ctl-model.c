@@ -384,24 +384,39 @@ static bool is_a_checkpoint(const ModelArgs *m, const char *output) {
 }
 
 /* Where export writes: a new file, or one that is there, replaced by a
- * temporary renamed over it; through a symbolic link, the file it names.
- * Anything but a regular file (a device such as /dev/null, a FIFO, a
- * directory) is refused: a rename would put a file in its place. 0, or
- * the exit status. */
+ * temporary renamed over it; through symbolic links, the file they name,
+ * made if it is not there yet (a dangling link's target). Anything but a
+ * regular file (a device such as /dev/null, a FIFO, a directory) is
+ * refused: a rename would put a file in its place. 0, or the exit status. */
 static int export_target(const char *output, char target[PATH_MAX]) {
+        char link[PATH_MAX];
         struct stat st;
 
         snprintf(target, PATH_MAX, "%s", output);
-        if (lstat(output, &st) < 0) {
-                if (errno == ENOENT)
-                        return 0;
-        } else if (!S_ISLNK(st.st_mode) || (realpath(output, target) && stat(target, &st) == 0)) {
+        for (int hops = 0; hops < 40; hops++) {
+                if (lstat(target, &st) < 0)
+                        break;
                 if (S_ISREG(st.st_mode))
                         return 0;
-                fprintf(stderr, "export: --output %s is not a regular file: export writes the model to a file of "
-                        "its own\n", output);
-                return EX_CANTCREAT;
+                if (!S_ISLNK(st.st_mode)) {
+                        fprintf(stderr, "export: --output %s is not a regular file: export writes the model to a "
+                                        "file of its own\n", output);
+                        return EX_CANTCREAT;
+                }
+                ssize_t n = readlink(target, link, sizeof link - 1);
+                if (n < 0)
+                        break;
+                link[n] = '\0';
+                const char *slash = strrchr(target, '/'); /* a relative link is read from its own folder */
+                int dir = link[0] == '/' || !slash ? 0 : (int)(slash - target + 1);
+                errno = ENAMETOOLONG;
+                if (dir + (size_t)n >= PATH_MAX)
+                        break;
+                memmove(target + dir, link, (size_t)n + 1);
+                errno = ELOOP;
         }
+        if (errno == ENOENT)
+                return 0;
         fprintf(stderr, "export: --output %s: %m\n", output);
         return EX_CANTCREAT;
 }

@@ -157,6 +157,21 @@ Test(gpt_model, generate_and_export, .timeout = 600) {
         cr_assert_eq(proc_exit(&p), 0, "%s", p.out);
         struct stat ls;
         cr_assert(lstat(link, &ls) == 0 && S_ISLNK(ls.st_mode), "the link was replaced by a file");
+        /* a link that names a file not there yet (relative to the link's
+         * folder) makes it; it failed "No such file or directory" */
+        char dangling[200], made[200];
+        snprintf(dangling, sizeof dangling, "%s/dangling.safetensors", dir);
+        snprintf(made, sizeof made, "%s/made.safetensors", dir);
+        cr_assert_eq(symlink("made.safetensors", dangling), 0);
+        proc_start(&p, (char *[]){ RAVNESTCTL, "export", "--job", JOB, "--checkpoint", c1, "--checkpoint", c2,
+                                   "--output", dangling, NULL }, NULL);
+        cr_assert_eq(proc_exit(&p), 0, "%s", p.out);
+        cr_assert(lstat(dangling, &ls) == 0 && S_ISLNK(ls.st_mode), "the link was replaced by a file");
+        cr_assert(stat(made, &ls) == 0 && S_ISREG(ls.st_mode) && ls.st_size > 0, "%s", made);
+        /* a checkpoint that is not one (a device) is bad data: 65 */
+        proc_start(&p, (char *[]){ RAVNESTCTL, "export", "--job", JOB, "--checkpoint", "/dev/zero", "--output", made,
+                                   NULL }, NULL);
+        cr_assert_eq(proc_exit(&p), 65, "%s", p.out);
         if (!have_torch()) {
                 test_remove_tree(dir);
                 cr_skip_test("SKIP: PyTorch (python3-torch) missing: the exported weights were not loaded in it");
