@@ -237,7 +237,7 @@ static int parse_training(const config_setting_t *root, TrainSpec *t, Diag *d) {
         if ((r = conf_get_group(root, "training", true, false, &g, d)) < 0 ||
             (r = conf_check_keys(g, keys, d)) < 0 ||
             (r = conf_get_int(g, "batch_size", true, 1, 65536, 0, &batch, d)) < 0 ||
-            (r = conf_get_int(g, "epochs", true, 1, 100000, 0, &epochs, d)) < 0 ||
+            (r = conf_get_int(g, "epochs", true, 1, 1000000, 0, &epochs, d)) < 0 ||
             (r = conf_get_int(g, "seed", false, 0, INT64_MAX, 1, &seed, d)) < 0)
                 return r;
         *t = (TrainSpec){

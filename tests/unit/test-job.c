@@ -88,6 +88,8 @@ Test(job, errors_name_file_line_and_setting) {
         expect_error("{ type = \"flatten\"; },", "", "5: model.layers: layer 1 (linear): linear needs a flat input");
         expect_error("batch_size = 32;", "", "11: training.batch_size: missing (required)");
         expect_error("epochs = 1;", "epochs = 1; speed = 3;", "11: training.speed: unknown setting");
+        /* the command lines' range (ravnestd --epochs, swarm --epochs) */
+        expect_error("epochs = 1;", "epochs = 1000001;", "11: training.epochs: must be an integer in [1, 1000000]");
         expect_error("input = [1, 28, 28];", "input = [1, 28];", "4: model.input: must be an array of three integers");
         expect_error("name = \"fashion-mnist\";", "name = \"cifar\";", "2: dataset.name: unknown dataset \"cifar\"");
         expect_error("{ type = \"flatten\"; }", "{ type = \"flatten\"; kernel = 2; }", "6: model.layers.[0]: flatten takes no kernel");
