@@ -13,6 +13,7 @@
 #include "conf/config.h"
 #include "conf/job.h"
 #include "conf/option.h"
+#include "run/node.h"
 #include "service/daemon.h"
 #include "tensor/ops.h"
 #include "util/log.h"
@@ -128,29 +129,36 @@ static int load_config(const Args *a, Config *config) {
 }
 
 /* --check-config, --check-job: the job, and its data as the daemon checks
- * it before training. The exit status. */
+ * it before training. A configuration without a network leaves the node
+ * unconfigured, and such a node loads no job: the default job missing is
+ * no error there, as it is none for the daemon. The exit status. */
 static int check(const Args *a, const Config *config) {
         const char *job_path = a->job_path ?: config->job;
+        bool loads_job = !a->check_config || a->job_path || node_configured(config);
         Job job;
         Diag d = {};
         int r;
 
-        if ((r = job_load(job_path, &job, &d)) < 0) {
-                log_error_errno(r, "Invalid job: %s", d.text);
+        int loaded = job_load(job_path, &job, &d);
+        if (loaded < 0 && (loads_job || loaded != -ENOENT)) {
+                log_error_errno(loaded, "Invalid job: %s", d.text);
                 return EX_CONFIG;
         }
-        if (a->check_config && ((r = config_check_job(config, &job, &d)) < 0 ||
+        if (a->check_config && ((loaded >= 0 && (r = config_check_job(config, &job, &d)) < 0) ||
                                 (config->path[0] && (r = config_check_state_directory(config, &d)) < 0))) {
                 log_error_errno(r, "Invalid configuration: %s", d.text);
                 return EX_CONFIG;
         }
+        if (loaded < 0) { /* not there, and not loaded by an unconfigured node */
+                printf("configuration OK (%s): no network, so the node is unconfigured and loads no job (%s is not "
+                       "there)\n", config->path[0] ? config->path : "defaults", job_path);
+                return 0;
+        }
         r = job_check_data(&job, a->run.data_dir, &d);
         if (r == -ENOENT)
                 log_notice("The job's data is not there to check: %s", d.text);
-        else if (r < 0) {
-                log_error_errno(r, "Invalid job: %s", d.text);
-                return EX_CONFIG;
-        }
+        else if (r < 0)
+                return daemon_log_data_error(r, &d) == -EINVAL ? EX_CONFIG : EXIT_FAILURE;
         if (a->check_config)
                 printf("configuration OK (%s), job \"%s\" OK (%s)\n", config->path[0] ? config->path : "defaults",
                        job.name, job_path);

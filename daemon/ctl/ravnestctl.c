@@ -47,9 +47,9 @@ static int describe_job(const char *path) {
         }
         /* what the daemon checks before it trains */
         r = job_check_data(&job, NULL, &d);
-        if (r < 0 && r != -ENOENT) {
-                fprintf(stderr, "%s\n", d.text);
-                return EX_CONFIG;
+        if (r < 0 && r != -ENOENT) { /* the model does not fit the data (78), or the files are broken (1) */
+                fprintf(stderr, "%s: %s\n", r == -EINVAL ? "Invalid job" : "Unusable dataset", d.text);
+                return r == -EINVAL ? EX_CONFIG : EXIT_FAILURE;
         }
         const char *data_note = r < 0 ? d.text : NULL;
 

@@ -238,8 +238,8 @@ static int swarm_plan(Swarm *s) {
                 return log_error_errno(-EINVAL, "A swarm has 1 to %d nodes (clusters x stages)", MAX_NODES);
         if (job_load(o->job, &s->job, &d) < 0) /* missing or not a job: exit 78, as every command */
                 return log_error_errno(-EINVAL, "Invalid job: %s (--job FILE names the job)", d.text);
-        if ((r = job_check_data(&s->job, o->data_dir, &d)) < 0) /* its data missing: exit 1 */
-                return log_error_errno(r == -ENOENT ? r : -EINVAL, "Invalid job: %s", d.text);
+        if ((r = job_check_data(&s->job, o->data_dir, &d)) < 0) /* the data missing or broken: exit 1 */
+                return log_error_errno(r, "%s: %s", r == -EINVAL ? "Invalid job" : "Unusable dataset", d.text);
         return plan_cut(&s->job, o->stages, s->bounds);
 }
 

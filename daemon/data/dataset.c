@@ -24,10 +24,10 @@ int dataset_load(const char *images_path, const char *labels_path, int n_classes
         if (r < 0)
                 return r;
         if (img->dims[0] != lab->dims[0])
-                return diag_set(d, -EINVAL, "%s holds %u images but %s holds %u labels", images_path,
+                return diag_set(d, -EBADMSG, "%s holds %u images but %s holds %u labels", images_path,
                                 img->dims[0], labels_path, lab->dims[0]);
         if (img->dims[1] > 4096 || img->dims[2] > 4096)
-                return diag_set(d, -EINVAL, "%s: images of %ux%u are too large", images_path,
+                return diag_set(d, -EBADMSG, "%s: images of %ux%u are too large", images_path,
                                 img->dims[1], img->dims[2]);
         for (size_t i = 0; i < lab->n; i++)
                 if (lab->data[i] >= n_classes)
@@ -74,7 +74,7 @@ int dataset_probe_dir(const char *dir, const char *split, DatasetShape *ret, Dia
         if ((r = idx_read_header(images, 3, &img, d)) < 0 || (r = idx_load(labels, 1, &lab, d)) < 0)
                 return r;
         if (img.dims[0] != lab->dims[0])
-                return diag_set(d, -EINVAL, "%s holds %u images but %s holds %u labels", images, img.dims[0],
+                return diag_set(d, -EBADMSG, "%s holds %u images but %s holds %u labels", images, img.dims[0],
                                 labels, lab->dims[0]);
         DatasetShape s = { .n = img.dims[0], .c = 1, .h = (int)img.dims[1], .w = (int)img.dims[2] };
         for (size_t i = 0; i < lab->n; i++)

@@ -1,9 +1,10 @@
 /* data/idx.c — zlib's gz* functions read gzip and plain files alike. */
 #include "idx.h"
 
+#include <stdbool.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
-#include <stdint.h>
 #include <sys/stat.h>
 #include <unistd.h>
 #include <zlib.h>
@@ -37,8 +38,39 @@ static int gz_read_full(gzFile f, void *buf, size_t n) {
 
 #define IDX_GZIP_MAX_RATIO 1032u
 
-/* Open path and read its header into a (dims and n; no data yet). */
-static int open_header(const char *path, int want_ndim, gzFile *ret_f, IdxArray *a, Diag *d) {
+/* Does a gzip stream, read up to the data, hold exactly n bytes more? Its
+ * last 4 bytes say how much it holds in all (mod 2^32): a file cut short
+ * ends in other bytes. Only on a mismatch (cut short, or a file of several
+ * gzip members) is the stream read through. */
+static int gz_check_length(gzFile f, int fd, const struct stat *st, uint64_t whole, size_t n, const char *path,
+                           Diag *d) {
+        uint8_t tail[4];
+        if (st->st_size >= 18 && pread(fd, tail, 4, st->st_size - 4) == 4 &&
+            ((uint32_t)tail[0] | (uint32_t)tail[1] << 8 | (uint32_t)tail[2] << 16 | (uint32_t)tail[3] << 24) ==
+                    (uint32_t)whole)
+                return 0;
+        _cleanup_(freep) uint8_t *buf = malloc(1 << 16);
+        if (!buf)
+                return diag_set(d, -ENOMEM, "%s: out of memory", path);
+        uint64_t got = 0;
+        int k;
+        while ((k = gzread(f, buf, 1 << 16)) > 0)
+                got += (uint64_t)k;
+        int err = Z_OK;
+        gzerror(f, &err);
+        if (k < 0 || (err != Z_OK && err != Z_BUF_ERROR))
+                return diag_set(d, -EIO, "%s: corrupt gzip stream in the data", path);
+        if (got != n)
+                return diag_set(d, got < n ? -ENODATA : -EFBIG, "%s: %s: the header promises %zu data bytes, the "
+                                "file holds %ju", path, got < n ? "truncated" : "trailing bytes after the data", n,
+                                (uintmax_t)got);
+        return 0;
+}
+
+/* Open path and read its header into a (dims and n; no data yet); with
+ * check_length, make sure that the data are all there, as loading them
+ * would (a check that reads only the header: idx_read_header()). */
+static int open_header(const char *path, int want_ndim, bool check_length, gzFile *ret_f, IdxArray *a, Diag *d) {
         _cleanup_(gzclosep) gzFile f = NULL;
         uint8_t header[4], dimbuf[4 * IDX_MAX_DIMS];
         int r;
@@ -64,7 +96,7 @@ static int open_header(const char *path, int want_ndim, gzFile *ret_f, IdxArray 
                                 "%s: bad magic %02x%02x%02x%02x (want 000008xx: an IDX file of unsigned bytes)",
                                 path, header[0], header[1], header[2], header[3]);
         if (header[3] != want_ndim || want_ndim < 1 || want_ndim > IDX_MAX_DIMS)
-                return diag_set(d, -EINVAL, "%s: has %u dimensions, expected %d", path, header[3],
+                return diag_set(d, -EBADMSG, "%s: has %u dimensions, expected %d", path, header[3],
                                 want_ndim);
         a->ndim = want_ndim;
 
@@ -79,9 +111,9 @@ static int open_header(const char *path, int want_ndim, gzFile *ret_f, IdxArray 
                 const uint8_t *b = dimbuf + 4 * i;
                 a->dims[i] = (uint32_t)b[0] << 24 | (uint32_t)b[1] << 16 | (uint32_t)b[2] << 8 | b[3];
                 if (a->dims[i] == 0)
-                        return diag_set(d, -EINVAL, "%s: dimension %d is 0", path, i);
+                        return diag_set(d, -EBADMSG, "%s: dimension %d is 0", path, i);
                 if (!size_mul(a->n, a->dims[i], &a->n) || a->n > IDX_MAX_ELEMENTS)
-                        return diag_set(d, -EINVAL, "%s: dimensions claim more than %zu elements",
+                        return diag_set(d, -EBADMSG, "%s: dimensions claim more than %zu elements",
                                         path, IDX_MAX_ELEMENTS);
         }
         /* before anything is allocated for them: gzip's deflate packs at
@@ -98,6 +130,8 @@ static int open_header(const char *path, int want_ndim, gzFile *ret_f, IdxArray 
                                 "%s: %s: the header promises %ju bytes in all, the file has %jd", path,
                                 (uint64_t)st.st_size < whole ? "truncated" : "trailing bytes after the data",
                                 (uintmax_t)whole, (intmax_t)st.st_size);
+        if (check_length && !gzdirect(f) && (r = gz_check_length(f, fd, &st, whole, a->n, path, d)) < 0)
+                return r;
         *ret_f = TAKE_PTR(f);
         return 0;
 }
@@ -105,7 +139,7 @@ static int open_header(const char *path, int want_ndim, gzFile *ret_f, IdxArray 
 int idx_read_header(const char *path, int want_ndim, IdxArray *ret, Diag *d) {
         _cleanup_(gzclosep) gzFile f = NULL;
         IdxArray a = {};
-        int r = open_header(path, want_ndim, &f, &a, d);
+        int r = open_header(path, want_ndim, true, &f, &a, d);
         if (r < 0)
                 return r;
         *ret = a;
@@ -120,7 +154,7 @@ int idx_load(const char *path, int want_ndim, IdxArray **ret, Diag *d) {
         a = calloc(1, sizeof *a);
         if (!a)
                 return diag_set(d, -ENOMEM, "%s: out of memory", path);
-        r = open_header(path, want_ndim, &f, a, d);
+        r = open_header(path, want_ndim, false, &f, a, d);
         if (r < 0)
                 return r;
 

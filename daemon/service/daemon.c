@@ -728,6 +728,12 @@ static const char *packaged_data(const Job *job, const char *data_dir) {
         return NULL;
 }
 
+int daemon_log_data_error(int r, const Diag *diag) {
+        if (r == -EINVAL)
+                return log_error_errno(r, "Invalid job: %s", diag->text);
+        return log_error_errno(r, "Unusable dataset: %s", diag->text);
+}
+
 static int start_worker(Daemon *d) {
         const char *job_path = d->options.job_path ?: d->config.job;
         Diag diag = {};
@@ -746,8 +752,8 @@ static int start_worker(Daemon *d) {
                 if (r == -ENOENT && package) /* else the line below names the file missing */
                         log_error("Dataset %s not found (install Debian's %s, or set dataset.path in %s or "
                                   "--data-dir)", d->job.data.name, package, d->job.path);
-                if (r < 0) /* -EINVAL (it does not fit): a configuration error */
-                        return log_error_errno(r, "Invalid job: %s", diag.text);
+                if (r < 0)
+                        return daemon_log_data_error(r, &diag);
         }
         /* the identity and the checkpoints live there (a run without a
          * configuration writes none) */

@@ -83,3 +83,8 @@ typedef struct Daemon {
 void daemon_training_status(const NodeStatus *st, char *buf, size_t len);
 void daemon_init(Daemon *d, Config *config, const DaemonOptions *o);
 int daemon_run(Daemon *d);
+/* Logs why a job's data (job_check_data()'s r and diag) cannot be trained
+ * on: -EINVAL is the job's ("Invalid job": the model does not fit them, an
+ * exit status of 78), anything else the files' ("Unusable dataset": cut
+ * short, corrupt, not what their names say; 1). r. */
+int daemon_log_data_error(int r, const Diag *diag);

@@ -201,6 +201,25 @@ static void expect_config_error(const char *text, const char *says) {
         cr_expect(strstr(p.out, want), "no \"%s\" in: %s", want, p.out);
 }
 
+/* A configuration that sets nothing (as shipped) leaves the node
+ * unconfigured, and such a node loads no job: --check-config passes it
+ * whether the default job is installed or not (the daemon starts with it;
+ * the check said "Invalid job" where the default job was not there, as in
+ * a build tree). */
+Test(cli, check_config_of_a_configuration_that_sets_nothing_passes) {
+        char dir[] = "/tmp/ravnest-test-cli-XXXXXX", path[128];
+        cr_assert_not_null(mkdtemp(dir));
+        snprintf(path, sizeof path, "%s/ravnestd.conf", dir);
+        test_write_file(path, "# nothing set\n", 0644);
+        Proc p;
+        int code = run(&p, (char *[]){ RAVNESTD, "--check-config", "--config", path, NULL });
+        test_remove_tree(dir);
+        cr_assert_eq(code, 0, "exit %d: %s", code, p.out);
+        cr_assert(strstr(p.out, "configuration OK ("), "%s", p.out);
+        if (access(JOBS_DIR "/fashion-mnist-mlp.job", F_OK) < 0)
+                cr_assert(strstr(p.out, "no network, so the node is unconfigured and loads no job"), "%s", p.out);
+}
+
 Test(cli, configuration_errors_name_file_line_and_setting) {
         expect_config_error("threads = 2;\njob = \"/nonexistent/ravnest-test.job\";\n",
                             "2: job: /nonexistent/ravnest-test.job: cannot read: No such file or directory");

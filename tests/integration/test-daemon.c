@@ -106,15 +106,22 @@ Test(daemon, broken_dataset_is_a_clear_error) {
         FILE *f = fopen(path, "w");
         fputs("this is not an IDX file", f);
         fclose(f);
-        Proc p;
+        Proc p, check;
         proc_start(&p, (char *[]){ RAVNESTD, "--no-idle", "--control-socket", "none", "--job", SOURCE_ROOT "/config/jobs/fashion-mnist-mlp.job", "--data-dir", dir, NULL }, child_setup);
         int code = proc_exit(&p);
+        /* the check says what the start says, with its exit status: the
+         * files are broken, not the job (it said "Invalid job", 78) */
+        proc_start(&check, (char *[]){ RAVNESTD, "--check-job", "--job", SOURCE_ROOT "/config/jobs/fashion-mnist-mlp.job",
+                                       "--data-dir", dir, NULL }, child_setup);
+        int checked = proc_exit(&check);
         unlink(path);
         rmdir(dir);
         cr_assert_eq(code, 1, "exit %d: %s", code, p.out);
         char want[192];
-        snprintf(want, sizeof want, "%s: bad magic", path);
+        snprintf(want, sizeof want, "Unusable dataset: %s: bad magic", path);
         cr_assert(strstr(p.out, want), "%s", p.out);
+        cr_assert_eq(checked, 1, "exit %d: %s", checked, check.out);
+        cr_assert(strstr(check.out, want), "%s", check.out);
 }
 
 /* ---- rate-limited lines ---------------------------------------------------- */
