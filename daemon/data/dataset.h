@@ -33,6 +33,10 @@ typedef struct Dataset {
          * labels are NULL. */
         uint8_t *text;
         size_t text_len;
+        /* of a directory: the files read, and those left out (not regular
+         * files, empty, or not UTF-8 text), the first of them by name */
+        unsigned text_files, text_left_out;
+        char text_first_left_out[256];
 } Dataset;
 
 /* Load an images file (idx3: n, h, w) and a labels file (idx1: n). Labels

@@ -75,8 +75,15 @@ static int cmp_names(const void *a, const void *b) {
         return strcmp(*(char *const *)a, *(char *const *)b);
 }
 
-/* Every regular text file of dir, by name; the others are left out. */
-static int append_dir(const char *dir, uint8_t **buf, size_t *len, size_t *cap, Diag *d) {
+/* A file of a directory left out of the corpus, counted in ds (or not). */
+static void left_out(Dataset *ds, const char *name) {
+        if (ds && ds->text_left_out++ == 0)
+                snprintf(ds->text_first_left_out, sizeof ds->text_first_left_out, "%s", name);
+}
+
+/* Every regular text file of dir, by name; the others are left out and
+ * counted in ds, if given. */
+static int append_dir(const char *dir, uint8_t **buf, size_t *len, size_t *cap, Dataset *ds, Diag *d) {
         DIR *dp = opendir(dir);
         char **names = NULL, path[PATH_MAX];
         size_t n = 0, used = 0;
@@ -101,16 +108,21 @@ static int append_dir(const char *dir, uint8_t **buf, size_t *len, size_t *cap, 
         for (size_t i = 0; i < n && r >= 0; i++) {
                 struct stat st;
                 snprintf(path, sizeof path, "%s/%s", dir, names[i]);
-                if (lstat(path, &st) < 0 || !S_ISREG(st.st_mode) || st.st_size == 0)
+                if (lstat(path, &st) < 0 || !S_ISREG(st.st_mode) || st.st_size == 0) {
+                        left_out(ds, names[i]);
                         continue;
+                }
                 size_t before = *len;
                 r = append_file(path, buf, len, cap, d);
                 if (r == -EMEDIUMTYPE) { /* not text: not part of the corpus */
                         *len = before;
+                        left_out(ds, names[i]);
                         r = diag_set(d, 0, "%s", ""); /* its reason must not outlive it */
                 } else if (r >= 0)
                         used++;
         }
+        if (ds)
+                ds->text_files = (unsigned)used;
         for (size_t i = 0; i < n; i++)
                 free(names[i]);
         free(names);
@@ -121,7 +133,7 @@ static int append_dir(const char *dir, uint8_t **buf, size_t *len, size_t *cap, 
 
 /* The split's bytes [ret_off, ret_off + ret_len) of the corpus at path. */
 static int read_corpus(const char *path, bool test, int T, uint8_t **ret_buf, size_t *ret_off, size_t *ret_len,
-                       Diag *d) {
+                       Dataset *ds, Diag *d) {
         uint8_t *buf = NULL;
         size_t len = 0, cap = 0;
         struct stat st;
@@ -129,7 +141,7 @@ static int read_corpus(const char *path, bool test, int T, uint8_t **ret_buf, si
 
         if (stat(path, &st) < 0)
                 return diag_set(d, -errno, "%s: cannot read: %m", path);
-        r = S_ISDIR(st.st_mode) ? append_dir(path, &buf, &len, &cap, d) : append_file(path, &buf, &len, &cap, d);
+        r = S_ISDIR(st.st_mode) ? append_dir(path, &buf, &len, &cap, ds, d) : append_file(path, &buf, &len, &cap, d);
         if (r < 0) {
                 free(buf);
                 return r;
@@ -152,20 +164,23 @@ int dataset_load_text(const char *path, bool test, int T, int vocab, Dataset **r
         size_t off = 0, n = 0;
         int r;
 
-        r = read_corpus(path, test, T, &buf, &off, &n, d);
+        ds = calloc(1, sizeof *ds);
+        if (!ds)
+                return diag_set(d, -ENOMEM, "Cannot allocate memory");
+        r = read_corpus(path, test, T, &buf, &off, &n, ds, d);
         if (r < 0)
                 return r;
         memmove(buf, buf + off, n);
         uint8_t *kept = realloc(buf, n); /* the split only: the validation split is a twentieth */
         if (kept)
                 buf = kept;
-        ds = calloc(1, sizeof *ds);
-        if (!ds) {
-                free(buf);
-                return diag_set(d, -ENOMEM, "Cannot allocate memory");
-        }
-        *ds = (Dataset){ .n = (n - 1) / (size_t)T, .c = T, .h = 1, .w = 1, .n_classes = vocab, .text = buf,
-                         .text_len = n, .scale = 1.0f };
+        ds->n = (n - 1) / (size_t)T; /* the rest as calloc() left it, but what read_corpus() counted */
+        ds->c = T;
+        ds->h = ds->w = 1;
+        ds->n_classes = vocab;
+        ds->text = buf;
+        ds->text_len = n;
+        ds->scale = 1.0f;
         *ret = TAKE_PTR(ds);
         return 0;
 }
@@ -173,7 +188,7 @@ int dataset_load_text(const char *path, bool test, int T, int vocab, Dataset **r
 int dataset_probe_text(const char *path, bool test, int T, DatasetShape *ret, Diag *d) {
         uint8_t *buf = NULL;
         size_t off = 0, n = 0;
-        int r = read_corpus(path, test, T, &buf, &off, &n, d);
+        int r = read_corpus(path, test, T, &buf, &off, &n, NULL, d);
         if (r < 0)
                 return r;
         DatasetShape s = { .n = (n - 1) / (size_t)T, .c = T, .h = 1, .w = 1 };

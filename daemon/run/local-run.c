@@ -203,6 +203,23 @@ static int on_progress(const TrainProgress *p, void *userdata) {
         return pr->o->control ? pass_gate(pr, p, now) : 0;
 }
 
+int local_run_load_data(const Job *job, const char *dir, Dataset **ret_train, Dataset **ret_test) {
+        Diag d = {};
+        int r = job_load_split(job, dir, false, ret_train, &d);
+        if (r >= 0 && ret_test)
+                r = job_load_split(job, dir, true, ret_test, &d);
+        if (r < 0) /* (the daemon said where to get missing data when it checked the job) */
+                return log_error_errno(r, "Failed to load the dataset: %s", diag_reason(&d, r));
+        const Dataset *t = *ret_train;
+        if (t->text_left_out > 0)
+                log_notice("Text corpus %s: %u files read, %u left out (not regular files, empty, or not UTF-8 "
+                           "text; the first by name: %s)", dir ?: job->data.path, t->text_files, t->text_left_out,
+                           t->text_first_left_out);
+        else if (t->text_files > 0)
+                log_info("Text corpus %s: %u files read", dir ?: job->data.path, t->text_files);
+        return 0;
+}
+
 int local_run(const Job *job, const LocalRunOptions *o, const volatile sig_atomic_t *stop,
               LocalRunResult *ret) {
         _cleanup_(dataset_freep) Dataset *train = NULL, *test = NULL;
@@ -221,11 +238,8 @@ int local_run(const Job *job, const LocalRunOptions *o, const volatile sig_atomi
                 spec.n_shards = o->n_shards;
         }
 
-        r = job_load_split(job, o->data_dir, false, &train, &d);
-        if (r >= 0)
-                r = job_load_split(job, o->data_dir, true, &test, &d);
-        if (r < 0) /* (the daemon said where to get missing data when it checked the job) */
-                return log_error_errno(r, "Failed to load the dataset: %s", diag_reason(&d, r));
+        if ((r = local_run_load_data(job, o->data_dir, &train, &test)) < 0)
+                return r;
 
         r = trainer_new(&job->model, &job->optim, &spec, train, test, &ops_blas, &t, &d);
         if (r < 0)

@@ -84,5 +84,9 @@ typedef struct LocalRunResult {
         int epochs_done;
 } LocalRunResult;
 
+/* The job's training split from dir (NULL: the job's path) and, if ret_test
+ * is given, its test split; logs what went wrong, and which files of a text
+ * corpus were left out. */
+int local_run_load_data(const Job *job, const char *dir, Dataset **ret_train, Dataset **ret_test);
 int local_run(const Job *job, const LocalRunOptions *o, const volatile sig_atomic_t *stop,
               LocalRunResult *ret);

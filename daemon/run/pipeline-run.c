@@ -617,15 +617,7 @@ static int run_place(Run *run, const Identity *id) {
  * schedule; the first stage trains on its cluster's shard of it and
  * evaluates on the test set. */
 static int run_load_data(Run *run) {
-        Diag d = {};
-        int r;
-
-        r = job_load_split(run->job, run->o->data_dir, false, &run->train, &d);
-        if (r >= 0 && run->stage == 0)
-                r = job_load_split(run->job, run->o->data_dir, true, &run->test, &d);
-        if (r < 0)
-                return log_error_errno(r, "Failed to load the dataset: %s", diag_reason(&d, r));
-        return 0;
+        return local_run_load_data(run->job, run->o->data_dir, &run->train, run->stage == 0 ? &run->test : NULL);
 }
 
 void stage_carry_clear(StageCarry *c) {

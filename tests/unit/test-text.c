@@ -83,6 +83,10 @@ Test(text, a_directory_skips_what_is_not_text) {
         cr_assert_eq(ds->text_len, 1200 - 60, "both text files once, nothing else");
         cr_assert_eq(ds->text[0], 'a');
         cr_assert_eq(ds->text[600], 'b');
+        /* what the daemon logs: the files read, and those left out */
+        cr_assert_eq(ds->text_files, 2);
+        cr_assert_eq(ds->text_left_out, 2);
+        cr_assert_str_eq(ds->text_first_left_out, "1-first.dat");
         dataset_free(ds);
 }
 
