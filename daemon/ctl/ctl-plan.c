@@ -56,7 +56,8 @@ static void print_table(const Job *job, const NodesFile *nf, const Formation *f,
                 for (int s = 0; s < k->n_nodes; s++) {
                         const Capability *cap = &nf->caps[k->nodes[s]];
                         char layers[32], rate[32] = "", cluster[16] = "";
-                        snprintf(layers, sizeof layers, "%d-%d", k->bounds[s] + 1, k->bounds[s + 1]);
+                        /* as the logs say them: from 0, both included */
+                        snprintf(layers, sizeof layers, "%d-%d", k->bounds[s], k->bounds[s + 1] - 1);
                         if (s == 0) {
                                 snprintf(rate, sizeof rate, "%.1f", k->samples_per_s);
                                 snprintf(cluster, sizeof cluster, "%d", c + 1);

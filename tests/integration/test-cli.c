@@ -303,6 +303,26 @@ static void skip_without_dataset(void) {
                              FASHION_MNIST_DIR);
 }
 
+/* plan's table gives each stage's layers as the logs and the swarm do, from
+ * 0 with both ends included (it counted from 1): a cluster of two stages of
+ * the six-layer MLP holds 0-2 and 3-5, one of a single stage 0-5; --json
+ * gives the same stages as cut points, [0, 3] and [3, 6]. */
+Test(cli, plan_counts_layers_as_the_logs_do) {
+        Proc p, j;
+        int code = run(&p, (char *[]){ RAVNESTCTL, "plan", SOURCE_ROOT "/config/nodes-example.conf", "--job",
+                                       SOURCE_ROOT "/config/jobs/fashion-mnist-mlp.job", NULL });
+        cr_assert_eq(code, 0, "exit %d: %s", code, p.out);
+        code = run(&j, (char *[]){ RAVNESTCTL, "plan", "--json", SOURCE_ROOT "/config/nodes-example.conf", "--job",
+                                   SOURCE_ROOT "/config/jobs/fashion-mnist-mlp.job", NULL });
+        cr_assert_eq(code, 0, "exit %d: %s", code, j.out);
+        cr_assert(strstr(p.out, " 0-5 "), "%s", p.out);
+        cr_assert(!strstr(p.out, " 1-6 ") && !strstr(p.out, " 4-6 "), "%s", p.out);
+        if (strstr(j.out, "\"layers\": [0, 3]")) {
+                cr_assert(strstr(p.out, " 0-2 ") && strstr(p.out, " 3-5 "), "%s", p.out);
+                cr_assert(strstr(j.out, "\"layers\": [3, 6]"), "%s", j.out);
+        }
+}
+
 /* A job file that is not there is an invalid job (exit 78), as for every
  * command that reads one (the swarm said 1), and the message says which
  * option names it: the default's path may not exist in a build tree. */
