@@ -510,40 +510,52 @@ static void hostile_pair(const PipeConfig *c, Hostile *stage, Hostile *sender, N
         *ret_nh = nh;
 }
 
-static void hostile_free(Hostile *stage, Net *ns, Net *nh) {
-        pipe_drop_queued(stage->pipe);
-        net_free(nh);
-        net_free(ns);
-        pipe_free(stage->pipe);
+/* The stage of layers lo..hi of the test model, beside a hand-driven
+ * neighbour over loopback. */
+typedef struct Rig {
+        Setup su;
+        Hostile stage, other;
+        Net *ns, *nh;
+} Rig;
+
+static void rig_start(Rig *g, int lo, int hi) {
+        setup(&g->su, 0.05f, PIPE_ASYNC);
+        PipeConfig c = g->su.c;
+        c.lo = lo;
+        c.hi = hi;
+        hostile_pair(&c, &g->stage, &g->other, &g->ns, &g->nh);
+}
+
+static void rig_free(Rig *g) {
+        pipe_drop_queued(g->stage.pipe);
+        net_free(g->nh);
+        net_free(g->ns);
+        pipe_free(g->stage.pipe);
+        setup_free(&g->su);
 }
 
 enum { HB = 4, HF = 32 }; /* a micro-batch to the last stage from layer 2 on */
 
-/* Labels (unless NULL) and activations of micro-batch id from the hostile
+/* Labels (unless NULL) and activations of micro-batch id from the hand-driven
  * neighbour, run through until the stage took them. */
-static void hostile_send(Hostile *stage, Hostile *sender, Net *ns, Net *nh, uint32_t id, const int32_t *labels,
-                         const float *act) {
+static void hostile_send(Rig *g, uint32_t id, const int32_t *labels, const float *act) {
         TensorDesc dl = { .dtype = DTYPE_I32, .ndim = 1, .dims = { HB }, .bytes = HB * sizeof(int32_t) };
         TensorDesc da = { .dtype = DTYPE_F32, .ndim = 2, .dims = { HB, HF }, .bytes = HB * HF * sizeof(float) };
-        int want = stage->n_results + 1 + (labels != NULL);
+        int want = g->stage.n_results + 1 + (labels != NULL);
+        uint32_t peer = (uint32_t)g->other.peer;
         if (labels) /* stream kind << 30 | id */
-                cr_assert_eq(net_send_tensor(nh, (uint32_t)sender->peer, 1u << 30 | id, &dl, labels, 0), 0);
-        cr_assert_eq(net_send_tensor(nh, (uint32_t)sender->peer, id, &da, act, 0), 0);
-        for (int i = 0; i < 5000 && stage->n_results < want; i++) {
-                net_run(nh, 0);
-                net_run(ns, 1);
+                cr_assert_eq(net_send_tensor(g->nh, peer, 1u << 30 | id, &dl, labels, 0), 0);
+        cr_assert_eq(net_send_tensor(g->nh, peer, id, &da, act, 0), 0);
+        for (int i = 0; i < 5000 && g->stage.n_results < want; i++) {
+                net_run(g->nh, 0);
+                net_run(g->ns, 1);
         }
-        cr_assert_eq(stage->n_results, want);
+        cr_assert_eq(g->stage.n_results, want);
 }
 
 Test(pipe, activations_that_are_not_finite_are_refused) {
-        Setup su;
-        setup(&su, 0.05f, PIPE_ASYNC);
-        PipeConfig c1 = su.c;
-        c1.lo = 2; /* after the first linear layer and its ReLU: 32 features */
-        Hostile stage, sender;
-        Net *ns, *nh;
-        hostile_pair(&c1, &stage, &sender, &ns, &nh);
+        Rig g;
+        rig_start(&g, 2, 4); /* after the first linear layer and its ReLU: 32 features */
         static int32_t labels[HB] = { 0, 1, 2, 0 };
         static float act[3][HB * HF];
         for (int k = 0; k < 3; k++)
@@ -552,12 +564,11 @@ Test(pipe, activations_that_are_not_finite_are_refused) {
         act[1][5] = NAN;
         act[2][HB * HF - 1] = -INFINITY;
         for (uint32_t k = 0; k < 3; k++)
-                hostile_send(&stage, &sender, ns, nh, k, labels, act[k]);
+                hostile_send(&g, k, labels, act[k]);
         int want[6] = { 0, 0, 0, -ERANGE, 0, -ERANGE };
         for (int i = 0; i < 6; i++)
-                cr_expect_eq(stage.results[i], want[i], "tensor %d: %d", i, stage.results[i]);
-        hostile_free(&stage, ns, nh);
-        setup_free(&su);
+                cr_expect_eq(g.stage.results[i], want[i], "tensor %d: %d", i, g.stage.results[i]);
+        rig_free(&g);
 }
 
 /* A neighbour's tensor that is well formed but out of place (activations
@@ -565,30 +576,24 @@ Test(pipe, activations_that_are_not_finite_are_refused) {
  * neighbour, once, so that its link alone is dropped; a last stage whose
  * loss went NaN says it diverged (-ERANGE), as a stage alone does. */
 Test(pipe, a_tensor_out_of_place_names_its_sender_and_divergence_is_told) {
-        Setup su;
-        setup(&su, 0.05f, PIPE_ASYNC);
-        PipeConfig c1 = su.c;
-        c1.lo = 2;
-        Hostile stage, sender;
-        Net *ns, *nh;
-        hostile_pair(&c1, &stage, &sender, &ns, &nh);
+        Rig g;
+        rig_start(&g, 2, 4);
         static int32_t labels[HB] = { 0, 1, 2, 0 };
         static float act[HB * HF];
-        hostile_send(&stage, &sender, ns, nh, 9, NULL, act);
-        cr_assert_eq(stage.results[0], 0, "taken: its place is checked as it is worked on");
-        cr_assert_eq(pipe_work(stage.pipe), -EBADMSG);
-        cr_assert_eq(pipe_offender(stage.pipe), stage.peer);
-        cr_assert_eq(pipe_offender(stage.pipe), -1, "named once");
-        Stage *s = pipe_stage(stage.pipe);
+        hostile_send(&g, 9, NULL, act);
+        cr_assert_eq(g.stage.results[0], 0, "taken: its place is checked as it is worked on");
+        cr_assert_eq(pipe_work(g.stage.pipe), -EBADMSG);
+        cr_assert_eq(pipe_offender(g.stage.pipe), g.stage.peer);
+        cr_assert_eq(pipe_offender(g.stage.pipe), -1, "named once");
+        Stage *s = pipe_stage(g.stage.pipe);
         s->params[s->n_params - 1] = NAN; /* the last bias: the loss is NaN */
-        hostile_send(&stage, &sender, ns, nh, 10, labels, act);
+        hostile_send(&g, 10, labels, act);
         int r = 0;
         for (int i = 0; i < 4 && r >= 0; i++)
-                r = pipe_work(stage.pipe);
+                r = pipe_work(g.stage.pipe);
         cr_assert_eq(r, -ERANGE, "%d", r);
-        cr_assert_eq(pipe_offender(stage.pipe), -1, "nobody to blame");
-        hostile_free(&stage, ns, nh);
-        setup_free(&su);
+        cr_assert_eq(pipe_offender(g.stage.pipe), -1, "nobody to blame");
+        rig_free(&g);
 }
 
 /* A first stage whose next stage's link is closing (the Net refuses sends
@@ -596,17 +601,11 @@ Test(pipe, a_tensor_out_of_place_names_its_sender_and_divergence_is_told) {
  * goes on: what it sent is lost with the link. It failed the stage with
  * -ENOTCONN, and a node killed mid-run took its neighbour down with it. */
 Test(pipe, a_send_to_a_closing_link_is_lost_with_it) {
-        Setup su;
-        setup(&su, 0.05f, PIPE_ASYNC);
-        PipeConfig c0 = su.c;
-        c0.hi = 2;
-        Hostile stage, next;
-        Net *ns, *nh;
-        hostile_pair(&c0, &stage, &next, &ns, &nh);
-        cr_assert_eq(pipe_work(stage.pipe), 1);
-        cr_assert_eq(net_close_peer(ns, (uint32_t)stage.peer), 0);
+        Rig g;
+        rig_start(&g, 0, 2);
+        cr_assert_eq(pipe_work(g.stage.pipe), 1);
+        cr_assert_eq(net_close_peer(g.ns, (uint32_t)g.stage.peer), 0);
         for (int i = 0; i < 3; i++)
-                cr_assert_geq(pipe_work(stage.pipe), 0, "unit %d", i);
-        hostile_free(&stage, ns, nh);
-        setup_free(&su);
+                cr_assert_geq(pipe_work(g.stage.pipe), 0, "unit %d", i);
+        rig_free(&g);
 }
