@@ -275,6 +275,13 @@ Test(daemon, a_dataset_of_one_s_own_missing_a_file_is_named, .timeout = 60) {
         cr_assert_null(strstr(p.out, "install Debian's"), "%s", p.out);
 }
 
+/* The network secret every node of a test shares, as <dir>/secret (its
+ * path in path). */
+static void write_secret(const char *dir, char path[256]) {
+        snprintf(path, 256, "%s/secret", dir);
+        test_write_file(path, "00112233445566778899aabbccddeeff00112233445566778899aabbccddeeff\n", 0600);
+}
+
 static void node_config(const char *dir, const char *name, const char *secret_file, uint16_t listen, uint16_t peer,
                         char *ret_path) {
         char text[1024], state[256];
@@ -301,9 +308,8 @@ Test(daemon, peers_join_and_strangers_are_refused, .timeout = 120) {
         char dir[] = "/tmp/ravnest-test-net-XXXXXX", secret[256], other[256], ca[256], cb[256], cc[256];
         cr_assert_not_null(mkdtemp(dir));
         write_tiny_dataset(dir);
-        snprintf(secret, sizeof secret, "%s/secret", dir);
+        write_secret(dir, secret);
         snprintf(other, sizeof other, "%s/other-secret", dir);
-        test_write_file(secret, "00112233445566778899aabbccddeeff00112233445566778899aabbccddeeff\n", 0600);
         test_write_file(other, "ffeeddccbbaa99887766554433221100ffeeddccbbaa99887766554433221100\n", 0600);
         uint16_t port = test_free_port();
         node_config(dir, "a", secret, port, 0, ca);
@@ -363,8 +369,7 @@ Test(daemon, peers_join_and_strangers_are_refused, .timeout = 120) {
 static void start_trained_node(Proc *p, const char *dir, uint16_t port) {
         char secret[256], conf[256];
         write_tiny_dataset(dir);
-        snprintf(secret, sizeof secret, "%s/secret", dir);
-        test_write_file(secret, "00112233445566778899aabbccddeeff00112233445566778899aabbccddeeff\n", 0600);
+        write_secret(dir, secret);
         node_config(dir, "a", secret, port, 0, conf);
         start_node(p, conf, dir);
         cr_assert(proc_wait_for(p, "serving peers", 30000), "%s", p->out);
@@ -400,8 +405,7 @@ Test(daemon, falls_back_to_epoll_without_io_uring, .timeout = 120) {
         char dir[] = "/tmp/ravnest-test-epoll-XXXXXX", secret[256], ca[256], cb[256];
         cr_assert_not_null(mkdtemp(dir));
         write_tiny_dataset(dir);
-        snprintf(secret, sizeof secret, "%s/secret", dir);
-        test_write_file(secret, "00112233445566778899aabbccddeeff00112233445566778899aabbccddeeff\n", 0600);
+        write_secret(dir, secret);
         uint16_t port = test_free_port();
         node_config(dir, "a", secret, port, 0, ca);
         node_config(dir, "b", secret, 0, port, cb);
@@ -437,19 +441,24 @@ Test(daemon, falls_back_to_epoll_without_io_uring, .timeout = 120) {
  * With take_parameters, as a stage of a pipeline does, each takes the
  * other's parameters in its first round and its optimizer's moments before
  * it trains. */
-Test(daemon, two_members_average_while_training, .timeout = 300) {
-        skip_without_dataset();
-        char dir[] = "/tmp/ravnest-test-avg-XXXXXX", secret[256], conf[2][256], hex[2][IDENTITY_HEX_SIZE];
-        const char *names[2] = { "a", "b" };
-        uint16_t port[2] = { test_free_port(), test_free_port() };
+static const char *const member_names[2] = { "a", "b" };
+
+/* In dir (made), the network secret and two averaging members "a" and "b"
+ * (state-a, a.sock, a.conf in conf[0]; identities made ahead, so that each
+ * configuration names both keys), listening on port[i], with settings in
+ * their averaging group besides the method (ring), listen and members. */
+static void member_configs(char *dir, const char *settings, uint16_t port[2], char conf[2][256]) {
+        char secret[256], hex[2][IDENTITY_HEX_SIZE];
         cr_assert_not_null(mkdtemp(dir));
-        snprintf(secret, sizeof secret, "%s/secret", dir);
-        test_write_file(secret, "00112233445566778899aabbccddeeff00112233445566778899aabbccddeeff\n", 0600);
-        for (int i = 0; i < 2; i++)
-                test_make_identity(dir, names[i], hex[i]);
+        write_secret(dir, secret);
+        for (int i = 0; i < 2; i++) {
+                port[i] = test_free_port();
+                test_make_identity(dir, member_names[i], hex[i]);
+        }
         for (int i = 0; i < 2; i++) {
                 char text[2048];
-                snprintf(conf[i], sizeof conf[i], "%s/%s.conf", dir, names[i]);
+                const char *name = member_names[i];
+                snprintf(conf[i], 256, "%s/%s.conf", dir, name);
                 snprintf(text, sizeof text,
                          "state_directory = \"%s/state-%s\";\n"
                          "control_socket = \"%s/%s.sock\";\n"
@@ -458,14 +467,21 @@ Test(daemon, two_members_average_while_training, .timeout = 300) {
                          "network = { secret_file = \"%s\"; };\n"
                          "averaging = {\n"
                          "  method = \"ring\";\n"
-                         "  interval = 1.0;\n"
-                         "  take_parameters = true;\n"
+                         "  %s\n"
                          "  listen = \"127.0.0.1:%u\";\n"
                          "  members = [ \"%s@127.0.0.1:%u\", \"%s@127.0.0.1:%u\" ];\n"
                          "};\n",
-                         dir, names[i], dir, names[i], secret, port[i], hex[0], port[0], hex[1], port[1]);
+                         dir, name, dir, name, secret, settings, port[i], hex[0], port[0], hex[1], port[1]);
                 test_write_file(conf[i], text, 0644);
         }
+}
+
+Test(daemon, two_members_average_while_training, .timeout = 300) {
+        skip_without_dataset();
+        char dir[] = "/tmp/ravnest-test-avg-XXXXXX", conf[2][256];
+        const char *const *names = member_names;
+        uint16_t port[2];
+        member_configs(dir, "interval = 1.0;\n  take_parameters = true;", port, conf);
         Proc p[2];
         for (int i = 0; i < 2; i++)
                 proc_start(&p[i], (char *[]){ RAVNESTD, "--config", conf[i], "--job",
@@ -539,13 +555,44 @@ Test(daemon, two_members_average_while_training, .timeout = 300) {
         cr_assert_eq(system(cmd), 0);
 }
 
+/* A last round waits for every member, connected yet or not, up to half
+ * the round timeout: a finishes its job before b has even started, and
+ * its last round takes b in once b comes up (what makes the replicas one
+ * model when one member trained only briefly, or started late). */
+Test(daemon, a_last_round_waits_for_a_member_not_up_yet, .timeout = 120) {
+        char dir[] = "/tmp/ravnest-test-last-XXXXXX", conf[2][256], job[300];
+        uint16_t port[2];
+        member_configs(dir, "interval = 0.5;\n  round_timeout = 30000;", port, conf);
+        write_tiny_dataset(dir);
+        snprintf(job, sizeof job, "%s/tiny.job", dir);
+        test_write_file(job, "name = \"tiny\";\ndataset = { name = \"fashion-mnist\"; };\n"
+                             "model = { input = [1, 28, 28]; layers = ( { type = \"flatten\"; }, "
+                             "{ type = \"linear\"; out = 10; } ); };\n"
+                             "optimizer = { type = \"sgd\"; lr = 0.01; };\ntraining = { batch_size = 8; epochs = 2; };\n",
+                        0644);
+        Proc p[2];
+        proc_start(&p[0], (char *[]){ RAVNESTD, "--config", conf[0], "--job", job, "--data-dir", dir, "--progress", "0",
+                                      NULL }, child_setup);
+        cr_assert(proc_wait_for(&p[0], "Training done: a last averaging round before the evaluation", 60000), "%s",
+                  p[0].out);
+        proc_start(&p[1], (char *[]){ RAVNESTD, "--config", conf[1], "--job", job, "--data-dir", dir, "--progress", "0",
+                                      NULL }, child_setup);
+        bool met = proc_wait_for(&p[0], "The last averaging round included all 2 members", 60000);
+        for (int i = 0; i < 2; i++)
+                kill(p[i].pid, SIGTERM);
+        int status[2] = { proc_exit(&p[0]), proc_exit(&p[1]) };
+        test_remove_tree(dir);
+        cr_assert(met, "%s\n---- b:\n%s", p[0].out, p[1].out);
+        cr_assert_eq(status[0], 0, "%s", p[0].out);
+        cr_assert_eq(status[1], 0, "%s", p[1].out);
+}
+
 /* A member list without this node's own key is a configuration error. */
 Test(daemon, averaging_without_this_node_is_a_config_error, .timeout = 60) {
         char dir[] = "/tmp/ravnest-test-avgconf-XXXXXX", secret[256], conf[256], text[2048];
         cr_assert_not_null(mkdtemp(dir));
         write_tiny_dataset(dir);
-        snprintf(secret, sizeof secret, "%s/secret", dir);
-        test_write_file(secret, "00112233445566778899aabbccddeeff00112233445566778899aabbccddeeff\n", 0600);
+        write_secret(dir, secret);
         snprintf(conf, sizeof conf, "%s/x.conf", dir);
         snprintf(text, sizeof text,
                  "state_directory = \"%s/state\";\ncontrol_socket = \"\";\nnetwork = { secret_file = \"%s\"; };\n"
@@ -600,8 +647,7 @@ Test(daemon, a_node_that_cannot_start_is_never_ready_and_a_reload_that_cannot_st
         char dir[] = "/tmp/ravnest-test-ready-XXXXXX", path[256], conf[256];
         cr_assert_not_null(mkdtemp(dir));
         write_tiny_dataset(dir);
-        snprintf(path, sizeof path, "%s/secret", dir);
-        test_write_file(path, "00112233445566778899aabbccddeeff00112233445566778899aabbccddeeff\n", 0600);
+        write_secret(dir, path);
         uint16_t port;
         int held = hold_port(&port);
 
@@ -985,8 +1031,7 @@ Test(daemon, a_stop_while_a_reload_starts_is_clean, .timeout = 120) {
         char dir[] = "/tmp/ravnest-test-starting-XXXXXX", path[256], conf[256], sock[256];
         cr_assert_not_null(mkdtemp(dir));
         write_tiny_dataset(dir);
-        snprintf(path, sizeof path, "%s/secret", dir);
-        test_write_file(path, "00112233445566778899aabbccddeeff00112233445566778899aabbccddeeff\n", 0600);
+        write_secret(dir, path);
         snprintf(sock, sizeof sock, "%s/ctl", dir);
         uint16_t port;
         int held = hold_port(&port);
