@@ -202,9 +202,13 @@ static void *gossip_main(void *arg) {
                 coll_run(g->coll, rd ? 1 : 2);
                 update_members(g);
                 CollForeign foreign = coll_foreign(g->coll);
-                if (foreign.count != g->stats.foreign.count) {
+                CollLoss lost = coll_loss(g->coll), refused = coll_refusals(g->coll);
+                if (foreign.count != g->stats.foreign.count || lost.count != g->stats.lost.count ||
+                    refused.count != g->stats.refused.count) {
                         pthread_mutex_lock(&g->lock);
                         g->stats.foreign = foreign;
+                        g->stats.lost = lost;
+                        g->stats.refused = refused;
                         pthread_mutex_unlock(&g->lock);
                 }
 

@@ -72,6 +72,7 @@ typedef struct GossipStats {
         int last_error;                    /* -EBADE: no other member trains our model */
         unsigned last_participants;
         CollForeign foreign;               /* members refused, another model (coll_foreign()) */
+        CollLoss lost, refused;            /* members' links closed, connections refused (coll_loss()...) */
 } GossipStats;
 
 typedef struct Gossip Gossip;

@@ -191,8 +191,8 @@ int averaging_start(Averaging *a, const AveragingGroup *g, const Identity *id, s
 
 /* Which member's link closed last, and why (the averaging thread redials
  * it): the event a node logs for a peer that left. */
-static void log_link_lost(const Averaging *a, const CollLoss *l, uint64_t since) {
-        const ConfigMember *m = l->member < a->n_members ? &a->members[l->member] : NULL;
+void averaging_log_link_lost(const ConfigMember *members, unsigned n_members, const CollLoss *l, uint64_t since) {
+        const ConfigMember *m = l->member < n_members ? &members[l->member] : NULL;
         char hex[IDENTITY_HEX_SIZE] = "?", why[128], more[64] = "", fields[384];
         if (m)
                 identity_to_hex(m->id, hex);
@@ -275,7 +275,7 @@ static void log_foreign_failed(Averaging *a, const AveragerStats *s, uint64_t no
 
 /* A connection to the averaging port that closed before it was a
  * member's link, as the node logs one on its own port: who, and why. */
-static void log_refused(const CollLoss *l, uint64_t since) {
+void averaging_log_refused(const CollLoss *l, uint64_t since) {
         char who[IDENTITY_HEX_SIZE + 80] = "", hex[IDENTITY_HEX_SIZE], why[128], more[64] = "", fields[384];
         node_close_reason(l->reason, &l->info, why, sizeof why);
         if (l->info.key_known) {
@@ -348,7 +348,7 @@ static void log_progress(Averaging *a) {
                             (unsigned long)(s.rounds_done + s.rounds_failed), strerror(-s.last_error),
                             s.last_participants, s.last_group);
         if (s.lost.count != a->seen.lost.count)
-                log_link_lost(a, &s.lost, s.lost.count - a->seen.lost.count);
+                averaging_log_link_lost(a->members, a->n_members, &s.lost, s.lost.count - a->seen.lost.count);
         if (s.diverged.count != a->seen.diverged.count)
                 log_diverged(a, &s.diverged);
         if (s.unready.count != a->unready_logged)
@@ -357,7 +357,7 @@ static void log_progress(Averaging *a) {
                 averaging_log_foreign(a->members, a->n_members, &a->model, &s.foreign,
                                       s.foreign.count - a->seen.foreign.count);
         if (s.refused.count != a->refused_logged && now - a->refused_logged_ns >= 2 * NSEC_PER_SEC) {
-                log_refused(&s.refused, s.refused.count - a->refused_logged); /* at most a line every 2 s */
+                averaging_log_refused(&s.refused, s.refused.count - a->refused_logged); /* a line per 2 s */
                 a->refused_logged = s.refused.count;
                 a->refused_logged_ns = now;
         }

@@ -39,6 +39,13 @@ int averaging_model(const ModelSpec *m, CollModel *ret);
 void averaging_model_why(const CollModel *ours, const CollModel *theirs, char *buf, size_t size);
 /* "Averaging: member 3 (…) trains another model (why): not averaging with
  * it", for the last of `since` members refused (CollForeign). */
+/* Which member's link closed last, and why (the averaging thread redials
+ * it), since links lost since the last line: the event a node logs for a
+ * peer that left. */
+void averaging_log_link_lost(const ConfigMember *members, unsigned n_members, const CollLoss *l, uint64_t since);
+/* The last connection to the averaging port that closed before it was a
+ * member's link (who, and why), since of them since the last line. */
+void averaging_log_refused(const CollLoss *l, uint64_t since);
 void averaging_log_foreign(const ConfigMember *members, unsigned n_members, const CollModel *ours,
                            const CollForeign *f, uint64_t since);
 

@@ -248,6 +248,13 @@ static void log_stats(GossipRun *gr, bool force) {
         if (s.foreign.count != gr->seen.foreign.count)
                 averaging_log_foreign(gr->members, gr->n_members, &gr->model, &s.foreign,
                                       s.foreign.count - gr->seen.foreign.count);
+        if (s.lost.count != gr->seen.lost.count)
+                averaging_log_link_lost(gr->members, gr->n_members, &s.lost, s.lost.count - gr->seen.lost.count);
+        if (s.refused.count != gr->refused_logged && now - gr->refused_logged_ns >= 2 * NSEC_PER_SEC) {
+                averaging_log_refused(&s.refused, s.refused.count - gr->refused_logged); /* a line per 2 s */
+                gr->refused_logged = s.refused.count;
+                gr->refused_logged_ns = now;
+        }
         if (s.failed != gr->seen.failed)
                 log_failed(gr, s.last_error);
         if (gr->seen.exchanges == 0 && s.exchanges > 0)

@@ -68,6 +68,8 @@ typedef struct GossipRun {
         uint64_t last_log_ns;
         uint64_t last_exchange_usec; /* CLOCK_REALTIME, as the log saw it */
         GossipStats seen;
+        uint64_t refused_logged;     /* connections refused, as far as logged ... */
+        uint64_t refused_logged_ns;  /* ... and when */
         const ConfigMember *members; /* for messages */
         CollModel model;             /* ours, for messages */
         NodeAveraging figures;       /* what the node reports */
