@@ -922,8 +922,7 @@ static int work(Pipe *p) {
         if ((t = queue_pop(&p->bwd))) {
                 uint32_t from = t->peer; /* do_backward() consumes t */
                 r = unit_done(p, from, do_backward(p, t));
-        }
-        else if (!p->first && p->trained_seen && p->phase == PHASE_TRAIN && slots_idle(p)) {
+        } else if (!p->first && p->trained_seen && p->phase == PHASE_TRAIN && slots_idle(p)) {
                 /* every training micro-batch has been through here and back */
                 if (!p->last && (r = control(p, p->next, msg_trained)) < 0)
                         return lost_with_link(r); /* said again once the next stage is back */
