@@ -141,6 +141,7 @@ static void run_done(Run *r) {
  * burst each (by address, or by neighbour), then a summary. */
 static LogRatelimit stranger_lines = LOG_RATELIMIT_INIT("Links that are no neighbour's from");
 static LogRatelimit pause_lines = LOG_RATELIMIT_INIT("Pause notices from the");
+static LogRatelimit bad_lines = LOG_RATELIMIT_INIT("Dropped the links of");
 
 static void run_connected(void *ud, uint32_t peer, const uint8_t id[IDENTITY_PK_SIZE]) {
         Run *r = ud;
@@ -208,8 +209,11 @@ static void run_closed(void *ud, uint32_t peer, int reason, const uint8_t id[IDE
 /* A neighbour that sent what this stage cannot take (e: -EBADMSG, -ERANGE)
  * loses its link; the stage waits for it to come back, as for any loss. */
 static void drop_bad_neighbour(Run *r, uint32_t peer, int e) {
-        log_warning("Dropped a pipeline link: it sent %s",
-                    e == -ERANGE ? "values that are not finite (NaN or infinity)" : "a tensor this stage does not expect");
+        bool prev = (int64_t)peer == r->prev_peer;
+        if (log_ratelimit(&bad_lines, LOG_WARNING, prev ? "the previous stage" : "the next stage"))
+                log_warning("Dropped the link of the %s stage: it sent %s", prev ? "previous" : "next",
+                            e == -ERANGE ? "values that are not finite (NaN or infinity)"
+                                         : "a tensor this stage does not expect");
         net_close_peer(r->net, peer);
 }
 
