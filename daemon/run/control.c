@@ -130,12 +130,17 @@ void control_snapshot(Control *c, NodeState *ret_state, NodeStatus *ret_status, 
 }
 
 /* A node that does not train (paused, finished, stopping) does no work:
- * its throughput and busy fraction are 0, not the last ones it had. */
+ * its throughput and busy fraction are 0, not the last ones it had (a
+ * window that ended just after a pause began has a sliver of work and no
+ * samples done in it); each stays unknown (< 0) if it was. */
 static void idle_figures_locked(Control *c) {
-        if (c->state != NODE_TRAINING && c->state != NODE_STARTING && c->status.training.samples_per_sec > 0) {
-                c->status.training.samples_per_sec = 0;
-                c->status.training.busy = 0;
-        }
+        if (c->state == NODE_TRAINING || c->state == NODE_STARTING)
+                return;
+        NodeTraining *t = &c->status.training;
+        if (t->samples_per_sec > 0)
+                t->samples_per_sec = 0;
+        if (t->busy > 0)
+                t->busy = 0;
 }
 
 static void set_state_locked(Control *c, NodeState s) {

@@ -543,6 +543,27 @@ Test(duty, the_published_step_never_goes_back) {
         control_done(&c);
 }
 
+/* A paused node publishes no throughput and no busy fraction, whatever
+ * the run reports: the first window after the pause began holds a sliver
+ * of work and no samples (CI saw Busy 9e-05 beside 0 samples/s, kept
+ * because only a throughput above 0 cleared both); unknown stays unknown. */
+Test(duty, a_paused_node_is_neither_busy_nor_training) {
+        Control c;
+        NodeStatus st;
+        cr_assert_eq(control_init(&c), 0);
+        control_set_state(&c, NODE_TRAINING);
+        control_report_training(&c, &(NodeTraining){ .samples_per_sec = 900, .busy = 0.9 });
+        control_set_state(&c, NODE_PAUSED);
+        control_report_training(&c, &(NodeTraining){ .samples_per_sec = 0, .busy = 9.2e-5 });
+        control_snapshot(&c, NULL, &st, NULL, NULL, NULL);
+        cr_assert_eq(st.training.samples_per_sec, 0);
+        cr_assert_eq(st.training.busy, 0, "%g", st.training.busy);
+        control_report_training(&c, &(NodeTraining){ .samples_per_sec = -1, .busy = -1 });
+        control_snapshot(&c, NULL, &st, NULL, NULL, NULL);
+        cr_assert(st.training.samples_per_sec < 0 && st.training.busy < 0, "unknown published as known");
+        control_done(&c);
+}
+
 /* The network's counters are a process's, not a run's: membership runs a
  * fresh stage per plan epoch, each counting from 0; what the runs before
  * counted is added, so AveragingRounds and the byte counts never go back
