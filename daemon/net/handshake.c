@@ -28,39 +28,47 @@ void handshake_clear(Handshake *hs) {
         sodium_memzero(hs, sizeof *hs);
 }
 
-/* T1 = BLAKE2b(label || HELLO || cipher || eph || nonce || identity) */
-static void transcript_t1(Handshake *hs, const uint8_t reply_fields[4 + 32 + 32 + 32]) {
-        crypto_generichash_state st;
-        crypto_generichash_init(&st, NULL, 0, sizeof hs->t1);
-        crypto_generichash_update(&st, (const uint8_t *)label_t1, sizeof label_t1);
-        crypto_generichash_update(&st, hs->hello, sizeof hs->hello);
-        crypto_generichash_update(&st, reply_fields, 4 + 32 + 32 + 32);
-        crypto_generichash_final(&st, hs->t1, sizeof hs->t1);
-}
-
-/* T2 = BLAKE2b(T1 || initiator identity) */
-static void transcript_t2(Handshake *hs, const uint8_t initiator_id[IDENTITY_PK_SIZE]) {
-        crypto_generichash_state st;
-        crypto_generichash_init(&st, NULL, 0, sizeof hs->t2);
-        crypto_generichash_update(&st, hs->t1, sizeof hs->t1);
-        crypto_generichash_update(&st, initiator_id, IDENTITY_PK_SIZE);
-        crypto_generichash_final(&st, hs->t2, sizeof hs->t2);
-}
-
 /* What each side signs and MACs: its role, then the transcript. */
 static void role_message(uint8_t out[33], bool initiator, const uint8_t t[32]) {
         out[0] = initiator ? 'I' : 'R';
         memcpy(out + 1, t, 32);
 }
 
-static void make_mac(const Handshake *hs, uint8_t mac[32], bool initiator, const uint8_t t[32]) {
+/* BLAKE2b(key = secret, role || t); zero without a secret. */
+static void make_mac(const uint8_t *secret, uint8_t mac[HANDSHAKE_MAC_SIZE], bool initiator, const uint8_t t[32]) {
         uint8_t m[33];
-        if (!hs->cfg.secret) {
-                memset(mac, 0, 32);
+        if (!secret) {
+                memset(mac, 0, HANDSHAKE_MAC_SIZE);
                 return;
         }
         role_message(m, initiator, t);
-        crypto_generichash(mac, 32, m, sizeof m, hs->cfg.secret, HANDSHAKE_SECRET_SIZE);
+        crypto_generichash(mac, HANDSHAKE_MAC_SIZE, m, sizeof m, secret, HANDSHAKE_SECRET_SIZE);
+}
+
+/* T1 = BLAKE2b(label || HELLO || cipher || eph || nonce || identity), and the
+ * responder's MAC of it */
+void handshake_reply_transcript(const uint8_t *secret, const uint8_t hello[HANDSHAKE_HELLO_SIZE],
+                                const uint8_t fields[HANDSHAKE_REPLY_FIELDS], uint8_t t1[32],
+                                uint8_t mac[HANDSHAKE_MAC_SIZE]) {
+        crypto_generichash_state st;
+        crypto_generichash_init(&st, NULL, 0, 32);
+        crypto_generichash_update(&st, (const uint8_t *)label_t1, sizeof label_t1);
+        crypto_generichash_update(&st, hello, HANDSHAKE_HELLO_SIZE);
+        crypto_generichash_update(&st, fields, HANDSHAKE_REPLY_FIELDS);
+        crypto_generichash_final(&st, t1, 32);
+        make_mac(secret, mac, false, t1);
+}
+
+/* T2 = BLAKE2b(T1 || initiator identity), and the initiator's MAC of it */
+void handshake_auth_transcript(const uint8_t *secret, const uint8_t t1[32],
+                               const uint8_t initiator_id[IDENTITY_PK_SIZE], uint8_t t2[32],
+                               uint8_t mac[HANDSHAKE_MAC_SIZE]) {
+        crypto_generichash_state st;
+        crypto_generichash_init(&st, NULL, 0, 32);
+        crypto_generichash_update(&st, t1, 32);
+        crypto_generichash_update(&st, initiator_id, IDENTITY_PK_SIZE);
+        crypto_generichash_final(&st, t2, 32);
+        make_mac(secret, mac, true, t2);
 }
 
 static void sign_transcript(const Handshake *hs, uint8_t sig[64], bool initiator, const uint8_t t[32]) {
@@ -69,10 +77,11 @@ static void sign_transcript(const Handshake *hs, uint8_t sig[64], bool initiator
         crypto_sign_detached(sig, NULL, m, sizeof m, hs->cfg.identity->sk);
 }
 
-/* The peer's identity, signature and MAC over transcript t. */
+/* The peer's identity, signature and MAC over transcript t (want: the
+ * MAC the network secret gives). */
 static int verify_peer(Handshake *hs, const uint8_t *id, const uint8_t *sig, const uint8_t *mac,
-                       const uint8_t t[32]) {
-        uint8_t m[33], want[32];
+                       const uint8_t want[HANDSHAKE_MAC_SIZE], const uint8_t t[32]) {
+        uint8_t m[33];
         bool peer_initiator = !hs->initiator;
 
         role_message(m, peer_initiator, t);
@@ -81,11 +90,8 @@ static int verify_peer(Handshake *hs, const uint8_t *id, const uint8_t *sig, con
         /* The peer holds this key, admitted or not: worth naming in a log. */
         memcpy(hs->peer_key, id, IDENTITY_PK_SIZE);
         hs->peer_key_known = true;
-        if (hs->cfg.secret) {
-                make_mac(hs, want, peer_initiator, t);
-                if (sodium_memcmp(want, mac, 32) != 0)
-                        return -EACCES;
-        }
+        if (hs->cfg.secret && sodium_memcmp(want, mac, HANDSHAKE_MAC_SIZE) != 0)
+                return -EACCES;
         if (hs->cfg.n_allowed) {
                 bool ok = false;
                 for (size_t i = 0; i < hs->cfg.n_allowed; i++)
@@ -166,9 +172,8 @@ int handshake_next(Handshake *hs, uint8_t *ret_type, uint8_t *out, size_t cap) {
                 memcpy(p + 4, hs->eph_pk, 32);
                 memcpy(p + 36, hs->nonce, HANDSHAKE_NONCE_SIZE);
                 memcpy(p + 68, hs->cfg.identity->pk, IDENTITY_PK_SIZE);
-                transcript_t1(hs, p);
+                handshake_reply_transcript(hs->cfg.secret, hs->hello, p, hs->t1, p + 164);
                 sign_transcript(hs, p + 100, false, hs->t1);
-                make_mac(hs, p + 164, false, hs->t1);
                 *ret_type = FRAME_HELLO_REPLY;
                 hs->state = HS_WAIT_AUTH;
                 return HANDSHAKE_REPLY_SIZE;
@@ -178,9 +183,8 @@ int handshake_next(Handshake *hs, uint8_t *ret_type, uint8_t *out, size_t cap) {
                 if (cap < HANDSHAKE_AUTH_SIZE)
                         return -ENOBUFS;
                 memcpy(out, hs->cfg.identity->pk, IDENTITY_PK_SIZE);
-                transcript_t2(hs, hs->cfg.identity->pk);
+                handshake_auth_transcript(hs->cfg.secret, hs->t1, hs->cfg.identity->pk, hs->t2, out + 96);
                 sign_transcript(hs, out + 32, true, hs->t2);
-                make_mac(hs, out + 96, true, hs->t2);
                 derive_keys(hs);
                 *ret_type = FRAME_AUTH;
                 hs->state = HS_DONE;
@@ -193,6 +197,7 @@ int handshake_next(Handshake *hs, uint8_t *ret_type, uint8_t *out, size_t cap) {
 }
 
 int handshake_recv(Handshake *hs, uint8_t type, const uint8_t *in, size_t len) {
+        uint8_t want[HANDSHAKE_MAC_SIZE];
         int r;
 
         switch (hs->state) {
@@ -230,8 +235,8 @@ int handshake_recv(Handshake *hs, uint8_t type, const uint8_t *in, size_t len) {
                 r = take_peer_eph(hs, in + 4);
                 if (r < 0)
                         return fail(hs, r);
-                transcript_t1(hs, in);
-                r = verify_peer(hs, in + 68, in + 100, in + 164, hs->t1);
+                handshake_reply_transcript(hs->cfg.secret, hs->hello, in, hs->t1, want);
+                r = verify_peer(hs, in + 68, in + 100, in + 164, want, hs->t1);
                 if (r < 0)
                         return fail(hs, r);
                 hs->state = HS_SEND_AUTH;
@@ -243,8 +248,8 @@ int handshake_recv(Handshake *hs, uint8_t type, const uint8_t *in, size_t len) {
                         return fail(hs, -EPROTO);
                 if (len != HANDSHAKE_AUTH_SIZE)
                         return fail(hs, -EBADMSG);
-                transcript_t2(hs, in);
-                r = verify_peer(hs, in, in + 32, in + 96, hs->t2);
+                handshake_auth_transcript(hs->cfg.secret, hs->t1, in, hs->t2, want);
+                r = verify_peer(hs, in, in + 32, in + 96, want, hs->t2);
                 if (r < 0)
                         return fail(hs, r);
                 derive_keys(hs);

@@ -41,6 +41,8 @@
 #define HANDSHAKE_REPLY_SIZE (4 + 32 + HANDSHAKE_NONCE_SIZE + 32 + 64 + 32)
 #define HANDSHAKE_AUTH_SIZE (32 + 64 + 32)
 #define HANDSHAKE_MAX_SIZE HANDSHAKE_REPLY_SIZE
+#define HANDSHAKE_REPLY_FIELDS (4 + 32 + HANDSHAKE_NONCE_SIZE + IDENTITY_PK_SIZE) /* what T1 takes of HELLO_REPLY */
+#define HANDSHAKE_MAC_SIZE 32 /* the last bytes of HELLO_REPLY and AUTH */
 /* The HELLO's cipher word also says what the connection is to its link
  * (net.h NetConfig.lanes), under the transcript's signatures like the
  * rest: bits 24-26, the lanes of a link this connection opens, less one;
@@ -108,6 +110,20 @@ void handshake_result(const Handshake *hs, Cipher *ret_cipher, uint8_t tx[SEAL_K
                       uint8_t rx[SEAL_KEY_SIZE], uint8_t peer[IDENTITY_PK_SIZE]);
 /* Wipe ephemeral secrets and keys. */
 void handshake_clear(Handshake *hs);
+
+/* The transcripts and the MACs of the messages that carry them, from the
+ * bytes of HELLO, HELLO_REPLY and AUTH, which all go in the clear: T1 and
+ * the responder's MAC from HELLO and the reply's first
+ * HANDSHAKE_REPLY_FIELDS bytes, T2 and the initiator's MAC from T1 and
+ * AUTH's identity. secret NULL: MACs of zeros, as a side without a network
+ * secret sends. Both ends compute them here, and so does a relay that holds
+ * the network secret (relay.h) to check a link's MACs as they pass. */
+void handshake_reply_transcript(const uint8_t *secret, const uint8_t hello[HANDSHAKE_HELLO_SIZE],
+                                const uint8_t fields[HANDSHAKE_REPLY_FIELDS], uint8_t t1[32],
+                                uint8_t mac[HANDSHAKE_MAC_SIZE]);
+void handshake_auth_transcript(const uint8_t *secret, const uint8_t t1[32],
+                               const uint8_t initiator_id[IDENTITY_PK_SIZE], uint8_t t2[32],
+                               uint8_t mac[HANDSHAKE_MAC_SIZE]);
 
 /* The cipher of a link whose ends both accept the set both (CIPHER_BIT()s):
  * plaintext when both asked for it (benchmarks on loopback: see net.h),

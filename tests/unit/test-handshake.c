@@ -170,6 +170,14 @@ Test(handshake, the_page_s_formulas) {
         uint8_t wide[64];
         crypto_generichash(wide, 64, m, 33, secret, 32);
         cr_assert(memcmp(wide, mac, 32) != 0);
+        /* what a relay with the secret computes from the three messages alone */
+        uint8_t rt[32], rmac[HANDSHAKE_MAC_SIZE];
+        handshake_reply_transcript(secret, hello, reply, rt, rmac);
+        cr_assert_arr_eq(rt, t1, 32);
+        cr_assert_arr_eq(rmac, reply + HANDSHAKE_REPLY_SIZE - HANDSHAKE_MAC_SIZE, 32);
+        handshake_auth_transcript(secret, t1, auth, rt, rmac);
+        cr_assert_arr_eq(rt, t2, 32);
+        cr_assert_arr_eq(rmac, auth + HANDSHAKE_AUTH_SIZE - HANDSHAKE_MAC_SIZE, 32);
 
         /* keys = keyed BLAKE2b-512(secret, "ravnest link keys v1\0" || X25519 || T2) */
         uint8_t shared[32], keys[64];
