@@ -19,6 +19,7 @@
 #include <unistd.h>
 
 #include "net-internal.h"
+#include "relay-proof.h"
 
 typedef enum ConnState {
         CONN_PREAMBLE, /* the hello sent, the request coming */
@@ -41,6 +42,9 @@ typedef struct Conn {
         bool asker;                    /* joined: the CONNECT's end (the pair's one that counts it) */
         uint64_t joined_ns, last_ns;   /* joined: when, and the last byte read from this end */
         uint64_t moved;                /* joined: bytes read from this end */
+        RelayProof *proof;             /* joined, the asker, with a secret: until the link is proven */
+        bool proven;                   /* joined, the asker: both ends proved they hold the secret */
+        uint8_t t1[32];                /* proven: its handshake's transcript T1 */
         uint8_t *buf;                  /* joined: read here, not yet written to the peer */
         size_t len, off;
         uint32_t events;               /* registered with epoll */
@@ -64,6 +68,8 @@ struct Relay {
         Conn *closed;
         pthread_mutex_t lock;          /* stats */
         RelayStats stats;
+        bool has_secret;               /* links are proven (relay-proof.h) */
+        uint8_t secret[HANDSHAKE_SECRET_SIZE];
 };
 
 static uint64_t now_ns(void) {
@@ -118,6 +124,7 @@ static void conns_reap(Relay *r) {
         while (r->closed) {
                 Conn *c = r->closed;
                 r->closed = c->next;
+                free(c->proof);
                 free(c->buf);
                 free(c);
         }
@@ -202,13 +209,16 @@ static uint64_t last_byte(const Conn *asker) {
         return MAX(asker->last_ns, asker->peer->last_ns);
 }
 
-/* No sign of two nodes using the link: both ends at one address (a
- * stranger joined to itself; also two nodes behind one router, rarely
- * short of a relay's place), nothing carried both ways within the preamble
- * deadline of joining (an asker's HELLO goes at once, and its answer), or
- * nothing at all for RELAY_QUIET_MS. */
+/* Not proven, and no sign of two nodes using the link: both ends at one
+ * address (a stranger joined to itself; also two nodes behind one router,
+ * rarely short of a relay's place, and proven with a secret), nothing
+ * carried both ways within the preamble deadline of joining (an asker's
+ * HELLO goes at once, and its answer), or nothing at all for
+ * RELAY_QUIET_MS. */
 static bool link_unused(const Relay *r, const Conn *asker, uint64_t now) {
         const Conn *w = asker->peer;
+        if (asker->proven)
+                return false;
         return net_addr_near(asker->addr, w->addr) ||
                ((asker->moved == 0 || w->moved == 0) &&
                 now - asker->joined_ns > (uint64_t)r->cfg.preamble_timeout_ms * 1000000ull) ||
@@ -383,12 +393,16 @@ static void on_connect(Relay *r, Conn *c) {
          * will) leaves the waiter as it was */
         _cleanup_(freep) uint8_t *cb = malloc(RELAY_BUFFER);
         _cleanup_(freep) uint8_t *wb = malloc(RELAY_BUFFER);
-        if (!cb || !wb || send(c->fd, &ok, 1, MSG_NOSIGNAL) != 1) {
+        _cleanup_(freep) RelayProof *proof = r->has_secret ? malloc(sizeof *proof) : NULL;
+        if (!cb || !wb || (r->has_secret && !proof) || send(c->fd, &ok, 1, MSG_NOSIGNAL) != 1) {
                 conn_close(r, c);
                 return;
         }
+        if (proof)
+                relay_proof_init(proof, r->secret);
         c->buf = TAKE_PTR(cb);
         w->buf = TAKE_PTR(wb);
+        c->proof = TAKE_PTR(proof);
         c->state = w->state = CONN_JOINED;
         c->peer = w;
         w->peer = c;
@@ -423,6 +437,41 @@ static void update_events(Relay *r, Conn *c) {
         watch(r, c, (c->len == c->off ? EPOLLIN : 0) | (c->peer && c->peer->len > c->peer->off ? EPOLLOUT : 0));
 }
 
+/* Whether a relayed link was proven by the handshake of transcript t1. The
+ * handshake's frames go in the clear: whoever recorded a real one can send
+ * it again, both ends of it, and its MACs verify. It proves no second
+ * link while the first is relayed, so a recording holds one place at most. */
+static bool transcript_in_use(const Relay *r, const uint8_t t1[32]) {
+        for (const Conn *o = r->conns; o; o = o->next)
+                if (o->state == CONN_JOINED && o->asker && o->proven && memcmp(o->t1, t1, sizeof o->t1) == 0)
+                        return true;
+        return false;
+}
+
+/* The handshake's frames among the bytes c has just read, on a link not
+ * yet proven (its asker a): they go on once they are checked. false: they
+ * prove nothing, and the link is closed. */
+static bool check_proof(Relay *r, Conn *a, Conn *c) {
+        int k = relay_proof_feed(a->proof, c == a, c->buf, c->len);
+        if (k == 0)
+                return true;
+        bool again = k > 0 && transcript_in_use(r, a->proof->t1);
+        if (k > 0 && !again) {
+                memcpy(a->t1, a->proof->t1, sizeof a->t1);
+                a->proven = true;
+                count(r, &r->stats.proven, NULL);
+        }
+        free(a->proof);
+        a->proof = NULL;
+        if (a->proven)
+                return true;
+        if (again)
+                count(r, &r->stats.replayed, NULL);
+        count(r, &r->stats.unproven, NULL);
+        conn_close(r, c);
+        return false;
+}
+
 /* Write what c holds to its peer. false: the link is gone. */
 static bool flush(Relay *r, Conn *c) {
         while (c->off < c->len) {
@@ -455,6 +504,9 @@ static void on_joined(Relay *r, Conn *c, uint32_t events) {
                         c->off = 0;
                         c->moved += (uint64_t)k;
                         c->last_ns = now_ns();
+                        Conn *a = c->asker ? c : p;
+                        if (a->proof && !check_proof(r, a, c))
+                                return;
                         if (!flush(r, c)) {
                                 conn_close(r, c);
                                 return;
@@ -486,12 +538,19 @@ static void on_event(Relay *r, Conn *c, uint32_t events) {
         }
 }
 
+/* Preambles, and links not proven, past the preamble deadline. */
 static void expire(Relay *r) {
-        uint64_t now = now_ns();
+        uint64_t now = now_ns(), deadline = (uint64_t)r->cfg.preamble_timeout_ms * 1000000ull;
         for (Conn *c = r->conns, *next; c; c = next) {
                 next = c->next;
                 if (c->state == CONN_PREAMBLE && now > c->deadline_ns)
                         conn_close(r, c); /* no peer yet: only c goes */
+                else if (c->state == CONN_JOINED && c->proof && now - c->joined_ns > deadline) {
+                        if (next == c->peer) /* it goes too */
+                                next = next->next;
+                        count(r, &r->stats.unproven, NULL);
+                        conn_close(r, c);
+                }
         }
 }
 
@@ -558,6 +617,11 @@ int relay_new(const RelayConfig *c, Relay **ret) {
                 r->cfg.preamble_timeout_ms = 10000;
         if (!r->cfg.max_links_per_addr)
                 r->cfg.max_links_per_addr = RELAY_MAX_LINKS_PER_ADDR;
+        if (c->secret) {
+                memcpy(r->secret, c->secret, sizeof r->secret);
+                r->has_secret = true;
+        }
+        r->cfg.secret = NULL;
         int err = -ENOMEM;
         if (c->allowed && c->n_allowed) {
                 r->allowed = malloc(c->n_allowed * IDENTITY_PK_SIZE);
@@ -599,6 +663,7 @@ Relay *relay_free(Relay *r) {
         if (r->listen_fd >= 0)
                 close(r->listen_fd);
         free(r->allowed);
+        sodium_memzero(r->secret, sizeof r->secret);
         pthread_mutex_destroy(&r->lock);
         free(r);
         return NULL;

@@ -14,15 +14,23 @@
  *
  * Anyone may WAIT with a key of their own and CONNECT to it (with no
  * allowlist the relay serves any key), so nothing a client says is proof
- * that two real nodes talk through a link; what the relay sees is how they
- * use it. One address (a router's, an IPv6 /64) holds at most
- * max_links_per_addr waiting connections and links, and when there is no
- * room a newcomer displaces a link that shows no sign of use by two nodes:
- * its two ends at one address, nothing carried both ways within the
- * preamble deadline of joining, or nothing at all for RELAY_QUIET_MS.
- * A link that carries bytes both ways between two addresses is never
- * displaced, so strangers with many addresses that keep their links busy
- * can still take every place; RelayStats counts what they cause.
+ * that two real nodes talk through a link. A relay given the network
+ * secret checks the MACs of the handshake that opens each link as its
+ * frames pass (relay-proof.h): a link whose ends both prove they hold the
+ * secret is proven, and one that does not within the preamble deadline of
+ * joining (a frame malformed, a MAC wrong, too slow, or the handshake of a
+ * link it relays sent again) is closed. Without the secret, what the relay
+ * sees is how the ends use a link.
+ *
+ * One address (a router's, an IPv6 /64) holds at most max_links_per_addr
+ * waiting connections and links, and when there is no room a newcomer
+ * displaces a link not proven that shows no sign of use by two nodes: its
+ * two ends at one address, nothing carried both ways within the preamble
+ * deadline of joining, or nothing at all for RELAY_QUIET_MS. A proven link,
+ * or one that carries bytes both ways between two addresses, is never
+ * displaced: without the secret, strangers with many addresses that keep
+ * their links busy can still take every place; with it, they hold none
+ * past the deadline. RelayStats counts what they cause.
  *
  *     Relay *r;
  *     r = relay_new(&(RelayConfig){ .host = "0.0.0.0", .port = 7400, .max_links = 64 }, &r);
@@ -72,7 +80,9 @@ typedef struct RelayConfig {
                                                  0: RELAY_MAX_LINKS_PER_ADDR */
         const uint8_t (*allowed)[IDENTITY_PK_SIZE]; /* NULL: any key may wait and be asked for */
         size_t n_allowed;
-        unsigned preamble_timeout_ms;         /* 0: 10 s */
+        unsigned preamble_timeout_ms;         /* 0: 10 s; also for a link to be proven */
+        const uint8_t *secret;                /* the network secret (HANDSHAKE_SECRET_SIZE bytes, copied);
+                                                 NULL: links are not checked */
 } RelayConfig;
 
 typedef struct RelayStats {
@@ -85,6 +95,13 @@ typedef struct RelayStats {
         uint64_t over_addr;                   /* WAITs and CONNECTs from an address at max_links_per_addr:
                                                  refused, or one of its own made way */
         uint8_t last_over_addr[16];           /* the latest such address (net_addr_key()) */
+        /* Since the start, with a secret: */
+        uint64_t proven;                      /* links whose two ends proved they hold it */
+        uint64_t unproven;                    /* links closed for not proving it within the preamble
+                                                 deadline of joining: a handshake frame malformed or
+                                                 out of turn, a MAC wrong, none in time, or replayed */
+        uint64_t replayed;                    /* of those, links whose handshake a relayed link had
+                                                 proven already: a recording sent again */
 } RelayStats;
 
 typedef struct Relay Relay;

@@ -5,7 +5,11 @@
  * waits for, a full relay, bytes before a link is joined, a silent
  * preamble, junk; and strangers (who need no secret to WAIT and CONNECT)
  * cannot keep real nodes out, by waiting, by links joined to themselves or
- * that carry nothing, or from one address. */
+ * that carry nothing, or from one address. A relay with the network secret
+ * proves the links of its network's nodes from their handshake's MACs
+ * (net/relay-proof.h), and closes every other: another network's, junk,
+ * silence past the deadline, a recorded handshake sent again; a proven
+ * link never gives way. */
 #include <criterion/criterion.h>
 #include <errno.h>
 #include <netinet/in.h>
@@ -16,10 +20,13 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include "net/handshake.h"
 #include "net/net.h"
+#include "net/relay-proof.h"
 #include "net/relay.h"
 
 static const uint8_t secret[32] = "relay unit test secret.........";
+static const uint8_t other_secret[32] = "another network's secret.......";
 
 typedef struct Side {
         Net *n;
@@ -52,31 +59,48 @@ static Relay *relay;
 static uint16_t port;
 
 #define PREAMBLE_MS 500
+/* A relay with the network secret: the deadline for a link to be proven
+ * too, ample for two Nets' handshake on a busy machine. */
+#define PROOF_MS 1000
 
-static void relay_up_per_addr(unsigned max_links, unsigned per_addr) {
+static void relay_up_with(unsigned max_links, unsigned per_addr, const uint8_t *sec, unsigned preamble_ms) {
         cr_assert_eq(relay_new(&(RelayConfig){ .host = "127.0.0.1", .max_links = max_links,
-                                               .max_links_per_addr = per_addr, .preamble_timeout_ms = PREAMBLE_MS },
+                                               .max_links_per_addr = per_addr, .preamble_timeout_ms = preamble_ms,
+                                               .secret = sec },
                                &relay),
                      0);
         port = relay_port(relay);
+}
+
+static void relay_up_per_addr(unsigned max_links, unsigned per_addr) {
+        relay_up_with(max_links, per_addr, NULL, PREAMBLE_MS);
+}
+
+/* A relay that holds the network secret of the sides. */
+static void relay_up_secret(unsigned max_links) {
+        relay_up_with(max_links, 0, secret, PROOF_MS);
 }
 
 static void relay_up(unsigned max_links) {
         relay_up_per_addr(max_links, 0);
 }
 
-static void side_new(Side *s, bool wait) {
+static void side_new_of(Side *s, bool wait, const uint8_t *sec) {
         NetConfig c;
         memset(s, 0, sizeof *s);
         identity_generate(&s->id);
         net_config_defaults(&c);
         c.identity = &s->id;
-        c.secret = secret;
+        c.secret = sec;
         c.relay_host = "127.0.0.1";
         c.relay_port = port;
         c.relay_wait = wait;
         c.relay_channel = NET_RELAY_PIPELINE;
         cr_assert_eq(net_new(&c, &cbs, s, &s->n), 0);
+}
+
+static void side_new(Side *s, bool wait) {
+        side_new_of(s, wait, secret);
 }
 
 static void pump(Side *a, Side *b, int ms) {
@@ -569,5 +593,321 @@ Test(relay, one_address_holds_at_most_its_share) {
         }
         close(other);
         close(fd);
+        relay = relay_free(relay);
+}
+
+/* ---- a relay with the network secret: links proven or closed ------------- */
+
+static uint64_t ms_now(void) {
+        struct timespec ts;
+        clock_gettime(CLOCK_MONOTONIC, &ts);
+        return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
+}
+
+static RelayStats stats_when(bool (*done)(const RelayStats *), int ms) {
+        RelayStats st;
+        relay_get_stats(relay, &st);
+        for (int i = 0; i < ms / 5 && !done(&st); i++) {
+                usleep(5000);
+                relay_get_stats(relay, &st);
+        }
+        return st;
+}
+
+static bool one_proven(const RelayStats *st) {
+        return st->proven >= 1;
+}
+
+static bool one_unproven(const RelayStats *st) {
+        return st->unproven >= 1 && st->links == 0;
+}
+
+/* Two nodes of the relay's network: their link opens, carries tensors both
+ * ways, and is proven; past the deadline it stays. (A relay had no way to
+ * tell their link from strangers'.) */
+Test(relay, a_relay_with_the_secret_proves_a_real_link) {
+        Side a, b;
+        relay_up_secret(4);
+        link_up(&a, &b);
+        send_and_check(&a, &b, 1u << 20, 7);
+        send_and_check(&b, &a, (1u << 16) + 3, 8);
+        RelayStats st = stats_when(one_proven, 1000);
+        cr_assert_eq(st.proven, 1);
+        cr_assert_eq(st.unproven, 0);
+        for (uint64_t until = ms_now() + PROOF_MS + 300; ms_now() < until;)
+                pump(&a, &b, 5);
+        send_and_check(&a, &b, 1u << 16, 9);
+        relay_get_stats(relay, &st);
+        cr_assert_eq(st.links, 1);
+        cr_assert_eq(st.unproven, 0);
+        cr_assert_eq(a.closed + b.closed, 0);
+        sides_free(&a, &b);
+        relay = relay_free(relay);
+}
+
+/* Two nodes of another network (they agree with each other, not with the
+ * relay): the relay closes their link at the responder's MAC, well within
+ * the deadline, and counts it. */
+Test(relay, links_of_another_network_are_closed) {
+        Side a, b;
+        relay_up_secret(4);
+        side_new_of(&b, true, other_secret);
+        side_new_of(&a, false, other_secret);
+        RelayStats st = {};
+        for (int i = 0; i < 200 && st.waiting == 0; i++) {
+                pump(&a, &b, 5);
+                relay_get_stats(relay, &st);
+        }
+        cr_assert_eq(st.waiting, 1, "b is not waiting at the relay");
+        uint32_t p;
+        cr_assert_eq(net_connect_relayed(a.n, b.id.pk, &p), 0);
+        for (int i = 0; i < PROOF_MS / 20 && !a.closed && !a.connected; i++)
+                pump(&a, &b, 5);
+        cr_assert(!a.connected && !b.connected, "a link of another network opened through the relay");
+        cr_assert_eq(a.closed, 1, "the link was not closed within the deadline");
+        st = stats_when(one_unproven, 1000);
+        cr_assert_eq(st.unproven, 1);
+        cr_assert_eq(st.proven, 0);
+        cr_assert_eq(st.links, 0);
+        sides_free(&a, &b);
+        relay = relay_free(relay);
+}
+
+/* A stranger joins a link to itself and says nothing: the relay closes it
+ * at the deadline, and its place serves a real pair. (A link joined to
+ * itself stayed until a newcomer needed its place.) */
+Test(relay, a_link_that_proves_nothing_goes_at_the_deadline) {
+        int self[2];
+        signal(SIGPIPE, SIG_IGN);
+        relay_up_secret(1);
+        raw_link(2, 2, false, self);
+        uint64_t joined = ms_now();
+        cr_assert(closed_by_relay(self[0]) && closed_by_relay(self[1]), "a link that proved nothing stayed");
+        uint64_t took = ms_now() - joined;
+        cr_assert(took + 50 >= PROOF_MS && took < 3 * PROOF_MS, "closed after %llu ms", (unsigned long long)took);
+        RelayStats st = stats_when(one_unproven, 1000);
+        cr_assert_eq(st.unproven, 1);
+        cr_assert_eq(st.links, 0);
+        Side a, b;
+        real_link_gets_through(&a, &b);
+        relay_get_stats(relay, &st);
+        cr_assert_eq(st.proven, 1);
+        cr_assert_eq(st.displaced, 0);
+        sides_free(&a, &b);
+        close(self[0]);
+        close(self[1]);
+        relay = relay_free(relay);
+}
+
+/* Strangers at two addresses keep bytes flowing both ways through the one
+ * link of the relay: not a handshake, so it is closed at once, and a real
+ * pair takes the place. (Without the secret such a link is in use between
+ * two addresses, never displaced: the pair was refused "full".) */
+Test(relay, strangers_that_keep_bytes_flowing_hold_no_place) {
+        int fds[2];
+        uint8_t junk[64];
+        signal(SIGPIPE, SIG_IGN);
+        memset(junk, 'x', sizeof junk);
+        relay_up_secret(1);
+        raw_link(2, 3, false, fds);
+        cr_assert_eq(write(fds[1], junk, sizeof junk), (ssize_t)sizeof junk);
+        (void)!write(fds[0], junk, sizeof junk);
+        cr_assert(closed_by_relay(fds[0]) && closed_by_relay(fds[1]), "the strangers' link carried junk");
+        RelayStats st = stats_when(one_unproven, 1000);
+        cr_assert_eq(st.unproven, 1);
+        Side a, b;
+        real_link_gets_through(&a, &b);
+        sides_free(&a, &b);
+        close(fds[0]);
+        close(fds[1]);
+        relay = relay_free(relay);
+}
+
+/* A proven link is never displaced, even with both ends at one address
+ * (two nodes behind one router): a newcomer finds the relay full. (Such a
+ * link gave way to the first newcomer.) */
+Test(relay, a_proven_link_is_not_displaced) {
+        Side a, b;
+        Identity id;
+        int st_w, st_c;
+        signal(SIGPIPE, SIG_IGN);
+        relay_up_secret(1);
+        link_up(&a, &b);
+        RelayStats st = stats_when(one_proven, 1000);
+        cr_assert_eq(st.proven, 1);
+        identity_generate(&id);
+        int w = raw_wait(2, &id, &st_w);
+        cr_assert_eq(st_w, RELAY_OK);
+        int c = raw_connect(3, id.pk, &st_c);
+        cr_assert_eq(st_c, RELAY_FULL, "a newcomer was answered %d", st_c);
+        /* the link carries on (b's next waiting connection may have made
+         * way for the newcomers: 4 connections of a relay of 1 link) */
+        send_and_check(&a, &b, 1u << 16, 10);
+        send_and_check(&b, &a, 1u << 16, 11);
+        relay_get_stats(relay, &st);
+        cr_assert_eq(st.links, 1);
+        cr_assert_eq(st.displaced, 0);
+        cr_assert_eq(st.refused_full, 1);
+        close(w);
+        close(c);
+        sides_free(&a, &b);
+        relay = relay_free(relay);
+}
+
+/* A real handshake between two sides of network secret sec, as the relay
+ * sees it: frames in the clear, HELLO and AUTH from the initiator (the
+ * asker), HELLO_REPLY from the responder. */
+typedef struct Recording {
+        uint8_t hello[FRAME_HEADER_SIZE + HANDSHAKE_HELLO_SIZE];
+        uint8_t reply[FRAME_HEADER_SIZE + HANDSHAKE_REPLY_SIZE];
+        uint8_t auth[FRAME_HEADER_SIZE + HANDSHAKE_AUTH_SIZE];
+} Recording;
+
+/* The next message of from, in a frame at out, to. */
+static void pass(Handshake *from, Handshake *to, uint8_t *out) {
+        uint8_t type;
+        int n = handshake_next(from, &type, out + FRAME_HEADER_SIZE, HANDSHAKE_MAX_SIZE);
+        cr_assert_gt(n, 0);
+        frame_header_encode(&(FrameHeader){ .type = type, .length = (uint32_t)n }, out);
+        cr_assert_eq(handshake_recv(to, type, out + FRAME_HEADER_SIZE, (size_t)n), 0);
+}
+
+static void record(Recording *rec, const uint8_t *sec) {
+        Identity ia, ib;
+        Handshake i, r;
+        identity_generate(&ia);
+        identity_generate(&ib);
+        HandshakeConfig ci = { .identity = &ia, .secret = sec, .ciphers = CIPHER_BIT(CIPHER_CHACHA20POLY1305) };
+        HandshakeConfig cr = ci;
+        cr.identity = &ib;
+        cr_assert_eq(handshake_init(&i, &ci, true), 0);
+        cr_assert_eq(handshake_init(&r, &cr, false), 0);
+        pass(&i, &r, rec->hello);
+        pass(&r, &i, rec->reply);
+        pass(&i, &r, rec->auth);
+        handshake_clear(&i);
+        handshake_clear(&r);
+}
+
+/* Feeds the recording's frames (each cut at cut[k], past its end: whole),
+ * then trailing, from the asker after AUTH; the last answer. */
+static int feed_cut(RelayProof *p, const Recording *rec, const size_t cut[3], const uint8_t *trailing, size_t n) {
+        const uint8_t *f[3] = { rec->hello, rec->reply, rec->auth };
+        const size_t len[3] = { sizeof rec->hello, sizeof rec->reply, sizeof rec->auth };
+        relay_proof_init(p, secret);
+        for (int k = 0; k < 3; k++) {
+                size_t at = cut[k] < len[k] ? cut[k] : len[k];
+                int r = relay_proof_feed(p, k != 1, f[k], at);
+                if (r < 0)
+                        return r;
+                cr_assert(r == 0 || (k == 2 && at == len[k]), "proven with %zu bytes of frame %d", at, k);
+                if ((r = relay_proof_feed(p, k != 1, f[k] + at, len[k] - at)) < 0)
+                        return r;
+        }
+        return relay_proof_feed(p, true, trailing, n);
+}
+
+/* The relay's check on its own (relay-proof.h): a real handshake is proven
+ * wherever its frames are cut between reads, and nothing past it is read;
+ * another network's, a MAC changed, a frame of another type, length or
+ * seq, or bytes out of turn are refused, for good. */
+Test(relay, the_proof_takes_frames_cut_anywhere) {
+        Recording rec, other;
+        RelayProof p;
+        uint8_t junk[300];
+        memset(junk, 0xa5, sizeof junk);
+        record(&rec, secret);
+        for (int k = 0; k < 3; k++)
+                for (size_t at = 0; at <= sizeof rec.reply; at++) {
+                        size_t cut[3] = { SIZE_MAX, SIZE_MAX, SIZE_MAX };
+                        cut[k] = at;
+                        cr_assert_eq(feed_cut(&p, &rec, cut, junk, sizeof junk), 1, "frame %d cut at %zu", k, at);
+                }
+        relay_proof_init(&p, secret); /* a byte at a time */
+        for (size_t i = 0; i < sizeof rec.hello; i++)
+                cr_assert_eq(relay_proof_feed(&p, true, rec.hello + i, 1), 0);
+        for (size_t i = 0; i < sizeof rec.reply; i++)
+                cr_assert_eq(relay_proof_feed(&p, false, rec.reply + i, 1), 0);
+        for (size_t i = 0; i < sizeof rec.auth; i++)
+                cr_assert_eq(relay_proof_feed(&p, true, rec.auth + i, 1), i + 1 == sizeof rec.auth);
+        cr_assert_eq(relay_proof_feed(&p, false, junk, sizeof junk), 1);
+
+        const size_t whole[3] = { SIZE_MAX, SIZE_MAX, SIZE_MAX };
+        record(&other, other_secret);
+        cr_assert_eq(feed_cut(&p, &other, whole, NULL, 0), -EACCES, "another network's handshake");
+        cr_assert_eq(relay_proof_feed(&p, true, rec.hello, sizeof rec.hello), -EACCES);
+        Recording bad = rec;
+        bad.auth[sizeof bad.auth - 1] ^= 1;
+        cr_assert_eq(feed_cut(&p, &bad, whole, NULL, 0), -EACCES, "a MAC changed");
+        bad = rec;
+        bad.hello[5] = FRAME_AUTH;
+        cr_assert_eq(feed_cut(&p, &bad, whole, NULL, 0), -EBADMSG, "another type");
+        bad = rec;
+        bad.reply[12]--;
+        cr_assert_eq(feed_cut(&p, &bad, whole, NULL, 0), -EBADMSG, "another length");
+        bad = rec;
+        bad.auth[16] = 1;
+        cr_assert_eq(feed_cut(&p, &bad, whole, NULL, 0), -EBADMSG, "seq 1");
+        bad = rec;
+        bad.hello[0] ^= 0xff;
+        cr_assert_eq(feed_cut(&p, &bad, whole, NULL, 0), -EBADMSG, "not a frame");
+        relay_proof_init(&p, secret);
+        cr_assert_eq(relay_proof_feed(&p, true, rec.hello, 10), 0);
+        cr_assert_eq(relay_proof_feed(&p, false, junk, 1), -EBADMSG, "the responder before HELLO");
+        relay_proof_init(&p, secret);
+        cr_assert_eq(relay_proof_feed(&p, true, rec.hello, sizeof rec.hello + 1), -EBADMSG, "the asker after HELLO");
+}
+
+/* Writes n bytes in pieces of a few with a pause between: the relay reads
+ * frames cut anywhere. */
+static void write_in_pieces(int fd, const uint8_t *b, size_t n) {
+        for (size_t at = 0, k; at < n; at += k) {
+                k = n - at < 29 ? n - at : 29;
+                cr_assert_eq(write(fd, b + at, k), (ssize_t)k);
+                usleep(3000);
+        }
+}
+
+/* The recording passes a raw link (waiter, asker) as two real ends would
+ * send it, each end reading what the other sent; true if it all came. */
+static bool replay(const Recording *rec, const int fds[2]) {
+        uint8_t in[sizeof rec->reply];
+        write_in_pieces(fds[1], rec->hello, sizeof rec->hello);
+        if (recv(fds[0], in, sizeof rec->hello, MSG_WAITALL) != (ssize_t)sizeof rec->hello)
+                return false;
+        write_in_pieces(fds[0], rec->reply, sizeof rec->reply);
+        if (recv(fds[1], in, sizeof rec->reply, MSG_WAITALL) != (ssize_t)sizeof rec->reply)
+                return false;
+        write_in_pieces(fds[1], rec->auth, sizeof rec->auth);
+        return recv(fds[0], in, sizeof rec->auth, MSG_WAITALL) == (ssize_t)sizeof rec->auth;
+}
+
+/* A handshake whose frames come to the relay in pieces is proven, and its
+ * link then carries anything; the same handshake sent again (its frames go
+ * in the clear: anyone on the path may record them) proves no second link
+ * while the first is relayed. */
+Test(relay, a_handshake_in_pieces_is_proven_once) {
+        Recording rec;
+        int first[2], again[2];
+        signal(SIGPIPE, SIG_IGN);
+        relay_up_secret(4);
+        record(&rec, secret);
+        raw_link(2, 3, false, first);
+        cr_assert(replay(&rec, first), "the handshake did not pass");
+        RelayStats st = stats_when(one_proven, 1000);
+        cr_assert_eq(st.proven, 1);
+        raw_carries(first);
+        raw_link(4, 5, false, again);
+        cr_assert(!replay(&rec, again), "a recorded handshake passed again");
+        cr_assert(closed_by_relay(again[0]) && closed_by_relay(again[1]));
+        st = stats_when(one_unproven, 1000);
+        cr_assert_eq(st.replayed, 1);
+        cr_assert_eq(st.unproven, 1);
+        cr_assert_eq(st.proven, 1);
+        raw_carries(first);
+        for (int i = 0; i < 2; i++) {
+                close(first[i]);
+                close(again[i]);
+        }
         relay = relay_free(relay);
 }
