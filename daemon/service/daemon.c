@@ -615,41 +615,68 @@ static uint64_t relay_log_due(RelayLog *l, unsigned cause, uint64_t counter, uin
 /* Says why the relay turned newcomers away or closed links to make room
  * for them: the signs of strangers holding its places, or of a relay too
  * small for its nodes. */
-static int on_relay_timer(sd_event_source *s, uint64_t usec, void *userdata) {
-        Daemon *d = userdata;
+static void relay_log_places(Daemon *d, const RelayStats *st, uint64_t usec) {
         RelayLog *l = &d->relay_log;
-        RelayStats st;
         char addr[INET6_ADDRSTRLEN + 4];
         uint64_t n;
 
-        relay_get_stats(d->relay, &st);
-        if ((n = relay_log_due(l, RELAY_LOG_DISPLACED, st.displaced, usec)))
+        if ((n = relay_log_due(l, RELAY_LOG_DISPLACED, st->displaced, usec)))
                 log_notice("Relay: closed %llu link%s that showed no use by two nodes (both ends at one address, or "
                            "nothing carried) to make room for newcomers%s; strangers may be holding places",
-                           (unsigned long long)n, n == 1 ? "" : "s", st.displaced > n ? " since the last report" : "");
-        if ((n = relay_log_due(l, RELAY_LOG_FULL, st.refused_full, usec)))
+                           (unsigned long long)n, n == 1 ? "" : "s", st->displaced > n ? " since the last report" : "");
+        if ((n = relay_log_due(l, RELAY_LOG_FULL, st->refused_full, usec)))
                 log_warning("Relay full: refused %llu link%s%s, none of the %u it relays free to give way (each "
-                            "carries bytes between two addresses, or was joined moments ago; relay.max_links in %s)",
-                            (unsigned long long)n, n == 1 ? "" : "s", st.refused_full > n ? " since the last report" : "",
-                            l->max_links, d->config.path);
-        if ((n = relay_log_due(l, RELAY_LOG_OVER_ADDR, st.over_addr, usec))) {
-                relay_addr_format(st.last_over_addr, addr);
+                            "proven or carrying bytes between two addresses, or joined moments ago; relay.max_links "
+                            "in %s)",
+                            (unsigned long long)n, n == 1 ? "" : "s",
+                            st->refused_full > n ? " since the last report" : "", l->max_links, d->config.path);
+        if ((n = relay_log_due(l, RELAY_LOG_OVER_ADDR, st->over_addr, usec))) {
+                relay_addr_format(st->last_over_addr, addr);
                 log_warning("Relay: %llu request%s%s came from an address holding relay.max_links_per_address (%u) "
                             "waiting nodes and links, the latest from %s: refused, or one of its places made way",
-                            (unsigned long long)n, n == 1 ? "" : "s", st.over_addr > n ? " since the last report" : "",
+                            (unsigned long long)n, n == 1 ? "" : "s", st->over_addr > n ? " since the last report" : "",
                             l->max_links_per_addr, addr);
         }
+}
+
+/* Says which links a relay with the network secret closed for not proving
+ * their ends hold it: strangers trying its places, nodes of another
+ * network, or someone who sends recorded handshakes again. */
+static void relay_log_proofs(Daemon *d, const RelayStats *st, uint64_t usec) {
+        RelayLog *l = &d->relay_log;
+        uint64_t n;
+
+        if ((n = relay_log_due(l, RELAY_LOG_UNPROVEN, st->unproven, usec)))
+                log_notice("Relay: closed %llu link%s%s whose ends did not both prove they hold the network secret "
+                           "within 10 s of being joined (a handshake frame malformed, a MAC wrong, none, or one "
+                           "replayed): strangers, or nodes of another network",
+                           (unsigned long long)n, n == 1 ? "" : "s", st->unproven > n ? " since the last report" : "");
+        if ((n = relay_log_due(l, RELAY_LOG_REPLAYED, st->replayed, usec)))
+                log_warning("Relay: closed %llu link%s%s whose handshake was that of a link it relays: someone "
+                            "records this network's handshakes (they go in the clear) and sends them again",
+                            (unsigned long long)n, n == 1 ? "" : "s", st->replayed > n ? " since the last report" : "");
+}
+
+static int on_relay_timer(sd_event_source *s, uint64_t usec, void *userdata) {
+        Daemon *d = userdata;
+        RelayStats st;
+
+        relay_get_stats(d->relay, &st);
+        relay_log_places(d, &st, usec);
+        relay_log_proofs(d, &st, usec);
         sd_event_source_set_time_relative(s, RELAY_WATCH_USEC);
         return 0;
 }
 
 /* Set at start (a reload does not move it): relays links for nodes that
  * accept no connections, on a thread of its own; with an allowlist, only
- * for the keys on it. */
+ * for the keys on it; with a network secret, only links whose ends prove
+ * they hold it, as the node's own links do (config_net()). */
 static int start_relay(Daemon *d) {
         const Config *c = &d->config;
         const ConfigRelay *rl = &c->relay_server;
         bool list = c->admission != CONFIG_ADMISSION_SECRET && c->n_allowed;
+        bool secret = c->admission != CONFIG_ADMISSION_ALLOWLIST && c->has_secret;
         int r;
 
         if (!rl->enabled)
@@ -657,15 +684,16 @@ static int start_relay(Daemon *d) {
         r = relay_new(&(RelayConfig){ .host = rl->listen.host, .port = rl->listen.port, .max_links = rl->max_links,
                                       .max_links_per_addr = rl->max_links_per_addr,
                                       .allowed = list ? (const uint8_t(*)[IDENTITY_PK_SIZE])c->allowed : NULL,
-                                      .n_allowed = list ? c->n_allowed : 0 },
+                                      .n_allowed = list ? c->n_allowed : 0,
+                                      .secret = secret ? c->secret : NULL },
                       &d->relay);
         if (r < 0)
                 return log_error_errno(r, "Failed to relay on %s:%u (relay.listen in %s): %m", rl->listen.host,
                                        rl->listen.port, c->path);
         log_info("Relaying links for nodes that accept no connections on %s:%u (at most %u at once, %u from one "
-                 "address%s)",
+                 "address%s%s)",
                  rl->listen.host, relay_port(d->relay), rl->max_links, rl->max_links_per_addr,
-                 list ? ", allowed peers only" : "");
+                 list ? ", allowed peers only" : "", secret ? ", checked against the network secret" : "");
         d->relay_log = (RelayLog){ .max_links = rl->max_links, .max_links_per_addr = rl->max_links_per_addr };
         r = sd_event_add_time_relative(d->event, &d->relay_timer, CLOCK_MONOTONIC, RELAY_WATCH_USEC, 0,
                                        on_relay_timer, d);

@@ -33,7 +33,14 @@ typedef struct DaemonOptions {
 /* What the relay's lines in the log said last (on_relay_timer()): the
  * counter of RelayStats each cause was at, and when (0: never); and the
  * limits it started with (a reload does not move them). */
-enum { RELAY_LOG_DISPLACED, RELAY_LOG_FULL, RELAY_LOG_OVER_ADDR, _RELAY_LOG_MAX };
+enum {
+        RELAY_LOG_DISPLACED,
+        RELAY_LOG_FULL,
+        RELAY_LOG_OVER_ADDR,
+        RELAY_LOG_UNPROVEN,
+        RELAY_LOG_REPLAYED,
+        _RELAY_LOG_MAX
+};
 typedef struct RelayLog {
         uint64_t logged[_RELAY_LOG_MAX];
         uint64_t at_usec[_RELAY_LOG_MAX];
