@@ -77,6 +77,7 @@ typedef struct Swarm {
         unsigned failed;  /* 1 + the node whose end made the swarm stop the others; 0 none */
         Relay *relay;   /* --relay: in this process, for the nodes behind NAT */
         char relay_setting[48];
+        uint8_t secret[HANDSHAKE_SECRET_SIZE]; /* the nodes' network secret, which the relay checks */
 } Swarm;
 
 /* A socket listening where a node will, handed to it when it starts
@@ -302,12 +303,13 @@ static int check_behind_nat(const Swarm *s) {
 }
 
 /* --relay: a relay on loopback in this process, which every node may use;
- * all at one address, each waiting with two connections. */
+ * all at one address, each waiting with two connections; it relays only
+ * links whose ends prove they hold the nodes' network secret. */
 static int start_relay(Swarm *s) {
         if (!s->o->relay)
                 return 0;
         int r = relay_new(&(RelayConfig){ .host = "127.0.0.1", .max_links = 2 * MAX_NODES,
-                                          .max_links_per_addr = 4 * MAX_NODES },
+                                          .max_links_per_addr = 4 * MAX_NODES, .secret = s->secret },
                           &s->relay);
         if (r < 0)
                 return log_error_errno(r, "Failed to start a relay on loopback: %m");
@@ -323,18 +325,19 @@ static void stop_relay(Swarm *s) {
         relay_get_stats(s->relay, &st);
         char bytes[32];
         format_bytes(bytes, sizeof bytes, st.bytes);
-        printf("swarm: the relay joined %llu links and copied %s\n", (unsigned long long)st.links_total, bytes);
+        printf("swarm: the relay joined %llu links (%llu proven to hold the network secret) and copied %s\n",
+               (unsigned long long)st.links_total, (unsigned long long)st.proven, bytes);
         s->relay = relay_free(s->relay);
 }
 
 static int make_nodes(Swarm *s) {
-        uint8_t secret[HANDSHAKE_SECRET_SIZE];
+        uint8_t *secret = s->secret;
         char hex[2 * HANDSHAKE_SECRET_SIZE + 2], path[512];
         Diag d = {};
         int r;
 
-        randombytes_buf(secret, sizeof secret);
-        for (size_t i = 0; i < sizeof secret; i++)
+        randombytes_buf(secret, HANDSHAKE_SECRET_SIZE);
+        for (size_t i = 0; i < HANDSHAKE_SECRET_SIZE; i++)
                 snprintf(hex + 2 * i, 3, "%02x", secret[i]);
         strcat(hex, "\n");
         snprintf(path, sizeof path, "%s/secret", s->dir);

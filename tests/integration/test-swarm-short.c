@@ -526,6 +526,9 @@ Test(swarm_short, nodes_behind_nat_dial_every_link, .timeout = 300) {
         cr_assert(strstr(p.out, "swarm: the averaged model"), "%s", p.out);
         const char *joined = strstr(p.out, "swarm: the relay joined ");
         cr_assert(joined && atoi(joined + strlen("swarm: the relay joined ")) >= 2, "%s", p.out);
+        /* the relay holds the nodes' secret: every link it relayed proved it */
+        const char *proven = joined ? strstr(joined, " links (") : NULL;
+        cr_assert(proven && atoi(proven + strlen(" links (")) >= 2, "%s", p.out);
 
         swarm(&p, (char *[]){ "--job", quick, "--behind-nat", "c1s1,c2s1", NULL });
         status = proc_exit_within(&p, 240000);
