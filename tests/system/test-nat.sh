@@ -12,9 +12,11 @@
 #   1. c1s2 and c2s1 at home: they dial every link, and pub's nodes see
 #      their links come from the router's address;
 #   2. c1s1 and c2s1 at home, c1s2 at home2, c2s2 in pub, and a relay in
-#      pub (a ravnestd with only a relay group): the link between the two
-#      stages of cluster 1 and the ring of the first stages have both ends
-#      behind NAT and go through the relay, which sees both routers.
+#      pub (a ravnestd with a relay group and the swarm's network secret,
+#      training nothing): the link between the two stages of cluster 1 and
+#      the ring of the first stages have both ends behind NAT and go through
+#      the relay, which sees both routers and checks that each link's
+#      handshake proves the secret.
 #   3. membership: a coordinator and three members in pub, and a fourth
 #      member at home that gives its address and ports as if it took
 #      connections: the coordinator dials every member back, cannot reach
@@ -184,13 +186,16 @@ log "2. c1s1 and c2s1 at home, c1s2 at home2: through a relay in pub"
 d=$dir/relay
 place c1s1 "$home" c1s2 "$home2" c2s1 "$home" c2s2 "$pub"
 mkdir -p "$d/relay"
-printf 'state_directory = "%s/relay";\ncontrol_socket = "%s/relay.sock";\nrelay = { listen = "10.77.1.1:7400"; max_links = 16; };\n' \
-        "$d" "$d" >"$d/relay.conf"
+swarm_write "$d" 'relay = "10.77.1.1:7400";' "" "" || { fail "keys and configurations written"; summary; exit 1; }
+# the relay holds the swarm's network secret (and trains nothing): it
+# relays only links whose handshake proves the secret
+printf 'state_directory = "%s/relay";\ncontrol_socket = "%s/relay.sock";\nnetwork = { secret_file = "%s/secret"; };\nrelay = { listen = "10.77.1.1:7400"; max_links = 16; };\n' \
+        "$d" "$d" "$d" >"$d/relay.conf"
 ip netns exec "$pub" "$RAVNESTD" --config "$d/relay.conf" >"$d/relay.log" 2>&1 &
 relay_pid=$!
 pids+=($relay_pid)
 wait_for 10 grep -q "Relaying links" "$d/relay.log" || fail "the relay starts" "$(cat "$d/relay.log")"
-swarm_write "$d" 'relay = "10.77.1.1:7400";' "" "" || { fail "keys and configurations written"; summary; exit 1; }
+check "the relay checks links against the network secret" grep -q "checked against the network secret" "$d/relay.log"
 swarm_start "$d" 1
 if wait_for 120 established "$pub" 10.77.1.254 10.77.1.253; then pass "the relay holds links from both routers"
 else fail "the relay holds links from both routers" "$(nsx "$pub" ss -tn)"; fi
