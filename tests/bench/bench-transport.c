@@ -104,7 +104,8 @@ static pid_t relay_start(void) {
                 prctl(PR_SET_PDEATHSIG, SIGKILL);
                 close(fds[0]);
                 Relay *r;
-                if (relay_new(&(RelayConfig){ .host = "127.0.0.1", .max_links = 4 }, &r) < 0)
+                /* as a node's relay: it checks each link's handshake against the secret */
+                if (relay_new(&(RelayConfig){ .host = "127.0.0.1", .max_links = 4, .secret = secret }, &r) < 0)
                         _exit(2);
                 uint16_t port = relay_port(r);
                 if (write(fds[1], &port, sizeof port) != sizeof port)
