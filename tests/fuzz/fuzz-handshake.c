@@ -36,6 +36,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "fuzz-rng.h"
 #include "fuzz.h"
 #include <stdio.h>
 #include <stdlib.h>
@@ -71,41 +72,9 @@ static const char *side_name(const Handshake *hs) {
         return hs->initiator ? "initiator" : "responder";
 }
 
-/* ---- deterministic randomness ---------------------------------------------
- * Ephemeral keys and nonces come from randombytes; with the system's a crash
- * found on one run would not reproduce on the next. Each call derives a seed
- * from a key and a call counter, both reset for every input. */
-static uint8_t rng_key[crypto_generichash_KEYBYTES];
-static uint64_t rng_calls;
-
-static void rng_buf(void *const buf, const size_t size) {
-        uint8_t seed[randombytes_SEEDBYTES], ctr[8];
-
-        put_le64(ctr, rng_calls++);
-        crypto_generichash(seed, sizeof seed, ctr, sizeof ctr, rng_key, sizeof rng_key);
-        randombytes_buf_deterministic(buf, size, seed);
-}
-
-static uint32_t rng_random(void) {
-        uint8_t b[4];
-        rng_buf(b, sizeof b);
-        return get_le32(b);
-}
-
-static const char *rng_name(void) {
-        return "ravnest-fuzz";
-}
-
-static randombytes_implementation rng_impl = {
-        .implementation_name = rng_name,
-        .random = rng_random,
-        .buf = rng_buf,
-};
-
-static void rng_reset(uint8_t label) {
-        memset(rng_key, label, sizeof rng_key);
-        rng_calls = 0;
-}
+/* Ephemeral keys and nonces come from randombytes; with the system's a crash
+ * found on one run would not reproduce on the next: fuzz-rng.h's, reset for
+ * every input. */
 
 /* ---- the cast ---------------------------------------------------------------
  * alice or carol initiates, bob responds. carol is on an allowlist only
@@ -330,10 +299,10 @@ int LLVMFuzzerInitialize(int *argc, char ***argv) {
         Side a, b;
 
         /* Before sodium_init(), which would otherwise pick the system's. */
-        CHECK(randombytes_set_implementation(&rng_impl) == 0);
+        CHECK(randombytes_set_implementation(&fuzz_rng) == 0);
         CHECK(sodium_init() >= 0);
         tracing = getenv("FUZZ_TRACE");
-        rng_reset(0x1d);
+        fuzz_rng_reset(0x1d);
         for (int i = 0; i < _N_IDS; i++)
                 CHECK(identity_generate(&ids[i]) == 0);
         ciphers_here = cipher_available() | CIPHER_BIT(CIPHER_NONE);
@@ -342,7 +311,7 @@ int LLVMFuzzerInitialize(int *argc, char ***argv) {
          * be accepted if a fresh handshake did not bind everything to its own
          * ephemeral keys. A different key than the inputs' makes its
          * ephemeral keys differ from theirs. */
-        rng_reset(0x2e);
+        fuzz_rng_reset(0x2e);
         TRACE("the recording:\n");
         side_setup(&a, &ids[ALICE], 1, 1, 7, &ids[BOB]);
         side_setup(&b, &ids[BOB], 1, 1, 7, &ids[ALICE]);
@@ -497,7 +466,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         if (!take(&rd, &c0) || !take(&rd, &c1))
                 return 0;
 
-        rng_reset(0x3f);
+        fuzz_rng_reset(0x3f);
         TRACE("the input:\n");
         side_setup(&ini, &ids[(c1 >> 6) & 1 ? CAROL : ALICE], c0, c0 >> 2, c1, &ids[BOB]);
         side_setup(&resp, &ids[BOB], c0 >> 4, c0 >> 6, c1 >> 3, &ids[ALICE]);

@@ -28,6 +28,7 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "fuzz-rng.h"
 #include "fuzz.h"
 
 #include "net/frame.h"
@@ -42,29 +43,6 @@ static const uint8_t other[HANDSHAKE_SECRET_SIZE] = { 'o', 't', 'h', 'e', 'r' };
 static uint8_t from_asker[2 * FRAME_HEADER_SIZE + HANDSHAKE_HELLO_SIZE + HANDSHAKE_AUTH_SIZE];
 static uint8_t from_waiter[FRAME_HEADER_SIZE + HANDSHAKE_REPLY_SIZE];
 static uint8_t genuine_t1[32];
-
-/* Deterministic randomness, so that the genuine handshake and a crash are
- * the same on every run: a counter through BLAKE2b. */
-static uint64_t rng_calls;
-
-static void rng_buf(void *const buf, const size_t size) {
-        uint8_t seed[randombytes_SEEDBYTES], ctr[8];
-        put_le64(ctr, rng_calls++);
-        crypto_generichash(seed, sizeof seed, ctr, sizeof ctr, NULL, 0);
-        randombytes_buf_deterministic(buf, size, seed);
-}
-
-static uint32_t rng_random(void) {
-        uint8_t b[4];
-        rng_buf(b, sizeof b);
-        return get_le32(b);
-}
-
-static const char *rng_name(void) {
-        return "ravnest-fuzz";
-}
-
-static randombytes_implementation rng_impl = { .implementation_name = rng_name, .random = rng_random, .buf = rng_buf };
 
 /* from's next message, framed at out, given to to. */
 static size_t pass(Handshake *from, Handshake *to, uint8_t *out) {
@@ -81,7 +59,7 @@ int LLVMFuzzerInitialize(int *argc, char ***argv) {
         Handshake i, r;
         uint8_t want[HANDSHAKE_MAC_SIZE];
 
-        CHECK(randombytes_set_implementation(&rng_impl) == 0);
+        CHECK(randombytes_set_implementation(&fuzz_rng) == 0);
         CHECK(sodium_init() >= 0);
         CHECK(identity_generate(&a) == 0 && identity_generate(&b) == 0);
         HandshakeConfig ca = { .identity = &a, .secret = secret, .ciphers = CIPHER_BIT(CIPHER_CHACHA20POLY1305) };
