@@ -42,8 +42,9 @@ Test(cli, every_command_answers_help) {
  * (exit 78), never train. */
 #define NO_JOB "--job", "/nonexistent/ravnest-test.job"
 /* 115 bytes: more than a socket's address holds */
-#define TEN_X "xxxxxxxxxx"
-#define TOO_LONG_SOCKET "/tmp/" TEN_X TEN_X TEN_X TEN_X TEN_X TEN_X TEN_X TEN_X TEN_X TEN_X TEN_X
+#define TEN_DIGITS "0123456789"
+#define TOO_LONG_SOCKET "/tmp/" TEN_DIGITS TEN_DIGITS TEN_DIGITS TEN_DIGITS TEN_DIGITS TEN_DIGITS TEN_DIGITS TEN_DIGITS \
+        TEN_DIGITS TEN_DIGITS TEN_DIGITS
 
 typedef struct BadArgs {
         const char *argv[12];

@@ -181,13 +181,18 @@ static void write_tiny_dataset(const char *dir) {
         }
 }
 
+/* dir, a mkdtemp() template, made, with the tiny data set in it. */
+static void make_tiny_dir(char *dir) {
+        cr_assert_not_null(mkdtemp(dir));
+        write_tiny_dataset(dir);
+}
+
 /* In dir (made, the tiny data set in it): a job on those data whose model
  * is its layers after the flattening and whose training is its settings,
  * and a configuration with a state directory and nothing else. */
 static void tiny_job(char *dir, const char *layers, const char *training, char job[256], char conf[256]) {
         char text[768];
-        cr_assert_not_null(mkdtemp(dir));
-        write_tiny_dataset(dir);
+        make_tiny_dir(dir);
         snprintf(job, 256, "%s/tiny.job", dir);
         snprintf(text, sizeof text,
                  "name = \"tiny\";\ndataset = { name = \"fashion-mnist\"; };\n"
@@ -256,8 +261,7 @@ Test(daemon, a_stopped_run_counts_every_epoch_it_did, .timeout = 180) {
  * sends nobody to install Debian's data set (it did, whatever the path). */
 Test(daemon, a_dataset_of_one_s_own_missing_a_file_is_named, .timeout = 60) {
         char dir[] = "/tmp/ravnest-test-dm-XXXXXX", job[256], path[256], text[512];
-        cr_assert_not_null(mkdtemp(dir));
-        write_tiny_dataset(dir);
+        make_tiny_dir(dir);
         snprintf(path, sizeof path, "%s/t10k-labels-idx1-ubyte.gz", dir);
         cr_assert_eq(unlink(path), 0);
         snprintf(job, sizeof job, "%s/own.job", dir);
@@ -306,8 +310,7 @@ static void start_node(Proc *p, const char *conf, const char *data) {
 
 Test(daemon, peers_join_and_strangers_are_refused, .timeout = 120) {
         char dir[] = "/tmp/ravnest-test-net-XXXXXX", secret[256], other[256], ca[256], cb[256], cc[256];
-        cr_assert_not_null(mkdtemp(dir));
-        write_tiny_dataset(dir);
+        make_tiny_dir(dir);
         write_secret(dir, secret);
         snprintf(other, sizeof other, "%s/other-secret", dir);
         test_write_file(other, "ffeeddccbbaa99887766554433221100ffeeddccbbaa99887766554433221100\n", 0600);
@@ -403,8 +406,7 @@ Test(daemon, a_flood_of_failed_handshakes_logs_a_burst_and_a_summary, .timeout =
 
 Test(daemon, falls_back_to_epoll_without_io_uring, .timeout = 120) {
         char dir[] = "/tmp/ravnest-test-epoll-XXXXXX", secret[256], ca[256], cb[256];
-        cr_assert_not_null(mkdtemp(dir));
-        write_tiny_dataset(dir);
+        make_tiny_dir(dir);
         write_secret(dir, secret);
         uint16_t port = test_free_port();
         node_config(dir, "a", secret, port, 0, ca);
@@ -590,8 +592,7 @@ Test(daemon, a_last_round_waits_for_a_member_not_up_yet, .timeout = 120) {
 /* A member list without this node's own key is a configuration error. */
 Test(daemon, averaging_without_this_node_is_a_config_error, .timeout = 60) {
         char dir[] = "/tmp/ravnest-test-avgconf-XXXXXX", secret[256], conf[256], text[2048];
-        cr_assert_not_null(mkdtemp(dir));
-        write_tiny_dataset(dir);
+        make_tiny_dir(dir);
         write_secret(dir, secret);
         snprintf(conf, sizeof conf, "%s/x.conf", dir);
         snprintf(text, sizeof text,
@@ -645,8 +646,7 @@ static void node_file(const char *dir, uint16_t listen, uint16_t metrics, char *
 
 Test(daemon, a_node_that_cannot_start_is_never_ready_and_a_reload_that_cannot_stays_unconfigured, .timeout = 120) {
         char dir[] = "/tmp/ravnest-test-ready-XXXXXX", path[256], conf[256];
-        cr_assert_not_null(mkdtemp(dir));
-        write_tiny_dataset(dir);
+        make_tiny_dir(dir);
         write_secret(dir, path);
         uint16_t port;
         int held = hold_port(&port);
@@ -764,8 +764,7 @@ Test(daemon, the_control_socket_answers_a_call_sent_with_the_authentication_and_
         if (access("/usr/bin/dbus-send", X_OK) < 0)
                 cr_skip_test("SKIP: needs dbus-send (apt-get install dbus-bin)");
         char dir[] = "/tmp/ravnest-test-ctl-XXXXXX", sock[128], cmd[512], out[256] = "";
-        cr_assert_not_null(mkdtemp(dir));
-        write_tiny_dataset(dir);
+        make_tiny_dir(dir);
         snprintf(sock, sizeof sock, "%s/control", dir);
         Proc p;
         proc_start(&p, (char *[]){ RAVNESTD, "--no-idle", "--control-socket", sock, "--job",
@@ -962,8 +961,7 @@ Test(daemon, the_control_socket_refuses_another_user_with_a_burst_of_lines_and_s
  * product is lost, and the exit status says so. */
 Test(daemon, an_unusable_state_directory_is_refused_and_an_unsaved_model_fails, .timeout = 180) {
         char dir[] = "/tmp/ravnest-test-state-XXXXXX", conf[256], text[512], path[320], want[768];
-        cr_assert_not_null(mkdtemp(dir));
-        write_tiny_dataset(dir);
+        make_tiny_dir(dir);
         snprintf(path, sizeof path, "%s/not-a-dir", dir);
         test_write_file(path, "", 0644);
         snprintf(conf, sizeof conf, "%s/n.conf", dir);
@@ -1007,8 +1005,7 @@ Test(daemon, an_unusable_state_directory_is_refused_and_an_unsaved_model_fails, 
  * checkpoint says so (it said "Operation not supported"). */
 Test(daemon, a_run_without_a_configuration_says_why_it_writes_no_checkpoint, .timeout = 120) {
         char dir[] = "/tmp/ravnest-test-noconf-XXXXXX", sock[128];
-        cr_assert_not_null(mkdtemp(dir));
-        write_tiny_dataset(dir);
+        make_tiny_dir(dir);
         snprintf(sock, sizeof sock, "%s/n.sock", dir);
         Proc p, c;
         proc_start(&p, (char *[]){ RAVNESTD, "--no-idle", "--control-socket", sock, "--job",
@@ -1029,8 +1026,7 @@ Test(daemon, a_run_without_a_configuration_says_why_it_writes_no_checkpoint, .ti
  * SIGTERM then stops the node cleanly (it exited 1). */
 Test(daemon, a_stop_while_a_reload_starts_is_clean, .timeout = 120) {
         char dir[] = "/tmp/ravnest-test-starting-XXXXXX", path[256], conf[256], sock[256];
-        cr_assert_not_null(mkdtemp(dir));
-        write_tiny_dataset(dir);
+        make_tiny_dir(dir);
         write_secret(dir, path);
         snprintf(sock, sizeof sock, "%s/ctl", dir);
         uint16_t port;
