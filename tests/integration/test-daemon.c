@@ -181,6 +181,13 @@ static void write_tiny_dataset(const char *dir) {
         }
 }
 
+/* SIGTERM to p, which must then exit 0, and dir removed. */
+static void stop_cleanly_and_remove(Proc *p, const char *dir) {
+        kill(p->pid, SIGTERM);
+        cr_assert_eq(proc_exit(p), 0, "%s", p->out);
+        test_remove_tree(dir);
+}
+
 /* dir, a mkdtemp() template, made, with the tiny data set in it. */
 static void make_tiny_dir(char *dir) {
         cr_assert_not_null(mkdtemp(dir));
@@ -399,9 +406,7 @@ Test(daemon, a_flood_of_failed_handshakes_logs_a_burst_and_a_summary, .timeout =
         }
         int shown = rate_limited_lines(&a, "with 127.0.0.1:", "Failed handshakes from 127.0.0.1", FLOOD);
         cr_log_info("%d failed handshakes: %d lines and their summaries", FLOOD, shown);
-        kill(a.pid, SIGTERM);
-        cr_assert_eq(proc_exit(&a), 0, "%s", a.out);
-        test_remove_tree(dir);
+        stop_cleanly_and_remove(&a, dir);
 }
 
 Test(daemon, falls_back_to_epoll_without_io_uring, .timeout = 120) {
@@ -749,9 +754,7 @@ Test(daemon, the_interface_file_names_every_property, .timeout = 60) {
                         break;
         }
         cr_assert_eq(test_count(xml, "<property name="), served + 1, "%d served:\n%s", served + 1, st.out);
-        kill(p.pid, SIGTERM);
-        cr_assert_eq(proc_exit(&p), 0, "%s", p.out);
-        test_remove_tree(dir);
+        stop_cleanly_and_remove(&p, dir);
 }
 
 /* ---- the control socket, as clients other than ravnestctl use it -------- */
@@ -899,9 +902,7 @@ Test(daemon, the_control_socket_drops_a_client_that_announces_a_huge_message, .t
         cr_assert_lt(after - before, 16 * 1024, "the node's peak RSS grew from %ld to %ld KiB", before, after);
         cr_assert_eq(system(cmd), 0, "status after the drop");
 
-        kill(p.pid, SIGTERM);
-        cr_assert_eq(proc_exit(&p), 0, "%s", p.out);
-        test_remove_tree(dir);
+        stop_cleanly_and_remove(&p, dir);
 }
 
 /* Another user's calls to Pause are refused (the node tells callers apart
@@ -948,9 +949,7 @@ Test(daemon, the_control_socket_refuses_another_user_with_a_burst_of_lines_and_s
         cr_assert(proc_wait_for(&p, "Pause requested by uid 0", 10000), "%s", p.out);
         snprintf(cmd, sizeof cmd, "timeout 20 %s resume --socket %s > /dev/null", RAVNESTCTL, sock);
         cr_assert_eq(system(cmd), 0, "root's resume");
-        kill(p.pid, SIGTERM);
-        cr_assert_eq(proc_exit(&p), 0, "%s", p.out);
-        test_remove_tree(dir);
+        stop_cleanly_and_remove(&p, dir);
 }
 
 /* ---- the state directory ------------------------------------------------- */
@@ -1016,9 +1015,7 @@ Test(daemon, a_run_without_a_configuration_says_why_it_writes_no_checkpoint, .ti
         int code = proc_exit(&c);
         cr_assert_eq(code, 1, "exit %d: %s", code, c.out);
         cr_assert(strstr(c.out, "a run without a configuration file has no state directory to write to"), "%s", c.out);
-        kill(p.pid, SIGTERM);
-        cr_assert_eq(proc_exit(&p), 0, "%s", p.out);
-        test_remove_tree(dir);
+        stop_cleanly_and_remove(&p, dir);
 }
 
 /* A reload that starts training waits for its listen address (taken); the
