@@ -177,6 +177,15 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         return answer_text(c, MHD_HTTP_NOT_FOUND, "Not found: try / or /metrics\n");
 }
 
+/* A request target's %XX decoded in place, but one with %00 left as it
+ * came: decoded, "/%00x" would read as "/" and be served. */
+static size_t unescape(void *cls, struct MHD_Connection *c, char *target) {
+        (void)cls, (void)c;
+        if (strstr(target, "%00"))
+                return strlen(target);
+        return MHD_http_unescape(target);
+}
+
 /* The first address host:port resolves to, for listening. */
 static int resolve(const ConfigAddress *a, struct sockaddr_storage *ret, int *ret_family) {
         struct addrinfo hints = { .ai_socktype = SOCK_STREAM, .ai_flags = AI_PASSIVE | AI_NUMERICSERV }, *ai;
@@ -211,13 +220,20 @@ int web_server_start(const ConfigMetrics *m, WebServer **ret) {
         w->snapshot.status.training.cluster = w->snapshot.status.training.stage = -1;
         w->snapshot.status.training.loss = w->snapshot.status.training.test_loss = -1;
         w->snapshot.status.training.test_accuracy = -1;
-        unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_AUTO | (family == AF_INET6 ? MHD_USE_IPv6 : 0);
+        /* poll(), not epoll: libmicrohttpd 0.9.75's epoll loop can miss a
+         * client's FIN that comes while it answers a keep-alive request, and
+         * keeps that connection (and its place) until the timeout, so
+         * clients that half-close after asking fill every place; a few
+         * connections are what poll() is for. */
+        unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_POLL | (family == AF_INET6 ? MHD_USE_IPv6 : 0);
         errno = 0;
         w->mhd = MHD_start_daemon(flags, m->listen.port, NULL, NULL, on_request, w,
                                   MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&addr,
                                   MHD_OPTION_CONNECTION_LIMIT, (unsigned)m->max_connections,
                                   MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)m->timeout_s,
                                   MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)WEB_CONNECTION_MEMORY,
+                                  MHD_OPTION_STRICT_FOR_CLIENT, 1, /* HTTP/1.1 without Host: 400 */
+                                  MHD_OPTION_UNESCAPE_CALLBACK, unescape, NULL,
                                   MHD_OPTION_NOTIFY_CONNECTION, on_connection, w,
                                   MHD_OPTION_NOTIFY_COMPLETED, on_completed, w,
                                   MHD_OPTION_END);
