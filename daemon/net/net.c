@@ -639,15 +639,19 @@ done:
 
 /* ---- through a relay (relay.h) ------------------------------------------ */
 
-/* Our request, once the relay's hello is in: WAIT signs its challenge. A
- * new connection's send buffer takes it whole. */
+/* Our request, once the relay's hello is in: WAIT signs its challenge, and
+ * with a network secret the request proves it holds it. A new
+ * connection's send buffer takes it whole. */
 static int relay_send_request(Net *n, Link *l) {
         uint8_t req[RELAY_REQUEST_SIZE] = { l->relay_op, n->cfg.relay_channel }, msg[RELAY_WAIT_MESSAGE_SIZE];
+        const uint8_t *challenge = l->relay_in + RELAY_MAGIC_SIZE;
         memcpy(req + 2, l->relay_key, IDENTITY_PK_SIZE);
         if (l->relay_op == RELAY_OP_WAIT) {
-                relay_wait_message(l->relay_in + RELAY_MAGIC_SIZE, n->cfg.relay_channel, msg);
+                relay_wait_message(challenge, n->cfg.relay_channel, msg);
                 crypto_sign_detached(req + 2 + IDENTITY_PK_SIZE, NULL, msg, sizeof msg, n->identity.sk);
         }
+        if (n->cfg.secret)
+                relay_member_proof(n->cfg.secret, challenge, req, req + RELAY_SIGNED_SIZE);
         return send(l->fd, req, sizeof req, MSG_NOSIGNAL | MSG_DONTWAIT) == (ssize_t)sizeof req ? 0 : -EIO;
 }
 
@@ -656,7 +660,7 @@ static int relay_send_request(Net *n, Link *l) {
  * waits there); 0: more to come; < 0 why not. */
 static int relay_step(Net *n, Link *l) {
         static const int errors[] = { [RELAY_BAD_REQUEST] = -EACCES, [RELAY_NO_TARGET] = -EHOSTUNREACH,
-                                      [RELAY_FULL] = -EBUSY };
+                                      [RELAY_FULL] = -EBUSY, [RELAY_NOT_MEMBER] = -EACCES };
         size_t want = l->relay_got < RELAY_HELLO_SIZE ? RELAY_HELLO_SIZE : RELAY_HELLO_SIZE + 1;
         ssize_t k = recv(l->fd, l->relay_in + l->relay_got, want - l->relay_got, MSG_DONTWAIT);
         if (k <= 0)

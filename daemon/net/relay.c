@@ -85,6 +85,16 @@ void relay_wait_message(const uint8_t challenge[RELAY_CHALLENGE_SIZE], uint8_t c
         out[RELAY_WAIT_MESSAGE_SIZE - 1] = channel;
 }
 
+void relay_member_proof(const uint8_t *secret, const uint8_t challenge[RELAY_CHALLENGE_SIZE],
+                        const uint8_t signed_part[RELAY_SIGNED_SIZE], uint8_t out[RELAY_PROOF_SIZE]) {
+        crypto_generichash_state st;
+        crypto_generichash_init(&st, secret, HANDSHAKE_SECRET_SIZE, RELAY_PROOF_SIZE);
+        crypto_generichash_update(&st, (const uint8_t *)RELAY_MEMBER_CONTEXT, sizeof RELAY_MEMBER_CONTEXT - 1);
+        crypto_generichash_update(&st, challenge, RELAY_CHALLENGE_SIZE);
+        crypto_generichash_update(&st, signed_part, RELAY_SIGNED_SIZE);
+        crypto_generichash_final(&st, out, RELAY_PROOF_SIZE);
+}
+
 /* ---- connections -------------------------------------------------------- */
 
 static void watch(Relay *r, Conn *c, uint32_t events) {
@@ -366,15 +376,14 @@ static void on_wait(Relay *r, Conn *c) {
                 refuse(r, c, RELAY_FULL);
                 return;
         }
+        /* counted before the answer: whoever has it finds it counted */
         uint8_t ok = RELAY_OK;
-        if (send(c->fd, &ok, 1, MSG_NOSIGNAL) != 1) {
-                conn_close(r, c);
-                return;
-        }
         c->state = CONN_WAITING;
         pthread_mutex_lock(&r->lock);
         r->stats.waiting++;
         pthread_mutex_unlock(&r->lock);
+        if (send(c->fd, &ok, 1, MSG_NOSIGNAL) != 1)
+                conn_close(r, c);
 }
 
 static void on_connect(Relay *r, Conn *c) {
@@ -415,10 +424,25 @@ static void on_connect(Relay *r, Conn *c) {
         pthread_mutex_unlock(&r->lock);
 }
 
+/* With the secret: whether the request's proof was made with it, over
+ * this connection's challenge. */
+static bool member(const Relay *r, const Conn *c) {
+        uint8_t want[RELAY_PROOF_SIZE];
+        if (!r->has_secret)
+                return true;
+        relay_member_proof(r->secret, c->challenge, c->req, want);
+        return sodium_memcmp(want, c->req + RELAY_SIGNED_SIZE, sizeof want) == 0;
+}
+
 static void on_request(Relay *r, Conn *c) {
         uint8_t op = c->req[0];
         c->channel = c->req[1];
         memcpy(c->key, c->req + 2, IDENTITY_PK_SIZE);
+        if (!member(r, c)) {
+                count(r, &r->stats.not_member, NULL);
+                refuse(r, c, RELAY_NOT_MEMBER);
+                return;
+        }
         if ((op != RELAY_OP_WAIT && op != RELAY_OP_CONNECT) || !admitted(r, c->key)) {
                 refuse(r, c, RELAY_BAD_REQUEST);
                 return;

@@ -12,15 +12,18 @@
  * direction, and a preamble deadline. The wire format is in
  * ravnest-protocol(7), RELAY.
  *
- * Anyone may WAIT with a key of their own and CONNECT to it (with no
- * allowlist the relay serves any key), so nothing a client says is proof
- * that two real nodes talk through a link. A relay given the network
- * secret checks the MACs of the handshake that opens each link as its
- * frames pass (relay-proof.h): a link whose ends both prove they hold the
- * secret is proven, and one that does not within the preamble deadline of
- * joining (a frame malformed, a MAC wrong, too slow, or the handshake of a
- * link it relays sent again) is closed. Without the secret, what the relay
- * sees is how the ends use a link.
+ * Without the network secret, anyone may WAIT with a key of their own and
+ * CONNECT to it (with no allowlist the relay serves any key), so nothing a
+ * client says is proof that two real nodes talk through a link. A relay
+ * given the secret takes a request only with a MAC keyed by it over the
+ * relay's fresh challenge (relay_member_proof(): a stranger gets no place
+ * at all, and a recorded request is worth nothing), and then checks the
+ * MACs of the handshake that opens each link as its frames pass
+ * (relay-proof.h): a link whose handshake proves both ends of this
+ * network is proven, and one that does not within the preamble deadline
+ * of joining (a frame malformed, a MAC wrong, too slow, or the handshake
+ * of a link it relays sent again) is closed. Without the secret, what the
+ * relay sees is how the ends use a link.
  *
  * One address (a router's, an IPv6 /64) holds at most max_links_per_addr
  * waiting connections and links, and when there is no room a newcomer
@@ -45,12 +48,14 @@
 #include "identity.h"
 #include "util/macro.h"
 
-#define RELAY_MAGIC "RVRELAY1"
+#define RELAY_MAGIC "RVRELAY2"
 #define RELAY_MAGIC_SIZE 8
 #define RELAY_CHALLENGE_SIZE 32
 #define RELAY_HELLO_SIZE (RELAY_MAGIC_SIZE + RELAY_CHALLENGE_SIZE) /* relay to client */
 #define RELAY_SIG_SIZE 64
-#define RELAY_REQUEST_SIZE (2 + IDENTITY_PK_SIZE + RELAY_SIG_SIZE)  /* client to relay */
+#define RELAY_PROOF_SIZE 32
+#define RELAY_SIGNED_SIZE (2 + IDENTITY_PK_SIZE + RELAY_SIG_SIZE)   /* op, channel, key, signature */
+#define RELAY_REQUEST_SIZE (RELAY_SIGNED_SIZE + RELAY_PROOF_SIZE)  /* client to relay */
 #define RELAY_BUFFER (64u << 10)
 /* A link that has carried nothing either way for this long may give way to
  * a newcomer: its ends, with net.h's default idle_timeout, would have
@@ -70,6 +75,8 @@ enum {
         RELAY_NO_TARGET = 2,   /* CONNECT: nobody waits with that key */
         RELAY_FULL = 3,        /* max_links relayed links, or max_links_per_addr from the asker's
                                   address, none of which may give way */
+        RELAY_NOT_MEMBER = 4,  /* a relay with the network secret: the request's proof is not
+                                  relay_member_proof() with it */
 };
 
 typedef struct RelayConfig {
@@ -96,6 +103,7 @@ typedef struct RelayStats {
                                                  refused, or one of its own made way */
         uint8_t last_over_addr[16];           /* the latest such address (net_addr_key()) */
         /* Since the start, with a secret: */
+        uint64_t not_member;                  /* requests refused: their proof not made with it */
         uint64_t proven;                      /* links whose two ends proved they hold it */
         uint64_t unproven;                    /* links closed for not proving it within the preamble
                                                  deadline of joining: a handshake frame malformed or
@@ -119,3 +127,10 @@ void relay_get_stats(Relay *r, RelayStats *ret);
 #define RELAY_WAIT_MESSAGE_SIZE (sizeof RELAY_WAIT_CONTEXT - 1 + RELAY_CHALLENGE_SIZE + 1)
 void relay_wait_message(const uint8_t challenge[RELAY_CHALLENGE_SIZE], uint8_t channel,
                         uint8_t out[RELAY_WAIT_MESSAGE_SIZE]);
+
+/* The proof a request ends with: BLAKE2b-256 keyed with the network secret
+ * over a context string, the relay's challenge and the request's first
+ * RELAY_SIGNED_SIZE bytes. Without a secret, a node sends zeros. */
+#define RELAY_MEMBER_CONTEXT "ravnest-relay-member-v1"
+void relay_member_proof(const uint8_t *secret, const uint8_t challenge[RELAY_CHALLENGE_SIZE],
+                        const uint8_t signed_part[RELAY_SIGNED_SIZE], uint8_t out[RELAY_PROOF_SIZE]);

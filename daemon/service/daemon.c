@@ -639,21 +639,26 @@ static void relay_log_places(Daemon *d, const RelayStats *st, uint64_t usec) {
         }
 }
 
-/* Says which links a relay with the network secret closed for not proving
- * their ends hold it: strangers trying its places, nodes of another
- * network, or someone who sends recorded handshakes again. */
+/* Says what a relay with the network secret turned away: requests not made
+ * with it (strangers trying its places, nodes of another network), and
+ * links whose handshake proved nothing (nodes that hold it but do not run
+ * this network's handshake, or send a recorded one again). */
 static void relay_log_proofs(Daemon *d, const RelayStats *st, uint64_t usec) {
         RelayLog *l = &d->relay_log;
         uint64_t n;
 
+        if ((n = relay_log_due(l, RELAY_LOG_NOT_MEMBER, st->not_member, usec)))
+                log_notice("Relay: refused %llu request%s%s not made with the network secret: strangers, or nodes "
+                           "of another network",
+                           (unsigned long long)n, n == 1 ? "" : "s", st->not_member > n ? " since the last report" : "");
         if ((n = relay_log_due(l, RELAY_LOG_UNPROVEN, st->unproven, usec)))
-                log_notice("Relay: closed %llu link%s%s whose ends did not both prove they hold the network secret "
+                log_notice("Relay: closed %llu link%s%s whose handshake did not prove both ends of this network "
                            "within 10 s of being joined (a handshake frame malformed, a MAC wrong, none, or one "
-                           "replayed): strangers, or nodes of another network",
+                           "replayed)",
                            (unsigned long long)n, n == 1 ? "" : "s", st->unproven > n ? " since the last report" : "");
         if ((n = relay_log_due(l, RELAY_LOG_REPLAYED, st->replayed, usec)))
-                log_warning("Relay: closed %llu link%s%s whose handshake was that of a link it relays: someone "
-                            "records this network's handshakes (they go in the clear) and sends them again",
+                log_warning("Relay: closed %llu link%s%s whose handshake was that of a link it relays: a node of "
+                            "this network sends recorded handshakes again",
                             (unsigned long long)n, n == 1 ? "" : "s", st->replayed > n ? " since the last report" : "");
 }
 

@@ -37,6 +37,7 @@ enum {
         RELAY_LOG_DISPLACED,
         RELAY_LOG_FULL,
         RELAY_LOG_OVER_ADDR,
+        RELAY_LOG_NOT_MEMBER,
         RELAY_LOG_UNPROVEN,
         RELAY_LOG_REPLAYED,
         _RELAY_LOG_MAX

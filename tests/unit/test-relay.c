@@ -63,7 +63,12 @@ static uint16_t port;
  * too, ample for two Nets' handshake on a busy machine. */
 #define PROOF_MS 1000
 
+/* The network secret raw clients prove they hold (relay_member_proof()):
+ * the relay's, or none with a relay that has none. */
+static const uint8_t *raw_secret;
+
 static void relay_up_with(unsigned max_links, unsigned per_addr, const uint8_t *sec, unsigned preamble_ms) {
+        raw_secret = sec;
         cr_assert_eq(relay_new(&(RelayConfig){ .host = "127.0.0.1", .max_links = max_links,
                                                .max_links_per_addr = per_addr, .preamble_timeout_ms = preamble_ms,
                                                .secret = sec },
@@ -247,6 +252,12 @@ static void raw_carries(const int fds[2]) {
         cr_assert_eq(b, 'r');
 }
 
+/* A request's proof, made with raw_secret; zeros without one. */
+static void raw_prove(const uint8_t ch[RELAY_CHALLENGE_SIZE], uint8_t req[RELAY_REQUEST_SIZE]) {
+        if (raw_secret)
+                relay_member_proof(raw_secret, ch, req, req + RELAY_SIGNED_SIZE);
+}
+
 /* From 127.0.0.<host>, a WAIT for id on the pipeline's channel; the
  * connection, its answer in *ret_status. */
 static int raw_wait(uint8_t host, const Identity *id, int *ret_status) {
@@ -256,6 +267,7 @@ static int raw_wait(uint8_t host, const Identity *id, int *ret_status) {
         memcpy(req + 2, id->pk, 32);
         relay_wait_message(ch, NET_RELAY_PIPELINE, msg);
         crypto_sign_detached(req + 34, NULL, msg, sizeof msg, id->sk);
+        raw_prove(ch, req);
         cr_assert_eq(write(fd, req, sizeof req), (ssize_t)sizeof req);
         *ret_status = answer(fd);
         return fd;
@@ -263,9 +275,10 @@ static int raw_wait(uint8_t host, const Identity *id, int *ret_status) {
 
 /* From 127.0.0.<host>, a CONNECT to key on the pipeline's channel. */
 static int raw_connect(uint8_t host, const uint8_t key[32], int *ret_status) {
-        uint8_t req[RELAY_REQUEST_SIZE] = { RELAY_OP_CONNECT, NET_RELAY_PIPELINE };
-        int fd = raw_from(host, NULL);
+        uint8_t ch[RELAY_CHALLENGE_SIZE], req[RELAY_REQUEST_SIZE] = { RELAY_OP_CONNECT, NET_RELAY_PIPELINE };
+        int fd = raw_from(host, ch);
         memcpy(req + 2, key, 32);
+        raw_prove(ch, req);
         cr_assert_eq(write(fd, req, sizeof req), (ssize_t)sizeof req);
         *ret_status = answer(fd);
         return fd;
@@ -646,36 +659,70 @@ Test(relay, a_relay_with_the_secret_proves_a_real_link) {
 }
 
 /* Two nodes of another network (they agree with each other, not with the
- * relay): the relay closes their link at the responder's MAC, well within
- * the deadline, and counts it. */
-Test(relay, links_of_another_network_are_closed) {
+ * relay): the relay refuses their requests at once and counts them, and
+ * so a raw stranger's WAIT and CONNECT, whether without a proof, with one
+ * made with another secret, or with a proof that was good for another
+ * challenge (recorded from a real request). (Such a stranger took a place
+ * and held a link for up to the deadline; one with recorded handshakes,
+ * one link for each.) */
+Test(relay, strangers_and_other_networks_get_no_place) {
         Side a, b;
+        Identity id;
+        int st_w, st_c;
+        signal(SIGPIPE, SIG_IGN);
         relay_up_secret(4);
         side_new_of(&b, true, other_secret);
         side_new_of(&a, false, other_secret);
         RelayStats st = {};
-        for (int i = 0; i < 200 && st.waiting == 0; i++) {
+        for (int i = 0; i < 400 && st.not_member == 0; i++) {
                 pump(&a, &b, 5);
                 relay_get_stats(relay, &st);
         }
-        cr_assert_eq(st.waiting, 1, "b is not waiting at the relay");
+        cr_assert_geq(st.not_member, 1, "b's WAIT was not refused");
+        cr_assert_eq(st.waiting, 0, "b of another network waits at the relay");
         uint32_t p;
         cr_assert_eq(net_connect_relayed(a.n, b.id.pk, &p), 0);
         for (int i = 0; i < PROOF_MS / 20 && !a.closed && !a.connected; i++)
                 pump(&a, &b, 5);
         cr_assert(!a.connected && !b.connected, "a link of another network opened through the relay");
-        cr_assert_eq(a.closed, 1, "the link was not closed within the deadline");
-        st = stats_when(one_unproven, 1000);
-        cr_assert_eq(st.unproven, 1);
-        cr_assert_eq(st.proven, 0);
-        cr_assert_eq(st.links, 0);
+        cr_assert_eq(a.closed, 1, "a's CONNECT was not refused");
         sides_free(&a, &b);
+        relay_get_stats(relay, &st);
+        uint64_t before = st.not_member;
+
+        identity_generate(&id);
+        raw_secret = NULL; /* zeros */
+        close(raw_wait(2, &id, &st_w));
+        cr_assert_eq(st_w, RELAY_NOT_MEMBER);
+        raw_secret = other_secret;
+        close(raw_connect(3, id.pk, &st_c));
+        cr_assert_eq(st_c, RELAY_NOT_MEMBER);
+        /* a real request's bytes, proof included, sent to a new challenge */
+        uint8_t ch[RELAY_CHALLENGE_SIZE], req[RELAY_REQUEST_SIZE] = { RELAY_OP_WAIT, NET_RELAY_PIPELINE },
+                msg[RELAY_WAIT_MESSAGE_SIZE];
+        int fd = raw_from(4, ch);
+        memcpy(req + 2, id.pk, 32);
+        relay_wait_message(ch, NET_RELAY_PIPELINE, msg);
+        crypto_sign_detached(req + 34, NULL, msg, sizeof msg, id.sk);
+        relay_member_proof(secret, ch, req, req + RELAY_SIGNED_SIZE);
+        int later = raw_from(4, NULL);
+        cr_assert_eq(write(later, req, sizeof req), (ssize_t)sizeof req);
+        cr_assert_eq(answer(later), RELAY_NOT_MEMBER, "a recorded request was taken again");
+        cr_assert_eq(write(fd, req, sizeof req), (ssize_t)sizeof req);
+        cr_assert_eq(answer(fd), RELAY_OK, "the request was not good for its own challenge");
+        relay_get_stats(relay, &st);
+        cr_assert_eq(st.not_member, before + 3);
+        cr_assert_eq(st.waiting, 1);
+        cr_assert_eq(st.links + st.proven + st.unproven, 0);
+        close(fd);
+        close(later);
         relay = relay_free(relay);
 }
 
-/* A stranger joins a link to itself and says nothing: the relay closes it
- * at the deadline, and its place serves a real pair. (A link joined to
- * itself stayed until a newcomer needed its place.) */
+/* A node of the network (it proves the secret in its requests) joins a
+ * link to itself and says nothing: the relay closes it at the deadline,
+ * and its place serves a real pair. (A link joined to itself stayed until
+ * a newcomer needed its place.) */
 Test(relay, a_link_that_proves_nothing_goes_at_the_deadline) {
         int self[2];
         signal(SIGPIPE, SIG_IGN);
@@ -699,11 +746,12 @@ Test(relay, a_link_that_proves_nothing_goes_at_the_deadline) {
         relay = relay_free(relay);
 }
 
-/* Strangers at two addresses keep bytes flowing both ways through the one
- * link of the relay: not a handshake, so it is closed at once, and a real
- * pair takes the place. (Without the secret such a link is in use between
- * two addresses, never displaced: the pair was refused "full".) */
-Test(relay, strangers_that_keep_bytes_flowing_hold_no_place) {
+/* Clients that prove the secret, at two addresses, keep bytes flowing
+ * both ways through the one link of the relay: not a handshake, so it is
+ * closed at once, and a real pair takes the place. (Without the secret
+ * such a link is in use between two addresses, never displaced: the pair
+ * was refused "full".) */
+Test(relay, links_that_carry_no_handshake_hold_no_place) {
         int fds[2];
         uint8_t junk[64];
         signal(SIGPIPE, SIG_IGN);
@@ -884,8 +932,9 @@ static bool replay(const Recording *rec, const int fds[2]) {
 
 /* A handshake whose frames come to the relay in pieces is proven, and its
  * link then carries anything; the same handshake sent again (its frames go
- * in the clear: anyone on the path may record them) proves no second link
- * while the first is relayed. */
+ * in the clear: anyone on the path may record them, though only clients
+ * that prove the secret get a link to send them through) proves no second
+ * link while the first is relayed. */
 Test(relay, a_handshake_in_pieces_is_proven_once) {
         Recording rec;
         int first[2], again[2];
