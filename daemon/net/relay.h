@@ -32,8 +32,8 @@
  * deadline of joining, or nothing at all for RELAY_QUIET_MS. A proven link,
  * or one that carries bytes both ways between two addresses, is never
  * displaced: without the secret, strangers with many addresses that keep
- * their links busy can still take every place; with it, they hold none
- * past the deadline. RelayStats counts what they cause.
+ * their links busy can still take every place; with it, they get none.
+ * RelayStats counts what they cause.
  *
  *     Relay *r;
  *     r = relay_new(&(RelayConfig){ .host = "0.0.0.0", .port = 7400, .max_links = 64 }, &r);
