@@ -303,8 +303,8 @@ static int check_behind_nat(const Swarm *s) {
 }
 
 /* --relay: a relay on loopback in this process, which every node may use;
- * all at one address, each waiting with two connections; it relays only
- * links whose ends prove they hold the nodes' network secret. */
+ * all at one address, each waiting with two connections; it takes only
+ * requests, and relays only links, that prove the nodes' network secret. */
 static int start_relay(Swarm *s) {
         if (!s->o->relay)
                 return 0;

@@ -667,7 +667,8 @@ static int relay_step(Net *n, Link *l) {
                 return k == 0 ? -ECONNRESET : errno == EAGAIN || errno == EINTR ? 0 : -errno;
         l->relay_got += (size_t)k;
         if (l->relay_got == RELAY_HELLO_SIZE)
-                return memcmp(l->relay_in, RELAY_MAGIC, RELAY_MAGIC_SIZE) != 0 ? -EPROTO : relay_send_request(n, l);
+                return memcmp(l->relay_in, RELAY_MAGIC, RELAY_MAGIC_SIZE) != 0 ? -ENOPROTOOPT /* another version */
+                                                                               : relay_send_request(n, l);
         if (l->relay_got < RELAY_HELLO_SIZE + 1)
                 return 0;
         uint8_t status = l->relay_in[RELAY_HELLO_SIZE];
@@ -808,6 +809,7 @@ void net_link_close(Link *l, int reason) {
         case -EBADMSG:
         case -EPROTO:
         case -EPROTONOSUPPORT:
+        case -ENOPROTOOPT: /* a relay's preamble of another version */
                 if (l->state == LINK_HANDSHAKE)
                         n->stats.auth_failures++;
                 else

@@ -169,9 +169,10 @@ static unsigned unjoined_near(const Relay *r, const uint8_t addr[16]) {
  * behind one NAT router share an address: a few waiters each). A newcomer
  * from an address at its half displaces that address's oldest; one that
  * finds every place taken displaces the oldest from the address that
- * holds the most. So strangers that keep connections open (a WAIT needs no
- * secret) cannot shut the relay: a waiter that loses its place waits
- * again, and the newest always gets in. */
+ * holds the most. So strangers that keep connections open (without the
+ * network secret a WAIT needs none; with it, a preamble still holds a
+ * place until its deadline) cannot shut the relay: a waiter that loses
+ * its place waits again, and the newest always gets in. */
 static bool make_room(Relay *r, const uint8_t addr[16]) {
         bool full_here = unjoined_near(r, addr) >= 2 * r->cfg.max_links;
         if (!full_here && r->n_conns < 4 * r->cfg.max_links)
@@ -196,9 +197,10 @@ static bool make_room(Relay *r, const uint8_t addr[16]) {
 /* ---- places held by an address, and links that may give way ---------------- */
 
 /* A WAIT or CONNECT needs a place of its address (max_links_per_addr) and a
- * CONNECT one of max_links. Neither a key nor a signature says whether two
- * real nodes talk through a link: a stranger may WAIT with a key of its own
- * and CONNECT to it. What the relay can judge is use, so a newcomer that
+ * CONNECT one of max_links. Without the network secret, neither a key nor
+ * a signature says whether two real nodes talk through a link: a stranger
+ * may WAIT with a key of its own and CONNECT to it. What the relay can
+ * judge is use, so a newcomer that
  * finds no room displaces a link that shows none, and is refused only when
  * every link that could make room is in use. A link carrying bytes both
  * ways between two addresses is never displaced: at worst strangers with
@@ -462,9 +464,10 @@ static void update_events(Relay *r, Conn *c) {
 }
 
 /* Whether a relayed link was proven by the handshake of transcript t1. The
- * handshake's frames go in the clear: whoever recorded a real one can send
- * it again, both ends of it, and its MACs verify. It proves no second
- * link while the first is relayed, so a recording holds one place at most. */
+ * handshake's frames go in the clear: a client that proved the secret (a
+ * stranger gets no link) and recorded a real one can send it again, both
+ * ends of it, and its MACs verify. It proves no second link while the
+ * first is relayed, so a recording holds one link at most. */
 static bool transcript_in_use(const Relay *r, const uint8_t t1[32]) {
         for (const Conn *o = r->conns; o; o = o->next)
                 if (o->state == CONN_JOINED && o->asker && o->proven && memcmp(o->t1, t1, sizeof o->t1) == 0)

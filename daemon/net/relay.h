@@ -16,8 +16,9 @@
  * CONNECT to it (with no allowlist the relay serves any key), so nothing a
  * client says is proof that two real nodes talk through a link. A relay
  * given the secret takes a request only with a MAC keyed by it over the
- * relay's fresh challenge (relay_member_proof(): a stranger gets no place
- * at all, and a recorded request is worth nothing), and then checks the
+ * relay's fresh challenge (relay_member_proof(): a stranger gets no
+ * waiting place and no link, and a recorded request is worth nothing),
+ * and then checks the
  * MACs of the handshake that opens each link as its frames pass
  * (relay-proof.h): a link whose handshake proves both ends of this
  * network is proven, and one that does not within the preamble deadline
@@ -32,7 +33,8 @@
  * deadline of joining, or nothing at all for RELAY_QUIET_MS. A proven link,
  * or one that carries bytes both ways between two addresses, is never
  * displaced: without the secret, strangers with many addresses that keep
- * their links busy can still take every place; with it, they get none.
+ * their links busy can still take every place; with it, they get no
+ * waiting place and no link.
  * RelayStats counts what they cause.
  *
  *     Relay *r;

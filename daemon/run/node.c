@@ -7,6 +7,7 @@
 #include <sys/stat.h>
 
 #include "events.h"
+#include "net/relay.h"
 #include "util/log.h"
 #include "util/macro.h"
 #include "util/time-util.h"
@@ -28,6 +29,7 @@ static const char *reason_text(int reason) {
         case -EBADRQC: return "broke the protocol of its messages (one malformed or out of place)";
         case -ECONNRESET: return "closed the connection";
         case -ENOLINK: return "named no link of this peer that waits for another connection";
+        case -ENOPROTOOPT: return "a relay of another version (\"" RELAY_MAGIC "\" here: a relay and its nodes are upgraded together)";
         default: return NULL;
         }
 }

@@ -675,8 +675,9 @@ static int on_relay_timer(sd_event_source *s, uint64_t usec, void *userdata) {
 
 /* Set at start (a reload does not move it): relays links for nodes that
  * accept no connections, on a thread of its own; with an allowlist, only
- * for the keys on it; with a network secret, only links whose ends prove
- * they hold it, as the node's own links do (config_net()). */
+ * for the keys on it; with a network secret, only for nodes whose requests
+ * prove they hold it, and only links whose handshake proves it, as the
+ * node's own links do (config_net()). */
 static int start_relay(Daemon *d) {
         const Config *c = &d->config;
         const ConfigRelay *rl = &c->relay_server;

@@ -3,13 +3,14 @@
  * and AEAD; everything a client of the relay may get wrong is refused
  * without harm to the links it relays: a bad signature, a target nobody
  * waits for, a full relay, bytes before a link is joined, a silent
- * preamble, junk; and strangers (who need no secret to WAIT and CONNECT)
- * cannot keep real nodes out, by waiting, by links joined to themselves or
- * that carry nothing, or from one address. A relay with the network secret
- * proves the links of its network's nodes from their handshake's MACs
- * (net/relay-proof.h), and closes every other: another network's, junk,
- * silence past the deadline, a recorded handshake sent again; a proven
- * link never gives way. */
+ * preamble, junk; and strangers (who need no secret to WAIT and CONNECT
+ * at a relay without one) cannot keep real nodes out, by waiting, by
+ * links joined to themselves or that carry nothing, or from one address.
+ * A relay with the network secret refuses at once every request not
+ * proven with it (strangers, another network's nodes), proves the links
+ * of its network's nodes from their handshake's MACs (net/relay-proof.h),
+ * and closes every other: junk, silence past the deadline, a recorded
+ * handshake sent again; a proven link never gives way. */
 #include <criterion/criterion.h>
 #include <errno.h>
 #include <netinet/in.h>
@@ -402,7 +403,7 @@ Test(relay, bad_clients_are_refused) {
  * oldest stranger of the address with the most. (The relay refused every
  * connection for as long as the strangers stayed.) */
 Test(relay, strangers_holding_every_place_do_not_shut_it) {
-        uint8_t ch[RELAY_CHALLENGE_SIZE], req[RELAY_REQUEST_SIZE], msg[RELAY_WAIT_MESSAGE_SIZE];
+        uint8_t ch[RELAY_CHALLENGE_SIZE], req[RELAY_REQUEST_SIZE] = {}, msg[RELAY_WAIT_MESSAGE_SIZE];
         int strangers[8];
         signal(SIGPIPE, SIG_IGN);
         relay_up(2);
@@ -419,7 +420,7 @@ Test(relay, strangers_holding_every_place_do_not_shut_it) {
                 cr_assert_eq(answer(strangers[i]), RELAY_OK, "stranger %d", i);
         }
         RelayStats st = {};
-        for (int i = 0; i < 200 && st.waiting < 8; i++) { /* counted just after each answer is sent */
+        for (int i = 0; i < 200 && st.waiting < 8; i++) { /* counted as each is answered */
                 usleep(5000);
                 relay_get_stats(relay, &st);
         }
@@ -463,28 +464,60 @@ Test(relay, strangers_holding_every_place_do_not_shut_it) {
         relay = relay_free(relay);
 }
 
+/* A listening socket where the sides look for their relay, which says
+ * nothing unless the test writes it, and side a asking it for a node: the
+ * request returns at once, whatever the relay does. */
+static int fake_relay_asked(Side *a) {
+        Identity b;
+        uint32_t p;
+        int lst = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+        struct sockaddr_in sa = { .sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
+        socklen_t len = sizeof sa;
+        cr_assert(bind(lst, (struct sockaddr *)&sa, sizeof sa) == 0 && listen(lst, 4) == 0);
+        cr_assert_eq(getsockname(lst, (struct sockaddr *)&sa, &len), 0);
+        port = ntohs(sa.sin_port);
+        identity_generate(&b);
+        side_new(a, false);
+        cr_assert_eq(net_connect_relayed(a->n, b.pk, &p), 0, "the request waited for the relay");
+        return lst;
+}
+
 /* A relay that takes the connection and says nothing (its process
  * stopped, say) holds nobody: the request returns at once, and its link
  * closes after the handshake timeout. (The request read the relay's hello
  * on the caller's thread, a stage's training, for up to that timeout, and
  * returned -ETIMEDOUT.) */
 Test(relay, a_relay_that_does_not_answer_does_not_hold_the_caller) {
-        int lst = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-        struct sockaddr_in sa = { .sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
-        socklen_t len = sizeof sa;
-        cr_assert(bind(lst, (struct sockaddr *)&sa, sizeof sa) == 0 && listen(lst, 4) == 0);
-        cr_assert_eq(getsockname(lst, (struct sockaddr *)&sa, &len), 0);
-        port = ntohs(sa.sin_port); /* where the sides look for their relay */
         Side a;
-        Identity b;
-        identity_generate(&b);
-        side_new(&a, false);
-        uint32_t p;
-        cr_assert_eq(net_connect_relayed(a.n, b.pk, &p), 0, "the request waited for the relay");
+        int lst = fake_relay_asked(&a);
         for (int i = 0; i < 4000 && !a.closed; i++)
                 net_run(a.n, 5);
         cr_assert_eq(a.closed, 1);
         cr_assert_eq(a.reason, -ETIMEDOUT, "%d", a.reason);
+        net_free(a.n);
+        close(lst);
+}
+
+/* A relay of the first preamble version (98-byte requests, no proof) says
+ * "RVRELAY1": the node closes the connection at its hello, naming why,
+ * and sends it nothing. */
+Test(relay, a_relay_of_another_version_is_named) {
+        Side a;
+        int lst = fake_relay_asked(&a);
+        int fd = -1;
+        for (int i = 0; i < 400 && fd < 0; i++) {
+                net_run(a.n, 5);
+                fd = accept4(lst, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+        }
+        cr_assert_geq(fd, 0, "the node did not dial its relay");
+        uint8_t hello[RELAY_HELLO_SIZE] = "RVRELAY1", got;
+        cr_assert_eq(write(fd, hello, sizeof hello), (ssize_t)sizeof hello);
+        for (int i = 0; i < 400 && !a.closed; i++)
+                net_run(a.n, 5);
+        cr_assert_eq(a.closed, 1);
+        cr_assert_eq(a.reason, -ENOPROTOOPT, "%d", a.reason);
+        cr_assert_leq(recv(fd, &got, 1, 0), 0, "the node sent a request to a relay of another version");
+        close(fd);
         net_free(a.n);
         close(lst);
 }
@@ -687,6 +720,7 @@ Test(relay, strangers_and_other_networks_get_no_place) {
         cr_assert(!a.connected && !b.connected, "a link of another network opened through the relay");
         cr_assert_eq(a.closed, 1, "a's CONNECT was not refused");
         sides_free(&a, &b);
+        usleep(300 * 1000); /* a request b sent again as it went is counted by now */
         relay_get_stats(relay, &st);
         uint64_t before = st.not_member;
 
