@@ -612,6 +612,16 @@ static uint64_t relay_log_due(RelayLog *l, unsigned cause, uint64_t counter, uin
         return more;
 }
 
+/* Endings of the log's lines that count: "s" for counts but 1, and
+ * whether a rate-limited count covers more than one report's time. */
+static const char *plural(uint64_t n) {
+        return n == 1 ? "" : "s";
+}
+
+static const char *since_last(uint64_t counter, uint64_t n) {
+        return counter > n ? " since the last report" : "";
+}
+
 /* Says why the relay turned newcomers away or closed links to make room
  * for them: the signs of strangers holding its places, or of a relay too
  * small for its nodes. */
@@ -623,18 +633,18 @@ static void relay_log_places(Daemon *d, const RelayStats *st, uint64_t usec) {
         if ((n = relay_log_due(l, RELAY_LOG_DISPLACED, st->displaced, usec)))
                 log_notice("Relay: closed %llu link%s that showed no use by two nodes (both ends at one address, or "
                            "nothing carried) to make room for newcomers%s; strangers may be holding places",
-                           (unsigned long long)n, n == 1 ? "" : "s", st->displaced > n ? " since the last report" : "");
+                           (unsigned long long)n, plural(n), since_last(st->displaced, n));
         if ((n = relay_log_due(l, RELAY_LOG_FULL, st->refused_full, usec)))
                 log_warning("Relay full: refused %llu link%s%s, none of the %u it relays free to give way (each "
                             "proven or carrying bytes between two addresses, or joined moments ago; relay.max_links "
                             "in %s)",
-                            (unsigned long long)n, n == 1 ? "" : "s",
-                            st->refused_full > n ? " since the last report" : "", l->max_links, d->config.path);
+                            (unsigned long long)n, plural(n), since_last(st->refused_full, n), l->max_links,
+                            d->config.path);
         if ((n = relay_log_due(l, RELAY_LOG_OVER_ADDR, st->over_addr, usec))) {
                 relay_addr_format(st->last_over_addr, addr);
                 log_warning("Relay: %llu request%s%s came from an address holding relay.max_links_per_address (%u) "
                             "waiting nodes and links, the latest from %s: refused, or one of its places made way",
-                            (unsigned long long)n, n == 1 ? "" : "s", st->over_addr > n ? " since the last report" : "",
+                            (unsigned long long)n, plural(n), since_last(st->over_addr, n),
                             l->max_links_per_addr, addr);
         }
 }
@@ -650,16 +660,16 @@ static void relay_log_proofs(Daemon *d, const RelayStats *st, uint64_t usec) {
         if ((n = relay_log_due(l, RELAY_LOG_NOT_MEMBER, st->not_member, usec)))
                 log_notice("Relay: refused %llu request%s%s not made with the network secret: strangers, or nodes "
                            "of another network",
-                           (unsigned long long)n, n == 1 ? "" : "s", st->not_member > n ? " since the last report" : "");
+                           (unsigned long long)n, plural(n), since_last(st->not_member, n));
         if ((n = relay_log_due(l, RELAY_LOG_UNPROVEN, st->unproven, usec)))
                 log_notice("Relay: closed %llu link%s%s whose handshake did not prove both ends of this network "
                            "within 10 s of being joined (a handshake frame malformed, a MAC wrong, none, or one "
                            "replayed)",
-                           (unsigned long long)n, n == 1 ? "" : "s", st->unproven > n ? " since the last report" : "");
+                           (unsigned long long)n, plural(n), since_last(st->unproven, n));
         if ((n = relay_log_due(l, RELAY_LOG_REPLAYED, st->replayed, usec)))
                 log_warning("Relay: closed %llu link%s%s whose handshake was that of a link it relays: a node of "
                             "this network sends recorded handshakes again",
-                            (unsigned long long)n, n == 1 ? "" : "s", st->replayed > n ? " since the last report" : "");
+                            (unsigned long long)n, plural(n), since_last(st->replayed, n));
 }
 
 static int on_relay_timer(sd_event_source *s, uint64_t usec, void *userdata) {
@@ -829,7 +839,7 @@ static int inherit_listeners(void) {
         if (r < 0)
                 return log_error_errno(r, "LISTEN_FDS: a socket passed in is not a listening TCP socket: %m");
         log_info("%d listening socket%s passed in (LISTEN_FDS): used where the configuration listens on %s",
-                 n, n == 1 ? "" : "s", n == 1 ? "its address" : "their addresses");
+                 n, plural(n), n == 1 ? "its address" : "their addresses");
         return 0;
 }
 
