@@ -131,10 +131,11 @@ static int load_config(const Args *a, Config *config) {
 /* --check-config, --check-job: the job, and its data as the daemon checks
  * it before training. A configuration without a network leaves the node
  * unconfigured, and such a node loads no job: the default job missing is
- * no error there, as it is none for the daemon. The exit status. */
+ * no error there, as it is none for the daemon (unless --check-job asks
+ * for it). The exit status. */
 static int check(const Args *a, const Config *config) {
         const char *job_path = a->job_path ?: config->job;
-        bool loads_job = !a->check_config || a->job_path || node_configured(config);
+        bool loads_job = !a->check_config || a->check_job || a->job_path || node_configured(config);
         Job job;
         Diag d = {};
         int r;

@@ -965,6 +965,20 @@ static int parse_metrics(const config_setting_t *root, Config *c, Diag *d) {
         return 0;
 }
 
+/* Whether error ("file:line: ...") is about a line one of reported's
+ * lines names. */
+static bool same_line(const char *reported, const char *error) {
+        const char *colon = strchr(error, ':');
+        colon = colon ? strchr(colon + 1, ':') : NULL;
+        if (!colon)
+                return false;
+        size_t n = (size_t)(colon + 1 - error);
+        for (const char *l = reported; *l; l += strcspn(l, "\n") + (l[strcspn(l, "\n")] == '\n'))
+                if (strncmp(l, error, n) == 0)
+                        return true;
+        return false;
+}
+
 int config_load(const char *path, Config *ret, Diag *d) {
         static const char *const keys[] = {
                 "state_directory", "job", "threads", "control_socket", "network", "averaging", "pipeline", "idle",
@@ -982,24 +996,29 @@ int config_load(const char *path, Config *ret, Diag *d) {
                 return diag_set(d, -ENAMETOOLONG, "%s: path too long", path);
         strcpy(c.path, path);
 
-        if ((r = conf_read_file(&cf, path, d)) < 0)
-                return r;
+        /* integers too wide for how they are written (-ERANGE) leave a file
+         * that parsed: its sections are checked too */
+        Diag wide = {};
+        if ((r = conf_read_file(&cf, path, &wide)) < 0 && r != -ERANGE)
+                return diag_set(d, r, "%s", wide.text);
         root = config_root_setting(&cf);
         /* Every section is checked even after an error in another, so one
-         * run of --check-config lists every error (one per section). */
+         * run of --check-config lists every error (one per section; not a
+         * second one on the line of a wide integer, which was misread). */
         Diag one;
-        int first = 0;
-#define CHECK(call)                                        \
-        do {                                               \
-                one.text[0] = '\0';                        \
-                int k_ = (call);                           \
-                if (k_ < 0) {                              \
-                        first = first ?: k_;               \
-                        diag_append(d, "%s", one.text);    \
-                }                                          \
+        int first = r;
+#define CHECK(call)                                                  \
+        do {                                                         \
+                one.text[0] = '\0';                                  \
+                int k_ = (call);                                     \
+                if (k_ < 0) {                                        \
+                        first = first ?: k_;                         \
+                        if (!same_line(wide.text, one.text))         \
+                                diag_append(d, "%s", one.text);      \
+                }                                                    \
         } while (0)
         if (d)
-                d->text[0] = '\0';
+                snprintf(d->text, sizeof d->text, "%s", wide.text);
         threads = 0;
         CHECK(conf_check_keys(root, keys, &one));
         CHECK(get_path(root, "state_directory", c.state_directory, sizeof c.state_directory, &one));

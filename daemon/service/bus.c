@@ -583,7 +583,16 @@ static int listen_socket(Bus *b, const char *path) {
         }
         if (probe >= 0)
                 close(probe);
-        (void)unlink(path);
+        /* what is left there is removed only if it is a socket (a node's that
+         * stopped): a file or directory at a mistyped path is somebody's */
+        struct stat st;
+        if (lstat(path, &st) == 0) {
+                if (!S_ISSOCK(st.st_mode)) {
+                        close(fd);
+                        return -ENOTSOCK;
+                }
+                (void)unlink(path);
+        }
         /* readable by everyone; methods check the caller themselves */
         mode_t old = umask(0111);
         r = bind(fd, (struct sockaddr *)&sa, sizeof sa);
@@ -595,6 +604,8 @@ static int listen_socket(Bus *b, const char *path) {
         }
         b->listen_fd = fd;
         strcpy(b->socket_path, path);
+        if (stat(path, &st) == 0)
+                b->socket_ino = st.st_ino;
         r = sd_event_add_io(b->event, &b->listen_source, fd, EPOLLIN, on_client, b);
         if (r >= 0)
                 r = sd_event_add_post(b->event, &b->post_source, on_post, b);
@@ -611,6 +622,10 @@ int bus_start(Bus *b, sd_event *e, Control *c, const char *socket_path, bool wan
                 if (r == -EADDRINUSE)
                         log_warning("Another ravnestd serves %s: no control socket for this one (set "
                                     "control_socket)", socket_path);
+                else if (r == -ENOTSOCK)
+                        log_warning("No control socket: %s is there and is not a socket (ravnestd replaces only "
+                                    "a socket left by a node that stopped): status and control on the system bus "
+                                    "only", socket_path);
                 else if (r < 0)
                         log_warning_errno(r, "No control socket %s (%m): status and control on the system bus only",
                                           socket_path);
@@ -707,7 +722,9 @@ void bus_stop(Bus *b) {
         b->post_source = sd_event_source_disable_unref(b->post_source);
         if (b->listen_fd >= 0) {
                 close(b->listen_fd);
-                (void)unlink(b->socket_path);
+                struct stat st; /* ours still, not whatever took its place */
+                if (lstat(b->socket_path, &st) == 0 && S_ISSOCK(st.st_mode) && st.st_ino == b->socket_ino)
+                        (void)unlink(b->socket_path);
         }
         b->listen_fd = -1;
         b->event = sd_event_unref(b->event);

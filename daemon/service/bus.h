@@ -20,6 +20,7 @@
 
 #include <limits.h>
 #include <stdbool.h>
+#include <sys/types.h>
 #include <systemd/sd-bus.h>
 #include <systemd/sd-event.h>
 
@@ -72,6 +73,7 @@ typedef struct Bus {
         int listen_fd;
         sd_event_source *listen_source;
         char socket_path[PATH_MAX];
+        ino_t socket_ino;                 /* the socket bound there: removed at the end if still there */
         sd_event_source *post_source;     /* after each event: the clients' buffered calls */
         BusClient *direct[BUS_MAX_DIRECT]; /* one per connected client */
         sd_bus_message *pending[BUS_MAX_PENDING]; /* Checkpoint() calls waiting for the compute thread */

@@ -425,6 +425,7 @@ static void on_reload_signal(Daemon *d) {
         const char *path = d->config.path[0] ? d->config.path : CONFIG_PATH;
         r = config_load(path, &n, &diag);
         if (r < 0) {
+                diag_join(&diag); /* every error, on the one line of the log and of the status */
                 snprintf(fields, sizeof fields, "RESULT=failed\nREASON=%s", diag.text);
                 log_event(LOG_ERR, EVENT_RELOAD, fields, "Reloading failed, keeping the running configuration: %s",
                           diag.text);

@@ -29,6 +29,19 @@ void diag_append(Diag *d, const char *fmt, ...) {
         va_end(ap);
 }
 
+void diag_join(Diag *d) {
+        char out[sizeof d->text];
+        size_t n = 0;
+        for (const char *p = d->text; *p && n + 2 < sizeof out; p++)
+                if (*p == '\n') {
+                        out[n++] = ';';
+                        out[n++] = ' ';
+                } else
+                        out[n++] = *p;
+        out[n] = '\0';
+        memcpy(d->text, out, n + 1);
+}
+
 const char *diag_reason(Diag *d, int r) {
         if (!d->text[0])
                 snprintf(d->text, sizeof d->text, "%s", strerror(r < 0 ? -r : r));

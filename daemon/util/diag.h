@@ -24,3 +24,6 @@ void diag_append(Diag *d, const char *fmt, ...) _printf_(2, 3);
 /* d's text, or, when the failure r left it empty (an allocation that
  * failed), strerror(-r) put there: a message never ends in nothing. */
 const char *diag_reason(Diag *d, int r);
+/* d's lines joined into one with "; " (for a log field or a property that
+ * holds one line), cut to the buffer's size. */
+void diag_join(Diag *d);

@@ -1056,3 +1056,70 @@ Test(daemon, a_stop_while_a_reload_starts_is_clean, .timeout = 120) {
         cr_assert(strstr(p.out, "stopped cleanly"), "%s", p.out);
         test_remove_tree(dir);
 }
+
+/* What a mistyped control_socket names is somebody's: a file there is left
+ * as it was (the daemon replaced it with its socket and removed that at the
+ * end); a reload with several errors says them all on one line of the log
+ * and of the status (the second one lost its priority prefix); and
+ * --check-job with --check-config checks the job even where an
+ * unconfigured node would load none. */
+Test(daemon, a_file_at_the_control_socket_path_is_kept_and_a_failed_reload_is_one_line, .timeout = 120) {
+        char dir[] = "/tmp/ravnest-test-ctlfile-XXXXXX", conf[256], keep[256], sock[256], text[256];
+        make_tiny_dir(dir);
+        node_file(dir, 0, 0, conf);
+        snprintf(keep, sizeof keep, "%s/precious", dir);
+        test_write_file(keep, "keep me\n", 0644);
+        Proc p;
+        proc_start(&p, (char *[]){ RAVNESTD, "--config", conf, "--control-socket", keep, "--progress", "0", NULL },
+                   NULL);
+        cr_assert(proc_wait_for(&p, "is there and is not a socket", 30000), "%s", p.out);
+        cr_assert(proc_wait_for(&p, "unconfigured", 30000), "%s", p.out);
+        cr_assert_eq(kill(p.pid, SIGTERM), 0);
+        cr_assert_eq(proc_exit(&p), 0, "%s", p.out);
+        FILE *f = fopen(keep, "r");
+        cr_assert(f && fgets(text, sizeof text, f), "%s is gone", keep);
+        fclose(f);
+        cr_assert_str_eq(text, "keep me\n");
+
+        proc_start(&p, (char *[]){ RAVNESTD, "--config", conf, "--progress", "0", NULL }, NULL);
+        cr_assert(proc_wait_for(&p, "unconfigured", 30000), "%s", p.out);
+        FILE *c = fopen(conf, "a");
+        cr_assert(c);
+        fputs("threads = \"x\";\nbogus = 1;\n", c);
+        fclose(c);
+        cr_assert_eq(kill(p.pid, SIGHUP), 0);
+        cr_assert(proc_wait_for(&p, "Reloading failed", 30000), "%s", p.out);
+        const char *line = strstr(p.out, "Reloading failed");
+        const char *end = strchr(line, '\n');
+        cr_assert(end, "%s", p.out);
+        char *one = strndup(line, (size_t)(end - line));
+        cr_expect(strstr(one, "threads") && strstr(one, "bogus: unknown setting"), "not one line: %s", p.out);
+        free(one);
+        snprintf(sock, sizeof sock, "%s/ctl", dir);
+        Proc st;
+        proc_start(&st, (char *[]){ RAVNESTCTL, "status", "--socket", sock, NULL }, NULL);
+        cr_assert_eq(proc_exit(&st), 0, "%s", st.out);
+        const char *reload = strstr(st.out, "Reload: failed");
+        cr_assert(reload, "%s", st.out);
+        end = strchr(reload, '\n');
+        cr_expect(end && memmem(reload, (size_t)(end - reload), "bogus", 5), "not one line: %s", st.out);
+        cr_assert_eq(kill(p.pid, SIGTERM), 0);
+        cr_assert_eq(proc_exit(&p), 0, "%s", p.out);
+
+        /* the node is unconfigured: --check-config alone loads no job, --check-job does */
+        if (access(JOBS_DIR "/fashion-mnist-mlp.job", F_OK) == 0) { /* the default job: installed here */
+                cr_log_warn("SKIP: %s is installed: no missing default job to check", JOBS_DIR);
+                test_remove_tree(dir);
+                return;
+        }
+        snprintf(text, sizeof text, "state_directory = \"%s/state\";\n", dir);
+        test_write_file(conf, text, 0644);
+        proc_start(&p, (char *[]){ RAVNESTD, "--check-config", "--config", conf, NULL }, NULL);
+        cr_assert_eq(proc_exit(&p), 0, "%s", p.out);
+        cr_assert(strstr(p.out, "loads no job"), "%s", p.out);
+        proc_start(&p, (char *[]){ RAVNESTD, "--check-config", "--check-job", "--config", conf, NULL }, NULL);
+        int code = proc_exit(&p);
+        cr_assert_eq(code, 78, "exit %d: %s", code, p.out);
+        cr_assert(strstr(p.out, JOBS_DIR "/fashion-mnist-mlp.job"), "%s", p.out);
+        test_remove_tree(dir);
+}

@@ -816,6 +816,28 @@ Test(config, every_error_is_reported) {
         cr_expect_eq(lines, 3, "%s", d.text);
 }
 
+/* An integer too wide for how it is written is not the end of the check:
+ * the other sections' errors come after it, and the misread value's own
+ * line is not reported a second time (threads read as 1215752191). */
+Test(config, a_wide_integer_does_not_hide_the_other_errors) {
+        char path[64], want[160];
+        Config c;
+        Diag d = {};
+        int r = load_variant("threads = 2;\n", "threads = 99999999999;\nidle = { max_duty = 2.0; };\nbogus = 1;\n", &c,
+                             &d, path);
+        cr_assert_eq(r, -ERANGE, "%d: %s", r, d.text);
+        const char *where[] = { "2: threads: 99999999999 is read as a 32-bit integer", "3: idle.max_duty",
+                                "4: bogus: unknown setting" };
+        for (size_t i = 0; i < 3; i++) {
+                snprintf(want, sizeof want, "%s:%s", path, where[i]);
+                cr_expect(strstr(d.text, want), "\"%s\" missing from:\n%s", want, d.text);
+        }
+        int lines = 1;
+        for (const char *p = d.text; *p; p++)
+                lines += *p == '\n';
+        cr_expect_eq(lines, 3, "%s", d.text);
+}
+
 Test(config, averaging_outer_and_fragments) {
         const char *line = "  listen = \"127.0.0.1:7100\";\n  members = [ \"" K1 "@127.0.0.1:7100\", \"" K2 "@127.0.0.1:7101\" ];\n";
         char body[1024], path[64];
