@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include "conf/option.h"
+#include "ctl-common.h"
 #include "nn/optim.h"
 #include "run/checkpoint.h"
 #include "tensor/ops.h"
@@ -221,10 +222,8 @@ int ctl_generate(int argc, char *argv[]) {
                 if (r < 0)
                         return EX_USAGE;
         }
-        if (optind < argc) {
-                fprintf(stderr, "generate: unexpected argument \"%s\"\n", argv[optind]);
-                return EX_USAGE;
-        }
+        if ((r = ctl_operands("generate", argc, argv, 0, 0, NULL)) >= 0)
+                return r;
         Job job;
         _cleanup_(stage_freep) Stage *s = NULL;
         if ((r = load_model(&m, &job, &s)) >= 0)
@@ -383,44 +382,6 @@ static bool is_a_checkpoint(const ModelArgs *m, const char *output) {
         return false;
 }
 
-/* Where export writes: a new file, or one that is there, replaced by a
- * temporary renamed over it; through symbolic links, the file they name,
- * made if it is not there yet (a dangling link's target). Anything but a
- * regular file (a device such as /dev/null, a FIFO, a directory) is
- * refused: a rename would put a file in its place. 0, or the exit status. */
-static int export_target(const char *output, char target[PATH_MAX]) {
-        char link[PATH_MAX];
-        struct stat st;
-
-        snprintf(target, PATH_MAX, "%s", output);
-        for (int hops = 0; hops < 40; hops++) {
-                if (lstat(target, &st) < 0)
-                        break;
-                if (S_ISREG(st.st_mode))
-                        return 0;
-                if (!S_ISLNK(st.st_mode)) {
-                        fprintf(stderr, "export: --output %s is not a regular file: export writes the model to a "
-                                        "file of its own\n", output);
-                        return EX_CANTCREAT;
-                }
-                ssize_t n = readlink(target, link, sizeof link - 1);
-                if (n < 0)
-                        break;
-                link[n] = '\0';
-                const char *slash = strrchr(target, '/'); /* a relative link is read from its own folder */
-                int dir = link[0] == '/' || !slash ? 0 : (int)(slash - target + 1);
-                errno = ENAMETOOLONG;
-                if (dir + (size_t)n >= PATH_MAX)
-                        break;
-                memmove(target + dir, link, (size_t)n + 1);
-                errno = ELOOP;
-        }
-        if (errno == ENOENT)
-                return 0;
-        fprintf(stderr, "export: --output %s: %m\n", output);
-        return EX_CANTCREAT;
-}
-
 static void export_usage(FILE *f) {
         fprintf(f, "Usage: ravnestctl export --job FILE --checkpoint FILE [--checkpoint FILE ...] --output FILE\n"
                    "\n"
@@ -453,9 +414,10 @@ int ctl_export(int argc, char *argv[]) {
                 default: export_usage(stderr); return EX_USAGE;
                 }
         }
-        if (optind < argc || !output) {
-                fprintf(stderr, optind < argc ? "export: unexpected argument \"%s\"\n" : "export: needs --output FILE\n",
-                        argv[optind < argc ? optind : 0]);
+        if ((r = ctl_operands("export", argc, argv, 0, 0, NULL)) >= 0)
+                return r;
+        if (!output) {
+                fprintf(stderr, "ravnestctl export: needs --output FILE\n");
                 return EX_USAGE;
         }
         if (is_a_checkpoint(&m, output)) {
@@ -463,7 +425,7 @@ int ctl_export(int argc, char *argv[]) {
                 return EX_USAGE;
         }
         char target[PATH_MAX];
-        if ((r = export_target(output, target)) != 0)
+        if ((r = ctl_output_target("export", output, target)) != 0)
                 return r;
         output = target;
         Job job;

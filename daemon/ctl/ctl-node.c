@@ -7,10 +7,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sysexits.h>
 #include <time.h>
 
 #include "conf/config.h"
+#include "ctl-common.h"
 #include "service/bus.h"
 #include "util/format.h"
 #include "util/json.h"
@@ -265,25 +267,72 @@ static void print_human(const Property *props, size_t n, bool direct, const char
                 printf(" Checkpoint: none yet\n");
 }
 
-int ctl_node_averaging(const char *socket_path, NodeAveraging *ret, char **ret_where) {
-        bool only_socket = socket_path || getenv("RAVNEST_SOCKET"), direct;
+int ctl_node_locate(const char *cmd, const char *socket_path, NodeAddress *ret) {
+        const char *env = getenv("RAVNEST_SOCKET");
+        if (socket_path && !socket_path[0]) {
+                fprintf(stderr, "ravnestctl %s: --socket is empty: give the node's control socket\n", cmd);
+                return EX_USAGE;
+        }
+        if (!socket_path && env && !env[0]) {
+                fprintf(stderr, "ravnestctl %s: RAVNEST_SOCKET is empty: name the node's control socket in it, or "
+                        "unset it\n", cmd);
+                return EX_USAGE;
+        }
+        *ret = (NodeAddress){ .socket = socket_path ?: env ?: CONFIG_CONTROL_SOCKET,
+                              .only_socket = socket_path || env };
+        return -1;
+}
+
+/* bus_connect_node(), with a path that is there but is not a socket said
+ * as such (connecting to it says "Connection refused"): -ENOTSOCK. */
+static int node_connect(const NodeAddress *a, sd_bus **ret, bool *ret_direct) {
+        struct stat st;
+        int r = bus_connect_node(a->socket, a->only_socket, ret, ret_direct);
+        if (r < 0 && stat(a->socket, &st) == 0 && !S_ISSOCK(st.st_mode))
+                return -ENOTSOCK;
+        return r;
+}
+
+const char *ctl_node_unreachable(const NodeAddress *a, int r, char *buf, size_t n) {
+        char why[PATH_MAX + 64];
+        if (r == -ENOTSOCK)
+                snprintf(why, sizeof why, "%s is not a socket", a->socket);
+        else
+                snprintf(why, sizeof why, "%s: %s", a->socket, strerror(-r));
+        if (a->only_socket) /* no bus was asked */
+                snprintf(buf, n, "%s", why);
+        else
+                snprintf(buf, n, "no %s on the system bus and %s", BUS_NAME, why);
+        return buf;
+}
+
+/* All the node's properties, in one call that gives up after timeout_usec. */
+static int node_read(const NodeAddress *a, uint64_t timeout_usec, Property *props, size_t *ret_n,
+                     bool *ret_direct) {
         sd_bus_error error = SD_BUS_ERROR_NULL;
-        Property props[MAX_PROPERTIES];
-        size_t n = 0;
         sd_bus *bus = NULL;
         int r;
 
-        if (!socket_path)
-                socket_path = getenv("RAVNEST_SOCKET") ?: CONFIG_CONTROL_SOCKET;
-        r = bus_connect_node(socket_path, only_socket, &bus, &direct);
+        r = node_connect(a, &bus, ret_direct);
         if (r < 0)
                 return r;
-        r = read_all(bus, direct, props, &n, &error);
+        (void)sd_bus_set_method_call_timeout(bus, timeout_usec);
+        r = read_all(bus, *ret_direct, props, ret_n, &error);
         sd_bus_error_free(&error);
         sd_bus_flush_close_unref(bus);
+        return r;
+}
+
+int ctl_node_averaging(const NodeAddress *a, NodeAveraging *ret, char **ret_where) {
+        Property props[MAX_PROPERTIES];
+        size_t n = 0;
+        bool direct;
+        int r;
+
+        r = node_read(a, BUS_CONNECT_TIMEOUT_USEC, props, &n, &direct);
         if (r < 0)
                 return r;
-        NodeAveraging a = {
+        NodeAveraging av = {
                 .nodes = (uint32_t)num(props, n, "AveragingNodes"),
                 .params = (uint64_t)num(props, n, "Parameters"),
                 .compute_ms = num(props, n, "ComputeMsPerStep"),
@@ -293,29 +342,21 @@ int ctl_node_averaging(const char *socket_path, NodeAveraging *ret, char **ret_w
                 .cores = num(props, n, "CoresPerNode"),
         };
         const char *m = str(props, n, "AveragingMethod");
-        size_t l = strnlen(m, sizeof a.method - 1);
-        memcpy(a.method, m, l); /* a.method was zeroed */
-        *ret = a;
+        size_t l = strnlen(m, sizeof av.method - 1);
+        memcpy(av.method, m, l); /* av.method was zeroed */
+        *ret = av;
         if (ret_where)
-                *ret_where = direct ? strdup(socket_path) : strdup("system bus, " BUS_NAME);
+                *ret_where = direct ? strdup(a->socket) : strdup("system bus, " BUS_NAME);
         return 0;
 }
 
-int ctl_node_view(const char *socket_path, bool only_socket, uint64_t timeout_usec, NodeView *ret) {
-        sd_bus_error error = SD_BUS_ERROR_NULL;
+int ctl_node_view(const NodeAddress *a, uint64_t timeout_usec, NodeView *ret) {
         Property props[MAX_PROPERTIES];
         size_t n = 0;
-        sd_bus *bus = NULL;
         bool direct;
         int r;
 
-        r = bus_connect_node(socket_path, only_socket, &bus, &direct);
-        if (r < 0)
-                return r;
-        (void)sd_bus_set_method_call_timeout(bus, timeout_usec);
-        r = read_all(bus, direct, props, &n, &error);
-        sd_bus_error_free(&error);
-        sd_bus_flush_close_unref(bus);
+        r = node_read(a, timeout_usec, props, &n, &direct);
         if (r < 0)
                 return r;
         NodeView v = {
@@ -348,6 +389,61 @@ static int exit_for(int r, const sd_bus_error *e) {
         return EXIT_FAILURE;
 }
 
+/* status: the properties, readable or as JSON; a node that does not answer
+ * in time is unreachable (69). */
+static int node_status(sd_bus *bus, bool direct, const char *where, bool json) {
+        sd_bus_error error = SD_BUS_ERROR_NULL;
+        Property props[MAX_PROPERTIES];
+        size_t n = 0;
+        int r, ret;
+
+        (void)sd_bus_set_method_call_timeout(bus, BUS_CONNECT_TIMEOUT_USEC); /* a stuck node: 69 soon */
+        r = read_all(bus, direct, props, &n, &error);
+        if (r < 0) {
+                ret = error.name && r != -ETIMEDOUT ? exit_for(r, &error) : EX_UNAVAILABLE;
+                ret = ctl_failure(json, ret == EX_UNAVAILABLE ? "unreachable" : NULL, ret,
+                                  "Failed to read the node's status: %s", error.message ?: strerror(-r));
+        } else {
+                if (json)
+                        print_json(props, n);
+                else
+                        print_human(props, n, direct, where);
+                ret = !strcmp(str(props, n, "State"), "failed") ? EXIT_FAILURE : 0;
+        }
+        sd_bus_error_free(&error);
+        return ret;
+}
+
+/* pause, resume, checkpoint: the method, and what it answered. */
+static int node_call(sd_bus *bus, bool direct, const char *verb, bool json) {
+        _cleanup_(sd_bus_message_unrefp) sd_bus_message *reply = NULL;
+        sd_bus_error error = SD_BUS_ERROR_NULL;
+        const char *method = !strcmp(verb, "pause") ? "Pause" : !strcmp(verb, "resume") ? "Resume" : "Checkpoint";
+        uint64_t step = 0;
+        int r, ret = 0;
+
+        /* a checkpoint of a big stage takes a while to write */
+        (void)sd_bus_set_method_call_timeout(bus, 300 * 1000000ULL);
+        r = sd_bus_call_method(bus, direct ? NULL : BUS_NAME, BUS_PATH, BUS_INTERFACE, method, &error, &reply, "");
+        if (r < 0 && sd_bus_error_has_name(&error, SD_BUS_ERROR_ACCESS_DENIED))
+                /* the bus's policy refuses in its own words ("Rejected send message, ...") */
+                ret = ctl_failure(json, NULL, EX_NOPERM, "%s failed: Only root and the daemon's own user may %s "
+                                  "this node", method, verb);
+        else if (r < 0)
+                ret = ctl_failure(json, NULL, exit_for(r, &error), "%s failed: %s", method,
+                                  error.message ?: strerror(-r));
+        else if (!strcmp(method, "Checkpoint")) {
+                (void)sd_bus_message_read(reply, "t", &step);
+                if (json)
+                        printf("{\"CheckpointStep\": %llu}\n", (unsigned long long)step);
+                else
+                        printf("Checkpoint written at step %llu\n", (unsigned long long)step);
+        } else if (json)
+                printf("{\"Result\": \"ok\"}\n");
+        sd_bus_error_free(&error);
+        return ret;
+}
+
 int ctl_node(int argc, char *argv[]) {
         static const struct option options[] = {
                 { "json", no_argument, NULL, 'J' },
@@ -357,93 +453,26 @@ int ctl_node(int argc, char *argv[]) {
         };
         const char *verb = argv[0], *socket_path = NULL;
         bool json = false, direct;
-        sd_bus_error error = SD_BUS_ERROR_NULL;
+        NodeAddress a;
         sd_bus *bus = NULL;
-        int c, r, ret;
+        char why[PATH_MAX + 128];
+        int c, r;
 
         optind = 1;
         while ((c = getopt_long(argc, argv, "h", options, NULL)) >= 0)
                 switch (c) {
-                case 'J':
-                        json = true;
-                        break;
-                case 'S':
-                        socket_path = optarg;
-                        break;
-                case 'h':
-                        printf("Usage: ravnestctl %s [--json] [--socket PATH]\n", verb);
-                        return 0;
-                default:
-                        return EX_USAGE;
+                case 'J': json = true; break;
+                case 'S': socket_path = optarg; break;
+                case 'h': printf("Usage: ravnestctl %s [--json] [--socket PATH]\n", verb); return 0;
+                default: return EX_USAGE;
                 }
-        if (optind < argc) {
-                fprintf(stderr, "Unexpected argument: %s\n", argv[optind]);
-                return EX_USAGE;
-        }
-        /* --socket, then RAVNEST_SOCKET: that socket only; else the system
-         * bus, then the default socket */
-        bool only_socket = socket_path || getenv("RAVNEST_SOCKET");
-        if (!socket_path)
-                socket_path = getenv("RAVNEST_SOCKET") ?: CONFIG_CONTROL_SOCKET;
-
-        r = bus_connect_node(socket_path, only_socket, &bus, &direct);
-        if (r < 0) {
-                if (json)
-                        printf("{\"State\": \"unreachable\", \"Error\": \"%s\"}\n", strerror(-r));
-                if (only_socket) /* no bus was asked */
-                        fprintf(stderr, "ravnestd is not running, or not reachable: %s: %s\n", socket_path,
-                                strerror(-r));
-                else
-                        fprintf(stderr, "ravnestd is not running, or not reachable: no %s on the system bus and "
-                                "%s: %s\n", BUS_NAME, socket_path, strerror(-r));
-                return EX_UNAVAILABLE;
-        }
-
-        if (!strcmp(verb, "status")) {
-                Property props[MAX_PROPERTIES];
-                size_t n = 0;
-                (void)sd_bus_set_method_call_timeout(bus, BUS_CONNECT_TIMEOUT_USEC); /* a stuck node: 69 soon */
-                r = read_all(bus, direct, props, &n, &error);
-                if (r < 0) {
-                        fprintf(stderr, "Failed to read the node's status: %s\n", error.message ?: strerror(-r));
-                        ret = error.name && r != -ETIMEDOUT ? exit_for(r, &error) : EX_UNAVAILABLE;
-                } else {
-                        if (json)
-                                print_json(props, n);
-                        else
-                                print_human(props, n, direct, socket_path);
-                        ret = !strcmp(str(props, n, "State"), "failed") ? EXIT_FAILURE : 0;
-                }
-        } else {
-                _cleanup_(sd_bus_message_unrefp) sd_bus_message *reply = NULL;
-                const char *method = !strcmp(verb, "pause") ? "Pause" : !strcmp(verb, "resume") ? "Resume" : "Checkpoint";
-                /* a checkpoint of a big stage takes a while to write */
-                (void)sd_bus_set_method_call_timeout(bus, 300 * 1000000ULL);
-                r = sd_bus_call_method(bus, direct ? NULL : BUS_NAME, BUS_PATH, BUS_INTERFACE, method, &error, &reply,
-                                       "");
-                if (r < 0 && sd_bus_error_has_name(&error, SD_BUS_ERROR_ACCESS_DENIED)) {
-                        /* the bus's policy refuses in its own words ("Rejected send message, ...") */
-                        fprintf(stderr, "%s failed: Only root and the daemon's own user may %s this node\n", method,
-                                verb);
-                        ret = EX_NOPERM;
-                } else if (r < 0) {
-                        fprintf(stderr, "%s failed: %s\n", method, error.message ?: strerror(-r));
-                        ret = exit_for(r, &error);
-                } else if (!strcmp(method, "Checkpoint")) {
-                        uint64_t step = 0;
-                        (void)sd_bus_message_read(reply, "t", &step);
-                        if (json)
-                                printf("{\"CheckpointStep\": %llu}\n", (unsigned long long)step);
-                        else
-                                printf("Checkpoint written at step %llu\n", (unsigned long long)step);
-                        ret = 0;
-                } else {
-                        if (json)
-                                printf("{\"Result\": \"ok\"}\n");
-                        ret = 0;
-                }
-        }
-        sd_bus_error_free(&error);
+        if ((r = ctl_operands(verb, argc, argv, 0, 0, NULL)) >= 0 || (r = ctl_node_locate(verb, socket_path, &a)) >= 0)
+                return r;
+        r = node_connect(&a, &bus, &direct);
+        if (r < 0)
+                return ctl_failure(json, "unreachable", EX_UNAVAILABLE, "ravnestd is not running, or not reachable: %s",
+                                   ctl_node_unreachable(&a, r, why, sizeof why));
+        r = !strcmp(verb, "status") ? node_status(bus, direct, a.socket, json) : node_call(bus, direct, verb, json);
         sd_bus_flush_close_unref(bus);
-        return ret;
+        return r;
 }

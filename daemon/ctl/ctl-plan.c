@@ -14,6 +14,7 @@
 #include "conf/job.h"
 #include "conf/nodes-file.h"
 #include "conf/option.h"
+#include "ctl-common.h"
 #include "util/json.h"
 
 static void print_json(const Job *job, const NodesFile *nf, const Formation *f, const FormationModel *fm,
@@ -126,31 +127,24 @@ int ctl_plan(int argc, char *argv[]) {
                 if (r < 0)
                         return EX_USAGE;
         }
-        if (optind != argc - 1) {
-                if (optind < argc)
-                        fprintf(stderr, "ravnestctl plan: unexpected argument \"%s\"\n", argv[optind + 1]);
-                else
-                        fprintf(stderr, "ravnestctl plan: missing NODES_FILE\n");
+        int r = ctl_operands("plan", argc, argv, 1, 1, "NODES_FILE");
+        if (r >= 0) {
                 usage(stderr);
-                return EX_USAGE;
+                return r;
         }
 
         Job job;
         NodesFile nf = {};
         FormationModel fm;
         Diag d = {};
-        int r;
 
-        if (job_load(job_path, &job, &d) < 0 || nodes_file_load(argv[optind], &nf, &d) < 0) {
-                fprintf(stderr, "%s\n", d.text);
-                return EX_CONFIG;
-        }
+        if (job_load(job_path, &job, &d) < 0 || nodes_file_load(argv[optind], &nf, &d) < 0)
+                return ctl_failure(json, NULL, EX_CONFIG, "%s", d.text);
         PartitionParams pp = { .micro_batch = micro_batch, .in_flight = staleness,
                                .optim_floats = (int)optim_state_floats(job.optim.kind, 1), .stashed = staleness };
         if (formation_model_init(&job.model, &pp, &fm, &d) < 0) {
-                fprintf(stderr, "%s: %s\n", job_path, d.text);
                 nodes_file_free(&nf);
-                return EX_CONFIG;
+                return ctl_failure(json, NULL, EX_CONFIG, "%s: %s", job_path, d.text);
         }
         struct timespec t0, t1;
         clock_gettime(CLOCK_MONOTONIC, &t0);
@@ -160,9 +154,9 @@ int ctl_plan(int argc, char *argv[]) {
                           &(FormationParams){ .similarity = similarity > 0 ? similarity : -1, .seed = seed }, &f, &d);
         clock_gettime(CLOCK_MONOTONIC, &t1);
         if (r < 0) {
-                fprintf(stderr, "%s: no plan: %s\n", argv[optind], d.text);
                 nodes_file_free(&nf);
-                return r == -ENOSPC ? EX_DATAERR : EXIT_FAILURE;
+                return ctl_failure(json, NULL, r == -ENOSPC ? EX_DATAERR : EXIT_FAILURE, "%s: no plan: %s",
+                                   argv[optind], d.text);
         }
         double seconds = (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) * 1e-9;
         double ravnest = formation_ravnest_penalty(&fm, nf.caps, nf.n, f->cluster_of);

@@ -15,6 +15,7 @@
 #include <sysexits.h>
 #include <unistd.h>
 
+#include "ctl-common.h"
 #include "ctl-series.h"
 #include "run/series.h"
 #include "util/file.h"
@@ -154,19 +155,19 @@ static int draw_png(const char *svg, const char *png) {
 }
 
 static void usage(FILE *f) {
-        fprintf(f, "Usage: ravnestctl plot RUN_DIR [--output FILE.svg]\n"
+        fprintf(f, "Usage: ravnestctl plot RUN_DIR [-o|--output FILE.svg]\n"
                    "\n"
                    "Draw the series of every node under RUN_DIR (its *.series.csv and those one directory down, as\n"
                    "in a swarm's directory) as an SVG: the loss and the throughput over elapsed time, a line per\n"
                    "node; a PNG beside it when rsvg-convert is installed.\n"
                    "\n"
-                   "  -o, --output FILE   the SVG (default RUN_DIR/series.svg)\n"
+                   "  -o, --output FILE   the SVG (default RUN_DIR/series.svg), a regular file or none yet\n"
                    "  -h, --help          show this help\n");
 }
 
 static int plot_run(const char *run_dir, const char *out) {
         _cleanup_(plot_freep) Plot *p = calloc(1, sizeof *p);
-        char def[PATH_MAX], png[PATH_MAX];
+        char def[PATH_MAX], target[PATH_MAX], png[PATH_MAX];
         int r;
 
         if (!p)
@@ -183,6 +184,8 @@ static int plot_run(const char *run_dir, const char *out) {
                 snprintf(def, sizeof def, "%s/series.svg", run_dir);
                 out = def;
         }
+        if ((r = ctl_output_target("plot", out, target)) != 0)
+                return r;
         if ((r = draw(p, run_dir, out)) < 0) {
                 fprintf(stderr, "Failed to write %s: %s\n", out, strerror(-r));
                 return EX_CANTCREAT;
@@ -205,7 +208,7 @@ int ctl_plot(int argc, char *argv[]) {
                 {},
         };
         const char *out = NULL;
-        int c;
+        int c, r;
 
         optind = 1;
         while ((c = getopt_long(argc, argv, "o:h", options, NULL)) >= 0)
@@ -214,13 +217,9 @@ int ctl_plot(int argc, char *argv[]) {
                 case 'h': usage(stdout); return 0;
                 default: usage(stderr); return EX_USAGE;
                 }
-        if (argc - optind != 1) {
-                if (argc - optind > 1)
-                        fprintf(stderr, "ravnestctl plot: unexpected argument \"%s\"\n", argv[optind + 1]);
-                else
-                        fprintf(stderr, "ravnestctl plot: missing argument RUN_DIR\n");
+        if ((r = ctl_operands("plot", argc, argv, 1, 1, "RUN_DIR")) >= 0) {
                 usage(stderr);
-                return EX_USAGE;
+                return r;
         }
         return plot_run(argv[optind], out);
 }

@@ -10,6 +10,7 @@
 #include <sysexits.h>
 
 #include "collective/runtime-model.h"
+#include "ctl-common.h"
 #include "ctl-node.h"
 #include "run/gossip-run.h"
 #include "conf/job.h"
@@ -67,7 +68,7 @@ static int parse_args(int argc, char *argv[], PredictArgs *a) {
         };
         RuntimeModelInput *in = &a->in;
         long long n = 0;
-        int c;
+        int c, r;
 
         optind = 1;
         while ((c = getopt_long(argc, argv, "h", opts, NULL)) >= 0) {
@@ -112,10 +113,9 @@ static int parse_args(int argc, char *argv[], PredictArgs *a) {
                 if (option_double(name, optarg, lo, 1e12, dst) < 0)
                         return EX_USAGE;
         }
-        if (optind < argc) {
-                fprintf(stderr, "predict: unexpected argument \"%s\"\n", argv[optind]);
+        if ((r = ctl_operands("predict", argc, argv, 0, 0, NULL)) >= 0) {
                 usage(stderr);
-                return EX_USAGE;
+                return r;
         }
         if (GIVEN(a, 'p') && GIVEN(a, 'j')) {
                 fprintf(stderr, "predict: --params and --job both give the model's size: give one\n");
@@ -124,23 +124,52 @@ static int parse_args(int argc, char *argv[], PredictArgs *a) {
         return -1;
 }
 
+/* The figures still missing, as options: "--bandwidth and --nodes"; ""
+ * when none is. */
+static const char *missing_figures(const PredictArgs *a, char *buf, size_t len) {
+        const char *need[4];
+        size_t n = 0, k = 0;
+        if (!(a->in.compute_ms > 0))
+                need[n++] = "--compute-ms";
+        if (!(a->in.bandwidth_mbit > 0))
+                need[n++] = "--bandwidth";
+        if (a->in.nodes == 0)
+                need[n++] = "--nodes";
+        if (a->in.params == 0 && !a->job_path)
+                need[n++] = "--params or --job";
+        buf[0] = '\0';
+        for (size_t i = 0; i < n && k < len; i++)
+                k += (size_t)snprintf(buf + k, len - k, "%s%s", i == 0 ? "" : i + 1 < n ? ", " : " and ", need[i]);
+        return buf;
+}
+
+/* The node could not be reached: which figures are still to give. */
+static int node_unreachable(const PredictArgs *a, const NodeAddress *addr, int r) {
+        char why[PATH_MAX + 128], missing[128];
+        ctl_node_unreachable(addr, r, why, sizeof why);
+        if (missing_figures(a, missing, sizeof missing)[0])
+                return ctl_failure(a->json, "unreachable", EX_UNAVAILABLE, "predict: the local node is not "
+                                   "reachable (%s): give the figures still missing, %s", why, missing);
+        return ctl_failure(a->json, "unreachable", EX_UNAVAILABLE, "predict: the local node is not reachable "
+                           "(%s); every figure is given: leave out --node and --socket", why);
+}
+
 /* The figures not given, from the swarm this node is in, as it measured
  * them: -1 to go on, else the exit status. */
 static int figures_from_node(PredictArgs *a) {
         RuntimeModelInput *in = &a->in;
         _cleanup_(freep) char *where = NULL;
+        NodeAddress addr;
         NodeAveraging av;
-        int r = ctl_node_averaging(a->socket_path, &av, &where);
+        int r;
 
-        if (r < 0) {
-                fprintf(stderr, "predict: no figures given, and the local node is not reachable (%s): give "
-                        "--compute-ms, --bandwidth, --nodes and --params or --job\n", strerror(-r));
-                return EX_UNAVAILABLE;
-        }
-        if (!av.nodes) {
-                fprintf(stderr, "predict: the node (%s) is not in an averaging group: give the figures\n", where);
-                return EX_UNAVAILABLE;
-        }
+        if ((r = ctl_node_locate("predict", a->socket_path, &addr)) >= 0)
+                return r;
+        if ((r = ctl_node_averaging(&addr, &av, &where)) < 0)
+                return node_unreachable(a, &addr, r);
+        if (!av.nodes)
+                return ctl_failure(a->json, NULL, EX_UNAVAILABLE, "predict: the node (%s) is not in an averaging "
+                                   "group: give the figures", where);
         if (!GIVEN(a, 'c'))
                 in->compute_ms = av.compute_ms;
         if (!GIVEN(a, 's'))
@@ -159,13 +188,11 @@ static int figures_from_node(PredictArgs *a) {
         if (!a->json)
                 printf("The node (%s): averaging %s; figures it measured%s\n", where,
                        av.method[0] ? av.method : "(none)", a->given ? ", and those given" : "");
-        if (!(in->compute_ms > 0) || !(in->bandwidth_mbit > 0)) {
-                fprintf(stderr, "predict: the node has not measured its %s yet (gossip and auto members "
-                        "measure after their first %d steps): give %s\n",
-                        !(in->compute_ms > 0) ? "compute time" : "links", GOSSIP_RUN_PROBE_STEPS,
-                        !(in->compute_ms > 0) ? "--compute-ms" : "--bandwidth and --latency-ms");
-                return EX_TEMPFAIL;
-        }
+        if (!(in->compute_ms > 0) || !(in->bandwidth_mbit > 0))
+                return ctl_failure(a->json, NULL, EX_TEMPFAIL, "predict: the node has not measured its %s yet "
+                                   "(gossip and auto members measure after their first %d steps): give %s",
+                                   !(in->compute_ms > 0) ? "compute time" : "links", GOSSIP_RUN_PROBE_STEPS,
+                                   !(in->compute_ms > 0) ? "--compute-ms" : "--bandwidth and --latency-ms");
         return -1;
 }
 
@@ -226,19 +253,18 @@ int ctl_predict(int argc, char *argv[]) {
         if (a.job_path && !a.have_params) {
                 Job job;
                 Diag d = {};
-                if (job_load(a.job_path, &job, &d) < 0) {
-                        fprintf(stderr, "%s\n", d.text);
-                        return EX_CONFIG;
-                }
+                if (job_load(a.job_path, &job, &d) < 0)
+                        return ctl_failure(a.json, NULL, EX_CONFIG, "%s", d.text);
                 a.in.params = model_spec_params(&job.model, 0, job.model.n_layers);
         }
-        if (!(a.in.compute_ms > 0) || !(a.in.bandwidth_mbit > 0) || a.in.nodes == 0 || a.in.params == 0) {
-                fprintf(stderr, "predict needs --compute-ms, --bandwidth, --nodes and --params or --job\n");
+        char missing[128];
+        if (missing_figures(&a, missing, sizeof missing)[0]) {
+                fprintf(stderr, "ravnestctl predict: missing figures: give %s\n", missing);
                 usage(stderr);
                 return EX_USAGE;
         }
         if (runtime_model_predict(&a.in, &res) < 0) {
-                fprintf(stderr, "predict: these figures cannot be modelled\n");
+                fprintf(stderr, "ravnestctl predict: these figures cannot be modelled\n");
                 return EX_USAGE;
         }
         if (a.json)

@@ -16,8 +16,8 @@
 #include <termios.h>
 #include <unistd.h>
 
-#include "conf/config.h"
 #include "conf/option.h"
+#include "ctl-common.h"
 #include "ctl-node.h"
 #include "util/format.h"
 #include "util/macro.h"
@@ -29,6 +29,7 @@
 typedef struct TopNode {
         char name[64];
         char socket[PATH_MAX];
+        bool only_socket;              /* else the system bus first, as status asks the local node */
         bool seen;                     /* has figures from an earlier refresh */
         unsigned long long pipeline_bytes, averaging_bytes;
         uint64_t at_ns;
@@ -96,7 +97,7 @@ static unsigned terminal_columns(void) {
 
 /* ---- which nodes --------------------------------------------------------- */
 
-static TopNode *node_for(Top *t, const char *name, const char *socket) {
+static TopNode *node_for(Top *t, const char *name, const char *socket, bool only_socket) {
         for (size_t i = 0; i < t->n; i++)
                 if (!strcmp(t->nodes[i].socket, socket))
                         return &t->nodes[i];
@@ -106,6 +107,7 @@ static TopNode *node_for(Top *t, const char *name, const char *socket) {
         *n = (TopNode){};
         snprintf(n->name, sizeof n->name, "%s", name);
         snprintf(n->socket, sizeof n->socket, "%s", socket);
+        n->only_socket = only_socket;
         return n;
 }
 
@@ -126,7 +128,7 @@ static void find_swarm_nodes(Top *t) {
                     snprintf(path, sizeof path, "%s/%s", t->swarm_dir, e->d_name) >= (int)sizeof path)
                         continue;
                 snprintf(name, sizeof name, "%.*s", (int)MIN(len - 5, sizeof name - 1), e->d_name);
-                (void)node_for(t, name, path);
+                (void)node_for(t, name, path, true);
         }
         closedir(d);
         qsort(t->nodes, t->n, sizeof t->nodes[0], cmp_node);
@@ -186,8 +188,7 @@ static void format_row(TopNode *n, const NodeView *v, char *line, size_t len) {
 static void print_row(Top *t, TopNode *n, unsigned cols) {
         char line[256];
         NodeView v;
-        bool only_socket = t->swarm_dir || t->n_sockets || getenv("RAVNEST_SOCKET");
-        if (ctl_node_view(n->socket, only_socket, TOP_CALL_USEC, &v) < 0) {
+        if (ctl_node_view(&(NodeAddress){ n->socket, n->only_socket }, TOP_CALL_USEC, &v) < 0) {
                 snprintf(line, sizeof line, "%-10s %-12s", n->name, "unreachable");
                 n->seen = false;
         } else
@@ -258,17 +259,20 @@ static int parse_args(int argc, char *argv[], Top *t) {
                 { "help", no_argument, NULL, 'h' },
                 {},
         };
-        int c;
+        int c, r;
 
         optind = 1;
         while ((c = getopt_long(argc, argv, "h", options, NULL)) >= 0) {
-                int r = 0;
+                r = 0;
                 switch (c) {
                 case 'S':
                         if (t->n_sockets == TOP_MAX_NODES) {
                                 fprintf(stderr, "ravnestctl top: at most %d --socket\n", TOP_MAX_NODES);
                                 return EX_USAGE;
                         }
+                        NodeAddress a;
+                        if (ctl_node_locate("top", optarg, &a) >= 0)
+                                return EX_USAGE;
                         t->sockets[t->n_sockets++] = optarg;
                         break;
                 case 'w': t->swarm_dir = optarg; break;
@@ -280,10 +284,8 @@ static int parse_args(int argc, char *argv[], Top *t) {
                 if (r < 0)
                         return EX_USAGE;
         }
-        if (optind < argc) {
-                fprintf(stderr, "ravnestctl top: unexpected argument \"%s\"\n", argv[optind]);
-                return EX_USAGE;
-        }
+        if ((r = ctl_operands("top", argc, argv, 0, 0, NULL)) >= 0)
+                return r;
         struct stat st;
         if (t->swarm_dir && (stat(t->swarm_dir, &st) < 0 || !S_ISDIR(st.st_mode))) {
                 fprintf(stderr, "ravnestctl top: --swarm %s: not a directory\n", t->swarm_dir);
@@ -306,10 +308,14 @@ int ctl_top(int argc, char *argv[]) {
                 char name[64];
                 snprintf(name, sizeof name, "%.*s", (int)strcspn(base ? base + 1 : t->sockets[i], "."),
                          base ? base + 1 : t->sockets[i]);
-                (void)node_for(t, name, t->sockets[i]);
+                (void)node_for(t, name, t->sockets[i], true);
         }
-        if (!t->swarm_dir && !t->n_sockets) /* the local node, where status finds it */
-                (void)node_for(t, "local", getenv("RAVNEST_SOCKET") ?: CONFIG_CONTROL_SOCKET);
+        NodeAddress local;
+        if (!t->swarm_dir && !t->n_sockets) { /* the local node, where status finds it */
+                if ((r = ctl_node_locate("top", NULL, &local)) >= 0)
+                        return r;
+                (void)node_for(t, "local", local.socket, local.only_socket);
+        }
 
         t->tty = isatty(STDOUT_FILENO);
         catch_signals();

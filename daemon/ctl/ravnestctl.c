@@ -17,6 +17,7 @@
 #include "net/identity.h"
 #include "nn/stage.h"
 #include "conf/config.h"
+#include "ctl-common.h"
 #include "ctl-model.h"
 #include "ctl-node.h"
 #include "ctl-plan.h"
@@ -269,10 +270,9 @@ static int parse_swarm_args(int argc, char *argv[], SwarmOptions *o) {
                 if (r < 0)
                         return EX_USAGE;
         }
-        if (optind < argc) {
-                fprintf(stderr, "ravnestctl swarm: unexpected argument \"%s\"\n", argv[optind]);
-                return EX_USAGE;
-        }
+        int r = ctl_operands("swarm", argc, argv, 0, 0, NULL);
+        if (r >= 0)
+                return r;
         if (o->resume && !o->dir) {
                 fprintf(stderr, "ravnestctl swarm: --resume goes on from an earlier swarm's --dir: give it\n");
                 return EX_USAGE;
@@ -298,7 +298,24 @@ static int parse_swarm_args(int argc, char *argv[], SwarmOptions *o) {
                         o->clusters, o->stages);
                 return EX_USAGE;
         }
+        if (swarm_check_behind_nat(o) < 0)
+                return EX_USAGE;
         return -1;
+}
+
+/* The daemon the swarm starts is an executable file, before anything is
+ * made or started: 0, or 66 (said). given: --ravnestd named it. */
+static int check_ravnestd(const char *path, bool given) {
+        struct stat st;
+        if (stat(path, &st) < 0)
+                fprintf(stderr, given ? "ravnestctl swarm: --ravnestd %s: %m\n" :
+                                        "ravnestctl swarm: no ravnestd beside ravnestctl or at %s: give --ravnestd PATH\n",
+                        path);
+        else if (!S_ISREG(st.st_mode) || access(path, X_OK) < 0)
+                fprintf(stderr, "ravnestctl swarm: %s%s is not an executable file\n", given ? "--ravnestd " : "", path);
+        else
+                return 0;
+        return EX_NOINPUT;
 }
 
 /* Ctrl-C and SIGTERM stop the swarm, whatever the caller had blocked. */
@@ -322,7 +339,7 @@ static int swarm(int argc, char *argv[]) {
         int r;
 
         find_ravnestd(ravnestd, sizeof ravnestd);
-        if ((r = parse_swarm_args(argc, argv, &o)) >= 0)
+        if ((r = parse_swarm_args(argc, argv, &o)) >= 0 || (r = check_ravnestd(o.ravnestd, o.ravnestd != ravnestd)))
                 return r;
         catch_stop_signals();
         r = swarm_run(&o, &stop_requested, NULL);
@@ -330,8 +347,10 @@ static int swarm(int argc, char *argv[]) {
 }
 
 /* The commands without options: -h and --help print usage, any other option
- * or a wrong number of arguments is a usage error; then the command. */
-static int simple_command(int argc, char *argv[], const char *usage, int min_args, int max_args) {
+ * or a wrong number of arguments (min_args to max_args; the first is called
+ * operand in the usage) is a usage error; then the command. */
+static int simple_command(int argc, char *argv[], const char *usage, int min_args, int max_args,
+                          const char *operand) {
         static const struct option options[] = {
                 { "help", no_argument, NULL, 'h' },
                 {},
@@ -347,19 +366,15 @@ static int simple_command(int argc, char *argv[], const char *usage, int min_arg
                         fprintf(stderr, "Usage: %s\n", usage);
                         return EX_USAGE;
                 }
-        int n = argc - optind;
-        if (n < min_args || n > max_args) {
-                if (n > max_args)
-                        fprintf(stderr, "%s: unexpected argument \"%s\"\n", argv[0], argv[optind + max_args]);
-                else
-                        fprintf(stderr, "%s: missing argument\n", argv[0]);
+        int n = argc - optind, r = ctl_operands(argv[0], argc, argv, min_args, max_args, operand);
+        if (r >= 0) {
                 fprintf(stderr, "Usage: %s\n", usage);
-                return EX_USAGE;
+                return r;
         }
         if (!strcmp(argv[0], "job"))
                 return describe_job(argv[optind]);
         if (!strcmp(argv[0], "identity") && n && !argv[optind][0]) {
-                fprintf(stderr, "identity: STATE_DIR is empty\n");
+                fprintf(stderr, "ravnestctl identity: STATE_DIR is empty\n");
                 return EX_USAGE;
         }
         if (!strcmp(argv[0], "identity"))
@@ -368,44 +383,50 @@ static int simple_command(int argc, char *argv[], const char *usage, int min_arg
         return 0;
 }
 
-static void help(void) {
-        printf("Usage: ravnestctl COMMAND [ARGS]\n"
-               "\n"
-               "Commands:\n"
-               "  job FILE     describe a job: layers, shapes, parameters, memory\n"
-               "  plan NODES_FILE [--job FILE] [--json] [--seed N]\n"
-               "               form clusters from a list of nodes (genetic algorithm) and\n"
-               "               cut the job's model in each; print the plan\n"
-               "  predict --compute-ms MS --bandwidth MBIT --nodes N (--params P | --job FILE) ...\n"
-               "               predict the time per iteration of all-reduce and of each gossip\n"
-               "               topology, and recommend one\n"
-               "  generate --job FILE --checkpoint FILE ... [--prompt TEXT] [--tokens N]\n"
-               "               sample text from a trained language model\n"
-               "  export --job FILE --checkpoint FILE ... --output FILE\n"
-               "               write a trained model's weights as safetensors\n"
-               "  identity [STATE_DIR]\n"
-               "               print this node's public key (for other nodes' allowed_peers),\n"
-               "               creating the key pair if there is none yet\n"
-               "  swarm [--clusters N] [--stages N] [--job FILE] [--epochs N] ...\n"
-               "               start a swarm of ravnestd processes on loopback (N clusters of N\n"
-               "               stages, keys and configs generated) and train the job; Ctrl-C stops it\n"
-               "  top [--socket PATH]... [--swarm DIR] [--interval S] [--iterations N]\n"
-               "               a live view of the local node, or of every node of a running swarm:\n"
-               "               state, step, loss, samples/s, busy, rounds, bytes/s, memory\n"
-               "  plot RUN_DIR [--output FILE.svg]\n"
-               "               draw the series of every node under RUN_DIR (a swarm's directory, a\n"
-               "               state directory): loss and throughput over time, as SVG (and PNG)\n"
-               "  status [--json]\n"
-               "               the local node's state and progress (exit 0 while it is healthy)\n"
-               "  pause, resume\n"
-               "               stop training for now, and go on (root)\n"
-               "  checkpoint   write a checkpoint now and print its step (root)\n"
-               "               these four take --socket PATH when the node is not on the system bus\n"
-               "               and not on " CONFIG_CONTROL_SOCKET "\n"
-               "  version      show the version\n"
-               "  help         show this help\n"
-               "\n"
-               "Every command answers -h and --help with its usage.\n");
+/* The commands, each with every option it takes (but swarm's and
+ * predict's, which ravnestctl swarm --help and predict --help list). */
+static void help(FILE *f) {
+        fprintf(f, "Usage: ravnestctl COMMAND [ARGS]\n"
+                   "\n"
+                   "Commands:\n"
+                   "  job FILE     describe a job: layers, shapes, parameters, memory\n"
+                   "  plan NODES_FILE [--job FILE] [--json] [--seed N] [--micro-batch N] [--staleness N]\n"
+                   "               [--similarity W]\n"
+                   "               form clusters from a list of nodes (genetic algorithm) and\n"
+                   "               cut the job's model in each; print the plan\n"
+                   "  predict --compute-ms MS --bandwidth MBIT --nodes N (--params P | --job FILE) ...\n"
+                   "  predict [--node] [--socket PATH] ...\n"
+                   "               predict the time per iteration of all-reduce and of each gossip\n"
+                   "               topology, and recommend one; without figures, from the local node's\n"
+                   "  generate --job FILE --checkpoint FILE [--checkpoint FILE ...] [--prompt TEXT]\n"
+                   "           [--tokens N] [--temperature X] [--seed S] [--logits]\n"
+                   "               sample text from a trained language model\n"
+                   "  export --job FILE --checkpoint FILE [--checkpoint FILE ...] --output FILE\n"
+                   "               write a trained model's weights as safetensors\n"
+                   "  identity [STATE_DIR]\n"
+                   "               print this node's public key (for other nodes' allowed_peers),\n"
+                   "               creating the key pair if there is none yet\n"
+                   "  swarm [--clusters N] [--stages N] [--job FILE] [--epochs N] ...\n"
+                   "               start a swarm of ravnestd processes on loopback (N clusters of N\n"
+                   "               stages, keys and configs generated) and train the job; Ctrl-C stops it\n"
+                   "  top [--socket PATH]... [--swarm DIR] [--interval S] [--iterations N]\n"
+                   "               a live view of the local node, or of every node of a running swarm:\n"
+                   "               state, step, loss, samples/s, busy, rounds, bytes/s, memory\n"
+                   "  plot RUN_DIR [-o|--output FILE.svg]\n"
+                   "               draw the series of every node under RUN_DIR (a swarm's directory, a\n"
+                   "               state directory): loss and throughput over time, as SVG (and PNG)\n"
+                   "  status [--json] [--socket PATH]\n"
+                   "               the local node's state and progress (exit 0 while it is healthy)\n"
+                   "  pause [--json] [--socket PATH], resume [--json] [--socket PATH]\n"
+                   "               stop training for now, and go on (root)\n"
+                   "  checkpoint [--json] [--socket PATH]\n"
+                   "               write a checkpoint now and print its step (root)\n"
+                   "               these four ask the system bus, then " CONFIG_CONTROL_SOCKET ";\n"
+                   "               --socket PATH (or RAVNEST_SOCKET) names the node's socket instead\n"
+                   "  version      show the version\n"
+                   "  help         show this help\n"
+                   "\n"
+                   "Every command answers -h and --help with its usage.\n");
 }
 
 int main(int argc, char *argv[]) {
@@ -419,22 +440,26 @@ int main(int argc, char *argv[]) {
         /* a command's messages are read by people and scripts, never by
          * journald: no "<3>" before them, terminal or not */
         log_set_prefix(false);
-        if (argc < 2 || strcmp(argv[1], "help") == 0 || strcmp(argv[1], "--help") == 0 ||
-            strcmp(argv[1], "-h") == 0) {
+        if (argc < 2) {
+                fprintf(stderr, "ravnestctl: missing command\n");
+                help(stderr);
+                return EX_USAGE;
+        }
+        if (strcmp(argv[1], "help") == 0 || strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0) {
                 if (argc > 3 || (argc == 3 && strcmp(argv[2], "--help") && strcmp(argv[2], "-h"))) {
-                        fprintf(stderr, "%s: unexpected argument \"%s\" (try ravnestctl COMMAND --help)\n", argv[1],
-                                argv[2]);
+                        fprintf(stderr, "ravnestctl %s: unexpected argument \"%s\" (try ravnestctl COMMAND --help)\n",
+                                argv[1], argv[2]);
                         return EX_USAGE;
                 }
-                help();
-                return argc < 2 ? EX_USAGE : 0;
+                help(stdout);
+                return 0;
         }
         if (strcmp(argv[1], "version") == 0 || strcmp(argv[1], "--version") == 0)
-                return simple_command(argc - 1, argv + 1, "ravnestctl version", 0, 0);
+                return simple_command(argc - 1, argv + 1, "ravnestctl version", 0, 0, NULL);
         if (strcmp(argv[1], "job") == 0)
-                return simple_command(argc - 1, argv + 1, "ravnestctl job FILE", 1, 1);
+                return simple_command(argc - 1, argv + 1, "ravnestctl job FILE", 1, 1, "FILE");
         if (strcmp(argv[1], "identity") == 0)
-                return simple_command(argc - 1, argv + 1, "ravnestctl identity [STATE_DIR]", 0, 1);
+                return simple_command(argc - 1, argv + 1, "ravnestctl identity [STATE_DIR]", 0, 1, NULL);
         if (strcmp(argv[1], "swarm") == 0)
                 return swarm(argc - 1, argv + 1);
         if (strcmp(argv[1], "plan") == 0)

@@ -274,7 +274,6 @@ static void clear_checkpoints(const char *state_dir) {
         closedir(dir);
 }
 
-/* The network secret, then each node's key and ports. */
 /* Whether name is one of the comma-separated list's. */
 static bool in_list(const char *list, const char *name) {
         size_t len = strlen(name);
@@ -285,19 +284,30 @@ static bool in_list(const char *list, const char *name) {
         return false;
 }
 
-/* Every name in --behind-nat is a node of the swarm. */
-static int check_behind_nat(const Swarm *s) {
-        const char *list = s->o->behind_nat;
-        for (const char *p = list; p && *p; p += strcspn(p, ",") + (p[strcspn(p, ",")] == ',')) {
+/* Whether the len bytes at name are one of the swarm's nodes (c1s1 to
+ * cCsS). */
+static bool is_node(const SwarmOptions *o, const char *name, size_t len) {
+        char node[32];
+        for (unsigned c = 1; c <= o->clusters; c++)
+                for (unsigned s = 1; s <= o->stages; s++)
+                        if ((size_t)snprintf(node, sizeof node, "c%us%u", c, s) == len && !strncmp(name, node, len))
+                                return true;
+        return false;
+}
+
+int swarm_check_behind_nat(const SwarmOptions *o) {
+        const char *list = o->behind_nat;
+        for (const char *p = list; p; p = p[strcspn(p, ",")] ? p + strcspn(p, ",") + 1 : NULL) {
                 size_t len = strcspn(p, ",");
-                bool found = false;
-                for (unsigned i = 0; i < s->n && !found; i++)
-                        found = strlen(s->nodes[i].name) == len && strncmp(p, s->nodes[i].name, len) == 0;
-                if (!found) {
-                        log_error("--behind-nat: \"%.*s\" is not a node of this swarm (c1s1 to c%us%u)", (int)len,
-                                  p, s->o->clusters, s->o->stages);
-                        return -EINVAL;
-                }
+                if (is_node(o, p, len))
+                        continue;
+                if (len)
+                        log_error("Invalid value for --behind-nat: \"%s\" (%.*s is not a node of this swarm, c1s1 to "
+                                  "c%us%u)", list, (int)len, p, o->clusters, o->stages);
+                else
+                        log_error("Invalid value for --behind-nat: \"%s\" (an empty name; a comma-separated list "
+                                  "of this swarm's nodes, c1s1 to c%us%u)", list, o->clusters, o->stages);
+                return -EINVAL;
         }
         return 0;
 }
@@ -330,6 +340,7 @@ static void stop_relay(Swarm *s) {
         s->relay = relay_free(s->relay);
 }
 
+/* The network secret, then each node's key and ports. */
 static int make_nodes(Swarm *s) {
         uint8_t *secret = s->secret;
         char hex[2 * HANDSHAKE_SECRET_SIZE + 2], path[512];
@@ -798,9 +809,9 @@ int swarm_run(const SwarmOptions *o, const volatile sig_atomic_t *stop, SwarmRes
         s->res.clusters = o->clusters;
         for (unsigned c = 0; c < MAX_NODES; c++)
                 s->res.accuracy[c] = s->res.loss[c] = -1;
-        if ((r = swarm_plan(s)) < 0 || (r = make_dir(s)) < 0)
+        if ((r = swarm_check_behind_nat(o)) < 0 || (r = swarm_plan(s)) < 0 || (r = make_dir(s)) < 0)
                 return r;
-        if ((r = make_nodes(s)) >= 0 && (r = check_behind_nat(s)) >= 0 && (r = start_relay(s)) >= 0 &&
+        if ((r = make_nodes(s)) >= 0 && (r = start_relay(s)) >= 0 &&
             (r = write_configs(s)) >= 0) {
                 print_plan(s);
                 /* last stages first, so the links find them listening */

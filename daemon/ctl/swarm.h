@@ -53,4 +53,8 @@ typedef struct SwarmResult {
         double samples_per_sec; /* last stages together */
 } SwarmResult;
 
+/* -EINVAL, said, unless o->behind_nat is NULL or a comma-separated list of
+ * the swarm's nodes (c1s1 to cCsS), each named; swarm_run() checks it
+ * before it makes anything, a command line may check it with the others. */
+int swarm_check_behind_nat(const SwarmOptions *o);
 int swarm_run(const SwarmOptions *o, const volatile sig_atomic_t *stop, SwarmResult *ret);

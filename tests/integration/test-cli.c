@@ -4,6 +4,7 @@
 #include <criterion/criterion.h>
 
 #include "../lib/proc.h"
+#include <ctype.h>
 #include <signal.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -17,6 +18,16 @@
 static int run(Proc *p, char *const argv[]) {
         proc_start(p, argv, NULL);
         return proc_exit(p);
+}
+
+/* ravnestctl(1) as in the source. */
+static const char *read_man(void) {
+        static char man[131072];
+        FILE *f = fopen(SOURCE_ROOT "/man/ravnestctl.1", "re");
+        cr_assert_not_null(f);
+        man[fread(man, 1, sizeof man - 1, f)] = 0;
+        fclose(f);
+        return man;
 }
 
 Test(cli, every_command_answers_help) {
@@ -85,12 +96,32 @@ static const BadArgs bad_args[] = {
         { { RAVNESTCTL, "predict", "--bogus" }, "'--bogus'" },
         { { RAVNESTCTL, "predict", "--params", "100", "--job", "/nonexistent.job" }, "--params and --job both" },
         { { RAVNESTCTL, "job", "-x" }, "'x'" },
-        { { RAVNESTCTL, "job" }, "Usage: ravnestctl job FILE" },
+        { { RAVNESTCTL, "job" }, "ravnestctl job: missing argument FILE\nUsage: ravnestctl job FILE" },
         { { RAVNESTCTL, "job", "a.job", "b.job" }, "\"b.job\"" },
         { { RAVNESTCTL, "identity", "--bogus" }, "'--bogus'" },
         { { RAVNESTCTL, "identity", "/a", "/b" }, "\"/b\"" },
         { { RAVNESTCTL, "status", "--bogus" }, "'--bogus'" },
-        { { RAVNESTCTL, "status", "extra" }, "extra" },
+        /* every command says a missing or extra operand in the same words */
+        { { RAVNESTCTL, "status", "extra" }, "ravnestctl status: unexpected argument \"extra\"" },
+        { { RAVNESTCTL, "top", "extra" }, "ravnestctl top: unexpected argument \"extra\"" },
+        { { RAVNESTCTL, "predict", "extra" }, "ravnestctl predict: unexpected argument \"extra\"" },
+        { { RAVNESTCTL, "generate", "extra" }, "ravnestctl generate: unexpected argument \"extra\"" },
+        { { RAVNESTCTL, "export", "extra" }, "ravnestctl export: unexpected argument \"extra\"" },
+        { { RAVNESTCTL, "plot" }, "ravnestctl plot: missing argument RUN_DIR\nUsage: ravnestctl plot" },
+        { { RAVNESTCTL, "plot", "a", "b" }, "ravnestctl plot: unexpected argument \"b\"\nUsage: ravnestctl plot" },
+        { { RAVNESTCTL, "plan" }, "ravnestctl plan: missing argument NODES_FILE" },
+        /* an empty path is no path (it was tried, "Connection refused") */
+        { { RAVNESTCTL, "status", "--socket", "" }, "ravnestctl status: --socket is empty" },
+        { { RAVNESTCTL, "checkpoint", "--json", "--socket", "" }, "ravnestctl checkpoint: --socket is empty" },
+        { { RAVNESTCTL, "top", "--socket", "", "--iterations", "1" }, "ravnestctl top: --socket is empty" },
+        { { RAVNESTCTL, "predict", "--socket", "" }, "ravnestctl predict: --socket is empty" },
+        { { RAVNESTCTL, "export", "--job", "a.job", "--checkpoint", "a.ckpt", "--output", "" },
+          "ravnestctl export: --output is empty" },
+        /* --behind-nat is a list of the swarm's nodes, checked before anything starts */
+        { { RAVNESTCTL, "swarm", "--behind-nat", "", NO_JOB }, "--behind-nat: \"\" (an empty name; a comma-separated" },
+        { { RAVNESTCTL, "swarm", "--behind-nat", "c1s1,", NO_JOB }, "--behind-nat: \"c1s1,\" (an empty name" },
+        { { RAVNESTCTL, "swarm", "--behind-nat", "c1s1,c3s1", NO_JOB },
+          "--behind-nat: \"c1s1,c3s1\" (c3s1 is not a node of this swarm, c1s1 to c2s2)" },
         { { RAVNESTCTL, "version", "extra" }, "\"extra\"" },
         { { RAVNESTD, "--epochs", "0" }, "Invalid value for --epochs: 0 (an integer from 1 to 1000000)" },
         { { RAVNESTD, "--threads", "abc" }, "Invalid value for --threads: abc (an integer from 1 to 256)" },
@@ -159,6 +190,170 @@ Test(cli, status_gives_up_on_a_socket_that_never_answers, .timeout = 60) {
         test_remove_tree(dir);
 }
 
+/* A path at --socket or RAVNEST_SOCKET that is there but is not a socket
+ * (a file, a directory) is said to be none (it was "Connection refused"),
+ * exit 69 as for a node not there, and --json still answers "unreachable";
+ * RAVNEST_SOCKET set but empty is a usage error (it was tried as a path). */
+static void empty_ravnest_socket(void) {
+        setenv("RAVNEST_SOCKET", "", 1);
+}
+
+Test(cli, a_path_that_is_not_a_socket_is_said_to_be_none) {
+        char dir[] = "/tmp/ravnest-test-notsock-XXXXXX", file[128], want[200];
+        cr_assert_not_null(mkdtemp(dir));
+        snprintf(file, sizeof file, "%s/control", dir);
+        test_write_file(file, "", 0644);
+        const char *const paths[] = { file, dir };
+        Proc p;
+        for (int i = 0; i < 2; i++) {
+                snprintf(want, sizeof want, "ravnestd is not running, or not reachable: %s is not a socket", paths[i]);
+                int code = run(&p, (char *[]){ RAVNESTCTL, "status", "--socket", (char *)paths[i], NULL });
+                cr_expect_eq(code, 69, "%s: exit %d: %s", paths[i], code, p.out);
+                cr_expect(strstr(p.out, want), "%s: %s", paths[i], p.out);
+                code = run(&p, (char *[]){ RAVNESTCTL, "pause", "--json", "--socket", (char *)paths[i], NULL });
+                cr_expect_eq(code, 69, "%s: exit %d: %s", paths[i], code, p.out);
+                cr_expect(strstr(p.out, "{\"State\": \"unreachable\", \"Error\": ") && strstr(p.out, "is not a socket\"}"),
+                          "%s", p.out);
+        }
+        test_remove_tree(dir);
+        proc_start(&p, (char *[]){ RAVNESTCTL, "status", NULL }, empty_ravnest_socket);
+        int code = proc_exit(&p);
+        cr_expect_eq(code, 64, "exit %d: %s", code, p.out);
+        cr_expect(strstr(p.out, "ravnestctl status: RAVNEST_SOCKET is empty"), "%s", p.out);
+}
+
+/* predict asked for the node's figures, with some given, says the node
+ * could not be reached and which figures are still missing (it said "no
+ * figures given"); --json answers with an object there too. */
+Test(cli, predict_without_its_node_names_the_figures_still_missing) {
+        Proc p;
+        int code = run(&p, (char *[]){ RAVNESTCTL, "predict", "--node", "--socket", "/nonexistent/control",
+                                       "--compute-ms", "5", NULL });
+        cr_expect_eq(code, 69, "exit %d: %s", code, p.out);
+        cr_expect(strstr(p.out, "predict: the local node is not reachable (/nonexistent/control: No such file or "
+                                "directory): give the figures still missing, --bandwidth, --nodes and --params or "
+                                "--job"), "%s", p.out);
+        cr_expect(!strstr(p.out, "no figures given"), "%s", p.out);
+        code = run(&p, (char *[]){ RAVNESTCTL, "predict", "--json", "--socket", "/nonexistent/control", NULL });
+        cr_expect_eq(code, 69, "exit %d: %s", code, p.out);
+        cr_expect(strstr(p.out, "{\"State\": \"unreachable\", \"Error\": \"predict: the local node is not reachable"),
+                  "%s", p.out);
+        /* without a node to ask, a usage error, said on stderr alone as every one is */
+        code = run(&p, (char *[]){ RAVNESTCTL, "predict", "--json", "--compute-ms", "5", "--nodes", "4", NULL });
+        cr_expect_eq(code, 64, "exit %d: %s", code, p.out);
+        cr_expect(strstr(p.out, "ravnestctl predict: missing figures: give --bandwidth and --params or --job\n"),
+                  "%s", p.out);
+        cr_expect(!strstr(p.out, "{\"Error\""), "%s", p.out);
+}
+
+/* Every command under --json answers with a JSON object when it fails, as
+ * on success (checkpoint printed nothing on stdout): checkpoint and pause of
+ * a node that cannot, plan of a nodes file not there. And status --json
+ * gives every property the example in ravnestctl(1) shows, no other. */
+Test(cli, json_commands_answer_json_when_they_fail, .timeout = 60) {
+        char dir[] = "/tmp/ravnest-test-json-XXXXXX", conf[128], sock[128], text[512];
+        cr_assert_not_null(mkdtemp(dir));
+        snprintf(conf, sizeof conf, "%s/u.conf", dir);
+        snprintf(sock, sizeof sock, "%s/ctl", dir);
+        snprintf(text, sizeof text, "state_directory = \"%s/state\";\ncontrol_socket = \"%s\";\n", dir, sock);
+        test_write_file(conf, text, 0644);
+        Proc d, p;
+        proc_start(&d, (char *[]){ RAVNESTD, "--config", conf, NULL }, NULL);
+        cr_assert(proc_wait_for(&d, "unconfigured", 30000), "%s", d.out);
+        int code = run(&p, (char *[]){ RAVNESTCTL, "checkpoint", "--json", "--socket", sock, NULL });
+        cr_expect_eq(code, 75, "exit %d: %s", code, p.out);
+        cr_expect(strstr(p.out, "{\"Error\": \"Checkpoint failed: "), "%s", p.out);
+        code = run(&p, (char *[]){ RAVNESTCTL, "status", "--json", "--socket", sock, NULL });
+        cr_expect_eq(code, 0, "exit %d: %s", code, p.out);
+        const char *example = strstr(read_man(), "$ ravnestctl status \\-\\-json\n{");
+        cr_assert(example, "no status --json example in ravnestctl(1)");
+        int served = 0;
+        for (const char *k = strchr(p.out, '{'); k && (k = strchr(k, '"')); served++) { /* "Name": value, ... */
+                char name[64], want[80];
+                cr_assert_eq(sscanf(k, "\"%63[^\"]\"", name), 1, "%s", k);
+                snprintf(want, sizeof want, "\"%s\": ", name);
+                cr_expect(strstr(example, want), "ravnestctl(1)'s status --json example lacks %s", name);
+                k = strstr(k + strlen(name) + 2, ", \"");
+                k = k ? k + 2 : NULL;
+        }
+        const char *end = strstr(example, "}\n.fi");
+        cr_assert(end);
+        int shown = 0;
+        for (const char *k = example; (k = strstr(k, "\": ")) && k < end; k++)
+                shown++;
+        cr_expect_eq(shown, served, "ravnestctl(1) shows %d properties, the node serves %d: %s", shown, served, p.out);
+        kill(d.pid, SIGTERM);
+        cr_expect_eq(proc_exit(&d), 0, "%s", d.out);
+        test_remove_tree(dir);
+        code = run(&p, (char *[]){ RAVNESTCTL, "plan", "--json", "/nonexistent/nodes.conf", "--job",
+                                   SOURCE_ROOT "/config/jobs/fashion-mnist-mlp.job", NULL });
+        cr_expect_eq(code, 78, "exit %d: %s", code, p.out);
+        cr_expect(strstr(p.out, "{\"Error\": \"/nonexistent/nodes.conf"), "%s", p.out);
+}
+
+/* plot refuses an output that is not a regular file, as export does (it
+ * wrote into /dev/null, rsvg-convert failed on it, and it exited 0 saying
+ * the SVG was there; a FIFO would have held it for ever). */
+Test(cli, plot_refuses_an_output_that_is_not_a_regular_file, .timeout = 30) {
+        char dir[] = "/tmp/ravnest-test-plot-XXXXXX", sub[128], series[160], fifo[128];
+        cr_assert_not_null(mkdtemp(dir));
+        snprintf(sub, sizeof sub, "%s/c1s1", dir);
+        cr_assert_eq(mkdir(sub, 0755), 0);
+        snprintf(series, sizeof series, "%s/job.series.csv", sub);
+        test_write_file(series, "time,elapsed,epoch,step,train_loss,valid_loss,samples_per_sec\n"
+                                "1,1,1,1,0.5,,10\n2,2,1,2,0.4,,11\n", 0644);
+        snprintf(fifo, sizeof fifo, "%s/fifo.svg", dir);
+        cr_assert_eq(mkfifo(fifo, 0600), 0);
+        const char *const outputs[] = { "/dev/null", fifo, sub };
+        Proc p;
+        for (int i = 0; i < 3; i++) {
+                int code = run(&p, (char *[]){ RAVNESTCTL, "plot", dir, "-o", (char *)outputs[i], NULL });
+                cr_expect_eq(code, 73, "%s: exit %d: %s", outputs[i], code, p.out);
+                cr_expect(strstr(p.out, "is not a regular file"), "%s: %s", outputs[i], p.out);
+        }
+        int code = run(&p, (char *[]){ RAVNESTCTL, "plot", dir, NULL });
+        test_remove_tree(dir);
+        cr_expect_eq(code, 0, "exit %d: %s", code, p.out);
+        cr_expect(strstr(p.out, "series.svg: 1 series"), "%s", p.out);
+}
+
+/* A --ravnestd that is not an executable file is refused before anything
+ * is made or started (the swarm started, and ended "c2s2 ended with status
+ * 127"). */
+Test(cli, swarm_refuses_a_ravnestd_that_is_not_an_executable_file) {
+        char dir[] = "/tmp/ravnest-test-cli-XXXXXX", swarm_dir[160], want[256];
+        cr_assert_not_null(mkdtemp(dir));
+        snprintf(swarm_dir, sizeof swarm_dir, "%s/swarm", dir);
+        const char *const daemons[] = { "/nonexistent/ravnestd", dir, "/etc/passwd" };
+        const char *const says[] = { "/nonexistent/ravnestd: No such file or directory", "%s is not an executable file",
+                                     "/etc/passwd is not an executable file" };
+        for (int i = 0; i < 3; i++) {
+                Proc p;
+                int code = run(&p, (char *[]){ RAVNESTCTL, "swarm", "--ravnestd", (char *)daemons[i], "--dir",
+                                               swarm_dir, "--job", SOURCE_ROOT "/config/jobs/fashion-mnist-mlp.job",
+                                               NULL });
+                char what[200];
+                snprintf(what, sizeof what, says[i], dir);
+                snprintf(want, sizeof want, "ravnestctl swarm: --ravnestd %s", what);
+                cr_expect_eq(code, 66, "%s: exit %d: %s", daemons[i], code, p.out);
+                cr_expect(strstr(p.out, want), "%s: %s", daemons[i], p.out);
+                cr_expect(access(swarm_dir, F_OK) < 0, "%s: the swarm's directory was made", daemons[i]);
+        }
+        test_remove_tree(dir);
+}
+
+/* ravnestctl without a command is a usage error: its help goes to stderr,
+ * nothing to stdout. */
+Test(cli, no_command_is_a_usage_error_on_stderr) {
+        Proc p;
+        int code = run(&p, (char *[]){ "/bin/sh", "-c", RAVNESTCTL " 2>/dev/null", NULL });
+        cr_expect_eq(code, 64, "exit %d: %s", code, p.out);
+        cr_expect_eq(p.len, 0, "on stdout: %s", p.out);
+        code = run(&p, (char *[]){ RAVNESTCTL, NULL });
+        cr_expect_eq(code, 64, "exit %d: %s", code, p.out);
+        cr_expect(strstr(p.out, "ravnestctl: missing command\nUsage: ravnestctl COMMAND"), "%s", p.out);
+}
+
 /* The benchmarks too (built with -Dbenchmarks=true, the default). */
 Test(cli, benchmarks_answer_help_and_refuse_unknown_arguments) {
         static const char *const benches[] = { "bench-allreduce", "bench-formation", "bench-gossip", "bench-moshpit",
@@ -182,6 +377,131 @@ Test(cli, benchmarks_answer_help_and_refuse_unknown_arguments) {
                 cr_expect_eq(code, 64, "%s extra: exit %d: %s", *b, code, p.out);
                 cr_expect(strstr(p.out, "\"extra\""), "%s extra: %s", *b, p.out);
         }
+}
+
+/* ---- ravnestctl(1), ravnestctl help and each command's --help agree ------ */
+
+/* Whether text has word whole: not the end of a longer option ("-o" in
+ * "--output") nor the start of one (roff's "\-" goes on with a dash). */
+static bool has_word(const char *text, const char *word) {
+        size_t len = strlen(word);
+        for (const char *at = text; (at = strstr(at, word)); at++) {
+                char before = at > text ? at[-1] : ' ', after = at[len];
+                if (before != '-' && !isalnum((unsigned char)after) && after != '-' &&
+                    !(after == '\\' && at[len + 1] == '-'))
+                        return true;
+        }
+        return false;
+}
+
+/* The next option at or after *at in a usage text ("--socket", "-o"): a
+ * dash after a space or a bracket, a second one or not, a letter, then
+ * letters, digits and dashes. */
+static bool next_option(const char **at, char opt[static 48]) {
+        for (const char *s = *at; (s = strchr(s, '-')); s++) {
+                int len = 0;
+                if (strchr(" [(|", s[-1]) && sscanf(s, "%47[-a-z0-9]%n", opt, &len) == 1 &&
+                    isalpha((unsigned char)opt[opt[1] == '-' ? 2 : 1])) {
+                        *at = s + len;
+                        return true;
+                }
+        }
+        return false;
+}
+
+/* The entry of `ravnestctl help` for cmd: from its line to the next
+ * command's (an entry's first line is indented two spaces, the rest more). */
+static void help_entry(const char *help, const char *cmd, char *entry, size_t n) {
+        char head[32];
+        snprintf(head, sizeof head, "\n  %s ", cmd);
+        const char *at = strstr(help, head);
+        if (!at) { /* resume: on pause's line */
+                snprintf(head, sizeof head, ", %s ", cmd);
+                for (at = strstr(help, head); at && at[0] != '\n'; at--)
+                        ;
+        }
+        cr_assert(at, "ravnestctl help has no entry for %s:\n%s", cmd, help);
+        const char *end = at + 1;
+        while ((end = strstr(end, "\n  ")) && end[3] == ' ')
+                end++;
+        snprintf(entry, n, "%.*s", end ? (int)(end - at) + 1 : (int)strlen(at), at); /* its last newline too */
+}
+
+/* Every option a command's --help gives is in ravnestctl(1), and in the
+ * command's entry of ravnestctl help unless that entry ends its options with
+ * "..." (swarm's and predict's, too many for it): help lacked plan's
+ * --micro-batch, --staleness and --similarity and status's --socket, the
+ * page plot's -o. */
+Test(cli, help_and_man_page_name_every_option) {
+        static const char *const commands[] = { "job", "plan", "predict", "generate", "export", "identity", "swarm",
+                                                "top", "plot", "status", "pause", "resume", "checkpoint", NULL };
+        const char *man = read_man();
+        Proc h;
+        cr_assert_eq(run(&h, (char *[]){ RAVNESTCTL, "help", NULL }), 0, "%s", h.out);
+        for (const char *const *c = commands; *c; c++) {
+                Proc p;
+                char entry[1024], opt[48], roff[128];
+                cr_assert_eq(run(&p, (char *[]){ RAVNESTCTL, (char *)*c, "--help", NULL }), 0, "%s", p.out);
+                help_entry(h.out, *c, entry, sizeof entry);
+                bool abridged = strstr(entry, " ...\n") != NULL;
+                for (const char *at = p.out; next_option(&at, opt);) {
+                        if (!strcmp(opt, "--help") || !strcmp(opt, "-h"))
+                                continue;
+                        roff[0] = 0;
+                        for (const char *ch = opt; *ch; ch++)
+                                snprintf(roff + strlen(roff), sizeof roff - strlen(roff), *ch == '-' ? "\\-" : "%c", *ch);
+                        cr_expect(has_word(man, roff), "ravnestctl(1) does not name %s's %s", *c, opt);
+                        cr_expect(abridged || has_word(entry, opt), "ravnestctl help does not name %s's %s:\n%s", *c,
+                                  opt, entry);
+                }
+        }
+}
+
+/* Each exit status a command returns is one ravnestctl(1) gives for it
+ * (its EXIT STATUS had no 66, and 65 not for plan). */
+typedef struct ExitCase {
+        int code;
+        const char *command; /* as the page's EXIT STATUS item names it */
+        const char *argv[10];
+} ExitCase;
+
+Test(cli, exit_statuses_are_the_man_pages) {
+        char dir[] = "/tmp/ravnest-test-exit-XXXXXX", nodes[128], none[128], empty[128], series[128];
+        cr_assert_not_null(mkdtemp(dir));
+        snprintf(nodes, sizeof nodes, "%s/nodes.conf", dir);
+        test_write_file(nodes, "nodes = ( { name = \"a\"; gflops = 1.0; memory = \"1M\"; bandwidth = 1.0; } );\n", 0644);
+        snprintf(none, sizeof none, "%s/none", dir);
+        snprintf(empty, sizeof empty, "%s/empty", dir);
+        cr_assert_eq(mkdir(empty, 0755), 0);
+        snprintf(series, sizeof series, "%s/c1s1.series.csv", dir);
+        test_write_file(series, "elapsed,train_loss\n1,0.5\n", 0644);
+        const ExitCase cases[] = {
+                { 65, "plan", { "plan", nodes, "--job", SOURCE_ROOT "/config/jobs/fashion-mnist-mlp.job" } },
+                { 66, "plot", { "plot", empty } },
+                { 66, "top", { "top", "--swarm", none, "--iterations", "1" } },
+                { 66, "swarm", { "swarm", "--ravnestd", none } },
+                { 69, "predict", { "predict", "--socket", none } },
+                { 73, "plot", { "plot", dir, "-o", "/dev/null" } },
+                { 78, "plan", { "plan", none, "--job", SOURCE_ROOT "/config/jobs/fashion-mnist-mlp.job" } },
+                {},
+        };
+        const char *page = strstr(read_man(), "\n.SH EXIT STATUS\n");
+        cr_assert(page);
+        for (const ExitCase *e = cases; e->code; e++) {
+                char *argv[12] = { RAVNESTCTL }, head[16], item[2048];
+                for (int i = 0; e->argv[i]; i++)
+                        argv[i + 1] = (char *)e->argv[i];
+                Proc p;
+                int code = run(&p, argv);
+                cr_expect_eq(code, e->code, "%s: exit %d: %s", e->command, code, p.out);
+                snprintf(head, sizeof head, "\n.TP\n%d\n", e->code);
+                const char *at = strstr(page, head), *end = at ? strstr(at + 1, "\n.TP\n") : NULL;
+                cr_assert(at && end, "ravnestctl(1) gives no exit status %d", e->code);
+                snprintf(item, sizeof item, "%.*s", (int)(end - at), at);
+                cr_expect(strstr(item, e->command), "ravnestctl(1)'s exit status %d does not name %s", e->code,
+                          e->command);
+        }
+        test_remove_tree(dir);
 }
 
 /* ---- configuration messages, as ravnestd --check-config prints them ----- */
