@@ -7,6 +7,7 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
+#include <sodium.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -283,13 +284,23 @@ static bool stranger(const Link *o) {
         return o->state == LINK_HANDSHAKE && !o->initiator && !o->relay_waiting;
 }
 
+/* Whether a stranger's handshake has got as far as our HELLO_REPLY: it
+ * sent a HELLO, which a peer does as soon as it is connected. */
+static bool stranger_spoke(const Link *o) {
+        return o->hs.state != HS_WAIT_HELLO;
+}
+
 /* Strangers' handshakes are at their cap when a new one comes: the one to
- * give up is the oldest from the address that holds the most of them, so
- * a few addresses that keep the slots full cannot keep a real peer out
- * (its handshake takes a round trip, theirs must outlast every newcomer). */
+ * give up is from the address that holds the most of them (a few
+ * addresses cannot keep the places), and of those one that has sent
+ * nothing (the oldest), else one picked at random. Neither silent
+ * connections nor many addresses that open them faster than a peer's
+ * round trip can keep a peer out: a HELLO is never displaced by silence,
+ * and against HELLOs a peer's handshake lasts a while with some odds, where
+ * the oldest would always be the peer's. */
 static Link *stranger_to_drop(const Net *n) {
         Link *drop = NULL;
-        unsigned most = 0;
+        unsigned most = 0, ties = 0;
         for (unsigned i = 0; i < n->cfg.max_links; i++) {
                 Link *o = n->links[i];
                 if (!o || !stranger(o))
@@ -297,7 +308,15 @@ static Link *stranger_to_drop(const Net *n) {
                 unsigned k = 0;
                 for (unsigned j = 0; j < n->cfg.max_links; j++)
                         k += n->links[j] && stranger(n->links[j]) && net_addr_near(n->links[j]->addr, o->addr);
-                if (k > most || (k == most && o->deadline_ns < drop->deadline_ns)) {
+                bool better = k > most;
+                if (k == most && stranger_spoke(drop) != stranger_spoke(o))
+                        better = stranger_spoke(drop);
+                else if (k == most && !stranger_spoke(o))
+                        better = o->deadline_ns < drop->deadline_ns;
+                else if (k == most) /* each of the ties as likely */
+                        better = randombytes_uniform(++ties) == 0;
+                if (better) {
+                        ties = k > most || !stranger_spoke(o) ? 1 : ties;
                         drop = o;
                         most = k;
                 }
@@ -1064,8 +1083,12 @@ int net_run(Net *n, int timeout_ms) {
 void net_get_stats(const Net *n, NetStats *ret) {
         *ret = n->stats;
         ret->links = n->n_links; /* links, not their other lanes */
-        for (unsigned i = 0; i < n->cfg.max_links; i++)
-                ret->links -= n->links[i] && n->links[i]->extra;
+        ret->links_open = 0;
+        for (unsigned i = 0; i < n->cfg.max_links; i++) {
+                const Link *l = n->links[i];
+                ret->links -= l && l->extra;
+                ret->links_open += l && !l->extra && l->state == LINK_OPEN;
+        }
         ret->pool_in_use = n->pool ? n->pool->in_use : 0;
 }
 

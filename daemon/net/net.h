@@ -154,7 +154,8 @@ typedef struct NetStats {
         uint64_t bad_frames;                     /* malformed, forged, replayed, reordered */
         uint64_t limit_violations;               /* oversized, flooding, too slow */
         uint64_t timeouts;
-        unsigned links;
+        unsigned links;      /* every link, in its handshake or closing included (not its other lanes) */
+        unsigned links_open; /* of them, those whose handshake finished and that are not closing: peers */
         size_t pool_in_use;
         bool fallback; /* io_uring was asked for (auto) but is unavailable */
         int fallback_error;

@@ -141,19 +141,11 @@ static void describe_peer(const NetPeerInfo *info, char *out, size_t size) {
         snprintf(out, size, "%s at %s", hex, info->address);
 }
 
-static void on_closed(void *userdata, uint32_t peer, int reason, const uint8_t id[IDENTITY_PK_SIZE]) {
-        Node *node = userdata;
+void node_log_closed(Net *net, uint32_t peer, int reason, bool dials) {
         NetPeerInfo info = {};
         char who[IDENTITY_HEX_SIZE + 80], why[128], hex[IDENTITY_HEX_SIZE], fields[384];
 
-        forget_paused(node, peer);
-        NodePeer *p = configured_peer(node, peer);
-        if (p) { /* dialed again: at once after a link that was up, later after each failure */
-                p->link = -1;
-                p->next_dial_ns = now_ns() + (NSEC_PER_SEC << MIN(p->failures, 6u));
-                p->failures++;
-        }
-        if (net_peer_describe(node->net, peer, &info) < 0)
+        if (net_peer_describe(net, peer, &info) < 0)
                 snprintf(info.address, sizeof info.address, "?");
         describe_peer(&info, who, sizeof who);
         if (info.key_known)
@@ -165,6 +157,8 @@ static void on_closed(void *userdata, uint32_t peer, int reason, const uint8_t i
 
         bool refused = reason == -EACCES || reason == -EOPNOTSUPP || reason == -EKEYREJECTED;
         bool left = info.open && !refused && (reason == 0 || reason == -ECONNRESET);
+        if (!info.reached && !dials)
+                return;
         if (!info.reached && reason != 0) /* this node's own dial (again after a minute at most) */
                 log_event(LOG_WARNING, EVENT_PEER_LEFT, fields, "Failed to connect to %s (link %u): %s", info.address,
                           peer, reason == -ETIMEDOUT ? "no answer within the handshake timeout" : strerror(-reason));
@@ -184,6 +178,18 @@ static void on_closed(void *userdata, uint32_t peer, int reason, const uint8_t i
                 log_event(LOG_INFO, EVENT_PEER_LEFT, fields, "Peer %s left (link %u): %s", who, peer, why);
         else
                 log_event(LOG_WARNING, EVENT_PEER_LEFT, fields, "Dropped link %u with peer %s: %s", peer, who, why);
+}
+
+static void on_closed(void *userdata, uint32_t peer, int reason, const uint8_t id[IDENTITY_PK_SIZE]) {
+        Node *node = userdata;
+        forget_paused(node, peer);
+        NodePeer *p = configured_peer(node, peer);
+        if (p) { /* dialed again: at once after a link that was up, later after each failure */
+                p->link = -1;
+                p->next_dial_ns = now_ns() + (NSEC_PER_SEC << MIN(p->failures, 6u));
+                p->failures++;
+        }
+        node_log_closed(node->net, peer, reason, true);
 }
 
 void node_log_lane_refused(const char *what, int reason, const NetPeerInfo *info) {

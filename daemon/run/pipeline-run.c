@@ -184,16 +184,27 @@ static void run_tell_lost(Run *r) {
         }
 }
 
+/* A link closed: a neighbour's is waited for again (a drop of ours,
+ * -EBADRQC, was said when it was made); any other is logged as the node
+ * logs its links (a failed handshake, through the strangers' rate limit),
+ * but a stranger's this stage dropped once it was up (said then). */
 static void run_closed(void *ud, uint32_t peer, int reason, const uint8_t id[IDENTITY_PK_SIZE]) {
         Run *r = ud;
+        NetPeerInfo info = {};
+        char why[128];
+        (void)net_peer_describe(r->net, peer, &info);
         for (int i = 0; i < 2; i++)
                 if (r->dial_pending[i] && peer == r->dialing[i])
                         r->dial_pending[i] = false;
+        if ((int64_t)peer != r->prev_peer && (int64_t)peer != r->next_peer && !info.open)
+                node_log_closed(r->net, peer, reason, false);
         if ((int64_t)peer == r->prev_peer || (int64_t)peer == r->next_peer) {
                 bool prev = (int64_t)peer == r->prev_peer;
-                if (!r->finished)
-                        log_warning("%s stage left (%s); waiting for it to come back", prev ? "Previous" : "Next",
-                            reason ? strerror(-reason) : "said goodbye");
+                bool left = reason == 0 || reason == -ECONNRESET;
+                if (!r->finished && reason != -EBADRQC)
+                        log_warning("%s %s (%s); waiting for it to come back",
+                                    prev ? "Previous stage" : "Next stage", left ? "left" : "lost its link",
+                                    node_close_reason(reason, &info, why, sizeof why));
                 if (prev) { /* and paused no more: it says so again when it comes back paused */
                         r->prev_peer = -1;
                         r->prev_paused = false;
@@ -206,15 +217,17 @@ static void run_closed(void *ud, uint32_t peer, int reason, const uint8_t id[IDE
         }
 }
 
-/* A neighbour that sent what this stage cannot take (e: -EBADMSG, -ERANGE)
- * loses its link; the stage waits for it to come back, as for any loss. */
+/* A neighbour that sent what this stage cannot take (e: -EBADMSG, -ERANGE
+ * of a tensor, -EBADRQC of a message) loses its link; the stage waits for
+ * it to come back, as for any loss. */
 static void drop_bad_neighbour(Run *r, uint32_t peer, int e) {
         bool prev = (int64_t)peer == r->prev_peer;
         if (log_ratelimit(&bad_lines, LOG_WARNING, prev ? "the previous stage" : "the next stage"))
                 log_warning("Dropped the link of the %s stage: it sent %s", prev ? "previous" : "next",
-                            e == -ERANGE ? "values that are not finite (NaN or infinity)"
-                                         : "a tensor this stage does not expect");
-        net_close_peer(r->net, peer);
+                            e == -ERANGE    ? "values that are not finite (NaN or infinity)"
+                            : e == -EBADRQC ? "a message this stage cannot take (malformed or out of place)"
+                                            : "a tensor this stage does not expect");
+        net_drop_peer(r->net, peer, -EBADRQC);
 }
 
 static void run_tensor(void *ud, NetTensor *t) {
@@ -253,8 +266,8 @@ static void run_control(void *ud, uint32_t peer, uint8_t type, const uint8_t *p,
                 r->prev_quiesced = true;
                 return;
         }
-        if (type == FRAME_CONTROL && pipe_on_control(r->pipe, peer, p, len) < 0)
-                net_close_peer(r->net, peer);
+        if (type == FRAME_CONTROL && pipe_on_control(r->pipe, peer, p, len) == -EBADMSG)
+                drop_bad_neighbour(r, peer, -EBADRQC); /* (-ENOTCONN: the link is closing already) */
         run_tell_lost(r);
 }
 
@@ -472,7 +485,7 @@ static void report(Run *run, const PipeStats *st) {
         NetStats ns;
         NodeNetwork n = {};
         net_get_stats(run->net, &ns);
-        n.peers = ns.links + (run->av.active ? run->av.seen.connected : 0);
+        n.peers = ns.links_open + (run->av.active ? run->av.seen.connected : 0);
         n.paused_peers = run->prev_paused + run->next_paused;
         /* counters, this run's (the daemon adds those of the runs before):
          * the averager's are kept after it stopped, for the last report */

@@ -444,9 +444,11 @@ static void relay_input(BusClient *c) {
         }
         c->refused = true;
         snprintf(key, sizeof key, "uid %u", (unsigned)c->uid);
+        if (!log_ratelimit(&drop_lines, r == -EBADMSG ? LOG_NOTICE : LOG_WARNING, key))
+                return;
         if (r == -EBADMSG)
-                log_debug("Dropped a control client of uid %u: it does not speak D-Bus", (unsigned)c->uid);
-        else if (log_ratelimit(&drop_lines, LOG_WARNING, key))
+                log_notice("Dropped a control client of uid %u: it does not speak D-Bus", (unsigned)c->uid);
+        else
                 log_warning("Dropped a control client of uid %u: it announced a message of %llu bytes, and the "
                             "control socket takes %u at most", (unsigned)c->uid, (unsigned long long)size,
                             BUS_MAX_MESSAGE);
@@ -552,7 +554,11 @@ static int on_client(sd_event_source *s, int fd, uint32_t revents, void *userdat
                 return 0;
         }
         if ((slot = client_slot(b, cred.uid)) < 0) {
-                log_debug("Refused a control client: no place for uid %u", (unsigned)cred.uid);
+                char key[32];
+                snprintf(key, sizeof key, "uid %u", (unsigned)cred.uid);
+                if (log_ratelimit(&drop_lines, LOG_NOTICE, key))
+                        log_notice("Refused a control client of uid %u: no place (%u per user, %u in all)",
+                                   (unsigned)cred.uid, (unsigned)BUS_MAX_DIRECT_PER_USER, (unsigned)BUS_MAX_DIRECT);
                 close(cfd);
                 return 0;
         }

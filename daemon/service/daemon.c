@@ -33,7 +33,7 @@ static void report_network(Daemon *d) {
         if (d->node.active) {
                 NetStats st;
                 net_get_stats(d->node.net, &st);
-                n.peers = st.links;
+                n.peers = st.links_open;
                 n.paused_peers = d->node.paused_peers;
                 n.bytes_sent = n.traffic.peers_sent = st.bytes_sent;
                 n.bytes_received = n.traffic.peers_received = st.bytes_received;

@@ -127,6 +127,20 @@ static const char *origin_path(const char *url) {
         return path ?: "/";
 }
 
+static enum MHD_Result count_host(void *cls, enum MHD_ValueKind kind, const char *key, const char *value) {
+        (void)kind, (void)value;
+        *(unsigned *)cls += strcasecmp(key, MHD_HTTP_HEADER_HOST) == 0;
+        return MHD_YES;
+}
+
+/* A request names one host (RFC 9112, 3.2): two Host lines are 400, as
+ * none is (libmicrohttpd's strict mode checks that one). */
+static bool one_host(struct MHD_Connection *c) {
+        unsigned hosts = 0;
+        MHD_get_connection_values(c, MHD_HEADER_KIND, count_host, &hosts);
+        return hosts <= 1;
+}
+
 static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const char *url, const char *method,
                                   const char *version, const char *upload_data, size_t *upload_data_size,
                                   void **con_cls) {
@@ -150,6 +164,8 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         }
         __atomic_add_fetch(&w->requests, 1, __ATOMIC_RELAXED);
 
+        if (!one_host(c))
+                return answer_text(c, MHD_HTTP_BAD_REQUEST, "One Host header\n");
         if (strcmp(method, MHD_HTTP_METHOD_GET) != 0 && strcmp(method, MHD_HTTP_METHOD_HEAD) != 0)
                 return answer_text(c, MHD_HTTP_METHOD_NOT_ALLOWED, "Only GET and HEAD\n");
         url = origin_path(url);

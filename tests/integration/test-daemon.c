@@ -816,6 +816,7 @@ Test(daemon, the_control_socket_answers_a_call_sent_with_the_authentication_and_
                 }
                 cr_assert_eq(read(pipefd[0], &held, sizeof held), (ssize_t)sizeof held);
                 cr_assert_eq(held, BUS_MAX_DIRECT_PER_USER, "another user holds %d places", held);
+                cr_assert(proc_wait_for(&p, "Refused a control client of uid 65534: no place", 10000), "%s", p.out);
                 snprintf(cmd, sizeof cmd, "timeout 10 %s status --socket %s > /dev/null", RAVNESTCTL, sock);
                 cr_assert_eq(system(cmd), 0, "root's status with another user's clients connected");
                 kill(child, SIGKILL);

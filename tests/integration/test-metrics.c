@@ -165,6 +165,9 @@ Test(metrics, answers_and_refuses, .timeout = 180) {
         const char *no_host = "GET /metrics HTTP/1.1\r\nConnection: close\r\n\r\n";
         cr_assert_eq(http_raw(n.port, no_host, strlen(no_host), answer, sizeof answer), 400, "HTTP/1.1 without Host: %s",
                      answer);
+        const char *two_hosts = "GET /metrics HTTP/1.1\r\nHost: x\r\nHost: y\r\nConnection: close\r\n\r\n";
+        cr_assert_eq(http_raw(n.port, two_hosts, strlen(two_hosts), answer, sizeof answer), 400, "two Hosts: %s",
+                     answer);
         const char *spaced = "GET /met rics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n";
         int code = http_raw(n.port, spaced, strlen(spaced), answer, sizeof answer);
         cr_assert(code == 0 || code == 400, "a space in the target got %d: %s", code, answer);

@@ -49,6 +49,19 @@ static int swarm(Proc *p, char *const extra[]) {
         return 0;
 }
 
+/* The pipeline's listen port in a node's configuration file. */
+static uint16_t pipeline_port(const char *conf) {
+        char text[8192] = "";
+        FILE *f = fopen(conf, "r");
+        cr_assert(f, "%s", conf);
+        size_t n = fread(text, 1, sizeof text - 1, f);
+        fclose(f);
+        text[n] = '\0';
+        const char *at = strstr(text, "listen = \"127.0.0.1:");
+        cr_assert(at, "%s", text);
+        return (uint16_t)atoi(at + strlen("listen = \"127.0.0.1:"));
+}
+
 static pid_t node_pid(Proc *p, const char *name) {
         char want[64];
         snprintf(want, sizeof want, "swarm: started %s (pid ", name);
@@ -396,6 +409,20 @@ Test(swarm_short, a_stage_waiting_for_its_neighbour_is_not_busy, .timeout = 300)
         cr_assert(proc_wait_for(&alone, "stage 2/2: ", 60000), "%s", alone.out);
         cr_assert(proc_wait_for(&alone, "waiting for stage 1: not connected", 10000), "%s", alone.out);
         cr_assert_null(strstr(alone.out, "loss 0.0000, acc 0.00%"), "%s", alone.out);
+        /* connections in their handshake are no peers (they counted), and
+         * a failed handshake on the pipeline's port is logged (it was not) */
+        int silent[6], junk = test_connect_port(pipeline_port(conf));
+        for (int i = 0; i < 6; i++)
+                silent[i] = test_connect_port(pipeline_port(conf));
+        uint8_t other_version[32] = { 'R', 'V', 'N', '1', 9 }; /* a frame header of version 9 */
+        cr_assert_eq(write(junk, other_version, sizeof other_version), (ssize_t)sizeof other_version);
+        cr_assert(proc_wait_for(&alone, "peer speaks protocol version 9", 10000), "%s", alone.out);
+        proc_start(&st, (char *[]){ RAVNESTCTL, "status", "--json", "--socket", sock, NULL }, NULL);
+        cr_assert_eq(proc_exit(&st), 0, "%s", st.out);
+        cr_assert_eq(property(st.out, "Peers"), 0, "handshakes counted as peers: %s", st.out);
+        for (int i = 0; i < 6; i++)
+                close(silent[i]);
+        close(junk);
         bool reported = false;
         for (int k = 0; k < 120 && !reported; k++) {
                 proc_start(&st, (char *[]){ RAVNESTCTL, "status", "--json", "--socket", sock, NULL }, NULL);

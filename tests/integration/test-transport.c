@@ -423,8 +423,11 @@ static void raw_clear_frame(Raw *r, uint8_t type, const uint8_t *p, size_t len) 
         raw_write(r, p, len);
 }
 
-/* Run the handshake by hand; returns what went wrong, or 0 once WELCOME is in. */
-static int raw_handshake(Raw *r, uint16_t port, const HandshakeConfig *hc) {
+/* Run the handshake by hand, calling between() (when not NULL) after the
+ * HELLO_REPLY and before the AUTH, as a peer far away would take a while;
+ * returns what went wrong, or 0 once WELCOME is in. */
+static int raw_handshake_between(Raw *r, uint16_t port, const HandshakeConfig *hc, void (*between)(void *),
+                                 void *ud) {
         uint8_t buf[512], type, hdr[FRAME_HEADER_SIZE];
         FrameLimits lim = { 1 << 20, 1 << 16, 1 << 30 };
         FrameHeader h;
@@ -442,6 +445,8 @@ static int raw_handshake(Raw *r, uint16_t port, const HandshakeConfig *hc) {
         int e = handshake_recv(&r->hs, h.type, buf, h.length);
         if (e < 0)
                 return e;
+        if (between)
+                between(ud);
         n = handshake_next(&r->hs, &type, buf, sizeof buf);
         raw_clear_frame(r, type, buf, (size_t)n);
         Cipher c;
@@ -457,6 +462,10 @@ static int raw_handshake(Raw *r, uint16_t port, const HandshakeConfig *hc) {
         cr_assert(raw_read(r, tag, 16, 2000));
         cr_assert_eq(seal_open(&r->seal, hdr, &h, NULL, 0, tag), 0);
         return 0;
+}
+
+static int raw_handshake(Raw *r, uint16_t port, const HandshakeConfig *hc) {
+        return raw_handshake_between(r, port, hc, NULL, NULL);
 }
 
 /* A sealed frame: header, payload, tag, contiguous in out. */
@@ -754,6 +763,50 @@ static void crowd_and_hoard(NetBackendKind kind) {
         cr_assert_eq(st.links, 1);
         (void)r;
         fixture_down(&f);
+}
+
+/* Silent connections from many addresses, opened while a peer far away
+ * is in its handshake, each past the strangers' cap displacing one: they
+ * displace each other, not the peer that sent its HELLO (it was the oldest,
+ * and the first to go). */
+#define CROWD 100
+static int crowd[CROWD];
+
+static void open_crowd(void *port) {
+        for (int i = 0; i < CROWD; i++) {
+                crowd[i] = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+                struct sockaddr_in from = { .sin_family = AF_INET, .sin_addr.s_addr = htonl(0x7f010000u + 1 + (unsigned)i) };
+                struct sockaddr_in to = { .sin_family = AF_INET, .sin_port = htons(*(uint16_t *)port),
+                                          .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
+                cr_assert_eq(bind(crowd[i], (struct sockaddr *)&from, sizeof from), 0, "%s", strerror(errno));
+                cr_assert_eq(connect(crowd[i], (struct sockaddr *)&to, sizeof to), 0, "%s", strerror(errno));
+        }
+        usleep(300000); /* the server takes them all in */
+}
+
+static void crowd_does_not_displace_a_peer(NetBackendKind kind) {
+        Fixture f;
+        Raw r = {};
+        fixture_up(&f, kind, false);
+        cr_assert_eq(raw_handshake_between(&r, f.port, &f.raw_cfg, open_crowd, &f.port), 0,
+                     "a peer in its handshake was displaced by silent connections");
+        raw_close(&r);
+        bool dropped = false;
+        for (int i = 0; i < CROWD; i++) { /* past the cap (a quarter of 256 links), some gave way */
+                Raw c = { .fd = crowd[i] };
+                dropped |= raw_closed(&c, 0);
+                close(crowd[i]);
+        }
+        cr_assert(dropped, "no silent connection gave way");
+        (void)fixture_stats(&f); /* the good link still works */
+        fixture_down(&f);
+}
+
+Test(transport, a_crowd_of_silent_addresses_does_not_displace_a_peer_epoll, .timeout = 60) {
+        crowd_does_not_displace_a_peer(NET_BACKEND_EPOLL);
+}
+Test(transport, a_crowd_of_silent_addresses_does_not_displace_a_peer_uring, .timeout = 60) {
+        crowd_does_not_displace_a_peer(NET_BACKEND_URING);
 }
 
 /* An admitted peer that trickles a large tensor in, a byte now and then

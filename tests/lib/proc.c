@@ -14,6 +14,7 @@
 #include "proc.h"
 #include "util/rng.h"
 
+#include <errno.h>
 #include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -166,6 +167,15 @@ unsigned short test_free_port(void) {
         }
         cr_assert_fail("no free port in 20000-31999");
         return 0;
+}
+
+int test_connect_port(unsigned short port) {
+        int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+        struct sockaddr_in sa = { .sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK),
+                                  .sin_port = htons(port) };
+        cr_assert(fd >= 0 && connect(fd, (struct sockaddr *)&sa, sizeof sa) == 0, "connect to port %u: %s", port,
+                  strerror(errno));
+        return fd;
 }
 
 long proc_peak_rss_kib(pid_t pid) {

@@ -32,6 +32,8 @@ int proc_exit(Proc *p);
 int proc_exit_within(Proc *p, int timeout_ms);
 /* A loopback port that was free a moment ago (bound to port 0, let go). */
 unsigned short test_free_port(void);
+/* A TCP connection to 127.0.0.1:port (asserting), its descriptor. */
+int test_connect_port(unsigned short port);
 /* A process's peak resident memory (VmHWM), KiB; -1 if it is gone. */
 long proc_peak_rss_kib(pid_t pid);
 /* text into path (asserting), then chmod mode. */
