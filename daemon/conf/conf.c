@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <unistd.h>
 
 #include "util/file.h"
@@ -40,95 +41,26 @@ static bool name_char(char ch) {
         return name_start(ch) || (ch >= '0' && ch <= '9') || ch == '-' || ch == '_';
 }
 
-/* The settings a line names ("name =" or "name :"), outside strings and
- * comments: calls found(name, length, the text after the = or :) for each
- * until it returns true; that one's name is the result, else NULL. */
-static const char *find_name(const char *line, bool (*found)(const char *name, size_t n, const char *value,
-                                                              void *userdata),
-                             void *userdata, size_t *ret_n) {
-        for (const char *p = line; *p; p++) {
-                if (*p == '"') { /* a string: to its closing quote */
-                        for (p++; *p && *p != '"'; p++)
-                                if (*p == '\\' && p[1])
-                                        p++;
-                        if (!*p)
-                                break;
-                        continue;
-                }
-                if (*p == '#' || (p[0] == '/' && (p[1] == '/' || p[1] == '*')))
-                        break;
-                if (!name_start(*p) || (p > line && name_char(p[-1])))
-                        continue;
-                const char *start = p;
-                while (name_char(*p))
-                        p++;
-                size_t n = (size_t)(p - start);
-                const char *after = p + strspn(p, " \t");
-                if ((*after == '=' || *after == ':') && found(start, n, after + 1, userdata)) {
-                        *ret_n = n;
-                        return start;
-                }
-                p--;
-        }
-        return NULL;
-}
-
-/* The name a duplicate is about: one named twice on the line, else the
- * first the line names. */
-typedef struct Names {
-        const char *first;
-        size_t first_n;
-        const char *line;
-} Names;
-
-static bool named_twice(const char *name, size_t n, const char *value, void *userdata) {
-        Names *names = userdata;
-        if (!names->first) {
-                names->first = name;
-                names->first_n = n;
-        }
-        for (const char *p = names->line; p < name; p++)
-                if (strncmp(p, name, n) == 0 && !name_char(p[n]) && (p == names->line || !name_char(p[-1])))
-                        return true;
-        return false;
-}
-
 #define CONF_FILE_MAX (16 << 20)
+#define WALK_DEPTH 64
 
 /* The end of the string that opens at p (its closing quote), counting the
- * lines it spans into *n. */
-static const char *skip_string(const char *p, const char **line, int *n) {
+ * lines it spans into *line. */
+static const char *skip_string(const char *p, int *line) {
         for (p++; *p && *p != '"'; p++)
                 if (*p == '\\' && p[1])
                         p++;
-                else if (*p == '\n') {
-                        *line = p + 1;
-                        (*n)++;
-                }
+                else if (*p == '\n')
+                        (*line)++;
         return *p ? p : p - 1;
 }
 
-/* The name of the setting a number at p belongs to: the last "name =" or
- * "name :" before it on its line, outside strings (an array's, for its
- * elements), or "". */
-static void name_before(const char *line, const char *p, char *buf, size_t len) {
-        const char *eq = NULL;
-        int ignored = 0;
-        for (const char *q = line; q < p; q++)
-                if (*q == '"')
-                        q = skip_string(q, &line, &ignored);
-                else if (*q == '=' || *q == ':')
-                        eq = q;
-        buf[0] = '\0';
-        if (!eq)
-                return;
-        const char *end = eq;
-        while (end > line && (end[-1] == ' ' || end[-1] == '\t'))
-                end--;
-        const char *start = end;
-        while (start > line && name_char(start[-1]))
-                start--;
-        snprintf(buf, len, "%.*s: ", (int)(end - start), start);
+/* The end of the comment that opens at p ("/" then "*"), counting its lines. */
+static const char *skip_comment(const char *p, int *line) {
+        for (p += 2; *p && !(p[0] == '*' && p[1] == '/'); p++)
+                if (*p == '\n')
+                        (*line)++;
+        return *p ? p + 1 : p - 1;
 }
 
 /* Whether a digit at p starts a number: not inside a name ("layer2"), a
@@ -142,73 +74,212 @@ static bool number_starts(const char *text, const char *p) {
         return !name_char(b) && b != '.';
 }
 
-/* The number whose first digit is at p (line n, which starts at line): its
- * last character. One that does not fit what libconfig 1.5 reads it into
- * is appended to d, and *bad set: without the L suffix an integer is read
- * into 32 bits, its other bits dropped (99999999999 reads as 1215752191,
- * 4294967296 as 0; a hex one from 0x80000000 up as negative), and with it
- * one past 64 bits as the largest. */
-static const char *check_number(const char *path, const char *text, const char *line, int n, const char *p,
-                                bool *bad, Diag *d) {
-        const char *start = p > text && (p[-1] == '-' || p[-1] == '+') ? p - 1 : p;
+/* A walk through a file's text as libconfig reads it (strings and comments
+ * skipped, lines counted) that knows the settings around where it stands,
+ * so that what it finds is named by its full path, as conf_error() names
+ * a setting ("network.peers.[1]"). walk_next() stops at each: */
+typedef enum WalkStop {
+        WALK_END,
+        WALK_NAME,    /* a setting's name: at, at_n */
+        WALK_NUMBER,  /* the first digit of a number: at */
+        WALK_OPEN,    /* a group, list or array opened: frame[depth] */
+        WALK_CLOSE,   /* and closed: frame[depth + 1] was it */
+        WALK_INCLUDE, /* an @include */
+} WalkStop;
+
+typedef struct Walk {
+        const char *text, *p; /* p: where the walk goes on */
+        const char *at;
+        size_t at_n;
+        int line;             /* of at, from 1 */
+        int depth;            /* frame[0] is the top level */
+        int deeper;           /* levels open past WALK_DEPTH: in no frame, and unnamed */
+        struct {
+                char open;        /* '{' (a group or the top level), '(' or '[' */
+                const char *name; /* a group: the last setting named in it */
+                size_t name_n;
+                int index;        /* a list or array: the element the walk is in */
+        } frame[WALK_DEPTH];
+} Walk;
+
+static void walk_start(Walk *w, const char *text) {
+        *w = (Walk){ .text = text, .p = text, .line = 1 };
+        w->frame[0].open = '{';
+}
+
+/* At a word at p: in a group (or the top level) every word but true and
+ * false is a setting's name, as libconfig's grammar has it, with or without
+ * the "=" that should follow. The place to walk on from. */
+static const char *walk_name(Walk *w, const char *p, bool *ret_setting) {
+        const char *end = p;
+        while (name_char(*end))
+                end++;
+        size_t n = (size_t)(end - p);
+        bool boolean = (n == 4 && strncasecmp(p, "true", 4) == 0) || (n == 5 && strncasecmp(p, "false", 5) == 0);
+        *ret_setting = !w->deeper && w->frame[w->depth].open == '{' && !boolean;
+        if (*ret_setting) {
+                w->at = w->frame[w->depth].name = p;
+                w->at_n = w->frame[w->depth].name_n = n;
+        }
+        return end;
+}
+
+/* At a bracket c: whether it opened or closed a frame the walk keeps. */
+static bool walk_nest(Walk *w, char c) {
+        bool open = c == '{' || c == '(' || c == '[';
+        if (w->deeper || (open && w->depth + 1 == WALK_DEPTH)) {
+                w->deeper += open ? 1 : -1;
+                return false;
+        }
+        if (!open) {
+                if (w->depth == 0) /* one too many: a syntax error libconfig reports */
+                        return false;
+                w->depth--;
+                return true;
+        }
+        w->depth++;
+        w->frame[w->depth].open = c;
+        w->frame[w->depth].name = NULL;
+        w->frame[w->depth].index = 0;
+        return true;
+}
+
+static WalkStop walk_next(Walk *w) {
+        const char *p;
+        for (p = w->p; *p; p++) {
+                bool setting;
+                if (*p == '\n')
+                        w->line++;
+                else if (*p == '"')
+                        p = skip_string(p, &w->line);
+                else if (*p == '#' || (p[0] == '/' && p[1] == '/'))
+                        p += strcspn(p, "\n") - 1;
+                else if (p[0] == '/' && p[1] == '*')
+                        p = skip_comment(p, &w->line);
+                else if (strchr("{([})]", *p)) {
+                        if (walk_nest(w, *p)) {
+                                w->p = p + 1;
+                                return strchr("{([", *p) ? WALK_OPEN : WALK_CLOSE;
+                        }
+                } else if (*p == ',' && !w->deeper && w->frame[w->depth].open != '{')
+                        w->frame[w->depth].index++;
+                else if (*p >= '0' && *p <= '9' && number_starts(w->text, p)) {
+                        w->at = p;
+                        w->p = p + 1;
+                        return WALK_NUMBER;
+                } else if (name_start(*p) && (p == w->text || !name_char(p[-1]))) {
+                        w->p = walk_name(w, p, &setting);
+                        if (setting)
+                                return WALK_NAME;
+                        p = w->p - 1;
+                } else if (strncmp(p, "@include", 8) == 0) {
+                        w->p = p + 8;
+                        return WALK_INCLUDE;
+                }
+        }
+        w->p = p;
+        return WALK_END;
+}
+
+/* The full path of where the walk stopped: "network.max_tensor" for a name
+ * or the number it is set to, "network.peers.[1]" for an element. */
+static void walk_path(const Walk *w, char *buf, size_t len) {
+        size_t used = 0;
+        buf[0] = '\0';
+        for (int i = 0; i <= w->depth && used < len; i++) {
+                const char *sep = used ? "." : "";
+                if (w->frame[i].open != '{')
+                        used += (size_t)snprintf(buf + used, len - used, "%s[%d]", sep, w->frame[i].index);
+                else if (w->frame[i].name)
+                        used += (size_t)snprintf(buf + used, len - used, "%s%.*s", sep, (int)w->frame[i].name_n,
+                                                 w->frame[i].name);
+        }
+}
+
+/* The number whose first digit the walk stopped at: one that does not fit
+ * what libconfig 1.5 reads it into is appended to d, and *bad set: without
+ * the L suffix an integer is read into 32 bits, its other bits dropped
+ * (99999999999 reads as 1215752191, 4294967296 as 0; a hex one from
+ * 0x80000000 up as negative), and with it one past 64 bits as the largest.
+ * The walk goes on after it. */
+static void check_number(const char *path, Walk *w, bool *bad, Diag *d) {
+        const char *p = w->at, *start = p > w->text && (p[-1] == '-' || p[-1] == '+') ? p - 1 : p;
         bool hex = p[0] == '0' && (p[1] == 'x' || p[1] == 'X');
         const char *end = p + (hex ? 2 + strspn(p + 2, "0123456789abcdefABCDEF") : strspn(p, "0123456789"));
-        if (!hex && (*end == '.' || *end == 'e' || *end == 'E')) /* a float */
-                return end + strspn(end, "0123456789.eE+-") - 1;
+        if (!hex && (*end == '.' || *end == 'e' || *end == 'E')) { /* a float */
+                w->p = end + strspn(end, "0123456789.eE+-");
+                return;
+        }
         bool wide = *end == 'L';
-        char num[80], name[80];
+        w->p = end + wide;
+        char num[80], name[256];
         snprintf(num, sizeof num, "%.*s", (int)(end - start), start);
         errno = 0;
         long long v = hex ? (long long)strtoull(num, NULL, 16) : strtoll(num, NULL, 10);
         bool past64 = errno == ERANGE || (hex && strlen(num) > 18);
         if (!past64 && (wide || (hex ? (unsigned long long)v <= 0x7fffffffull : v >= INT32_MIN && v <= INT32_MAX)))
-                return end + wide - 1;
-        name_before(line, start, name, sizeof name);
+                return;
+        walk_path(w, name, sizeof name);
         if (past64)
-                diag_append(d, "%s:%d: %s%s%s does not fit 64 bits", path, n, name, num, wide ? "L" : "");
+                diag_append(d, "%s:%d: %s: %s%s does not fit 64 bits", path, w->line, name, num, wide ? "L" : "");
         else
-                diag_append(d, "%s:%d: %s%s is read as a 32-bit integer: write %sL", path, n, name, num, num);
+                diag_append(d, "%s:%d: %s: %s is read as a 32-bit integer: write %sL", path, w->line, name, num,
+                            num);
         *bad = true;
-        return end + wide - 1;
 }
 
 /* Every integer the file writes, wherever it stands (a setting, an array,
  * a line of any length), must fit what it is read into (check_number());
  * -ERANGE naming the file, the line, the setting and the number of each
- * that does not. Strings and comments are skipped as libconfig skips
- * them. An @include, which libconfig would open relative to the working
- * directory and read unchecked, is -EINVAL. */
+ * that does not. An @include, which libconfig would open relative to the
+ * working directory and read unchecked, is -EINVAL. */
 static int check_integers(const char *path, const char *text, Diag *d) {
-        const char *line = text;
-        int n = 1;
+        Walk w;
         bool bad = false;
         if (d)
                 d->text[0] = '\0';
-        for (const char *p = text; *p; p++) {
-                if (*p == '\n') {
-                        line = p + 1;
-                        n++;
-                } else if (*p == '"') {
-                        p = skip_string(p, &line, &n);
-                } else if (*p == '#' || (p[0] == '/' && p[1] == '/')) {
-                        p += strcspn(p, "\n") - 1;
-                } else if (p[0] == '/' && p[1] == '*') {
-                        for (p += 2; *p && !(p[0] == '*' && p[1] == '/'); p++)
-                                if (*p == '\n') {
-                                        line = p + 1;
-                                        n++;
-                                }
-                        if (!*p)
-                                break;
-                        p++;
-                } else if (*p >= '0' && *p <= '9' && number_starts(text, p)) {
-                        p = check_number(path, text, line, n, p, &bad, d);
-                } else if (strncmp(p, "@include", 8) == 0) {
+        walk_start(&w, text);
+        for (WalkStop s; (s = walk_next(&w)) != WALK_END;) {
+                if (s == WALK_INCLUDE)
                         return diag_set(d, -EINVAL, "%s:%d: @include is not supported: write every setting in this "
-                                        "file", path, n);
-                }
+                                        "file", path, w.line);
+                if (s == WALK_NUMBER)
+                        check_number(path, &w, &bad, d);
         }
         return bad ? -ERANGE : 0;
+}
+
+/* The setting libconfig found set twice: the first name the text sets a
+ * second time in the same group (libconfig stops at it), its full path in
+ * buf and its line in *ret_line. False when there is none (or no memory). */
+static bool find_duplicate(const char *text, char *buf, size_t len, int *ret_line) {
+        _cleanup_(freep) const char **names = NULL; /* set in the frames open, outermost first */
+        size_t n = 0, cap = 0, base[WALK_DEPTH] = {};
+        Walk w;
+
+        walk_start(&w, text);
+        for (WalkStop s; (s = walk_next(&w)) != WALK_END;) {
+                if (s == WALK_OPEN)
+                        base[w.depth] = n;
+                else if (s == WALK_CLOSE)
+                        n = base[w.depth + 1];
+                if (s != WALK_NAME || w.frame[w.depth].open != '{')
+                        continue;
+                for (size_t k = base[w.depth]; k < n; k++)
+                        if (strncmp(names[k], w.at, w.at_n) == 0 && !name_char(names[k][w.at_n])) {
+                                walk_path(&w, buf, len);
+                                *ret_line = w.line;
+                                return true;
+                        }
+                if (n == cap) {
+                        const char **more = reallocarray(names, cap = cap ? 2 * cap : 64, sizeof *names);
+                        if (!more)
+                                return false;
+                        names = more;
+                }
+                names[n++] = w.at;
+        }
+        return false;
 }
 
 /* The file's text, NUL-terminated, for check_integers(); opened through
@@ -251,24 +322,17 @@ int conf_read_file(config_t *c, const char *path, Diag *d) {
                 r = errno > 0 ? -errno : -EIO;
                 return diag_set(d, r, "%s: cannot read: %s", path, strerror(-r));
         }
-        /* libconfig names the line only: name the setting of a duplicate,
-         * and quote the line of a syntax error. */
+        /* libconfig names the line only: name the setting of a duplicate
+         * by its full path, and quote the line of a syntax error. */
         const char *file = config_error_file(c) ?: path, *text = config_error_text(c) ?: "syntax error";
         int line = config_error_line(c);
         char quote[160];
         source_line(file, line, quote, sizeof quote);
-        if (strstr(text, "duplicate setting")) {
-                Names names = { .line = quote };
-                size_t n = 0;
-                const char *name = find_name(quote, named_twice, &names, &n);
-                if (!name) {
-                        name = names.first;
-                        n = names.first_n;
-                }
-                if (name)
-                        return diag_set(d, -EINVAL, "%s:%d: %.*s: set twice in the same group", file, line, (int)n,
-                                        name);
-        }
+        char name[256];
+        int name_line;
+        if (strstr(text, "duplicate setting") && find_duplicate(source, name, sizeof name, &name_line) &&
+            name_line == line)
+                return diag_set(d, -EINVAL, "%s:%d: %s: set twice in the same group", file, name_line, name);
         if (quote[0])
                 return diag_set(d, -EINVAL, "%s:%d: %s in \"%s\"", file, line, text, quote);
         return diag_set(d, -EINVAL, "%s:%d: %s", file, line, text);
@@ -360,9 +424,19 @@ int conf_get_int(const config_setting_t *group, const char *name, bool required,
         return 0;
 }
 
+const char *conf_number(double v, char buf[CONF_NUMBER_MAX]) {
+        for (int digits = 6; digits <= 17; digits++) { /* %g's, unless it reads back otherwise */
+                snprintf(buf, CONF_NUMBER_MAX, "%.*g", digits, v);
+                if (strtod(buf, NULL) == v)
+                        break;
+        }
+        return buf;
+}
+
 int conf_get_double(const config_setting_t *group, const char *name, bool required, double lo,
                     double hi, double def, double *ret, Diag *d) {
         config_setting_t *s = member(group, name);
+        char lo_text[CONF_NUMBER_MAX], hi_text[CONF_NUMBER_MAX], v_text[CONF_NUMBER_MAX];
         double v;
 
         if (!s) {
@@ -371,6 +445,8 @@ int conf_get_double(const config_setting_t *group, const char *name, bool requir
                 *ret = def;
                 return 0;
         }
+        conf_number(lo, lo_text);
+        conf_number(hi, hi_text);
         switch (config_setting_type(s)) {
         case CONFIG_TYPE_INT:
                 v = config_setting_get_int(s);
@@ -382,11 +458,11 @@ int conf_get_double(const config_setting_t *group, const char *name, bool requir
                 v = config_setting_get_float(s);
                 break;
         default:
-                return conf_error(s, NULL, -EINVAL, d, "must be a number in [%g, %g]", lo, hi);
+                return conf_error(s, NULL, -EINVAL, d, "must be a number in [%s, %s]", lo_text, hi_text);
         }
         if (!(v >= lo && v <= hi))
-                return conf_error(s, NULL, -ERANGE, d, "must be a number in [%g, %g], got %g", lo, hi,
-                                  v);
+                return conf_error(s, NULL, -ERANGE, d, "must be a number in [%s, %s], got %s", lo_text, hi_text,
+                                  conf_number(v, v_text));
         *ret = v;
         return 0;
 }

@@ -7,8 +7,8 @@
  *
  *     const char *const keys[] = { "lr", "momentum", NULL };
  *     r = conf_check_keys(group, keys, &d);
- *     r = conf_get_float(group, "lr", 0.0, 10.0, 0.01, &lr, &d);
- *     // d.text: "job.conf:12: optimizer.lr: must be a number in [0, 10], got "fast""
+ *     r = conf_get_double(group, "lr", false, 0.0, 10.0, 0.01, &lr, &d);
+ *     // d.text: "job.conf:12: optimizer.lr: must be a number in [0, 10], got 12.5"
  */
 #pragma once
 
@@ -19,8 +19,10 @@
 #include "util/diag.h"
 
 /* Read path into c. On a syntax error d says "file:line: message in "the
- * line's text"", for a duplicate "file:line: name: set twice in the same
- * group". */
+ * line's text"", for a duplicate "file:line: group.name: set twice in the
+ * same group". An integer too wide for how it is written (see below) is
+ * -ERANGE, naming the file, the line and the setting's full path, with c
+ * read. */
 int conf_read_file(config_t *c, const char *path, Diag *d);
 
 /* Error about setting s (or about `name` missing from group s). */
@@ -29,6 +31,11 @@ int conf_error(const config_setting_t *s, const char *name, int r, Diag *d, cons
 
 /* Every member of group must have its name in allowed (NULL-terminated). */
 int conf_check_keys(const config_setting_t *group, const char *const *allowed, Diag *d);
+
+/* v in the fewest digits that read back as v, so that a number just past a
+ * bound does not print as the bound (86400.0001, not 86400). */
+#define CONF_NUMBER_MAX 32
+const char *conf_number(double v, char buf[CONF_NUMBER_MAX]);
 
 /* Each getter: if the setting is absent, *ret = def and 0 is returned (or,
  * with required, an error). Values of the wrong type or out of range are

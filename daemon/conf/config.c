@@ -235,6 +235,17 @@ static bool address_is_loopback(const ConfigAddress *a) {
         return false;
 }
 
+/* 0.0.0.0 (in any form inet_aton() and so getaddrinfo() take: "0") or ::,
+ * which a node listens on but no other node reaches it at. */
+static bool address_is_wildcard(const ConfigAddress *a) {
+        struct in_addr in4;
+        struct in6_addr in6;
+
+        if (inet_aton(a->host, &in4))
+                return in4.s_addr == INADDR_ANY;
+        return inet_pton(AF_INET6, a->host, &in6) == 1 && IN6_IS_ADDR_UNSPECIFIED(&in6);
+}
+
 /* 64 hex digits and an optional newline, in a file only its owner can read
  * (the same rule as the identity key, net/identity.c). */
 static int load_secret(const config_setting_t *s, const char *path, uint8_t ret[HANDSHAKE_SECRET_SIZE], Diag *d) {
@@ -517,9 +528,17 @@ static int parse_outer(const config_setting_t *g, ConfigAveraging *a, Diag *d) {
         return 0;
 }
 
+/* The index of the first of members[0..n) with key id, or -1. */
+static int find_key(const ConfigMember *members, size_t n, const uint8_t id[IDENTITY_PK_SIZE]) {
+        for (size_t j = 0; j < n; j++)
+                if (memcmp(members[j].id, id, IDENTITY_PK_SIZE) == 0)
+                        return (int)j;
+        return -1;
+}
+
 /* averaging.members: every member, this node included, each key once. */
 static int parse_members(config_setting_t *g, config_setting_t *members, ConfigAveraging *a, Diag *d) {
-        int n = members ? config_setting_length(members) : 0, r;
+        int n = members ? config_setting_length(members) : 0, j, r;
         if (n < 2)
                 return conf_error(members ? members : g, members ? NULL : "members", -EINVAL, d,
                                   "needs every member, this node included: at least two");
@@ -538,9 +557,8 @@ static int parse_members(config_setting_t *g, config_setting_t *members, ConfigA
                 config_setting_t *e = config_setting_get_elem(members, (unsigned)i);
                 if ((r = get_member(e, true, &a->members[i], d)) < 0)
                         return r;
-                for (int j = 0; j < i; j++)
-                        if (memcmp(a->members[j].id, a->members[i].id, IDENTITY_PK_SIZE) == 0)
-                                return conf_error(e, NULL, -EINVAL, d, "the same key as member %d", j + 1);
+                if ((j = find_key(a->members, (size_t)i, a->members[i].id)) >= 0)
+                        return conf_error(e, NULL, -EINVAL, d, "the same key as member %d", j + 1);
         }
         return 0;
 }
@@ -704,6 +722,7 @@ static int parse_cluster(const config_setting_t *e, bool relay, ConfigCluster *k
         if (!config_setting_is_array(stages) || config_setting_length(stages) != (int)k->n_stages + 1)
                 return conf_error(stages, NULL, -EINVAL, d, "must be an array of %u integers: 0, the first layer of "
                                   "each further stage, the number of layers", k->n_stages + 1);
+        k->stages_line = config_setting_source_line(stages);
         for (unsigned i = 0; i <= k->n_stages; i++) {
                 config_setting_t *b = config_setting_get_elem(stages, i);
                 if (config_setting_type(b) != CONFIG_TYPE_INT)
@@ -712,6 +731,21 @@ static int parse_cluster(const config_setting_t *e, bool relay, ConfigCluster *k
                 if ((i == 0 && k->bounds[0] != 0) || (i > 0 && k->bounds[i] <= k->bounds[i - 1]))
                         return conf_error(stages, NULL, -EINVAL, d, "must start at 0 and increase");
         }
+        return 0;
+}
+
+/* A node holds one stage of one cluster: each key of cluster k (setting
+ * nodes) once in it and in the clusters before it. */
+static int check_cluster_keys(const config_setting_t *nodes, const ConfigPipeline *p, unsigned k, Diag *d) {
+        const ConfigCluster *cl = &p->clusters[k];
+        for (unsigned s = 0; s < cl->n_stages; s++)
+                for (unsigned o = 0; o <= k; o++) {
+                        int j = find_key(p->clusters[o].nodes, o == k ? s : p->clusters[o].n_stages, cl->nodes[s].id);
+                        if (j >= 0)
+                                return conf_error(config_setting_get_elem(nodes, s), NULL, -EINVAL, d,
+                                                  "the same key as stage %d of cluster %u: a node holds one stage "
+                                                  "of one cluster", j + 1, o + 1);
+                }
         return 0;
 }
 
@@ -762,12 +796,26 @@ static int parse_pipeline(const config_setting_t *root, Config *c, Diag *d) {
         if (!p->clusters)
                 return -ENOMEM;
         p->n_clusters = (unsigned)n;
-        for (int i = 0; i < n; i++)
-                if ((r = parse_cluster(config_setting_get_elem(clusters, (unsigned)i), relay_set(root),
-                                       &p->clusters[i], d)) < 0)
+        for (int i = 0; i < n; i++) {
+                const config_setting_t *e = config_setting_get_elem(clusters, (unsigned)i);
+                if ((r = parse_cluster(e, relay_set(root), &p->clusters[i], d)) < 0 ||
+                    (r = check_cluster_keys(member(e, "nodes"), p, (unsigned)i, d)) < 0)
                         return r;
+        }
         p->enabled = true;
         return 0;
+}
+
+/* membership.memory: 0 (what the machine has), or the bounds of a nodes
+ * file's memory. */
+static int get_memory(const config_setting_t *g, uint64_t *ret, Diag *d) {
+        const config_setting_t *s = member(g, "memory");
+        if (!s || ((config_setting_type(s) == CONFIG_TYPE_INT || config_setting_type(s) == CONFIG_TYPE_INT64) &&
+                   config_setting_get_int64(s) == 0)) {
+                *ret = 0;
+                return 0;
+        }
+        return nodes_file_get_memory(s, ret, d);
 }
 
 /* The coordinator's "<key>@host:port", who coordinates, and the timings. */
@@ -779,6 +827,7 @@ static int parse_membership(const config_setting_t *root, Config *c, Diag *d) {
         ConfigMembership *m = &c->membership;
         config_setting_t *g, *s;
         double probe, settle, heartbeat, deadline, handover;
+        char deadline_text[CONF_NUMBER_MAX], heartbeat_text[CONF_NUMBER_MAX];
         long long min_nodes;
         int r;
 
@@ -816,22 +865,10 @@ static int parse_membership(const config_setting_t *root, Config *c, Diag *d) {
                                   "false only with coordinate = true (a node that neither trains nor coordinates)");
         if (heartbeat * 2 > deadline)
                 return conf_error(member(g, "deadline") ?: member(g, "heartbeat"), NULL, -EINVAL, d,
-                                  "the deadline (%.3g s) must be at least two heartbeats (%.3g s)", deadline,
-                                  heartbeat);
-        s = member(g, "memory");
-        if (s) { /* bytes, or a string with K, M, G or T */
-                uint64_t v;
-                if (config_setting_type(s) == CONFIG_TYPE_INT || config_setting_type(s) == CONFIG_TYPE_INT64) {
-                        long long ll = config_setting_get_int64(s);
-                        if (ll < 0)
-                                return conf_error(s, NULL, -EINVAL, d, "must not be negative");
-                        v = (uint64_t)ll;
-                } else if (config_setting_type(s) != CONFIG_TYPE_STRING ||
-                           nodes_file_parse_size(config_setting_get_string(s), &v) < 0)
-                        return conf_error(s, NULL, -EINVAL, d,
-                                          "must be bytes, or a size like \"512M\" or \"2G\"");
-                m->memory = v;
-        }
+                                  "the deadline (%s s) must be at least two heartbeats of %s s",
+                                  conf_number(deadline, deadline_text), conf_number(heartbeat, heartbeat_text));
+        if ((r = get_memory(g, &m->memory, d)) < 0)
+                return r;
         m->probe_ms = (unsigned)(probe * 1000 + 0.5);
         m->min_nodes = (unsigned)min_nodes;
         m->settle_ms = (unsigned)(settle * 1000 + 0.5);
@@ -841,10 +878,21 @@ static int parse_membership(const config_setting_t *root, Config *c, Diag *d) {
         return 0;
 }
 
+/* An address membership hands to the other nodes (setting s, when set):
+ * a wildcard one reaches nobody. */
+static int check_handed_address(const config_setting_t *s, const ConfigAddress *a, Diag *d) {
+        if (!s || !address_is_wildcard(a))
+                return 0;
+        return conf_error(s, NULL, -EINVAL, d, "membership hands this address to the other nodes: a wildcard address "
+                          "(\"%s\") does not reach this one", config_setting_get_string(s));
+}
+
 /* Membership needs the pipeline's and the averaging's listen addresses:
- * they go to the coordinator, and into the plan. */
+ * they go to the coordinator, and into the plan, so the other nodes must
+ * reach this one there. */
 static int check_membership(const config_setting_t *root, const Config *c, Diag *d) {
         const config_setting_t *g = member(root, "membership");
+        int r;
         if (!c->membership.enabled || !c->membership.train)
                 return 0;
         if (!member(root, "pipeline"))
@@ -852,7 +900,9 @@ static int check_membership(const config_setting_t *root, const Config *c, Diag 
         if (!member(root, "averaging"))
                 return conf_error(g, NULL, -EINVAL, d,
                                   "needs an averaging section with listen (where it averages with other clusters)");
-        return 0;
+        if ((r = check_handed_address(member(member(root, "pipeline"), "listen"), &c->pipeline.listen, d)) < 0)
+                return r;
+        return check_handed_address(member(member(root, "averaging"), "listen"), &c->averaging.listen, d);
 }
 
 /* control_socket: an absolute path, or "" for none. */
@@ -1052,15 +1102,21 @@ int config_load(const char *path, Config *ret, Diag *d) {
 int config_pipeline_fits_job(const ConfigPipeline *p, const char *source, const Job *job, Diag *d) {
         for (unsigned i = 0; i < p->n_clusters; i++) {
                 const ConfigCluster *cl = &p->clusters[i];
+                char where[PATH_MAX + 64];
+                if (cl->stages_line)
+                        snprintf(where, sizeof where, "%s:%u: pipeline.clusters.[%u].stages", source, cl->stages_line,
+                                 i);
+                else
+                        snprintf(where, sizeof where, "%s: pipeline.clusters.[%u].stages", source, i);
                 if (cl->bounds[cl->n_stages] != job->model.n_layers)
-                        return diag_set(d, -EINVAL, "%s: pipeline.clusters: cluster %u cuts %d layers, job %s has %d",
-                                        source, i + 1, cl->bounds[cl->n_stages], job->name, job->model.n_layers);
+                        return diag_set(d, -EINVAL, "%s: cluster %u cuts %d layers, job %s has %d", where, i + 1,
+                                        cl->bounds[cl->n_stages], job->name, job->model.n_layers);
                 /* a stage with nothing to average has no place in the rings */
                 for (unsigned s = 0; s < cl->n_stages; s++)
                         if (model_spec_params(&job->model, cl->bounds[s], cl->bounds[s + 1]) == 0)
-                                return diag_set(d, -EINVAL, "%s: pipeline.clusters: stage %u of cluster %u (layers "
-                                                "%d-%d of job %s) holds no parameters", source, s + 1, i + 1,
-                                                cl->bounds[s], cl->bounds[s + 1] - 1, job->name);
+                                return diag_set(d, -EINVAL, "%s: stage %u of cluster %u (layers %d-%d of job %s) "
+                                                "holds no parameters", where, s + 1, i + 1, cl->bounds[s],
+                                                cl->bounds[s + 1] - 1, job->name);
         }
         return 0;
 }

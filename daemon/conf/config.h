@@ -96,6 +96,7 @@ typedef struct ConfigCluster {
         ConfigMember *nodes;               /* n_stages of them */
         int bounds[CONFIG_MAX_STAGES + 1]; /* n_stages + 1: 0 < ... < layers */
         unsigned n_stages;
+        unsigned stages_line;              /* of its stages in the file; 0: a coordinator's plan */
 } ConfigCluster;
 
 /* The model cut into stages across the nodes of clusters (see
@@ -204,8 +205,8 @@ int config_check_state_directory(const Config *c, Diag *d);
  * neither listens nor has peers need not set one). */
 int config_net(const Config *c, const Identity *id, NetConfig *ret, Diag *d);
 /* What the file asks of the job it runs: every pipeline cluster cuts the
- * job's model whole. -EINVAL with the file and setting in d. The daemon's
- * start and --check-config both run it. */
+ * job's model whole. -EINVAL with the file, the line and the setting in d.
+ * The daemon's start and --check-config both run it. */
 int config_check_job(const Config *c, const Job *job, Diag *d);
 /* The same for a pipeline from elsewhere (a coordinator's plan); source
  * names it in the message. */

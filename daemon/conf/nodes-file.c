@@ -2,66 +2,65 @@
 #include "nodes-file.h"
 
 #include <errno.h>
-#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "conf.h"
 
 int nodes_file_parse_size(const char *text, uint64_t *ret) {
-        char *end;
-        errno = 0;
-        if (!text[0] || strchr(text, '-'))
+        static const char units[] = "KMGT";
+        size_t whole = strspn(text, "0123456789"), n = whole;
+        if (whole == 0)
                 return -EINVAL;
-        double v = strtod(text, &end);
-        if (errno || end == text || !(v >= 0) || !isfinite(v))
-                return -EINVAL;
-        double unit = 1;
-        switch (*end) {
-        case 'K': case 'k': unit = 1024.0; end++; break;
-        case 'M': case 'm': unit = 1024.0 * 1024; end++; break;
-        case 'G': case 'g': unit = 1024.0 * 1024 * 1024; end++; break;
-        case 'T': case 't': unit = 1024.0 * 1024 * 1024 * 1024; end++; break;
+        if (text[n] == '.') {
+                size_t fraction = strspn(text + n + 1, "0123456789");
+                if (fraction == 0)
+                        return -EINVAL;
+                n += 1 + fraction;
         }
-        if (*end == 'i' && unit > 1) /* "2GiB" */
-                end++;
-        if (*end == 'B' && unit > 1)
-                end++;
-        if (*end)
+        const char *unit = text[n] ? strchr(units, text[n]) : NULL;
+        if (text[n] && (!unit || text[n + 1]))
                 return -EINVAL;
-        v *= unit;
-        if (v >= 18446744073709551615.0)
+        /* digits and a point only: strtod() reads no hex, sign or space here */
+        double v = strtod(text, NULL) * (double)(1ull << (unit ? 10 * (unit - units + 1) : 0));
+        if (!(v >= NODES_FILE_MEMORY_MIN && v <= NODES_FILE_MEMORY_MAX))
                 return -ERANGE;
         *ret = (uint64_t)v;
         return 0;
 }
 
-static int get_memory(const config_setting_t *g, uint64_t *ret, Diag *d) {
-        static const uint64_t lo = 1ull << 20, hi = 1ull << 50;
-        config_setting_t *s = config_setting_get_member(g, "memory");
-        uint64_t v;
+int nodes_file_get_memory(const config_setting_t *s, uint64_t *ret, Diag *d) {
+        uint64_t v = 0;
+        int r = -ERANGE;
 
-        if (!s)
-                return conf_error(g, "memory", -EINVAL, d, "missing (required)");
         switch (config_setting_type(s)) {
         case CONFIG_TYPE_INT:
-                v = config_setting_get_int(s) < 0 ? 0 : (uint64_t)config_setting_get_int(s);
+        case CONFIG_TYPE_INT64: {
+                long long ll = config_setting_get_int64(s);
+                v = (uint64_t)ll;
+                if (ll >= NODES_FILE_MEMORY_MIN && ll <= NODES_FILE_MEMORY_MAX)
+                        r = 0;
                 break;
-        case CONFIG_TYPE_INT64:
-                v = config_setting_get_int64(s) < 0 ? 0 : (uint64_t)config_setting_get_int64(s);
-                break;
+        }
         case CONFIG_TYPE_STRING:
-                if (nodes_file_parse_size(config_setting_get_string(s), &v) < 0)
-                        return conf_error(s, NULL, -EINVAL, d, "must be bytes, or a size like \"512M\" or \"2G\", got \"%s\"",
-                                          config_setting_get_string(s));
+                if ((r = nodes_file_parse_size(config_setting_get_string(s), &v)) == -EINVAL)
+                        return conf_error(s, NULL, r, d, "must be bytes, or a size like \"512M\" or \"1.5G\" "
+                                          "(K, M, G or T: powers of 1024), got \"%s\"", config_setting_get_string(s));
                 break;
         default:
-                return conf_error(s, NULL, -EINVAL, d, "must be bytes, or a size like \"512M\" or \"2G\"");
+                return conf_error(s, NULL, -EINVAL, d, "must be bytes, or a size like \"512M\" or \"1.5G\"");
         }
-        if (v < lo || v > hi)
-                return conf_error(s, NULL, -ERANGE, d, "must be between 1M and 1024T");
+        if (r < 0)
+                return conf_error(s, NULL, r, d, "must be between 1M and 1024T (1048576 to 1125899906842624 bytes)");
         *ret = v;
         return 0;
+}
+
+static int get_memory(const config_setting_t *g, uint64_t *ret, Diag *d) {
+        config_setting_t *s = config_setting_get_member(g, "memory");
+        if (!s)
+                return conf_error(g, "memory", -EINVAL, d, "missing (required)");
+        return nodes_file_get_memory(s, ret, d);
 }
 
 static int parse_node(const config_setting_t *s, char *name, Capability *c, Diag *d) {

@@ -8,7 +8,8 @@
  *     );
  *
  * gflops: sustained GFLOP/s of one compute thread; memory: bytes it may use,
- * an integer or a string with a K, M, G or T suffix (powers of 1024);
+ * an integer or a string with a K, M, G or T suffix (powers of 1024), from
+ * 1M to 1024T;
  * bandwidth: Mbit/s of its link; latency: milliseconds, one way. Every value
  * is bounded; errors name the file, the line and the setting.
  *
@@ -18,6 +19,8 @@
  *     nodes_file_free(&nf);
  */
 #pragma once
+
+#include <libconfig.h>
 
 #include "cluster/capability.h"
 #include "util/diag.h"
@@ -33,5 +36,14 @@ typedef struct NodesFile {
 
 int nodes_file_load(const char *path, NodesFile *ret, Diag *d);
 void nodes_file_free(NodesFile *f);
-/* "2G", "512M", "1.5T", "1048576": bytes. -EINVAL if malformed, -ERANGE on overflow. */
+/* A node's memory, from 1M to 1024T: the same bounds in a nodes file and
+ * in ravnestd.conf's membership.memory. */
+#define NODES_FILE_MEMORY_MIN (1ll << 20)
+#define NODES_FILE_MEMORY_MAX (1ll << 50)
+/* "2G", "512M", "1.5T", "1048576": bytes. Digits, an optional fraction and
+ * one K, M, G or T (powers of 1024), nothing else: -EINVAL if malformed,
+ * -ERANGE outside the bounds. */
 int nodes_file_parse_size(const char *text, uint64_t *ret);
+/* Setting s, an integer or such a string, into *ret; -errno with the file,
+ * the line and the setting in d. */
+int nodes_file_get_memory(const config_setting_t *s, uint64_t *ret, Diag *d);

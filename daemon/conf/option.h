@@ -14,5 +14,6 @@
 /* 0 and *ret set, or -EINVAL (not a whole integer) / -ERANGE (outside
  * [min, max]) after logging the message; *ret is untouched then. */
 int option_int(const char *name, const char *value, long long min, long long max, long long *ret);
-/* The same for a finite number (decimal or exponent notation). */
+/* The same for a number in decimal notation, with an optional fraction and
+ * exponent ("0.25", "1e-3"): no hex, inf or nan. */
 int option_double(const char *name, const char *value, double min, double max, double *ret);

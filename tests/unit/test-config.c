@@ -12,6 +12,8 @@
 #include "collective/coll-wire.h"
 #include "collective/topology.h"
 #include "conf/config.h"
+#include "conf/nodes-file.h"
+#include "conf/option.h"
 
 #define K1 "00112233445566778899aabbccddeeff00112233445566778899aabbccddeeff"
 #define K2 "ffeeddccbbaa99887766554433221100ffeeddccbbaa99887766554433221100"
@@ -353,25 +355,25 @@ Test(config, libconfig_errors_name_the_setting) {
         expect_error("threads = 2;", "threads = 0x80000000;", "2: threads: 0x80000000 is read as a 32-bit integer");
         /* a string with a newline in it still counts, a colon in a string is no setting's, every error is listed */
         expect_error("threads = 2;", "s = \"a\nb\";\nn = ( \"x:y\", 4294967296 ); m = 4294967297;",
-                     "4: n: 4294967296 is read as a 32-bit integer");
+                     "4: n.[1]: 4294967296 is read as a 32-bit integer");
         expect_error("threads = 2;", "s = \"a\nb\";\nn = ( \"x:y\", 4294967296 ); m = 4294967297;",
                      "4: m: 4294967297 is read as a 32-bit integer");
         expect_error("idle_timeout = 30000;", "idle_timeout = 99999999999;",
-                     "11: idle_timeout: 99999999999 is read as a 32-bit integer");
+                     "11: network.idle_timeout: 99999999999 is read as a 32-bit integer");
         expect_error("threads = 2;", "threads = 2; idle = { busy_time = 99999999999; };",
-                     "2: busy_time: 99999999999 is read as a 32-bit integer");
+                     "2: idle.busy_time: 99999999999 is read as a 32-bit integer");
         /* wherever it stands: another setting of the same name on the line, an array, a long line */
         expect_error("threads = 2;", "idle = { busy_time = 1; }; checkpoint = { interval = 1; }; x = { interval = 4294967306; };",
-                     "2: interval: 4294967306 is read as a 32-bit integer");
+                     "2: x.interval: 4294967306 is read as a 32-bit integer");
         char line[3000];
         int k = snprintf(line, sizeof line, "threads = 2; idle = { busy_time = 1; max_other_cpu = 1.5e3; }; n = [ ");
         for (int i = 0; i < 600; i++) /* past the 1024 bytes a line was read back in */
                 k += snprintf(line + k, sizeof line - (size_t)k, "1, ");
         snprintf(line + k, sizeof line - (size_t)k, "4294967296 ]; # 99999999999 in a comment\ns = \"99999999999\";");
-        expect_error("threads = 2;", line, "2: n: 4294967296 is read as a 32-bit integer");
+        expect_error("threads = 2;", line, "2: n.[600]: 4294967296 is read as a 32-bit integer");
         expect_error("threads = 2;", "threads = 2;\nthreads = 3;", "3: threads: set twice in the same group");
         expect_error("max_frame = 65536;", "max_frame = 65536; max_frame = 4096;",
-                     "10: max_frame: set twice in the same group");
+                     "10: network.max_frame: set twice in the same group");
         expect_error("threads = 2;", "threads = 2 +;", "2: syntax error in \"threads = 2 +;\"");
         expect_error("threads = 2;", "threads = 2;\njob = \"/nonexistent/x.job\";",
                      "3: job: /nonexistent/x.job: cannot read: No such file or directory");
@@ -385,6 +387,44 @@ Test(config, libconfig_errors_name_the_setting) {
                                   "/config/jobs/fashion-mnist-mlp.job\";", &c, &d, path), 0, "%s", d.text);
         cr_expect_eq(c.threads, 256);
         config_free(&c);
+}
+
+/* A duplicate names the setting set twice by its full path, even when it
+ * was first set on an earlier line and another name comes first on this
+ * one; a name in a string or a comment is no setting. */
+Test(config, a_duplicate_names_its_full_path) {
+        expect_error("threads = 2;", "idle = { enabled = true; };\nthreads = 1; idle = { enabled = false; };",
+                     "3: idle: set twice in the same group");
+        expect_error("threads = 2;", "idle = {\n  enabled = true;\n  busy_time = 1; enabled = false;\n};",
+                     "4: idle.enabled: set twice in the same group");
+        expect_error("threads = 2;", "threads = 2; s = \"idle = 1\"; # idle =\nidle = { };\n/* idle = */ idle = { };",
+                     "4: idle: set twice in the same group");
+        expect_error("threads = 2;", "idle = { enabled = true; };\nx = ( { enabled = 1; },\n  { a = 2; a = 3; } );",
+                     "4: x.[1].a: set twice in the same group");
+        expect_error("threads = 2;", "idle = {\n  enabled = true;\n  enabled\n  = false;\n};",
+                     "4: idle.enabled: set twice in the same group");
+        /* libconfig reads "1b" as 1 and a setting b: not sure which, the line is quoted */
+        expect_error("threads = 2;", "b = 1;\nx = 1b;\nb = 2;", "3: duplicate setting name in \"x = 1b;\"");
+}
+
+/* An integer too wide names its setting's full path: the groups around
+ * it, and its element in an array or a list on a line of its own. */
+Test(config, a_wide_integer_names_its_full_path) {
+        expect_error("idle_timeout = 30000;", "max_tensor = 68719476736;",
+                     "11: network.max_tensor: 68719476736 is read as a 32-bit integer");
+        expect_error("[ \"127.0.0.2:7001\", \"[::1]:7002\", \"localhost:7003\" ]", "[ 1,\n  99999999999 ]",
+                     "6: network.peers.[1]: 99999999999 is read as a 32-bit integer");
+        expect_error("threads = 2;", "x = ( { a = 1; }, { b = [ 1, 2 ]; c = ( \"s\", [ 1, 99999999999 ] ); } );",
+                     "2: x.[1].c.[1].[1]: 99999999999 is read as a 32-bit integer");
+}
+
+/* A number outside its bounds is printed in the digits that tell it from
+ * the bound. */
+Test(config, a_number_out_of_range_is_printed_as_written) {
+        expect_error("threads = 2;", "threads = 2; idle = { resume_after = 86400.0001; };",
+                     "2: idle.resume_after: must be a number in [0, 86400], got 86400.0001");
+        expect_error("threads = 2;", "threads = 2; idle = { max_other_cpu = 0.0099999; };",
+                     "2: idle.max_other_cpu: must be a number in [0.01, 4096], got 0.0099999");
 }
 
 /* A wrong setting of membership is the one error: the averaging and
@@ -685,6 +725,89 @@ Test(config, membership) {
                      "15: averaging.members: not with membership");
 }
 
+/* membership: sections from line 13, the memory setting on line 17 */
+static const char *membership_fmt =
+        "  idle_timeout = 30000;\n};\n"
+        "pipeline = { listen = \"%s\"; };\n"                           /* 13 */
+        "averaging = { listen = \"%s\"; };\n"                          /* 14 */
+        "membership = {\n"                                            /* 15 */
+        "  coordinator = \"" K1 "@10.0.0.1:7400\";\n"                 /* 16 */
+        "  %s\n};\n";                                                 /* 17 */
+
+static void expect_membership_error(const char *pipeline, const char *averaging, const char *setting,
+                                    const char *want) {
+        char body[1024];
+        snprintf(body, sizeof body, membership_fmt, pipeline, averaging, setting);
+        expect_error(base_end, body, want);
+}
+
+static uint64_t membership_memory(const char *setting) {
+        char body[1024], path[64];
+        Config c;
+        Diag d = {};
+        snprintf(body, sizeof body, membership_fmt, "127.0.0.1:7200", "127.0.0.1:7300", setting);
+        cr_assert_eq(load_variant(base_end, body, &c, &d, path), 0, "%s: %s", setting, d.text);
+        uint64_t v = c.membership.memory;
+        config_free(&c);
+        return v;
+}
+
+/* membership.memory: 0 (what the machine has), or what a nodes file takes:
+ * digits, an optional fraction, one K, M, G or T, from 1M to 1024T. */
+Test(config, sizes_are_strict_and_bounded_alike) {
+        cr_assert_eq(membership_memory(""), 0);
+        cr_assert_eq(membership_memory("memory = 0;"), 0);
+        cr_assert_eq(membership_memory("memory = \"1.5G\";"), 3ull << 29);
+        cr_assert_eq(membership_memory("memory = 1048576;"), 1ull << 20);
+        cr_assert_eq(membership_memory("memory = \"1024T\";"), 1ull << 50);
+        cr_assert_eq(membership_memory("memory = 1125899906842624L;"), 1ull << 50);
+        const char *malformed[] = { "\" 2G\"", "\"2G \"", "\"2GB\"", "\"2GiB\"", "\"2g\"", "\"0x10G\"", "\"1e3M\"",
+                                    "\"+2G\"", "\"-2G\"", "\"2.G\"", "\".5G\"", "\"G\"", "\"\"", "\"inf\"", "1.5" };
+        char setting[64];
+        for (size_t i = 0; i < sizeof malformed / sizeof malformed[0]; i++) {
+                snprintf(setting, sizeof setting, "memory = %s;", malformed[i]);
+                expect_membership_error("127.0.0.1:7200", "127.0.0.1:7300", setting,
+                                        "17: membership.memory: must be bytes, or a size like");
+        }
+        const char *outside[] = { "\"0.0001K\"", "1", "1048575", "\"1025T\"", "\"99999999999999999999T\"", "-1",
+                                  "1125899906842625L" };
+        for (size_t i = 0; i < sizeof outside / sizeof outside[0]; i++) {
+                snprintf(setting, sizeof setting, "memory = %s;", outside[i]);
+                expect_membership_error("127.0.0.1:7200", "127.0.0.1:7300", setting,
+                                        "17: membership.memory: must be between 1M and 1024T");
+        }
+        /* the one parser of a nodes file's memory too */
+        uint64_t v;
+        cr_assert_eq(nodes_file_parse_size("512M", &v), 0);
+        cr_assert_eq(v, 512ull << 20);
+        cr_assert_eq(nodes_file_parse_size("2GB", &v), -EINVAL);
+        cr_assert_eq(nodes_file_parse_size(" 2G", &v), -EINVAL);
+        cr_assert_eq(nodes_file_parse_size("0x10G", &v), -EINVAL);
+        cr_assert_eq(nodes_file_parse_size("0.0001K", &v), -ERANGE);
+        cr_assert_eq(nodes_file_parse_size("1", &v), -ERANGE);
+}
+
+/* Membership hands pipeline.listen and averaging.listen to the other
+ * nodes: a wildcard address, which reaches nobody, is refused by the file's
+ * check (it was refused only at start, with no line). */
+Test(config, membership_refuses_wildcard_listen_addresses) {
+        expect_membership_error("0.0.0.0:7200", "0.0.0.0:7300", "",
+                                "13: pipeline.listen: membership hands this address to the other nodes: a wildcard "
+                                "address (\"0.0.0.0:7200\") does not reach this one");
+        expect_membership_error("127.0.0.1:7200", "[::]:7300", "", "14: averaging.listen: membership hands");
+        expect_membership_error("127.0.0.1:7200", "0:7300", "", "14: averaging.listen: membership hands");
+        expect_membership_error("[0::0]:7200", "127.0.0.1:7300", "", "13: pipeline.listen: membership hands");
+        cr_assert_eq(membership_memory("behind_nat = true;"), 0, "other addresses pass");
+        /* without membership, a stage may listen on every address */
+        Config c;
+        char path[64], body[1024];
+        Diag d = {};
+        snprintf(body, sizeof body, "  idle_timeout = 30000;\n};\npipeline = { listen = \"0.0.0.0:7200\";\n"
+                 "  clusters = ( { nodes = [ \"" K1 "@h:1\", \"" K2 "@h:2\" ]; stages = [ 0, 3, 6 ]; } ); };\n");
+        cr_assert_eq(load_variant(base_end, body, &c, &d, path), 0, "%s", d.text);
+        config_free(&c);
+}
+
 Test(config, idle_checkpoint_and_control_socket) {
         char path[64];
         Config c;
@@ -958,7 +1081,7 @@ Test(config, synchronous_start) {
         cr_assert_eq(c.pipeline.synchronous_start, 0);
         config_free(&c);
         expect_pipeline_error(" synchronous_start = 1099511627776;",
-                              "13: synchronous_start: 1099511627776 is read as a 32-bit integer: write "
+                              "13: pipeline.synchronous_start: 1099511627776 is read as a 32-bit integer: write "
                               "1099511627776L");
         load_pipeline(" synchronous_start = 1099511627776L;", &c);
         cr_assert_eq(c.pipeline.synchronous_start, 1ll << 40);
@@ -966,4 +1089,88 @@ Test(config, synchronous_start) {
         expect_pipeline_error(" synchronous_start = 1099511627777L;", "13: pipeline.synchronous_start: ");
         expect_pipeline_error(" synchronous_start = -5;", "13: pipeline.synchronous_start: ");
         expect_pipeline_error(" synchronous_start = \"auto\";", "13: pipeline.synchronous_start: ");
+}
+
+/* Two clusters of a pipeline from line 15, each of two nodes. */
+static const char clusters_fmt[] =
+        "  idle_timeout = 30000;\n};\npipeline = { listen = \"127.0.0.1:7200\";\n  clusters = (\n" /* 13-14 */
+        "    { nodes = [ %s ]; stages = [ 0, 3, 6 ]; },\n"                                        /* 15 */
+        "    { nodes = [ %s ]; stages = [ 0, 2, 6 ]; } ); };\n";                                  /* 16 */
+
+static void expect_clusters_error(const char *first, const char *second, const char *want) {
+        char body[1024];
+        snprintf(body, sizeof body, clusters_fmt, first, second);
+        expect_error(base_end, body, want);
+}
+
+/* A node holds one stage of one cluster: a key twice in the clusters (the
+ * node would wait for itself) is refused as averaging.members refuses it. */
+Test(config, a_node_in_two_places_of_the_pipeline_is_refused) {
+        const char *k3 = "\"" SECRET_HEX "@h:3\"", *k4 = "\"0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef@h:4\"";
+        char first[256], second[256], body[1024], path[64];
+        Config c;
+        Diag d = {};
+
+        snprintf(first, sizeof first, "\"" K1 "@h:1\", \"" K2 "@h:2\"");
+        snprintf(second, sizeof second, "%s, %s", k3, k4);
+        snprintf(body, sizeof body, clusters_fmt, first, second);
+        cr_assert_eq(load_variant(base_end, body, &c, &d, path), 0, "%s", d.text);
+        cr_assert_eq(c.pipeline.n_clusters, 2);
+        config_free(&c);
+
+        expect_clusters_error("\"" K1 "@h:1\", \"" K1 "@h:2\"", second,
+                              "15: pipeline.clusters.[0].nodes.[1]: the same key as stage 1 of cluster 1");
+        snprintf(second, sizeof second, "%s, \"" K1 "@h:4\"", k3);
+        expect_clusters_error(first, second, "16: pipeline.clusters.[1].nodes.[1]: the same key as stage 1 of cluster 1");
+        /* a node that accepts no connections is its key alone */
+        snprintf(second, sizeof second, "\"" K2 "\", %s", k3);
+        expect_clusters_error(first, second, "16: pipeline.clusters.[1].nodes.[0]: the same key as stage 2 of cluster 1");
+}
+
+/* A pipeline that does not cut the job's model names the line of the
+ * cluster's stages (the fashion-mnist-mlp job has 6 layers). */
+Test(config, a_pipeline_that_misfits_the_job_names_the_line) {
+        Job job;
+        Config c;
+        char want[PATH_MAX + 256];
+        Diag d = {};
+        cr_assert_eq(job_load(SOURCE_ROOT "/config/jobs/fashion-mnist-mlp.job", &job, &d), 0, "%s", d.text);
+        cr_assert_eq(job.model.n_layers, 6);
+        load_pipeline("", &c);
+        cr_assert_eq(config_check_job(&c, &job, &d), 0, "%s", d.text);
+        c.pipeline.clusters[0].bounds[2] = 5; /* as if stages = [ 0, 3, 5 ] */
+        cr_assert_eq(config_check_job(&c, &job, &d), -EINVAL);
+        snprintf(want, sizeof want, "%s:14: pipeline.clusters.[0].stages: cluster 1 cuts 5 layers, job %s has 6", c.path,
+                 job.name);
+        cr_assert(strstr(d.text, want), "%s", d.text);
+        c.pipeline.clusters[0].bounds[2] = 6;
+        c.pipeline.clusters[0].bounds[1] = 1; /* the flatten alone: nothing to average */
+        cr_assert_eq(config_check_job(&c, &job, &d), -EINVAL);
+        snprintf(want, sizeof want, "%s:14: pipeline.clusters.[0].stages: stage 1 of cluster 1 (layers 0-0", c.path);
+        cr_assert(strstr(d.text, want), "%s", d.text);
+        config_free(&c);
+}
+
+/* Numbers on the command line are decimal, as integers are: no hex, inf or
+ * nan, and the whole argument. */
+Test(option, a_number_is_decimal_and_whole) {
+        const char *good[] = { "2", "0.25", "-0.5", "+3", ".5", "5.", "1e-3", "2.5E2" };
+        const double want[] = { 2, 0.25, -0.5, 3, 0.5, 5, 1e-3, 250 };
+        double v;
+        for (size_t i = 0; i < sizeof good / sizeof good[0]; i++) {
+                cr_assert_eq(option_double("x", good[i], -10, 1000, &v), 0, "%s", good[i]);
+                cr_assert_float_eq(v, want[i], 1e-12, "%s", good[i]);
+        }
+        const char *bad[] = { "0x10", "0X1p4", "inf", "nan", "infinity", " 1", "1 ", "", ".", "1e", "e3", "1e+", "--1",
+                              "1,5", "1..2" };
+        for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+                v = 7;
+                cr_assert_eq(option_double("x", bad[i], -10, 1000, &v), -EINVAL, "%s", bad[i]);
+                cr_assert_eq(v, 7, "untouched");
+        }
+        cr_assert_eq(option_double("x", NULL, -10, 1000, &v), -EINVAL);
+        cr_assert_eq(option_double("x", "1e999", -10, 1000, &v), -ERANGE, "not finite");
+        cr_assert_eq(option_double("x", "1001", -10, 1000, &v), -ERANGE);
+        long long n;
+        cr_assert_eq(option_int("x", "0x10", 0, 100, &n), -EINVAL, "the same rule for integers");
 }
