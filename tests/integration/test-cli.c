@@ -251,15 +251,9 @@ Test(cli, predict_without_its_node_names_the_figures_still_missing) {
  * a node that cannot, plan of a nodes file not there. And status --json
  * gives every property the example in ravnestctl(1) shows, no other. */
 Test(cli, json_commands_answer_json_when_they_fail, .timeout = 60) {
-        char dir[] = "/tmp/ravnest-test-json-XXXXXX", conf[128], sock[128], text[512];
-        cr_assert_not_null(mkdtemp(dir));
-        snprintf(conf, sizeof conf, "%s/u.conf", dir);
-        snprintf(sock, sizeof sock, "%s/ctl", dir);
-        snprintf(text, sizeof text, "state_directory = \"%s/state\";\ncontrol_socket = \"%s\";\n", dir, sock);
-        test_write_file(conf, text, 0644);
+        char dir[] = "/tmp/ravnest-test-json-XXXXXX", sock[128];
         Proc d, p;
-        proc_start(&d, (char *[]){ RAVNESTD, "--config", conf, NULL }, NULL);
-        cr_assert(proc_wait_for(&d, "unconfigured", 30000), "%s", d.out);
+        test_start_unconfigured(&d, RAVNESTD, dir, sock);
         int code = run(&p, (char *[]){ RAVNESTCTL, "checkpoint", "--json", "--socket", sock, NULL });
         cr_expect_eq(code, 75, "exit %d: %s", code, p.out);
         cr_expect(strstr(p.out, "{\"Error\": \"Checkpoint failed: "), "%s", p.out);

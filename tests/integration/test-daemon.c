@@ -727,15 +727,9 @@ Test(daemon, a_node_that_cannot_start_is_never_ready_and_a_reload_that_cannot_st
 /* The interface file installed for D-Bus tools names every property the
  * node serves, and no other (it lacked the six traffic properties). */
 Test(daemon, the_interface_file_names_every_property, .timeout = 60) {
-        char dir[] = "/tmp/ravnest-test-xml-XXXXXX", conf[256], sock[256], text[512];
-        cr_assert_not_null(mkdtemp(dir));
-        snprintf(conf, sizeof conf, "%s/u.conf", dir);
-        snprintf(sock, sizeof sock, "%s/ctl", dir);
-        snprintf(text, sizeof text, "state_directory = \"%s/state\";\ncontrol_socket = \"%s\";\n", dir, sock);
-        test_write_file(conf, text, 0644);
+        char dir[] = "/tmp/ravnest-test-xml-XXXXXX", sock[128];
         Proc p, st;
-        proc_start(&p, (char *[]){ RAVNESTD, "--config", conf, NULL }, NULL);
-        cr_assert(proc_wait_for(&p, "unconfigured", 30000), "%s", p.out);
+        test_start_unconfigured(&p, RAVNESTD, dir, sock);
         proc_start(&st, (char *[]){ RAVNESTCTL, "status", "--json", "--socket", sock, NULL }, NULL);
         cr_assert_eq(proc_exit(&st), 0, "%s", st.out);
         static char xml[65536];

@@ -169,6 +169,17 @@ unsigned short test_free_port(void) {
         return 0;
 }
 
+void test_start_unconfigured(Proc *p, const char *path, char *dir, char sock[128]) {
+        char conf[128], text[512];
+        cr_assert_not_null(mkdtemp(dir));
+        snprintf(conf, sizeof conf, "%s/u.conf", dir);
+        snprintf(sock, 128, "%s/ctl", dir);
+        snprintf(text, sizeof text, "state_directory = \"%s/state\";\ncontrol_socket = \"%s\";\n", dir, sock);
+        test_write_file(conf, text, 0644);
+        proc_start(p, (char *[]){ (char *)path, "--config", conf, NULL }, NULL);
+        cr_assert(proc_wait_for(p, "unconfigured", 30000), "%s", p->out);
+}
+
 int test_connect_port(unsigned short port) {
         int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
         struct sockaddr_in sa = { .sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK),

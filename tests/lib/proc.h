@@ -32,6 +32,11 @@ int proc_exit(Proc *p);
 int proc_exit_within(Proc *p, int timeout_ms);
 /* A loopback port that was free a moment ago (bound to port 0, let go). */
 unsigned short test_free_port(void);
+/* The ravnestd at path, unconfigured (its configuration names a state
+ * directory and a control socket only) in the new directory made from the
+ * template dir ("/tmp/...-XXXXXX"); its socket's path in sock. Returns once
+ * the node says it is unconfigured. */
+void test_start_unconfigured(Proc *p, const char *path, char *dir, char sock[128]);
 /* A TCP connection to 127.0.0.1:port (asserting), its descriptor. */
 int test_connect_port(unsigned short port);
 /* A process's peak resident memory (VmHWM), KiB; -1 if it is gone. */
