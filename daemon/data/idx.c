@@ -1,4 +1,6 @@
-/* data/idx.c — zlib's gz* functions read gzip and plain files alike. */
+/* data/idx.c — zlib's gz* functions read the header of gzip and plain files
+ * alike; a gzip file's data are inflated with inflate() itself, which says
+ * where its stream ends (gzread() passes over bytes after it). */
 #include "idx.h"
 
 #include <stdbool.h>
@@ -37,40 +39,82 @@ static int gz_read_full(gzFile f, void *buf, size_t n) {
 }
 
 #define IDX_GZIP_MAX_RATIO 1032u
+#define GZ_CHUNK ((size_t)1 << 16)
 
-/* Does a gzip stream, read up to the data, hold exactly n bytes more? Its
- * last 4 bytes say how much it holds in all (mod 2^32): a file cut short
- * ends in other bytes. Only on a mismatch (cut short, or a file of several
- * gzip members) is the stream read through. */
-static int gz_check_length(gzFile f, int fd, const struct stat *st, uint64_t whole, size_t n, const char *path,
-                           Diag *d) {
-        uint8_t tail[4];
-        if (st->st_size >= 18 && pread(fd, tail, 4, st->st_size - 4) == 4 &&
-            ((uint32_t)tail[0] | (uint32_t)tail[1] << 8 | (uint32_t)tail[2] << 16 | (uint32_t)tail[3] << 24) ==
-                    (uint32_t)whole)
-                return 0;
-        _cleanup_(freep) uint8_t *buf = malloc(1 << 16);
-        if (!buf)
+static void inflate_endp(z_stream *z) {
+        inflateEnd(z);
+}
+
+/* Copy what of out_chunk (len bytes at offset at of the whole stream) falls
+ * in [skip, skip + n) to out. */
+static void gz_sink(const uint8_t *out_chunk, size_t len, uint64_t at, uint64_t skip, uint8_t *out, size_t n) {
+        uint64_t lo = MAX(at, skip), hi = MIN(at + len, skip + n);
+        if (out && lo < hi)
+                memcpy(out + (lo - skip), out_chunk + (lo - at), hi - lo);
+}
+
+/* Inflate the whole gzip file fd from its start, as loading does, and check
+ * it holds exactly skip + n bytes: every member's deflate data and CRC-32
+ * (which zlib checks at its end), and nothing after the last member (zlib's
+ * gzread() passes over such bytes). Bytes [skip, skip + n) of what it
+ * holds go to out (NULL: they are only checked). */
+static int gz_read_through(int fd, uint64_t skip, uint8_t *out, size_t n, const char *path, Diag *d) {
+        _cleanup_(inflate_endp) z_stream z = {};
+        _cleanup_(freep) uint8_t *buf = malloc(2 * GZ_CHUNK);
+        uint64_t got = 0, whole = skip + n;
+        off_t pos = 0;
+        int zr = Z_OK, members = 0;
+
+        if (!buf || inflateInit2(&z, 15 + 16) != Z_OK) /* 16: a gzip wrapper */
                 return diag_set(d, -ENOMEM, "%s: out of memory", path);
-        uint64_t got = 0;
-        int k;
-        while ((k = gzread(f, buf, 1 << 16)) > 0)
-                got += (uint64_t)k;
-        int err = Z_OK;
-        gzerror(f, &err);
-        if (k < 0 || (err != Z_OK && err != Z_BUF_ERROR))
+        for (;;) {
+                if (z.avail_in == 0) {
+                        ssize_t k = pread(fd, buf, GZ_CHUNK, pos);
+                        if (k < 0)
+                                return diag_set(d, -errno, "%s: cannot read: %m", path);
+                        if (k == 0)
+                                break;
+                        pos += k;
+                        z.next_in = buf;
+                        z.avail_in = (uInt)k;
+                }
+                if (zr == Z_STREAM_END && inflateReset(&z) != Z_OK) /* another member follows */
+                        return diag_set(d, -EIO, "%s: corrupt gzip stream in the data", path);
+                z.next_out = buf + GZ_CHUNK;
+                z.avail_out = GZ_CHUNK;
+                zr = inflate(&z, Z_NO_FLUSH);
+                size_t len = GZ_CHUNK - z.avail_out;
+                gz_sink(buf + GZ_CHUNK, len, got, skip, out, n);
+                got += len;
+                if (zr == Z_STREAM_END)
+                        members++;
+                else if (zr != Z_OK)
+                        break;
+                if (got > whole)
+                        break;
+        }
+        /* what follows a member and is not one starts no output of its own */
+        if (zr != Z_STREAM_END && members > 0 && z.total_out == 0)
+                return diag_set(d, -EFBIG, "%s: trailing bytes after the gzip data", path);
+        if (zr != Z_OK && zr != Z_STREAM_END)
                 return diag_set(d, -EIO, "%s: corrupt gzip stream in the data", path);
-        if (got != n)
-                return diag_set(d, got < n ? -ENODATA : -EFBIG, "%s: %s: the header promises %zu data bytes, the "
-                                "file holds %ju", path, got < n ? "truncated" : "trailing bytes after the data", n,
-                                (uintmax_t)got);
+        if (got == whole && zr != Z_STREAM_END)
+                return diag_set(d, -ENODATA, "%s: truncated: the gzip stream ends inside a member", path);
+        if (got != whole)
+                return diag_set(d, got < whole ? -ENODATA : -EFBIG, "%s: %s: the header promises %zu data bytes, "
+                                "the file holds %s%ju", path, got < whole ? "truncated" : "trailing bytes after the data",
+                                n, got > whole ? "more than " : "", (uintmax_t)(got - skip));
         return 0;
 }
 
-/* Open path and read its header into a (dims and n; no data yet); with
- * check_length, make sure that the data are all there, as loading them
- * would (a check that reads only the header: idx_read_header()). */
-static int open_header(const char *path, int want_ndim, bool check_length, gzFile *ret_f, IdxArray *a, Diag *d) {
+static uint64_t header_bytes(int ndim) {
+        return 4 + 4 * (uint64_t)ndim;
+}
+
+/* Open path and read its header into a (dims and n; no data yet). ret_fd
+ * gets the file's descriptor, which *ret_f owns, to read a gzip file
+ * through with gz_read_through(). */
+static int open_header(const char *path, int want_ndim, gzFile *ret_f, int *ret_fd, IdxArray *a, Diag *d) {
         _cleanup_(gzclosep) gzFile f = NULL;
         uint8_t header[4], dimbuf[4 * IDX_MAX_DIMS];
         int r;
@@ -124,23 +168,26 @@ static int open_header(const char *path, int want_ndim, bool check_length, gzFil
                                 "(%jd bytes) cannot hold them", path, a->n, (intmax_t)st.st_size);
         /* a plain file's size says it all, so a check that reads only the
          * header (job_check_data()) refuses what loading it would */
-        uint64_t whole = 4 + 4 * (uint64_t)want_ndim + a->n;
+        uint64_t whole = header_bytes(want_ndim) + a->n;
         if (gzdirect(f) && (uint64_t)st.st_size != whole)
                 return diag_set(d, (uint64_t)st.st_size < whole ? -ENODATA : -EFBIG,
                                 "%s: %s: the header promises %ju bytes in all, the file has %jd", path,
                                 (uint64_t)st.st_size < whole ? "truncated" : "trailing bytes after the data",
                                 (uintmax_t)whole, (intmax_t)st.st_size);
-        if (check_length && !gzdirect(f) && (r = gz_check_length(f, fd, &st, whole, a->n, path, d)) < 0)
-                return r;
         *ret_f = TAKE_PTR(f);
+        *ret_fd = fd;
         return 0;
 }
 
 int idx_read_header(const char *path, int want_ndim, IdxArray *ret, Diag *d) {
         _cleanup_(gzclosep) gzFile f = NULL;
         IdxArray a = {};
-        int r = open_header(path, want_ndim, true, &f, &a, d);
+        int fd;
+        int r = open_header(path, want_ndim, &f, &fd, &a, d);
         if (r < 0)
+                return r;
+        /* as loading would: a gzip file's data are read through to its end */
+        if (!gzdirect(f) && (r = gz_read_through(fd, header_bytes(a.ndim), NULL, a.n, path, d)) < 0)
                 return r;
         *ret = a;
         return 0;
@@ -149,18 +196,24 @@ int idx_read_header(const char *path, int want_ndim, IdxArray *ret, Diag *d) {
 int idx_load(const char *path, int want_ndim, IdxArray **ret, Diag *d) {
         _cleanup_(gzclosep) gzFile f = NULL;
         _cleanup_(idx_freep) IdxArray *a = NULL;
-        int r;
+        int fd, r;
 
         a = calloc(1, sizeof *a);
         if (!a)
                 return diag_set(d, -ENOMEM, "%s: out of memory", path);
-        r = open_header(path, want_ndim, false, &f, a, d);
+        r = open_header(path, want_ndim, &f, &fd, a, d);
         if (r < 0)
                 return r;
 
         a->data = malloc(a->n);
         if (!a->data)
                 return diag_set(d, -ENOMEM, "%s: no memory for %zu data bytes", path, a->n);
+        if (!gzdirect(f)) {
+                if ((r = gz_read_through(fd, header_bytes(a->ndim), a->data, a->n, path, d)) < 0)
+                        return r;
+                *ret = TAKE_PTR(a);
+                return 0;
+        }
         r = gz_read_full(f, a->data, a->n);
         if (r < 0)
                 return diag_set(d, r, "%s: corrupt gzip stream in the data", path);

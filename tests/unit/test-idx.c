@@ -192,6 +192,77 @@ Test(idx, the_header_check_refuses_a_gzip_file_cut_short) {
         cr_assert_eq(h.n, 50 * 4 * 3);
 }
 
+/* Overwrite (at, len) of path's bytes with buf, or append them (at < 0). */
+static void patch_file(const char *path, long at, const void *buf, size_t len) {
+        FILE *f = fopen(path, "r+b");
+        cr_assert_not_null(f);
+        cr_assert_eq(at < 0 ? fseek(f, 0, SEEK_END) : fseek(f, at, SEEK_SET), 0);
+        cr_assert_eq(fwrite(buf, 1, len, f), len);
+        cr_assert_eq(fclose(f), 0);
+}
+
+/* Both the header check and loading give err with phrase and the file's name. */
+static void expect_refused(const char *p, int err, const char *phrase) {
+        IdxArray *a = NULL, h;
+        Diag d = {};
+        cr_expect_eq(idx_read_header(p, 3, &h, &d), err, "header check of %s: %s", p, d.text);
+        cr_expect(strstr(d.text, phrase) && strstr(d.text, p), "\"%s\" lacks \"%s\"", d.text, phrase);
+        d = (Diag){};
+        cr_expect_eq(idx_load(p, 3, &a, &d), err, "load of %s: %s", p, d.text);
+        cr_expect(strstr(d.text, phrase) && strstr(d.text, p), "\"%s\" lacks \"%s\"", d.text, phrase);
+        cr_expect_null(a);
+}
+
+/* Bytes flipped inside the deflate data, with the length at the gzip
+ * file's end intact: the header check reads the data through, as loading
+ * does, and refuses it. The file is larger than what zlib inflates ahead
+ * when it reads the header (256 KiB). */
+Test(idx, the_header_check_refuses_a_corrupt_gzip_stream) {
+        uint8_t *good = malloc(16 + 4000 * 16 * 16), junk[50];
+        cr_assert_not_null(good);
+        size_t len = make_images(good, 4000, 16, 16);
+        for (size_t i = 16; i < len; i++) /* less regular data: a longer deflate stream */
+                good[i] ^= (uint8_t)(i * 2654435761u >> 24);
+        const char *p = write_file("flipped.gz", good, len, true);
+        free(good);
+        struct stat st;
+        cr_assert_eq(stat(p, &st), 0);
+        memset(junk, 0x5a, sizeof junk);
+        patch_file(p, st.st_size / 2, junk, sizeof junk);
+        expect_refused(p, -EIO, "corrupt gzip stream");
+}
+
+/* What follows a gzip member and is not one is refused as bytes after a
+ * plain file's data are; a file of two members is whole, its data read
+ * across them. */
+Test(idx, refuses_bytes_after_the_gzip_data) {
+        uint8_t good[16 + 50 * 4 * 3], zeros[100] = {};
+        size_t len = make_images(good, 50, 4, 3);
+        char garbage[81] = "";
+        for (int i = 0; i < 10; i++)
+                strcat(garbage, "garbage!");
+        const char *p = write_file("garbage.gz", good, len, true);
+        patch_file(p, -1, garbage, 80);
+        expect_refused(p, -EFBIG, "trailing bytes");
+        p = write_file("zeros.gz", good, len, true);
+        patch_file(p, -1, zeros, sizeof zeros);
+        expect_refused(p, -EFBIG, "trailing bytes");
+        p = write_file("one-zero.gz", good, len, true);
+        patch_file(p, -1, zeros, 1);
+        expect_refused(p, -EFBIG, "trailing bytes");
+
+        IdxArray *a = NULL;
+        Diag d = {};
+        p = write_file("two.gz", good, 100, true);
+        gzFile f = gzopen(p, "ab");
+        cr_assert_not_null(f);
+        cr_assert_eq(gzwrite(f, good + 100, (unsigned)(len - 100)), (int)(len - 100));
+        gzclose(f);
+        cr_assert_eq(idx_load(p, 3, &a, &d), 0, "%s", d.text);
+        cr_expect_eq(memcmp(a->data, good + 16, len - 16), 0);
+        idx_free(a);
+}
+
 Test(idx, missing_file) {
         IdxArray *a = NULL;
         Diag d = {};
