@@ -12,8 +12,23 @@
 #include "util/file.h"
 #include "util/macro.h"
 
-/* Line n (from 1) of path, without its newline and leading blanks; "" if
- * there is none. */
+/* s into buf (len bytes, cut to fit), each control byte but tab written as
+ * \xNN, so that text from a file cannot move a terminal's cursor or retitle
+ * it. */
+static void escape(const char *s, char *buf, size_t len) {
+        size_t used = 0;
+        for (; *s && used + 5 <= len; s++) {
+                unsigned char ch = (unsigned char)*s;
+                if ((ch < 0x20 && ch != '\t') || ch == 0x7f)
+                        used += (size_t)snprintf(buf + used, len - used, "\\x%02x", ch);
+                else
+                        buf[used++] = (char)ch;
+        }
+        buf[used] = '\0';
+}
+
+/* Line n (from 1) of path, without its newline and leading blanks, control
+ * bytes escaped; "" if there is none. */
 static void source_line(const char *path, int n, char *buf, size_t len) {
         FILE *f = path ? fopen(path, "re") : NULL;
         _cleanup_(freep) char *line = NULL;
@@ -30,7 +45,7 @@ static void source_line(const char *path, int n, char *buf, size_t len) {
                 return;
         while (k > 0 && (line[k - 1] == '\n' || line[k - 1] == '\r'))
                 line[--k] = '\0';
-        snprintf(buf, len, "%s", line + strspn(line, " \t"));
+        escape(line + strspn(line, " \t"), buf, len);
 }
 
 static bool name_start(char ch) {
@@ -42,6 +57,9 @@ static bool name_char(char ch) {
 }
 
 #define CONF_FILE_MAX (16 << 20)
+#define CONF_GROUP_MAX 4096
+#define CONF_GROUP_SMALL 64
+#define CONF_LARGE_MAX 8192
 #define WALK_DEPTH 64
 
 /* The end of the string that opens at p (its closing quote), counting the
@@ -85,6 +103,7 @@ typedef enum WalkStop {
         WALK_OPEN,    /* a group, list or array opened: frame[depth] */
         WALK_CLOSE,   /* and closed: frame[depth + 1] was it */
         WALK_INCLUDE, /* an @include */
+        WALK_DEEP_NAME, /* a word more than WALK_DEPTH levels in */
 } WalkStop;
 
 typedef struct Walk {
@@ -109,15 +128,18 @@ static void walk_start(Walk *w, const char *text) {
 
 /* At a word at p: in a group (or the top level) every word but true and
  * false is a setting's name, as libconfig's grammar has it, with or without
- * the "=" that should follow. The place to walk on from. */
-static const char *walk_name(Walk *w, const char *p, bool *ret_setting) {
+ * the "=" that should follow. The place to walk on from; *ret_stop is
+ * WALK_NAME for a setting's name, WALK_DEEP_NAME for a word past WALK_DEPTH
+ * (in no frame, so perhaps a name), WALK_END for none. */
+static const char *walk_name(Walk *w, const char *p, WalkStop *ret_stop) {
         const char *end = p;
         while (name_char(*end))
                 end++;
         size_t n = (size_t)(end - p);
         bool boolean = (n == 4 && strncasecmp(p, "true", 4) == 0) || (n == 5 && strncasecmp(p, "false", 5) == 0);
-        *ret_setting = !w->deeper && w->frame[w->depth].open == '{' && !boolean;
-        if (*ret_setting) {
+        *ret_stop = boolean ? WALK_END : w->deeper ? WALK_DEEP_NAME
+                    : w->frame[w->depth].open == '{' ? WALK_NAME : WALK_END;
+        if (*ret_stop == WALK_NAME) {
                 w->at = w->frame[w->depth].name = p;
                 w->at_n = w->frame[w->depth].name_n = n;
         }
@@ -147,7 +169,7 @@ static bool walk_nest(Walk *w, char c) {
 static WalkStop walk_next(Walk *w) {
         const char *p;
         for (p = w->p; *p; p++) {
-                bool setting;
+                WalkStop stop;
                 if (*p == '\n')
                         w->line++;
                 else if (*p == '"')
@@ -168,9 +190,9 @@ static WalkStop walk_next(Walk *w) {
                         w->p = p + 1;
                         return WALK_NUMBER;
                 } else if (name_start(*p) && (p == w->text || !name_char(p[-1]))) {
-                        w->p = walk_name(w, p, &setting);
-                        if (setting)
-                                return WALK_NAME;
+                        w->p = walk_name(w, p, &stop);
+                        if (stop != WALK_END)
+                                return stop;
                         p = w->p - 1;
                 } else if (strncmp(p, "@include", 8) == 0) {
                         w->p = p + 8;
@@ -282,6 +304,42 @@ static bool find_duplicate(const char *text, char *buf, size_t len, int *ret_lin
         return false;
 }
 
+/* libconfig looks each name up among those its group already holds, one by
+ * one: a group of n settings costs n * n / 2 comparisons (40000 took 8 s,
+ * 500 groups of 4096 took 50). -E2BIG for a group of more than
+ * CONF_GROUP_MAX, or more than CONF_LARGE_MAX settings in the file past the
+ * CONF_GROUP_SMALLth of their group, naming the file, the line where the
+ * bound is passed and the group. Words nested deeper than the walk follows
+ * count as one group. */
+static int check_group_sizes(const char *path, const char *text, Diag *d) {
+        int count[WALK_DEPTH] = {}, deep = 0, large = 0;
+        Walk w;
+
+        walk_start(&w, text);
+        for (WalkStop s; (s = walk_next(&w)) != WALK_END;) {
+                if (s == WALK_OPEN)
+                        count[w.depth] = 0;
+                if (s != WALK_NAME && s != WALK_DEEP_NAME)
+                        continue;
+                int n = s == WALK_NAME ? ++count[w.depth] : ++deep;
+                large += n > CONF_GROUP_SMALL;
+                if (n <= CONF_GROUP_MAX && large <= CONF_LARGE_MAX)
+                        continue;
+                char group[256];
+                if (s == WALK_NAME)
+                        w.frame[w.depth].name = NULL; /* the group's path, not the name's */
+                walk_path(&w, group, sizeof group);
+                if (!group[0])
+                        strcpy(group, "(top level)");
+                if (n > CONF_GROUP_MAX)
+                        return diag_set(d, -E2BIG, "%s:%d: %s: more than %d settings in one group", path, w.line,
+                                        group, CONF_GROUP_MAX);
+                return diag_set(d, -E2BIG, "%s:%d: %s: more than %d settings in the file past the %dth of their "
+                                "group", path, w.line, group, CONF_LARGE_MAX, CONF_GROUP_SMALL);
+        }
+        return 0;
+}
+
 /* The file's text, NUL-terminated, for check_integers(); opened through
  * file_open_regular(), as a FIFO would hang libconfig's fopen(). */
 static int read_text(const char *path, char **ret, Diag *d) {
@@ -311,6 +369,8 @@ int conf_read_file(config_t *c, const char *path, Diag *d) {
                 return r;
         /* before libconfig opens what an @include names; a syntax error
          * below replaces what it said of the integers */
+        if ((r = check_group_sizes(path, source, d)) < 0)
+                return r;
         int integers = check_integers(path, source, d);
         if (integers == -EINVAL)
                 return integers;
@@ -357,7 +417,7 @@ static void setting_path(const config_setting_t *s, char *buf, size_t len) {
 }
 
 int conf_error(const config_setting_t *s, const char *name, int r, Diag *d, const char *fmt, ...) {
-        char path[512], msg[384];
+        char path[512], raw[384], msg[384];
         const char *file = config_setting_source_file(s);
         va_list ap;
 
@@ -367,8 +427,9 @@ int conf_error(const config_setting_t *s, const char *name, int r, Diag *d, cons
                 snprintf(path + used, sizeof path - used, "%s%s", used ? "." : "", name);
         }
         va_start(ap, fmt);
-        vsnprintf(msg, sizeof msg, fmt, ap);
+        vsnprintf(raw, sizeof raw, fmt, ap);
         va_end(ap);
+        escape(raw, msg, sizeof msg); /* a string it quotes from the file */
         /* The member's own line when it exists (groups span many lines). */
         const config_setting_t *m = name && config_setting_is_group(s) ? config_setting_get_member(s, name) : NULL;
         unsigned line = config_setting_source_line(m ?: s);
@@ -396,17 +457,9 @@ static config_setting_t *member(const config_setting_t *group, const char *name)
         return group ? config_setting_get_member(group, name) : NULL;
 }
 
-int conf_get_int(const config_setting_t *group, const char *name, bool required, long long lo,
-                 long long hi, long long def, long long *ret, Diag *d) {
-        config_setting_t *s = member(group, name);
+int conf_int(const config_setting_t *s, long long lo, long long hi, long long *ret, Diag *d) {
         long long v;
 
-        if (!s) {
-                if (required)
-                        return conf_error(group, name, -EINVAL, d, "missing (required)");
-                *ret = def;
-                return 0;
-        }
         switch (config_setting_type(s)) {
         case CONFIG_TYPE_INT:
                 v = config_setting_get_int(s);
@@ -422,6 +475,19 @@ int conf_get_int(const config_setting_t *group, const char *name, bool required,
                                   lo, hi, v);
         *ret = v;
         return 0;
+}
+
+int conf_get_int(const config_setting_t *group, const char *name, bool required, long long lo,
+                 long long hi, long long def, long long *ret, Diag *d) {
+        config_setting_t *s = member(group, name);
+
+        if (!s) {
+                if (required)
+                        return conf_error(group, name, -EINVAL, d, "missing (required)");
+                *ret = def;
+                return 0;
+        }
+        return conf_int(s, lo, hi, ret, d);
 }
 
 const char *conf_number(double v, char buf[CONF_NUMBER_MAX]) {

@@ -19,8 +19,11 @@
 #include "util/diag.h"
 
 /* Read path into c. On a syntax error d says "file:line: message in "the
- * line's text"", for a duplicate "file:line: group.name: set twice in the
- * same group". An integer too wide for how it is written (see below) is
+ * line's text"" (control bytes written as \xNN), for a duplicate
+ * "file:line: group.name: set twice in the same group". A group of more
+ * than 4096 settings (libconfig's time grows with their square), or more
+ * than 8192 settings past the 64th of their group in the file, is -E2BIG
+ * before libconfig reads it. An integer too wide for how it is written (see below) is
  * -ERANGE, naming the file, the line and the setting's full path, with c
  * read. */
 int conf_read_file(config_t *c, const char *path, Diag *d);
@@ -44,6 +47,8 @@ const char *conf_number(double v, char buf[CONF_NUMBER_MAX]);
  * range. */
 int conf_get_int(const config_setting_t *group, const char *name, bool required, long long lo,
                  long long hi, long long def, long long *ret, Diag *d);
+/* Setting s itself (an array's element, say), as conf_get_int() reads one. */
+int conf_int(const config_setting_t *s, long long lo, long long hi, long long *ret, Diag *d);
 int conf_get_double(const config_setting_t *group, const char *name, bool required, double lo,
                     double hi, double def, double *ret, Diag *d);
 int conf_get_bool(const config_setting_t *group, const char *name, bool def, bool *ret, Diag *d);

@@ -48,8 +48,11 @@ static int parse_layer(const config_setting_t *s, LayerSpec *l, Diag *d) {
             (r = conf_get_string(s, "type", true, NULL, type, sizeof type, d)) < 0)
                 return r;
 
+        /* embed, block and lm_head are a gpt's, which ravnest-job(5) writes
+         * model = { type = "gpt"; ... }, not layers of a list */
         l->kind = layer_kind_from_string(type);
-        if (l->kind == _LAYER_KIND_INVALID)
+        if (l->kind == _LAYER_KIND_INVALID || l->kind == LAYER_EMBED || l->kind == LAYER_BLOCK ||
+            l->kind == LAYER_LM_HEAD)
                 return conf_error(s, "type", -EINVAL, d,
                                   "unknown layer \"%s\" (known: linear, relu, gelu, conv2d, maxpool2d, flatten)",
                                   type);
@@ -119,16 +122,13 @@ static int parse_layers(config_setting_t *g, ModelSpec *m, int classes, Diag *d)
         input = config_setting_get_member(g, "input");
         if (!input)
                 return conf_error(g, "input", -EINVAL, d, "missing (required): the per-sample shape [C, H, W]");
-        if (!config_setting_is_array(input) || config_setting_length(input) != 3 ||
-            config_setting_type(config_setting_get_elem(input, 0)) != CONFIG_TYPE_INT)
+        if (!config_setting_is_array(input) || config_setting_length(input) != 3)
                 return conf_error(input, NULL, -EINVAL, d, "must be an array of three integers [C, H, W]");
-        int dims[3];
-        for (int i = 0; i < 3; i++) {
-                dims[i] = config_setting_get_int_elem(input, i);
-                if (dims[i] < 1 || dims[i] > 4096)
-                        return conf_error(input, NULL, -ERANGE, d, "dimension %d must be in [1, 4096]", i);
-        }
-        m->input = (Shape){ dims[0], dims[1], dims[2] };
+        long long dims[3];
+        for (int i = 0; i < 3; i++)
+                if ((r = conf_int(config_setting_get_elem(input, (unsigned)i), 1, 4096, &dims[i], d)) < 0)
+                        return r;
+        m->input = (Shape){ (int)dims[0], (int)dims[1], (int)dims[2] };
         m->n_classes = classes;
 
         if ((r = conf_get_group(g, "layers", true, true, &layers, d)) < 0)
@@ -140,8 +140,6 @@ static int parse_layers(config_setting_t *g, ModelSpec *m, int classes, Diag *d)
         for (int i = 0; i < n; i++)
                 if ((r = parse_layer(config_setting_get_elem(layers, (unsigned)i), &m->layers[i], d)) < 0)
                         return r;
-        if (m->layers[0].kind == LAYER_EMBED || m->layers[0].kind == LAYER_BLOCK || m->layers[0].kind == LAYER_LM_HEAD)
-                return conf_error(layers, NULL, -EINVAL, d, "a transformer is written model = { type = \"gpt\"; ... }");
         return check_shapes(layers, m, d);
 }
 

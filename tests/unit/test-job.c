@@ -43,7 +43,7 @@ static const char *base =
 
 /* Write base with one substitution and load it (into j, if not NULL). */
 static int load_job_variant(const char *from, const char *to, Diag *d, char *path, Job *j) {
-        char text[4096];
+        static char text[200000];
         const char *at = strstr(base, from);
         cr_assert_not_null(at, "variant anchor \"%s\" not in base", from);
         snprintf(text, sizeof text, "%.*s%s%s", (int)(at - base), base, to, at + strlen(from));
@@ -200,4 +200,55 @@ Test(job, gpt_on_text) {
                    "3: model.type: a gpt trains on a text dataset");
         gpt_expect("path = \"/usr/share/games/fortunes\"; ", "", "2: dataset.path: missing");
         gpt_expect("name = \"text\";", "name = \"text\"; classes = 10;", "2: dataset: classes, mean and std");
+}
+
+/* libconfig's time grows with the square of a group's settings: a group
+ * past the bound is refused before it parses, naming its line and group. */
+Test(job, a_group_of_too_many_settings) {
+        static char text[200000];
+        int k = snprintf(text, sizeof text, "name = \"t\";\nmodel = {\n");
+        for (int i = 0; i < 4097; i++)
+                k += snprintf(text + k, sizeof text - (size_t)k, "x%d = %d;\n", i, i);
+        snprintf(text + k, sizeof text - (size_t)k, "};\n");
+        expect_error("name = \"t\";", text, "4099: model: more than 4096 settings in one group");
+        /* many groups of fewer each, past what their squares may cost in all */
+        k = snprintf(text, sizeof text, "name = \"t\";\n");
+        for (int g = 0; g < 3; g++) {
+                k += snprintf(text + k, sizeof text - (size_t)k, "g%d = {\n", g);
+                for (int i = 0; i < 4000; i++)
+                        k += snprintf(text + k, sizeof text - (size_t)k, "x%d=0;", i);
+                k += snprintf(text + k, sizeof text - (size_t)k, "\n};\n");
+        }
+        expect_error("name = \"t\";", text, "9: g2: more than 8192 settings in the file past the 64th");
+}
+
+/* A line or a string quoted from the file cannot drive the terminal. */
+Test(job, control_bytes_are_escaped) {
+        char path[64];
+        Diag d = {};
+        cr_assert_lt(load_variant("lr = 0.1;", "lr = 0.1;\x1b]0;pwned\x07\x1b[31mRED = ;", &d, path), 0);
+        cr_expect(!strchr(d.text, '\x1b') && !strchr(d.text, '\x07'), "%s", d.text);
+        cr_expect(strstr(d.text, "\\x1b]0;pwned\\x07\\x1b[31mRED"), "%s", d.text);
+        expect_error("type = \"linear\"", "type = \"x\\x1b[2J\"", "7: model.layers.[1].type: unknown layer \"x\\x1b[2J\"");
+}
+
+/* The input's dimensions are integers as every other: with or without L. */
+Test(job, input_takes_wide_integers) {
+        char path[64];
+        Job j;
+        Diag d = {};
+        cr_assert_eq(load_job_variant("input = [1, 28, 28];", "input = [1L, 28L, 28L];", &d, path, &j), 0, "%s",
+                     d.text);
+        cr_assert_eq(j.model.input.h, 28);
+        expect_error("input = [1, 28, 28];", "input = [1L, 28L, 4097L];",
+                     "4: model.input.[2]: must be an integer in [1, 4096], got 4097");
+}
+
+/* embed, block and lm_head are a gpt's own, not layers a list may name. */
+Test(job, a_gpts_layers_are_unknown_in_a_list) {
+        expect_error("{ type = \"linear\"; out = 10; }", "{ type = \"embed\"; out = 10; }",
+                     "7: model.layers.[1].type: unknown layer \"embed\" (known: linear,");
+        expect_error("{ type = \"linear\"; out = 10; }", "{ type = \"lm_head\"; }",
+                     "7: model.layers.[1].type: unknown layer \"lm_head\"");
+        expect_error("{ type = \"flatten\"; },", "{ type = \"block\"; },", "6: model.layers.[0].type: unknown layer \"block\"");
 }
