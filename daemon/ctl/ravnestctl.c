@@ -25,34 +25,67 @@
 #include "ctl-predict.h"
 #include "ctl-top.h"
 #include "conf/job.h"
+#include "data/dataset.h"
 #include "conf/option.h"
 #include "swarm.h"
 #include "tensor/ops.h"
 #include "util/log.h"
 
+/* The job's model against its data, as the daemon checks it before it
+ * trains: 0, with *ret_note saying why not when none of the data set's
+ * files is on this machine, or the exit status of a refusal. A data set
+ * of which some files are there and one is missing is broken, as the
+ * daemon would find it. */
+static int check_job_data(const Job *job, Diag *d, const char **ret_note) {
+        int r = job_check_data(job, NULL, d);
+        *ret_note = NULL;
+        if (r == -ENOENT && (job->data.kind == JOB_DATA_TEXT || dataset_dir_count_files(job->data.path) == 0)) {
+                *ret_note = d->text;
+                return 0;
+        }
+        if (r < 0) { /* the model does not fit the data (78), or the files are broken (1) */
+                fprintf(stderr, "%s: %s\n", r == -EINVAL ? "Invalid job" : "Unusable dataset", d->text);
+                return r == -EINVAL ? EX_CONFIG : EXIT_FAILURE;
+        }
+        return 0;
+}
+
+/* Parameters, gradients, optimizer state, and the activation memory of one
+ * batch as the daemon sizes it (trace_bytes() of the whole model as one
+ * stage, trained alone: outputs, what the backward pass keeps, the
+ * gradients between layers and the layers' scratch). */
+static int print_memory(const Job *job) {
+        _cleanup_(stage_freep) Stage *s = NULL;
+        Diag d = {};
+        int r = stage_new(&job->model, 0, job->model.n_layers, job->train.seed, &s, &d);
+        if (r < 0) {
+                fprintf(stderr, "%s: %s\n", job->path, r == -ENOMEM ? "out of memory" : d.text);
+                return r == -ENOMEM ? EX_OSERR : EX_CONFIG;
+        }
+        size_t state = optim_state_floats(job->optim.kind, s->n_params);
+        size_t acts = trace_bytes(s, job->train.batch_size);
+        printf("\nparameters %zu (%.2f MiB), gradients the same, %s state %.2f MiB\n", s->n_params,
+               s->n_params * 4.0 / (1 << 20), optim_kind_to_string(job->optim.kind), state * 4.0 / (1 << 20));
+        printf("activation memory per batch of %d (outputs, what the backward pass keeps, gradients "
+               "between layers, scratch): %.2f MiB (%zu bytes)\n",
+               job->train.batch_size, (double)acts / (1 << 20), acts);
+        return 0;
+}
+
 static int describe_job(const char *path) {
         Layer layers[MODEL_MAX_LAYERS];
+        const char *data_note;
         Job job;
         Diag d = {};
         int r;
 
         r = job_load(path, &job, &d);
-        if (r < 0) {
+        if (r < 0 || (r = model_spec_check(&job.model, layers, &d)) < 0) {
                 fprintf(stderr, "%s\n", d.text);
                 return EX_CONFIG;
         }
-        r = model_spec_check(&job.model, layers, &d);
-        if (r < 0) {
-                fprintf(stderr, "%s\n", d.text);
-                return EX_CONFIG;
-        }
-        /* what the daemon checks before it trains */
-        r = job_check_data(&job, NULL, &d);
-        if (r < 0 && r != -ENOENT) { /* the model does not fit the data (78), or the files are broken (1) */
-                fprintf(stderr, "%s: %s\n", r == -EINVAL ? "Invalid job" : "Unusable dataset", d.text);
-                return r == -EINVAL ? EX_CONFIG : EXIT_FAILURE;
-        }
-        const char *data_note = r < 0 ? d.text : NULL;
+        if ((r = check_job_data(&job, &d, &data_note)) != 0)
+                return r;
 
         printf("job %s (%s)\n", job.name, path);
         printf("dataset %s, %d classes, from %s\n", job.data.name, job.data.classes, job.data.path);
@@ -61,7 +94,6 @@ static int describe_job(const char *path) {
         else
                 printf("the model fits the data there (shapes and labels of both splits)\n");
         printf("\n%-3s %-10s %-16s %-16s %12s\n", "#", "layer", "input", "output", "parameters");
-        size_t total = 0, acts = shape_numel(job.model.input) * sizeof(float); /* bytes per sample */
         for (int i = 0; i < job.model.n_layers; i++) {
                 const Layer *l = &layers[i];
                 char in[32], out[32];
@@ -69,14 +101,9 @@ static int describe_job(const char *path) {
                 snprintf(out, sizeof out, "%dx%dx%d", l->out.c, l->out.h, l->out.w);
                 printf("%-3d %-10s %-16s %-16s %12zu\n", i + 1, layer_kind_to_string(l->kind), in,
                        out, l->n_params);
-                total += l->n_params;
-                acts += shape_numel(l->out) * sizeof(float) + l->saved_bytes; /* what backward keeps too */
         }
-        size_t state = optim_state_floats(job.optim.kind, total);
-        printf("\nparameters %zu (%.2f MiB), gradients the same, %s state %.2f MiB\n", total,
-               total * 4.0 / (1 << 20), optim_kind_to_string(job.optim.kind), state * 4.0 / (1 << 20));
-        printf("activations per batch of %d (outputs and what the backward pass keeps): %.2f MiB\n",
-               job.train.batch_size, (double)acts * job.train.batch_size / (1 << 20));
+        if ((r = print_memory(&job)) != 0)
+                return r;
         printf("optimizer %s lr %g, batch %d, %d epochs, seed %llu\n",
                optim_kind_to_string(job.optim.kind), (double)job.optim.lr, job.train.batch_size,
                job.train.epochs, (unsigned long long)job.train.seed);

@@ -83,6 +83,19 @@ int dataset_probe_dir(const char *dir, const char *split, DatasetShape *ret, Dia
         return 0;
 }
 
+int dataset_dir_count_files(const char *dir) {
+        static const char *const splits[] = { "train", "t10k" }, *const whats[] = { "images-idx3-ubyte",
+                                                                                   "labels-idx1-ubyte" };
+        char path[4096];
+        int n = 0;
+        for (size_t i = 0; i < ELEMENTSOF(splits); i++)
+                for (size_t j = 0; j < ELEMENTSOF(whats); j++) {
+                        idx_path(path, sizeof path, dir, splits[i], whats[j]);
+                        n += access(path, F_OK) == 0;
+                }
+        return n;
+}
+
 DatasetShape dataset_shape(const Dataset *ds) {
         int max_label = 0;
         for (size_t i = 0; ds->text && i < ds->text_len; i++)

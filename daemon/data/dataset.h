@@ -69,6 +69,10 @@ typedef struct DatasetShape {
  * labels of "<split>-labels-idx1-ubyte[.gz]" (read whole: one byte a
  * sample), with the counts checked against each other. */
 int dataset_probe_dir(const char *dir, const char *split, DatasetShape *ret, Diag *d);
+/* How many of dir's four IDX files (images and labels of "train" and
+ * "t10k", plain or gzip) are there: 0 when the data set is not on this
+ * machine at all, 4 when it is whole. */
+int dataset_dir_count_files(const char *dir);
 DatasetShape dataset_shape(const Dataset *ds);
 /* -EINVAL with the reason in d unless samples of shape (c,h,w) with labels
  * below classes fit: the model's input is exactly the data's sample, and

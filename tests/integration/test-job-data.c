@@ -96,3 +96,72 @@ Test(job_data, ravnestctl_job_checks_the_data) {
         cr_assert(strstr(p.out, "data not there to check"), "%s", p.out);
         cr_assert(strstr(p.out, "no-such-dir"), "%s", p.out);
 }
+
+/* A data set with one of its four files missing is broken, not "not on
+ * this machine": ravnestctl job names the file and exits 1, as the daemon
+ * would refuse it. */
+Test(job_data, ravnestctl_job_refuses_a_data_set_missing_one_file) {
+        char part[160], job[160], gone[200];
+        snprintf(part, sizeof part, "%s/part", dir);
+        snprintf(job, sizeof job, "%s/part.job", dir);
+        snprintf(gone, sizeof gone, "%s/t10k-labels-idx1-ubyte", part);
+        test_write_idx_data(part, &(TestData){ .h = 8, .w = 8, .classes = 10, .n_train = 60, .n_test = 10 });
+        cr_assert_eq(unlink(gone), 0);
+        test_write_mlp_job(job, part, 8, 8, 10, 1);
+        Proc p;
+        proc_start(&p, (char *[]){ RAVNESTCTL, "job", job, NULL }, NULL);
+        cr_assert_eq(proc_exit(&p), 1, "%s", p.out);
+        cr_assert(strstr(p.out, "Unusable dataset") && strstr(p.out, gone), "%s", p.out);
+        cr_assert(!strstr(p.out, "not there to check"), "%s", p.out);
+}
+
+/* Bytes after a gzip file's data are refused by every check, as after a
+ * plain file's. */
+Test(job_data, bytes_after_the_gzip_data_are_refused) {
+        char gz[160], job[160], file[200];
+        snprintf(gz, sizeof gz, "%s/gz", dir);
+        snprintf(job, sizeof job, "%s/gz.job", dir);
+        snprintf(file, sizeof file, "%s/train-images-idx3-ubyte.gz", gz);
+        test_write_idx_data(gz, &(TestData){ .h = 8, .w = 8, .classes = 10, .n_train = 60, .n_test = 10,
+                                             .gzip = true });
+        FILE *f = fopen(file, "ab");
+        cr_assert(f);
+        for (int i = 0; i < 10; i++)
+                fputs("garbage!", f);
+        cr_assert_eq(fclose(f), 0);
+        test_write_mlp_job(job, gz, 8, 8, 10, 1);
+        char *const runs[][8] = { { RAVNESTCTL, "job", job, NULL },
+                                  { RAVNESTD, "--check-job", "--job", job, NULL } };
+        for (size_t i = 0; i < ELEMENTSOF(runs); i++) {
+                Proc p;
+                proc_start(&p, runs[i], NULL);
+                cr_expect_eq(proc_exit(&p), 1, "%s: %s", runs[i][1], p.out);
+                cr_expect(strstr(p.out, "trailing bytes") && strstr(p.out, file), "%s: %s", runs[i][1], p.out);
+        }
+}
+
+/* The activation memory ravnestctl job prints is what the daemon allocates
+ * for a batch: with a conv2d whose im2col scratch (2 x 225 x 16 x 16
+ * floats) is most of it, at least that scratch. */
+Test(job_data, ravnestctl_job_counts_the_scratch_in_its_memory) {
+        char job[160], text[1024];
+        snprintf(job, sizeof job, "%s/conv.job", dir);
+        snprintf(text, sizeof text,
+                 "name = \"conv\";\n"
+                 "dataset = { name = \"idx\"; path = \"%s\"; classes = 10; mean = 0.5; std = 0.3; };\n"
+                 "model = {\n  input = [1, 16, 16];\n"
+                 "  layers = ( { type = \"conv2d\"; out = 1; kernel = 15; padding = 7; }, { type = \"flatten\"; },\n"
+                 "             { type = \"linear\"; out = 10; } );\n};\n"
+                 "optimizer = { type = \"sgd\"; lr = 0.05; };\n"
+                 "training = { batch_size = 1; epochs = 1; seed = 7; };\n", d16);
+        test_write_file(job, text, 0644);
+        Proc p;
+        proc_start(&p, (char *[]){ RAVNESTCTL, "job", job, NULL }, NULL);
+        cr_assert_eq(proc_exit(&p), 0, "%s", p.out);
+        const char *line = strstr(p.out, "activation memory per batch of 1");
+        cr_assert(line, "%s", p.out);
+        size_t bytes = 0;
+        const char *at = strstr(line, "MiB (");
+        cr_assert(at && sscanf(at, "MiB (%zu bytes)", &bytes) == 1, "%s", line);
+        cr_expect_geq(bytes, (size_t)2 * 225 * 16 * 16 * sizeof(float), "%s", line);
+}
