@@ -650,12 +650,8 @@ int membership_run(const Config *c, const Job *job, const Identity *id, const Lo
         Diag d = {};
         int r;
 
-        if (!strcmp(c->pipeline.listen.host, "0.0.0.0") || !strcmp(c->pipeline.listen.host, "::") ||
-            !strcmp(c->averaging.listen.host, "0.0.0.0") || !strcmp(c->averaging.listen.host, "::")) {
-                log_error("%s: pipeline.listen, averaging.listen: membership hands these addresses to the other "
-                          "nodes: a wildcard address does not reach this one", c->path);
-                return -EINVAL;
-        }
+        /* (a wildcard listen address, which the others could not dial, is
+         * refused by config_load()) */
         for (int l = 0; l < job->model.n_layers; l++)
                 m.layer_off[l + 1] = m.layer_off[l] + model_spec_params(&job->model, l, l + 1);
         size_t n_params = m.layer_off[job->model.n_layers];

@@ -540,7 +540,7 @@ Test(cli, configuration_errors_name_file_line_and_setting) {
                             "2: job: /nonexistent/ravnest-test.job: cannot read: No such file or directory");
         expect_config_error("threads = 99999999999;\n", "1: threads: 99999999999 is read as a 32-bit integer");
         expect_config_error("checkpoint = {\n  interval = 600;\n  load = true;\n  interval = 60;\n};\n",
-                            "4: interval: set twice");
+                            "4: checkpoint.interval: set twice");
         expect_config_error("threads = 2;\nidle = { enabled = fals; };\n",
                             "2: syntax error in \"idle = { enabled = fals; };\"");
         /* what only the job tells apart: --check-config runs the check the
@@ -555,13 +555,13 @@ Test(cli, configuration_errors_name_file_line_and_setting) {
                  "  \"80a4d7a4bebd9ed03987f3b2db2057cf7abd4cf24f77106ac9c5d91b14accbd3@127.0.0.1:7003\",\n"
                  "  \"d50a93859a54a4731616c02223cf0624ee207a60df1d7d478448cc000daccdc6@127.0.0.1:7004\" ];\n"
                  "  stages = [0, 2, 9]; } ); };\n", secret);
-        expect_config_error(text, " pipeline.clusters: cluster 1 cuts 9 layers, job fashion-mnist-mlp has ");
+        expect_config_error(text, "6: pipeline.clusters.[0].stages: cluster 1 cuts 9 layers, job fashion-mnist-mlp has ");
         /* a first stage of the flatten alone: nothing to average, refused before it starts */
         char *cut = strstr(text, "[0, 2, 9]");
         cr_assert(cut);
         memcpy(cut, "[0, 1, 6]", 9);
-        expect_config_error(text, " pipeline.clusters: stage 1 of cluster 1 (layers 0-0 of job fashion-mnist-mlp) "
-                                  "holds no parameters");
+        expect_config_error(text, "6: pipeline.clusters.[0].stages: stage 1 of cluster 1 (layers 0-0 of job "
+                                  "fashion-mnist-mlp) holds no parameters");
         unlink(secret);
 }
 
