@@ -1015,14 +1015,16 @@ static int parse_metrics(const config_setting_t *root, Config *c, Diag *d) {
         return 0;
 }
 
-/* Whether error ("file:line: ...") is about a line one of reported's
+/* Whether error ("path:line: ...") is about a line one of reported's
  * lines names. */
-static bool same_line(const char *reported, const char *error) {
-        const char *colon = strchr(error, ':');
-        colon = colon ? strchr(colon + 1, ':') : NULL;
+static bool same_line(const char *path, const char *reported, const char *error) {
+        size_t n = strlen(path);
+        if (strncmp(error, path, n) != 0 || error[n] != ':')
+                return false;
+        const char *colon = strchr(error + n + 1, ':');
         if (!colon)
                 return false;
-        size_t n = (size_t)(colon + 1 - error);
+        n = (size_t)(colon + 1 - error);
         for (const char *l = reported; *l; l += strcspn(l, "\n") + (l[strcspn(l, "\n")] == '\n'))
                 if (strncmp(l, error, n) == 0)
                         return true;
@@ -1063,7 +1065,7 @@ int config_load(const char *path, Config *ret, Diag *d) {
                 int k_ = (call);                                     \
                 if (k_ < 0) {                                        \
                         first = first ?: k_;                         \
-                        if (!same_line(wide.text, one.text))         \
+                        if (!same_line(path, wide.text, one.text))         \
                                 diag_append(d, "%s", one.text);      \
                 }                                                    \
         } while (0)

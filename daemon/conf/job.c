@@ -302,6 +302,10 @@ int job_check_data(const Job *job, const char *dir, Diag *d) {
                                     : test ? "t10k" : "train";
                 r = job->data.kind == JOB_DATA_TEXT ? dataset_probe_text(dir, test, job->model.input.c, &s, d)
                                                     : dataset_probe_dir(dir, split, &s, d);
+                /* not on this machine is a data set none of whose files is
+                 * there; one with some of them is broken */
+                if (r == -ENOENT && job->data.kind != JOB_DATA_TEXT && dataset_dir_count_files(dir) > 0)
+                        return -ENODATA;
                 if (r < 0)
                         return r;
                 if ((r = model_check_data_shape(&job->model, &s, &why)) < 0)

@@ -45,7 +45,9 @@ int job_load(const char *path, Job *ret, Diag *d);
 /* Whether the job's model fits its data in dir (NULL: the job's dataset.path):
  * both splits' files, from their headers and labels, through the same
  * check every training mode makes (model_check_data_shape()). -ENOENT when
- * a file is not there; d names the file and what does not fit. */
+ * the data set is not on this machine (none of its files), -ENODATA when
+ * some of its files are and another is not; d names the file and what
+ * does not fit. */
 int job_check_data(const Job *job, const char *dir, Diag *d);
 /* One split of the job's data from dir (NULL: the job's dataset.path),
  * ready to train on (images normalized): the training split, or with test

@@ -186,7 +186,7 @@ static int plot_run(const char *run_dir, const char *out) {
         }
         if ((r = ctl_output_target("plot", out, target)) != 0)
                 return r;
-        if ((r = draw(p, run_dir, out)) < 0) {
+        if ((r = draw(p, run_dir, target)) < 0) {
                 fprintf(stderr, "Failed to write %s: %s\n", out, strerror(-r));
                 return EX_CANTCREAT;
         }

@@ -25,7 +25,6 @@
 #include "ctl-predict.h"
 #include "ctl-top.h"
 #include "conf/job.h"
-#include "data/dataset.h"
 #include "conf/option.h"
 #include "swarm.h"
 #include "tensor/ops.h"
@@ -39,7 +38,7 @@
 static int check_job_data(const Job *job, Diag *d, const char **ret_note) {
         int r = job_check_data(job, NULL, d);
         *ret_note = NULL;
-        if (r == -ENOENT && (job->data.kind == JOB_DATA_TEXT || dataset_dir_count_files(job->data.path) == 0)) {
+        if (r == -ENOENT) { /* none of it on this machine (job_check_data()) */
                 *ret_note = d->text;
                 return 0;
         }
@@ -51,25 +50,19 @@ static int check_job_data(const Job *job, Diag *d, const char **ret_note) {
 }
 
 /* Parameters, gradients, optimizer state, and the activation memory of one
- * batch as the daemon sizes it (trace_bytes() of the whole model as one
- * stage, trained alone: outputs, what the backward pass keeps, the
- * gradients between layers and the layers' scratch). */
-static int print_memory(const Job *job) {
-        _cleanup_(stage_freep) Stage *s = NULL;
-        Diag d = {};
-        int r = stage_new(&job->model, 0, job->model.n_layers, job->train.seed, &s, &d);
-        if (r < 0) {
-                fprintf(stderr, "%s: %s\n", job->path, r == -ENOMEM ? "out of memory" : d.text);
-                return r == -ENOMEM ? EX_OSERR : EX_CONFIG;
-        }
-        size_t state = optim_state_floats(job->optim.kind, s->n_params);
-        size_t acts = trace_bytes(s, job->train.batch_size);
-        printf("\nparameters %zu (%.2f MiB), gradients the same, %s state %.2f MiB\n", s->n_params,
-               s->n_params * 4.0 / (1 << 20), optim_kind_to_string(job->optim.kind), state * 4.0 / (1 << 20));
+ * batch as the daemon sizes it for the whole model trained alone
+ * (model_trace_bytes(): outputs, what the backward pass keeps, the
+ * gradients between layers and the layers' scratch; a batch larger than
+ * the data takes what the data's samples need). */
+static void print_memory(const Job *job) {
+        size_t n_params = model_spec_params(&job->model, 0, job->model.n_layers);
+        size_t state = optim_state_floats(job->optim.kind, n_params);
+        size_t acts = model_trace_bytes(&job->model, job->train.batch_size);
+        printf("\nparameters %zu (%.2f MiB), gradients the same, %s state %.2f MiB\n", n_params,
+               n_params * 4.0 / (1 << 20), optim_kind_to_string(job->optim.kind), state * 4.0 / (1 << 20));
         printf("activation memory per batch of %d (outputs, what the backward pass keeps, gradients "
                "between layers, scratch): %.2f MiB (%zu bytes)\n",
                job->train.batch_size, (double)acts / (1 << 20), acts);
-        return 0;
 }
 
 static int describe_job(const char *path) {
@@ -102,8 +95,7 @@ static int describe_job(const char *path) {
                 printf("%-3d %-10s %-16s %-16s %12zu\n", i + 1, layer_kind_to_string(l->kind), in,
                        out, l->n_params);
         }
-        if ((r = print_memory(&job)) != 0)
-                return r;
+        print_memory(&job);
         printf("optimizer %s lr %g, batch %d, %d epochs, seed %llu\n",
                optim_kind_to_string(job.optim.kind), (double)job.optim.lr, job.train.batch_size,
                job.train.epochs, (unsigned long long)job.train.seed);

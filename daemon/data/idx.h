@@ -36,8 +36,10 @@ typedef struct IdxArray {
  * shorter than its header says, -EFBIG for trailing bytes, -EIO for a corrupt
  * gzip stream. d says which and names the file. */
 int idx_load(const char *path, int want_ndim, IdxArray **ret, Diag *d);
-/* Only the header of path, checked as idx_load() checks it: ret gets ndim,
- * dims and n, and no data (the file is not read past its header). */
+/* The header of path, checked as idx_load() checks it: ret gets ndim,
+ * dims and n, and no data. A plain file is not read past its header; a
+ * gzip file is inflated to its end (and dropped), so a corrupt stream or
+ * bytes after it fail here as they would in idx_load(). */
 int idx_read_header(const char *path, int want_ndim, IdxArray *ret, Diag *d);
 IdxArray *idx_free(IdxArray *a);
 DEFINE_TRIVIAL_CLEANUP_FUNC(IdxArray *, idx_free);

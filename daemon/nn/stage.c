@@ -131,14 +131,29 @@ static size_t max_act_numel(const Stage *s) {
         return m;
 }
 
+/* What trace_new() allocates for the layers from in on: their outputs,
+ * what their backward passes keep, the two gradients between layers and
+ * the largest scratch. */
+static size_t layers_trace_bytes(const Layer *layers, int n_layers, int max_batch) {
+        size_t n = shape_numel(layers[0].in), widest = n, scratch = 0, per_sample = 0;
+        for (int i = 0; i < n_layers; i++) {
+                n += (layers[i].kind == LAYER_FLATTEN ? 0 : shape_numel(layers[i].out)) +
+                     layers[i].saved_bytes / sizeof(float);
+                widest = MAX(widest, shape_numel(layers[i].out));
+                scratch = MAX(scratch, layers[i].scratch_floats);
+                per_sample = MAX(per_sample, layers[i].scratch_per_sample);
+        }
+        n += 2 * widest + per_sample;
+        return (n * (size_t)max_batch + scratch) * sizeof(float);
+}
+
 size_t trace_bytes(const Stage *s, int max_batch) {
-        size_t n = shape_numel(s->in);
-        for (int i = 0; i < s->n_layers; i++)
-                n += (s->layers[i].kind == LAYER_FLATTEN ? 0 : shape_numel(s->layers[i].out)) +
-                     s->layers[i].saved_bytes / sizeof(float);
-        n += 2 * max_act_numel(s);
-        n += s->scratch_per_sample;
-        return (n * (size_t)max_batch + s->scratch_floats) * sizeof(float);
+        return layers_trace_bytes(s->layers, s->n_layers, max_batch);
+}
+
+size_t model_trace_bytes(const ModelSpec *m, int max_batch) {
+        Layer layers[MODEL_MAX_LAYERS];
+        return model_spec_check(m, layers, NULL) < 0 ? 0 : layers_trace_bytes(layers, m->n_layers, max_batch);
 }
 
 int trace_new(Stage *s, int max_batch, Trace **ret) {

@@ -95,6 +95,9 @@ static inline float *trace_output(Trace *t) {
 }
 /* Bytes of activation memory one trace of max_batch samples takes. */
 size_t trace_bytes(const Stage *s, int max_batch);
+/* The same for the whole model trained as one stage, from its layers'
+ * shapes (nothing allocated); 0 for a model that does not check. */
+size_t model_trace_bytes(const ModelSpec *m, int max_batch);
 
 /* Forward trace_input(t) (B, in) through the stage with parameter version w
  * (n_params); the output lands in trace_output(t) (B, out). */

@@ -535,12 +535,12 @@ int pipe_on_control(Pipe *p, uint32_t peer, const uint8_t *payload, size_t len) 
         if (memcmp(payload, msg_flush_up, 4) == 0 && from_next) {
                 if (p->phase == PHASE_TRAIN)
                         flush_up(p);
-                return net_send_control(p->net, peer, FRAME_CONTROL, msg_flush_up_ack, 4) < 0 ? -ENOTCONN : 0;
+                return MIN(net_send_control(p->net, peer, FRAME_CONTROL, msg_flush_up_ack, 4), 0);
         }
         if (memcmp(payload, msg_flush_down, 4) == 0 && from_prev) {
                 if (p->phase == PHASE_TRAIN)
                         flush_down(p);
-                return net_send_control(p->net, peer, FRAME_CONTROL, msg_flush_down_ack, 4) < 0 ? -ENOTCONN : 0;
+                return MIN(net_send_control(p->net, peer, FRAME_CONTROL, msg_flush_down_ack, 4), 0);
         }
         if (memcmp(payload, msg_flush_up_ack, 4) == 0 && from_prev)
                 p->drain_prev = false;

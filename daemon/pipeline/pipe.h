@@ -135,7 +135,10 @@ void pipe_drop_queued(Pipe *p);
  * either way). */
 int pipe_on_tensor(Pipe *p, NetTensor *t);
 void pipe_on_sent(Pipe *p, uint64_t cookie);
-/* A CONTROL payload from a neighbour (the end of training is one). */
+/* A CONTROL payload from a neighbour (the end of training is one):
+ * -EBADMSG for one malformed or out of place, or the error of the answer
+ * it asks for that could not be queued (-ENOBUFS: the neighbour would wait
+ * for it forever; the caller drops the link either way). */
 int pipe_on_control(Pipe *p, uint32_t peer, const uint8_t *payload, size_t len);
 /* One unit of work: 1 if something was done, 0 if waiting for a neighbour,
  * PIPE_FINISHED when training and the final evaluation are over, or -errno:

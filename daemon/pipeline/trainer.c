@@ -47,21 +47,24 @@ int trainer_new(const ModelSpec *model, const OptimSpec *optim, const TrainSpec 
                 return diag_set(d, r, "unknown optimizer");
         if (ops == &ops_blas)
                 optim_set_pool(&t->optim, ops_blas_pool());
-        r = trace_new(s, spec->batch_size, &t->trace);
-        if (r < 0)
-                return r;
-        t->rows = model_spec_labels_per_sample(model);
-        t->classes = model->n_classes;
-        size_t rows = (size_t)spec->batch_size * (size_t)t->rows;
-        t->labels = arena_alloc(s->arena, sizeof(int32_t) * rows);
-        t->dlogits = arena_alloc_floats(s->arena, rows * (size_t)model->n_classes);
-        if (!t->labels || !t->dlogits)
-                return -ENOMEM;
-
         r = sampler_init(&t->sampler, train->n, spec->shard, MAX(spec->n_shards, 1), spec->seed);
         if (r < 0)
                 return diag_set(d, r, "cannot make shard %d of %d from %zu samples", spec->shard,
                                 spec->n_shards, train->n);
+        /* a batch holds at most the shard's samples, or the test set's: the
+         * memory of a batch_size above both would never be used */
+        size_t most = MAX(MAX(t->sampler.n, test ? test->n : 0), (size_t)1);
+        t->max_batch = (int)MIN((size_t)spec->batch_size, most);
+        r = trace_new(s, t->max_batch, &t->trace);
+        if (r < 0)
+                return r;
+        t->rows = model_spec_labels_per_sample(model);
+        t->classes = model->n_classes;
+        size_t rows = (size_t)t->max_batch * (size_t)t->rows;
+        t->labels = arena_alloc(s->arena, sizeof(int32_t) * rows);
+        t->dlogits = arena_alloc_floats(s->arena, rows * (size_t)model->n_classes);
+        if (!t->labels || !t->dlogits)
+                return -ENOMEM;
 
         *ret = TAKE_PTR(t);
         return 0;
@@ -108,7 +111,7 @@ float trainer_step(Trainer *t, int B, int *ret_correct) {
 
 void trainer_evaluate(Trainer *t, const Dataset *ds, double *ret_acc, double *ret_loss) {
         Stage *s = t->stage;
-        int B = t->spec.batch_size;
+        int B = t->max_batch;
         size_t correct = 0;
         double loss = 0.0;
         uint32_t *idx = malloc(sizeof(uint32_t) * (size_t)B);

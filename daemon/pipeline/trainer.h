@@ -49,6 +49,7 @@ typedef struct Trainer {
         Stage *stage;
         Optim optim;
         Trace *trace;
+        int max_batch;   /* the most samples a batch holds: batch_size, or fewer when the data has fewer */
         int rows;        /* loss rows per sample: 1, or T for a language model */
         int classes;     /* of each row */
         int32_t *labels; /* (batch, rows) */

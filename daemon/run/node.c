@@ -29,6 +29,7 @@ static const char *reason_text(int reason) {
         case -EBADRQC: return "broke the protocol of its messages (one malformed or out of place)";
         case -ECONNRESET: return "closed the connection";
         case -ENOLINK: return "named no link of this peer that waits for another connection";
+        case -EMFILE: return "gave way to a newcomer (strangers' handshakes at their cap)";
         case -ENOPROTOOPT: return "a relay of another version (\"" RELAY_MAGIC "\" here: a relay and its nodes are upgraded together)";
         default: return NULL;
         }
@@ -171,7 +172,7 @@ void node_log_closed(Net *net, uint32_t peer, int reason, bool dials) {
                 log_event(LOG_WARNING, EVENT_AUTH_FAILED, fields,
                           "Link %u with %s closed during the handshake: the peer did not admit this node "
                           "(different network secret, or not on its allowlist) or gave up", peer, who);
-        else if ((!info.open && reason != -ETIMEDOUT) || refused)
+        else if ((!info.open && reason != -ETIMEDOUT && reason != -EMFILE) || refused)
                 log_event(LOG_WARNING, EVENT_AUTH_FAILED, fields, "Authentication failed on link %u with %s: %s",
                           peer, who, why);
         else if (left)

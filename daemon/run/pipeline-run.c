@@ -266,8 +266,11 @@ static void run_control(void *ud, uint32_t peer, uint8_t type, const uint8_t *p,
                 r->prev_quiesced = true;
                 return;
         }
-        if (type == FRAME_CONTROL && pipe_on_control(r->pipe, peer, p, len) == -EBADMSG)
-                drop_bad_neighbour(r, peer, -EBADRQC); /* (-ENOTCONN: the link is closing already) */
+        int e = type == FRAME_CONTROL ? pipe_on_control(r->pipe, peer, p, len) : 0;
+        if (e == -EBADMSG)
+                drop_bad_neighbour(r, peer, -EBADRQC);
+        else if (e < 0) /* its answer is lost, which it would wait for: the link goes */
+                (void)net_drop_peer(r->net, peer, e);
         run_tell_lost(r);
 }
 

@@ -610,8 +610,10 @@ static int listen_socket(Bus *b, const char *path) {
         }
         b->listen_fd = fd;
         strcpy(b->socket_path, path);
-        if (stat(path, &st) == 0)
+        if (lstat(path, &st) == 0) {
+                b->socket_dev = st.st_dev;
                 b->socket_ino = st.st_ino;
+        }
         r = sd_event_add_io(b->event, &b->listen_source, fd, EPOLLIN, on_client, b);
         if (r >= 0)
                 r = sd_event_add_post(b->event, &b->post_source, on_post, b);
@@ -729,7 +731,8 @@ void bus_stop(Bus *b) {
         if (b->listen_fd >= 0) {
                 close(b->listen_fd);
                 struct stat st; /* ours still, not whatever took its place */
-                if (lstat(b->socket_path, &st) == 0 && S_ISSOCK(st.st_mode) && st.st_ino == b->socket_ino)
+                if (lstat(b->socket_path, &st) == 0 && S_ISSOCK(st.st_mode) && st.st_dev == b->socket_dev &&
+                    st.st_ino == b->socket_ino)
                         (void)unlink(b->socket_path);
         }
         b->listen_fd = -1;

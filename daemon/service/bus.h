@@ -73,7 +73,8 @@ typedef struct Bus {
         int listen_fd;
         sd_event_source *listen_source;
         char socket_path[PATH_MAX];
-        ino_t socket_ino;                 /* the socket bound there: removed at the end if still there */
+        dev_t socket_dev;                 /* the socket bound there: removed at the end if still there */
+        ino_t socket_ino;
         sd_event_source *post_source;     /* after each event: the clients' buffered calls */
         BusClient *direct[BUS_MAX_DIRECT]; /* one per connected client */
         sd_bus_message *pending[BUS_MAX_PENDING]; /* Checkpoint() calls waiting for the compute thread */

@@ -100,7 +100,7 @@ Test(job_data, ravnestctl_job_checks_the_data) {
 /* A data set with one of its four files missing is broken, not "not on
  * this machine": ravnestctl job names the file and exits 1, as the daemon
  * would refuse it. */
-Test(job_data, ravnestctl_job_refuses_a_data_set_missing_one_file) {
+Test(job_data, a_data_set_missing_one_file_is_refused_by_every_check) {
         char part[160], job[160], gone[200];
         snprintf(part, sizeof part, "%s/part", dir);
         snprintf(job, sizeof job, "%s/part.job", dir);
@@ -113,6 +113,10 @@ Test(job_data, ravnestctl_job_refuses_a_data_set_missing_one_file) {
         cr_assert_eq(proc_exit(&p), 1, "%s", p.out);
         cr_assert(strstr(p.out, "Unusable dataset") && strstr(p.out, gone), "%s", p.out);
         cr_assert(!strstr(p.out, "not there to check"), "%s", p.out);
+        /* and by the daemon's check, which said the data was not there to check */
+        proc_start(&p, (char *[]){ RAVNESTD, "--check-job", "--job", job, NULL }, NULL);
+        cr_assert_eq(proc_exit(&p), 1, "%s", p.out);
+        cr_assert(strstr(p.out, "Unusable dataset") && strstr(p.out, gone), "%s", p.out);
 }
 
 /* Bytes after a gzip file's data are refused by every check, as after a

@@ -961,6 +961,26 @@ Test(config, a_wide_integer_does_not_hide_the_other_errors) {
         cr_expect_eq(lines, 3, "%s", d.text);
 }
 
+/* The same in a file whose path holds a colon (the other errors were
+ * taken for the wide integer's line and left out). */
+Test(config, a_wide_integer_does_not_hide_the_other_errors_in_a_path_with_a_colon) {
+        char dir[] = "/tmp/ravnest-test-a:b-XXXXXX", path[96];
+        Config c;
+        Diag d = {};
+        cr_assert_not_null(mkdtemp(dir));
+        snprintf(path, sizeof path, "%s/x.conf", dir);
+        FILE *f = fopen(path, "w");
+        cr_assert(f);
+        fputs("threads = 99999999999;\nbogus = 1;\n", f);
+        fclose(f);
+        int r = config_load(path, &c, &d);
+        unlink(path);
+        rmdir(dir);
+        cr_assert_eq(r, -ERANGE, "%d: %s", r, d.text);
+        cr_expect(strstr(d.text, ":1: threads: 99999999999 is read as"), "%s", d.text);
+        cr_expect(strstr(d.text, ":2: bogus: unknown setting"), "%s", d.text);
+}
+
 Test(config, averaging_outer_and_fragments) {
         const char *line = "  listen = \"127.0.0.1:7100\";\n  members = [ \"" K1 "@127.0.0.1:7100\", \"" K2 "@127.0.0.1:7101\" ];\n";
         char body[1024], path[64];

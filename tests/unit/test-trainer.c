@@ -131,3 +131,32 @@ static void diverge_at(size_t param) {
 
 Test(trainer, a_loss_that_is_not_finite_stops_training) { diverge_at(SIZE_MAX); }
 Test(trainer, a_parameter_that_is_not_finite_stops_training) { diverge_at(5); }
+
+/* A batch larger than the data (a legal batch_size of 65536 on 64
+ * samples) is sized to the data: the trainer holds what 64 samples need,
+ * not what 65536 would (it took gigabytes for a CNN), and trains and
+ * evaluates the same as with a batch of 64. */
+Test(trainer, a_batch_larger_than_the_data_is_sized_to_it) {
+        Dataset *ds = fake_dataset(64);
+        ModelSpec m = mlp();
+        OptimSpec o;
+        optim_spec_defaults(&o, OPTIM_SGD);
+        TrainSpec huge = { .batch_size = 65536, .epochs = 1, .seed = 5, .n_shards = 1 }, exact = huge;
+        exact.batch_size = 64;
+        ops_blas_set_threads(2);
+        Trainer *a, *b;
+        cr_assert_eq(trainer_new(&m, &o, &huge, ds, ds, &ops_blas, &a, NULL), 0);
+        cr_assert_eq(trainer_new(&m, &o, &exact, ds, ds, &ops_blas, &b, NULL), 0);
+        cr_assert_eq(a->max_batch, 64);
+        cr_assert_eq(trainer_steps_per_epoch(a), 1);
+        cr_assert_eq(trainer_run(a, NULL, NULL, NULL), 0);
+        cr_assert_eq(trainer_run(b, NULL, NULL, NULL), 0);
+        double acc[2], loss[2];
+        trainer_evaluate(a, ds, &acc[0], &loss[0]);
+        trainer_evaluate(b, ds, &acc[1], &loss[1]);
+        cr_assert_float_eq(loss[0], loss[1], 1e-9, "%g %g", loss[0], loss[1]);
+        cr_assert_float_eq(acc[0], acc[1], 1e-12);
+        trainer_free(a);
+        trainer_free(b);
+        dataset_free(ds);
+}
