@@ -166,10 +166,16 @@ static int sender_uid(Bus *b, sd_bus_message *m, uid_t *ret) {
  * uid, then a summary. */
 static LogRatelimit refusal_lines = LOG_RATELIMIT_INIT("Refused calls from");
 
+/* Whether a line about what uid asked for may be written: by its uid. */
+static bool uid_line_ok(LogRatelimit *rl, int level, uid_t uid) {
+        char key[32];
+        snprintf(key, sizeof key, "uid %u", (unsigned)uid);
+        return log_ratelimit(rl, level, key);
+}
+
 /* Root and the daemon's own user; the bus policy says the same. Logs who
  * asked, so a pause and resume between two steps leave a trace too. */
 static int check_privileged(Bus *b, sd_bus_message *m, const char *what, sd_bus_error *error) {
-        char key[32];
         uid_t uid;
         int r;
 
@@ -178,8 +184,7 @@ static int check_privileged(Bus *b, sd_bus_message *m, const char *what, sd_bus_
                 return sd_bus_error_set_errnof(error, -r, "Cannot tell who is calling: %s", strerror(-r));
         if (uid != 0 && uid != b->self_uid) {
                 /* under the unit's PrivateUsers=, every other user is seen as the overflow uid */
-                snprintf(key, sizeof key, "uid %u", (unsigned)uid);
-                if (log_ratelimit(&refusal_lines, LOG_NOTICE, key))
+                if (uid_line_ok(&refusal_lines, LOG_NOTICE, uid))
                         log_notice("Refused %s from uid %u%s: only root and uid %u (this daemon's user) may", what,
                                    (unsigned)uid,
                                    uid == 65534 ? " (or a user the service's sandbox shows as nobody)" : "",
@@ -429,7 +434,6 @@ static LogRatelimit drop_lines = LOG_RATELIMIT_INIT("Dropped control clients of"
 
 /* The client's socket is readable (or the pipe writable again). */
 static void relay_input(BusClient *c) {
-        char key[32];
         uint64_t size = 0;
         int r = relay(c, &size);
         if (r >= 0)
@@ -443,8 +447,7 @@ static void relay_input(BusClient *c) {
                 return;
         }
         c->refused = true;
-        snprintf(key, sizeof key, "uid %u", (unsigned)c->uid);
-        if (!log_ratelimit(&drop_lines, r == -EBADMSG ? LOG_NOTICE : LOG_WARNING, key))
+        if (!uid_line_ok(&drop_lines, r == -EBADMSG ? LOG_NOTICE : LOG_WARNING, c->uid))
                 return;
         if (r == -EBADMSG)
                 log_notice("Dropped a control client of uid %u: it does not speak D-Bus", (unsigned)c->uid);
@@ -554,9 +557,7 @@ static int on_client(sd_event_source *s, int fd, uint32_t revents, void *userdat
                 return 0;
         }
         if ((slot = client_slot(b, cred.uid)) < 0) {
-                char key[32];
-                snprintf(key, sizeof key, "uid %u", (unsigned)cred.uid);
-                if (log_ratelimit(&drop_lines, LOG_NOTICE, key))
+                if (uid_line_ok(&drop_lines, LOG_NOTICE, cred.uid))
                         log_notice("Refused a control client of uid %u: no place (%u per user, %u in all)",
                                    (unsigned)cred.uid, (unsigned)BUS_MAX_DIRECT_PER_USER, (unsigned)BUS_MAX_DIRECT);
                 close(cfd);
