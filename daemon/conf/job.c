@@ -1,11 +1,27 @@
 /* conf/job.c */
 #include "job.h"
 
+#include <limits.h>
+#include <stdio.h>
 #include <string.h>
 
 #include "conf.h"
 
-static int parse_data(const config_setting_t *root, JobData *data, Diag *d) {
+/* A relative dataset.path is read from the job file's directory, wherever
+ * the job is started from (ravnestd under systemd runs in /). */
+static int beside_job(const config_setting_t *g, const char *job_path, char *path, size_t size, Diag *d) {
+        const char *slash = strrchr(job_path, '/');
+        char joined[PATH_MAX];
+        if (path[0] == '/' || !slash)
+                return 0;
+        int n = snprintf(joined, sizeof joined, "%.*s/%s", (int)(slash - job_path), job_path, path);
+        if (n < 0 || (size_t)n >= size)
+                return conf_error(g, "path", -ENAMETOOLONG, d, "too long once read from the job file's directory");
+        memcpy(path, joined, (size_t)n + 1);
+        return 0;
+}
+
+static int parse_data(const config_setting_t *root, const char *job_path, JobData *data, Diag *d) {
         static const char *const keys[] = { "name", "path", "classes", "mean", "std", NULL };
         config_setting_t *g;
         long long classes;
@@ -21,7 +37,8 @@ static int parse_data(const config_setting_t *root, JobData *data, Diag *d) {
                     config_setting_get_member(g, "std"))
                         return conf_error(g, NULL, -EINVAL, d, "classes, mean and std are settings of image datasets "
                                           "(a text dataset's classes are the model's vocabulary)");
-                return conf_get_string(g, "path", true, NULL, data->path, sizeof data->path, d);
+                r = conf_get_string(g, "path", true, NULL, data->path, sizeof data->path, d);
+                return r < 0 ? r : beside_job(g, job_path, data->path, sizeof data->path, d);
         }
         if (strcmp(data->name, "fashion-mnist") != 0 && strcmp(data->name, "idx") != 0)
                 return conf_error(g, "name", -EINVAL, d,
@@ -33,7 +50,7 @@ static int parse_data(const config_setting_t *root, JobData *data, Diag *d) {
             (r = conf_get_double(g, "std", false, 1e-6, 1e3, 1.0, &data->std, d)) < 0)
                 return r;
         data->classes = (int)classes;
-        return 0;
+        return beside_job(g, job_path, data->path, sizeof data->path, d);
 }
 
 static int parse_layer(const config_setting_t *s, LayerSpec *l, Diag *d) {
@@ -279,7 +296,7 @@ int job_load(const char *path, Job *ret, Diag *d) {
                 if ((r = conf_check_keys(root, keys, d)) >= 0 &&
                     (r = conf_get_string(root, "name", true, NULL, j.name, sizeof j.name, d)) >= 0 &&
                     (r = check_name(root, j.name, d)) >= 0 &&
-                    (r = parse_data(root, &j.data, d)) >= 0 &&
+                    (r = parse_data(root, path, &j.data, d)) >= 0 &&
                     (r = parse_model(root, &j.model, &j.data, d)) >= 0 &&
                     (r = parse_optim(root, &j.optim, d)) >= 0)
                         r = parse_training(root, &j.train, d);

@@ -252,3 +252,17 @@ Test(job, a_gpts_layers_are_unknown_in_a_list) {
                      "7: model.layers.[1].type: unknown layer \"lm_head\"");
         expect_error("{ type = \"flatten\"; },", "{ type = \"block\"; },", "6: model.layers.[0].type: unknown layer \"block\"");
 }
+
+/* A relative dataset.path is the job file's directory's (it was the
+ * working directory's: / under systemd); an absolute one is as written. */
+Test(job, a_relative_data_path_is_read_beside_the_job) {
+        char path[64];
+        Diag d = {};
+        Job j;
+        cr_assert_eq(load_job_variant("name = \"fashion-mnist\";", "name = \"idx\"; path = \"data/mine\";", &d, path,
+                                      &j), 0, "%s", d.text);
+        cr_assert_str_eq(j.data.path, "/tmp/data/mine");
+        cr_assert_eq(load_job_variant("name = \"fashion-mnist\";", "name = \"idx\"; path = \"/srv/mine\";", &d, path,
+                                      &j), 0, "%s", d.text);
+        cr_assert_str_eq(j.data.path, "/srv/mine");
+}
