@@ -79,3 +79,11 @@ int ctl_output_target(const char *cmd, const char *output, char target[PATH_MAX]
         fprintf(stderr, "ravnestctl %s: %s: %s\n", cmd, output, strerror(errno));
         return EX_CANTCREAT;
 }
+
+void ctl_print_text(const uint8_t *text, size_t n) {
+        for (size_t i = 0; i < n; i++)
+                if ((text[i] < 0x20 && text[i] != '\n' && text[i] != '\t') || text[i] == 0x7f)
+                        printf("\\x%02x", text[i]);
+                else
+                        putchar(text[i]);
+}

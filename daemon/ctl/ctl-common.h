@@ -15,6 +15,8 @@
 
 #include <limits.h>
 #include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
 
 #include "util/macro.h"
 
@@ -38,3 +40,8 @@ int ctl_failure(bool json, const char *state, int status, const char *fmt, ...) 
  * go into it, or a rename put a file in its place. 0, or the exit status
  * (said): 64 for an empty name, 73 (EX_CANTCREAT) otherwise. */
 int ctl_output_target(const char *cmd, const char *output, char target[PATH_MAX]);
+
+/* Text a model made, onto a terminal's stdout: its bytes as they are but
+ * for control bytes other than newline and tab, which are written as \xNN
+ * (a sampled escape sequence would act on the terminal). */
+void ctl_print_text(const uint8_t *text, size_t n);

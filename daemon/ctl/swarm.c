@@ -21,6 +21,7 @@
 #include <unistd.h>
 
 #include "cluster/partition.h"
+#include "ctl-common.h"
 #include "ctl-model.h"
 #include "conf/job.h"
 #include "run/result.h"
@@ -784,7 +785,7 @@ static void print_sample(const Swarm *s) {
                 return;
         }
         printf("swarm: a sample of the averaged model's text (300 bytes, temperature 0.8):\n");
-        fwrite(text + 1, 1, 300, stdout);
+        ctl_print_text(text + 1, 300);
         printf("\n");
 }
 

@@ -1,14 +1,17 @@
 /* A series file read back for `ravnestctl plot` (ctl/ctl-series.h): the
  * columns by their header's names, whatever their order; and what anyone
  * could have written — garbage, a huge field, NaN, too few fields, no
- * header — skipped line by line with a note, never a crash. */
+ * header — skipped line by line with a note, never a crash; and a
+ * model's text printed without the control bytes it may hold. */
 #include <criterion/criterion.h>
+#include <criterion/redirect.h>
 #include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "ctl/ctl-common.h"
 #include "ctl/ctl-series.h"
 #include "run/series.h"
 
@@ -93,4 +96,13 @@ Test(ctl_series, no_header_no_series) {
         cr_expect_eq(read_text("\x89PNG\r\n\x1a\n", &d, &notes), -EBADMSG);
         free(notes);
         series_data_done(&d);
+}
+
+/* A model's sampled text reaches the terminal without the control bytes
+ * that would act on it (an escape sequence sampled at random). */
+Test(ctl_text, control_bytes_are_written_as_escapes, .init = cr_redirect_stdout) {
+        const uint8_t text[] = "ok\t\x1b[31mred\x07\x7f\n\xc3\xa9";
+        ctl_print_text(text, sizeof text - 1);
+        fflush(stdout);
+        cr_assert_stdout_eq_str("ok\t\\x1b[31mred\\x07\\x7f\n\xc3\xa9");
 }
