@@ -51,10 +51,7 @@ int trainer_new(const ModelSpec *model, const OptimSpec *optim, const TrainSpec 
         if (r < 0)
                 return diag_set(d, r, "cannot make shard %d of %d from %zu samples", spec->shard,
                                 spec->n_shards, train->n);
-        /* a batch holds at most the shard's samples, or the test set's: the
-         * memory of a batch_size above both would never be used */
-        size_t most = MAX(MAX(t->sampler.n, test ? test->n : 0), (size_t)1);
-        t->max_batch = (int)MIN((size_t)spec->batch_size, most);
+        t->max_batch = trainer_max_batch(spec, train->n, test ? test->n : 0);
         r = trace_new(s, t->max_batch, &t->trace);
         if (r < 0)
                 return r;
@@ -68,6 +65,12 @@ int trainer_new(const ModelSpec *model, const OptimSpec *optim, const TrainSpec 
 
         *ret = TAKE_PTR(t);
         return 0;
+}
+
+int trainer_max_batch(const TrainSpec *spec, size_t n_train, size_t n_test) {
+        size_t shards = (size_t)MAX(spec->n_shards, 1);
+        size_t shard = n_train / shards + ((size_t)MAX(spec->shard, 0) < n_train % shards); /* as sampler_init() */
+        return (int)MIN((size_t)spec->batch_size, MAX(MAX(shard, n_test), (size_t)1));
 }
 
 Trainer *trainer_free(Trainer *t) {

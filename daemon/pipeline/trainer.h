@@ -74,6 +74,10 @@ int model_check_data(const ModelSpec *model, const Dataset *ds, Diag *d);
 
 int trainer_new(const ModelSpec *model, const OptimSpec *optim, const TrainSpec *spec,
                 const Dataset *train, const Dataset *test, const Ops *ops, Trainer **ret, Diag *d);
+/* The most samples a batch of spec's will hold on n_train training and
+ * n_test test samples: batch_size, or the larger of this node's shard and
+ * the test set when both are smaller (what trainer_new() sizes for). */
+int trainer_max_batch(const TrainSpec *spec, size_t n_train, size_t n_test);
 Trainer *trainer_free(Trainer *t);
 DEFINE_TRIVIAL_CLEANUP_FUNC(Trainer *, trainer_free);
 

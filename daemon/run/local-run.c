@@ -4,6 +4,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 
+#include "cluster/capability.h"
 #include "control.h"
 #include "series.h"
 #include "stage-checkpoint.h"
@@ -220,6 +221,27 @@ int local_run_load_data(const Job *job, const char *dir, Dataset **ret_train, Da
         return 0;
 }
 
+/* What the lone trainer of job will hold for batches of batch samples:
+ * parameters, gradients, the optimizer's state and one trace. */
+static uint64_t lone_trainer_bytes(const Job *job, int batch) {
+        size_t n = model_spec_params(&job->model, 0, job->model.n_layers);
+        return (uint64_t)(2 * n + optim_state_floats(job->optim.kind, n)) * sizeof(float) +
+               model_trace_bytes(&job->model, batch);
+}
+
+/* A job that needs more memory than the machine has available is refused
+ * before anything is allocated: the kernel would take the machine's owner
+ * to the brink (or the OOM killer the daemon) long before it said no. */
+static int check_memory(const Job *job, int batch) {
+        uint64_t need = lone_trainer_bytes(job, batch), avail;
+        if (capability_memory(0, NULL, &avail) < 0 || need <= avail)
+                return 0;
+        return log_error_errno(-ENOMEM, "Job %s needs %.1f MiB for batches of %d (parameters, gradients, optimizer "
+                               "state, activations), and this machine has %.1f MiB available: a smaller "
+                               "batch_size or model, or a machine with more memory", job->name,
+                               (double)need / (1 << 20), batch, (double)avail / (1 << 20));
+}
+
 int local_run(const Job *job, const LocalRunOptions *o, const volatile sig_atomic_t *stop,
               LocalRunResult *ret) {
         _cleanup_(dataset_freep) Dataset *train = NULL, *test = NULL;
@@ -239,6 +261,8 @@ int local_run(const Job *job, const LocalRunOptions *o, const volatile sig_atomi
         }
 
         if ((r = local_run_load_data(job, o->data_dir, &train, &test)) < 0)
+                return r;
+        if ((r = check_memory(job, trainer_max_batch(&spec, train->n, test->n))) < 0)
                 return r;
 
         r = trainer_new(&job->model, &job->optim, &spec, train, test, &ops_blas, &t, &d);

@@ -3,6 +3,8 @@
 #include <criterion/criterion.h>
 
 #include "../lib/proc.h"
+#include "cluster/capability.h"
+#include "nn/stage.h"
 #include "service/bus.h"
 #include "util/log.h"
 #include <endian.h>
@@ -1117,4 +1119,41 @@ Test(daemon, a_file_at_the_control_socket_path_is_kept_and_a_failed_reload_is_on
         cr_assert_eq(code, 78, "exit %d: %s", code, p.out);
         cr_assert(strstr(p.out, JOBS_DIR "/fashion-mnist-mlp.job"), "%s", p.out);
         test_remove_tree(dir);
+}
+
+/* A job that needs more memory than the machine has available is refused
+ * before its model is allocated, saying how much it needs (the parameters
+ * were allocated and zeroed, page by page, until the kernel or the OOM
+ * killer said no). The model: layers of 2^28 parameters, enough of them
+ * for twice the memory available now. */
+Test(daemon, a_job_larger_than_the_memory_available_is_refused_before_it_is_allocated, .timeout = 120) {
+        uint64_t avail;
+        cr_assert_eq(capability_memory(0, NULL, &avail), 0);
+        int big = (int)(2 * avail / (2ull << 30)) + 2; /* at least 8 bytes a parameter: 2 GiB a layer */
+        if (big > MODEL_MAX_LAYERS - 4)
+                cr_skip_test("SKIP: %.0f GiB available: no model of at most %d layers needs twice that",
+                             (double)avail / (1 << 30), MODEL_MAX_LAYERS);
+        char dir[] = "/tmp/ravnest-test-mem-XXXXXX", job[256];
+        static char layers[16384];
+        size_t k = 0;
+        for (int i = 0; i < big; i++)
+                k += (size_t)snprintf(layers + k, sizeof layers - k, "{ type = \"linear\"; out = %d; }, ",
+                                      i % 2 ? 16383 : 16384);
+        snprintf(layers + k, sizeof layers - k, "{ type = \"linear\"; out = 10; }");
+        make_tiny_dir(dir);
+        snprintf(job, sizeof job, "%s/big.job", dir);
+        static char text[20000];
+        snprintf(text, sizeof text,
+                 "name = \"big\";\ndataset = { name = \"fashion-mnist\"; };\n"
+                 "model = { input = [1, 28, 28]; layers = ( { type = \"flatten\"; },\n  %s ); };\n"
+                 "optimizer = { type = \"sgd\"; lr = 0.01; };\ntraining = { batch_size = 8; epochs = 1; };\n",
+                 layers);
+        test_write_file(job, text, 0644);
+        Proc p;
+        proc_start(&p, (char *[]){ RAVNESTD, "--job", job, "--data-dir", dir, "--control-socket", "none", "--no-idle",
+                                   "--threads", "1", NULL }, child_setup);
+        int code = proc_exit(&p);
+        test_remove_tree(dir);
+        cr_assert_eq(code, 1, "exit %d: %s", code, p.out);
+        cr_assert(strstr(p.out, "<3>Job big needs ") && strstr(p.out, " MiB available"), "%s", p.out);
 }
