@@ -921,44 +921,42 @@ Test(config, relay) {
 }
 
 /* One run lists every error, one line each, not just the first. */
+/* d says each of where ("line: setting...", after path) and nothing else:
+ * one line each. */
+static void expect_exactly(const Diag *d, const char *path, const char *const *where, int n) {
+        char want[256];
+        for (int i = 0; i < n; i++) {
+                snprintf(want, sizeof want, "%s:%s", path, where[i]);
+                cr_expect(strstr(d->text, want), "\"%s\" missing from:\n%s", want, d->text);
+        }
+        int lines = 1;
+        for (const char *p = d->text; *p; p++)
+                lines += *p == '\n';
+        cr_expect_eq(lines, n, "%s", d->text);
+}
+
 Test(config, every_error_is_reported) {
-        char path[64], want[128];
+        char path[64];
         Config c;
         Diag d = {};
         int r = load_variant("threads = 2;\n",
                              "threads = 300;\nidle = { max_duty = 2.0; };\ncheckpoint = { every = 5; };\n", &c, &d, path);
         cr_assert_lt(r, 0);
-        const char *where[] = { "2: threads", "3: idle.max_duty", "4: checkpoint.every" };
-        for (size_t i = 0; i < 3; i++) {
-                snprintf(want, sizeof want, "%s:%s", path, where[i]);
-                cr_expect(strstr(d.text, want), "\"%s\" missing from:\n%s", want, d.text);
-        }
-        int lines = 1;
-        for (const char *p = d.text; *p; p++)
-                lines += *p == '\n';
-        cr_expect_eq(lines, 3, "%s", d.text);
+        expect_exactly(&d, path, (const char *[]){ "2: threads", "3: idle.max_duty", "4: checkpoint.every" }, 3);
 }
 
 /* An integer too wide for how it is written is not the end of the check:
  * the other sections' errors come after it, and the misread value's own
  * line is not reported a second time (threads read as 1215752191). */
 Test(config, a_wide_integer_does_not_hide_the_other_errors) {
-        char path[64], want[160];
+        char path[64];
         Config c;
         Diag d = {};
         int r = load_variant("threads = 2;\n", "threads = 99999999999;\nidle = { max_duty = 2.0; };\nbogus = 1;\n", &c,
                              &d, path);
         cr_assert_eq(r, -ERANGE, "%d: %s", r, d.text);
-        const char *where[] = { "2: threads: 99999999999 is read as a 32-bit integer", "3: idle.max_duty",
-                                "4: bogus: unknown setting" };
-        for (size_t i = 0; i < 3; i++) {
-                snprintf(want, sizeof want, "%s:%s", path, where[i]);
-                cr_expect(strstr(d.text, want), "\"%s\" missing from:\n%s", want, d.text);
-        }
-        int lines = 1;
-        for (const char *p = d.text; *p; p++)
-                lines += *p == '\n';
-        cr_expect_eq(lines, 3, "%s", d.text);
+        expect_exactly(&d, path, (const char *[]){ "2: threads: 99999999999 is read as a 32-bit integer",
+                                                   "3: idle.max_duty", "4: bogus: unknown setting" }, 3);
 }
 
 /* The same in a file whose path holds a colon (the other errors were
