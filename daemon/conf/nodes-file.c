@@ -51,7 +51,7 @@ int nodes_file_get_memory(const config_setting_t *s, uint64_t *ret, Diag *d) {
                 return conf_error(s, NULL, -EINVAL, d, "must be bytes, or a size like \"512M\" or \"1.5G\"");
         }
         if (r < 0)
-                return conf_error(s, NULL, r, d, "must be between 1M and 1024T (1048576 to 1125899906842624 bytes)");
+                return conf_error(s, NULL, r, d, "must be between 1K and 1024T (1024 to 1125899906842624 bytes)");
         *ret = v;
         return 0;
 }

@@ -9,7 +9,7 @@
  *
  * gflops: sustained GFLOP/s of one compute thread; memory: bytes it may use,
  * an integer or a string with a K, M, G or T suffix (powers of 1024), from
- * 1M to 1024T;
+ * 1K to 1024T;
  * bandwidth: Mbit/s of its link; latency: milliseconds, one way. Every value
  * is bounded; errors name the file, the line and the setting.
  *
@@ -36,9 +36,9 @@ typedef struct NodesFile {
 
 int nodes_file_load(const char *path, NodesFile *ret, Diag *d);
 void nodes_file_free(NodesFile *f);
-/* A node's memory, from 1M to 1024T: the same bounds in a nodes file and
+/* A node's memory, from 1K to 1024T (a small model's replica fits in less than 1M): the same bounds in a nodes file and
  * in ravnestd.conf's membership.memory. */
-#define NODES_FILE_MEMORY_MIN (1ll << 20)
+#define NODES_FILE_MEMORY_MIN (1ll << 10)
 #define NODES_FILE_MEMORY_MAX (1ll << 50)
 /* "2G", "512M", "1.5T", "1048576": bytes. Digits, an optional fraction and
  * one K, M, G or T (powers of 1024), nothing else: -EINVAL if malformed,

@@ -753,12 +753,15 @@ static uint64_t membership_memory(const char *setting) {
 }
 
 /* membership.memory: 0 (what the machine has), or what a nodes file takes:
- * digits, an optional fraction, one K, M, G or T, from 1M to 1024T. */
+ * digits, an optional fraction, one K, M, G or T, from 1K to 1024T (a
+ * test's tiny model offers 360K). */
 Test(config, sizes_are_strict_and_bounded_alike) {
         cr_assert_eq(membership_memory(""), 0);
         cr_assert_eq(membership_memory("memory = 0;"), 0);
         cr_assert_eq(membership_memory("memory = \"1.5G\";"), 3ull << 29);
         cr_assert_eq(membership_memory("memory = 1048576;"), 1ull << 20);
+        cr_assert_eq(membership_memory("memory = \"360K\";"), 360ull << 10);
+        cr_assert_eq(membership_memory("memory = 1024;"), 1024);
         cr_assert_eq(membership_memory("memory = \"1024T\";"), 1ull << 50);
         cr_assert_eq(membership_memory("memory = 1125899906842624L;"), 1ull << 50);
         const char *malformed[] = { "\" 2G\"", "\"2G \"", "\"2GB\"", "\"2GiB\"", "\"2g\"", "\"0x10G\"", "\"1e3M\"",
@@ -769,12 +772,12 @@ Test(config, sizes_are_strict_and_bounded_alike) {
                 expect_membership_error("127.0.0.1:7200", "127.0.0.1:7300", setting,
                                         "17: membership.memory: must be bytes, or a size like");
         }
-        const char *outside[] = { "\"0.0001K\"", "1", "1048575", "\"1025T\"", "\"99999999999999999999T\"", "-1",
+        const char *outside[] = { "\"0.0001K\"", "1", "1023", "\"1025T\"", "\"99999999999999999999T\"", "-1",
                                   "1125899906842625L" };
         for (size_t i = 0; i < sizeof outside / sizeof outside[0]; i++) {
                 snprintf(setting, sizeof setting, "memory = %s;", outside[i]);
                 expect_membership_error("127.0.0.1:7200", "127.0.0.1:7300", setting,
-                                        "17: membership.memory: must be between 1M and 1024T");
+                                        "17: membership.memory: must be between 1K and 1024T");
         }
         /* the one parser of a nodes file's memory too */
         uint64_t v;
