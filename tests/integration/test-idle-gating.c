@@ -159,7 +159,16 @@ Test(idle, a_cpu_hog_pauses_and_its_exit_resumes, .init = skip_without_dataset, 
                         cr_assert(step && atol(step + 8) == 0, "a node starting paused took a step: %s", st.out);
         } else
                 cr_log_warn("the start's pause was not seen (the machine was calm at once): no check of its steps");
-        cr_assert(wait_state("training", 60) >= 0, "the node never started training: %.*s", (int)node.len, node.out);
+        if (wait_state("training", 60) < 0) {
+                /* the machine calm at the test's start may be busy since, for
+                 * reasons of its own: not the node's failure, if it is */
+                double busy = others_cpu();
+                if (busy > 0.8)
+                        cr_skip_test("SKIP: this machine became busy (other processes use %.2f cores) before the node "
+                                     "could start: idle gating needs a quiet machine to resume on", busy);
+                cr_assert_fail("the node never started training on a calm machine (others use %.2f cores): %.*s",
+                               busy, (int)node.len, node.out);
+        }
 
         for (int round = 0; round < 3; round++) {
                 cr_assert(wait_state("training", 60) >= 0, "round %d: not training", round);
