@@ -166,8 +166,12 @@ Test(idle, a_cpu_hog_pauses_and_its_exit_resumes, .init = skip_without_dataset, 
                 if (busy > 0.8)
                         cr_skip_test("SKIP: this machine became busy (other processes use %.2f cores) before the node "
                                      "could start: idle gating needs a quiet machine to resume on", busy);
-                cr_assert_fail("the node never started training on a calm machine (others use %.2f cores): %.*s",
-                               busy, (int)node.len, node.out);
+                Proc st;
+                proc_start(&st, (char *[]){ RAVNESTCTL, "status", "--socket", sock, NULL }, NULL);
+                proc_exit(&st);
+                (void)proc_wait_for(&node, "\x01", 500); /* what the node said so far */
+                cr_assert_fail("the node never started training on a calm machine (others use %.2f cores):\n%.*s\n"
+                               "its log:\n%.*s", busy, (int)st.len, st.out, (int)node.len, node.out);
         }
 
         for (int round = 0; round < 3; round++) {
