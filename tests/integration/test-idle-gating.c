@@ -87,13 +87,15 @@ static void state(char *ret, size_t len) {
 
 /* Seconds until State is want, or < 0 after timeout_s. Every look is a
  * ravnestctl process, whose CPU the node counts as the owner's: while it
- * waits for a calm machine ("training"), look only four times a second, or
- * the looking keeps it busy (an ASan build of ravnestctl takes 45 ms of CPU
- * a call); a pause comes with a hog running anyway, so look every 50 ms. */
+ * waits for a calm machine ("training"), look only twice a second, or the
+ * looking keeps it busy (an ASan build of ravnestctl takes 130-140 ms of CPU
+ * a call on a slow day: four looks a second were 0.55 of a core, with the
+ * rest of the machine enough to keep the node from ever being calm); a
+ * pause comes with a hog running anyway, so look every 50 ms. */
 static double wait_state(const char *want, double timeout_s) {
         char s[64];
         double t0 = now_s();
-        useconds_t every = strcmp(want, "paused") ? 250 * 1000 : 50 * 1000;
+        useconds_t every = strcmp(want, "paused") ? 500 * 1000 : 50 * 1000;
         while (now_s() - t0 < timeout_s) {
                 state(s, sizeof s);
                 if (!strcmp(s, want))
