@@ -142,37 +142,34 @@ static void describe_peer(const NetPeerInfo *info, char *out, size_t size) {
         snprintf(out, size, "%s at %s", hex, info->address);
 }
 
-void node_log_closed(Net *net, uint32_t peer, int reason, bool dials) {
-        NetPeerInfo info = {};
+void node_log_closed(uint32_t peer, int reason, const NetPeerInfo *info, bool dials) {
         char who[IDENTITY_HEX_SIZE + 80], why[128], hex[IDENTITY_HEX_SIZE], fields[384];
 
-        if (net_peer_describe(net, peer, &info) < 0)
-                snprintf(info.address, sizeof info.address, "?");
-        describe_peer(&info, who, sizeof who);
-        if (info.key_known)
-                identity_to_hex(info.key, hex);
+        describe_peer(info, who, sizeof who);
+        if (info->key_known)
+                identity_to_hex(info->key, hex);
         else /* the journal's PEER: the key, or the address before it proved one */
-                snprintf(hex, sizeof hex, "%s", info.address);
-        node_close_reason(reason, &info, why, sizeof why);
-        snprintf(fields, sizeof fields, "PEER=%s\nPEER_ADDRESS=%s\nREASON=%s", hex, info.address, why);
+                snprintf(hex, sizeof hex, "%s", info->address);
+        node_close_reason(reason, info, why, sizeof why);
+        snprintf(fields, sizeof fields, "PEER=%s\nPEER_ADDRESS=%s\nREASON=%s", hex, info->address, why);
 
         bool refused = reason == -EACCES || reason == -EOPNOTSUPP || reason == -EKEYREJECTED;
-        bool left = info.open && !refused && (reason == 0 || reason == -ECONNRESET);
-        if (!info.reached && !dials)
+        bool left = info->open && !refused && (reason == 0 || reason == -ECONNRESET);
+        if (!info->reached && !dials)
                 return;
-        if (!info.reached && reason != 0) /* this node's own dial (again after a minute at most) */
-                log_event(LOG_WARNING, EVENT_PEER_LEFT, fields, "Failed to connect to %s (link %u): %s", info.address,
+        if (!info->reached && reason != 0) /* this node's own dial (again after a minute at most) */
+                log_event(LOG_WARNING, EVENT_PEER_LEFT, fields, "Failed to connect to %s (link %u): %s", info->address,
                           peer, reason == -ETIMEDOUT ? "no answer within the handshake timeout" : strerror(-reason));
-        else if (!peer_line_ok(info.open && !refused ? &link_lines : &handshake_lines, left ? LOG_INFO : LOG_WARNING,
-                               info.address))
+        else if (!peer_line_ok(info->open && !refused ? &link_lines : &handshake_lines, left ? LOG_INFO : LOG_WARNING,
+                               info->address))
                 return;
-        else if (!info.open && (reason == 0 || reason == -ECONNRESET))
+        else if (!info->open && (reason == 0 || reason == -ECONNRESET))
                 /* The initiator checks the responder first: a link that ends
                  * here usually means the other side refused this node. */
                 log_event(LOG_WARNING, EVENT_AUTH_FAILED, fields,
                           "Link %u with %s closed during the handshake: the peer did not admit this node "
                           "(different network secret, or not on its allowlist) or gave up", peer, who);
-        else if ((!info.open && reason != -ETIMEDOUT && reason != -EMFILE) || refused)
+        else if ((!info->open && reason != -ETIMEDOUT && reason != -EMFILE) || refused)
                 log_event(LOG_WARNING, EVENT_AUTH_FAILED, fields, "Authentication failed on link %u with %s: %s",
                           peer, who, why);
         else if (left)
@@ -190,7 +187,10 @@ static void on_closed(void *userdata, uint32_t peer, int reason, const uint8_t i
                 p->next_dial_ns = now_ns() + (NSEC_PER_SEC << MIN(p->failures, 6u));
                 p->failures++;
         }
-        node_log_closed(node->net, peer, reason, true);
+        NetPeerInfo info = {};
+        if (net_peer_describe(node->net, peer, &info) < 0)
+                snprintf(info.address, sizeof info.address, "?");
+        node_log_closed(peer, reason, &info, true);
 }
 
 void node_log_lane_refused(const char *what, int reason, const NetPeerInfo *info) {

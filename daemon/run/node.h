@@ -83,11 +83,12 @@ const char *node_address_host(const char *address, char *buf, size_t size);
  * net_peer_describe() in that callback ("said goodbye", "timed out (idle
  * link deadline)", "peer speaks protocol version 2, this node speaks 1", ...). */
 const char *node_close_reason(int reason, const NetPeerInfo *info, char *buf, size_t size);
-/* Logs why a link closed (NetCallbacks.closed), as the operator needs it:
+/* Logs why a link closed (NetCallbacks.closed; info from net_peer_describe()
+ * in that callback), as the operator needs it:
  * a peer that left or was dropped, a handshake refused or failed (by the
  * sender's address through a rate limit, as strangers cause them at will),
  * and with dials, this node's own connection that could not be made. */
-void node_log_closed(Net *net, uint32_t peer, int reason, bool dials);
+void node_log_closed(uint32_t peer, int reason, const NetPeerInfo *info, bool dials);
 /* Logs a peer's connection refused before it joined its link as another
  * lane (NetCallbacks.lane_refused), of a link of what ("pipeline"): the
  * peer, and why. */

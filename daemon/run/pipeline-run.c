@@ -190,14 +190,14 @@ static void run_tell_lost(Run *r) {
  * but a stranger's this stage dropped once it was up (said then). */
 static void run_closed(void *ud, uint32_t peer, int reason, const uint8_t id[IDENTITY_PK_SIZE]) {
         Run *r = ud;
-        NetPeerInfo info = {};
+        NetPeerInfo info = { .address = "?" };
         char why[128];
         (void)net_peer_describe(r->net, peer, &info);
         for (int i = 0; i < 2; i++)
                 if (r->dial_pending[i] && peer == r->dialing[i])
                         r->dial_pending[i] = false;
         if ((int64_t)peer != r->prev_peer && (int64_t)peer != r->next_peer && !info.open)
-                node_log_closed(r->net, peer, reason, false);
+                node_log_closed(peer, reason, &info, false);
         if ((int64_t)peer == r->prev_peer || (int64_t)peer == r->next_peer) {
                 bool prev = (int64_t)peer == r->prev_peer;
                 bool left = reason == 0 || reason == -ECONNRESET;
