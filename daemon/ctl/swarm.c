@@ -275,13 +275,18 @@ static void clear_checkpoints(const char *state_dir) {
         closedir(dir);
 }
 
+/* The name after p's in a comma-separated list, or NULL after the last. */
+static const char *next_in_list(const char *p) {
+        size_t n = strcspn(p, ",");
+        return p[n] ? p + n + 1 : NULL;
+}
+
 /* Whether name is one of the comma-separated list's. */
 static bool in_list(const char *list, const char *name) {
         size_t len = strlen(name);
-        for (const char *p = list; p && *p; p += strcspn(p, ",") + (p[strcspn(p, ",")] == ',')) {
+        for (const char *p = list; p; p = next_in_list(p))
                 if (strcspn(p, ",") == len && strncmp(p, name, len) == 0)
                         return true;
-        }
         return false;
 }
 
@@ -298,7 +303,7 @@ static bool is_node(const SwarmOptions *o, const char *name, size_t len) {
 
 int swarm_check_behind_nat(const SwarmOptions *o) {
         const char *list = o->behind_nat;
-        for (const char *p = list; p; p = p[strcspn(p, ",")] ? p + strcspn(p, ",") + 1 : NULL) {
+        for (const char *p = list; p; p = next_in_list(p)) {
                 size_t len = strcspn(p, ",");
                 if (is_node(o, p, len))
                         continue;
